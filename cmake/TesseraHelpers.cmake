@@ -1,0 +1,54 @@
+# Small helpers so every folder declares its library, tests and binaries the same way.
+
+set(TESSERA_WARNINGS -Wall -Wextra -Wno-unused-parameter)
+
+function(tessera_apply_common target)
+  target_compile_options(${target} PRIVATE ${TESSERA_WARNINGS})
+  if(TESSERA_NATIVE)
+    target_compile_options(${target} PRIVATE -march=native)
+  endif()
+endfunction()
+
+# tessera_cc_library(NAME name ALIAS ns::name SRCS ... DEPS ...)
+function(tessera_cc_library)
+  cmake_parse_arguments(T "" "NAME;ALIAS" "SRCS;DEPS" ${ARGN})
+  add_library(${T_NAME} ${T_SRCS})
+  target_include_directories(${T_NAME} PUBLIC
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
+    $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}>)
+  target_link_libraries(${T_NAME} PUBLIC ${T_DEPS})
+  tessera_apply_common(${T_NAME})
+  if(T_ALIAS)
+    add_library(${T_ALIAS} ALIAS ${T_NAME})
+  endif()
+endfunction()
+
+# tessera_cc_test(NAME name SRCS ... DEPS ... [TIMEOUT s] [LABELS ...])
+# One executable per test file, registered with CTest.
+function(tessera_cc_test)
+  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
+  add_executable(${T_NAME} ${T_SRCS})
+  target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
+  tessera_apply_common(${T_NAME})
+  add_test(NAME ${T_NAME} COMMAND ${T_NAME})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 300)
+  endif()
+  set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT})
+  if(T_LABELS)
+    set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABELS}")
+  endif()
+endfunction()
+
+# tessera_cc_binary(NAME name OUTPUT tessera-foo SRCS ... DEPS ...)
+# Binaries land at the top of the build tree (build/tessera-train).
+function(tessera_cc_binary)
+  cmake_parse_arguments(T "" "NAME;OUTPUT" "SRCS;DEPS" ${ARGN})
+  add_executable(${T_NAME} ${T_SRCS})
+  target_link_libraries(${T_NAME} PRIVATE ${T_DEPS})
+  tessera_apply_common(${T_NAME})
+  if(T_OUTPUT)
+    set_target_properties(${T_NAME} PROPERTIES OUTPUT_NAME ${T_OUTPUT})
+  endif()
+  set_target_properties(${T_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR})
+endfunction()

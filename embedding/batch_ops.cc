@@ -1,0 +1,145 @@
+#include "embedding/batch_ops.h"
+
+#include <algorithm>
+#include <bit>
+
+#include "absl/strings/str_cat.h"
+#include "embedding/sharding.h"
+
+namespace tessera::embedding {
+namespace {
+
+// Per-thread open-addressing set from id to its unique index. Slots are stamped with
+// a generation so a call clears nothing but what it sizes up.
+struct DedupScratch {
+  std::vector<int64_t> keys;
+  std::vector<int32_t> values;
+  std::vector<uint32_t> stamps;
+  uint32_t generation = 0;
+};
+
+float BagScale(v1::Pooling pooling, int32_t begin, int32_t end) {
+  if (pooling == v1::MEAN && end > begin) return 1.0f / static_cast<float>(end - begin);
+  return 1.0f;
+}
+
+}  // namespace
+
+void Unique(absl::Span<const int64_t> ids, std::vector<int64_t>* unique_ids,
+            std::vector<int32_t>* inverse) {
+  thread_local DedupScratch s;
+  const size_t n = ids.size();
+  unique_ids->clear();
+  inverse->resize(n);
+  if (n == 0) return;
+  const size_t cap = std::bit_ceil(std::max<size_t>(16, 2 * n));
+  if (s.keys.size() < cap) {
+    s.keys.assign(cap, 0);
+    s.values.assign(cap, 0);
+    s.stamps.assign(cap, 0);
+    s.generation = 0;
+  }
+  if (++s.generation == 0) {  // wrapped: clear stamps once every 2^32 calls
+    std::fill(s.stamps.begin(), s.stamps.end(), 0);
+    s.generation = 1;
+  }
+  const uint64_t mask = cap - 1;
+  const uint32_t gen = s.generation;
+  unique_ids->reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t id = ids[i];
+    uint64_t pos = Mix64(static_cast<uint64_t>(id)) & mask;
+    while (true) {
+      if (s.stamps[pos] != gen) {
+        s.stamps[pos] = gen;
+        s.keys[pos] = id;
+        s.values[pos] = static_cast<int32_t>(unique_ids->size());
+        (*inverse)[i] = s.values[pos];
+        unique_ids->push_back(id);
+        break;
+      }
+      if (s.keys[pos] == id) {
+        (*inverse)[i] = s.values[pos];
+        break;
+      }
+      pos = (pos + 1) & mask;
+    }
+  }
+}
+
+void SumRowsByInverse(const float* rows, int dim, absl::Span<const int32_t> inverse, float* out) {
+  for (size_t i = 0; i < inverse.size(); ++i) {
+    float* dst = out + static_cast<size_t>(inverse[i]) * dim;
+    const float* src = rows + i * dim;
+    for (int j = 0; j < dim; ++j) dst[j] += src[j];
+  }
+}
+
+absl::Status ValidateBags(size_t num_ids, absl::Span<const int32_t> offsets, size_t num_weights) {
+  if (offsets.empty()) {
+    return absl::InvalidArgumentError("offsets must have bags+1 entries, got none");
+  }
+  if (offsets[0] != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("offsets must start at 0, got offsets[0] = ", offsets[0]));
+  }
+  for (size_t b = 1; b < offsets.size(); ++b) {
+    if (offsets[b] < offsets[b - 1]) {
+      return absl::InvalidArgumentError(absl::StrCat("offsets not monotone: offsets[", b,
+                                                     "] = ", offsets[b], " < offsets[", b - 1,
+                                                     "] = ", offsets[b - 1]));
+    }
+  }
+  if (static_cast<size_t>(offsets.back()) != num_ids) {
+    return absl::InvalidArgumentError(absl::StrCat("offsets out of range: last offset ",
+                                                   offsets.back(), " but there are ", num_ids,
+                                                   " ids"));
+  }
+  if (num_weights != 0 && num_weights != num_ids) {
+    return absl::InvalidArgumentError(absl::StrCat("weights has ", num_weights,
+                                                   " entries; expected 0 or one per id (",
+                                                   num_ids, ")"));
+  }
+  return absl::OkStatus();
+}
+
+void PoolBags(const float* rows, int dim, absl::Span<const int32_t> inverse,
+              absl::Span<const int32_t> offsets, absl::Span<const float> weights,
+              v1::Pooling pooling, float* out) {
+  const size_t bags = offsets.size() - 1;
+  for (size_t b = 0; b < bags; ++b) {
+    float* dst = out + b * dim;
+    std::fill(dst, dst + dim, 0.0f);
+    const int32_t begin = offsets[b];
+    const int32_t end = offsets[b + 1];
+    for (int32_t k = begin; k < end; ++k) {
+      const float* src = rows + static_cast<size_t>(inverse[k]) * dim;
+      const float w = weights.empty() ? 1.0f : weights[k];
+      for (int j = 0; j < dim; ++j) dst[j] += w * src[j];
+    }
+    const float scale = BagScale(pooling, begin, end);
+    if (scale != 1.0f) {
+      for (int j = 0; j < dim; ++j) dst[j] *= scale;
+    }
+  }
+}
+
+void PoolBagsBackward(const float* bag_grads, int dim, absl::Span<const int32_t> inverse,
+                      absl::Span<const int32_t> offsets, absl::Span<const float> weights,
+                      v1::Pooling pooling, size_t num_unique, float* unique_grads) {
+  std::fill(unique_grads, unique_grads + num_unique * dim, 0.0f);
+  const size_t bags = offsets.size() - 1;
+  for (size_t b = 0; b < bags; ++b) {
+    const float* g = bag_grads + b * dim;
+    const int32_t begin = offsets[b];
+    const int32_t end = offsets[b + 1];
+    const float scale = BagScale(pooling, begin, end);
+    for (int32_t k = begin; k < end; ++k) {
+      float* dst = unique_grads + static_cast<size_t>(inverse[k]) * dim;
+      const float w = (weights.empty() ? 1.0f : weights[k]) * scale;
+      for (int j = 0; j < dim; ++j) dst[j] += w * g[j];
+    }
+  }
+}
+
+}  // namespace tessera::embedding

@@ -1,0 +1,46 @@
+#ifndef TESSERA_EMBEDDING_BATCH_OPS_H_
+#define TESSERA_EMBEDDING_BATCH_OPS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "tessera/v1/config.pb.h"
+
+namespace tessera::embedding {
+
+// Deduplicates `ids`: `unique_ids` gets each distinct id once, in order of first
+// appearance, and `inverse` (ids.size()) the position of each id in `unique_ids`, so
+// ids[i] == unique_ids[inverse[i]]. Reuses a per-thread hash table between calls.
+void Unique(absl::Span<const int64_t> ids, std::vector<int64_t>* unique_ids,
+            std::vector<int32_t>* inverse);
+
+// out[inverse[i]] += rows[i] for each i, in order of i: rows (inverse.size(), dim),
+// out (max(inverse)+1, dim), already initialised by the caller.
+void SumRowsByInverse(const float* rows, int dim, absl::Span<const int32_t> inverse, float* out);
+
+// Checks CSR bag offsets over `num_ids` ids: offsets has bags+1 entries, starts at 0,
+// never decreases and ends at num_ids; `num_weights` is 0 (unweighted) or num_ids.
+// InvalidArgument says which rule broke and where.
+absl::Status ValidateBags(size_t num_ids, absl::Span<const int32_t> offsets, size_t num_weights);
+
+// Pools the rows of each bag. `rows` (unique, dim) holds the row of each distinct id and
+// `inverse` (ids) maps every id of the batch to its row; bag b covers ids
+// [offsets[b], offsets[b+1]). SUM adds weight * row (weight 1 when `weights` is empty);
+// MEAN divides that sum by the bag's id count. An empty bag pools to zeros.
+// out: (bags, dim). Offsets must have passed ValidateBags.
+void PoolBags(const float* rows, int dim, absl::Span<const int32_t> inverse,
+              absl::Span<const int32_t> offsets, absl::Span<const float> weights,
+              v1::Pooling pooling, float* out);
+
+// The backward of PoolBags: given the gradient of each pooled bag (bags, dim), writes
+// the gradient of each distinct row, summed over every place it was pooled, into
+// `unique_grads` (num_unique, dim), which this function zeroes first.
+void PoolBagsBackward(const float* bag_grads, int dim, absl::Span<const int32_t> inverse,
+                      absl::Span<const int32_t> offsets, absl::Span<const float> weights,
+                      v1::Pooling pooling, size_t num_unique, float* unique_grads);
+
+}  // namespace tessera::embedding
+
+#endif  // TESSERA_EMBEDDING_BATCH_OPS_H_

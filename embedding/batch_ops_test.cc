@@ -1,0 +1,127 @@
+#include "embedding/batch_ops.h"
+
+#include <random>
+#include <set>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera::embedding {
+namespace {
+
+TEST(Unique, KeepsFirstAppearanceOrderAndInverseRebuildsInput) {
+  std::vector<int64_t> ids = {7, -1, 7, 3, -1, 1LL << 60, 3, 7};
+  std::vector<int64_t> u;
+  std::vector<int32_t> inv;
+  Unique(ids, &u, &inv);
+  EXPECT_EQ(u, (std::vector<int64_t>{7, -1, 3, 1LL << 60}));
+  ASSERT_EQ(inv.size(), ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(u[inv[i]], ids[i]);
+}
+
+TEST(Unique, HandlesLargeRandomBatchesAndReuseAcrossCalls) {
+  std::mt19937_64 rng(1);
+  for (int round = 0; round < 5; ++round) {
+    std::vector<int64_t> ids(5000 + round * 1000);
+    for (auto& id : ids) id = static_cast<int64_t>(rng() % 3000);
+    std::vector<int64_t> u;
+    std::vector<int32_t> inv;
+    Unique(ids, &u, &inv);
+    EXPECT_EQ(u.size(), std::set<int64_t>(ids.begin(), ids.end()).size());
+    EXPECT_EQ(std::set<int64_t>(u.begin(), u.end()).size(), u.size());
+    for (size_t i = 0; i < ids.size(); ++i) ASSERT_EQ(u[inv[i]], ids[i]);
+  }
+  std::vector<int64_t> u;
+  std::vector<int32_t> inv;
+  Unique({}, &u, &inv);
+  EXPECT_TRUE(u.empty());
+  EXPECT_TRUE(inv.empty());
+}
+
+TEST(ValidateBags, NamesTheBrokenRule) {
+  std::vector<int32_t> good = {0, 2, 2, 5};
+  EXPECT_TRUE(ValidateBags(5, good, 0).ok());
+  EXPECT_TRUE(ValidateBags(5, good, 5).ok());
+  auto msg = [](absl::Status s) { return std::string(s.message()); };
+  std::vector<int32_t> not_zero = {1, 5};
+  EXPECT_THAT(msg(ValidateBags(5, not_zero, 0)), testing::HasSubstr("start at 0"));
+  std::vector<int32_t> down = {0, 3, 2, 5};
+  EXPECT_THAT(msg(ValidateBags(5, down, 0)), testing::HasSubstr("not monotone"));
+  std::vector<int32_t> past = {0, 2, 6};
+  EXPECT_THAT(msg(ValidateBags(5, past, 0)), testing::HasSubstr("out of range"));
+  std::vector<int32_t> short_end = {0, 2, 4};
+  EXPECT_EQ(ValidateBags(5, short_end, 0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(msg(ValidateBags(5, good, 3)), testing::HasSubstr("weights has 3"));
+  EXPECT_EQ(ValidateBags(0, {}, 0).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// rows of the distinct ids: row r = (r + 1, 10 * (r + 1)).
+std::vector<float> Rows(int n) {
+  std::vector<float> r;
+  for (int i = 0; i < n; ++i) {
+    r.push_back(i + 1.0f);
+    r.push_back(10.0f * (i + 1));
+  }
+  return r;
+}
+
+TEST(PoolBags, SumsAndMeansWithOptionalWeights) {
+  const std::vector<float> rows = Rows(3);
+  const std::vector<int32_t> inverse = {0, 1, 1, 2};  // ids a, b, b, c
+  const std::vector<int32_t> offsets = {0, 3, 3, 4};  // bags {a b b}, {}, {c}
+  std::vector<float> out(6);
+  PoolBags(rows.data(), 2, inverse, offsets, {}, v1::SUM, out.data());
+  EXPECT_EQ(out, (std::vector<float>{5, 50, 0, 0, 3, 30}));
+  PoolBags(rows.data(), 2, inverse, offsets, {}, v1::MEAN, out.data());
+  EXPECT_THAT(out, testing::Pointwise(testing::FloatEq(),
+                                      std::vector<float>{5.0f / 3, 50.0f / 3, 0, 0, 3, 30}));
+  const std::vector<float> w = {2.0f, 0.5f, 1.0f, -1.0f};
+  PoolBags(rows.data(), 2, inverse, offsets, w, v1::SUM, out.data());
+  EXPECT_EQ(out, (std::vector<float>{5, 50, 0, 0, -3, -30}));
+}
+
+TEST(PoolBagsBackward, MatchesFiniteDifferenceOfPooledSum) {
+  // d/drow of sum_b <gbag_b, pooled_b> for random data, checked numerically.
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1, 1);
+  const int dim = 3;
+  const std::vector<int32_t> inverse = {0, 2, 1, 0, 2, 2};
+  const std::vector<int32_t> offsets = {0, 2, 5, 6};
+  std::vector<float> weights(6);
+  for (auto& w : weights) w = u(rng);
+  std::vector<float> rows(3 * dim), gbag(3 * dim);
+  for (auto& v : rows) v = u(rng);
+  for (auto& v : gbag) v = u(rng);
+  for (v1::Pooling pooling : {v1::SUM, v1::MEAN}) {
+    for (bool weighted : {false, true}) {
+      absl::Span<const float> wspan = weighted ? absl::MakeConstSpan(weights) : absl::Span<const float>();
+      std::vector<float> grad(3 * dim);
+      PoolBagsBackward(gbag.data(), dim, inverse, offsets, wspan, pooling, 3, grad.data());
+      auto objective = [&](const std::vector<float>& r) {
+        std::vector<float> out(3 * dim);
+        PoolBags(r.data(), dim, inverse, offsets, wspan, pooling, out.data());
+        double s = 0;
+        for (size_t i = 0; i < out.size(); ++i) s += double(out[i]) * gbag[i];
+        return s;
+      };
+      for (size_t i = 0; i < rows.size(); ++i) {
+        std::vector<float> plus = rows, minus = rows;
+        plus[i] += 1e-2f;
+        minus[i] -= 1e-2f;
+        const double fd = (objective(plus) - objective(minus)) / 2e-2;
+        EXPECT_NEAR(grad[i], fd, 1e-4) << "pooling " << pooling << " weighted " << weighted;
+      }
+    }
+  }
+}
+
+TEST(SumRowsByInverse, AddsRepeatedRows) {
+  const std::vector<float> rows = {1, 2, 3, 4, 5, 6};
+  const std::vector<int32_t> inverse = {1, 0, 1};
+  std::vector<float> out(4, 0.0f);
+  SumRowsByInverse(rows.data(), 2, inverse, out.data());
+  EXPECT_EQ(out, (std::vector<float>{3, 4, 6, 8}));
+}
+
+}  // namespace
+}  // namespace tessera::embedding

@@ -1,0 +1,65 @@
+#ifndef TESSERA_EMBEDDING_COLLECTION_H_
+#define TESSERA_EMBEDDING_COLLECTION_H_
+
+#include <cstdint>
+#include <memory>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "tessera/v1/config.pb.h"
+
+namespace tessera::embedding {
+
+struct LookupOptions {
+  // Create rows that do not exist yet (training). When false, a missing row reads as its
+  // initial weights and nothing is stored (evaluation, serving).
+  bool insert_missing = true;
+};
+
+// A set of named embedding tables, each partitioned over shards by ShardOf(). The
+// trainer and tools program against this interface; the in-process implementation
+// below holds the shards in this process, and a remote one talks to shard servers, so
+// a batch looks the same either way.
+//
+// Thread safety: implementations are safe for concurrent calls.
+class EmbeddingCollection {
+ public:
+  virtual ~EmbeddingCollection() = default;
+
+  // Creates a table on every shard. AlreadyExists for a taken name, InvalidArgument for
+  // a bad config.
+  virtual absl::Status CreateTable(const v1::TableConfig& config) = 0;
+
+  // The configs of all tables, sorted by name.
+  virtual absl::StatusOr<std::vector<v1::TableConfig>> ListTables() const = 0;
+
+  // Rows of `ids` into `out` (ids.size(), dim). NotFound for an unknown table,
+  // InvalidArgument when out's size is not ids.size() * dim.
+  virtual absl::Status Lookup(absl::string_view table, absl::Span<const int64_t> ids,
+                              absl::Span<float> out, const LookupOptions& options = {}) = 0;
+
+  // Pooled bags of `ids` over CSR `offsets` (bags+1), with optional per-id `weights`
+  // (empty or ids.size()), into `out` (bags, dim). InvalidArgument for bad offsets,
+  // weights or output size.
+  virtual absl::Status PooledLookup(absl::string_view table, absl::Span<const int64_t> ids,
+                                    absl::Span<const int32_t> offsets,
+                                    absl::Span<const float> weights, v1::Pooling pooling,
+                                    absl::Span<float> out, const LookupOptions& options = {}) = 0;
+
+  // Applies gradients (ids.size(), dim); repeated ids are summed and their row updated
+  // once. InvalidArgument for a size mismatch or a NaN/Inf value, in which case no row
+  // of the table changes.
+  virtual absl::Status PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
+                                     absl::Span<const float> gradients, int64_t step) = 0;
+
+  virtual int num_shards() const = 0;
+};
+
+// A collection whose `num_shards` shards live in this process (no network).
+absl::StatusOr<std::unique_ptr<EmbeddingCollection>> NewInProcessCollection(int num_shards);
+
+}  // namespace tessera::embedding
+
+#endif  // TESSERA_EMBEDDING_COLLECTION_H_

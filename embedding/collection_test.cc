@@ -1,0 +1,191 @@
+#include "embedding/collection.h"
+
+#include <random>
+
+#include "embedding/embedding_table.h"
+#include "embedding/internal/inprocess_collection.h"
+#include "embedding/sharding.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera::embedding {
+namespace {
+
+v1::TableConfig Config(const std::string& name, int dim, v1::OptimizerType opt = v1::ADAGRAD) {
+  v1::TableConfig c;
+  c.set_name(name);
+  c.set_dim(dim);
+  c.set_seed(1234);
+  c.mutable_optimizer()->set_type(opt);
+  c.mutable_optimizer()->set_learning_rate(0.05f);
+  return c;
+}
+
+std::unique_ptr<EmbeddingCollection> Make(int shards) {
+  auto c = NewInProcessCollection(shards);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return std::move(c).value();
+}
+
+// Runs the same stream of lookups and pushes and returns every lookup's output.
+std::vector<float> Replay(EmbeddingCollection& c) {
+  std::mt19937_64 rng(5);
+  std::vector<float> all;
+  for (int step = 0; step < 20; ++step) {
+    std::vector<int64_t> ids(200);
+    for (auto& id : ids) id = static_cast<int64_t>(rng() % 500) * 0x9E3779B97F4A7C15LL;
+    std::vector<int32_t> offsets;
+    for (int b = 0; b <= 50; ++b) offsets.push_back(b * 4);
+    std::vector<float> pooled(50 * 8);
+    EXPECT_TRUE(c.PooledLookup("t", ids, offsets, {}, v1::MEAN, absl::MakeSpan(pooled)).ok());
+    all.insert(all.end(), pooled.begin(), pooled.end());
+    std::vector<float> grads(ids.size() * 8);
+    for (auto& g : grads) g = static_cast<float>(static_cast<int64_t>(rng() % 2001) - 1000) / 1000;
+    EXPECT_TRUE(c.PushGradients("t", ids, grads, step).ok());
+  }
+  std::vector<int64_t> probe(500);
+  for (int i = 0; i < 500; ++i) probe[i] = i * 0x9E3779B97F4A7C15LL;
+  std::vector<float> out(500 * 8);
+  EXPECT_TRUE(c.Lookup("t", probe, absl::MakeSpan(out)).ok());
+  all.insert(all.end(), out.begin(), out.end());
+  return all;
+}
+
+TEST(InProcessCollection, GivesBitIdenticalResultsWhateverTheShardCount) {
+  std::vector<float> reference;
+  for (int shards : {1, 2, 3, 8}) {
+    auto c = Make(shards);
+    ASSERT_TRUE(c->CreateTable(Config("t", 8)).ok());
+    std::vector<float> got = Replay(*c);
+    if (reference.empty()) {
+      reference = got;
+    } else {
+      ASSERT_EQ(got, reference) << shards << " shards";
+    }
+  }
+}
+
+TEST(InProcessCollection, PlacesEachRowOnItsShardOfShardOf) {
+  auto c = Make(4);
+  ASSERT_TRUE(c->CreateTable(Config("t", 4)).ok());
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 400; ++i) ids.push_back(i * 7777);
+  std::vector<float> out(ids.size() * 4);
+  ASSERT_TRUE(c->Lookup("t", ids, absl::MakeSpan(out)).ok());
+  auto* impl = static_cast<embedding_internal::InProcessCollection*>(c.get());
+  const auto* shards = impl->ShardsOf("t");
+  ASSERT_NE(shards, nullptr);
+  int64_t total = 0;
+  for (int k = 0; k < 4; ++k) {
+    total += (*shards)[k]->num_rows();
+    (*shards)[k]->ForEachRow([&](int64_t id, const float*, const float*, const RowMeta&) {
+      EXPECT_EQ(ShardOf(id, 1234, 4), k);
+    });
+  }
+  EXPECT_EQ(total, 400);
+}
+
+TEST(InProcessCollection, LookupReturnsRowsInCallerOrderWithRepeats) {
+  auto c = Make(3);
+  ASSERT_TRUE(c->CreateTable(Config("t", 4)).ok());
+  std::vector<int64_t> ids = {10, 20, 10, 30};
+  std::vector<float> out(16);
+  ASSERT_TRUE(c->Lookup("t", ids, absl::MakeSpan(out)).ok());
+  auto ref = EmbeddingTable::Create(Config("t", 4));
+  ASSERT_TRUE(ref.ok());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::vector<float> w(4);
+    (*ref)->InitialWeights(ids[i], w.data());
+    EXPECT_EQ(std::vector<float>(out.begin() + i * 4, out.begin() + i * 4 + 4), w);
+  }
+}
+
+TEST(InProcessCollection, PushSumsDuplicatesAcrossTheBatch) {
+  auto c = Make(2);
+  ASSERT_TRUE(c->CreateTable(Config("t", 2, v1::SGD)).ok());
+  std::vector<int64_t> one = {42};
+  std::vector<float> w0(2);
+  ASSERT_TRUE(c->Lookup("t", one, absl::MakeSpan(w0)).ok());
+  std::vector<int64_t> ids = {42, 7, 42};
+  std::vector<float> g = {1, 2, 5, 5, 3, 4};
+  ASSERT_TRUE(c->PushGradients("t", ids, g, 1).ok());
+  std::vector<float> w1(2);
+  ASSERT_TRUE(c->Lookup("t", one, absl::MakeSpan(w1)).ok());
+  EXPECT_FLOAT_EQ(w1[0], w0[0] - 0.05f * 4);
+  EXPECT_FLOAT_EQ(w1[1], w0[1] - 0.05f * 6);
+}
+
+TEST(InProcessCollection, BadInputGetsClearErrorsAndChangesNothing) {
+  auto c = Make(2);
+  ASSERT_TRUE(c->CreateTable(Config("user", 4)).ok());
+  EXPECT_EQ(c->CreateTable(Config("user", 4)).code(), absl::StatusCode::kAlreadyExists);
+  std::vector<int64_t> ids = {1, 2};
+  std::vector<float> out(8);
+  ASSERT_TRUE(c->Lookup("user", ids, absl::MakeSpan(out)).ok());
+  const std::vector<float> before = out;
+
+  auto msg = [](absl::Status s) { return std::string(s.message()); };
+  absl::Status s = c->Lookup("item", ids, absl::MakeSpan(out));
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(msg(s), testing::HasSubstr("table 'item' not found"));
+
+  std::vector<float> small(6);
+  s = c->Lookup("user", ids, absl::MakeSpan(small));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(msg(s), testing::HasSubstr("dimension mismatch"));
+
+  std::vector<float> g = {1, 1, 1, 1, 1, 1};  // 2 ids x dim 3: wrong dimension
+  s = c->PushGradients("user", ids, g, 0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(msg(s), testing::HasSubstr("expected 8"));
+
+  std::vector<float> nan = {0.1f, 0.1f, 0.1f, 0.1f, 0.1f, 0.1f, NAN, 0.1f};
+  s = c->PushGradients("user", ids, nan, 0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(msg(s), testing::HasSubstr("gradient for id 2"));
+
+  std::vector<int32_t> bad_offsets = {0, 2, 1};
+  std::vector<float> pooled(8);
+  s = c->PooledLookup("user", ids, bad_offsets, {}, v1::SUM, absl::MakeSpan(pooled));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(msg(s), testing::HasSubstr("not monotone"));
+  std::vector<int32_t> past = {0, 3};
+  s = c->PooledLookup("user", ids, past, {}, v1::SUM, absl::MakeSpan(pooled).first(4));
+  EXPECT_THAT(msg(s), testing::HasSubstr("out of range"));
+  std::vector<int32_t> good = {0, 2};
+  std::vector<float> bad_weights = {1.0f};
+  s = c->PooledLookup("user", ids, good, bad_weights, v1::SUM, absl::MakeSpan(pooled).first(4));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+
+  ASSERT_TRUE(c->Lookup("user", ids, absl::MakeSpan(out)).ok());
+  EXPECT_EQ(out, before) << "rejected requests must not change rows";
+}
+
+TEST(InProcessCollection, SplitsRowBudgetOverShards) {
+  auto c = Make(2);
+  v1::TableConfig cfg = Config("small", 4);
+  cfg.set_max_rows(10);
+  ASSERT_TRUE(c->CreateTable(cfg).ok());
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 100; ++i) ids.push_back(i);
+  std::vector<float> out(ids.size() * 4);
+  absl::Status s = c->Lookup("small", ids, absl::MakeSpan(out));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()), testing::HasSubstr("row budget of 5 rows"));
+}
+
+TEST(InProcessCollection, ListsTablesSortedByName) {
+  auto c = Make(1);
+  ASSERT_TRUE(c->CreateTable(Config("b", 4)).ok());
+  ASSERT_TRUE(c->CreateTable(Config("a", 8)).ok());
+  auto list = c->ListTables();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 2u);
+  EXPECT_EQ((*list)[0].name(), "a");
+  EXPECT_EQ((*list)[0].dim(), 8);
+  EXPECT_EQ((*list)[1].name(), "b");
+  EXPECT_FALSE(NewInProcessCollection(0).ok());
+}
+
+}  // namespace
+}  // namespace tessera::embedding

@@ -1,0 +1,370 @@
+#include "embedding/embedding_table.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <numbers>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "embedding/batch_ops.h"
+#include "embedding/sharding.h"
+#include "embedding/status.h"
+
+namespace tessera::embedding {
+namespace {
+
+constexpr int kMetaFloats = sizeof(RowMeta) / sizeof(float);
+constexpr uint64_t kMapSalt = 0x5be0cd19137e2179ULL;
+constexpr uint64_t kInitSalt = 0x6a09e667f3bcc908ULL;
+constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
+constexpr int64_t kMaxSlabRows = 4096;
+constexpr int kStripeShift = 58;  // 64 - log2(kNumStripes)
+
+struct AlignedFree {
+  void operator()(float* p) const { std::free(p); }
+};
+
+uint64_t MapHash(int64_t id) { return Mix64(static_cast<uint64_t>(id) ^ kMapSalt); }
+
+// Uniform in [0, 1) from the top 24 bits.
+float UnitFloat(uint64_t bits) {
+  return static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);
+}
+
+bool AllFinite(const float* v, size_t n, size_t* bad) {
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(v[i])) {
+      *bad = i;
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+struct EmbeddingTable::Stripe {
+  struct Entry {
+    int64_t id;
+    float* row;  // nullptr: empty slot
+  };
+
+  mutable absl::Mutex mu;
+  std::vector<Entry> entries ABSL_GUARDED_BY(mu);  // power-of-two size, linear probing
+  uint64_t mask ABSL_GUARDED_BY(mu) = 0;
+  int64_t size ABSL_GUARDED_BY(mu) = 0;
+  std::vector<std::unique_ptr<float, AlignedFree>> slabs ABSL_GUARDED_BY(mu);
+  float* bump ABSL_GUARDED_BY(mu) = nullptr;
+  int64_t bump_left ABSL_GUARDED_BY(mu) = 0;
+  int64_t next_slab_rows ABSL_GUARDED_BY(mu) = 16;
+  int64_t slab_bytes ABSL_GUARDED_BY(mu) = 0;
+
+  float* Find(int64_t id, uint64_t h) const ABSL_SHARED_LOCKS_REQUIRED(mu) {
+    if (entries.empty()) return nullptr;
+    uint64_t pos = h & mask;
+    while (true) {
+      const Entry& e = entries[pos];
+      if (e.row == nullptr) return nullptr;
+      if (e.id == id) return e.row;
+      pos = (pos + 1) & mask;
+    }
+  }
+
+  void Place(int64_t id, uint64_t h, float* row) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    uint64_t pos = h & mask;
+    while (entries[pos].row != nullptr) pos = (pos + 1) & mask;
+    entries[pos] = Entry{id, row};
+  }
+
+  // Grows the map so one more entry keeps the load factor at or under 1/2.
+  void ReserveOne() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (static_cast<uint64_t>(size + 1) * 2 <= entries.size()) return;
+    std::vector<Entry> old = std::move(entries);
+    const size_t cap = old.empty() ? 16 : old.size() * 2;
+    entries.assign(cap, Entry{0, nullptr});
+    mask = cap - 1;
+    for (const Entry& e : old) {
+      if (e.row != nullptr) Place(e.id, MapHash(e.id), e.row);
+    }
+  }
+
+  float* AllocateRow(int stride_floats) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (bump_left == 0) {
+      const int64_t rows = next_slab_rows;
+      const size_t bytes = static_cast<size_t>(rows) * stride_floats * sizeof(float);
+      float* slab = static_cast<float*>(std::aligned_alloc(64, bytes));
+      if (slab == nullptr) return nullptr;
+      slabs.emplace_back(slab);
+      slab_bytes += static_cast<int64_t>(bytes);
+      bump = slab;
+      bump_left = rows;
+      next_slab_rows = std::min(kMaxSlabRows, next_slab_rows * 2);
+    }
+    float* row = bump;
+    bump += stride_floats;
+    --bump_left;
+    return row;
+  }
+};
+
+absl::Status ValidateTableConfig(const v1::TableConfig& config) {
+  if (config.name().empty()) return absl::InvalidArgumentError("table name must not be empty");
+  const std::string label = absl::StrCat("table '", config.name(), "'");
+  if (config.dim() <= 0 || config.dim() > 65536) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": dim must be in [1, 65536], got ", config.dim()));
+  }
+  if (config.max_rows() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": max_rows must be >= 0, got ", config.max_rows()));
+  }
+  if (!v1::InitializerType_IsValid(config.initializer().type())) {
+    return absl::InvalidArgumentError(absl::StrCat(label, ": unknown initializer type ",
+                                                   config.initializer().type()));
+  }
+  if (config.initializer().has_scale() &&
+      !(config.initializer().scale() >= 0.0f && std::isfinite(config.initializer().scale()))) {
+    return absl::InvalidArgumentError(absl::StrCat(label, ": initializer scale must be >= 0, got ",
+                                                   config.initializer().scale()));
+  }
+  absl::StatusOr<OptimizerParams> params = ResolveOptimizer(config.optimizer());
+  return Annotate(params.status(), label);
+}
+
+absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(
+    const v1::TableConfig& config, int64_t row_budget) {
+  TESSERA_RETURN_IF_ERROR(ValidateTableConfig(config));
+  if (row_budget < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table '", config.name(), "': row budget must be >= 0, got ", row_budget));
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
+                           Optimizer::Create(config.optimizer(), config.dim()));
+  return std::unique_ptr<EmbeddingTable>(
+      new EmbeddingTable(config, row_budget, std::move(optimizer)));
+}
+
+EmbeddingTable::EmbeddingTable(const v1::TableConfig& config, int64_t row_budget,
+                               std::unique_ptr<Optimizer> optimizer)
+    : config_(config),
+      dim_(config.dim()),
+      state_floats_(optimizer->StateFloats()),
+      row_budget_(row_budget),
+      optimizer_(std::move(optimizer)),
+      stripes_(new Stripe[kNumStripes]) {
+  // Meta is 8-byte aligned: put it at an even float offset.
+  int meta_at = dim_ + state_floats_;
+  meta_at += meta_at & 1;
+  stride_floats_ = (meta_at + kMetaFloats + 15) / 16 * 16;
+  init_type_ = config.initializer().type() == v1::INITIALIZER_UNSPECIFIED
+                   ? v1::UNIFORM
+                   : config.initializer().type();
+  init_scale_ = config.initializer().has_scale() ? config.initializer().scale()
+                                                 : 1.0f / std::sqrt(static_cast<float>(dim_));
+  init_key_ = Mix64(config.seed() ^ kInitSalt);
+}
+
+EmbeddingTable::~EmbeddingTable() = default;
+
+RowMeta* EmbeddingTable::MetaOf(float* row) const {
+  int meta_at = dim_ + state_floats_;
+  meta_at += meta_at & 1;
+  return reinterpret_cast<RowMeta*>(row + meta_at);
+}
+
+const RowMeta* EmbeddingTable::MetaOf(const float* row) const {
+  return MetaOf(const_cast<float*>(row));
+}
+
+void EmbeddingTable::InitialWeights(int64_t id, float* out) const {
+  const uint64_t base = Mix64(init_key_ ^ static_cast<uint64_t>(id));
+  auto bits = [base](int j) { return Mix64(base + static_cast<uint64_t>(j + 1) * kGolden); };
+  switch (init_type_) {
+    case v1::ZEROS:
+      std::fill(out, out + dim_, 0.0f);
+      break;
+    case v1::NORMAL:
+      // Box-Muller over pairs of columns; u1 is kept away from 0.
+      for (int j = 0; j < dim_; j += 2) {
+        const float u1 = UnitFloat(bits(j)) + 0.5f / 16777216.0f;
+        const float u2 = UnitFloat(bits(j + 1));
+        const float r = std::sqrt(-2.0f * std::log(u1)) * init_scale_;
+        const float theta = 2.0f * std::numbers::pi_v<float> * u2;
+        out[j] = r * std::cos(theta);
+        if (j + 1 < dim_) out[j + 1] = r * std::sin(theta);
+      }
+      break;
+    default:
+      for (int j = 0; j < dim_; ++j) out[j] = (2.0f * UnitFloat(bits(j)) - 1.0f) * init_scale_;
+      break;
+  }
+}
+
+void EmbeddingTable::InitRow(int64_t id, float* row) const {
+  InitialWeights(id, row);
+  optimizer_->InitState(row + dim_);
+  *MetaOf(row) = RowMeta{};
+}
+
+absl::Status EmbeddingTable::BudgetError() const {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("table '", name(), "': row budget of ", row_budget_,
+                   " rows is full; raise max_rows or add shards"));
+}
+
+float* EmbeddingTable::FindOrInsertLocked(Stripe& stripe, int64_t id, uint64_t hash) {
+  if (float* row = stripe.Find(id, hash)) return row;
+  stripe.ReserveOne();
+  float* row = stripe.AllocateRow(stride_floats_);
+  if (row == nullptr) return nullptr;
+  InitRow(id, row);
+  stripe.Place(id, hash, row);
+  ++stripe.size;
+  return row;
+}
+
+absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
+                                    bool insert_missing) {
+  const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int64_t id = ids[i];
+    const uint64_t h = MapHash(id);
+    Stripe& stripe = stripes_[h >> kStripeShift];
+    float* dst = out + i * dim_;
+    {
+      absl::ReaderMutexLock lock(&stripe.mu);
+      if (const float* row = stripe.Find(id, h)) {
+        std::memcpy(dst, row, row_bytes);
+        continue;
+      }
+    }
+    if (!insert_missing) {
+      InitialWeights(id, dst);
+      continue;
+    }
+    absl::MutexLock lock(&stripe.mu);
+    if (const float* row = stripe.Find(id, h)) {
+      std::memcpy(dst, row, row_bytes);
+      continue;
+    }
+    if (row_budget_ > 0 && num_rows_.fetch_add(1, std::memory_order_relaxed) >= row_budget_) {
+      num_rows_.fetch_sub(1, std::memory_order_relaxed);
+      return BudgetError();
+    }
+    if (row_budget_ == 0) num_rows_.fetch_add(1, std::memory_order_relaxed);
+    float* row = FindOrInsertLocked(stripe, id, h);
+    if (row == nullptr) {
+      num_rows_.fetch_sub(1, std::memory_order_relaxed);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("table '", name(), "': out of memory allocating a row slab"));
+    }
+    std::memcpy(dst, row, row_bytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingTable::ApplyUniqueGradients(absl::Span<const int64_t> ids,
+                                                  const float* grads, int64_t step) {
+  size_t bad = 0;
+  if (!AllFinite(grads, ids.size() * dim_, &bad)) {
+    const size_t row = bad / dim_;
+    return absl::InvalidArgumentError(
+        absl::StrCat("table '", name(), "': gradient for id ", ids[row], " (position ", row,
+                     ", column ", bad % dim_, ") is ", grads[bad], "; batch rejected"));
+  }
+  // Reserve budget for the rows this batch will create, so that a full table rejects the
+  // whole batch before any row changes.
+  int64_t reserved = 0;
+  for (const int64_t id : ids) {
+    const uint64_t h = MapHash(id);
+    Stripe& stripe = stripes_[h >> kStripeShift];
+    absl::ReaderMutexLock lock(&stripe.mu);
+    if (stripe.Find(id, h) == nullptr) ++reserved;
+  }
+  if (reserved > 0) {
+    const int64_t before = num_rows_.fetch_add(reserved, std::memory_order_relaxed);
+    if (row_budget_ > 0 && before + reserved > row_budget_) {
+      num_rows_.fetch_sub(reserved, std::memory_order_relaxed);
+      return BudgetError();
+    }
+  }
+
+  thread_local std::vector<float> scratch;
+  scratch.resize(dim_);
+  int64_t created = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int64_t id = ids[i];
+    const uint64_t h = MapHash(id);
+    Stripe& stripe = stripes_[h >> kStripeShift];
+    absl::MutexLock lock(&stripe.mu);
+    float* row = stripe.Find(id, h);
+    if (row == nullptr) {
+      row = FindOrInsertLocked(stripe, id, h);
+      if (row == nullptr) {
+        num_rows_.fetch_sub(reserved - created, std::memory_order_relaxed);
+        return absl::ResourceExhaustedError(
+            absl::StrCat("table '", name(), "': out of memory allocating a row slab"));
+      }
+      ++created;
+    }
+    std::memcpy(scratch.data(), grads + i * dim_, dim_ * sizeof(float));
+    RowMeta* meta = MetaOf(row);
+    optimizer_->Update(row, row + dim_, scratch.data(), meta->update_count);
+    meta->update_count += 1;
+    meta->last_step = step;
+  }
+  // Another thread may have created some of the reserved rows meanwhile.
+  if (created < reserved) num_rows_.fetch_sub(reserved - created, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingTable::PushGradients(absl::Span<const int64_t> ids, const float* grads,
+                                           int64_t step) {
+  thread_local std::vector<int64_t> unique_ids;
+  thread_local std::vector<int32_t> inverse;
+  thread_local std::vector<float> summed;
+  Unique(ids, &unique_ids, &inverse);
+  summed.assign(unique_ids.size() * dim_, 0.0f);
+  SumRowsByInverse(grads, dim_, inverse, summed.data());
+  return ApplyUniqueGradients(unique_ids, summed.data(), step);
+}
+
+absl::StatusOr<RowSnapshot> EmbeddingTable::ReadRow(int64_t id) const {
+  const uint64_t h = MapHash(id);
+  Stripe& stripe = stripes_[h >> kStripeShift];
+  absl::ReaderMutexLock lock(&stripe.mu);
+  const float* row = stripe.Find(id, h);
+  if (row == nullptr) {
+    return absl::NotFoundError(absl::StrCat("table '", name(), "': no row for id ", id));
+  }
+  RowSnapshot snap;
+  snap.weights.assign(row, row + dim_);
+  snap.state.assign(row + dim_, row + dim_ + state_floats_);
+  snap.meta = *MetaOf(row);
+  return snap;
+}
+
+void EmbeddingTable::ForEachRow(
+    const std::function<void(int64_t, const float*, const float*, const RowMeta&)>& fn) const {
+  for (int s = 0; s < kNumStripes; ++s) {
+    Stripe& stripe = stripes_[s];
+    absl::ReaderMutexLock lock(&stripe.mu);
+    for (const Stripe::Entry& e : stripe.entries) {
+      if (e.row != nullptr) fn(e.id, e.row, e.row + dim_, *MetaOf(e.row));
+    }
+  }
+}
+
+int64_t EmbeddingTable::MemoryBytes() const {
+  int64_t bytes = 0;
+  for (int s = 0; s < kNumStripes; ++s) {
+    Stripe& stripe = stripes_[s];
+    absl::ReaderMutexLock lock(&stripe.mu);
+    bytes += stripe.slab_bytes +
+             static_cast<int64_t>(stripe.entries.capacity() * sizeof(Stripe::Entry));
+  }
+  return bytes;
+}
+
+}  // namespace tessera::embedding

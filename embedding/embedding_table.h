@@ -1,0 +1,126 @@
+#ifndef TESSERA_EMBEDDING_EMBEDDING_TABLE_H_
+#define TESSERA_EMBEDDING_EMBEDDING_TABLE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "embedding/optimizer.h"
+#include "tessera/v1/config.pb.h"
+
+namespace tessera::embedding {
+
+// Per-row bookkeeping kept next to the row (used by eviction and persistence).
+struct RowMeta {
+  int64_t last_step = -1;     // step of the last applied update, -1 if never updated
+  int64_t update_count = 0;   // optimizer steps applied to this row (Adam's t)
+};
+
+// A copy of one stored row.
+struct RowSnapshot {
+  std::vector<float> weights;  // (dim)
+  std::vector<float> state;    // (optimizer StateFloats())
+  RowMeta meta;
+};
+
+// Checks a table config (name, dim, optimizer, initializer) and fills nothing in;
+// InvalidArgument names the bad field.
+absl::Status ValidateTableConfig(const v1::TableConfig& config);
+
+// One embedding table (or one shard's part of it): a dynamic vocabulary over arbitrary
+// 64-bit ids. A row is created on first touch with weights that are a pure function of
+// (table seed, id), so the same id gets the same row whatever the shard, the request
+// order or the process. Ids never collide: the id->row map stores the full id.
+//
+// Storage: each row is [weights (dim) | optimizer state | RowMeta] padded to a multiple
+// of 64 bytes, carved from 64-byte-aligned slabs that never move, so a row's address is
+// stable for the table's lifetime.
+//
+// Thread safety: the id space is split into 64 stripes by a hash of the id, each with
+// its own absl::Mutex, open-addressing map and slabs. Lookups hold the stripe's reader
+// lock while copying a row out (so they never see a half-applied update); updates and
+// row creation hold its writer lock. Every method is safe to call concurrently.
+class EmbeddingTable {
+ public:
+  static constexpr int kNumStripes = 64;
+
+  // Creates an empty table. `row_budget` caps the rows this table may hold (0 = no cap).
+  static absl::StatusOr<std::unique_ptr<EmbeddingTable>> Create(const v1::TableConfig& config,
+                                                                int64_t row_budget = 0);
+  ~EmbeddingTable();
+  EmbeddingTable(const EmbeddingTable&) = delete;
+  EmbeddingTable& operator=(const EmbeddingTable&) = delete;
+
+  const v1::TableConfig& config() const { return config_; }
+  const std::string& name() const { return config_.name(); }
+  int dim() const { return dim_; }
+  int64_t row_budget() const { return row_budget_; }
+  int64_t num_rows() const { return num_rows_.load(std::memory_order_relaxed); }
+  const Optimizer& optimizer() const { return *optimizer_; }
+  // Bytes held by rows and the id maps.
+  int64_t MemoryBytes() const;
+
+  // Copies the weights of each id into `out` (ids.size(), dim). Missing rows are created
+  // when `insert_missing`, else their initial weights are written and nothing is stored.
+  // ResourceExhausted when a new row would pass the row budget; rows earlier in the
+  // batch have then been copied and the rest of `out` is unspecified.
+  absl::Status Lookup(absl::Span<const int64_t> ids, float* out, bool insert_missing = true);
+
+  // Applies one optimizer step to each row. `ids` must be distinct (see PushGradients
+  // for batches with repeats); `grads` (ids.size(), dim) is each row's summed gradient;
+  // missing rows are created first. InvalidArgument when any gradient is NaN or Inf,
+  // ResourceExhausted when a new row would pass the budget; in both cases no row
+  // changes. `step` is recorded as the rows' last step.
+  absl::Status ApplyUniqueGradients(absl::Span<const int64_t> ids, const float* grads,
+                                    int64_t step);
+
+  // Like ApplyUniqueGradients, but `ids` may repeat: gradients of one id are summed in
+  // batch order and its row is updated once.
+  absl::Status PushGradients(absl::Span<const int64_t> ids, const float* grads, int64_t step);
+
+  // A copy of the row of `id`; NotFound when it does not exist.
+  absl::StatusOr<RowSnapshot> ReadRow(int64_t id) const;
+
+  // The weights a new row of `id` starts with: (dim).
+  void InitialWeights(int64_t id, float* out) const;
+
+  // Calls fn for every stored row, one stripe at a time under its reader lock. fn must
+  // not call back into the table.
+  void ForEachRow(const std::function<void(int64_t id, const float* weights, const float* state,
+                                           const RowMeta& meta)>& fn) const;
+
+ private:
+  struct Stripe;
+
+  EmbeddingTable(const v1::TableConfig& config, int64_t row_budget,
+                 std::unique_ptr<Optimizer> optimizer);
+
+  // Returns the row of `id` in `stripe`, creating it; null when the budget is spent.
+  // Requires the stripe's writer lock.
+  float* FindOrInsertLocked(Stripe& stripe, int64_t id, uint64_t hash);
+  void InitRow(int64_t id, float* row) const;
+  RowMeta* MetaOf(float* row) const;
+  const RowMeta* MetaOf(const float* row) const;
+  absl::Status BudgetError() const;
+
+  v1::TableConfig config_;
+  int dim_;
+  int state_floats_;
+  int stride_floats_;  // weights + state + meta, rounded up to 16 floats (64 bytes)
+  int64_t row_budget_;
+  std::unique_ptr<Optimizer> optimizer_;
+  v1::InitializerType init_type_;
+  float init_scale_;
+  uint64_t init_key_;
+  std::atomic<int64_t> num_rows_{0};
+  std::unique_ptr<Stripe[]> stripes_;
+};
+
+}  // namespace tessera::embedding
+
+#endif  // TESSERA_EMBEDDING_EMBEDDING_TABLE_H_

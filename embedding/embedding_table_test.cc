@@ -1,0 +1,254 @@
+#include "embedding/embedding_table.h"
+
+#include <cmath>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera::embedding {
+namespace {
+
+v1::TableConfig Config(int dim, v1::OptimizerType opt = v1::SGD, uint64_t seed = 7) {
+  v1::TableConfig c;
+  c.set_name("user");
+  c.set_dim(dim);
+  c.set_seed(seed);
+  c.mutable_optimizer()->set_type(opt);
+  c.mutable_optimizer()->set_learning_rate(0.1f);
+  return c;
+}
+
+std::unique_ptr<EmbeddingTable> Make(const v1::TableConfig& c, int64_t budget = 0) {
+  auto t = EmbeddingTable::Create(c, budget);
+  EXPECT_TRUE(t.ok()) << t.status();
+  return std::move(t).value();
+}
+
+TEST(EmbeddingTable, InitialisesRowsDeterministicallyFromSeedAndId) {
+  auto a = Make(Config(8));
+  auto b = Make(Config(8));
+  std::vector<int64_t> ids = {5, -3, 1LL << 62, 0};
+  std::vector<int64_t> reversed(ids.rbegin(), ids.rend());
+  std::vector<float> ra(ids.size() * 8), rb(ids.size() * 8);
+  ASSERT_TRUE(a->Lookup(ids, ra.data()).ok());
+  ASSERT_TRUE(b->Lookup(reversed, rb.data()).ok());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    for (int j = 0; j < 8; ++j) EXPECT_EQ(ra[i * 8 + j], rb[(ids.size() - 1 - i) * 8 + j]);
+  }
+  // A different seed gives different rows; rows of different ids differ.
+  auto c = Make(Config(8, v1::SGD, 8));
+  std::vector<float> rc(ids.size() * 8);
+  ASSERT_TRUE(c->Lookup(ids, rc.data()).ok());
+  EXPECT_NE(ra, rc);
+  EXPECT_NE(std::vector<float>(ra.begin(), ra.begin() + 8),
+            std::vector<float>(ra.begin() + 8, ra.begin() + 16));
+}
+
+TEST(EmbeddingTable, UniformInitialiserStaysInScaleWithMeanNearZero) {
+  v1::TableConfig c = Config(64);
+  c.mutable_initializer()->set_type(v1::UNIFORM);
+  c.mutable_initializer()->set_scale(0.05f);
+  auto t = Make(c);
+  std::vector<int64_t> ids(2000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i) * 1000003;
+  std::vector<float> out(ids.size() * 64);
+  ASSERT_TRUE(t->Lookup(ids, out.data()).ok());
+  double sum = 0, sq = 0;
+  for (float v : out) {
+    ASSERT_LE(std::fabs(v), 0.05f);
+    sum += v;
+    sq += v * v;
+  }
+  EXPECT_NEAR(sum / out.size(), 0.0, 0.001);
+  EXPECT_NEAR(sq / out.size(), 0.05 * 0.05 / 3, 0.0001);  // variance of U(-a, a) = a^2 / 3
+}
+
+TEST(EmbeddingTable, NormalInitialiserHasRequestedStandardDeviation) {
+  v1::TableConfig c = Config(16);
+  c.mutable_initializer()->set_type(v1::NORMAL);
+  c.mutable_initializer()->set_scale(0.2f);
+  auto t = Make(c);
+  std::vector<int64_t> ids(4000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i);
+  std::vector<float> out(ids.size() * 16);
+  ASSERT_TRUE(t->Lookup(ids, out.data()).ok());
+  double sum = 0, sq = 0;
+  for (float v : out) {
+    sum += v;
+    sq += v * v;
+  }
+  const double mean = sum / out.size();
+  EXPECT_NEAR(mean, 0.0, 0.005);
+  EXPECT_NEAR(std::sqrt(sq / out.size() - mean * mean), 0.2, 0.005);
+}
+
+TEST(EmbeddingTable, KeepsManyIdsWithoutCollisions) {
+  auto t = Make(Config(4, v1::SGD));
+  constexpr int kIds = 50000;
+  std::vector<int64_t> ids(kIds);
+  // Ids that share low bits and sit at the edges of the 64-bit range.
+  for (int i = 0; i < kIds; ++i) ids[i] = (static_cast<int64_t>(i) << 40) ^ (i % 2 ? -1LL : 0);
+  std::vector<float> grads(kIds * 4);
+  for (int i = 0; i < kIds; ++i) grads[i * 4] = static_cast<float>(i);
+  std::vector<float> before(kIds * 4);
+  ASSERT_TRUE(t->Lookup(ids, before.data()).ok());
+  ASSERT_TRUE(t->ApplyUniqueGradients(ids, grads.data(), 1).ok());
+  EXPECT_EQ(t->num_rows(), kIds);
+  std::vector<float> after(kIds * 4);
+  ASSERT_TRUE(t->Lookup(ids, after.data()).ok());
+  for (int i = 0; i < kIds; ++i) {
+    // Each row moved by exactly its own gradient: no two ids share a row.
+    ASSERT_FLOAT_EQ(after[i * 4], before[i * 4] - 0.1f * i) << i;
+    ASSERT_EQ(after[i * 4 + 1], before[i * 4 + 1]);
+  }
+}
+
+TEST(EmbeddingTable, LookupWithoutInsertReturnsInitialWeightsAndStoresNothing) {
+  auto t = Make(Config(8));
+  std::vector<int64_t> ids = {11, 12};
+  std::vector<float> peek(16), real(16);
+  ASSERT_TRUE(t->Lookup(ids, peek.data(), /*insert_missing=*/false).ok());
+  EXPECT_EQ(t->num_rows(), 0);
+  ASSERT_TRUE(t->Lookup(ids, real.data()).ok());
+  EXPECT_EQ(t->num_rows(), 2);
+  EXPECT_EQ(peek, real);
+  EXPECT_EQ(t->ReadRow(99).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(EmbeddingTable, RowBudgetGivesExplicitErrorWhenFull) {
+  auto t = Make(Config(4), /*budget=*/3);
+  std::vector<float> out(4 * 4);
+  std::vector<int64_t> three = {1, 2, 3};
+  ASSERT_TRUE(t->Lookup(three, out.data()).ok());
+  std::vector<int64_t> again = {3, 1};
+  EXPECT_TRUE(t->Lookup(again, out.data()).ok()) << "existing rows stay readable";
+  std::vector<int64_t> four = {4};
+  absl::Status s = t->Lookup(four, out.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(s.message()), testing::HasSubstr("row budget of 3 rows is full"));
+  EXPECT_EQ(t->num_rows(), 3);
+
+  // An update batch that needs a new row is rejected whole: existing rows do not move.
+  auto before = t->ReadRow(1);
+  ASSERT_TRUE(before.ok());
+  std::vector<int64_t> mixed = {1, 5};
+  std::vector<float> g(8, 1.0f);
+  EXPECT_EQ(t->ApplyUniqueGradients(mixed, g.data(), 1).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(t->ReadRow(1)->weights, before->weights);
+  EXPECT_EQ(t->num_rows(), 3);
+}
+
+TEST(EmbeddingTable, NonFiniteGradientIsRejectedAndRowUntouched) {
+  auto t = Make(Config(4, v1::ADAGRAD));
+  std::vector<int64_t> ids = {1, 2};
+  std::vector<float> out(8);
+  ASSERT_TRUE(t->Lookup(ids, out.data()).ok());
+  auto r1 = t->ReadRow(1);
+  auto r2 = t->ReadRow(2);
+  for (float bad : {NAN, INFINITY, -INFINITY}) {
+    std::vector<float> g = {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, bad, 0.1f, 0.1f};
+    absl::Status s = t->PushGradients(ids, g.data(), 3);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()), testing::HasSubstr("gradient for id 2"));
+    EXPECT_EQ(t->ReadRow(1)->weights, r1->weights);
+    EXPECT_EQ(t->ReadRow(1)->state, r1->state);
+    EXPECT_EQ(t->ReadRow(2)->weights, r2->weights);
+    EXPECT_EQ(t->ReadRow(2)->meta.update_count, 0);
+  }
+}
+
+TEST(EmbeddingTable, PushSumsRepeatedIdsAndUpdatesOnce) {
+  auto t = Make(Config(2, v1::ADAGRAD));
+  std::vector<int64_t> ids = {9, 9, 9};
+  std::vector<float> g = {1.0f, 0.0f, 2.0f, 1.0f, 0.5f, 0.0f};
+  std::vector<float> w0(2);
+  t->InitialWeights(9, w0.data());
+  ASSERT_TRUE(t->PushGradients(ids, g.data(), 4).ok());
+  auto row = t->ReadRow(9);
+  ASSERT_TRUE(row.ok());
+  EXPECT_EQ(row->meta.update_count, 1);
+  EXPECT_EQ(row->meta.last_step, 4);
+  // One Adagrad step on the sum (3.5, 1.0) from a zero accumulator.
+  EXPECT_NEAR(row->state[0], 3.5 * 3.5, 1e-5);
+  EXPECT_NEAR(row->weights[0], w0[0] - 0.1 * 3.5 / 3.5, 1e-6);
+  EXPECT_NEAR(row->weights[1], w0[1] - 0.1 * 1.0 / 1.0, 1e-6);
+}
+
+TEST(EmbeddingTable, ConcurrentLookupsAndUpdatesLoseNoUpdate) {
+  // SGD with lr 0.1 and gradient -1 per push: every applied push adds exactly 0.1.
+  v1::TableConfig c = Config(16, v1::SGD);
+  c.mutable_initializer()->set_type(v1::ZEROS);
+  auto t = Make(c);
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 300;
+  constexpr int kIds = 64;
+  std::vector<std::thread> threads;
+  std::atomic<bool> torn{false};
+  for (int w = 0; w < kThreads; ++w) {
+    threads.emplace_back([&, w] {
+      std::vector<int64_t> ids(kIds);
+      for (int i = 0; i < kIds; ++i) ids[i] = i * 31 + 1;
+      std::vector<float> grads(kIds * 16, -1.0f);
+      std::vector<float> out(kIds * 16);
+      for (int r = 0; r < kRounds; ++r) {
+        if (w % 2 == 0) {
+          ASSERT_TRUE(t->ApplyUniqueGradients(ids, grads.data(), r).ok());
+        } else {
+          ASSERT_TRUE(t->Lookup(ids, out.data()).ok());
+          // A row is never seen half-updated: all its columns are equal.
+          for (int i = 0; i < kIds; ++i) {
+            for (int j = 1; j < 16; ++j) {
+              if (out[i * 16 + j] != out[i * 16]) torn = true;
+            }
+          }
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_FALSE(torn);
+  EXPECT_EQ(t->num_rows(), kIds);
+  const int updaters = (kThreads + 1) / 2;
+  for (int i = 0; i < kIds; ++i) {
+    auto row = t->ReadRow(i * 31 + 1);
+    ASSERT_TRUE(row.ok());
+    EXPECT_EQ(row->meta.update_count, updaters * kRounds);
+    EXPECT_NEAR(row->weights[3], 0.1 * updaters * kRounds, 1e-2);
+  }
+}
+
+TEST(EmbeddingTable, ForEachRowVisitsEveryStoredRow) {
+  auto t = Make(Config(4));
+  std::vector<int64_t> ids = {3, 1, 4, 1, 5, 9, 2, 6};
+  std::vector<float> out(ids.size() * 4);
+  ASSERT_TRUE(t->Lookup(ids, out.data()).ok());
+  std::set<int64_t> seen;
+  t->ForEachRow([&](int64_t id, const float* w, const float*, const RowMeta&) {
+    seen.insert(id);
+    std::vector<float> init(4);
+    t->InitialWeights(id, init.data());
+    EXPECT_EQ(std::vector<float>(w, w + 4), init);
+  });
+  EXPECT_EQ(seen, (std::set<int64_t>{1, 2, 3, 4, 5, 6, 9}));
+  EXPECT_GT(t->MemoryBytes(), 7 * 4 * 4);
+}
+
+TEST(EmbeddingTable, RejectsBadConfigs) {
+  v1::TableConfig c = Config(0);
+  EXPECT_EQ(EmbeddingTable::Create(c).status().code(), absl::StatusCode::kInvalidArgument);
+  c = Config(4);
+  c.set_name("");
+  EXPECT_EQ(EmbeddingTable::Create(c).status().code(), absl::StatusCode::kInvalidArgument);
+  c = Config(4);
+  c.mutable_optimizer()->set_learning_rate(0.0f);
+  auto s = EmbeddingTable::Create(c).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), testing::HasSubstr("table 'user'"));
+}
+
+}  // namespace
+}  // namespace tessera::embedding

@@ -1,0 +1,232 @@
+#include "embedding/internal/inprocess_collection.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "embedding/batch_ops.h"
+#include "embedding/sharding.h"
+#include "embedding/status.h"
+
+namespace tessera::embedding_internal {
+namespace {
+
+using embedding::EmbeddingTable;
+
+// Buffers reused by every call on a thread, so the hot path allocates nothing once warm.
+struct RequestScratch {
+  std::vector<int64_t> unique_ids;
+  std::vector<int32_t> inverse;
+  std::vector<float> rows;        // (unique, dim)
+  std::vector<int32_t> shard_of;  // (unique)
+  std::vector<int32_t> shard_begin;
+  std::vector<int32_t> cursor;
+  std::vector<int64_t> routed_ids;     // unique ids grouped by shard
+  std::vector<int32_t> routed_pos;     // their positions in unique_ids
+  std::vector<float> routed_rows;      // (unique, dim) in routed order
+};
+
+RequestScratch& Scratch() {
+  thread_local RequestScratch s;
+  return s;
+}
+
+// Groups the positions of `ids` by shard (a counting sort, stable within a shard).
+void Route(absl::Span<const int64_t> ids, uint64_t seed, int num_shards, RequestScratch& s) {
+  const size_t n = ids.size();
+  s.shard_of.resize(n);
+  s.shard_begin.assign(num_shards + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    s.shard_of[i] = embedding::ShardOf(ids[i], seed, num_shards);
+    ++s.shard_begin[s.shard_of[i] + 1];
+  }
+  for (int k = 0; k < num_shards; ++k) s.shard_begin[k + 1] += s.shard_begin[k];
+  s.routed_ids.resize(n);
+  s.routed_pos.resize(n);
+  s.cursor.assign(s.shard_begin.begin(), s.shard_begin.end() - 1);
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t at = s.cursor[s.shard_of[i]]++;
+    s.routed_ids[at] = ids[i];
+    s.routed_pos[at] = static_cast<int32_t>(i);
+  }
+}
+
+std::string SizeMismatch(absl::string_view table, absl::string_view what, size_t got, size_t rows,
+                         int dim, absl::string_view unit) {
+  return absl::StrCat("table '", table, "': dimension mismatch: ", what, " has ", got,
+                      " floats, expected ", rows * dim, " (", rows, " ", unit, " x dim ", dim,
+                      ")");
+}
+
+}  // namespace
+
+absl::Status InProcessCollection::CreateTable(const v1::TableConfig& config) {
+  TESSERA_RETURN_IF_ERROR(embedding::ValidateTableConfig(config));
+  auto t = std::make_unique<ShardedTable>();
+  t->config = config;
+  int64_t budget = 0;
+  if (config.max_rows() > 0) budget = (config.max_rows() + num_shards_ - 1) / num_shards_;
+  for (int k = 0; k < num_shards_; ++k) {
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingTable> shard,
+                             EmbeddingTable::Create(config, budget));
+    t->shards.push_back(std::move(shard));
+  }
+  absl::MutexLock lock(&mu_);
+  if (tables_.count(config.name()) > 0) {
+    return absl::AlreadyExistsError(absl::StrCat("table '", config.name(), "' already exists"));
+  }
+  tables_.emplace(config.name(), std::move(t));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::TableConfig>> InProcessCollection::ListTables() const {
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<v1::TableConfig> out;
+  for (const auto& [name, t] : tables_) out.push_back(t->config);
+  return out;
+}
+
+absl::StatusOr<InProcessCollection::ShardedTable*> InProcessCollection::Find(
+    absl::string_view table) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = tables_.find(table);
+  if (it == tables_.end()) {
+    return absl::NotFoundError(absl::StrCat("table '", table, "' not found"));
+  }
+  // Tables are never dropped, so the pointer outlives the lock.
+  return it->second.get();
+}
+
+const std::vector<std::unique_ptr<EmbeddingTable>>* InProcessCollection::ShardsOf(
+    absl::string_view table) const {
+  absl::StatusOr<ShardedTable*> t = Find(table);
+  return t.ok() ? &(*t)->shards : nullptr;
+}
+
+absl::Status InProcessCollection::GatherUnique(ShardedTable& t,
+                                               absl::Span<const int64_t> unique_ids, float* rows,
+                                               bool insert_missing) {
+  if (num_shards_ == 1) return t.shards[0]->Lookup(unique_ids, rows, insert_missing);
+  RequestScratch& s = Scratch();
+  const int dim = t.config.dim();
+  Route(unique_ids, t.config.seed(), num_shards_, s);
+  s.routed_rows.resize(unique_ids.size() * dim);
+  for (int k = 0; k < num_shards_; ++k) {
+    const int32_t begin = s.shard_begin[k];
+    const int32_t count = s.shard_begin[k + 1] - begin;
+    if (count == 0) continue;
+    TESSERA_RETURN_IF_ERROR(t.shards[k]->Lookup(
+        absl::MakeConstSpan(s.routed_ids).subspan(begin, count),
+        s.routed_rows.data() + static_cast<size_t>(begin) * dim, insert_missing));
+  }
+  for (size_t i = 0; i < unique_ids.size(); ++i) {
+    std::copy_n(s.routed_rows.data() + i * dim, dim,
+                rows + static_cast<size_t>(s.routed_pos[i]) * dim);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InProcessCollection::Lookup(absl::string_view table, absl::Span<const int64_t> ids,
+                                         absl::Span<float> out,
+                                         const embedding::LookupOptions& options) {
+  TESSERA_ASSIGN_OR_RETURN(ShardedTable * t, Find(table));
+  const int dim = t->config.dim();
+  if (out.size() != ids.size() * dim) {
+    return absl::InvalidArgumentError(SizeMismatch(table, "output", out.size(), ids.size(), dim,
+                                                   "ids"));
+  }
+  RequestScratch& s = Scratch();
+  embedding::Unique(ids, &s.unique_ids, &s.inverse);
+  s.rows.resize(s.unique_ids.size() * dim);
+  TESSERA_RETURN_IF_ERROR(GatherUnique(*t, s.unique_ids, s.rows.data(), options.insert_missing));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::copy_n(s.rows.data() + static_cast<size_t>(s.inverse[i]) * dim, dim,
+                out.data() + i * dim);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InProcessCollection::PooledLookup(absl::string_view table,
+                                               absl::Span<const int64_t> ids,
+                                               absl::Span<const int32_t> offsets,
+                                               absl::Span<const float> weights,
+                                               v1::Pooling pooling, absl::Span<float> out,
+                                               const embedding::LookupOptions& options) {
+  TESSERA_ASSIGN_OR_RETURN(ShardedTable * t, Find(table));
+  const int dim = t->config.dim();
+  TESSERA_RETURN_IF_ERROR(Annotate(embedding::ValidateBags(ids.size(), offsets, weights.size()),
+                                   absl::StrCat("table '", table, "'")));
+  const size_t bags = offsets.size() - 1;
+  if (out.size() != bags * dim) {
+    return absl::InvalidArgumentError(SizeMismatch(table, "output", out.size(), bags, dim,
+                                                   "bags"));
+  }
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (!std::isfinite(weights[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table '", table, "': weight ", i, " is ", weights[i]));
+    }
+  }
+  RequestScratch& s = Scratch();
+  embedding::Unique(ids, &s.unique_ids, &s.inverse);
+  s.rows.resize(s.unique_ids.size() * dim);
+  TESSERA_RETURN_IF_ERROR(GatherUnique(*t, s.unique_ids, s.rows.data(), options.insert_missing));
+  embedding::PoolBags(s.rows.data(), dim, s.inverse, offsets, weights, pooling, out.data());
+  return absl::OkStatus();
+}
+
+absl::Status InProcessCollection::PushGradients(absl::string_view table,
+                                                absl::Span<const int64_t> ids,
+                                                absl::Span<const float> gradients,
+                                                int64_t step) {
+  TESSERA_ASSIGN_OR_RETURN(ShardedTable * t, Find(table));
+  const int dim = t->config.dim();
+  if (gradients.size() != ids.size() * dim) {
+    return absl::InvalidArgumentError(SizeMismatch(table, "gradients", gradients.size(),
+                                                   ids.size(), dim, "ids"));
+  }
+  // Reject the whole batch before any shard changes.
+  for (size_t i = 0; i < gradients.size(); ++i) {
+    if (!std::isfinite(gradients[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", table, "': gradient for id ", ids[i / dim], " (position ", i / dim,
+          ", column ", i % dim, ") is ", gradients[i], "; batch rejected"));
+    }
+  }
+  RequestScratch& s = Scratch();
+  embedding::Unique(ids, &s.unique_ids, &s.inverse);
+  s.rows.assign(s.unique_ids.size() * dim, 0.0f);
+  embedding::SumRowsByInverse(gradients.data(), dim, s.inverse, s.rows.data());
+  if (num_shards_ == 1) {
+    return t->shards[0]->ApplyUniqueGradients(s.unique_ids, s.rows.data(), step);
+  }
+  Route(s.unique_ids, t->config.seed(), num_shards_, s);
+  s.routed_rows.resize(s.unique_ids.size() * dim);
+  for (size_t i = 0; i < s.routed_pos.size(); ++i) {
+    std::copy_n(s.rows.data() + static_cast<size_t>(s.routed_pos[i]) * dim, dim,
+                s.routed_rows.data() + i * dim);
+  }
+  for (int k = 0; k < num_shards_; ++k) {
+    const int32_t begin = s.shard_begin[k];
+    const int32_t count = s.shard_begin[k + 1] - begin;
+    if (count == 0) continue;
+    TESSERA_RETURN_IF_ERROR(t->shards[k]->ApplyUniqueGradients(
+        absl::MakeConstSpan(s.routed_ids).subspan(begin, count),
+        s.routed_rows.data() + static_cast<size_t>(begin) * dim, step));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tessera::embedding_internal
+
+namespace tessera::embedding {
+
+absl::StatusOr<std::unique_ptr<EmbeddingCollection>> NewInProcessCollection(int num_shards) {
+  if (num_shards < 1 || num_shards > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("in-process shard count must be in [1, 4096], got ", num_shards));
+  }
+  return std::unique_ptr<EmbeddingCollection>(
+      new embedding_internal::InProcessCollection(num_shards));
+}
+
+}  // namespace tessera::embedding

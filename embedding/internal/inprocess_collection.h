@@ -1,0 +1,57 @@
+#ifndef TESSERA_EMBEDDING_INTERNAL_INPROCESS_COLLECTION_H_
+#define TESSERA_EMBEDDING_INTERNAL_INPROCESS_COLLECTION_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "embedding/collection.h"
+#include "embedding/embedding_table.h"
+
+namespace tessera::embedding_internal {
+
+// EmbeddingCollection over shards held in this process. A request is deduplicated once,
+// split by ShardOf() into per-shard id lists, served by each shard's EmbeddingTable and
+// merged back in the caller's order. Pooling happens after the merge, over the unique
+// rows in batch order, so results are bit-identical whatever the shard count.
+class InProcessCollection final : public embedding::EmbeddingCollection {
+ public:
+  explicit InProcessCollection(int num_shards) : num_shards_(num_shards) {}
+
+  absl::Status CreateTable(const v1::TableConfig& config) override;
+  absl::StatusOr<std::vector<v1::TableConfig>> ListTables() const override;
+  absl::Status Lookup(absl::string_view table, absl::Span<const int64_t> ids,
+                      absl::Span<float> out, const embedding::LookupOptions& options) override;
+  absl::Status PooledLookup(absl::string_view table, absl::Span<const int64_t> ids,
+                            absl::Span<const int32_t> offsets, absl::Span<const float> weights,
+                            v1::Pooling pooling, absl::Span<float> out,
+                            const embedding::LookupOptions& options) override;
+  absl::Status PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
+                             absl::Span<const float> gradients, int64_t step) override;
+  int num_shards() const override { return num_shards_; }
+
+  // The shard tables of `table`, for tests; null when the table is unknown.
+  const std::vector<std::unique_ptr<embedding::EmbeddingTable>>* ShardsOf(
+      absl::string_view table) const;
+
+ private:
+  struct ShardedTable {
+    v1::TableConfig config;
+    std::vector<std::unique_ptr<embedding::EmbeddingTable>> shards;
+  };
+
+  absl::StatusOr<ShardedTable*> Find(absl::string_view table) const;
+  // Gathers the rows of distinct `unique_ids` into `rows` (unique, dim), shard by shard.
+  absl::Status GatherUnique(ShardedTable& t, absl::Span<const int64_t> unique_ids, float* rows,
+                            bool insert_missing);
+
+  const int num_shards_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<ShardedTable>, std::less<>> tables_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tessera::embedding_internal
+
+#endif  // TESSERA_EMBEDDING_INTERNAL_INPROCESS_COLLECTION_H_

@@ -1,0 +1,244 @@
+#include "embedding/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace tessera::embedding {
+namespace {
+
+class Sgd final : public Optimizer {
+ public:
+  using Optimizer::Optimizer;
+  int StateFloats() const override { return 0; }
+  void InitState(float*) const override {}
+
+ protected:
+  void Step(float* w, float*, const float* g, int64_t) const override {
+    const float lr = params_.learning_rate;
+    for (int i = 0; i < dim_; ++i) w[i] -= lr * g[i];
+  }
+};
+
+// state: accumulator (dim).
+class Adagrad final : public Optimizer {
+ public:
+  using Optimizer::Optimizer;
+  int StateFloats() const override { return dim_; }
+  void InitState(float* s) const override {
+    std::fill(s, s + dim_, params_.initial_accumulator);
+  }
+
+ protected:
+  void Step(float* w, float* acc, const float* g, int64_t) const override {
+    const float lr = params_.learning_rate;
+    const float eps = params_.epsilon;
+    for (int i = 0; i < dim_; ++i) {
+      acc[i] += g[i] * g[i];
+      w[i] -= lr * g[i] / (std::sqrt(acc[i]) + eps);
+    }
+  }
+};
+
+// state: one accumulator of mean squared gradients for the row.
+class RowWiseAdagrad final : public Optimizer {
+ public:
+  using Optimizer::Optimizer;
+  int StateFloats() const override { return 1; }
+  void InitState(float* s) const override { s[0] = params_.initial_accumulator; }
+
+ protected:
+  void Step(float* w, float* acc, const float* g, int64_t) const override {
+    float sq = 0.0f;
+    for (int i = 0; i < dim_; ++i) sq += g[i] * g[i];
+    acc[0] += sq / static_cast<float>(dim_);
+    const float scale = params_.learning_rate / (std::sqrt(acc[0]) + params_.epsilon);
+    for (int i = 0; i < dim_; ++i) w[i] -= scale * g[i];
+  }
+};
+
+// state: m (dim), v (dim); the step count t is the row's update count.
+class Adam final : public Optimizer {
+ public:
+  using Optimizer::Optimizer;
+  int StateFloats() const override { return 2 * dim_; }
+  void InitState(float* s) const override { std::fill(s, s + 2 * dim_, 0.0f); }
+
+ protected:
+  void Step(float* w, float* s, const float* g, int64_t prior_updates) const override {
+    const float b1 = params_.beta1;
+    const float b2 = params_.beta2;
+    const double t = static_cast<double>(prior_updates + 1);
+    const float c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), t));
+    const float c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(b2), t));
+    const float lr = params_.learning_rate;
+    const float eps = params_.epsilon;
+    float* m = s;
+    float* v = s + dim_;
+    for (int i = 0; i < dim_; ++i) {
+      m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+      v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+      const float m_hat = m[i] / c1;
+      const float v_hat = v[i] / c2;
+      w[i] -= lr * m_hat / (std::sqrt(v_hat) + eps);
+    }
+  }
+};
+
+// FTRL-Proximal (McMahan et al. 2013) with a general learning-rate power p:
+//   n' = n + g^2;  sigma = (n'^-p - n^-p) / lr;  z += g - sigma * w;
+//   w = |z| <= l1 ? 0 : (sign(z) * l1 - z) / (n'^-p / lr + 2 * l2).
+// state: z (dim), n (dim).
+class Ftrl final : public Optimizer {
+ public:
+  using Optimizer::Optimizer;
+  int StateFloats() const override { return 2 * dim_; }
+  void InitState(float* s) const override {
+    std::fill(s, s + dim_, 0.0f);
+    std::fill(s + dim_, s + 2 * dim_, params_.initial_accumulator);
+  }
+
+ protected:
+  void Step(float* w, float* s, const float* g, int64_t) const override {
+    const float lr = params_.learning_rate;
+    const float p = params_.learning_rate_power;
+    const float l1 = params_.l1;
+    const float l2 = params_.l2;
+    float* z = s;
+    float* n = s + dim_;
+    for (int i = 0; i < dim_; ++i) {
+      const float n_new = n[i] + g[i] * g[i];
+      const float pow_new = std::pow(n_new, -p);
+      const float pow_old = n[i] > 0.0f ? std::pow(n[i], -p) : 0.0f;
+      const float sigma = (pow_new - pow_old) / lr;
+      z[i] += g[i] - sigma * w[i];
+      n[i] = n_new;
+      if (std::fabs(z[i]) <= l1) {
+        w[i] = 0.0f;
+      } else {
+        const float sign = z[i] > 0.0f ? 1.0f : -1.0f;
+        w[i] = (sign * l1 - z[i]) / (pow_new / lr + 2.0f * l2);
+      }
+    }
+  }
+};
+
+absl::Status CheckPositive(float v, absl::string_view name) {
+  if (!(v > 0.0f) || !std::isfinite(v)) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer ", name, " must be > 0, got ", v));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckNonNegative(float v, absl::string_view name) {
+  if (!(v >= 0.0f) || !std::isfinite(v)) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer ", name, " must be >= 0, got ", v));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string OptimizerName(v1::OptimizerType type) {
+  switch (type) {
+    case v1::SGD: return "sgd";
+    case v1::OPTIMIZER_UNSPECIFIED:
+    case v1::ADAGRAD: return "adagrad";
+    case v1::ROWWISE_ADAGRAD: return "rowwise_adagrad";
+    case v1::ADAM: return "adam";
+    case v1::FTRL: return "ftrl";
+    default: return absl::StrCat("unknown(", static_cast<int>(type), ")");
+  }
+}
+
+absl::StatusOr<v1::OptimizerType> ParseOptimizerName(absl::string_view name) {
+  const std::string lower = absl::AsciiStrToLower(name);
+  for (v1::OptimizerType t : {v1::SGD, v1::ADAGRAD, v1::ROWWISE_ADAGRAD, v1::ADAM, v1::FTRL}) {
+    if (lower == OptimizerName(t)) return t;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown optimizer '", name, "'; expected sgd, adagrad, rowwise_adagrad, adam or ftrl"));
+}
+
+absl::StatusOr<OptimizerParams> ResolveOptimizer(const v1::OptimizerConfig& c) {
+  OptimizerParams p;
+  p.type = c.type() == v1::OPTIMIZER_UNSPECIFIED ? v1::ADAGRAD : c.type();
+  if (!v1::OptimizerType_IsValid(p.type)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown optimizer type ", static_cast<int>(c.type())));
+  }
+  p.epsilon = p.type == v1::ADAM ? 1e-8f : 1e-10f;
+  if (c.has_learning_rate()) p.learning_rate = c.learning_rate();
+  if (c.has_epsilon()) p.epsilon = c.epsilon();
+  if (c.has_beta1()) p.beta1 = c.beta1();
+  if (c.has_beta2()) p.beta2 = c.beta2();
+  if (c.has_initial_accumulator()) p.initial_accumulator = c.initial_accumulator();
+  if (c.has_l1()) p.l1 = c.l1();
+  if (c.has_l2()) p.l2 = c.l2();
+  if (c.has_learning_rate_power()) p.learning_rate_power = c.learning_rate_power();
+  if (c.has_clip_norm()) p.clip_norm = c.clip_norm();
+  if (c.has_clip_value()) p.clip_value = c.clip_value();
+  if (c.has_weight_decay()) p.weight_decay = c.weight_decay();
+
+  if (auto s = CheckPositive(p.learning_rate, "learning_rate"); !s.ok()) return s;
+  if (auto s = CheckNonNegative(p.epsilon, "epsilon"); !s.ok()) return s;
+  if (auto s = CheckNonNegative(p.initial_accumulator, "initial_accumulator"); !s.ok()) return s;
+  if (auto s = CheckNonNegative(p.l1, "l1"); !s.ok()) return s;
+  if (auto s = CheckNonNegative(p.l2, "l2"); !s.ok()) return s;
+  if (auto s = CheckNonNegative(p.clip_norm, "clip_norm"); !s.ok()) return s;
+  if (auto s = CheckNonNegative(p.clip_value, "clip_value"); !s.ok()) return s;
+  if (auto s = CheckNonNegative(p.weight_decay, "weight_decay"); !s.ok()) return s;
+  if (!(p.beta1 >= 0.0f && p.beta1 < 1.0f) || !(p.beta2 >= 0.0f && p.beta2 < 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer beta1 and beta2 must be in [0, 1), got ", p.beta1, " and ", p.beta2));
+  }
+  if (!(p.learning_rate_power <= 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer learning_rate_power must be <= 0, got ", p.learning_rate_power));
+  }
+  return p;
+}
+
+absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const v1::OptimizerConfig& config,
+                                                             int dim) {
+  if (dim <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer dimension must be > 0, got ", dim));
+  }
+  absl::StatusOr<OptimizerParams> params = ResolveOptimizer(config);
+  if (!params.ok()) return params.status();
+  switch (params->type) {
+    case v1::SGD: return std::unique_ptr<Optimizer>(new Sgd(*params, dim));
+    case v1::ADAGRAD: return std::unique_ptr<Optimizer>(new Adagrad(*params, dim));
+    case v1::ROWWISE_ADAGRAD: return std::unique_ptr<Optimizer>(new RowWiseAdagrad(*params, dim));
+    case v1::ADAM: return std::unique_ptr<Optimizer>(new Adam(*params, dim));
+    case v1::FTRL: return std::unique_ptr<Optimizer>(new Ftrl(*params, dim));
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown optimizer type ", static_cast<int>(params->type)));
+  }
+}
+
+void Optimizer::Update(float* w, float* state, float* g, int64_t prior_updates) const {
+  if (params_.clip_value > 0.0f) {
+    const float c = params_.clip_value;
+    for (int i = 0; i < dim_; ++i) g[i] = std::clamp(g[i], -c, c);
+  }
+  if (params_.clip_norm > 0.0f) {
+    float sq = 0.0f;
+    for (int i = 0; i < dim_; ++i) sq += g[i] * g[i];
+    const float norm = std::sqrt(sq);
+    if (norm > params_.clip_norm) {
+      const float scale = params_.clip_norm / norm;
+      for (int i = 0; i < dim_; ++i) g[i] *= scale;
+    }
+  }
+  if (params_.weight_decay > 0.0f) {
+    const float wd = params_.weight_decay;
+    for (int i = 0; i < dim_; ++i) g[i] += wd * w[i];
+  }
+  Step(w, state, g, prior_updates);
+}
+
+}  // namespace tessera::embedding

@@ -1,0 +1,44 @@
+#ifndef TESSERA_EMBEDDING_SHARDING_H_
+#define TESSERA_EMBEDDING_SHARDING_H_
+
+#include <cstdint>
+
+namespace tessera::embedding {
+
+// A strong 64-bit mixer (the splitmix64 finaliser): every input bit affects every
+// output bit. Pure, so it gives the same answer in every process and on every host.
+constexpr uint64_t Mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
+// Lamping & Veach's jump consistent hash: maps `key` to a bucket in [0, num_buckets)
+// such that growing num_buckets from n to n+1 moves only about 1/(n+1) of the keys.
+// num_buckets must be >= 1.
+constexpr int32_t JumpConsistentHash(uint64_t key, int32_t num_buckets) {
+  int64_t b = -1;
+  int64_t j = 0;
+  while (j < num_buckets) {
+    b = j;
+    key = key * 2862933555777941757ULL + 1;
+    j = static_cast<int64_t>(static_cast<double>(b + 1) *
+                             (static_cast<double>(1LL << 31) /
+                              static_cast<double>((key >> 33) + 1)));
+  }
+  return static_cast<int32_t>(b);
+}
+
+// The shard that owns `id` of a table with `table_seed` among `num_shards` shards.
+// Every part of the system (in-process collection, coordinator, smart client) routes
+// with this one function.
+constexpr int32_t ShardOf(int64_t id, uint64_t table_seed, int32_t num_shards) {
+  return JumpConsistentHash(Mix64(static_cast<uint64_t>(id) ^ table_seed), num_shards);
+}
+
+}  // namespace tessera::embedding
+
+#endif  // TESSERA_EMBEDDING_SHARDING_H_

@@ -1,0 +1,72 @@
+#include "embedding/sharding.h"
+
+#include <cstdint>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace tessera::embedding {
+namespace {
+
+TEST(Mix64, IsAFixedFunctionAcrossProcesses) {
+  // Golden values: a change here re-routes every row of every deployed table.
+  EXPECT_EQ(Mix64(0), 0u);
+  EXPECT_EQ(Mix64(1), 0x5692161d100b05e5ULL);
+  EXPECT_EQ(Mix64(0x123456789abcdefULL), 0xb2c058e4ebb5112cULL);
+}
+
+TEST(JumpConsistentHash, MatchesPublishedReferenceBuckets) {
+  // Values of the reference algorithm in Lamping & Veach (2014), as other
+  // implementations of it publish them.
+  EXPECT_EQ(JumpConsistentHash(0, 1), 0);
+  EXPECT_EQ(JumpConsistentHash(1, 1), 0);
+  EXPECT_EQ(JumpConsistentHash(0, 60000), 0);
+  EXPECT_EQ(JumpConsistentHash(1, 2), 0);
+  EXPECT_EQ(JumpConsistentHash(0xDEAD10CCULL, 666), 361);
+  EXPECT_EQ(JumpConsistentHash(256, 1024), 520);
+  EXPECT_EQ(JumpConsistentHash(42, 57), 43);
+  EXPECT_EQ(JumpConsistentHash(10863919174838991ULL, 11), 6);
+  EXPECT_EQ(JumpConsistentHash(2016238256797177309ULL, 11), 3);
+  EXPECT_EQ(JumpConsistentHash(1673758223894951030ULL, 11), 5);
+}
+
+TEST(ShardOf, StaysInRangeAndSpreadsEvenly) {
+  constexpr int kShards = 8;
+  constexpr int kIds = 80000;
+  std::vector<int> count(kShards, 0);
+  for (int64_t id = 0; id < kIds; ++id) {
+    const int s = ShardOf(id, 42, kShards);
+    ASSERT_GE(s, 0);
+    ASSERT_LT(s, kShards);
+    ++count[s];
+  }
+  for (int c : count) EXPECT_NEAR(c, kIds / kShards, kIds / kShards * 0.05);
+}
+
+TEST(ShardOf, GrowingFromNToNPlusOneMovesAboutOneInNPlusOne) {
+  constexpr int kIds = 200000;
+  for (int n : {1, 2, 3, 4, 7, 16}) {
+    int moved = 0;
+    for (int64_t i = 0; i < kIds; ++i) {
+      const int64_t id = static_cast<int64_t>(Mix64(i * 7919 + 1));
+      const int before = ShardOf(id, 99, n);
+      const int after = ShardOf(id, 99, n + 1);
+      if (before != after) {
+        ++moved;
+        // Consistent hashing only ever moves ids onto the new shard.
+        ASSERT_EQ(after, n) << "id " << id << " moved between old shards";
+      }
+    }
+    const double fraction = static_cast<double>(moved) / kIds;
+    EXPECT_NEAR(fraction, 1.0 / (n + 1), 0.01) << "n = " << n;
+  }
+}
+
+TEST(ShardOf, DependsOnTheTableSeed) {
+  int differ = 0;
+  for (int64_t id = 0; id < 1000; ++id) differ += ShardOf(id, 1, 4) != ShardOf(id, 2, 4);
+  EXPECT_GT(differ, 600);
+}
+
+}  // namespace
+}  // namespace tessera::embedding

@@ -1,0 +1,42 @@
+#ifndef TESSERA_EMBEDDING_STATUS_H_
+#define TESSERA_EMBEDDING_STATUS_H_
+
+#include <string>
+#include "absl/strings/string_view.h"
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+
+namespace tessera {
+
+// Returns `status` with `context` put in front of its message, keeping its code.
+// An OK status stays OK.
+inline absl::Status Annotate(const absl::Status& status, absl::string_view context) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
+}
+
+}  // namespace tessera
+
+#define TESSERA_STATUS_CONCAT_INNER_(a, b) a##b
+#define TESSERA_STATUS_CONCAT_(a, b) TESSERA_STATUS_CONCAT_INNER_(a, b)
+
+// Evaluates `expr` (an absl::Status) and returns it from the caller when it is not OK.
+#define TESSERA_RETURN_IF_ERROR(expr)                        \
+  do {                                                       \
+    ::absl::Status tessera_status_ = (expr);                 \
+    if (!tessera_status_.ok()) return tessera_status_;       \
+  } while (false)
+
+// `lhs = value of expr` where expr is an absl::StatusOr<T>; returns the error otherwise.
+#define TESSERA_ASSIGN_OR_RETURN(lhs, expr) \
+  TESSERA_ASSIGN_OR_RETURN_IMPL_(TESSERA_STATUS_CONCAT_(tessera_statusor_, __LINE__), lhs, expr)
+
+#define TESSERA_ASSIGN_OR_RETURN_IMPL_(var, lhs, expr) \
+  auto var = (expr);                                   \
+  if (!var.ok()) return std::move(var).status();       \
+  lhs = std::move(var).value()
+
+#endif  // TESSERA_EMBEDDING_STATUS_H_

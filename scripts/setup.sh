@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs every Debian package the build needs (idempotent), then configures and
+# builds Tessera into build/. Safe to run again: apt skips what is installed and
+# CMake rebuilds only what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  build-essential cmake pkg-config git
+  protobuf-compiler libprotobuf-dev libprotoc-dev
+  protobuf-compiler-grpc libgrpc++-dev libgrpc-dev
+  libabsl-dev libeigen3-dev librocksdb-dev
+  libgtest-dev libgmock-dev googletest libbenchmark-dev
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all packages present"
+fi
+
+JOBS="${JOBS:-2}"
+cmake -S . -B build -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-Release}" ${TESSERA_CMAKE_ARGS:-}
+cmake --build build -j"${JOBS}"
+echo "setup: build complete in build/"
