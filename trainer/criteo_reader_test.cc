@@ -1,0 +1,148 @@
+#include "trainer/criteo_reader.h"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera::trainer {
+namespace {
+
+// A valid line: label, 13 ints (some empty), 26 hex (some empty).
+std::string Line(int label, int seed) {
+  std::string s = absl::StrCat(label);
+  for (int i = 0; i < 13; ++i) {
+    s += "\t";
+    if ((i + seed) % 5 != 0) absl::StrAppend(&s, (i * 7 + seed) % 50 - 2);
+  }
+  for (int i = 0; i < 26; ++i) {
+    s += "\t";
+    if ((i + seed) % 7 != 0) absl::StrAppend(&s, absl::Hex((i * 0x1f3d5b79u + seed * 977u) & 0xffffffffu, absl::kZeroPad8));
+  }
+  return s;
+}
+
+std::string WriteFile(const std::string& name, const std::vector<std::string>& lines) {
+  const std::string path = absl::StrCat(testing::TempDir(), "/", name);
+  std::ofstream out(path);
+  for (const auto& l : lines) out << l << "\n";
+  return path;
+}
+
+TEST(ParseCriteoLine, AppliesLogToIntegersAndHashesCategoricalsPerFeature) {
+  CriteoOptions o;
+  std::string line = "1\t0\t3\t\t-5\t100";
+  for (int i = 5; i < 13; ++i) line += "\t1";
+  line += "\t68fd1e64\t\t68fd1e64";
+  for (int i = 3; i < 26; ++i) line += "\tabcdef01";
+  std::vector<float> dense(13);
+  std::vector<int64_t> ids(26);
+  float label = -1;
+  ASSERT_TRUE(ParseCriteoLine(line, o, dense.data(), ids.data(), &label).ok());
+  EXPECT_EQ(label, 1.0f);
+  EXPECT_FLOAT_EQ(dense[0], 0.0f);
+  EXPECT_FLOAT_EQ(dense[1], std::log(4.0f));
+  EXPECT_FLOAT_EQ(dense[2], 0.0f);  // empty
+  EXPECT_FLOAT_EQ(dense[3], 0.0f);  // negative clamps to 0
+  EXPECT_FLOAT_EQ(dense[4], std::log(101.0f));
+  EXPECT_EQ(ids[0], CriteoFeatureId(0, 0x68fd1e64, false));
+  EXPECT_EQ(ids[1], CriteoFeatureId(1, 0, true));
+  // The same value in another feature gets another id.
+  EXPECT_NE(ids[0], ids[2]);
+  EXPECT_NE(CriteoFeatureId(1, 0, true), CriteoFeatureId(1, 0, false));
+}
+
+TEST(ParseCriteoLine, ExplainsMalformedLines) {
+  CriteoOptions o;
+  std::vector<float> dense(13);
+  std::vector<int64_t> ids(26);
+  float label;
+  auto why = [&](const std::string& l) {
+    return std::string(ParseCriteoLine(l, o, dense.data(), ids.data(), &label).message());
+  };
+  std::string good = Line(0, 1);
+  EXPECT_TRUE(ParseCriteoLine(good, o, dense.data(), ids.data(), &label).ok());
+  EXPECT_TRUE(ParseCriteoLine(good + "\r", o, dense.data(), ids.data(), &label).ok());
+  EXPECT_THAT(why("2" + good.substr(1)), testing::HasSubstr("label must be 0 or 1"));
+  EXPECT_THAT(why(good + "\textra"), testing::HasSubstr("more than 40"));
+  EXPECT_THAT(why(good.substr(0, good.rfind('\t'))), testing::HasSubstr("got 39"));
+  std::string bad_int = good;
+  bad_int.replace(bad_int.find('\t'), 1, "\tx");
+  EXPECT_THAT(why(bad_int), testing::HasSubstr("I1 is not an integer"));
+  std::string bad_hex = good.substr(0, good.rfind('\t')) + "\tzz";
+  EXPECT_THAT(why(bad_hex), testing::HasSubstr("C26 is not hexadecimal"));
+  EXPECT_THAT(why(""), testing::HasSubstr("label"));
+}
+
+TEST(CriteoReader, SkipsAndCountsBadLinesOrStopsNamingTheLine) {
+  std::vector<std::string> lines;
+  for (int i = 0; i < 30; ++i) lines.push_back(Line(i % 2, i));
+  lines[4] = "garbage";
+  lines[17] = "1\tnot\tenough";
+  const std::string path = WriteFile("skip.tsv", lines);
+
+  CriteoOptions o;
+  o.held_out_fraction = 0.0;
+  auto r = CriteoReader::Open(path, o, 8);
+  ASSERT_TRUE(r.ok()) << r.status();
+  Batch b;
+  int samples = 0, batches = 0;
+  while (true) {
+    auto more = (*r)->Next(&b);
+    ASSERT_TRUE(more.ok()) << more.status();
+    if (!*more) break;
+    samples += b.size;
+    ++batches;
+    ASSERT_EQ(b.offsets[0].size(), static_cast<size_t>(b.size + 1));
+  }
+  EXPECT_EQ(samples, 28);
+  EXPECT_EQ(batches, 4);
+  EXPECT_EQ((*r)->bad_lines(), 2);
+  EXPECT_EQ((*r)->lines_read(), 30);
+
+  o.stop_on_bad_line = true;
+  auto stop = CriteoReader::Open(path, o, 8);
+  ASSERT_TRUE(stop.ok());
+  absl::Status s = absl::OkStatus();
+  while (s.ok()) {
+    auto more = (*stop)->Next(&b);
+    if (!more.ok()) s = more.status();
+    else if (!*more) break;
+  }
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), testing::HasSubstr("skip.tsv:5:"));
+}
+
+TEST(CriteoReader, HeldOutSplitIsDisjointStableAndEpochsRepeat) {
+  std::vector<std::string> lines;
+  for (int i = 0; i < 200; ++i) lines.push_back(Line(i % 2, i));
+  const std::string path = WriteFile("split.tsv", lines);
+  CriteoOptions o;
+  o.held_out_fraction = 0.25;
+  o.epochs = 2;
+  auto held = CriteoReader::LoadHeldOut(path, o);
+  ASSERT_TRUE(held.ok());
+  auto r = CriteoReader::Open(path, o, 64);
+  ASSERT_TRUE(r.ok());
+  Batch b;
+  int train = 0;
+  while (*(*r)->Next(&b)) train += b.size;
+  EXPECT_EQ(train % 2, 0);
+  EXPECT_EQ(train / 2 + held->size, 200) << "each line is either train or held out";
+  EXPECT_NEAR(held->size, 50, 20);
+  int expected_held = 0;
+  for (int line = 1; line <= 200; ++line) expected_held += IsHeldOutLine(line, o);
+  EXPECT_EQ(held->size, expected_held);
+}
+
+TEST(CriteoReader, MissingFileIsNotFound) {
+  EXPECT_EQ(CriteoReader::Open("/nonexistent/x.tsv", CriteoOptions(), 4).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace tessera::trainer

@@ -1,0 +1,75 @@
+#ifndef TESSERA_TRAINER_DENSE_BACKEND_H_
+#define TESSERA_TRAINER_DENSE_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace tessera::trainer {
+
+enum class DenseOptimizerType { kAdam, kSgd };
+
+// Shape and optimizer of the DLRM dense network.
+struct DlrmConfig {
+  int num_dense = 13;                   // dense input features
+  int num_sparse = 26;                  // pooled embedding inputs, one per sparse feature
+  int emb_dim = 16;                     // embedding dimension; the bottom MLP ends at it
+  std::vector<int> bottom_mlp = {64, 32};  // hidden widths before the final emb_dim layer
+  std::vector<int> top_mlp = {64, 32};     // hidden widths before the final logit layer
+  DenseOptimizerType optimizer = DenseOptimizerType::kAdam;
+  float learning_rate = 1e-3f;          // dense learning rate
+  float beta1 = 0.9f;                   // Adam
+  float beta2 = 0.999f;                 // Adam
+  float epsilon = 1e-8f;                // Adam
+  uint64_t seed = 1;                    // parameter initialisation
+};
+
+// Checks widths and rates; InvalidArgument names the bad field.
+absl::Status ValidateDlrmConfig(const DlrmConfig& config);
+
+// The dense half of DLRM on some device: bottom MLP over dense features, pairwise dot
+// interaction of its output with the pooled embeddings, top MLP to one logit, sigmoid
+// and binary cross-entropy (mean over the batch). The sparse half (embedding tables)
+// lives outside; this class consumes pooled embeddings and returns their gradients.
+//
+// Layouts: dense (batch, num_dense) row-major; embeddings and their gradients
+// (num_sparse, batch, emb_dim) row-major, one block per sparse feature.
+//
+// Thread safety: none; one training thread owns a backend.
+class DenseBackend {
+ public:
+  virtual ~DenseBackend() = default;
+
+  virtual std::string name() const = 0;
+
+  // Forward pass for `batch` samples; writes `logits` (batch) and keeps what Backward
+  // needs. InvalidArgument for a non-positive batch.
+  virtual absl::Status Forward(int batch, const float* dense, const float* embeddings,
+                               float* logits) = 0;
+
+  // Backward pass of the last Forward against `labels` (batch, 0 or 1): fills the
+  // parameter gradients and `embedding_grads` (num_sparse, batch, emb_dim), and returns
+  // the mean loss. FailedPrecondition when no Forward came first.
+  virtual absl::StatusOr<double> Backward(const float* labels, float* embedding_grads) = 0;
+
+  // One optimizer step on the parameters with the gradients of the last Backward.
+  virtual void ApplyGradients() = 0;
+
+  // All parameters as one flat array (layer by layer: weights then biases), and the
+  // matching gradients. Writes to Parameters() take effect on the next Forward.
+  virtual absl::Span<float> Parameters() = 0;
+  virtual absl::Span<const float> Gradients() const = 0;
+
+  virtual const DlrmConfig& config() const = 0;
+};
+
+// The CPU backend on Eigen.
+absl::StatusOr<std::unique_ptr<DenseBackend>> NewCpuDenseBackend(const DlrmConfig& config);
+
+}  // namespace tessera::trainer
+
+#endif  // TESSERA_TRAINER_DENSE_BACKEND_H_

@@ -1,0 +1,232 @@
+// tessera-train: trains a DLRM ranking model against embedding tables. With no flags it
+// runs on synthetic data with a planted teacher, on 4 in-process shards.
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "embedding/collection.h"
+#include "embedding/optimizer.h"
+#include "embedding/status.h"
+#include "trainer/criteo_reader.h"
+#include "trainer/dense_backend.h"
+#include "trainer/input_pipeline.h"
+#include "trainer/synthetic.h"
+#include "trainer/trainer.h"
+
+ABSL_FLAG(std::string, data, "synthetic", "'synthetic' or the path of a Criteo-format TSV file");
+ABSL_FLAG(int64_t, steps, 0, "training steps; 0 = 10000 for synthetic data, the whole file for TSV");
+ABSL_FLAG(int, epochs, 1, "passes over a TSV file");
+ABSL_FLAG(int, batch_size, 256, "samples per step");
+ABSL_FLAG(int, num_dense, 13, "dense features");
+ABSL_FLAG(int, num_sparse, 26, "sparse (categorical) features, one table each");
+ABSL_FLAG(int, emb_dim, 16, "embedding dimension");
+ABSL_FLAG(std::string, bottom_mlp, "64,32", "hidden widths of the bottom MLP (it ends at emb_dim)");
+ABSL_FLAG(std::string, top_mlp, "64,32", "hidden widths of the top MLP (it ends at one logit)");
+ABSL_FLAG(std::string, optimizer, "adagrad",
+          "embedding optimizer: sgd, adagrad, rowwise_adagrad, adam or ftrl");
+ABSL_FLAG(double, lr, 0.05, "embedding learning rate");
+ABSL_FLAG(std::string, dense_optimizer, "adam", "dense optimizer: adam or sgd");
+ABSL_FLAG(double, dense_lr, 2e-3, "dense learning rate");
+ABSL_FLAG(double, init_scale, 0.05, "embedding rows start U(-init_scale, init_scale)");
+ABSL_FLAG(int64_t, max_rows, 0, "row budget per table (0 = unlimited)");
+ABSL_FLAG(std::string, shards, "inproc:4", "where the tables live: inproc:N");
+ABSL_FLAG(uint64_t, seed, 1, "seed of data, tables and model");
+ABSL_FLAG(std::string, metrics_out, "", "write metrics as JSON Lines to this file");
+ABSL_FLAG(int64_t, log_every, 100, "steps between progress lines (0 = none)");
+ABSL_FLAG(std::string, cardinalities, "", "synthetic: comma-separated ids per feature");
+ABSL_FLAG(double, zipf, 1.1, "synthetic: Zipf exponent of id popularity");
+ABSL_FLAG(int64_t, held_out, 50000, "synthetic: held-out samples");
+ABSL_FLAG(double, held_out_fraction, 0.1, "TSV: share of lines held out for evaluation");
+ABSL_FLAG(int64_t, max_held_out, 200000, "TSV: cap on held-out samples");
+ABSL_FLAG(std::string, on_bad_line, "skip", "TSV: 'skip' or 'stop' at a malformed line");
+ABSL_FLAG(int, reader_threads, 1, "background threads making batches");
+ABSL_FLAG(int, prefetch, 8, "batches prepared ahead of the trainer");
+
+namespace tessera::trainer {
+namespace {
+
+absl::StatusOr<std::vector<int>> ParseWidths(const std::string& s, const char* flag) {
+  std::vector<int> out;
+  for (absl::string_view part : absl::StrSplit(s, ',', absl::SkipEmpty())) {
+    int w = 0;
+    if (!absl::SimpleAtoi(part, &w) || w <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": bad width '", part, "'"));
+    }
+    out.push_back(w);
+  }
+  return out;
+}
+
+absl::StatusOr<int> ParseShards(const std::string& s) {
+  int n = 0;
+  if (absl::StartsWith(s, "inproc:") && absl::SimpleAtoi(s.substr(7), &n) && n >= 1) return n;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--shards must be inproc:N with N >= 1, got '", s, "'"));
+}
+
+absl::Status Run() {
+  const std::string data = absl::GetFlag(FLAGS_data);
+  const bool synthetic = data == "synthetic";
+  const int batch_size = absl::GetFlag(FLAGS_batch_size);
+  if (batch_size <= 0) return absl::InvalidArgumentError("--batch_size must be > 0");
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+
+  DlrmConfig model;
+  model.num_dense = absl::GetFlag(FLAGS_num_dense);
+  model.num_sparse = absl::GetFlag(FLAGS_num_sparse);
+  model.emb_dim = absl::GetFlag(FLAGS_emb_dim);
+  TESSERA_ASSIGN_OR_RETURN(model.bottom_mlp, ParseWidths(absl::GetFlag(FLAGS_bottom_mlp), "bottom_mlp"));
+  TESSERA_ASSIGN_OR_RETURN(model.top_mlp, ParseWidths(absl::GetFlag(FLAGS_top_mlp), "top_mlp"));
+  const std::string dense_opt = absl::GetFlag(FLAGS_dense_optimizer);
+  if (dense_opt == "adam") {
+    model.optimizer = DenseOptimizerType::kAdam;
+  } else if (dense_opt == "sgd") {
+    model.optimizer = DenseOptimizerType::kSgd;
+  } else {
+    return absl::InvalidArgumentError("--dense_optimizer must be adam or sgd");
+  }
+  model.learning_rate = static_cast<float>(absl::GetFlag(FLAGS_dense_lr));
+  model.seed = seed;
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<DenseBackend> dense, NewCpuDenseBackend(model));
+
+  TESSERA_ASSIGN_OR_RETURN(int shards, ParseShards(absl::GetFlag(FLAGS_shards)));
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<embedding::EmbeddingCollection> tables,
+                           embedding::NewInProcessCollection(shards));
+
+  v1::TableConfig table;
+  table.set_dim(model.emb_dim);
+  table.set_seed(seed * 1000003);
+  table.set_max_rows(absl::GetFlag(FLAGS_max_rows));
+  TESSERA_ASSIGN_OR_RETURN(v1::OptimizerType opt,
+                           embedding::ParseOptimizerName(absl::GetFlag(FLAGS_optimizer)));
+  table.mutable_optimizer()->set_type(opt);
+  table.mutable_optimizer()->set_learning_rate(static_cast<float>(absl::GetFlag(FLAGS_lr)));
+  table.mutable_initializer()->set_type(v1::UNIFORM);
+  table.mutable_initializer()->set_scale(static_cast<float>(absl::GetFlag(FLAGS_init_scale)));
+
+  TrainerOptions options;
+  options.log_every = absl::GetFlag(FLAGS_log_every);
+  options.metrics_out = absl::GetFlag(FLAGS_metrics_out);
+  Trainer trainer(tables.get(), dense.get(), options);
+  TESSERA_RETURN_IF_ERROR(trainer.CreateTables(table));
+
+  int64_t steps = absl::GetFlag(FLAGS_steps);
+  std::unique_ptr<BatchSource> source;
+  Batch held_out;
+  std::unique_ptr<SyntheticGenerator> generator;
+  CriteoReader* reader = nullptr;
+  if (synthetic) {
+    SyntheticConfig sc;
+    sc.num_dense = model.num_dense;
+    sc.seed = seed;
+    sc.zipf_s = absl::GetFlag(FLAGS_zipf);
+    const std::string cards = absl::GetFlag(FLAGS_cardinalities);
+    if (cards.empty()) {
+      sc.cardinalities = DefaultCardinalities(model.num_sparse);
+    } else {
+      for (absl::string_view part : absl::StrSplit(cards, ',', absl::SkipEmpty())) {
+        int64_t c = 0;
+        if (!absl::SimpleAtoi(part, &c)) {
+          return absl::InvalidArgumentError(absl::StrCat("--cardinalities: bad value '", part, "'"));
+        }
+        sc.cardinalities.push_back(c);
+      }
+      if (static_cast<int>(sc.cardinalities.size()) != model.num_sparse) {
+        return absl::InvalidArgumentError(absl::StrCat("--cardinalities has ",
+                                                       sc.cardinalities.size(),
+                                                       " values for ", model.num_sparse,
+                                                       " sparse features"));
+      }
+    }
+    TESSERA_ASSIGN_OR_RETURN(generator, SyntheticGenerator::Create(sc));
+    if (steps == 0) steps = 10000;
+    const SyntheticGenerator* gen = generator.get();
+    source = std::make_unique<ParallelBatchPipeline>(
+        [gen, batch_size](int64_t index, Batch* b) {
+          gen->MakeBatch(index, batch_size, b);
+          return absl::OkStatus();
+        },
+        steps, absl::GetFlag(FLAGS_reader_threads), absl::GetFlag(FLAGS_prefetch));
+    held_out = generator->MakeHeldOut(absl::GetFlag(FLAGS_held_out));
+    std::printf("data: synthetic, %d dense + %d sparse features, %lld steps of %d, %d held out\n",
+                model.num_dense, model.num_sparse, static_cast<long long>(steps), batch_size,
+                held_out.size);
+  } else {
+    CriteoOptions co;
+    co.num_dense = model.num_dense;
+    co.num_sparse = model.num_sparse;
+    co.epochs = absl::GetFlag(FLAGS_epochs);
+    co.seed = seed;
+    co.held_out_fraction = absl::GetFlag(FLAGS_held_out_fraction);
+    co.max_held_out = absl::GetFlag(FLAGS_max_held_out);
+    const std::string bad = absl::GetFlag(FLAGS_on_bad_line);
+    if (bad != "skip" && bad != "stop") {
+      return absl::InvalidArgumentError("--on_bad_line must be skip or stop");
+    }
+    co.stop_on_bad_line = bad == "stop";
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<CriteoReader> r,
+                             CriteoReader::Open(data, co, batch_size));
+    reader = r.get();
+    source = std::make_unique<PrefetchingSource>(std::move(r), absl::GetFlag(FLAGS_prefetch));
+    TESSERA_ASSIGN_OR_RETURN(held_out, CriteoReader::LoadHeldOut(data, co));
+    std::printf("data: %s, %d epoch(s), batches of %d, %d held out\n", data.c_str(), co.epochs,
+                batch_size, held_out.size);
+  }
+  std::printf("model: dlrm on %s, emb_dim %d, tables on %d in-process shards, optimizer %s\n",
+              dense->name().c_str(), model.emb_dim, shards,
+              embedding::OptimizerName(opt).c_str());
+  std::fflush(stdout);
+
+  TESSERA_ASSIGN_OR_RETURN(TrainResult result, trainer.Train(source.get(), steps));
+  if (reader != nullptr && reader->bad_lines() > 0) {
+    std::printf("data: skipped %lld malformed line(s) of %lld read\n",
+                static_cast<long long>(reader->bad_lines()),
+                static_cast<long long>(reader->lines_read()));
+  }
+  source.reset();
+  std::printf("trained %lld steps, %lld samples in %.1fs (%.0f samples/s)\n",
+              static_cast<long long>(result.steps), static_cast<long long>(result.samples),
+              result.seconds, result.seconds > 0 ? result.samples / result.seconds : 0.0);
+
+  TESSERA_ASSIGN_OR_RETURN(EvalResult eval, trainer.Evaluate(held_out));
+  std::printf("held-out: %lld samples  logloss %.5f  auc %.5f\n",
+              static_cast<long long>(eval.samples), eval.logloss, eval.auc);
+  std::string teacher_json;
+  if (eval.has_teacher) {
+    std::printf("teacher:  logloss %.5f  auc %.5f  (auc gap %.5f)\n", eval.teacher_logloss,
+                eval.teacher_auc, eval.teacher_auc - eval.auc);
+    teacher_json = absl::StrFormat(R"(,"teacher_logloss":%.6f,"teacher_auc":%.6f)",
+                                   eval.teacher_logloss, eval.teacher_auc);
+  }
+  trainer.WriteMetrics(absl::StrFormat(
+      R"({"event":"eval","step":%d,"samples":%d,"logloss":%.6f,"auc":%.6f%s,"train_seconds":%.3f})",
+      result.steps, eval.samples, eval.logloss, eval.auc, teacher_json, result.seconds));
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace tessera::trainer
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Trains a DLRM ranking model with Tessera embedding tables.\n"
+      "  tessera-train                       synthetic data, 4 in-process shards\n"
+      "  tessera-train --data=train.tsv      Criteo-format TSV");
+  absl::ParseCommandLine(argc, argv);
+  absl::Status s = tessera::trainer::Run();
+  if (!s.ok()) {
+    std::cerr << "tessera-train: " << s << "\n";
+    return 1;
+  }
+  return 0;
+}

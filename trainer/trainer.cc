@@ -1,0 +1,172 @@
+#include "trainer/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "embedding/batch_ops.h"
+#include "embedding/status.h"
+#include "trainer/metrics.h"
+
+namespace tessera::trainer {
+
+Trainer::Trainer(embedding::EmbeddingCollection* tables, DenseBackend* dense,
+                 TrainerOptions options)
+    : tables_(tables), dense_(dense), options_(std::move(options)) {
+  names_ = TableNames(dense_->config().num_sparse);
+  if (!options_.metrics_out.empty()) {
+    metrics_.open(options_.metrics_out, std::ios::out | std::ios::trunc);
+    if (!metrics_.is_open()) {
+      std::cerr << "warning: cannot open metrics file '" << options_.metrics_out << "'\n";
+    }
+  }
+}
+
+Trainer::~Trainer() = default;
+
+std::vector<std::string> Trainer::TableNames(int num_sparse) {
+  std::vector<std::string> names;
+  for (int f = 0; f < num_sparse; ++f) names.push_back(absl::StrCat("C", f + 1));
+  return names;
+}
+
+absl::Status Trainer::CreateTables(const v1::TableConfig& prototype) {
+  if (prototype.dim() != dense_->config().emb_dim) {
+    return absl::InvalidArgumentError(absl::StrCat("table dim ", prototype.dim(),
+                                                   " differs from the model's emb_dim ",
+                                                   dense_->config().emb_dim));
+  }
+  for (size_t f = 0; f < names_.size(); ++f) {
+    v1::TableConfig c = prototype;
+    c.set_name(names_[f]);
+    c.set_seed(prototype.seed() + f);
+    TESSERA_RETURN_IF_ERROR(tables_->CreateTable(c));
+  }
+  return absl::OkStatus();
+}
+
+void Trainer::WriteMetrics(const std::string& json) {
+  if (metrics_.is_open()) metrics_ << json << "\n" << std::flush;
+}
+
+absl::Status Trainer::LookupAll(const Batch& batch, bool insert_missing) {
+  const int d = dense_->config().emb_dim;
+  const int nf = static_cast<int>(names_.size());
+  if (static_cast<int>(batch.ids.size()) != nf) {
+    return absl::InvalidArgumentError(absl::StrCat("batch has ", batch.ids.size(),
+                                                   " sparse features, the model ", nf));
+  }
+  const size_t block = static_cast<size_t>(batch.size) * d;
+  emb_.resize(block * nf);
+  embedding::LookupOptions lookup;
+  lookup.insert_missing = insert_missing;
+  for (int f = 0; f < nf; ++f) {
+    TESSERA_RETURN_IF_ERROR(tables_->PooledLookup(names_[f], batch.ids[f], batch.offsets[f], {},
+                                                  v1::SUM,
+                                                  absl::MakeSpan(emb_).subspan(f * block, block),
+                                                  lookup));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Trainer::TrainStep(const Batch& batch, int64_t step) {
+  const int d = dense_->config().emb_dim;
+  const int nf = static_cast<int>(names_.size());
+  TESSERA_RETURN_IF_ERROR(LookupAll(batch, /*insert_missing=*/true));
+  logits_.resize(batch.size);
+  TESSERA_RETURN_IF_ERROR(dense_->Forward(batch.size, batch.dense.data(), emb_.data(),
+                                          logits_.data()));
+  emb_grad_.resize(emb_.size());
+  TESSERA_ASSIGN_OR_RETURN(double loss, dense_->Backward(batch.labels.data(), emb_grad_.data()));
+  const size_t block = static_cast<size_t>(batch.size) * d;
+  for (int f = 0; f < nf; ++f) {
+    embedding::Unique(batch.ids[f], &unique_ids_, &inverse_);
+    unique_grads_.resize(unique_ids_.size() * d);
+    embedding::PoolBagsBackward(emb_grad_.data() + f * block, d, inverse_, batch.offsets[f], {},
+                                v1::SUM, unique_ids_.size(), unique_grads_.data());
+    TESSERA_RETURN_IF_ERROR(tables_->PushGradients(names_[f], unique_ids_, unique_grads_, step));
+  }
+  dense_->ApplyGradients();
+  return loss;
+}
+
+absl::StatusOr<TrainResult> Trainer::Train(BatchSource* source, int64_t max_steps) {
+  TrainResult result;
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto window_start = start;
+  int64_t window_samples = 0;
+  double window_loss = 0.0;
+  int64_t window_steps = 0;
+  Batch batch;
+  while (max_steps == 0 || result.steps < max_steps) {
+    TESSERA_ASSIGN_OR_RETURN(bool more, source->Next(&batch));
+    if (!more) break;
+    TESSERA_ASSIGN_OR_RETURN(double loss, TrainStep(batch, result.steps));
+    if (!std::isfinite(loss)) {
+      return absl::InternalError(absl::StrCat("training loss became ", loss, " at step ",
+                                              result.steps, "; lower the learning rates"));
+    }
+    result.losses.push_back(loss);
+    ++result.steps;
+    result.samples += batch.size;
+    window_samples += batch.size;
+    window_loss += loss;
+    ++window_steps;
+    const bool last = max_steps > 0 && result.steps == max_steps;
+    if (options_.log_every > 0 && (result.steps % options_.log_every == 0 || last)) {
+      const auto now = Clock::now();
+      const double window_s = std::chrono::duration<double>(now - window_start).count();
+      const double total_s = std::chrono::duration<double>(now - start).count();
+      const double rate = window_s > 0 ? window_samples / window_s : 0.0;
+      const double mean_loss = window_loss / window_steps;
+      if (options_.print_progress) {
+        std::string total = max_steps > 0 ? absl::StrCat("/", max_steps) : "";
+        std::printf("step %lld%s  samples/s %.0f  loss %.5f  elapsed %.1fs\n",
+                    static_cast<long long>(result.steps), total.c_str(), rate, mean_loss, total_s);
+        std::fflush(stdout);
+      }
+      WriteMetrics(absl::StrFormat(
+          R"({"event":"train","step":%d,"samples":%d,"samples_per_s":%.1f,"loss":%.6f,"elapsed_s":%.3f})",
+          result.steps, result.samples, rate, mean_loss, total_s));
+      window_start = now;
+      window_samples = 0;
+      window_loss = 0.0;
+      window_steps = 0;
+    }
+  }
+  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return result;
+}
+
+absl::StatusOr<EvalResult> Trainer::Evaluate(const Batch& held_out) {
+  EvalResult r;
+  r.samples = held_out.size;
+  if (held_out.size == 0) return r;
+  std::vector<float> probs;
+  probs.reserve(held_out.size);
+  Batch part;
+  for (int begin = 0; begin < held_out.size; begin += options_.eval_batch) {
+    const int end = std::min(held_out.size, begin + options_.eval_batch);
+    part.Reset(static_cast<int>(names_.size()));
+    part.AppendRange(held_out, begin, end);
+    TESSERA_RETURN_IF_ERROR(LookupAll(part, /*insert_missing=*/false));
+    logits_.resize(part.size);
+    TESSERA_RETURN_IF_ERROR(dense_->Forward(part.size, part.dense.data(), emb_.data(),
+                                            logits_.data()));
+    for (float x : logits_) probs.push_back(1.0f / (1.0f + std::exp(-x)));
+  }
+  r.logloss = LogLoss(probs, held_out.labels);
+  r.auc = ExactAuc(probs, held_out.labels);
+  if (!held_out.teacher_probability.empty()) {
+    r.has_teacher = true;
+    r.teacher_logloss = LogLoss(held_out.teacher_probability, held_out.labels);
+    r.teacher_auc = ExactAuc(held_out.teacher_probability, held_out.labels);
+  }
+  return r;
+}
+
+}  // namespace tessera::trainer

@@ -1,0 +1,83 @@
+#ifndef TESSERA_TRAINER_TRAINER_H_
+#define TESSERA_TRAINER_TRAINER_H_
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "embedding/collection.h"
+#include "tessera/v1/config.pb.h"
+#include "trainer/batch.h"
+#include "trainer/dense_backend.h"
+
+namespace tessera::trainer {
+
+struct TrainerOptions {
+  int64_t log_every = 100;   // steps between progress lines and metric records; 0 = none
+  std::string metrics_out;   // JSON Lines file for metrics; empty = none
+  int eval_batch = 4096;     // samples per evaluation forward pass
+  bool print_progress = true;  // progress lines on stdout
+};
+
+struct EvalResult {
+  int64_t samples = 0;
+  double logloss = 0.0;
+  double auc = 0.5;
+  bool has_teacher = false;     // synthetic data: the planted model's own quality
+  double teacher_logloss = 0.0;
+  double teacher_auc = 0.5;
+};
+
+struct TrainResult {
+  std::vector<double> losses;  // training loss of every step
+  int64_t steps = 0;
+  int64_t samples = 0;
+  double seconds = 0.0;
+};
+
+// Trains DLRM synchronously: each step looks up the pooled embeddings of its batch (so it
+// sees every update of the step before), runs the dense forward and backward, pushes the
+// embedding gradients and then steps the dense optimizer. One table per sparse feature,
+// named C1..Cn. Not thread-safe; one thread drives a Trainer.
+class Trainer {
+ public:
+  Trainer(embedding::EmbeddingCollection* tables, DenseBackend* dense, TrainerOptions options);
+  ~Trainer();
+
+  static std::vector<std::string> TableNames(int num_sparse);
+
+  // Creates the tables from `prototype` (dim must equal the model's emb_dim); table f is
+  // named C(f+1) and seeded with prototype.seed() + f.
+  absl::Status CreateTables(const v1::TableConfig& prototype);
+
+  // One training step on `batch`; returns its mean loss.
+  absl::StatusOr<double> TrainStep(const Batch& batch, int64_t step);
+
+  // Runs up to `max_steps` steps (0 = until the source ends), printing progress and
+  // writing metrics as options say.
+  absl::StatusOr<TrainResult> Train(BatchSource* source, int64_t max_steps);
+
+  // Logloss and exact AUC over `held_out`, without creating rows for unseen ids.
+  absl::StatusOr<EvalResult> Evaluate(const Batch& held_out);
+
+  // Appends one JSON object (already formatted, without newline) to the metrics file.
+  void WriteMetrics(const std::string& json);
+
+ private:
+  absl::Status LookupAll(const Batch& batch, bool insert_missing);
+
+  embedding::EmbeddingCollection* tables_;
+  DenseBackend* dense_;
+  TrainerOptions options_;
+  std::vector<std::string> names_;
+  std::ofstream metrics_;
+  std::vector<float> emb_, emb_grad_, logits_, unique_grads_;
+  std::vector<int64_t> unique_ids_;
+  std::vector<int32_t> inverse_;
+};
+
+}  // namespace tessera::trainer
+
+#endif  // TESSERA_TRAINER_TRAINER_H_
