@@ -2,9 +2,11 @@
 
 # -Wmaybe-uninitialized misfires inside Eigen's AVX-512 kernels with g++ 12.
 set(TESSERA_WARNINGS -Wall -Wextra -Wno-unused-parameter -Wno-maybe-uninitialized)
+# sqrt in the optimizer loops vectorises only without errno semantics; nothing reads errno.
+set(TESSERA_CODEGEN -fno-math-errno)
 
 function(tessera_apply_common target)
-  target_compile_options(${target} PRIVATE ${TESSERA_WARNINGS})
+  target_compile_options(${target} PRIVATE ${TESSERA_WARNINGS} ${TESSERA_CODEGEN})
   if(TESSERA_NATIVE)
     target_compile_options(${target} PRIVATE -march=native)
   endif()

@@ -91,14 +91,12 @@ absl::Status ValidateBags(size_t num_ids, absl::Span<const int32_t> offsets, siz
     }
   }
   if (static_cast<size_t>(offsets.back()) != num_ids) {
-    return absl::InvalidArgumentError(absl::StrCat("offsets out of range: last offset ",
-                                                   offsets.back(), " but there are ", num_ids,
-                                                   " ids"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "offsets out of range: last offset ", offsets.back(), " but there are ", num_ids, " ids"));
   }
   if (num_weights != 0 && num_weights != num_ids) {
-    return absl::InvalidArgumentError(absl::StrCat("weights has ", num_weights,
-                                                   " entries; expected 0 or one per id (",
-                                                   num_ids, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weights has ", num_weights, " entries; expected 0 or one per id (", num_ids, ")"));
   }
   return absl::OkStatus();
 }

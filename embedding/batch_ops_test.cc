@@ -94,7 +94,8 @@ TEST(PoolBagsBackward, MatchesFiniteDifferenceOfPooledSum) {
   for (auto& v : gbag) v = u(rng);
   for (v1::Pooling pooling : {v1::SUM, v1::MEAN}) {
     for (bool weighted : {false, true}) {
-      absl::Span<const float> wspan = weighted ? absl::MakeConstSpan(weights) : absl::Span<const float>();
+      absl::Span<const float> wspan =
+          weighted ? absl::MakeConstSpan(weights) : absl::Span<const float>();
       std::vector<float> grad(3 * dim);
       PoolBagsBackward(gbag.data(), dim, inverse, offsets, wspan, pooling, 3, grad.data());
       auto objective = [&](const std::vector<float>& r) {

@@ -3,10 +3,10 @@
 
 #include <cstdint>
 #include <memory>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "tessera/v1/config.pb.h"
 

@@ -28,9 +28,7 @@ struct AlignedFree {
 uint64_t MapHash(int64_t id) { return Mix64(static_cast<uint64_t>(id) ^ kMapSalt); }
 
 // Uniform in [0, 1) from the top 24 bits.
-float UnitFloat(uint64_t bits) {
-  return static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);
-}
+float UnitFloat(uint64_t bits) { return static_cast<float>(bits >> 40) * (1.0f / 16777216.0f); }
 
 bool AllFinite(const float* v, size_t n, size_t* bad) {
   for (size_t i = 0; i < n; ++i) {
@@ -120,8 +118,8 @@ absl::Status ValidateTableConfig(const v1::TableConfig& config) {
         absl::StrCat(label, ": max_rows must be >= 0, got ", config.max_rows()));
   }
   if (!v1::InitializerType_IsValid(config.initializer().type())) {
-    return absl::InvalidArgumentError(absl::StrCat(label, ": unknown initializer type ",
-                                                   config.initializer().type()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": unknown initializer type ", config.initializer().type()));
   }
   if (config.initializer().has_scale() &&
       !(config.initializer().scale() >= 0.0f && std::isfinite(config.initializer().scale()))) {
@@ -208,9 +206,9 @@ void EmbeddingTable::InitRow(int64_t id, float* row) const {
 }
 
 absl::Status EmbeddingTable::BudgetError() const {
-  return absl::ResourceExhaustedError(
-      absl::StrCat("table '", name(), "': row budget of ", row_budget_,
-                   " rows is full; raise max_rows or add shards"));
+  return absl::ResourceExhaustedError(absl::StrCat("table '", name(), "': row budget of ",
+                                                   row_budget_,
+                                                   " rows is full; raise max_rows or add shards"));
 }
 
 float* EmbeddingTable::FindOrInsertLocked(Stripe& stripe, int64_t id, uint64_t hash) {
@@ -224,35 +222,121 @@ float* EmbeddingTable::FindOrInsertLocked(Stripe& stripe, int64_t id, uint64_t h
   return row;
 }
 
+namespace {
+
+// A batch's ids grouped by stripe, so each stripe's lock is taken once per batch and
+// the map and row loads of many ids are in flight together.
+// Ids probed (and their rows prefetched) before the first of them is used.
+constexpr int kChunk = 32;
+
+struct StripePlan {
+  std::vector<uint64_t> hash;    // (ids) map hash of each id
+  std::vector<int32_t> order;    // positions of the ids, grouped by stripe
+  std::vector<int32_t> begin;    // (stripes + 1) group bounds in `order`
+  std::vector<float*> rows;      // (ids) row found for order[k], or null
+  std::vector<int32_t> missing;  // positions whose row does not exist
+  std::vector<int32_t> cursor;
+};
+
+StripePlan& PlanByStripe(absl::Span<const int64_t> ids) {
+  thread_local StripePlan plan;
+  const size_t n = ids.size();
+  plan.hash.resize(n);
+  plan.order.resize(n);
+  plan.rows.resize(n);
+  plan.missing.clear();
+  plan.begin.assign(EmbeddingTable::kNumStripes + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    plan.hash[i] = MapHash(ids[i]);
+    ++plan.begin[(plan.hash[i] >> kStripeShift) + 1];
+  }
+  for (int s = 0; s < EmbeddingTable::kNumStripes; ++s) plan.begin[s + 1] += plan.begin[s];
+  plan.cursor.assign(plan.begin.begin(), plan.begin.end() - 1);
+  for (size_t i = 0; i < n; ++i) {
+    plan.order[plan.cursor[plan.hash[i] >> kStripeShift]++] = static_cast<int32_t>(i);
+  }
+  return plan;
+}
+
+void PrefetchLines(const float* p, int lines, bool for_write) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int l = 0; l < lines; ++l) {
+    if (for_write) {
+      __builtin_prefetch(c + 64 * l, 1, 3);
+    } else {
+      __builtin_prefetch(c + 64 * l, 0, 3);
+    }
+  }
+}
+
+}  // namespace
+
+// Finds the rows of group [b, e) of `plan` in `stripe` (whose lock the caller holds):
+// the map slot of id k + 2D is prefetched while id k + D is probed (and its first
+// `row_lines` cache lines prefetched) and id k is handed to the caller, so about 2D
+// memory loads overlap. Fills plan.rows[b..e).
+template <typename Stripe>
+static void FindGroup(const Stripe& stripe, absl::Span<const int64_t> ids, StripePlan& plan, int b,
+                      int e, int row_lines, bool for_write) {
+  constexpr int kAhead = 8;
+  const auto* entries = stripe.entries.data();
+  const uint64_t mask = stripe.mask;
+  const bool empty = stripe.entries.empty();
+  for (int j = b; j < e + kAhead; ++j) {
+    if (j < e && !empty) __builtin_prefetch(&entries[plan.hash[plan.order[j]] & mask], 0, 3);
+    const int k = j - kAhead;
+    if (k >= b) {
+      const int32_t pos = plan.order[k];
+      float* row = stripe.Find(ids[pos], plan.hash[pos]);
+      plan.rows[k] = row;
+      if (row != nullptr) PrefetchLines(row, row_lines, for_write);
+    }
+  }
+}
+
 absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
                                     bool insert_missing) {
   const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const int64_t id = ids[i];
-    const uint64_t h = MapHash(id);
-    Stripe& stripe = stripes_[h >> kStripeShift];
-    float* dst = out + i * dim_;
-    {
-      absl::ReaderMutexLock lock(&stripe.mu);
-      if (const float* row = stripe.Find(id, h)) {
-        std::memcpy(dst, row, row_bytes);
-        continue;
+  const int row_lines = static_cast<int>((row_bytes + 63) / 64);
+  StripePlan& plan = PlanByStripe(ids);
+  for (int s = 0; s < kNumStripes; ++s) {
+    const int b = plan.begin[s];
+    const int e = plan.begin[s + 1];
+    if (b == e) continue;
+    Stripe& stripe = stripes_[s];
+    absl::ReaderMutexLock lock(&stripe.mu);
+    // Probe a chunk (its rows' loads overlap), then copy the chunk out.
+    for (int c = b; c < e; c += kChunk) {
+      const int ce = std::min(e, c + kChunk);
+      FindGroup(stripe, ids, plan, c, ce, row_lines, /*for_write=*/false);
+      for (int k = c; k < ce; ++k) {
+        const int32_t pos = plan.order[k];
+        if (plan.rows[k] != nullptr) {
+          std::memcpy(out + static_cast<size_t>(pos) * dim_, plan.rows[k], row_bytes);
+        } else {
+          plan.missing.push_back(pos);
+        }
       }
     }
+  }
+  for (const int32_t pos : plan.missing) {
+    const int64_t id = ids[pos];
+    const uint64_t h = plan.hash[pos];
+    float* dst = out + static_cast<size_t>(pos) * dim_;
     if (!insert_missing) {
       InitialWeights(id, dst);
       continue;
     }
+    Stripe& stripe = stripes_[h >> kStripeShift];
     absl::MutexLock lock(&stripe.mu);
     if (const float* row = stripe.Find(id, h)) {
       std::memcpy(dst, row, row_bytes);
       continue;
     }
-    if (row_budget_ > 0 && num_rows_.fetch_add(1, std::memory_order_relaxed) >= row_budget_) {
+    if (num_rows_.fetch_add(1, std::memory_order_relaxed) >= row_budget_ && row_budget_ > 0) {
       num_rows_.fetch_sub(1, std::memory_order_relaxed);
       return BudgetError();
     }
-    if (row_budget_ == 0) num_rows_.fetch_add(1, std::memory_order_relaxed);
     float* row = FindOrInsertLocked(stripe, id, h);
     if (row == nullptr) {
       num_rows_.fetch_sub(1, std::memory_order_relaxed);
@@ -264,8 +348,8 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
   return absl::OkStatus();
 }
 
-absl::Status EmbeddingTable::ApplyUniqueGradients(absl::Span<const int64_t> ids,
-                                                  const float* grads, int64_t step) {
+absl::Status EmbeddingTable::ApplyUniqueGradients(absl::Span<const int64_t> ids, const float* grads,
+                                                  int64_t step) {
   size_t bad = 0;
   if (!AllFinite(grads, ids.size() * dim_, &bad)) {
     const size_t row = bad / dim_;
@@ -273,14 +357,18 @@ absl::Status EmbeddingTable::ApplyUniqueGradients(absl::Span<const int64_t> ids,
         absl::StrCat("table '", name(), "': gradient for id ", ids[row], " (position ", row,
                      ", column ", bad % dim_, ") is ", grads[bad], "; batch rejected"));
   }
+  StripePlan& plan = PlanByStripe(ids);
   // Reserve budget for the rows this batch will create, so that a full table rejects the
   // whole batch before any row changes.
   int64_t reserved = 0;
-  for (const int64_t id : ids) {
-    const uint64_t h = MapHash(id);
-    Stripe& stripe = stripes_[h >> kStripeShift];
+  for (int s = 0; s < kNumStripes; ++s) {
+    const int b = plan.begin[s];
+    const int e = plan.begin[s + 1];
+    if (b == e) continue;
+    Stripe& stripe = stripes_[s];
     absl::ReaderMutexLock lock(&stripe.mu);
-    if (stripe.Find(id, h) == nullptr) ++reserved;
+    FindGroup(stripe, ids, plan, b, e, 0, false);
+    for (int k = b; k < e; ++k) reserved += plan.rows[k] == nullptr;
   }
   if (reserved > 0) {
     const int64_t before = num_rows_.fetch_add(reserved, std::memory_order_relaxed);
@@ -292,27 +380,37 @@ absl::Status EmbeddingTable::ApplyUniqueGradients(absl::Span<const int64_t> ids,
 
   thread_local std::vector<float> scratch;
   scratch.resize(dim_);
+  const int row_lines =
+      static_cast<int>((static_cast<size_t>(dim_ + state_floats_) * sizeof(float) + 63) / 64);
   int64_t created = 0;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const int64_t id = ids[i];
-    const uint64_t h = MapHash(id);
-    Stripe& stripe = stripes_[h >> kStripeShift];
+  for (int s = 0; s < kNumStripes; ++s) {
+    const int b = plan.begin[s];
+    const int e = plan.begin[s + 1];
+    if (b == e) continue;
+    Stripe& stripe = stripes_[s];
     absl::MutexLock lock(&stripe.mu);
-    float* row = stripe.Find(id, h);
-    if (row == nullptr) {
-      row = FindOrInsertLocked(stripe, id, h);
-      if (row == nullptr) {
-        num_rows_.fetch_sub(reserved - created, std::memory_order_relaxed);
-        return absl::ResourceExhaustedError(
-            absl::StrCat("table '", name(), "': out of memory allocating a row slab"));
+    for (int c = b; c < e; c += kChunk) {
+      const int ce = std::min(e, c + kChunk);
+      FindGroup(stripe, ids, plan, c, ce, row_lines, /*for_write=*/true);
+      for (int k = c; k < ce; ++k) {
+        const int32_t pos = plan.order[k];
+        float* row = plan.rows[k];
+        if (row == nullptr) {
+          row = FindOrInsertLocked(stripe, ids[pos], plan.hash[pos]);
+          if (row == nullptr) {
+            num_rows_.fetch_sub(reserved - created, std::memory_order_relaxed);
+            return absl::ResourceExhaustedError(
+                absl::StrCat("table '", name(), "': out of memory allocating a row slab"));
+          }
+          ++created;
+        }
+        std::memcpy(scratch.data(), grads + static_cast<size_t>(pos) * dim_, dim_ * sizeof(float));
+        RowMeta* meta = MetaOf(row);
+        optimizer_->Update(row, row + dim_, scratch.data(), meta->update_count);
+        meta->update_count += 1;
+        meta->last_step = step;
       }
-      ++created;
     }
-    std::memcpy(scratch.data(), grads + i * dim_, dim_ * sizeof(float));
-    RowMeta* meta = MetaOf(row);
-    optimizer_->Update(row, row + dim_, scratch.data(), meta->update_count);
-    meta->update_count += 1;
-    meta->last_step = step;
   }
   // Another thread may have created some of the reserved rows meanwhile.
   if (created < reserved) num_rows_.fetch_sub(reserved - created, std::memory_order_relaxed);
@@ -361,8 +459,8 @@ int64_t EmbeddingTable::MemoryBytes() const {
   for (int s = 0; s < kNumStripes; ++s) {
     Stripe& stripe = stripes_[s];
     absl::ReaderMutexLock lock(&stripe.mu);
-    bytes += stripe.slab_bytes +
-             static_cast<int64_t>(stripe.entries.capacity() * sizeof(Stripe::Entry));
+    bytes +=
+        stripe.slab_bytes + static_cast<int64_t>(stripe.entries.capacity() * sizeof(Stripe::Entry));
   }
   return bytes;
 }

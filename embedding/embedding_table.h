@@ -17,8 +17,8 @@ namespace tessera::embedding {
 
 // Per-row bookkeeping kept next to the row (used by eviction and persistence).
 struct RowMeta {
-  int64_t last_step = -1;     // step of the last applied update, -1 if never updated
-  int64_t update_count = 0;   // optimizer steps applied to this row (Adam's t)
+  int64_t last_step = -1;    // step of the last applied update, -1 if never updated
+  int64_t update_count = 0;  // optimizer steps applied to this row (Adam's t)
 };
 
 // A copy of one stored row.

@@ -16,7 +16,7 @@ class Sgd final : public Optimizer {
   void InitState(float*) const override {}
 
  protected:
-  void Step(float* w, float*, const float* g, int64_t) const override {
+  void Step(float* __restrict w, float*, const float* __restrict g, int64_t) const override {
     const float lr = params_.learning_rate;
     for (int i = 0; i < dim_; ++i) w[i] -= lr * g[i];
   }
@@ -27,12 +27,11 @@ class Adagrad final : public Optimizer {
  public:
   using Optimizer::Optimizer;
   int StateFloats() const override { return dim_; }
-  void InitState(float* s) const override {
-    std::fill(s, s + dim_, params_.initial_accumulator);
-  }
+  void InitState(float* s) const override { std::fill(s, s + dim_, params_.initial_accumulator); }
 
  protected:
-  void Step(float* w, float* acc, const float* g, int64_t) const override {
+  void Step(float* __restrict w, float* __restrict acc, const float* __restrict g,
+            int64_t) const override {
     const float lr = params_.learning_rate;
     const float eps = params_.epsilon;
     for (int i = 0; i < dim_; ++i) {
@@ -50,7 +49,8 @@ class RowWiseAdagrad final : public Optimizer {
   void InitState(float* s) const override { s[0] = params_.initial_accumulator; }
 
  protected:
-  void Step(float* w, float* acc, const float* g, int64_t) const override {
+  void Step(float* __restrict w, float* __restrict acc, const float* __restrict g,
+            int64_t) const override {
     float sq = 0.0f;
     for (int i = 0; i < dim_; ++i) sq += g[i] * g[i];
     acc[0] += sq / static_cast<float>(dim_);
@@ -67,7 +67,8 @@ class Adam final : public Optimizer {
   void InitState(float* s) const override { std::fill(s, s + 2 * dim_, 0.0f); }
 
  protected:
-  void Step(float* w, float* s, const float* g, int64_t prior_updates) const override {
+  void Step(float* __restrict w, float* __restrict s, const float* __restrict g,
+            int64_t prior_updates) const override {
     const float b1 = params_.beta1;
     const float b2 = params_.beta2;
     const double t = static_cast<double>(prior_updates + 1);
@@ -101,7 +102,8 @@ class Ftrl final : public Optimizer {
   }
 
  protected:
-  void Step(float* w, float* s, const float* g, int64_t) const override {
+  void Step(float* __restrict w, float* __restrict s, const float* __restrict g,
+            int64_t) const override {
     const float lr = params_.learning_rate;
     const float p = params_.learning_rate_power;
     const float l1 = params_.l1;
@@ -143,13 +145,19 @@ absl::Status CheckNonNegative(float v, absl::string_view name) {
 
 std::string OptimizerName(v1::OptimizerType type) {
   switch (type) {
-    case v1::SGD: return "sgd";
+    case v1::SGD:
+      return "sgd";
     case v1::OPTIMIZER_UNSPECIFIED:
-    case v1::ADAGRAD: return "adagrad";
-    case v1::ROWWISE_ADAGRAD: return "rowwise_adagrad";
-    case v1::ADAM: return "adam";
-    case v1::FTRL: return "ftrl";
-    default: return absl::StrCat("unknown(", static_cast<int>(type), ")");
+    case v1::ADAGRAD:
+      return "adagrad";
+    case v1::ROWWISE_ADAGRAD:
+      return "rowwise_adagrad";
+    case v1::ADAM:
+      return "adam";
+    case v1::FTRL:
+      return "ftrl";
+    default:
+      return absl::StrCat("unknown(", static_cast<int>(type), ")");
   }
 }
 
@@ -195,8 +203,8 @@ absl::StatusOr<OptimizerParams> ResolveOptimizer(const v1::OptimizerConfig& c) {
         "optimizer beta1 and beta2 must be in [0, 1), got ", p.beta1, " and ", p.beta2));
   }
   if (!(p.learning_rate_power <= 0.0f)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer learning_rate_power must be <= 0, got ", p.learning_rate_power));
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer learning_rate_power must be <= 0, got ", p.learning_rate_power));
   }
   return p;
 }
@@ -209,11 +217,16 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const v1::Optimizer
   absl::StatusOr<OptimizerParams> params = ResolveOptimizer(config);
   if (!params.ok()) return params.status();
   switch (params->type) {
-    case v1::SGD: return std::unique_ptr<Optimizer>(new Sgd(*params, dim));
-    case v1::ADAGRAD: return std::unique_ptr<Optimizer>(new Adagrad(*params, dim));
-    case v1::ROWWISE_ADAGRAD: return std::unique_ptr<Optimizer>(new RowWiseAdagrad(*params, dim));
-    case v1::ADAM: return std::unique_ptr<Optimizer>(new Adam(*params, dim));
-    case v1::FTRL: return std::unique_ptr<Optimizer>(new Ftrl(*params, dim));
+    case v1::SGD:
+      return std::unique_ptr<Optimizer>(new Sgd(*params, dim));
+    case v1::ADAGRAD:
+      return std::unique_ptr<Optimizer>(new Adagrad(*params, dim));
+    case v1::ROWWISE_ADAGRAD:
+      return std::unique_ptr<Optimizer>(new RowWiseAdagrad(*params, dim));
+    case v1::ADAM:
+      return std::unique_ptr<Optimizer>(new Adam(*params, dim));
+    case v1::FTRL:
+      return std::unique_ptr<Optimizer>(new Ftrl(*params, dim));
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("unknown optimizer type ", static_cast<int>(params->type)));

@@ -22,7 +22,8 @@ struct Row {
   std::vector<float> state;
 };
 
-Row RunSteps(const Optimizer& opt, std::vector<float> w, const std::vector<std::vector<float>>& grads) {
+Row RunSteps(const Optimizer& opt, std::vector<float> w,
+             const std::vector<std::vector<float>>& grads) {
   Row r{std::move(w), std::vector<float>(opt.StateFloats())};
   opt.InitState(r.state.data());
   int64_t t = 0;
@@ -30,8 +31,8 @@ Row RunSteps(const Optimizer& opt, std::vector<float> w, const std::vector<std::
   return r;
 }
 
-const std::vector<std::vector<float>> kGrads = {{0.5f, -1.0f, 2.0f}, {0.1f, 0.3f, -0.4f},
-                                                {-0.7f, 0.0f, 1.1f}};
+const std::vector<std::vector<float>> kGrads = {
+    {0.5f, -1.0f, 2.0f}, {0.1f, 0.3f, -0.4f}, {-0.7f, 0.0f, 1.1f}};
 const std::vector<float> kW0 = {0.2f, -0.1f, 0.05f};
 
 TEST(Sgd, SubtractsLearningRateTimesGradient) {

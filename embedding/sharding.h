@@ -25,9 +25,8 @@ constexpr int32_t JumpConsistentHash(uint64_t key, int32_t num_buckets) {
   while (j < num_buckets) {
     b = j;
     key = key * 2862933555777941757ULL + 1;
-    j = static_cast<int64_t>(static_cast<double>(b + 1) *
-                             (static_cast<double>(1LL << 31) /
-                              static_cast<double>((key >> 33) + 1)));
+    j = static_cast<int64_t>(static_cast<double>(b + 1) * (static_cast<double>(1LL << 31) /
+                                                           static_cast<double>((key >> 33) + 1)));
   }
   return static_cast<int32_t>(b);
 }

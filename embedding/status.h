@@ -2,12 +2,12 @@
 #define TESSERA_EMBEDDING_STATUS_H_
 
 #include <string>
-#include "absl/strings/string_view.h"
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace tessera {
 
@@ -24,10 +24,10 @@ inline absl::Status Annotate(const absl::Status& status, absl::string_view conte
 #define TESSERA_STATUS_CONCAT_(a, b) TESSERA_STATUS_CONCAT_INNER_(a, b)
 
 // Evaluates `expr` (an absl::Status) and returns it from the caller when it is not OK.
-#define TESSERA_RETURN_IF_ERROR(expr)                        \
-  do {                                                       \
-    ::absl::Status tessera_status_ = (expr);                 \
-    if (!tessera_status_.ok()) return tessera_status_;       \
+#define TESSERA_RETURN_IF_ERROR(expr)                  \
+  do {                                                 \
+    ::absl::Status tessera_status_ = (expr);           \
+    if (!tessera_status_.ok()) return tessera_status_; \
   } while (false)
 
 // `lhs = value of expr` where expr is an absl::StatusOr<T>; returns the error otherwise.

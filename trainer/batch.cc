@@ -8,8 +8,7 @@ void Batch::AppendRange(const Batch& other, int begin, int end) {
                other.dense.begin() + end * num_dense);
   labels.insert(labels.end(), other.labels.begin() + begin, other.labels.begin() + end);
   if (!other.teacher_probability.empty()) {
-    teacher_probability.insert(teacher_probability.end(),
-                               other.teacher_probability.begin() + begin,
+    teacher_probability.insert(teacher_probability.end(), other.teacher_probability.begin() + begin,
                                other.teacher_probability.begin() + end);
   }
   ids.resize(other.ids.size());

@@ -11,13 +11,13 @@ namespace tessera::trainer {
 // One mini-batch of training samples: dense features, labels, and for each sparse
 // feature a CSR list of ids (a bag per sample; one id per bag for Criteo data).
 struct Batch {
-  int64_t index = 0;  // position of this batch in its stream
-  int size = 0;       // samples
-  std::vector<float> dense;                 // (size, num_dense)
-  std::vector<float> labels;                // (size), 0 or 1
-  std::vector<std::vector<int64_t>> ids;    // [feature] -> ids of all bags
+  int64_t index = 0;                          // position of this batch in its stream
+  int size = 0;                               // samples
+  std::vector<float> dense;                   // (size, num_dense)
+  std::vector<float> labels;                  // (size), 0 or 1
+  std::vector<std::vector<int64_t>> ids;      // [feature] -> ids of all bags
   std::vector<std::vector<int32_t>> offsets;  // [feature] -> (size + 1) CSR bag offsets
-  std::vector<float> teacher_probability;   // (size) for synthetic data, else empty
+  std::vector<float> teacher_probability;     // (size) for synthetic data, else empty
 
   // Empties the batch for `num_sparse` features, keeping capacity.
   void Reset(int num_sparse) {

@@ -84,7 +84,8 @@ absl::Status ParseCriteoLine(absl::string_view line, const CriteoOptions& option
       if (field.empty()) {
         dense[column - 1] = 0.0f;
       } else if (absl::SimpleAtoi(field, &v)) {
-        dense[column - 1] = static_cast<float>(std::log1p(static_cast<double>(std::max<int64_t>(v, 0))));
+        dense[column - 1] =
+            static_cast<float>(std::log1p(static_cast<double>(std::max<int64_t>(v, 0))));
       } else {
         return absl::InvalidArgumentError(
             absl::StrCat("integer column I", column, " is not an integer: '", field, "'"));
@@ -185,7 +186,8 @@ absl::StatusOr<Batch> CriteoReader::LoadHeldOut(const std::string& path,
   std::vector<int64_t> ids(options.num_sparse);
   float label = 0.0f;
   while (out.size < options.max_held_out) {
-    absl::StatusOr<bool> got = (*r)->ReadSample(/*held_out=*/true, dense.data(), ids.data(), &label);
+    absl::StatusOr<bool> got =
+        (*r)->ReadSample(/*held_out=*/true, dense.data(), ids.data(), &label);
     if (!got.ok()) return got.status();
     if (!*got) break;
     AppendSample(dense, ids, label, &out);

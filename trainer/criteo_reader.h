@@ -16,14 +16,14 @@ namespace tessera::trainer {
 // Reading the Criteo display-advertising TSV format: label, 13 integer columns and 26
 // hexadecimal categorical columns, tab-separated; any feature may be empty.
 struct CriteoOptions {
-  int num_dense = 13;                // integer columns
-  int num_sparse = 26;               // categorical columns
-  bool stop_on_bad_line = false;     // false: skip malformed lines and count them
-  int max_reported_bad_lines = 10;   // malformed lines printed to stderr with their number
-  double held_out_fraction = 0.1;    // share of lines (chosen by a hash of the line number)
-  int64_t max_held_out = 200000;     // cap on held-out samples loaded for evaluation
-  int epochs = 1;                    // passes over the file
-  uint64_t seed = 1;                 // picks the held-out lines
+  int num_dense = 13;               // integer columns
+  int num_sparse = 26;              // categorical columns
+  bool stop_on_bad_line = false;    // false: skip malformed lines and count them
+  int max_reported_bad_lines = 10;  // malformed lines printed to stderr with their number
+  double held_out_fraction = 0.1;   // share of lines (chosen by a hash of the line number)
+  int64_t max_held_out = 200000;    // cap on held-out samples loaded for evaluation
+  int epochs = 1;                   // passes over the file
+  uint64_t seed = 1;                // picks the held-out lines
 };
 
 // Parses one line into `dense` (num_dense: log(1 + max(x, 0)), empty = 0), `ids`

@@ -21,7 +21,9 @@ std::string Line(int label, int seed) {
   }
   for (int i = 0; i < 26; ++i) {
     s += "\t";
-    if ((i + seed) % 7 != 0) absl::StrAppend(&s, absl::Hex((i * 0x1f3d5b79u + seed * 977u) & 0xffffffffu, absl::kZeroPad8));
+    if ((i + seed) % 7 != 0)
+      absl::StrAppend(&s,
+                      absl::Hex((i * 0x1f3d5b79u + seed * 977u) & 0xffffffffu, absl::kZeroPad8));
   }
   return s;
 }
@@ -110,8 +112,10 @@ TEST(CriteoReader, SkipsAndCountsBadLinesOrStopsNamingTheLine) {
   absl::Status s = absl::OkStatus();
   while (s.ok()) {
     auto more = (*stop)->Next(&b);
-    if (!more.ok()) s = more.status();
-    else if (!*more) break;
+    if (!more.ok())
+      s = more.status();
+    else if (!*more)
+      break;
   }
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), testing::HasSubstr("skip.tsv:5:"));

@@ -15,17 +15,17 @@ enum class DenseOptimizerType { kAdam, kSgd };
 
 // Shape and optimizer of the DLRM dense network.
 struct DlrmConfig {
-  int num_dense = 13;                   // dense input features
-  int num_sparse = 26;                  // pooled embedding inputs, one per sparse feature
-  int emb_dim = 16;                     // embedding dimension; the bottom MLP ends at it
+  int num_dense = 13;                      // dense input features
+  int num_sparse = 26;                     // pooled embedding inputs, one per sparse feature
+  int emb_dim = 16;                        // embedding dimension; the bottom MLP ends at it
   std::vector<int> bottom_mlp = {64, 32};  // hidden widths before the final emb_dim layer
   std::vector<int> top_mlp = {64, 32};     // hidden widths before the final logit layer
   DenseOptimizerType optimizer = DenseOptimizerType::kAdam;
-  float learning_rate = 1e-3f;          // dense learning rate
-  float beta1 = 0.9f;                   // Adam
-  float beta2 = 0.999f;                 // Adam
-  float epsilon = 1e-8f;                // Adam
-  uint64_t seed = 1;                    // parameter initialisation
+  float learning_rate = 1e-3f;  // dense learning rate
+  float beta1 = 0.9f;           // Adam
+  float beta2 = 0.999f;         // Adam
+  float epsilon = 1e-8f;        // Adam
+  uint64_t seed = 1;            // parameter initialisation
 };
 
 // Checks widths and rates; InvalidArgument names the bad field.

@@ -142,8 +142,7 @@ TEST(CpuDenseBackend, RejectsBadUseAndConfigs) {
   std::vector<float> labels(4), grads(100);
   EXPECT_EQ((*m)->Backward(labels.data(), grads.data()).status().code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ((*m)->Forward(0, nullptr, nullptr, nullptr).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*m)->Forward(0, nullptr, nullptr, nullptr).code(), absl::StatusCode::kInvalidArgument);
   DlrmConfig bad = Small();
   bad.top_mlp = {0};
   EXPECT_EQ(NewCpuDenseBackend(bad).status().code(), absl::StatusCode::kInvalidArgument);

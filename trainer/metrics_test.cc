@@ -10,9 +10,8 @@ namespace tessera::trainer {
 namespace {
 
 TEST(ExactAuc, CountsCorrectlyOrderedPairs) {
-  EXPECT_DOUBLE_EQ(ExactAuc(std::vector<float>{0.1f, 0.4f, 0.35f, 0.8f},
-                            std::vector<float>{0, 0, 1, 1}),
-                   0.75);
+  EXPECT_DOUBLE_EQ(
+      ExactAuc(std::vector<float>{0.1f, 0.4f, 0.35f, 0.8f}, std::vector<float>{0, 0, 1, 1}), 0.75);
   EXPECT_DOUBLE_EQ(ExactAuc(std::vector<float>{0.9f, 0.1f}, std::vector<float>{0, 1}), 0.0);
   EXPECT_DOUBLE_EQ(ExactAuc(std::vector<float>{0.1f, 0.9f}, std::vector<float>{0, 1}), 1.0);
 }
@@ -21,9 +20,9 @@ TEST(ExactAuc, CountsTiesAsHalf) {
   EXPECT_DOUBLE_EQ(ExactAuc(std::vector<float>{0.5f, 0.5f, 0.5f}, std::vector<float>{0, 1, 1}),
                    0.5);
   // Pairs (neg, pos): (0.2, 0.5) right, (0.5, 0.5) tie, (0.2, 0.7) right, (0.5, 0.7) right.
-  EXPECT_DOUBLE_EQ(ExactAuc(std::vector<float>{0.2f, 0.5f, 0.5f, 0.7f},
-                            std::vector<float>{0, 0, 1, 1}),
-                   (3 + 0.5) / 4);
+  EXPECT_DOUBLE_EQ(
+      ExactAuc(std::vector<float>{0.2f, 0.5f, 0.5f, 0.7f}, std::vector<float>{0, 0, 1, 1}),
+      (3 + 0.5) / 4);
   EXPECT_DOUBLE_EQ(ExactAuc(std::vector<float>{0.2f, 0.3f}, std::vector<float>{1, 1}), 0.5);
 }
 

@@ -33,9 +33,8 @@ absl::StatusOr<std::unique_ptr<SyntheticGenerator>> SyntheticGenerator::Create(
   }
   for (size_t f = 0; f < config.cardinalities.size(); ++f) {
     if (config.cardinalities[f] <= 0 || config.cardinalities[f] > (int64_t{1} << 26)) {
-      return absl::InvalidArgumentError(absl::StrCat("cardinality of feature ", f,
-                                                     " must be in [1, 2^26], got ",
-                                                     config.cardinalities[f]));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cardinality of feature ", f, " must be in [1, 2^26], got ", config.cardinalities[f]));
     }
   }
   if (!(config.zipf_s >= 0.0) || config.teacher_dim <= 0) {
@@ -114,9 +113,8 @@ void SyntheticGenerator::MakeBatch(int64_t index, int size, Batch* batch) const 
     for (int f = 0; f < nf; ++f) {
       const auto& cdf = cdf_[f];
       const double u = unit(rng);
-      const int64_t r = std::min<int64_t>(
-          std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin(),
-          static_cast<int64_t>(cdf.size()) - 1);
+      const int64_t r = std::min<int64_t>(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin(),
+                                          static_cast<int64_t>(cdf.size()) - 1);
       ranks[f] = r;
       batch->ids[f][b] = IdOf(f, r);
     }

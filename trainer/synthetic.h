@@ -16,14 +16,14 @@ namespace tessera::trainer {
 // with per-id scalars a (N(0, id_effect_scale^2)) and per-id vectors u (N(0, 1)^k), and
 // the label is Bernoulli(sigmoid(logit)).
 struct SyntheticConfig {
-  int num_dense = 13;                         // dense features, each U(0, 3)
-  std::vector<int64_t> cardinalities;         // one per sparse feature
-  double zipf_s = 1.1;                        // Zipf exponent of id popularity
-  int teacher_dim = 4;                        // k, the teacher's latent dimension
-  float id_effect_scale = 0.4f;               // std of the per-id scalar effects
-  float interaction_scale = 0.5f;             // weight of the latent pairwise terms
-  float dense_scale = 0.4f;                   // std of the dense weights w
-  float bias = -1.0f;                         // base logit (CTR about 0.3)
+  int num_dense = 13;                  // dense features, each U(0, 3)
+  std::vector<int64_t> cardinalities;  // one per sparse feature
+  double zipf_s = 1.1;                 // Zipf exponent of id popularity
+  int teacher_dim = 4;                 // k, the teacher's latent dimension
+  float id_effect_scale = 0.4f;        // std of the per-id scalar effects
+  float interaction_scale = 0.5f;      // weight of the latent pairwise terms
+  float dense_scale = 0.4f;            // std of the dense weights w
+  float bias = -1.0f;                  // base logit (CTR about 0.3)
   uint64_t seed = 1;
 };
 
@@ -55,10 +55,10 @@ class SyntheticGenerator {
   explicit SyntheticGenerator(const SyntheticConfig& config);
 
   SyntheticConfig config_;
-  std::vector<float> dense_w_;                 // (num_dense)
-  std::vector<std::vector<double>> cdf_;       // [feature] -> Zipf CDF over ranks
-  std::vector<std::vector<float>> effect_;     // [feature] -> a per rank
-  std::vector<std::vector<float>> latent_;     // [feature] -> (rank, k)
+  std::vector<float> dense_w_;              // (num_dense)
+  std::vector<std::vector<double>> cdf_;    // [feature] -> Zipf CDF over ranks
+  std::vector<std::vector<float>> effect_;  // [feature] -> a per rank
+  std::vector<std::vector<float>> latent_;  // [feature] -> (rank, k)
 };
 
 inline constexpr int64_t kHeldOutIndexBit = int64_t{1} << 62;

@@ -24,7 +24,8 @@
 #include "trainer/trainer.h"
 
 ABSL_FLAG(std::string, data, "synthetic", "'synthetic' or the path of a Criteo-format TSV file");
-ABSL_FLAG(int64_t, steps, 0, "training steps; 0 = 10000 for synthetic data, the whole file for TSV");
+ABSL_FLAG(int64_t, steps, 0,
+          "training steps; 0 = 10000 for synthetic data, the whole file for TSV");
 ABSL_FLAG(int, epochs, 1, "passes over a TSV file");
 ABSL_FLAG(int, batch_size, 256, "samples per step");
 ABSL_FLAG(int, num_dense, 13, "dense features");
@@ -85,7 +86,8 @@ absl::Status Run() {
   model.num_dense = absl::GetFlag(FLAGS_num_dense);
   model.num_sparse = absl::GetFlag(FLAGS_num_sparse);
   model.emb_dim = absl::GetFlag(FLAGS_emb_dim);
-  TESSERA_ASSIGN_OR_RETURN(model.bottom_mlp, ParseWidths(absl::GetFlag(FLAGS_bottom_mlp), "bottom_mlp"));
+  TESSERA_ASSIGN_OR_RETURN(model.bottom_mlp,
+                           ParseWidths(absl::GetFlag(FLAGS_bottom_mlp), "bottom_mlp"));
   TESSERA_ASSIGN_OR_RETURN(model.top_mlp, ParseWidths(absl::GetFlag(FLAGS_top_mlp), "top_mlp"));
   const std::string dense_opt = absl::GetFlag(FLAGS_dense_optimizer);
   if (dense_opt == "adam") {
@@ -137,15 +139,15 @@ absl::Status Run() {
       for (absl::string_view part : absl::StrSplit(cards, ',', absl::SkipEmpty())) {
         int64_t c = 0;
         if (!absl::SimpleAtoi(part, &c)) {
-          return absl::InvalidArgumentError(absl::StrCat("--cardinalities: bad value '", part, "'"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("--cardinalities: bad value '", part, "'"));
         }
         sc.cardinalities.push_back(c);
       }
       if (static_cast<int>(sc.cardinalities.size()) != model.num_sparse) {
         return absl::InvalidArgumentError(absl::StrCat("--cardinalities has ",
-                                                       sc.cardinalities.size(),
-                                                       " values for ", model.num_sparse,
-                                                       " sparse features"));
+                                                       sc.cardinalities.size(), " values for ",
+                                                       model.num_sparse, " sparse features"));
       }
     }
     TESSERA_ASSIGN_OR_RETURN(generator, SyntheticGenerator::Create(sc));
@@ -183,8 +185,7 @@ absl::Status Run() {
                 batch_size, held_out.size);
   }
   std::printf("model: dlrm on %s, emb_dim %d, tables on %d in-process shards, optimizer %s\n",
-              dense->name().c_str(), model.emb_dim, shards,
-              embedding::OptimizerName(opt).c_str());
+              dense->name().c_str(), model.emb_dim, shards, embedding::OptimizerName(opt).c_str());
   std::fflush(stdout);
 
   TESSERA_ASSIGN_OR_RETURN(TrainResult result, trainer.Train(source.get(), steps));

@@ -56,18 +56,17 @@ absl::Status Trainer::LookupAll(const Batch& batch, bool insert_missing) {
   const int d = dense_->config().emb_dim;
   const int nf = static_cast<int>(names_.size());
   if (static_cast<int>(batch.ids.size()) != nf) {
-    return absl::InvalidArgumentError(absl::StrCat("batch has ", batch.ids.size(),
-                                                   " sparse features, the model ", nf));
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch has ", batch.ids.size(), " sparse features, the model ", nf));
   }
   const size_t block = static_cast<size_t>(batch.size) * d;
   emb_.resize(block * nf);
   embedding::LookupOptions lookup;
   lookup.insert_missing = insert_missing;
   for (int f = 0; f < nf; ++f) {
-    TESSERA_RETURN_IF_ERROR(tables_->PooledLookup(names_[f], batch.ids[f], batch.offsets[f], {},
-                                                  v1::SUM,
-                                                  absl::MakeSpan(emb_).subspan(f * block, block),
-                                                  lookup));
+    TESSERA_RETURN_IF_ERROR(
+        tables_->PooledLookup(names_[f], batch.ids[f], batch.offsets[f], {}, v1::SUM,
+                              absl::MakeSpan(emb_).subspan(f * block, block), lookup));
   }
   return absl::OkStatus();
 }
@@ -77,8 +76,8 @@ absl::StatusOr<double> Trainer::TrainStep(const Batch& batch, int64_t step) {
   const int nf = static_cast<int>(names_.size());
   TESSERA_RETURN_IF_ERROR(LookupAll(batch, /*insert_missing=*/true));
   logits_.resize(batch.size);
-  TESSERA_RETURN_IF_ERROR(dense_->Forward(batch.size, batch.dense.data(), emb_.data(),
-                                          logits_.data()));
+  TESSERA_RETURN_IF_ERROR(
+      dense_->Forward(batch.size, batch.dense.data(), emb_.data(), logits_.data()));
   emb_grad_.resize(emb_.size());
   TESSERA_ASSIGN_OR_RETURN(double loss, dense_->Backward(batch.labels.data(), emb_grad_.data()));
   const size_t block = static_cast<size_t>(batch.size) * d;
@@ -155,8 +154,8 @@ absl::StatusOr<EvalResult> Trainer::Evaluate(const Batch& held_out) {
     part.AppendRange(held_out, begin, end);
     TESSERA_RETURN_IF_ERROR(LookupAll(part, /*insert_missing=*/false));
     logits_.resize(part.size);
-    TESSERA_RETURN_IF_ERROR(dense_->Forward(part.size, part.dense.data(), emb_.data(),
-                                            logits_.data()));
+    TESSERA_RETURN_IF_ERROR(
+        dense_->Forward(part.size, part.dense.data(), emb_.data(), logits_.data()));
     for (float x : logits_) probs.push_back(1.0f / (1.0f + std::exp(-x)));
   }
   r.logloss = LogLoss(probs, held_out.labels);

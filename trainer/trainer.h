@@ -15,9 +15,9 @@
 namespace tessera::trainer {
 
 struct TrainerOptions {
-  int64_t log_every = 100;   // steps between progress lines and metric records; 0 = none
-  std::string metrics_out;   // JSON Lines file for metrics; empty = none
-  int eval_batch = 4096;     // samples per evaluation forward pass
+  int64_t log_every = 100;     // steps between progress lines and metric records; 0 = none
+  std::string metrics_out;     // JSON Lines file for metrics; empty = none
+  int eval_batch = 4096;       // samples per evaluation forward pass
   bool print_progress = true;  // progress lines on stdout
 };
 
@@ -25,7 +25,7 @@ struct EvalResult {
   int64_t samples = 0;
   double logloss = 0.0;
   double auc = 0.5;
-  bool has_teacher = false;     // synthetic data: the planted model's own quality
+  bool has_teacher = false;  // synthetic data: the planted model's own quality
   double teacher_logloss = 0.0;
   double teacher_auc = 0.5;
 };

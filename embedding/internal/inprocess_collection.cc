@@ -20,9 +20,9 @@ struct RequestScratch {
   std::vector<int32_t> shard_of;  // (unique)
   std::vector<int32_t> shard_begin;
   std::vector<int32_t> cursor;
-  std::vector<int64_t> routed_ids;     // unique ids grouped by shard
-  std::vector<int32_t> routed_pos;     // their positions in unique_ids
-  std::vector<float> routed_rows;      // (unique, dim) in routed order
+  std::vector<int64_t> routed_ids;  // unique ids grouped by shard
+  std::vector<int32_t> routed_pos;  // their positions in unique_ids
+  std::vector<float> routed_rows;   // (unique, dim) in routed order
 };
 
 RequestScratch& Scratch() {
@@ -53,8 +53,7 @@ void Route(absl::Span<const int64_t> ids, uint64_t seed, int num_shards, Request
 std::string SizeMismatch(absl::string_view table, absl::string_view what, size_t got, size_t rows,
                          int dim, absl::string_view unit) {
   return absl::StrCat("table '", table, "': dimension mismatch: ", what, " has ", got,
-                      " floats, expected ", rows * dim, " (", rows, " ", unit, " x dim ", dim,
-                      ")");
+                      " floats, expected ", rows * dim, " (", rows, " ", unit, " x dim ", dim, ")");
 }
 
 }  // namespace
@@ -131,16 +130,15 @@ absl::Status InProcessCollection::Lookup(absl::string_view table, absl::Span<con
   TESSERA_ASSIGN_OR_RETURN(ShardedTable * t, Find(table));
   const int dim = t->config.dim();
   if (out.size() != ids.size() * dim) {
-    return absl::InvalidArgumentError(SizeMismatch(table, "output", out.size(), ids.size(), dim,
-                                                   "ids"));
+    return absl::InvalidArgumentError(
+        SizeMismatch(table, "output", out.size(), ids.size(), dim, "ids"));
   }
   RequestScratch& s = Scratch();
   embedding::Unique(ids, &s.unique_ids, &s.inverse);
   s.rows.resize(s.unique_ids.size() * dim);
   TESSERA_RETURN_IF_ERROR(GatherUnique(*t, s.unique_ids, s.rows.data(), options.insert_missing));
   for (size_t i = 0; i < ids.size(); ++i) {
-    std::copy_n(s.rows.data() + static_cast<size_t>(s.inverse[i]) * dim, dim,
-                out.data() + i * dim);
+    std::copy_n(s.rows.data() + static_cast<size_t>(s.inverse[i]) * dim, dim, out.data() + i * dim);
   }
   return absl::OkStatus();
 }
@@ -148,8 +146,8 @@ absl::Status InProcessCollection::Lookup(absl::string_view table, absl::Span<con
 absl::Status InProcessCollection::PooledLookup(absl::string_view table,
                                                absl::Span<const int64_t> ids,
                                                absl::Span<const int32_t> offsets,
-                                               absl::Span<const float> weights,
-                                               v1::Pooling pooling, absl::Span<float> out,
+                                               absl::Span<const float> weights, v1::Pooling pooling,
+                                               absl::Span<float> out,
                                                const embedding::LookupOptions& options) {
   TESSERA_ASSIGN_OR_RETURN(ShardedTable * t, Find(table));
   const int dim = t->config.dim();
@@ -157,8 +155,7 @@ absl::Status InProcessCollection::PooledLookup(absl::string_view table,
                                    absl::StrCat("table '", table, "'")));
   const size_t bags = offsets.size() - 1;
   if (out.size() != bags * dim) {
-    return absl::InvalidArgumentError(SizeMismatch(table, "output", out.size(), bags, dim,
-                                                   "bags"));
+    return absl::InvalidArgumentError(SizeMismatch(table, "output", out.size(), bags, dim, "bags"));
   }
   for (size_t i = 0; i < weights.size(); ++i) {
     if (!std::isfinite(weights[i])) {
@@ -176,20 +173,19 @@ absl::Status InProcessCollection::PooledLookup(absl::string_view table,
 
 absl::Status InProcessCollection::PushGradients(absl::string_view table,
                                                 absl::Span<const int64_t> ids,
-                                                absl::Span<const float> gradients,
-                                                int64_t step) {
+                                                absl::Span<const float> gradients, int64_t step) {
   TESSERA_ASSIGN_OR_RETURN(ShardedTable * t, Find(table));
   const int dim = t->config.dim();
   if (gradients.size() != ids.size() * dim) {
-    return absl::InvalidArgumentError(SizeMismatch(table, "gradients", gradients.size(),
-                                                   ids.size(), dim, "ids"));
+    return absl::InvalidArgumentError(
+        SizeMismatch(table, "gradients", gradients.size(), ids.size(), dim, "ids"));
   }
   // Reject the whole batch before any shard changes.
   for (size_t i = 0; i < gradients.size(); ++i) {
     if (!std::isfinite(gradients[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table '", table, "': gradient for id ", ids[i / dim], " (position ", i / dim,
-          ", column ", i % dim, ") is ", gradients[i], "; batch rejected"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("table '", table, "': gradient for id ", ids[i / dim], " (position ",
+                       i / dim, ", column ", i % dim, ") is ", gradients[i], "; batch rejected"));
     }
   }
   RequestScratch& s = Scratch();

@@ -22,8 +22,8 @@ class InProcessCollection final : public embedding::EmbeddingCollection {
 
   absl::Status CreateTable(const v1::TableConfig& config) override;
   absl::StatusOr<std::vector<v1::TableConfig>> ListTables() const override;
-  absl::Status Lookup(absl::string_view table, absl::Span<const int64_t> ids,
-                      absl::Span<float> out, const embedding::LookupOptions& options) override;
+  absl::Status Lookup(absl::string_view table, absl::Span<const int64_t> ids, absl::Span<float> out,
+                      const embedding::LookupOptions& options) override;
   absl::Status PooledLookup(absl::string_view table, absl::Span<const int64_t> ids,
                             absl::Span<const int32_t> offsets, absl::Span<const float> weights,
                             v1::Pooling pooling, absl::Span<float> out,

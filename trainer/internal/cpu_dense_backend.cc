@@ -248,9 +248,9 @@ namespace tessera::trainer {
 
 absl::Status ValidateDlrmConfig(const DlrmConfig& c) {
   if (c.num_dense <= 0 || c.num_sparse < 0 || c.emb_dim <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model needs num_dense > 0, num_sparse >= 0 and emb_dim > 0; got ", c.num_dense, ", ",
-        c.num_sparse, ", ", c.emb_dim));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model needs num_dense > 0, num_sparse >= 0 and emb_dim > 0; got ",
+                     c.num_dense, ", ", c.num_sparse, ", ", c.emb_dim));
   }
   for (int w : c.bottom_mlp) {
     if (w <= 0) return absl::InvalidArgumentError(absl::StrCat("bottom_mlp width ", w, " <= 0"));

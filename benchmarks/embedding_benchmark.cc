@@ -1,0 +1,276 @@
+// Micro-benchmarks of the embedding core, each next to its memory ceiling measured in
+// the same process: every benchmark reports `vs_memcpy`, its bytes/s over the bytes/s of
+// memcpy moving the same bytes from a buffer of the same size as the table.
+//
+// Sizes: "llc" tables fit in a quarter of the last-level cache, "8xllc" tables are eight
+// times it (override the cache size with TESSERA_BENCH_LLC_BYTES). Ids are uniform or
+// Zipf(1.05) over the table's rows.
+//
+// Bytes counted: gather and pooled lookup count dim * 4 bytes per id read; an update
+// counts the optimizer's read + write traffic per unique row (Adagrad: read w, acc, g and
+// write w, acc = 5 * dim * 4; Adam: 7 * dim * 4), compared with memcpy's read + write
+// traffic (2x the bytes copied); Unique counts 8 bytes per id.
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "embedding/batch_ops.h"
+#include "embedding/collection.h"
+#include "embedding/embedding_table.h"
+
+namespace tessera::embedding {
+namespace {
+
+constexpr int kBatch = 4096;
+constexpr int kBagSize = 8;
+
+int64_t LlcBytes() {
+  if (const char* env = std::getenv("TESSERA_BENCH_LLC_BYTES")) return std::atoll(env);
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  return l3 > 0 ? l3 : 32LL << 20;
+}
+
+// Bytes a row of this shape occupies in the table (weights, state, meta, padding).
+int64_t RowBytes(int dim, int state_floats) {
+  int meta_at = dim + state_floats;
+  meta_at += meta_at & 1;
+  return (meta_at + 4 + 15) / 16 * 16 * 4;
+}
+
+int StateFloats(v1::OptimizerType opt, int dim) {
+  switch (opt) {
+    case v1::ADAGRAD:
+      return dim;
+    case v1::ADAM:
+      return 2 * dim;
+    default:
+      return 0;
+  }
+}
+
+// One table at a time stays alive: building the 8xllc ones takes seconds and gigabytes.
+struct Fixture {
+  v1::OptimizerType opt = v1::OPTIMIZER_UNSPECIFIED;
+  int dim = 0;
+  bool big = false;
+  int64_t rows = 0;
+  std::unique_ptr<EmbeddingTable> table;
+  std::unique_ptr<EmbeddingCollection> collection;  // same rows, for pooled lookups
+};
+
+Fixture& GetTable(v1::OptimizerType opt, int dim, bool big, bool want_collection) {
+  static Fixture f;
+  if (f.table && f.opt == opt && f.dim == dim && f.big == big &&
+      (!want_collection || f.collection)) {
+    return f;
+  }
+  f = Fixture();
+  const int64_t budget = big ? 8 * LlcBytes() : LlcBytes() / 4;
+  f.opt = opt;
+  f.dim = dim;
+  f.big = big;
+  f.rows = std::max<int64_t>(1024, budget / RowBytes(dim, StateFloats(opt, dim)));
+  v1::TableConfig c;
+  c.set_name("bench");
+  c.set_dim(dim);
+  c.mutable_optimizer()->set_type(opt);
+  auto t = EmbeddingTable::Create(c);
+  f.table = std::move(t).value();
+  std::vector<int64_t> ids(65536);
+  std::vector<float> out(ids.size() * dim);
+  for (int64_t begin = 0; begin < f.rows; begin += ids.size()) {
+    const int64_t n = std::min<int64_t>(ids.size(), f.rows - begin);
+    for (int64_t i = 0; i < n; ++i) ids[i] = begin + i;
+    (void)f.table->Lookup(absl::MakeConstSpan(ids).first(n), out.data());
+  }
+  if (want_collection) {
+    f.collection = NewInProcessCollection(1).value();
+    (void)f.collection->CreateTable(c);
+    for (int64_t begin = 0; begin < f.rows; begin += ids.size()) {
+      const int64_t n = std::min<int64_t>(ids.size(), f.rows - begin);
+      for (int64_t i = 0; i < n; ++i) ids[i] = begin + i;
+      (void)f.collection->Lookup("bench", absl::MakeConstSpan(ids).first(n),
+                                 absl::MakeSpan(out).first(n * dim));
+    }
+  }
+  return f;
+}
+
+// `count` ids over [0, rows): uniform, or a bounded power law of exponent 1.05.
+std::vector<int64_t> MakeIds(int64_t rows, bool zipf, int count, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<int64_t> ids(count);
+  const double s = 1.05;
+  const double top = std::pow(static_cast<double>(rows), 1.0 - s);
+  for (auto& id : ids) {
+    if (zipf) {
+      const double r = std::pow((top - 1.0) * u(rng) + 1.0, 1.0 / (1.0 - s));
+      id = std::min<int64_t>(rows - 1, static_cast<int64_t>(r) - 1);
+      // Spread popular ranks over the id space as real feature hashes are.
+      id = static_cast<int64_t>((static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ULL) % rows);
+    } else {
+      id = static_cast<int64_t>(rng() % rows);
+    }
+  }
+  return ids;
+}
+
+// memcpy bytes/s copying `chunk` bytes at a time, walking through `region` bytes.
+double MemcpyBytesPerSecond(int64_t region, int64_t chunk) {
+  static int64_t cached_region = -1, cached_chunk = -1;
+  static double cached = 0;
+  if (region == cached_region && chunk == cached_chunk) return cached;
+  region = std::max(region, chunk);
+  std::vector<char> src(region, 1), dst(chunk);
+  using Clock = std::chrono::steady_clock;
+  int64_t copied = 0, at = 0;
+  const auto start = Clock::now();
+  double seconds = 0;
+  while (seconds < 0.3) {
+    for (int k = 0; k < 16; ++k) {
+      if (at + chunk > region) at = 0;
+      std::memcpy(dst.data(), src.data() + at, chunk);
+      benchmark::DoNotOptimize(dst.data());
+      at += chunk;
+      copied += chunk;
+    }
+    seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  }
+  cached_region = region;
+  cached_chunk = chunk;
+  cached = copied / seconds;
+  return cached;
+}
+
+void Report(benchmark::State& state, int64_t bytes_per_iter, double ceiling_bytes_per_s) {
+  state.SetBytesProcessed(state.iterations() * bytes_per_iter);
+  state.counters["memcpy_GBps"] = ceiling_bytes_per_s / 1e9;
+  state.counters["vs_memcpy"] =
+      benchmark::Counter(static_cast<double>(bytes_per_iter) / ceiling_bytes_per_s,
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Args: dim, zipf (0/1), big (0/1).
+void BM_Gather(benchmark::State& state) {
+  const int dim = state.range(0);
+  Fixture& f = GetTable(v1::SGD, dim, state.range(2), false);
+  const int kBatches = 64;
+  std::vector<int64_t> ids = MakeIds(f.rows, state.range(1), kBatch * kBatches, 1);
+  std::vector<float> out(static_cast<size_t>(kBatch) * dim);
+  const int64_t bytes = static_cast<int64_t>(kBatch) * dim * 4;
+  const double ceiling = MemcpyBytesPerSecond(f.rows * RowBytes(dim, 0), bytes);
+  int b = 0;
+  for (auto _ : state) {
+    auto span = absl::MakeConstSpan(ids).subspan(static_cast<size_t>(b) * kBatch, kBatch);
+    benchmark::DoNotOptimize(f.table->Lookup(span, out.data()));
+    b = (b + 1) % kBatches;
+  }
+  Report(state, bytes, ceiling);
+  state.counters["rows"] = f.rows;
+}
+
+void BM_PooledLookup(benchmark::State& state) {
+  const int dim = state.range(0);
+  Fixture& f = GetTable(v1::SGD, dim, state.range(2), true);
+  const int kBatches = 32;
+  std::vector<int64_t> ids = MakeIds(f.rows, state.range(1), kBatch * kBatches, 2);
+  std::vector<int32_t> offsets;
+  for (int i = 0; i <= kBatch / kBagSize; ++i) offsets.push_back(i * kBagSize);
+  std::vector<float> out(static_cast<size_t>(kBatch / kBagSize) * dim);
+  const int64_t bytes = static_cast<int64_t>(kBatch) * dim * 4;
+  const double ceiling = MemcpyBytesPerSecond(f.rows * RowBytes(dim, 0), bytes);
+  int b = 0;
+  for (auto _ : state) {
+    auto span = absl::MakeConstSpan(ids).subspan(static_cast<size_t>(b) * kBatch, kBatch);
+    benchmark::DoNotOptimize(
+        f.collection->PooledLookup("bench", span, offsets, {}, v1::SUM, absl::MakeSpan(out)));
+    b = (b + 1) % kBatches;
+  }
+  Report(state, bytes, ceiling);
+}
+
+void RunUpdate(benchmark::State& state, v1::OptimizerType opt, int traffic_floats_per_dim) {
+  const int dim = state.range(0);
+  Fixture& f = GetTable(opt, dim, state.range(2), false);
+  const int kBatches = 16;
+  std::vector<std::vector<int64_t>> batches;
+  size_t unique_total = 0;
+  for (int b = 0; b < kBatches; ++b) {
+    std::vector<int64_t> raw = MakeIds(f.rows, state.range(1), kBatch, 100 + b);
+    std::vector<int64_t> u;
+    std::vector<int32_t> inv;
+    Unique(raw, &u, &inv);
+    unique_total += u.size();
+    batches.push_back(std::move(u));
+  }
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> g(-1e-3f, 1e-3f);
+  std::vector<float> grads(static_cast<size_t>(kBatch) * dim);
+  for (auto& v : grads) v = g(rng);
+  const int64_t avg_unique = static_cast<int64_t>(unique_total / kBatches);
+  const int64_t traffic = avg_unique * traffic_floats_per_dim * dim * 4;
+  // memcpy traffic is read + write: twice the bytes it copies.
+  const double ceiling =
+      2 * MemcpyBytesPerSecond(f.rows * RowBytes(dim, StateFloats(opt, dim)), traffic / 2);
+  int b = 0;
+  int64_t step = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(f.table->ApplyUniqueGradients(batches[b], grads.data(), step++));
+    b = (b + 1) % kBatches;
+  }
+  Report(state, traffic, ceiling);
+  state.counters["unique_rows"] = avg_unique;
+}
+
+void BM_AdagradUpdate(benchmark::State& state) { RunUpdate(state, v1::ADAGRAD, 5); }
+void BM_AdamUpdate(benchmark::State& state) { RunUpdate(state, v1::ADAM, 7); }
+
+// Args: batch, zipf.
+void BM_Unique(benchmark::State& state) {
+  const int n = state.range(0);
+  std::vector<int64_t> ids = MakeIds(int64_t{1} << 24, state.range(1), n, 4);
+  std::vector<int64_t> u;
+  std::vector<int32_t> inv;
+  const int64_t bytes = static_cast<int64_t>(n) * 8;
+  const double ceiling = MemcpyBytesPerSecond(bytes, bytes);
+  for (auto _ : state) {
+    Unique(ids, &u, &inv);
+    benchmark::DoNotOptimize(u.data());
+  }
+  Report(state, bytes, ceiling);
+  state.counters["unique"] = u.size();
+}
+
+void TableArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"dim", "zipf", "8xllc"});
+  // Grouped by table so each table is built once.
+  for (int big : {0, 1}) {
+    for (int dim : {16, 64, 256}) {
+      for (int zipf : {0, 1}) b->Args({dim, zipf, big});
+    }
+  }
+}
+
+BENCHMARK(BM_Gather)->Apply(TableArgs)->MinTime(0.5)->UseRealTime();
+BENCHMARK(BM_PooledLookup)->Apply(TableArgs)->MinTime(0.5)->UseRealTime();
+BENCHMARK(BM_AdagradUpdate)->Apply(TableArgs)->MinTime(0.5)->UseRealTime();
+BENCHMARK(BM_AdamUpdate)->Apply(TableArgs)->MinTime(0.5)->UseRealTime();
+BENCHMARK(BM_Unique)
+    ->ArgNames({"batch", "zipf"})
+    ->ArgsProduct({{4096, 65536}, {0, 1}})
+    ->MinTime(0.5)
+    ->UseRealTime();
+
+}  // namespace
+}  // namespace tessera::embedding
+
+BENCHMARK_MAIN();
