@@ -1,5 +1,7 @@
 #include "embedding/embedding_table.h"
 
+#include <sys/mman.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -18,11 +20,48 @@ constexpr int kMetaFloats = sizeof(RowMeta) / sizeof(float);
 constexpr uint64_t kMapSalt = 0x5be0cd19137e2179ULL;
 constexpr uint64_t kInitSalt = 0x6a09e667f3bcc908ULL;
 constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
-constexpr int64_t kMaxSlabRows = 4096;
+constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kMaxSlabBytes = size_t{4} << 20;
 constexpr int kStripeShift = 58;  // 64 - log2(kNumStripes)
 
 struct AlignedFree {
-  void operator()(float* p) const { std::free(p); }
+  void operator()(void* p) const { std::free(p); }
+};
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// `bytes` of 64-byte-aligned memory. Blocks of 2 MiB or more are 2 MiB aligned and
+// advised for transparent huge pages: random rows over gigabytes would otherwise miss
+// the TLB on nearly every access. Null when out of memory.
+void* AllocateBlock(size_t bytes) {
+  if (bytes >= kHugePage) {
+    bytes = RoundUp(bytes, kHugePage);
+    void* p = std::aligned_alloc(kHugePage, bytes);
+    if (p != nullptr) madvise(p, bytes, MADV_HUGEPAGE);
+    return p;
+  }
+  return std::aligned_alloc(64, RoundUp(bytes, 64));
+}
+
+// A zero-filled array of trivially copyable T from AllocateBlock.
+template <typename T>
+class BlockArray {
+ public:
+  BlockArray() = default;
+  explicit BlockArray(size_t n)
+      : data_(static_cast<T*>(AllocateBlock(n * sizeof(T)))), size_(data_ ? n : 0) {
+    if (data_) std::memset(static_cast<void*>(data_.get()), 0, n * sizeof(T));
+  }
+  T* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  T& operator[](size_t i) const { return data_.get()[i]; }
+  T* begin() const { return data_.get(); }
+  T* end() const { return data_.get() + size_; }
+
+ private:
+  std::unique_ptr<T, AlignedFree> data_;
+  size_t size_ = 0;
 };
 
 uint64_t MapHash(int64_t id) { return Mix64(static_cast<uint64_t>(id) ^ kMapSalt); }
@@ -49,10 +88,10 @@ struct EmbeddingTable::Stripe {
   };
 
   mutable absl::Mutex mu;
-  std::vector<Entry> entries ABSL_GUARDED_BY(mu);  // power-of-two size, linear probing
+  BlockArray<Entry> entries ABSL_GUARDED_BY(mu);  // power-of-two size, linear probing
   uint64_t mask ABSL_GUARDED_BY(mu) = 0;
   int64_t size ABSL_GUARDED_BY(mu) = 0;
-  std::vector<std::unique_ptr<float, AlignedFree>> slabs ABSL_GUARDED_BY(mu);
+  std::vector<std::unique_ptr<float, AlignedFree>> slabs ABSL_GUARDED_BY(mu);  // never move
   float* bump ABSL_GUARDED_BY(mu) = nullptr;
   int64_t bump_left ABSL_GUARDED_BY(mu) = 0;
   int64_t next_slab_rows ABSL_GUARDED_BY(mu) = 16;
@@ -75,29 +114,33 @@ struct EmbeddingTable::Stripe {
     entries[pos] = Entry{id, row};
   }
 
-  // Grows the map so one more entry keeps the load factor at or under 1/2.
-  void ReserveOne() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (static_cast<uint64_t>(size + 1) * 2 <= entries.size()) return;
-    std::vector<Entry> old = std::move(entries);
-    const size_t cap = old.empty() ? 16 : old.size() * 2;
-    entries.assign(cap, Entry{0, nullptr});
+  // Grows the map so one more entry keeps the load factor at or under 1/2. False when
+  // out of memory (the map is unchanged).
+  bool ReserveOne() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (static_cast<uint64_t>(size + 1) * 2 <= entries.size()) return true;
+    const size_t cap = entries.empty() ? 16 : entries.size() * 2;
+    BlockArray<Entry> grown(cap);
+    if (grown.empty()) return false;
+    BlockArray<Entry> old = std::move(entries);
+    entries = std::move(grown);
     mask = cap - 1;
     for (const Entry& e : old) {
       if (e.row != nullptr) Place(e.id, MapHash(e.id), e.row);
     }
+    return true;
   }
 
   float* AllocateRow(int stride_floats) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (bump_left == 0) {
       const int64_t rows = next_slab_rows;
       const size_t bytes = static_cast<size_t>(rows) * stride_floats * sizeof(float);
-      float* slab = static_cast<float*>(std::aligned_alloc(64, bytes));
+      float* slab = static_cast<float*>(AllocateBlock(bytes));
       if (slab == nullptr) return nullptr;
       slabs.emplace_back(slab);
       slab_bytes += static_cast<int64_t>(bytes);
       bump = slab;
       bump_left = rows;
-      next_slab_rows = std::min(kMaxSlabRows, next_slab_rows * 2);
+      if (bytes < kMaxSlabBytes) next_slab_rows *= 2;
     }
     float* row = bump;
     bump += stride_floats;
@@ -213,7 +256,7 @@ absl::Status EmbeddingTable::BudgetError() const {
 
 float* EmbeddingTable::FindOrInsertLocked(Stripe& stripe, int64_t id, uint64_t hash) {
   if (float* row = stripe.Find(id, hash)) return row;
-  stripe.ReserveOne();
+  if (!stripe.ReserveOne()) return nullptr;
   float* row = stripe.AllocateRow(stride_floats_);
   if (row == nullptr) return nullptr;
   InitRow(id, row);
@@ -460,7 +503,7 @@ int64_t EmbeddingTable::MemoryBytes() const {
     Stripe& stripe = stripes_[s];
     absl::ReaderMutexLock lock(&stripe.mu);
     bytes +=
-        stripe.slab_bytes + static_cast<int64_t>(stripe.entries.capacity() * sizeof(Stripe::Entry));
+        stripe.slab_bytes + static_cast<int64_t>(stripe.entries.size() * sizeof(Stripe::Entry));
   }
   return bytes;
 }
