@@ -9,12 +9,17 @@
 namespace tessera::embedding {
 namespace {
 
-// Per-thread open-addressing set from id to its unique index. Slots are stamped with
-// a generation so a call clears nothing but what it sizes up.
+// Per-thread open-addressing map from id to its unique index. A slot keeps key, index
+// and a generation stamp together (one cache line access per probe); slots from an
+// older call are stale by stamp, so a call clears nothing.
+struct DedupSlot {
+  int64_t key;
+  int32_t value;
+  uint32_t stamp;
+};
+
 struct DedupScratch {
-  std::vector<int64_t> keys;
-  std::vector<int32_t> values;
-  std::vector<uint32_t> stamps;
+  std::vector<DedupSlot> slots;
   uint32_t generation = 0;
 };
 
@@ -33,33 +38,31 @@ void Unique(absl::Span<const int64_t> ids, std::vector<int64_t>* unique_ids,
   inverse->resize(n);
   if (n == 0) return;
   const size_t cap = std::bit_ceil(std::max<size_t>(16, 2 * n));
-  if (s.keys.size() < cap) {
-    s.keys.assign(cap, 0);
-    s.values.assign(cap, 0);
-    s.stamps.assign(cap, 0);
+  if (s.slots.size() < cap) {
+    s.slots.assign(cap, DedupSlot{0, 0, 0});
     s.generation = 0;
   }
   if (++s.generation == 0) {  // wrapped: clear stamps once every 2^32 calls
-    std::fill(s.stamps.begin(), s.stamps.end(), 0);
+    for (DedupSlot& slot : s.slots) slot.stamp = 0;
     s.generation = 1;
   }
   const uint64_t mask = cap - 1;
   const uint32_t gen = s.generation;
+  DedupSlot* slots = s.slots.data();
   unique_ids->reserve(n);
   for (size_t i = 0; i < n; ++i) {
     const int64_t id = ids[i];
     uint64_t pos = Mix64(static_cast<uint64_t>(id)) & mask;
     while (true) {
-      if (s.stamps[pos] != gen) {
-        s.stamps[pos] = gen;
-        s.keys[pos] = id;
-        s.values[pos] = static_cast<int32_t>(unique_ids->size());
-        (*inverse)[i] = s.values[pos];
+      DedupSlot& slot = slots[pos];
+      if (slot.stamp != gen) {
+        slot = DedupSlot{id, static_cast<int32_t>(unique_ids->size()), gen};
+        (*inverse)[i] = slot.value;
         unique_ids->push_back(id);
         break;
       }
-      if (s.keys[pos] == id) {
-        (*inverse)[i] = s.values[pos];
+      if (slot.key == id) {
+        (*inverse)[i] = slot.value;
         break;
       }
       pos = (pos + 1) & mask;
