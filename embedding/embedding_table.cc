@@ -254,6 +254,11 @@ absl::Status EmbeddingTable::BudgetError() const {
                                                    " rows is full; raise max_rows or add shards"));
 }
 
+absl::Status EmbeddingTable::OutOfMemoryError() const {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("table '", name(), "': out of memory allocating rows"));
+}
+
 float* EmbeddingTable::FindOrInsertLocked(Stripe& stripe, int64_t id, uint64_t hash) {
   if (float* row = stripe.Find(id, hash)) return row;
   if (!stripe.ReserveOne()) return nullptr;
@@ -383,8 +388,7 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
     float* row = FindOrInsertLocked(stripe, id, h);
     if (row == nullptr) {
       num_rows_.fetch_sub(1, std::memory_order_relaxed);
-      return absl::ResourceExhaustedError(
-          absl::StrCat("table '", name(), "': out of memory allocating a row slab"));
+      return OutOfMemoryError();
     }
     std::memcpy(dst, row, row_bytes);
   }
@@ -442,8 +446,7 @@ absl::Status EmbeddingTable::ApplyUniqueGradients(absl::Span<const int64_t> ids,
           row = FindOrInsertLocked(stripe, ids[pos], plan.hash[pos]);
           if (row == nullptr) {
             num_rows_.fetch_sub(reserved - created, std::memory_order_relaxed);
-            return absl::ResourceExhaustedError(
-                absl::StrCat("table '", name(), "': out of memory allocating a row slab"));
+            return OutOfMemoryError();
           }
           ++created;
         }

@@ -107,6 +107,7 @@ class EmbeddingTable {
   RowMeta* MetaOf(float* row) const;
   const RowMeta* MetaOf(const float* row) const;
   absl::Status BudgetError() const;
+  absl::Status OutOfMemoryError() const;
 
   v1::TableConfig config_;
   int dim_;
