@@ -18,6 +18,12 @@ struct LookupOptions {
   bool insert_missing = true;
 };
 
+// What a table holds right now.
+struct TableUsage {
+  int64_t rows = 0;          // stored rows over all shards
+  int64_t memory_bytes = 0;  // bytes of rows and id maps
+};
+
 // A set of named embedding tables, each partitioned over shards by ShardOf(). The
 // trainer and tools program against this interface; the in-process implementation
 // below holds the shards in this process, and a remote one talks to shard servers, so
@@ -53,6 +59,9 @@ class EmbeddingCollection {
   // of the table changes.
   virtual absl::Status PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
                                      absl::Span<const float> gradients, int64_t step) = 0;
+
+  // Rows and memory of `table`; NotFound for an unknown table.
+  virtual absl::StatusOr<TableUsage> Usage(absl::string_view table) const = 0;
 
   virtual int num_shards() const = 0;
 };

@@ -83,6 +83,11 @@ TEST(InProcessCollection, PlacesEachRowOnItsShardOfShardOf) {
     });
   }
   EXPECT_EQ(total, 400);
+  auto usage = c->Usage("t");
+  ASSERT_TRUE(usage.ok());
+  EXPECT_EQ(usage->rows, 400);
+  EXPECT_GE(usage->memory_bytes, 400 * 4 * 4);
+  EXPECT_EQ(c->Usage("nope").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(InProcessCollection, LookupReturnsRowsInCallerOrderWithRepeats) {

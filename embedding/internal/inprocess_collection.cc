@@ -101,6 +101,16 @@ const std::vector<std::unique_ptr<EmbeddingTable>>* InProcessCollection::ShardsO
   return t.ok() ? &(*t)->shards : nullptr;
 }
 
+absl::StatusOr<embedding::TableUsage> InProcessCollection::Usage(absl::string_view table) const {
+  TESSERA_ASSIGN_OR_RETURN(ShardedTable * t, Find(table));
+  embedding::TableUsage usage;
+  for (const auto& shard : t->shards) {
+    usage.rows += shard->num_rows();
+    usage.memory_bytes += shard->MemoryBytes();
+  }
+  return usage;
+}
+
 absl::Status InProcessCollection::GatherUnique(ShardedTable& t,
                                                absl::Span<const int64_t> unique_ids, float* rows,
                                                bool insert_missing) {

@@ -30,6 +30,7 @@ class InProcessCollection final : public embedding::EmbeddingCollection {
                             const embedding::LookupOptions& options) override;
   absl::Status PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
                              absl::Span<const float> gradients, int64_t step) override;
+  absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override;
   int num_shards() const override { return num_shards_; }
 
   // The shard tables of `table`, for tests; null when the table is unknown.

@@ -1,0 +1,67 @@
+// tessera-shard: one embedding shard server. Holds its part (ShardOf(id) == index) of
+// every table, applies the optimizers, and serves EmbeddingShard, gRPC health and
+// server reflection.
+
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "embedding/collection.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "server/shard_service.h"
+
+ABSL_FLAG(std::string, host, "127.0.0.1", "address to bind (loopback unless told otherwise)");
+ABSL_FLAG(int, port, 0, "port to listen on; 0 picks a free one and prints it");
+ABSL_FLAG(int, shard_index, 0, "this shard's index in the shard map");
+ABSL_FLAG(int, num_shards, 1, "shards in the shard map");
+ABSL_FLAG(uint64_t, shard_map_version, 1, "shard map version this shard serves");
+ABSL_FLAG(int64_t, max_batch_ids, 1 << 20, "ids per request before RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_message_bytes, 256 << 20, "largest gRPC message accepted or sent");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Serves one embedding shard over gRPC.");
+  absl::ParseCommandLine(argc, argv);
+  tessera::server::ShardOptions options;
+  options.shard_index = absl::GetFlag(FLAGS_shard_index);
+  options.num_shards = absl::GetFlag(FLAGS_num_shards);
+  options.shard_map_version = absl::GetFlag(FLAGS_shard_map_version);
+  options.max_batch_ids = absl::GetFlag(FLAGS_max_batch_ids);
+  if (options.num_shards < 1 || options.shard_index < 0 ||
+      options.shard_index >= options.num_shards) {
+    std::cerr << "tessera-shard: --shard_index must be in [0, --num_shards), got "
+              << options.shard_index << " of " << options.num_shards << "\n";
+    return 1;
+  }
+  auto tables = tessera::embedding::NewInProcessCollection(1);
+  if (!tables.ok()) {
+    std::cerr << "tessera-shard: " << tables.status() << "\n";
+    return 1;
+  }
+  tessera::server::ShardService service(tables->get(), options);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  const std::string address =
+      absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
+  builder.SetMaxSendMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    std::cerr << "tessera-shard: cannot listen on " << address << "\n";
+    return 1;
+  }
+  std::cout << "tessera-shard " << options.shard_index << "/" << options.num_shards
+            << ": listening on " << absl::GetFlag(FLAGS_host) << ":" << port << std::endl;
+  server->Wait();
+  return 0;
+}

@@ -1,0 +1,164 @@
+#include "server/shard_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "embedding/batch_ops.h"
+#include "embedding/sharding.h"
+#include "embedding/status.h"
+#include "server/status.h"
+
+namespace tessera::server {
+
+ShardService::ShardService(embedding::EmbeddingCollection* tables, const ShardOptions& options)
+    : tables_(tables), options_(options) {}
+
+absl::StatusOr<v1::TableConfig> ShardService::Config(const std::string& table) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = configs_.find(table);
+  if (it == configs_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("table '", table, "' not found on shard ", options_.shard_index));
+  }
+  return it->second;
+}
+
+absl::Status ShardService::CheckRequest(const v1::TableConfig& config, int ids_size,
+                                        const google::protobuf::RepeatedField<int64_t>& ids,
+                                        uint64_t version) const {
+  if (ids_size > options_.max_batch_ids) {
+    return absl::ResourceExhaustedError(absl::StrCat("table '", config.name(), "': batch of ",
+                                                     ids_size, " ids is over the limit of ",
+                                                     options_.max_batch_ids));
+  }
+  if (version != 0 && version != options_.shard_map_version) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", options_.shard_index, ": request built on shard map version ", version,
+        ", this shard serves version ", options_.shard_map_version, "; refresh the shard map"));
+  }
+  if (options_.num_shards > 1) {
+    for (const int64_t id : ids) {
+      const int owner = embedding::ShardOf(id, config.seed(), options_.num_shards);
+      if (owner != options_.shard_index) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("table '", config.name(), "': id ", id, " belongs to shard ", owner,
+                         ", not shard ", options_.shard_index, "; refresh the shard map"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status ShardService::CreateTable(grpc::ServerContext*, const v1::CreateTableRequest* request,
+                                       v1::CreateTableResponse* response) {
+  // Each shard holds 1/num_shards of the rows, so of the row budget too.
+  v1::TableConfig local = request->config();
+  if (local.max_rows() > 0) {
+    local.set_max_rows((local.max_rows() + options_.num_shards - 1) / options_.num_shards);
+  }
+  absl::Status s = tables_->CreateTable(local);
+  if (!s.ok()) return ToGrpcStatus(s);
+  absl::MutexLock lock(&mu_);
+  configs_[request->config().name()] = request->config();
+  counters_[request->config().name()];
+  *response->mutable_config() = request->config();
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardService::ListTables(grpc::ServerContext*, const v1::ListTablesRequest*,
+                                      v1::ListTablesResponse* response) {
+  absl::ReaderMutexLock lock(&mu_);
+  for (const auto& [name, config] : configs_) *response->add_tables() = config;
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardService::Lookup(grpc::ServerContext*, const v1::LookupRequest* request,
+                                  v1::LookupResponse* response) {
+  absl::StatusOr<v1::TableConfig> config = Config(request->table());
+  if (!config.ok()) return ToGrpcStatus(config.status());
+  absl::Status s =
+      CheckRequest(*config, request->ids_size(), request->ids(), request->shard_map_version());
+  if (!s.ok()) return ToGrpcStatus(s);
+  const int dim = config->dim();
+  embedding::LookupOptions options;
+  options.insert_missing = !request->read_only();
+  const absl::Span<const int64_t> ids(request->ids().data(), request->ids_size());
+  response->set_dim(dim);
+  if (request->offsets_size() == 0) {
+    if (request->weights_size() != 0) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("table '", request->table(), "': weights need bag offsets")));
+    }
+    response->mutable_values()->Resize(request->ids_size() * dim, 0.0f);
+    s = tables_->Lookup(
+        request->table(), ids,
+        absl::MakeSpan(response->mutable_values()->mutable_data(), response->values_size()),
+        options);
+  } else {
+    const int bags = request->offsets_size() - 1;
+    response->mutable_values()->Resize(std::max(bags, 0) * dim, 0.0f);
+    s = tables_->PooledLookup(
+        request->table(), ids,
+        absl::Span<const int32_t>(request->offsets().data(), request->offsets_size()),
+        absl::Span<const float>(request->weights().data(), request->weights_size()),
+        request->pooling(),
+        absl::MakeSpan(response->mutable_values()->mutable_data(), response->values_size()),
+        options);
+  }
+  if (!s.ok()) {
+    response->Clear();
+    return ToGrpcStatus(s);
+  }
+  absl::MutexLock lock(&mu_);
+  counters_[request->table()].lookups += request->ids_size();
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardService::PushGradients(grpc::ServerContext*,
+                                         const v1::PushGradientsRequest* request,
+                                         v1::PushGradientsResponse* response) {
+  absl::StatusOr<v1::TableConfig> config = Config(request->table());
+  if (!config.ok()) return ToGrpcStatus(config.status());
+  absl::Status s =
+      CheckRequest(*config, request->ids_size(), request->ids(), request->shard_map_version());
+  if (!s.ok()) return ToGrpcStatus(s);
+  const absl::Span<const int64_t> ids(request->ids().data(), request->ids_size());
+  s = tables_->PushGradients(
+      request->table(), ids,
+      absl::Span<const float>(request->gradients().data(), request->gradients_size()),
+      request->step());
+  if (!s.ok()) return ToGrpcStatus(s);
+  thread_local std::vector<int64_t> unique;
+  thread_local std::vector<int32_t> inverse;
+  embedding::Unique(ids, &unique, &inverse);
+  response->set_rows_updated(static_cast<int64_t>(unique.size()));
+  absl::MutexLock lock(&mu_);
+  counters_[request->table()].updates += static_cast<int64_t>(unique.size());
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardService::Stats(grpc::ServerContext*, const v1::StatsRequest* request,
+                                 v1::StatsResponse* response) {
+  std::map<std::string, Counters> counters;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (!request->table().empty() && configs_.count(request->table()) == 0) {
+      return ToGrpcStatus(absl::NotFoundError(absl::StrCat(
+          "table '", request->table(), "' not found on shard ", options_.shard_index)));
+    }
+    counters = counters_;
+  }
+  for (const auto& [name, c] : counters) {
+    if (!request->table().empty() && name != request->table()) continue;
+    absl::StatusOr<embedding::TableUsage> usage = tables_->Usage(name);
+    if (!usage.ok()) return ToGrpcStatus(usage.status());
+    v1::TableStats* t = response->add_tables();
+    t->set_table(name);
+    t->set_shard_index(options_.shard_index);
+    t->set_rows(usage->rows);
+    t->set_memory_bytes(usage->memory_bytes);
+    t->set_lookups(c.lookups);
+    t->set_updates(c.updates);
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace tessera::server

@@ -1,0 +1,217 @@
+// The shard service over a real gRPC channel on 127.0.0.1 (in this process).
+
+#include "server/shard_service.h"
+
+#include <cmath>
+
+#include "embedding/collection.h"
+#include "embedding/sharding.h"
+#include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "gtest/gtest.h"
+
+namespace tessera::server {
+namespace {
+
+class ShardServiceTest : public testing::Test {
+ protected:
+  void Start(int index, int shards, int64_t max_batch = 1000) {
+    tables_ = std::move(embedding::NewInProcessCollection(1)).value();
+    ShardOptions o;
+    o.shard_index = index;
+    o.num_shards = shards;
+    o.shard_map_version = 7;
+    o.max_batch_ids = max_batch;
+    service_ = std::make_unique<ShardService>(tables_.get(), o);
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(service_.get());
+    server_ = b.BuildAndStart();
+    ASSERT_NE(port, 0);
+    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                   grpc::InsecureChannelCredentials());
+    stub_ = v1::EmbeddingShard::NewStub(channel_);
+  }
+  void TearDown() override {
+    if (server_) server_->Shutdown();
+  }
+
+  v1::TableConfig Config(const std::string& name = "user", int dim = 4) {
+    v1::TableConfig c;
+    c.set_name(name);
+    c.set_dim(dim);
+    c.set_seed(99);
+    c.mutable_optimizer()->set_type(v1::SGD);
+    c.mutable_optimizer()->set_learning_rate(0.5f);
+    return c;
+  }
+
+  grpc::Status Create(const v1::TableConfig& c) {
+    grpc::ClientContext ctx;
+    v1::CreateTableRequest req;
+    *req.mutable_config() = c;
+    v1::CreateTableResponse resp;
+    return stub_->CreateTable(&ctx, req, &resp);
+  }
+
+  grpc::Status Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp) {
+    grpc::ClientContext ctx;
+    return stub_->Lookup(&ctx, req, resp);
+  }
+
+  grpc::Status Push(const v1::PushGradientsRequest& req) {
+    grpc::ClientContext ctx;
+    v1::PushGradientsResponse resp;
+    return stub_->PushGradients(&ctx, req, &resp);
+  }
+
+  std::unique_ptr<embedding::EmbeddingCollection> tables_;
+  std::unique_ptr<ShardService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::EmbeddingShard::Stub> stub_;
+};
+
+v1::LookupRequest LookupOf(std::vector<int64_t> ids, const std::string& table = "user") {
+  v1::LookupRequest r;
+  r.set_table(table);
+  for (int64_t id : ids) r.add_ids(id);
+  return r;
+}
+
+TEST_F(ShardServiceTest, LookupsAndPushesOverTheWireMatchTheInProcessCollection) {
+  Start(0, 1);
+  ASSERT_TRUE(Create(Config()).ok());
+  auto reference = std::move(embedding::NewInProcessCollection(3)).value();
+  ASSERT_TRUE(reference->CreateTable(Config()).ok());
+
+  const std::vector<int64_t> ids = {5, 17, 5, -3};
+  v1::PushGradientsRequest push;
+  push.set_table("user");
+  std::vector<float> grads;
+  for (int64_t id : ids) {
+    push.add_ids(id);
+    for (int j = 0; j < 4; ++j) {
+      grads.push_back(0.1f * (j + 1) * static_cast<float>(id % 7));
+      push.add_gradients(grads.back());
+    }
+  }
+  push.set_step(3);
+  ASSERT_TRUE(Push(push).ok());
+  ASSERT_TRUE(reference->PushGradients("user", ids, grads, 3).ok());
+
+  v1::LookupResponse resp;
+  ASSERT_TRUE(Lookup(LookupOf(ids), &resp).ok());
+  EXPECT_EQ(resp.dim(), 4);
+  std::vector<float> want(ids.size() * 4);
+  ASSERT_TRUE(reference->Lookup("user", ids, absl::MakeSpan(want)).ok());
+  EXPECT_EQ(std::vector<float>(resp.values().begin(), resp.values().end()), want);
+
+  // Pooled: the shard pools its part of each bag.
+  v1::LookupRequest pooled = LookupOf(ids);
+  for (int o : {0, 3, 4}) pooled.add_offsets(o);
+  pooled.set_pooling(v1::MEAN);
+  ASSERT_TRUE(Lookup(pooled, &resp).ok());
+  std::vector<int32_t> offsets = {0, 3, 4};
+  std::vector<float> want_pooled(8);
+  ASSERT_TRUE(
+      reference->PooledLookup("user", ids, offsets, {}, v1::MEAN, absl::MakeSpan(want_pooled))
+          .ok());
+  EXPECT_EQ(std::vector<float>(resp.values().begin(), resp.values().end()), want_pooled);
+
+  grpc::ClientContext ctx;
+  v1::StatsRequest sreq;
+  v1::StatsResponse stats;
+  ASSERT_TRUE(stub_->Stats(&ctx, sreq, &stats).ok());
+  ASSERT_EQ(stats.tables_size(), 1);
+  EXPECT_EQ(stats.tables(0).rows(), 3);
+  EXPECT_EQ(stats.tables(0).updates(), 3);
+  EXPECT_EQ(stats.tables(0).lookups(), 8);
+}
+
+TEST_F(ShardServiceTest, BadRequestsGetTheirCodesAndLeaveRowsBitIdentical) {
+  Start(0, 1, /*max_batch=*/100);
+  ASSERT_TRUE(Create(Config()).ok());
+  EXPECT_EQ(Create(Config()).error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  v1::TableConfig bad = Config("bad", 0);
+  EXPECT_EQ(Create(bad).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  v1::LookupResponse before;
+  ASSERT_TRUE(Lookup(LookupOf({1, 2}), &before).ok());
+
+  v1::LookupResponse resp;
+  EXPECT_EQ(Lookup(LookupOf({1}, "item"), &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+
+  auto push_of = [](std::vector<float> g) {
+    v1::PushGradientsRequest p;
+    p.set_table("user");
+    p.add_ids(1);
+    p.add_ids(2);
+    for (float v : g) p.add_gradients(v);
+    return p;
+  };
+  grpc::Status s = Push(push_of({1, 1, 1, 1, 1, 1}));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), testing::HasSubstr("dimension mismatch"));
+  s = Push(push_of({1, 1, 1, 1, 1, 1, NAN, 1}));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Push(push_of({1, 1, 1, 1, 1, 1, INFINITY, 1})).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+
+  v1::LookupRequest offsets = LookupOf({1, 2});
+  for (int o : {0, 2, 1}) offsets.add_offsets(o);
+  EXPECT_EQ(Lookup(offsets, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::LookupRequest weights = LookupOf({1, 2});
+  for (int o : {0, 2}) weights.add_offsets(o);
+  weights.add_weights(1.0f);
+  EXPECT_EQ(Lookup(weights, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  std::vector<int64_t> many(101, 1);
+  EXPECT_EQ(Lookup(LookupOf(many), &resp).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+  v1::LookupRequest stale = LookupOf({1});
+  stale.set_shard_map_version(6);
+  s = Lookup(stale, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), testing::HasSubstr("version 6"));
+
+  grpc::ClientContext late;
+  late.set_deadline(std::chrono::system_clock::now() - std::chrono::seconds(1));
+  EXPECT_EQ(stub_->Lookup(&late, LookupOf({1}), &resp).error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+
+  v1::LookupResponse after;
+  ASSERT_TRUE(Lookup(LookupOf({1, 2}), &after).ok());
+  EXPECT_EQ(std::vector<float>(after.values().begin(), after.values().end()),
+            std::vector<float>(before.values().begin(), before.values().end()));
+}
+
+TEST_F(ShardServiceTest, RefusesIdsOwnedByAnotherShard) {
+  Start(1, 3);
+  ASSERT_TRUE(Create(Config()).ok());
+  int64_t mine = 0, other = 0;
+  while (embedding::ShardOf(mine, 99, 3) != 1) ++mine;
+  while (embedding::ShardOf(other, 99, 3) == 1) ++other;
+  v1::LookupResponse resp;
+  EXPECT_TRUE(Lookup(LookupOf({mine}), &resp).ok());
+  grpc::Status s = Lookup(LookupOf({mine, other}), &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), testing::HasSubstr("refresh the shard map"));
+}
+
+TEST_F(ShardServiceTest, ServesGrpcHealth) {
+  Start(0, 1);
+  auto health = grpc::health::v1::Health::NewStub(channel_);
+  grpc::ClientContext ctx;
+  grpc::health::v1::HealthCheckRequest req;
+  grpc::health::v1::HealthCheckResponse resp;
+  ASSERT_TRUE(health->Check(&ctx, req, &resp).ok());
+  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
+}  // namespace
+}  // namespace tessera::server

@@ -1,0 +1,162 @@
+// Starts real tessera-shard processes on 127.0.0.1, talks to them over gRPC, and always
+// kills what it started.
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "embedding/collection.h"
+#include "embedding/sharding.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tessera/v1/embedding_service.grpc.pb.h"
+
+namespace {
+
+// A child process running tessera-shard; killed and reaped on destruction.
+class ShardProcess {
+ public:
+  ShardProcess(int index, int shards) {
+    // Built before fork: the child of a threaded process may only exec.
+    const std::string a = absl::StrCat("--shard_index=", index);
+    const std::string b = absl::StrCat("--num_shards=", shards);
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(fds[1], STDOUT_FILENO);
+      close(fds[0]);
+      close(fds[1]);
+      execl(TESSERA_SHARD_BIN, TESSERA_SHARD_BIN, "--port=0", a.c_str(), b.c_str(), nullptr);
+      _exit(127);
+    }
+    close(fds[1]);
+    // The first line is "tessera-shard i/n: listening on 127.0.0.1:PORT".
+    FILE* out = fdopen(fds[0], "r");
+    char line[256] = {0};
+    if (out != nullptr && fgets(line, sizeof(line), out) != nullptr) {
+      std::string s(line);
+      const size_t colon = s.rfind(':');
+      int port = 0;
+      if (colon != std::string::npos && absl::SimpleAtoi(s.substr(colon + 1), &port)) {
+        address_ = absl::StrCat("127.0.0.1:", port);
+      }
+    }
+    if (out != nullptr) fclose(out);
+  }
+  ~ShardProcess() { Kill(); }
+
+  void Kill() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+  }
+  const std::string& address() const { return address_; }
+
+ private:
+  pid_t pid_ = -1;
+  std::string address_;
+};
+
+tessera::v1::TableConfig Config() {
+  tessera::v1::TableConfig c;
+  c.set_name("user");
+  c.set_dim(8);
+  c.set_seed(4242);
+  c.mutable_optimizer()->set_type(tessera::v1::ADAGRAD);
+  c.mutable_optimizer()->set_learning_rate(0.1f);
+  return c;
+}
+
+TEST(ShardProcesses, TwoShardsServeTheirPartsAndADeadShardIsUnavailable) {
+  constexpr int kShards = 2;
+  std::vector<std::unique_ptr<ShardProcess>> procs;
+  std::vector<std::unique_ptr<tessera::v1::EmbeddingShard::Stub>> stubs;
+  for (int k = 0; k < kShards; ++k) {
+    procs.push_back(std::make_unique<ShardProcess>(k, kShards));
+    ASSERT_FALSE(procs[k]->address().empty()) << "shard " << k << " did not start";
+    auto channel = grpc::CreateChannel(procs[k]->address(), grpc::InsecureChannelCredentials());
+    // Wait on the health check, not on a sleep.
+    auto health = grpc::health::v1::Health::NewStub(channel);
+    grpc::ClientContext hctx;
+    hctx.set_wait_for_ready(true);
+    hctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::health::v1::HealthCheckResponse hresp;
+    ASSERT_TRUE(health->Check(&hctx, {}, &hresp).ok());
+    ASSERT_EQ(hresp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+    stubs.push_back(tessera::v1::EmbeddingShard::NewStub(channel));
+    grpc::ClientContext ctx;
+    tessera::v1::CreateTableRequest req;
+    *req.mutable_config() = Config();
+    tessera::v1::CreateTableResponse resp;
+    ASSERT_TRUE(stubs[k]->CreateTable(&ctx, req, &resp).ok());
+  }
+
+  auto reference = std::move(tessera::embedding::NewInProcessCollection(kShards)).value();
+  ASSERT_TRUE(reference->CreateTable(Config()).ok());
+  std::vector<int64_t> ids;
+  std::vector<float> grads;
+  for (int i = 0; i < 64; ++i) {
+    ids.push_back(i * 1000003);
+    for (int j = 0; j < 8; ++j) grads.push_back(0.01f * ((i + j) % 9 - 4));
+  }
+  ASSERT_TRUE(reference->PushGradients("user", ids, grads, 1).ok());
+
+  // Route by the shard map's function, push, then read back row by row.
+  for (int k = 0; k < kShards; ++k) {
+    tessera::v1::PushGradientsRequest push;
+    push.set_table("user");
+    push.set_step(1);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (tessera::embedding::ShardOf(ids[i], 4242, kShards) != k) continue;
+      push.add_ids(ids[i]);
+      for (int j = 0; j < 8; ++j) push.add_gradients(grads[i * 8 + j]);
+    }
+    grpc::ClientContext ctx;
+    tessera::v1::PushGradientsResponse resp;
+    ASSERT_TRUE(stubs[k]->PushGradients(&ctx, push, &resp).ok());
+    EXPECT_EQ(resp.rows_updated(), push.ids_size());
+  }
+  std::vector<float> want(ids.size() * 8);
+  ASSERT_TRUE(reference->Lookup("user", ids, absl::MakeSpan(want)).ok());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int k = tessera::embedding::ShardOf(ids[i], 4242, kShards);
+    tessera::v1::LookupRequest req;
+    req.set_table("user");
+    req.add_ids(ids[i]);
+    grpc::ClientContext ctx;
+    tessera::v1::LookupResponse resp;
+    ASSERT_TRUE(stubs[k]->Lookup(&ctx, req, &resp).ok());
+    ASSERT_EQ(std::vector<float>(resp.values().begin(), resp.values().end()),
+              std::vector<float>(want.begin() + i * 8, want.begin() + i * 8 + 8))
+        << "id " << ids[i];
+  }
+
+  // Kill shard 1: calls to it fail with UNAVAILABLE, shard 0 keeps serving.
+  procs[1]->Kill();
+  int64_t id0 = 0, id1 = 0;
+  while (tessera::embedding::ShardOf(id0, 4242, kShards) != 0) ++id0;
+  while (tessera::embedding::ShardOf(id1, 4242, kShards) != 1) ++id1;
+  tessera::v1::LookupRequest req;
+  req.set_table("user");
+  req.add_ids(id1);
+  grpc::ClientContext dead;
+  dead.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  tessera::v1::LookupResponse resp;
+  EXPECT_EQ(stubs[1]->Lookup(&dead, req, &resp).error_code(), grpc::StatusCode::UNAVAILABLE);
+  req.set_ids(0, id0);
+  grpc::ClientContext alive;
+  EXPECT_TRUE(stubs[0]->Lookup(&alive, req, &resp).ok());
+}
+
+}  // namespace
