@@ -1,16 +1,12 @@
 // Starts real tessera-shard processes on 127.0.0.1, talks to them over gRPC, and always
 // kills what it started.
 
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
+#include "tests/shard_process.h"
 
 #include <chrono>
-#include <cstdio>
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "embedding/collection.h"
 #include "embedding/sharding.h"
@@ -21,52 +17,7 @@
 
 namespace {
 
-// A child process running tessera-shard; killed and reaped on destruction.
-class ShardProcess {
- public:
-  ShardProcess(int index, int shards) {
-    // Built before fork: the child of a threaded process may only exec.
-    const std::string a = absl::StrCat("--shard_index=", index);
-    const std::string b = absl::StrCat("--num_shards=", shards);
-    int fds[2];
-    if (pipe(fds) != 0) return;
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(fds[1], STDOUT_FILENO);
-      close(fds[0]);
-      close(fds[1]);
-      execl(TESSERA_SHARD_BIN, TESSERA_SHARD_BIN, "--port=0", a.c_str(), b.c_str(), nullptr);
-      _exit(127);
-    }
-    close(fds[1]);
-    // The first line is "tessera-shard i/n: listening on 127.0.0.1:PORT".
-    FILE* out = fdopen(fds[0], "r");
-    char line[256] = {0};
-    if (out != nullptr && fgets(line, sizeof(line), out) != nullptr) {
-      std::string s(line);
-      const size_t colon = s.rfind(':');
-      int port = 0;
-      if (colon != std::string::npos && absl::SimpleAtoi(s.substr(colon + 1), &port)) {
-        address_ = absl::StrCat("127.0.0.1:", port);
-      }
-    }
-    if (out != nullptr) fclose(out);
-  }
-  ~ShardProcess() { Kill(); }
-
-  void Kill() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-      pid_ = -1;
-    }
-  }
-  const std::string& address() const { return address_; }
-
- private:
-  pid_t pid_ = -1;
-  std::string address_;
-};
+using tessera::testing::ShardProcess;
 
 tessera::v1::TableConfig Config() {
   tessera::v1::TableConfig c;

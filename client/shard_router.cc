@@ -1,0 +1,239 @@
+#include "client/shard_router.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "embedding/batch_ops.h"
+#include "embedding/sharding.h"
+#include "grpcpp/grpcpp.h"
+
+namespace tessera::client {
+namespace {
+
+// Positions [0, n) of `ids` grouped by shard.
+std::vector<std::vector<int32_t>> GroupByShard(absl::Span<const int64_t> ids, uint64_t seed,
+                                               int shards) {
+  std::vector<std::vector<int32_t>> groups(shards);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    groups[embedding::ShardOf(ids[i], seed, shards)].push_back(static_cast<int32_t>(i));
+  }
+  return groups;
+}
+
+}  // namespace
+
+absl::Status FromShardStatus(const grpc::Status& status, int shard, const std::string& address) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat("shard ", shard, " (", address, "): ", status.error_message()));
+}
+
+ShardRouter::ShardRouter(std::vector<std::string> addresses, const RouterOptions& options)
+    : addresses_(std::move(addresses)), options_(options) {
+  for (const std::string& address : addresses_) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(options_.max_message_bytes);
+    args.SetMaxSendMessageSize(options_.max_message_bytes);
+    stubs_.push_back(v1::EmbeddingShard::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+  }
+}
+
+std::unique_ptr<grpc::ClientContext> ShardRouter::NewContext() const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() + options_.deadline);
+  return ctx;
+}
+
+absl::Status ShardRouter::CreateTable(const v1::TableConfig& config) {
+  for (int k = 0; k < num_shards(); ++k) {
+    auto ctx = NewContext();
+    v1::CreateTableRequest req;
+    *req.mutable_config() = config;
+    v1::CreateTableResponse resp;
+    absl::Status s =
+        FromShardStatus(stubs_[k]->CreateTable(ctx.get(), req, &resp), k, addresses_[k]);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardRouter::Lookup(const v1::TableConfig& config, absl::Span<const int64_t> ids,
+                                 absl::Span<float> out, bool read_only) {
+  const int dim = config.dim();
+  std::vector<int64_t> unique;
+  std::vector<int32_t> inverse;
+  embedding::Unique(ids, &unique, &inverse);
+  const auto groups = GroupByShard(unique, config.seed(), num_shards());
+  std::vector<v1::LookupRequest> reqs(num_shards());
+  std::vector<v1::LookupResponse> resps(num_shards());
+  std::vector<grpc::Status> statuses(num_shards());
+  std::vector<std::unique_ptr<grpc::ClientContext>> ctxs(num_shards());
+  int calls = 0;
+  for (int k = 0; k < num_shards(); ++k) calls += !groups[k].empty();
+  absl::BlockingCounter done(calls);
+  for (int k = 0; k < num_shards(); ++k) {
+    if (groups[k].empty()) continue;
+    reqs[k].set_table(config.name());
+    reqs[k].set_read_only(read_only);
+    reqs[k].set_shard_map_version(options_.shard_map_version);
+    reqs[k].mutable_ids()->Reserve(groups[k].size());
+    for (int32_t u : groups[k]) reqs[k].add_ids(unique[u]);
+    ctxs[k] = NewContext();
+    stubs_[k]->async()->Lookup(ctxs[k].get(), &reqs[k], &resps[k], [&, k](grpc::Status s) {
+      statuses[k] = std::move(s);
+      done.DecrementCount();
+    });
+  }
+  done.Wait();
+  std::vector<float> rows(unique.size() * dim);
+  for (int k = 0; k < num_shards(); ++k) {
+    if (groups[k].empty()) continue;
+    if (!statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
+    if (resps[k].values_size() != static_cast<int>(groups[k].size()) * dim) {
+      return absl::InternalError(absl::StrCat("shard ", k, " (", addresses_[k], ") returned ",
+                                              resps[k].values_size(), " floats, expected ",
+                                              groups[k].size() * dim));
+    }
+    for (size_t j = 0; j < groups[k].size(); ++j) {
+      std::copy_n(resps[k].values().data() + j * dim, dim,
+                  rows.data() + static_cast<size_t>(groups[k][j]) * dim);
+    }
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::copy_n(rows.data() + static_cast<size_t>(inverse[i]) * dim, dim, out.data() + i * dim);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardRouter::PooledLookup(const v1::TableConfig& config, absl::Span<const int64_t> ids,
+                                       absl::Span<const int32_t> offsets,
+                                       absl::Span<const float> weights, v1::Pooling pooling,
+                                       absl::Span<float> out, bool read_only) {
+  const int dim = config.dim();
+  const int bags = static_cast<int>(offsets.size()) - 1;
+  std::vector<v1::LookupRequest> reqs(num_shards());
+  for (int k = 0; k < num_shards(); ++k) {
+    reqs[k].set_table(config.name());
+    reqs[k].set_read_only(read_only);
+    reqs[k].set_shard_map_version(options_.shard_map_version);
+    reqs[k].set_pooling(v1::SUM);  // MEAN is applied here, over the whole bag
+    reqs[k].add_offsets(0);
+  }
+  std::vector<int32_t> shard_of(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    shard_of[i] = embedding::ShardOf(ids[i], config.seed(), num_shards());
+  }
+  for (int b = 0; b < bags; ++b) {
+    for (int32_t i = offsets[b]; i < offsets[b + 1]; ++i) {
+      v1::LookupRequest& r = reqs[shard_of[i]];
+      r.add_ids(ids[i]);
+      if (!weights.empty()) r.add_weights(weights[i]);
+    }
+    for (auto& r : reqs) r.add_offsets(r.ids_size());
+  }
+  std::vector<v1::LookupResponse> resps(num_shards());
+  std::vector<grpc::Status> statuses(num_shards());
+  std::vector<std::unique_ptr<grpc::ClientContext>> ctxs(num_shards());
+  int calls = 0;
+  for (int k = 0; k < num_shards(); ++k) calls += reqs[k].ids_size() > 0;
+  absl::BlockingCounter done(calls);
+  for (int k = 0; k < num_shards(); ++k) {
+    if (reqs[k].ids_size() == 0) continue;
+    ctxs[k] = NewContext();
+    stubs_[k]->async()->Lookup(ctxs[k].get(), &reqs[k], &resps[k], [&, k](grpc::Status s) {
+      statuses[k] = std::move(s);
+      done.DecrementCount();
+    });
+  }
+  done.Wait();
+  std::fill(out.begin(), out.end(), 0.0f);
+  for (int k = 0; k < num_shards(); ++k) {
+    if (reqs[k].ids_size() == 0) continue;
+    if (!statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
+    if (resps[k].values_size() != bags * dim) {
+      return absl::InternalError(absl::StrCat("shard ", k, " (", addresses_[k], ") returned ",
+                                              resps[k].values_size(), " floats, expected ",
+                                              bags * dim));
+    }
+    for (int j = 0; j < bags * dim; ++j) out[j] += resps[k].values(j);
+  }
+  if (pooling == v1::MEAN) {
+    for (int b = 0; b < bags; ++b) {
+      const int n = offsets[b + 1] - offsets[b];
+      if (n == 0) continue;
+      for (int j = 0; j < dim; ++j) out[b * dim + j] /= static_cast<float>(n);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> ShardRouter::PushGradients(const v1::TableConfig& config,
+                                                   absl::Span<const int64_t> ids,
+                                                   absl::Span<const float> gradients,
+                                                   int64_t step) {
+  const int dim = config.dim();
+  for (size_t i = 0; i < gradients.size(); ++i) {
+    if (!std::isfinite(gradients[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table '", config.name(), "': gradient for id ", ids[i / dim], " (position ",
+                       i / dim, ", column ", i % dim, ") is ", gradients[i], "; batch rejected"));
+    }
+  }
+  std::vector<int64_t> unique;
+  std::vector<int32_t> inverse;
+  embedding::Unique(ids, &unique, &inverse);
+  std::vector<float> summed(unique.size() * dim, 0.0f);
+  embedding::SumRowsByInverse(gradients.data(), dim, inverse, summed.data());
+  const auto groups = GroupByShard(unique, config.seed(), num_shards());
+  std::vector<v1::PushGradientsRequest> reqs(num_shards());
+  std::vector<v1::PushGradientsResponse> resps(num_shards());
+  std::vector<grpc::Status> statuses(num_shards());
+  std::vector<std::unique_ptr<grpc::ClientContext>> ctxs(num_shards());
+  int calls = 0;
+  for (int k = 0; k < num_shards(); ++k) calls += !groups[k].empty();
+  absl::BlockingCounter done(calls);
+  for (int k = 0; k < num_shards(); ++k) {
+    if (groups[k].empty()) continue;
+    v1::PushGradientsRequest& r = reqs[k];
+    r.set_table(config.name());
+    r.set_step(step);
+    r.set_shard_map_version(options_.shard_map_version);
+    r.mutable_ids()->Reserve(groups[k].size());
+    r.mutable_gradients()->Reserve(groups[k].size() * dim);
+    for (int32_t u : groups[k]) {
+      r.add_ids(unique[u]);
+      for (int j = 0; j < dim; ++j) r.add_gradients(summed[static_cast<size_t>(u) * dim + j]);
+    }
+    ctxs[k] = NewContext();
+    stubs_[k]->async()->PushGradients(ctxs[k].get(), &reqs[k], &resps[k], [&, k](grpc::Status s) {
+      statuses[k] = std::move(s);
+      done.DecrementCount();
+    });
+  }
+  done.Wait();
+  int64_t updated = 0;
+  for (int k = 0; k < num_shards(); ++k) {
+    if (groups[k].empty()) continue;
+    if (!statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
+    updated += resps[k].rows_updated();
+  }
+  return updated;
+}
+
+absl::StatusOr<std::vector<v1::TableStats>> ShardRouter::Stats(const std::string& table) {
+  std::vector<v1::TableStats> out;
+  for (int k = 0; k < num_shards(); ++k) {
+    auto ctx = NewContext();
+    v1::StatsRequest req;
+    req.set_table(table);
+    v1::StatsResponse resp;
+    absl::Status s = FromShardStatus(stubs_[k]->Stats(ctx.get(), req, &resp), k, addresses_[k]);
+    if (!s.ok()) return s;
+    for (const auto& t : resp.tables()) out.push_back(t);
+  }
+  return out;
+}
+
+}  // namespace tessera::client

@@ -1,0 +1,67 @@
+#ifndef TESSERA_CLIENT_SHARD_ROUTER_H_
+#define TESSERA_CLIENT_SHARD_ROUTER_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "tessera/v1/embedding_service.grpc.pb.h"
+
+namespace tessera::client {
+
+struct RouterOptions {
+  std::chrono::milliseconds deadline{10000};  // per shard call
+  int max_message_bytes = 256 << 20;          // gRPC send/receive limit per channel
+  uint64_t shard_map_version = 1;             // stamped on every shard request
+};
+
+// The grpc::Status of a shard call as an absl::Status naming the shard.
+absl::Status FromShardStatus(const grpc::Status& status, int shard, const std::string& address);
+
+// Talks to every shard of a shard map: deduplicates a batch, splits it by ShardOf(),
+// calls the shards in parallel and merges their answers in the caller's order. Pooled
+// lookups send each shard its ids of every bag and add up the partial sums, so only
+// pooled vectors travel. Used by the coordinator and by the smart client.
+// Thread-safe.
+class ShardRouter {
+ public:
+  ShardRouter(std::vector<std::string> addresses, const RouterOptions& options);
+
+  int num_shards() const { return static_cast<int>(addresses_.size()); }
+  const std::vector<std::string>& addresses() const { return addresses_; }
+
+  // Creates `config` on every shard. The first failure is returned.
+  absl::Status CreateTable(const v1::TableConfig& config);
+
+  // out: (ids, dim).
+  absl::Status Lookup(const v1::TableConfig& config, absl::Span<const int64_t> ids,
+                      absl::Span<float> out, bool read_only);
+
+  // out: (bags, dim). Offsets and weights must have been validated.
+  absl::Status PooledLookup(const v1::TableConfig& config, absl::Span<const int64_t> ids,
+                            absl::Span<const int32_t> offsets, absl::Span<const float> weights,
+                            v1::Pooling pooling, absl::Span<float> out, bool read_only);
+
+  // Sums repeated ids, checks every value is finite, then pushes each shard its rows.
+  // Returns the distinct rows updated.
+  absl::StatusOr<int64_t> PushGradients(const v1::TableConfig& config,
+                                        absl::Span<const int64_t> ids,
+                                        absl::Span<const float> gradients, int64_t step);
+
+  // Every shard's stats for `table` (empty = all).
+  absl::StatusOr<std::vector<v1::TableStats>> Stats(const std::string& table);
+
+ private:
+  std::unique_ptr<grpc::ClientContext> NewContext() const;
+
+  std::vector<std::string> addresses_;
+  RouterOptions options_;
+  std::vector<std::unique_ptr<v1::EmbeddingShard::Stub>> stubs_;
+};
+
+}  // namespace tessera::client
+
+#endif  // TESSERA_CLIENT_SHARD_ROUTER_H_

@@ -1,0 +1,52 @@
+#ifndef TESSERA_SERVER_COORDINATOR_SERVICE_H_
+#define TESSERA_SERVER_COORDINATOR_SERVICE_H_
+
+#include <map>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "client/shard_router.h"
+#include "tessera/v1/embedding_service.grpc.pb.h"
+
+namespace tessera::server {
+
+struct CoordinatorOptions {
+  int64_t max_batch_ids = 1 << 20;  // ids per request; more is RESOURCE_EXHAUSTED
+};
+
+// The Coordinator gRPC service: owns table configs and the versioned shard map, checks
+// requests, and hands routing to a ShardRouter. Thread-safe.
+class CoordinatorService final : public v1::Coordinator::Service {
+ public:
+  // `router` must outlive the service.
+  CoordinatorService(client::ShardRouter* router, uint64_t shard_map_version,
+                     const CoordinatorOptions& options);
+
+  grpc::Status CreateTable(grpc::ServerContext* context, const v1::CreateTableRequest* request,
+                           v1::CreateTableResponse* response) override;
+  grpc::Status ListTables(grpc::ServerContext* context, const v1::ListTablesRequest* request,
+                          v1::ListTablesResponse* response) override;
+  grpc::Status GetShardMap(grpc::ServerContext* context, const v1::GetShardMapRequest* request,
+                           v1::ShardMap* response) override;
+  grpc::Status Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
+                      v1::LookupResponse* response) override;
+  grpc::Status PushGradients(grpc::ServerContext* context, const v1::PushGradientsRequest* request,
+                             v1::PushGradientsResponse* response) override;
+  grpc::Status Stats(grpc::ServerContext* context, const v1::StatsRequest* request,
+                     v1::StatsResponse* response) override;
+
+ private:
+  absl::StatusOr<v1::TableConfig> Config(const std::string& table) const;
+  absl::Status CheckBatch(const std::string& table, int ids) const;
+
+  client::ShardRouter* router_;
+  const uint64_t version_;
+  const CoordinatorOptions options_;
+  mutable absl::Mutex mu_;
+  absl::Mutex create_mu_;  // one CreateTable at a time, so shards agree on configs
+  std::map<std::string, v1::TableConfig> configs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tessera::server
+
+#endif  // TESSERA_SERVER_COORDINATOR_SERVICE_H_

@@ -1,0 +1,80 @@
+#ifndef TESSERA_TESTS_SHARD_PROCESS_H_
+#define TESSERA_TESTS_SHARD_PROCESS_H_
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+
+namespace tessera::testing {
+
+// A child process running tessera-shard; killed and reaped on destruction.
+class ShardProcess {
+ public:
+  ShardProcess(int index, int shards) {
+    // Built before fork: the child of a threaded process may only exec.
+    const std::string a = absl::StrCat("--shard_index=", index);
+    const std::string b = absl::StrCat("--num_shards=", shards);
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(fds[1], STDOUT_FILENO);
+      close(fds[0]);
+      close(fds[1]);
+      execl(TESSERA_SHARD_BIN, TESSERA_SHARD_BIN, "--port=0", a.c_str(), b.c_str(), nullptr);
+      _exit(127);
+    }
+    close(fds[1]);
+    // The first line is "tessera-shard i/n: listening on 127.0.0.1:PORT".
+    FILE* out = fdopen(fds[0], "r");
+    char line[256] = {0};
+    if (out != nullptr && fgets(line, sizeof(line), out) != nullptr) {
+      std::string s(line);
+      const size_t colon = s.rfind(':');
+      int port = 0;
+      if (colon != std::string::npos && absl::SimpleAtoi(s.substr(colon + 1), &port)) {
+        address_ = absl::StrCat("127.0.0.1:", port);
+      }
+    }
+    if (out != nullptr) fclose(out);
+  }
+  ~ShardProcess() { Kill(); }
+
+  void Kill() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+  }
+  const std::string& address() const { return address_; }
+
+ private:
+  pid_t pid_ = -1;
+  std::string address_;
+};
+
+// Waits (bounded) until the server at `address` answers its health check as SERVING.
+inline bool WaitHealthy(const std::string& address, int seconds = 10) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_wait_for_ready(true);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
+  grpc::health::v1::HealthCheckResponse resp;
+  return health->Check(&ctx, {}, &resp).ok() &&
+         resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+}
+
+}  // namespace tessera::testing
+
+#endif  // TESSERA_TESTS_SHARD_PROCESS_H_
