@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -16,13 +17,17 @@
 
 namespace tessera::testing {
 
-// A child process running tessera-shard; killed and reaped on destruction.
-class ShardProcess {
+// A child server process (tessera-shard, tessera-coordinator) started with --port=0;
+// its first stdout line ends in the port it picked. Killed and reaped on destruction.
+class ServerProcess {
  public:
-  ShardProcess(int index, int shards) {
-    // Built before fork: the child of a threaded process may only exec.
-    const std::string a = absl::StrCat("--shard_index=", index);
-    const std::string b = absl::StrCat("--num_shards=", shards);
+  ServerProcess(const std::string& binary, std::vector<std::string> args) {
+    // Everything is built before fork: the child of a threaded process may only exec.
+    args.insert(args.begin(), "--port=0");
+    args.insert(args.begin(), binary);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
     int fds[2];
     if (pipe(fds) != 0) return;
     pid_ = fork();
@@ -30,11 +35,10 @@ class ShardProcess {
       dup2(fds[1], STDOUT_FILENO);
       close(fds[0]);
       close(fds[1]);
-      execl(TESSERA_SHARD_BIN, TESSERA_SHARD_BIN, "--port=0", a.c_str(), b.c_str(), nullptr);
+      execv(binary.c_str(), argv.data());
       _exit(127);
     }
     close(fds[1]);
-    // The first line is "tessera-shard i/n: listening on 127.0.0.1:PORT".
     FILE* out = fdopen(fds[0], "r");
     char line[256] = {0};
     if (out != nullptr && fgets(line, sizeof(line), out) != nullptr) {
@@ -47,7 +51,7 @@ class ShardProcess {
     }
     if (out != nullptr) fclose(out);
   }
-  ~ShardProcess() { Kill(); }
+  ~ServerProcess() { Kill(); }
 
   void Kill() {
     if (pid_ > 0) {
@@ -56,12 +60,23 @@ class ShardProcess {
       pid_ = -1;
     }
   }
+  // 127.0.0.1:PORT, or empty when the process did not start.
   const std::string& address() const { return address_; }
 
  private:
   pid_t pid_ = -1;
   std::string address_;
 };
+
+#ifdef TESSERA_SHARD_BIN
+// Shard `index` of `shards`.
+class ShardProcess : public ServerProcess {
+ public:
+  ShardProcess(int index, int shards)
+      : ServerProcess(TESSERA_SHARD_BIN, {absl::StrCat("--shard_index=", index),
+                                          absl::StrCat("--num_shards=", shards)}) {}
+};
+#endif
 
 // Waits (bounded) until the server at `address` answers its health check as SERVING.
 inline bool WaitHealthy(const std::string& address, int seconds = 10) {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "client/embedding_client.h"
 #include "embedding/collection.h"
 #include "embedding/optimizer.h"
 #include "embedding/status.h"
@@ -41,6 +42,12 @@ ABSL_FLAG(double, dense_lr, 2e-3, "dense learning rate");
 ABSL_FLAG(double, init_scale, 0.05, "embedding rows start U(-init_scale, init_scale)");
 ABSL_FLAG(int64_t, max_rows, 0, "row budget per table (0 = unlimited)");
 ABSL_FLAG(std::string, shards, "inproc:4", "where the tables live: inproc:N");
+ABSL_FLAG(
+    std::string, coordinator, "",
+    "host:port of a tessera-coordinator; tables then live on its shards (overrides --shards)");
+ABSL_FLAG(std::string, client_mode, "smart",
+          "with --coordinator: 'smart' (talk to shards directly) or 'coordinator' (every call "
+          "through the coordinator)");
 ABSL_FLAG(uint64_t, seed, 1, "seed of data, tables and model");
 ABSL_FLAG(std::string, metrics_out, "", "write metrics as JSON Lines to this file");
 ABSL_FLAG(int64_t, log_every, 100, "steps between progress lines (0 = none)");
@@ -101,9 +108,28 @@ absl::Status Run() {
   model.seed = seed;
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<DenseBackend> dense, NewCpuDenseBackend(model));
 
-  TESSERA_ASSIGN_OR_RETURN(int shards, ParseShards(absl::GetFlag(FLAGS_shards)));
-  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<embedding::EmbeddingCollection> tables,
-                           embedding::NewInProcessCollection(shards));
+  std::unique_ptr<embedding::EmbeddingCollection> tables;
+  std::string where;
+  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (coordinator.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(int shards, ParseShards(absl::GetFlag(FLAGS_shards)));
+    TESSERA_ASSIGN_OR_RETURN(tables, embedding::NewInProcessCollection(shards));
+    where = absl::StrCat(shards, " in-process shards");
+  } else {
+    client::ClientOptions co;
+    const std::string mode = absl::GetFlag(FLAGS_client_mode);
+    if (mode == "smart") {
+      co.mode = client::ClientOptions::Mode::kSmart;
+    } else if (mode == "coordinator") {
+      co.mode = client::ClientOptions::Mode::kCoordinator;
+    } else {
+      return absl::InvalidArgumentError("--client_mode must be smart or coordinator");
+    }
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<client::EmbeddingClient> remote,
+                             client::EmbeddingClient::Connect(coordinator, co));
+    where = absl::StrCat(remote->num_shards(), " shards via ", coordinator, " (", mode, " client)");
+    tables = std::move(remote);
+  }
 
   v1::TableConfig table;
   table.set_dim(model.emb_dim);
@@ -184,8 +210,8 @@ absl::Status Run() {
     std::printf("data: %s, %d epoch(s), batches of %d, %d held out\n", data.c_str(), co.epochs,
                 batch_size, held_out.size);
   }
-  std::printf("model: dlrm on %s, emb_dim %d, tables on %d in-process shards, optimizer %s\n",
-              dense->name().c_str(), model.emb_dim, shards, embedding::OptimizerName(opt).c_str());
+  std::printf("model: dlrm on %s, emb_dim %d, tables on %s, optimizer %s\n", dense->name().c_str(),
+              model.emb_dim, where.c_str(), embedding::OptimizerName(opt).c_str());
   std::fflush(stdout);
 
   TESSERA_ASSIGN_OR_RETURN(TrainResult result, trainer.Train(source.get(), steps));

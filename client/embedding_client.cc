@@ -1,0 +1,246 @@
+#include "client/embedding_client.h"
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "embedding/batch_ops.h"
+#include "embedding/status.h"
+#include "grpcpp/grpcpp.h"
+
+namespace tessera::client {
+namespace {
+
+absl::Status FromCoordinator(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EmbeddingClient>> EmbeddingClient::Connect(
+    const std::string& address, const ClientOptions& options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  if (!channel->WaitForConnected(std::chrono::system_clock::now() + options.deadline)) {
+    return absl::UnavailableError(absl::StrCat("coordinator ", address, " not reachable within ",
+                                               options.deadline.count(), " ms"));
+  }
+  std::unique_ptr<EmbeddingClient> c(new EmbeddingClient(channel, options));
+  TESSERA_RETURN_IF_ERROR(c->RefreshShardMap());
+  return c;
+}
+
+EmbeddingClient::EmbeddingClient(std::shared_ptr<grpc::Channel> channel,
+                                 const ClientOptions& options)
+    : options_(options), coordinator_(v1::Coordinator::NewStub(channel)) {}
+
+std::unique_ptr<grpc::ClientContext> EmbeddingClient::NewContext() const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() + options_.deadline);
+  return ctx;
+}
+
+absl::Status EmbeddingClient::WithRetries(const std::function<absl::Status()>& call) const {
+  auto backoff = options_.initial_backoff;
+  for (int attempt = 0;; ++attempt) {
+    absl::Status s = call();
+    if (s.code() != absl::StatusCode::kUnavailable || attempt >= options_.max_retries) return s;
+    std::this_thread::sleep_for(backoff);
+    backoff *= 2;
+  }
+}
+
+absl::Status EmbeddingClient::RefreshShardMap() {
+  v1::ShardMap map;
+  TESSERA_RETURN_IF_ERROR(WithRetries([&] {
+    auto ctx = NewContext();
+    return FromCoordinator(coordinator_->GetShardMap(ctx.get(), {}, &map));
+  }));
+  std::vector<std::string> addresses;
+  for (const auto& s : map.shards()) addresses.push_back(s.address());
+  absl::MutexLock lock(&mu_);
+  num_shards_ = map.shards_size();
+  if (options_.mode == ClientOptions::Mode::kSmart) {
+    RouterOptions ro;
+    ro.deadline = options_.deadline;
+    ro.max_message_bytes = options_.max_message_bytes;
+    ro.shard_map_version = map.version();
+    router_ = std::make_shared<ShardRouter>(addresses, ro);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingClient::OnShards(const std::function<absl::Status(ShardRouter&)>& call) {
+  for (int attempt = 0;; ++attempt) {
+    std::shared_ptr<ShardRouter> router;
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      router = router_;
+    }
+    absl::Status s = WithRetries([&] { return call(*router); });
+    // A stale shard map: fetch the new one and try once more.
+    if (s.code() != absl::StatusCode::kFailedPrecondition || attempt > 0) return s;
+    TESSERA_RETURN_IF_ERROR(RefreshShardMap());
+  }
+}
+
+absl::Status EmbeddingClient::CreateTable(const v1::TableConfig& config) {
+  TESSERA_RETURN_IF_ERROR(WithRetries([&] {
+    auto ctx = NewContext();
+    v1::CreateTableRequest req;
+    *req.mutable_config() = config;
+    v1::CreateTableResponse resp;
+    return FromCoordinator(coordinator_->CreateTable(ctx.get(), req, &resp));
+  }));
+  absl::MutexLock lock(&mu_);
+  configs_[config.name()] = config;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::TableConfig>> EmbeddingClient::ListTables() const {
+  v1::ListTablesResponse resp;
+  TESSERA_RETURN_IF_ERROR(WithRetries([&] {
+    resp.Clear();
+    auto ctx = NewContext();
+    return FromCoordinator(coordinator_->ListTables(ctx.get(), {}, &resp));
+  }));
+  std::vector<v1::TableConfig> out(resp.tables().begin(), resp.tables().end());
+  absl::MutexLock lock(&mu_);
+  for (const auto& t : out) configs_[t.name()] = t;
+  return out;
+}
+
+absl::StatusOr<v1::TableConfig> EmbeddingClient::Config(absl::string_view table) const {
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = configs_.find(table);
+    if (it != configs_.end()) return it->second;
+  }
+  TESSERA_RETURN_IF_ERROR(ListTables().status());
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = configs_.find(table);
+  if (it == configs_.end()) {
+    return absl::NotFoundError(absl::StrCat("table '", table, "' not found"));
+  }
+  return it->second;
+}
+
+absl::Status EmbeddingClient::Request(absl::string_view table, const v1::LookupRequest& req,
+                                      absl::Span<float> out) {
+  return WithRetries([&] {
+    auto ctx = NewContext();
+    v1::LookupResponse resp;
+    absl::Status s = FromCoordinator(coordinator_->Lookup(ctx.get(), req, &resp));
+    if (!s.ok()) return s;
+    if (static_cast<size_t>(resp.values_size()) != out.size()) {
+      return absl::InternalError(absl::StrCat("table '", table, "': coordinator returned ",
+                                              resp.values_size(), " floats, expected ",
+                                              out.size()));
+    }
+    std::copy(resp.values().begin(), resp.values().end(), out.begin());
+    return absl::OkStatus();
+  });
+}
+
+absl::Status EmbeddingClient::Lookup(absl::string_view table, absl::Span<const int64_t> ids,
+                                     absl::Span<float> out,
+                                     const embedding::LookupOptions& options) {
+  TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(table));
+  if (out.size() != ids.size() * config.dim()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table '", table, "': dimension mismatch: output has ", out.size(), " floats, expected ",
+        ids.size() * config.dim(), " (", ids.size(), " ids x dim ", config.dim(), ")"));
+  }
+  if (options_.mode == ClientOptions::Mode::kSmart) {
+    return OnShards([&](ShardRouter& router) {
+      return router.Lookup(config, ids, out, !options.insert_missing);
+    });
+  }
+  v1::LookupRequest req;
+  req.set_table(std::string(table));
+  req.set_read_only(!options.insert_missing);
+  req.mutable_ids()->Add(ids.begin(), ids.end());
+  return Request(table, req, out);
+}
+
+absl::Status EmbeddingClient::PooledLookup(absl::string_view table, absl::Span<const int64_t> ids,
+                                           absl::Span<const int32_t> offsets,
+                                           absl::Span<const float> weights, v1::Pooling pooling,
+                                           absl::Span<float> out,
+                                           const embedding::LookupOptions& options) {
+  TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(table));
+  TESSERA_RETURN_IF_ERROR(Annotate(embedding::ValidateBags(ids.size(), offsets, weights.size()),
+                                   absl::StrCat("table '", table, "'")));
+  const size_t bags = offsets.size() - 1;
+  if (out.size() != bags * config.dim()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table '", table, "': dimension mismatch: output has ", out.size(), " floats, expected ",
+        bags * config.dim(), " (", bags, " bags x dim ", config.dim(), ")"));
+  }
+  if (options_.mode == ClientOptions::Mode::kSmart) {
+    return OnShards([&](ShardRouter& router) {
+      return router.PooledLookup(config, ids, offsets, weights, pooling, out,
+                                 !options.insert_missing);
+    });
+  }
+  v1::LookupRequest req;
+  req.set_table(std::string(table));
+  req.set_read_only(!options.insert_missing);
+  req.set_pooling(pooling);
+  req.mutable_ids()->Add(ids.begin(), ids.end());
+  req.mutable_offsets()->Add(offsets.begin(), offsets.end());
+  req.mutable_weights()->Add(weights.begin(), weights.end());
+  return Request(table, req, out);
+}
+
+absl::Status EmbeddingClient::PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
+                                            absl::Span<const float> gradients, int64_t step) {
+  TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(table));
+  if (gradients.size() != ids.size() * config.dim()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table '", table, "': dimension mismatch: gradients has ", gradients.size(),
+                     " floats, expected ", ids.size() * config.dim(), " (", ids.size(),
+                     " ids x dim ", config.dim(), ")"));
+  }
+  if (options_.mode == ClientOptions::Mode::kSmart) {
+    return OnShards([&](ShardRouter& router) {
+      return router.PushGradients(config, ids, gradients, step).status();
+    });
+  }
+  v1::PushGradientsRequest req;
+  req.set_table(std::string(table));
+  req.set_step(step);
+  req.mutable_ids()->Add(ids.begin(), ids.end());
+  req.mutable_gradients()->Add(gradients.begin(), gradients.end());
+  return WithRetries([&] {
+    auto ctx = NewContext();
+    v1::PushGradientsResponse resp;
+    return FromCoordinator(coordinator_->PushGradients(ctx.get(), req, &resp));
+  });
+}
+
+absl::StatusOr<embedding::TableUsage> EmbeddingClient::Usage(absl::string_view table) const {
+  v1::StatsResponse resp;
+  TESSERA_RETURN_IF_ERROR(WithRetries([&] {
+    resp.Clear();
+    auto ctx = NewContext();
+    v1::StatsRequest req;
+    req.set_table(std::string(table));
+    return FromCoordinator(coordinator_->Stats(ctx.get(), req, &resp));
+  }));
+  embedding::TableUsage usage;
+  for (const auto& t : resp.tables()) {
+    usage.rows += t.rows();
+    usage.memory_bytes += t.memory_bytes();
+  }
+  return usage;
+}
+
+int EmbeddingClient::num_shards() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return num_shards_;
+}
+
+}  // namespace tessera::client

@@ -1,0 +1,74 @@
+#ifndef TESSERA_CLIENT_EMBEDDING_CLIENT_H_
+#define TESSERA_CLIENT_EMBEDDING_CLIENT_H_
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "client/shard_router.h"
+#include "embedding/collection.h"
+#include "tessera/v1/embedding_service.grpc.pb.h"
+
+namespace tessera::client {
+
+struct ClientOptions {
+  // kCoordinator sends everything to the coordinator; kSmart fetches the shard map and
+  // talks to the shards directly on the hot path (one hop instead of two).
+  enum class Mode { kCoordinator, kSmart };
+  Mode mode = Mode::kCoordinator;
+  std::chrono::milliseconds deadline{10000};      // per call
+  int max_retries = 4;                            // retries of UNAVAILABLE calls
+  std::chrono::milliseconds initial_backoff{50};  // doubled after each retry
+  int max_message_bytes = 256 << 20;              // gRPC send/receive limit
+};
+
+// The remote EmbeddingCollection: the trainer and tools use it exactly like the in-process
+// one. Calls that fail with UNAVAILABLE are retried with exponential backoff; in smart
+// mode a FAILED_PRECONDITION (stale shard map) refreshes the map and retries once.
+// Thread-safe.
+class EmbeddingClient final : public embedding::EmbeddingCollection {
+ public:
+  // Connects to the coordinator at `address` (host:port) and, in smart mode, fetches the
+  // shard map. UNAVAILABLE when the coordinator cannot be reached within the deadline.
+  static absl::StatusOr<std::unique_ptr<EmbeddingClient>> Connect(const std::string& address,
+                                                                  const ClientOptions& options);
+
+  absl::Status CreateTable(const v1::TableConfig& config) override;
+  absl::StatusOr<std::vector<v1::TableConfig>> ListTables() const override;
+  absl::Status Lookup(absl::string_view table, absl::Span<const int64_t> ids, absl::Span<float> out,
+                      const embedding::LookupOptions& options) override;
+  absl::Status PooledLookup(absl::string_view table, absl::Span<const int64_t> ids,
+                            absl::Span<const int32_t> offsets, absl::Span<const float> weights,
+                            v1::Pooling pooling, absl::Span<float> out,
+                            const embedding::LookupOptions& options) override;
+  absl::Status PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
+                             absl::Span<const float> gradients, int64_t step) override;
+  absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override;
+  int num_shards() const override;
+
+ private:
+  EmbeddingClient(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options);
+
+  std::unique_ptr<grpc::ClientContext> NewContext() const;
+  // Runs `call` until it succeeds, fails with a code retrying cannot fix, or retries run out.
+  absl::Status WithRetries(const std::function<absl::Status()>& call) const;
+  absl::Status RefreshShardMap();
+  // Smart mode: runs `call` on the current router, with retries and one map refresh.
+  absl::Status OnShards(const std::function<absl::Status(ShardRouter&)>& call);
+  absl::StatusOr<v1::TableConfig> Config(absl::string_view table) const;
+  absl::Status Request(absl::string_view table, const v1::LookupRequest& req,
+                       absl::Span<float> out);
+
+  ClientOptions options_;
+  std::unique_ptr<v1::Coordinator::Stub> coordinator_;
+  mutable absl::Mutex mu_;
+  mutable std::map<std::string, v1::TableConfig, std::less<>> configs_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<ShardRouter> router_ ABSL_GUARDED_BY(mu_);  // smart mode
+  int num_shards_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace tessera::client
+
+#endif  // TESSERA_CLIENT_EMBEDDING_CLIENT_H_
