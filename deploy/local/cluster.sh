@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Starts, checks and stops a local Tessera cluster on loopback: N shards and a coordinator.
+#
+#   deploy/local/cluster.sh start N    # shards on BASE+1..BASE+N, coordinator on BASE
+#   deploy/local/cluster.sh status
+#   deploy/local/cluster.sh stop
+#
+# Environment: TESSERA_CLUSTER_DIR (state, logs; default .tessera-cluster in the repo),
+# TESSERA_BASE_PORT (default 7000), TESSERA_BIN (binaries; default build/).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+DIR="${TESSERA_CLUSTER_DIR:-$ROOT/.tessera-cluster}"
+BASE="${TESSERA_BASE_PORT:-7000}"
+BIN="${TESSERA_BIN:-$ROOT/build}"
+CLI="$BIN/tessera-cli"
+
+die() { echo "cluster: $*" >&2; exit 1; }
+
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+wait_healthy() {  # address, log
+  for _ in $(seq 1 100); do
+    if "$CLI" health --address="$1" --deadline_ms=200 >/dev/null 2>&1; then return 0; fi
+    sleep 0.1
+  done
+  die "$1 did not become healthy in 10 s; see $2"
+}
+
+start() {
+  local n="${1:-}"
+  [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "usage: cluster.sh start N (N >= 1 shards)"
+  for b in tessera-shard tessera-coordinator tessera-cli; do
+    [ -x "$BIN/$b" ] || die "$BIN/$b not found; run ./scripts/setup.sh first"
+  done
+  if alive "$DIR/pids/coordinator.pid"; then die "a cluster is already running in $DIR"; fi
+  mkdir -p "$DIR/logs" "$DIR/pids"
+  echo "$n" > "$DIR/num_shards"
+  echo "$BASE" > "$DIR/base_port"
+  local shards=""
+  for ((k = 0; k < n; k++)); do
+    local port=$((BASE + 1 + k))
+    mkdir -p "$DIR/data/shard-$k"
+    "$BIN/tessera-shard" --port="$port" --shard_index="$k" --num_shards="$n" \
+      > "$DIR/logs/shard-$k.log" 2>&1 &
+    echo $! > "$DIR/pids/shard-$k.pid"
+    shards="${shards:+$shards,}127.0.0.1:$port"
+  done
+  for ((k = 0; k < n; k++)); do
+    wait_healthy "127.0.0.1:$((BASE + 1 + k))" "$DIR/logs/shard-$k.log"
+  done
+  "$BIN/tessera-coordinator" --port="$BASE" --shards="$shards" \
+    > "$DIR/logs/coordinator.log" 2>&1 &
+  echo $! > "$DIR/pids/coordinator.pid"
+  wait_healthy "127.0.0.1:$BASE" "$DIR/logs/coordinator.log"
+  echo "cluster: $n shard(s) on 127.0.0.1:$((BASE + 1))-$((BASE + n)), coordinator on 127.0.0.1:$BASE"
+  echo "cluster: logs in $DIR/logs"
+}
+
+status() {
+  [ -d "$DIR/pids" ] || { echo "cluster: not running"; return 1; }
+  local base n bad=0
+  base="$(cat "$DIR/base_port")"
+  n="$(cat "$DIR/num_shards")"
+  for ((k = 0; k < n; k++)); do
+    if alive "$DIR/pids/shard-$k.pid" &&
+       "$CLI" health --address="127.0.0.1:$((base + 1 + k))" >/dev/null 2>&1; then
+      echo "shard $k        127.0.0.1:$((base + 1 + k))  SERVING"
+    else
+      echo "shard $k        127.0.0.1:$((base + 1 + k))  DOWN"; bad=1
+    fi
+  done
+  if alive "$DIR/pids/coordinator.pid" &&
+     "$CLI" health --address="127.0.0.1:$base" >/dev/null 2>&1; then
+    echo "coordinator    127.0.0.1:$base  SERVING"
+  else
+    echo "coordinator    127.0.0.1:$base  DOWN"; bad=1
+  fi
+  return $bad
+}
+
+stop() {
+  [ -d "$DIR/pids" ] || { echo "cluster: not running"; return 0; }
+  local pids=()
+  for f in "$DIR"/pids/*.pid; do
+    [ -f "$f" ] || continue
+    if alive "$f"; then kill -TERM "$(cat "$f")" 2>/dev/null || true; pids+=("$(cat "$f")"); fi
+  done
+  for _ in $(seq 1 50); do
+    local left=0
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && left=1; done
+    [ "$left" = 0 ] && break
+    sleep 0.1
+  done
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  rm -rf "$DIR/pids"
+  echo "cluster: stopped"
+}
+
+case "${1:-}" in
+  start) start "${2:-}" ;;
+  status) status ;;
+  stop) stop ;;
+  *) die "usage: cluster.sh start N | status | stop" ;;
+esac

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# deploy/local/cluster.sh end to end: start 3 shards and a coordinator on loopback, use
+# them with tessera-cli, kill a shard, and stop everything.
+set -euo pipefail
+ROOT="$1"
+BIN="$2"
+export TESSERA_BIN="$BIN"
+export TESSERA_CLUSTER_DIR="$(mktemp -d)"
+# A base port below the ephemeral range (32768+) whose 4 ports are free.
+for _ in $(seq 1 20); do
+  base=$((20000 + RANDOM % 12000))
+  busy=0
+  for p in $base $((base + 1)) $((base + 2)) $((base + 3)); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then busy=1; fi
+  done
+  [ "$busy" = 0 ] && break
+done
+export TESSERA_BASE_PORT="$base"
+CLUSTER="$ROOT/deploy/local/cluster.sh"
+CLI="$BIN/tessera-cli --coordinator=127.0.0.1:$base"
+cleanup() { "$CLUSTER" stop >/dev/null 2>&1 || true; rm -rf "$TESSERA_CLUSTER_DIR"; }
+trap cleanup EXIT
+
+fail() { echo "FAIL: $*"; exit 1; }
+
+"$CLUSTER" start 3
+"$CLUSTER" status | grep -c SERVING | grep -qx 4 || fail "not all 4 processes serving"
+$CLI create --table=user --dim=8 --optimizer=adam >/dev/null
+if $CLI create --table=user --dim=8 >/dev/null 2>&1; then fail "duplicate create succeeded"; fi
+{ $CLI create --table=user --dim=8 2>&1 || true; } | grep -q ALREADY_EXISTS \
+  || fail "duplicate create must say ALREADY_EXISTS"
+$CLI tables | grep -q "^user  *8 adam" || fail "table not listed"
+out="$($CLI lookup --table=user --ids=1,2,3)"
+[ "$(echo "$out" | wc -l)" = 3 ] || fail "lookup printed: $out"
+[ "$(echo "$out" | head -1 | wc -w)" = 9 ] || fail "expected 8 values per row: $out"
+$CLI stats | grep -c "^user" | grep -qx 3 || fail "stats should list 3 shards"
+{ $CLI lookup --table=nope --ids=1 2>&1 || true; } | grep -q NOT_FOUND \
+  || fail "unknown table must say NOT_FOUND"
+
+kill -9 "$(cat "$TESSERA_CLUSTER_DIR/pids/shard-1.pid")"
+if "$CLUSTER" status >/dev/null; then fail "status must fail with a shard down"; fi
+{ "$CLUSTER" status || true; } | grep -q "shard 1 .*DOWN" || fail "shard 1 not reported down"
+
+"$CLUSTER" stop
+if "$CLUSTER" status >/dev/null 2>&1; then fail "still running after stop"; fi
+for f in "$TESSERA_CLUSTER_DIR"/pids/*.pid; do [ -e "$f" ] && fail "pid file left: $f"; done
+echo "cluster script: ok"

@@ -1,0 +1,194 @@
+// tessera-cli: a terminal tool for a running Tessera cluster.
+//
+//   tessera-cli [--coordinator=host:port] health [--address=host:port]
+//   tessera-cli tables
+//   tessera-cli create --table=user --dim=16 [--optimizer=adagrad --lr=0.05 --seed=1]
+//   tessera-cli lookup --table=user --ids=1,2,3
+//   tessera-cli stats [--table=user]
+//   tessera-cli shardmap
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "embedding/optimizer.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "tessera/v1/embedding_service.grpc.pb.h"
+
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:7000", "host:port of the coordinator");
+ABSL_FLAG(std::string, address, "", "health: the server to check (default: the coordinator)");
+ABSL_FLAG(std::string, table, "", "table name");
+ABSL_FLAG(int, dim, 16, "create: embedding dimension");
+ABSL_FLAG(std::string, optimizer, "adagrad", "create: sgd, adagrad, rowwise_adagrad, adam, ftrl");
+ABSL_FLAG(double, lr, 0.05, "create: learning rate");
+ABSL_FLAG(uint64_t, seed, 1, "create: table seed");
+ABSL_FLAG(int64_t, max_rows, 0, "create: row budget (0 = unlimited)");
+ABSL_FLAG(std::string, ids, "", "lookup: comma-separated ids");
+ABSL_FLAG(int, deadline_ms, 5000, "deadline of each call");
+
+namespace {
+
+using tessera::v1::Coordinator;
+
+std::unique_ptr<grpc::ClientContext> Context() {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    std::chrono::milliseconds(absl::GetFlag(FLAGS_deadline_ms)));
+  return ctx;
+}
+
+const char* CodeName(grpc::StatusCode code) {
+  static constexpr const char* kNames[] = {"OK",
+                                           "CANCELLED",
+                                           "UNKNOWN",
+                                           "INVALID_ARGUMENT",
+                                           "DEADLINE_EXCEEDED",
+                                           "NOT_FOUND",
+                                           "ALREADY_EXISTS",
+                                           "PERMISSION_DENIED",
+                                           "RESOURCE_EXHAUSTED",
+                                           "FAILED_PRECONDITION",
+                                           "ABORTED",
+                                           "OUT_OF_RANGE",
+                                           "UNIMPLEMENTED",
+                                           "INTERNAL",
+                                           "UNAVAILABLE",
+                                           "DATA_LOSS",
+                                           "UNAUTHENTICATED"};
+  const int i = static_cast<int>(code);
+  return i >= 0 && i <= 16 ? kNames[i] : "UNKNOWN";
+}
+
+int Fail(const std::string& what, const grpc::Status& s) {
+  std::cerr << "tessera-cli: " << what << ": " << CodeName(s.error_code()) << ": "
+            << s.error_message() << "\n";
+  return 1;
+}
+
+int Health() {
+  std::string address = absl::GetFlag(FLAGS_address);
+  if (address.empty()) address = absl::GetFlag(FLAGS_coordinator);
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto ctx = Context();
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::Status s = stub->Check(ctx.get(), {}, &resp);
+  if (!s.ok()) return Fail(absl::StrCat("health of ", address), s);
+  const bool serving = resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+  std::printf("%s: %s\n", address.c_str(), serving ? "SERVING" : "NOT_SERVING");
+  return serving ? 0 : 1;
+}
+
+int Run(const std::string& command) {
+  if (command == "health") return Health();
+  auto stub = Coordinator::NewStub(
+      grpc::CreateChannel(absl::GetFlag(FLAGS_coordinator), grpc::InsecureChannelCredentials()));
+  const std::string table = absl::GetFlag(FLAGS_table);
+  if (command == "tables") {
+    auto ctx = Context();
+    tessera::v1::ListTablesResponse resp;
+    grpc::Status s = stub->ListTables(ctx.get(), {}, &resp);
+    if (!s.ok()) return Fail("tables", s);
+    std::printf("%-20s %6s %-16s %10s %12s\n", "table", "dim", "optimizer", "lr", "max_rows");
+    for (const auto& t : resp.tables()) {
+      std::printf("%-20s %6d %-16s %10g %12lld\n", t.name().c_str(), t.dim(),
+                  tessera::embedding::OptimizerName(t.optimizer().type()).c_str(),
+                  t.optimizer().learning_rate(), static_cast<long long>(t.max_rows()));
+    }
+    return 0;
+  }
+  if (command == "create") {
+    auto opt = tessera::embedding::ParseOptimizerName(absl::GetFlag(FLAGS_optimizer));
+    if (!opt.ok()) {
+      std::cerr << "tessera-cli: " << opt.status().message() << "\n";
+      return 1;
+    }
+    tessera::v1::CreateTableRequest req;
+    auto* c = req.mutable_config();
+    c->set_name(table);
+    c->set_dim(absl::GetFlag(FLAGS_dim));
+    c->set_seed(absl::GetFlag(FLAGS_seed));
+    c->set_max_rows(absl::GetFlag(FLAGS_max_rows));
+    c->mutable_optimizer()->set_type(*opt);
+    c->mutable_optimizer()->set_learning_rate(static_cast<float>(absl::GetFlag(FLAGS_lr)));
+    auto ctx = Context();
+    tessera::v1::CreateTableResponse resp;
+    grpc::Status s = stub->CreateTable(ctx.get(), req, &resp);
+    if (!s.ok()) return Fail("create", s);
+    std::printf("created table '%s' (dim %d)\n", table.c_str(), c->dim());
+    return 0;
+  }
+  if (command == "lookup") {
+    tessera::v1::LookupRequest req;
+    req.set_table(table);
+    req.set_read_only(true);
+    for (absl::string_view part :
+         absl::StrSplit(absl::GetFlag(FLAGS_ids), ',', absl::SkipEmpty())) {
+      int64_t id = 0;
+      if (!absl::SimpleAtoi(part, &id)) {
+        std::cerr << "tessera-cli: --ids: bad id '" << part << "'\n";
+        return 1;
+      }
+      req.add_ids(id);
+    }
+    auto ctx = Context();
+    tessera::v1::LookupResponse resp;
+    grpc::Status s = stub->Lookup(ctx.get(), req, &resp);
+    if (!s.ok()) return Fail("lookup", s);
+    for (int i = 0; i < req.ids_size(); ++i) {
+      std::printf("%lld:", static_cast<long long>(req.ids(i)));
+      for (int j = 0; j < resp.dim(); ++j) std::printf(" %.6f", resp.values(i * resp.dim() + j));
+      std::printf("\n");
+    }
+    return 0;
+  }
+  if (command == "stats") {
+    tessera::v1::StatsRequest req;
+    req.set_table(table);
+    auto ctx = Context();
+    tessera::v1::StatsResponse resp;
+    grpc::Status s = stub->Stats(ctx.get(), req, &resp);
+    if (!s.ok()) return Fail("stats", s);
+    std::printf("%-20s %5s %12s %14s %14s %14s\n", "table", "shard", "rows", "memory_bytes",
+                "lookups", "updates");
+    for (const auto& t : resp.tables()) {
+      std::printf("%-20s %5d %12lld %14lld %14lld %14lld\n", t.table().c_str(), t.shard_index(),
+                  static_cast<long long>(t.rows()), static_cast<long long>(t.memory_bytes()),
+                  static_cast<long long>(t.lookups()), static_cast<long long>(t.updates()));
+    }
+    return 0;
+  }
+  if (command == "shardmap") {
+    auto ctx = Context();
+    tessera::v1::ShardMap map;
+    grpc::Status s = stub->GetShardMap(ctx.get(), {}, &map);
+    if (!s.ok()) return Fail("shardmap", s);
+    std::printf("version %llu\n", static_cast<unsigned long long>(map.version()));
+    for (const auto& sh : map.shards())
+      std::printf("shard %d  %s\n", sh.index(), sh.address().c_str());
+    return 0;
+  }
+  std::cerr << "tessera-cli: unknown command '" << command
+            << "'; expected health, tables, create, lookup, stats or shardmap\n";
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("tessera-cli [flags] health|tables|create|lookup|stats|shardmap");
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() != 2) {
+    std::cerr << "usage: tessera-cli [flags] health|tables|create|lookup|stats|shardmap\n";
+    return 1;
+  }
+  return Run(rest[1]);
+}
