@@ -6,16 +6,9 @@ ROOT="$1"
 BIN="$2"
 export TESSERA_BIN="$BIN"
 export TESSERA_CLUSTER_DIR="$(mktemp -d)"
-# A base port below the ephemeral range (32768+) whose 4 ports are free.
-for _ in $(seq 1 20); do
-  base=$((20000 + RANDOM % 12000))
-  busy=0
-  for p in $base $((base + 1)) $((base + 2)) $((base + 3)); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then busy=1; fi
-  done
-  [ "$busy" = 0 ] && break
-done
-export TESSERA_BASE_PORT="$base"
+source "$(dirname "$0")/pick_base_port.sh"
+pick_base_port 4
+base="$TESSERA_BASE_PORT"
 CLUSTER="$ROOT/deploy/local/cluster.sh"
 CLI="$BIN/tessera-cli --coordinator=127.0.0.1:$base"
 cleanup() { "$CLUSTER" stop >/dev/null 2>&1 || true; rm -rf "$TESSERA_CLUSTER_DIR"; }
