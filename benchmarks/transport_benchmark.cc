@@ -153,8 +153,8 @@ void RunLookups(benchmark::State& state, bool smart) {
   state.SetBytesProcessed(state.iterations() * (sent + received));
   state.SetItemsProcessed(state.iterations() * batch);
   state.counters["echo_MBps"] = ceiling / 1e6;
-  state.counters["vs_echo"] = benchmark::Counter(
-      static_cast<double>(sent + received) / ceiling, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["vs_echo"] = benchmark::Counter(static_cast<double>(sent + received) / ceiling,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_SmartClientLookup(benchmark::State& state) { RunLookups(state, true); }

@@ -30,7 +30,7 @@ absl::Status FromShardStatus(const grpc::Status& status, int shard, const std::s
 }
 
 ShardRouter::ShardRouter(std::vector<std::string> addresses, const RouterOptions& options)
-    : addresses_(std::move(addresses)), options_(options) {
+    : addresses_(std::move(addresses)), options_(options), version_(options.shard_map_version) {
   for (const std::string& address : addresses_) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(options_.max_message_bytes);
@@ -77,7 +77,7 @@ absl::Status ShardRouter::Lookup(const v1::TableConfig& config, absl::Span<const
     if (groups[k].empty()) continue;
     reqs[k].set_table(config.name());
     reqs[k].set_read_only(read_only);
-    reqs[k].set_shard_map_version(options_.shard_map_version);
+    reqs[k].set_shard_map_version(version_.load());
     reqs[k].mutable_ids()->Reserve(groups[k].size());
     for (int32_t u : groups[k]) reqs[k].add_ids(unique[u]);
     ctxs[k] = NewContext();
@@ -117,7 +117,7 @@ absl::Status ShardRouter::PooledLookup(const v1::TableConfig& config, absl::Span
   for (int k = 0; k < num_shards(); ++k) {
     reqs[k].set_table(config.name());
     reqs[k].set_read_only(read_only);
-    reqs[k].set_shard_map_version(options_.shard_map_version);
+    reqs[k].set_shard_map_version(version_.load());
     reqs[k].set_pooling(v1::SUM);  // MEAN is applied here, over the whole bag
     reqs[k].add_offsets(0);
   }
@@ -199,7 +199,7 @@ absl::StatusOr<int64_t> ShardRouter::PushGradients(const v1::TableConfig& config
     v1::PushGradientsRequest& r = reqs[k];
     r.set_table(config.name());
     r.set_step(step);
-    r.set_shard_map_version(options_.shard_map_version);
+    r.set_shard_map_version(version_.load());
     r.mutable_ids()->Reserve(groups[k].size());
     r.mutable_gradients()->Reserve(groups[k].size() * dim);
     for (int32_t u : groups[k]) {

@@ -1,6 +1,7 @@
 #ifndef TESSERA_CLIENT_SHARD_ROUTER_H_
 #define TESSERA_CLIENT_SHARD_ROUTER_H_
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -31,6 +32,8 @@ class ShardRouter {
   ShardRouter(std::vector<std::string> addresses, const RouterOptions& options);
 
   int num_shards() const { return static_cast<int>(addresses_.size()); }
+  // The shard-map version stamped on requests from now on.
+  void set_shard_map_version(uint64_t version) { version_.store(version); }
   const std::vector<std::string>& addresses() const { return addresses_; }
 
   // Creates `config` on every shard. The first failure is returned.
@@ -59,6 +62,7 @@ class ShardRouter {
 
   std::vector<std::string> addresses_;
   RouterOptions options_;
+  std::atomic<uint64_t> version_;
   std::vector<std::unique_ptr<v1::EmbeddingShard::Stub>> stubs_;
 };
 

@@ -12,6 +12,11 @@ CoordinatorService::CoordinatorService(client::ShardRouter* router, uint64_t sha
                                        const CoordinatorOptions& options)
     : router_(router), version_(shard_map_version), options_(options) {}
 
+void CoordinatorService::SetShardMapVersion(uint64_t version) {
+  version_.store(version);
+  router_->set_shard_map_version(version);
+}
+
 absl::StatusOr<v1::TableConfig> CoordinatorService::Config(const std::string& table) const {
   absl::ReaderMutexLock lock(&mu_);
   auto it = configs_.find(table);
@@ -58,7 +63,7 @@ grpc::Status CoordinatorService::ListTables(grpc::ServerContext*, const v1::List
 
 grpc::Status CoordinatorService::GetShardMap(grpc::ServerContext*, const v1::GetShardMapRequest*,
                                              v1::ShardMap* response) {
-  response->set_version(version_);
+  response->set_version(version_.load());
   for (int k = 0; k < router_->num_shards(); ++k) {
     v1::ShardInfo* s = response->add_shards();
     s->set_index(k);

@@ -1,6 +1,7 @@
 #ifndef TESSERA_SERVER_COORDINATOR_SERVICE_H_
 #define TESSERA_SERVER_COORDINATOR_SERVICE_H_
 
+#include <atomic>
 #include <map>
 #include <string>
 
@@ -22,6 +23,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
   CoordinatorService(client::ShardRouter* router, uint64_t shard_map_version,
                      const CoordinatorOptions& options);
 
+  // Advertise (and route with) another shard-map version from now on.
+  void SetShardMapVersion(uint64_t version);
+
   grpc::Status CreateTable(grpc::ServerContext* context, const v1::CreateTableRequest* request,
                            v1::CreateTableResponse* response) override;
   grpc::Status ListTables(grpc::ServerContext* context, const v1::ListTablesRequest* request,
@@ -40,7 +44,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
   absl::Status CheckBatch(const std::string& table, int ids) const;
 
   client::ShardRouter* router_;
-  const uint64_t version_;
+  std::atomic<uint64_t> version_;
   const CoordinatorOptions options_;
   mutable absl::Mutex mu_;
   absl::Mutex create_mu_;  // one CreateTable at a time, so shards agree on configs

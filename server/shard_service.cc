@@ -9,7 +9,7 @@
 namespace tessera::server {
 
 ShardService::ShardService(embedding::EmbeddingCollection* tables, const ShardOptions& options)
-    : tables_(tables), options_(options) {}
+    : tables_(tables), options_(options), version_(options.shard_map_version) {}
 
 absl::StatusOr<v1::TableConfig> ShardService::Config(const std::string& table) const {
   absl::ReaderMutexLock lock(&mu_);
@@ -29,10 +29,11 @@ absl::Status ShardService::CheckRequest(const v1::TableConfig& config, int ids_s
                                                      ids_size, " ids is over the limit of ",
                                                      options_.max_batch_ids));
   }
-  if (version != 0 && version != options_.shard_map_version) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shard ", options_.shard_index, ": request built on shard map version ", version,
-        ", this shard serves version ", options_.shard_map_version, "; refresh the shard map"));
+  const uint64_t serving = version_.load();
+  if (version != 0 && version != serving) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", options_.shard_index, ": request built on shard map version ",
+                     version, ", this shard serves version ", serving, "; refresh the shard map"));
   }
   if (options_.num_shards > 1) {
     for (const int64_t id : ids) {

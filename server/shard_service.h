@@ -1,6 +1,7 @@
 #ifndef TESSERA_SERVER_SHARD_SERVICE_H_
 #define TESSERA_SERVER_SHARD_SERVICE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -26,6 +27,9 @@ class ShardService final : public v1::EmbeddingShard::Service {
  public:
   // `tables` must outlive the service.
   ShardService(embedding::EmbeddingCollection* tables, const ShardOptions& options);
+
+  // Serve another shard-map version from now on (the map was rebalanced).
+  void SetShardMapVersion(uint64_t version) { version_.store(version); }
 
   grpc::Status CreateTable(grpc::ServerContext* context, const v1::CreateTableRequest* request,
                            v1::CreateTableResponse* response) override;
@@ -53,6 +57,7 @@ class ShardService final : public v1::EmbeddingShard::Service {
 
   embedding::EmbeddingCollection* tables_;
   const ShardOptions options_;
+  std::atomic<uint64_t> version_;
   mutable absl::Mutex mu_;
   std::map<std::string, v1::TableConfig> configs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Counters> counters_ ABSL_GUARDED_BY(mu_);

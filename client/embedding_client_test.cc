@@ -1,0 +1,149 @@
+// EmbeddingClient against in-process gRPC servers on 127.0.0.1.
+
+#include "client/embedding_client.h"
+
+#include "embedding/collection.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "server/coordinator_service.h"
+#include "server/shard_service.h"
+
+namespace tessera::client {
+namespace {
+
+std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address) {
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(service);
+  auto server = b.BuildAndStart();
+  *address = "127.0.0.1:" + std::to_string(port);
+  return server;
+}
+
+class EmbeddingClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::vector<std::string> addresses;
+    for (int k = 0; k < 2; ++k) {
+      tables_.push_back(std::move(embedding::NewInProcessCollection(1)).value());
+      server::ShardOptions o;
+      o.shard_index = k;
+      o.num_shards = 2;
+      shards_.push_back(std::make_unique<server::ShardService>(tables_[k].get(), o));
+      std::string a;
+      servers_.push_back(Serve(shards_[k].get(), &a));
+      addresses.push_back(a);
+    }
+    router_ = std::make_unique<ShardRouter>(addresses, RouterOptions());
+    coordinator_ = std::make_unique<server::CoordinatorService>(router_.get(), 1,
+                                                                server::CoordinatorOptions());
+    servers_.push_back(Serve(coordinator_.get(), &coordinator_address_));
+    shard_addresses_ = addresses;
+  }
+  void TearDown() override {
+    for (auto& s : servers_) s->Shutdown();
+  }
+
+  std::unique_ptr<EmbeddingClient> Connect(ClientOptions::Mode mode) {
+    ClientOptions o;
+    o.mode = mode;
+    o.deadline = std::chrono::milliseconds(3000);
+    auto c = EmbeddingClient::Connect(coordinator_address_, o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return std::move(c).value();
+  }
+
+  static v1::TableConfig Config() {
+    v1::TableConfig c;
+    c.set_name("user");
+    c.set_dim(8);
+    c.set_seed(3);
+    return c;
+  }
+
+  std::vector<std::unique_ptr<embedding::EmbeddingCollection>> tables_;
+  std::vector<std::unique_ptr<server::ShardService>> shards_;
+  std::unique_ptr<ShardRouter> router_;
+  std::unique_ptr<server::CoordinatorService> coordinator_;
+  std::vector<std::unique_ptr<grpc::Server>> servers_;
+  std::string coordinator_address_;
+  std::vector<std::string> shard_addresses_;
+};
+
+TEST_F(EmbeddingClientTest, SmartAndCoordinatorModesAgreeWithTheInProcessCollection) {
+  auto smart = Connect(ClientOptions::Mode::kSmart);
+  auto via = Connect(ClientOptions::Mode::kCoordinator);
+  ASSERT_TRUE(smart->CreateTable(Config()).ok());
+  EXPECT_EQ(via->CreateTable(Config()).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(smart->num_shards(), 2);
+  auto reference = std::move(embedding::NewInProcessCollection(2)).value();
+  ASSERT_TRUE(reference->CreateTable(Config()).ok());
+
+  std::vector<int64_t> ids;
+  std::vector<float> grads;
+  for (int i = 0; i < 50; ++i) {
+    ids.push_back(i % 37);
+    for (int j = 0; j < 8; ++j) grads.push_back(0.01f * (i - j));
+  }
+  ASSERT_TRUE(smart->PushGradients("user", ids, grads, 1).ok());
+  ASSERT_TRUE(via->PushGradients("user", ids, grads, 2).ok());
+  ASSERT_TRUE(reference->PushGradients("user", ids, grads, 1).ok());
+  ASSERT_TRUE(reference->PushGradients("user", ids, grads, 2).ok());
+  std::vector<float> a(ids.size() * 8), b(ids.size() * 8), want(ids.size() * 8);
+  ASSERT_TRUE(smart->Lookup("user", ids, absl::MakeSpan(a), {}).ok());
+  ASSERT_TRUE(via->Lookup("user", ids, absl::MakeSpan(b), {}).ok());
+  ASSERT_TRUE(reference->Lookup("user", ids, absl::MakeSpan(want), {}).ok());
+  EXPECT_EQ(a, want);
+  EXPECT_EQ(b, want);
+  EXPECT_EQ(smart->Usage("user")->rows, 37);
+
+  std::vector<float> small(3);
+  EXPECT_EQ(smart->Lookup("user", ids, absl::MakeSpan(small), {}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(via->Lookup("nope", ids, absl::MakeSpan(a), {}).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(EmbeddingClientTest, SmartClientRefreshesAStaleShardMap) {
+  auto smart = Connect(ClientOptions::Mode::kSmart);
+  ASSERT_TRUE(smart->CreateTable(Config()).ok());
+  std::vector<int64_t> ids = {1, 2, 3, 4, 5, 6};
+  std::vector<float> out(ids.size() * 8);
+  ASSERT_TRUE(smart->Lookup("user", ids, absl::MakeSpan(out), {}).ok());
+
+  // The map moves to version 2: shards refuse version-1 requests from now on.
+  for (auto& s : shards_) s->SetShardMapVersion(2);
+  coordinator_->SetShardMapVersion(2);
+  RouterOptions stale;
+  stale.shard_map_version = 1;
+  ShardRouter old(shard_addresses_, stale);
+  EXPECT_EQ(old.Lookup(Config(), ids, absl::MakeSpan(out), false).code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  // The client's map is stale too; it refreshes and the call succeeds.
+  std::vector<float> again(ids.size() * 8);
+  ASSERT_TRUE(smart->Lookup("user", ids, absl::MakeSpan(again), {}).ok());
+  EXPECT_EQ(again, out);
+  std::vector<float> g(ids.size() * 8, 0.1f);
+  EXPECT_TRUE(smart->PushGradients("user", ids, g, 1).ok());
+}
+
+TEST_F(EmbeddingClientTest, RetriesUnavailableThenReportsTheDeadShard) {
+  auto smart = Connect(ClientOptions::Mode::kSmart);
+  ASSERT_TRUE(smart->CreateTable(Config()).ok());
+  servers_[1]->Shutdown();
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 20; ++i) ids.push_back(i);
+  std::vector<float> out(ids.size() * 8);
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status s = smart->Lookup("user", ids, absl::MakeSpan(out), {});
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("shard 1"));
+  // Four retries with 50, 100, 200 and 400 ms of backoff happened before giving up.
+  EXPECT_GE(waited, std::chrono::milliseconds(750));
+}
+
+}  // namespace
+}  // namespace tessera::client
