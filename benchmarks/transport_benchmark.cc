@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
 #include "benchmarks/echo.grpc.pb.h"
 #include "client/embedding_client.h"
@@ -83,7 +84,7 @@ struct Cluster {
         std::move(client::EmbeddingClient::Connect(coordinator_address, via)).value();
     for (int dim : {16, 64}) {
       v1::TableConfig c;
-      c.set_name("d" + std::to_string(dim));
+      c.set_name(absl::StrCat("d", dim));
       c.set_dim(dim);
       (void)coordinator_client->CreateTable(c);
       std::vector<int64_t> ids(65536);
@@ -142,7 +143,7 @@ void RunLookups(benchmark::State& state, bool smart) {
   const int64_t sent = static_cast<int64_t>(batch) * 8;
   const int64_t received = static_cast<int64_t>(batch) * dim * 4;
   const double ceiling = EchoBytesPerSecond(sent, received);
-  const std::string table = "d" + std::to_string(dim);
+  const std::string table = absl::StrCat("d", dim);
   for (auto _ : state) {
     absl::Status s = client.Lookup(table, ids, absl::MakeSpan(out), {});
     if (!s.ok()) {
