@@ -10,7 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "embedding/collection.h"
 #include "embedding/sharding.h"
+#include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
@@ -108,6 +110,30 @@ TEST(ShardProcesses, TwoShardsServeTheirPartsAndADeadShardIsUnavailable) {
   req.set_ids(0, id0);
   grpc::ClientContext alive;
   EXPECT_TRUE(stubs[0]->Lookup(&alive, req, &resp).ok());
+}
+
+TEST(ShardProcesses, ServeReflectionListingTheirServices) {
+  ShardProcess shard(0, 1);
+  ASSERT_FALSE(shard.address().empty());
+  ASSERT_TRUE(tessera::testing::WaitHealthy(shard.address()));
+  auto stub = grpc::reflection::v1alpha::ServerReflection::NewStub(
+      grpc::CreateChannel(shard.address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto stream = stub->ServerReflectionInfo(&ctx);
+  grpc::reflection::v1alpha::ServerReflectionRequest req;
+  req.set_list_services("");
+  ASSERT_TRUE(stream->Write(req));
+  stream->WritesDone();
+  grpc::reflection::v1alpha::ServerReflectionResponse resp;
+  ASSERT_TRUE(stream->Read(&resp));
+  std::vector<std::string> names;
+  for (const auto& s : resp.list_services_response().service()) names.push_back(s.name());
+  EXPECT_THAT(names, ::testing::Contains("tessera.v1.EmbeddingShard"));
+  EXPECT_THAT(names, ::testing::Contains("grpc.health.v1.Health"));
+  while (stream->Read(&resp)) {
+  }
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 }  // namespace
