@@ -78,8 +78,9 @@ absl::Status ShardRouter::Lookup(const v1::TableConfig& config, absl::Span<const
     reqs[k].set_table(config.name());
     reqs[k].set_read_only(read_only);
     reqs[k].set_shard_map_version(version_.load());
-    reqs[k].mutable_ids()->Reserve(groups[k].size());
-    for (int32_t u : groups[k]) reqs[k].add_ids(unique[u]);
+    auto* req_ids = reqs[k].mutable_ids();
+    req_ids->Resize(static_cast<int>(groups[k].size()), 0);
+    for (size_t j = 0; j < groups[k].size(); ++j) req_ids->Set(j, unique[groups[k][j]]);
     ctxs[k] = NewContext();
     stubs_[k]->async()->Lookup(ctxs[k].get(), &reqs[k], &resps[k], [&, k](grpc::Status s) {
       statuses[k] = std::move(s);
@@ -87,7 +88,10 @@ absl::Status ShardRouter::Lookup(const v1::TableConfig& config, absl::Span<const
     });
   }
   done.Wait();
-  std::vector<float> rows(unique.size() * dim);
+  // Without repeats the unique rows are the caller's rows: merge straight into `out`.
+  const bool no_repeats = unique.size() == ids.size();
+  std::vector<float> rows(no_repeats ? 0 : unique.size() * dim);
+  float* merged = no_repeats ? out.data() : rows.data();
   for (int k = 0; k < num_shards(); ++k) {
     if (groups[k].empty()) continue;
     if (!statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
@@ -98,11 +102,13 @@ absl::Status ShardRouter::Lookup(const v1::TableConfig& config, absl::Span<const
     }
     for (size_t j = 0; j < groups[k].size(); ++j) {
       std::copy_n(resps[k].values().data() + j * dim, dim,
-                  rows.data() + static_cast<size_t>(groups[k][j]) * dim);
+                  merged + static_cast<size_t>(groups[k][j]) * dim);
     }
   }
-  for (size_t i = 0; i < ids.size(); ++i) {
-    std::copy_n(rows.data() + static_cast<size_t>(inverse[i]) * dim, dim, out.data() + i * dim);
+  if (!no_repeats) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      std::copy_n(rows.data() + static_cast<size_t>(inverse[i]) * dim, dim, out.data() + i * dim);
+    }
   }
   return absl::OkStatus();
 }
@@ -200,11 +206,15 @@ absl::StatusOr<int64_t> ShardRouter::PushGradients(const v1::TableConfig& config
     r.set_table(config.name());
     r.set_step(step);
     r.set_shard_map_version(version_.load());
-    r.mutable_ids()->Reserve(groups[k].size());
-    r.mutable_gradients()->Reserve(groups[k].size() * dim);
-    for (int32_t u : groups[k]) {
-      r.add_ids(unique[u]);
-      for (int j = 0; j < dim; ++j) r.add_gradients(summed[static_cast<size_t>(u) * dim + j]);
+    const int n = static_cast<int>(groups[k].size());
+    r.mutable_ids()->Resize(n, 0);
+    r.mutable_gradients()->Resize(n * dim, 0.0f);
+    float* g = r.mutable_gradients()->mutable_data();
+    for (int j = 0; j < n; ++j) {
+      const int32_t u = groups[k][j];
+      r.mutable_ids()->Set(j, unique[u]);
+      std::copy_n(summed.data() + static_cast<size_t>(u) * dim, dim,
+                  g + static_cast<size_t>(j) * dim);
     }
     ctxs[k] = NewContext();
     stubs_[k]->async()->PushGradients(ctxs[k].get(), &reqs[k], &resps[k], [&, k](grpc::Status s) {
