@@ -143,6 +143,8 @@ absl::Status InProcessCollection::Lookup(absl::string_view table, absl::Span<con
     return absl::InvalidArgumentError(
         SizeMismatch(table, "output", out.size(), ids.size(), dim, "ids"));
   }
+  // One shard needs no routing, and the table reads repeated ids correctly itself.
+  if (num_shards_ == 1) return t->shards[0]->Lookup(ids, out.data(), options.insert_missing);
   RequestScratch& s = Scratch();
   embedding::Unique(ids, &s.unique_ids, &s.inverse);
   s.rows.resize(s.unique_ids.size() * dim);
