@@ -4,6 +4,7 @@
 #include "embedding/batch_ops.h"
 #include "embedding/embedding_table.h"
 #include "embedding/status.h"
+#include "server/lookup_request.h"
 #include "server/status.h"
 
 namespace tessera::server {
@@ -78,32 +79,11 @@ grpc::Status CoordinatorService::Lookup(grpc::ServerContext*, const v1::LookupRe
   if (!config.ok()) return ToGrpcStatus(config.status());
   absl::Status s = CheckBatch(request->table(), request->ids_size());
   if (!s.ok()) return ToGrpcStatus(s);
-  const int dim = config->dim();
-  const absl::Span<const int64_t> ids(request->ids().data(), request->ids_size());
-  response->set_dim(dim);
-  if (request->offsets_size() == 0) {
-    if (request->weights_size() != 0) {
-      return ToGrpcStatus(absl::InvalidArgumentError(
-          absl::StrCat("table '", request->table(), "': weights need bag offsets")));
-    }
-    response->mutable_values()->Resize(request->ids_size() * dim, 0.0f);
-    s = router_->Lookup(
-        *config, ids,
-        absl::MakeSpan(response->mutable_values()->mutable_data(), response->values_size()),
-        request->read_only());
-  } else {
-    const absl::Span<const int32_t> offsets(request->offsets().data(), request->offsets_size());
-    const absl::Span<const float> weights(request->weights().data(), request->weights_size());
-    s = embedding::ValidateBags(ids.size(), offsets, weights.size());
-    if (!s.ok()) {
-      return ToGrpcStatus(Annotate(s, absl::StrCat("table '", request->table(), "'")));
-    }
-    response->mutable_values()->Resize((request->offsets_size() - 1) * dim, 0.0f);
-    s = router_->PooledLookup(
-        *config, ids, offsets, weights, request->pooling(),
-        absl::MakeSpan(response->mutable_values()->mutable_data(), response->values_size()),
-        request->read_only());
-  }
+  absl::StatusOr<LookupView> view = PrepareLookup(*request, config->dim(), response);
+  if (!view.ok()) return ToGrpcStatus(view.status());
+  s = view->pooled ? router_->PooledLookup(*config, view->ids, view->offsets, view->weights,
+                                           request->pooling(), view->out, request->read_only())
+                   : router_->Lookup(*config, view->ids, view->out, request->read_only());
   if (!s.ok()) {
     response->Clear();
     return ToGrpcStatus(s);

@@ -4,6 +4,7 @@
 #include "embedding/batch_ops.h"
 #include "embedding/sharding.h"
 #include "embedding/status.h"
+#include "server/lookup_request.h"
 #include "server/status.h"
 
 namespace tessera::server {
@@ -78,32 +79,13 @@ grpc::Status ShardService::Lookup(grpc::ServerContext*, const v1::LookupRequest*
   absl::Status s =
       CheckRequest(*config, request->ids_size(), request->ids(), request->shard_map_version());
   if (!s.ok()) return ToGrpcStatus(s);
-  const int dim = config->dim();
+  absl::StatusOr<LookupView> view = PrepareLookup(*request, config->dim(), response);
+  if (!view.ok()) return ToGrpcStatus(view.status());
   embedding::LookupOptions options;
   options.insert_missing = !request->read_only();
-  const absl::Span<const int64_t> ids(request->ids().data(), request->ids_size());
-  response->set_dim(dim);
-  if (request->offsets_size() == 0) {
-    if (request->weights_size() != 0) {
-      return ToGrpcStatus(absl::InvalidArgumentError(
-          absl::StrCat("table '", request->table(), "': weights need bag offsets")));
-    }
-    response->mutable_values()->Resize(request->ids_size() * dim, 0.0f);
-    s = tables_->Lookup(
-        request->table(), ids,
-        absl::MakeSpan(response->mutable_values()->mutable_data(), response->values_size()),
-        options);
-  } else {
-    const int bags = request->offsets_size() - 1;
-    response->mutable_values()->Resize(std::max(bags, 0) * dim, 0.0f);
-    s = tables_->PooledLookup(
-        request->table(), ids,
-        absl::Span<const int32_t>(request->offsets().data(), request->offsets_size()),
-        absl::Span<const float>(request->weights().data(), request->weights_size()),
-        request->pooling(),
-        absl::MakeSpan(response->mutable_values()->mutable_data(), response->values_size()),
-        options);
-  }
+  s = view->pooled ? tables_->PooledLookup(request->table(), view->ids, view->offsets,
+                                           view->weights, request->pooling(), view->out, options)
+                   : tables_->Lookup(request->table(), view->ids, view->out, options);
   if (!s.ok()) {
     response->Clear();
     return ToGrpcStatus(s);
