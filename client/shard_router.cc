@@ -46,6 +46,27 @@ std::unique_ptr<grpc::ClientContext> ShardRouter::NewContext() const {
   return ctx;
 }
 
+std::vector<grpc::Status> ShardRouter::CallShards(
+    const std::function<bool(int)>& has_work,
+    const std::function<void(int, grpc::ClientContext*, std::function<void(grpc::Status)>)>& start)
+    const {
+  std::vector<grpc::Status> statuses(num_shards());
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts(num_shards());
+  int calls = 0;
+  for (int k = 0; k < num_shards(); ++k) calls += has_work(k);
+  absl::BlockingCounter done(calls);
+  for (int k = 0; k < num_shards(); ++k) {
+    if (!has_work(k)) continue;
+    contexts[k] = NewContext();
+    start(k, contexts[k].get(), [&statuses, &done, k](grpc::Status s) {
+      statuses[k] = std::move(s);
+      done.DecrementCount();
+    });
+  }
+  done.Wait();
+  return statuses;
+}
+
 absl::Status ShardRouter::CreateTable(const v1::TableConfig& config) {
   for (int k = 0; k < num_shards(); ++k) {
     auto ctx = NewContext();
@@ -68,11 +89,6 @@ absl::Status ShardRouter::Lookup(const v1::TableConfig& config, absl::Span<const
   const auto groups = GroupByShard(unique, config.seed(), num_shards());
   std::vector<v1::LookupRequest> reqs(num_shards());
   std::vector<v1::LookupResponse> resps(num_shards());
-  std::vector<grpc::Status> statuses(num_shards());
-  std::vector<std::unique_ptr<grpc::ClientContext>> ctxs(num_shards());
-  int calls = 0;
-  for (int k = 0; k < num_shards(); ++k) calls += !groups[k].empty();
-  absl::BlockingCounter done(calls);
   for (int k = 0; k < num_shards(); ++k) {
     if (groups[k].empty()) continue;
     reqs[k].set_table(config.name());
@@ -81,13 +97,12 @@ absl::Status ShardRouter::Lookup(const v1::TableConfig& config, absl::Span<const
     auto* req_ids = reqs[k].mutable_ids();
     req_ids->Resize(static_cast<int>(groups[k].size()), 0);
     for (size_t j = 0; j < groups[k].size(); ++j) req_ids->Set(j, unique[groups[k][j]]);
-    ctxs[k] = NewContext();
-    stubs_[k]->async()->Lookup(ctxs[k].get(), &reqs[k], &resps[k], [&, k](grpc::Status s) {
-      statuses[k] = std::move(s);
-      done.DecrementCount();
-    });
   }
-  done.Wait();
+  const std::vector<grpc::Status> statuses =
+      CallShards([&](int k) { return !groups[k].empty(); },
+                 [&](int k, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
+                   stubs_[k]->async()->Lookup(ctx, &reqs[k], &resps[k], std::move(done));
+                 });
   // Without repeats the unique rows are the caller's rows: merge straight into `out`.
   const bool no_repeats = unique.size() == ids.size();
   std::vector<float> rows(no_repeats ? 0 : unique.size() * dim);
@@ -140,20 +155,11 @@ absl::Status ShardRouter::PooledLookup(const v1::TableConfig& config, absl::Span
     for (auto& r : reqs) r.add_offsets(r.ids_size());
   }
   std::vector<v1::LookupResponse> resps(num_shards());
-  std::vector<grpc::Status> statuses(num_shards());
-  std::vector<std::unique_ptr<grpc::ClientContext>> ctxs(num_shards());
-  int calls = 0;
-  for (int k = 0; k < num_shards(); ++k) calls += reqs[k].ids_size() > 0;
-  absl::BlockingCounter done(calls);
-  for (int k = 0; k < num_shards(); ++k) {
-    if (reqs[k].ids_size() == 0) continue;
-    ctxs[k] = NewContext();
-    stubs_[k]->async()->Lookup(ctxs[k].get(), &reqs[k], &resps[k], [&, k](grpc::Status s) {
-      statuses[k] = std::move(s);
-      done.DecrementCount();
-    });
-  }
-  done.Wait();
+  const std::vector<grpc::Status> statuses =
+      CallShards([&](int k) { return reqs[k].ids_size() > 0; },
+                 [&](int k, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
+                   stubs_[k]->async()->Lookup(ctx, &reqs[k], &resps[k], std::move(done));
+                 });
   std::fill(out.begin(), out.end(), 0.0f);
   for (int k = 0; k < num_shards(); ++k) {
     if (reqs[k].ids_size() == 0) continue;
@@ -195,11 +201,6 @@ absl::StatusOr<int64_t> ShardRouter::PushGradients(const v1::TableConfig& config
   const auto groups = GroupByShard(unique, config.seed(), num_shards());
   std::vector<v1::PushGradientsRequest> reqs(num_shards());
   std::vector<v1::PushGradientsResponse> resps(num_shards());
-  std::vector<grpc::Status> statuses(num_shards());
-  std::vector<std::unique_ptr<grpc::ClientContext>> ctxs(num_shards());
-  int calls = 0;
-  for (int k = 0; k < num_shards(); ++k) calls += !groups[k].empty();
-  absl::BlockingCounter done(calls);
   for (int k = 0; k < num_shards(); ++k) {
     if (groups[k].empty()) continue;
     v1::PushGradientsRequest& r = reqs[k];
@@ -216,13 +217,12 @@ absl::StatusOr<int64_t> ShardRouter::PushGradients(const v1::TableConfig& config
       std::copy_n(summed.data() + static_cast<size_t>(u) * dim, dim,
                   g + static_cast<size_t>(j) * dim);
     }
-    ctxs[k] = NewContext();
-    stubs_[k]->async()->PushGradients(ctxs[k].get(), &reqs[k], &resps[k], [&, k](grpc::Status s) {
-      statuses[k] = std::move(s);
-      done.DecrementCount();
-    });
   }
-  done.Wait();
+  const std::vector<grpc::Status> statuses =
+      CallShards([&](int k) { return !groups[k].empty(); },
+                 [&](int k, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
+                   stubs_[k]->async()->PushGradients(ctx, &reqs[k], &resps[k], std::move(done));
+                 });
   int64_t updated = 0;
   for (int k = 0; k < num_shards(); ++k) {
     if (groups[k].empty()) continue;

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,6 +60,12 @@ class ShardRouter {
 
  private:
   std::unique_ptr<grpc::ClientContext> NewContext() const;
+  // Starts `start(k, context, done)` for every shard with `has_work(k)`, all in flight
+  // together, and returns each shard's status once all have answered.
+  std::vector<grpc::Status> CallShards(
+      const std::function<bool(int)>& has_work,
+      const std::function<void(int, grpc::ClientContext*, std::function<void(grpc::Status)>)>&
+          start) const;
 
   std::vector<std::string> addresses_;
   RouterOptions options_;
