@@ -14,8 +14,8 @@
 #include "client/shard_router.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
-#include "grpcpp/health_check_service_interface.h"
 #include "server/coordinator_service.h"
+#include "server/serving.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "address to bind (loopback unless told otherwise)");
 ABSL_FLAG(int, port, 0, "port to listen on; 0 picks a free one and prints it");
@@ -44,23 +44,20 @@ int main(int argc, char** argv) {
   co.max_batch_ids = absl::GetFlag(FLAGS_max_batch_ids);
   tessera::server::CoordinatorService service(&router, ro.shard_map_version, co);
 
-  grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
+  tessera::server::BlockShutdownSignals();
+  tessera::server::ListenOptions listen;
+  listen.host = absl::GetFlag(FLAGS_host);
+  listen.port = absl::GetFlag(FLAGS_port);
+  listen.max_message_bytes = ro.max_message_bytes;
   int port = 0;
-  const std::string address =
-      absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(ro.max_message_bytes);
-  builder.SetMaxSendMessageSize(ro.max_message_bytes);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    std::cerr << "tessera-coordinator: cannot listen on " << address << "\n";
+  auto server = tessera::server::StartServer(&service, listen, &port);
+  if (!server.ok()) {
+    std::cerr << "tessera-coordinator: " << server.status().message() << "\n";
     return 1;
   }
-  std::cout << "tessera-coordinator: " << shards.size() << " shard(s), listening on "
-            << absl::GetFlag(FLAGS_host) << ":" << port << std::endl;
-  server->Wait();
+  std::cout << "tessera-coordinator: " << shards.size() << " shard(s), listening on " << listen.host
+            << ":" << port << std::endl;
+  tessera::server::ServeUntilShutdownSignal(server->get(), "tessera-coordinator");
   return 0;
 }

@@ -13,7 +13,7 @@
 #include "embedding/collection.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
-#include "grpcpp/health_check_service_interface.h"
+#include "server/serving.h"
 #include "server/shard_service.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "address to bind (loopback unless told otherwise)");
@@ -45,23 +45,20 @@ int main(int argc, char** argv) {
   }
   tessera::server::ShardService service(tables->get(), options);
 
-  grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
+  tessera::server::BlockShutdownSignals();
+  tessera::server::ListenOptions listen;
+  listen.host = absl::GetFlag(FLAGS_host);
+  listen.port = absl::GetFlag(FLAGS_port);
+  listen.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   int port = 0;
-  const std::string address =
-      absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
-  builder.SetMaxSendMessageSize(absl::GetFlag(FLAGS_max_message_bytes));
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    std::cerr << "tessera-shard: cannot listen on " << address << "\n";
+  auto server = tessera::server::StartServer(&service, listen, &port);
+  if (!server.ok()) {
+    std::cerr << "tessera-shard: " << server.status().message() << "\n";
     return 1;
   }
   std::cout << "tessera-shard " << options.shard_index << "/" << options.num_shards
-            << ": listening on " << absl::GetFlag(FLAGS_host) << ":" << port << std::endl;
-  server->Wait();
+            << ": listening on " << listen.host << ":" << port << std::endl;
+  tessera::server::ServeUntilShutdownSignal(server->get(), "tessera-shard");
   return 0;
 }

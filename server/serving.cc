@@ -1,0 +1,54 @@
+#include "server/serving.h"
+
+#include <signal.h>
+
+#include <chrono>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/health_check_service_interface.h"
+
+namespace tessera::server {
+namespace {
+
+sigset_t ShutdownSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  return set;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(grpc::Service* service,
+                                                          const ListenOptions& options, int* port) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  const std::string address = absl::StrCat(options.host, ":", options.port);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), port);
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || *port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+  }
+  return server;
+}
+
+void BlockShutdownSignals() {
+  const sigset_t set = ShutdownSignals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+void ServeUntilShutdownSignal(grpc::Server* server, const std::string& name) {
+  const sigset_t set = ShutdownSignals();
+  int signal = 0;
+  sigwait(&set, &signal);
+  std::cerr << name << ": signal " << signal << ", shutting down" << std::endl;
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  server->Wait();
+}
+
+}  // namespace tessera::server

@@ -1,0 +1,32 @@
+#ifndef TESSERA_SERVER_SERVING_H_
+#define TESSERA_SERVER_SERVING_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+
+namespace tessera::server {
+
+struct ListenOptions {
+  std::string host = "127.0.0.1";     // loopback unless told otherwise
+  int port = 0;                       // 0 picks a free port
+  int max_message_bytes = 256 << 20;  // largest message accepted or sent
+};
+
+// Starts a gRPC server for `service` with the default health service enabled, and sets
+// `*port` to the port it bound. Unavailable when it cannot listen.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(grpc::Service* service,
+                                                          const ListenOptions& options, int* port);
+
+// Blocks SIGTERM and SIGINT in this and every later thread; call before StartServer.
+void BlockShutdownSignals();
+
+// Waits until SIGTERM or SIGINT arrives, then lets calls in flight finish (up to 5 s)
+// and stops the server.
+void ServeUntilShutdownSignal(grpc::Server* server, const std::string& name);
+
+}  // namespace tessera::server
+
+#endif  // TESSERA_SERVER_SERVING_H_
