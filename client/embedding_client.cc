@@ -148,11 +148,8 @@ absl::Status EmbeddingClient::Lookup(absl::string_view table, absl::Span<const i
                                      absl::Span<float> out,
                                      const embedding::LookupOptions& options) {
   TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(table));
-  if (out.size() != ids.size() * config.dim()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "table '", table, "': dimension mismatch: output has ", out.size(), " floats, expected ",
-        ids.size() * config.dim(), " (", ids.size(), " ids x dim ", config.dim(), ")"));
-  }
+  TESSERA_RETURN_IF_ERROR(
+      embedding::CheckRowsSize(table, "output", out.size(), ids.size(), config.dim(), "ids"));
   if (options_.mode == ClientOptions::Mode::kSmart) {
     return OnShards([&](ShardRouter& router) {
       return router.Lookup(config, ids, out, !options.insert_missing);
@@ -174,11 +171,8 @@ absl::Status EmbeddingClient::PooledLookup(absl::string_view table, absl::Span<c
   TESSERA_RETURN_IF_ERROR(Annotate(embedding::ValidateBags(ids.size(), offsets, weights.size()),
                                    absl::StrCat("table '", table, "'")));
   const size_t bags = offsets.size() - 1;
-  if (out.size() != bags * config.dim()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "table '", table, "': dimension mismatch: output has ", out.size(), " floats, expected ",
-        bags * config.dim(), " (", bags, " bags x dim ", config.dim(), ")"));
-  }
+  TESSERA_RETURN_IF_ERROR(
+      embedding::CheckRowsSize(table, "output", out.size(), bags, config.dim(), "bags"));
   if (options_.mode == ClientOptions::Mode::kSmart) {
     return OnShards([&](ShardRouter& router) {
       return router.PooledLookup(config, ids, offsets, weights, pooling, out,
@@ -198,12 +192,8 @@ absl::Status EmbeddingClient::PooledLookup(absl::string_view table, absl::Span<c
 absl::Status EmbeddingClient::PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
                                             absl::Span<const float> gradients, int64_t step) {
   TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(table));
-  if (gradients.size() != ids.size() * config.dim()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("table '", table, "': dimension mismatch: gradients has ", gradients.size(),
-                     " floats, expected ", ids.size() * config.dim(), " (", ids.size(),
-                     " ids x dim ", config.dim(), ")"));
-  }
+  TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(table, "gradients", gradients.size(), ids.size(),
+                                                   config.dim(), "ids"));
   if (options_.mode == ClientOptions::Mode::kSmart) {
     return OnShards([&](ShardRouter& router) {
       return router.PushGradients(config, ids, gradients, step).status();

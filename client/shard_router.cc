@@ -186,13 +186,8 @@ absl::StatusOr<int64_t> ShardRouter::PushGradients(const v1::TableConfig& config
                                                    absl::Span<const float> gradients,
                                                    int64_t step) {
   const int dim = config.dim();
-  for (size_t i = 0; i < gradients.size(); ++i) {
-    if (!std::isfinite(gradients[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("table '", config.name(), "': gradient for id ", ids[i / dim], " (position ",
-                       i / dim, ", column ", i % dim, ") is ", gradients[i], "; batch rejected"));
-    }
-  }
+  absl::Status finite = embedding::CheckFiniteGradients(config.name(), ids, gradients.data(), dim);
+  if (!finite.ok()) return finite;
   std::vector<int64_t> unique;
   std::vector<int32_t> inverse;
   embedding::Unique(ids, &unique, &inverse);

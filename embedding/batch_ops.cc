@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "embedding/sharding.h"
@@ -76,6 +77,27 @@ void SumRowsByInverse(const float* rows, int dim, absl::Span<const int32_t> inve
     const float* src = rows + i * dim;
     for (int j = 0; j < dim; ++j) dst[j] += src[j];
   }
+}
+
+absl::Status CheckRowsSize(absl::string_view table, absl::string_view what, size_t size,
+                           size_t rows, int dim, absl::string_view unit) {
+  if (size == rows * dim) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("table '", table, "': dimension mismatch: ", what,
+                                                 " has ", size, " floats, expected ", rows * dim,
+                                                 " (", rows, " ", unit, " x dim ", dim, ")"));
+}
+
+absl::Status CheckFiniteGradients(absl::string_view table, absl::Span<const int64_t> ids,
+                                  const float* gradients, int dim) {
+  const size_t n = ids.size() * dim;
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(gradients[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table '", table, "': gradient for id ", ids[i / dim], " (position ",
+                       i / dim, ", column ", i % dim, ") is ", gradients[i], "; batch rejected"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateBags(size_t num_ids, absl::Span<const int32_t> offsets, size_t num_weights) {

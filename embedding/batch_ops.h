@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "tessera/v1/config.pb.h"
 
@@ -19,6 +20,16 @@ void Unique(absl::Span<const int64_t> ids, std::vector<int64_t>* unique_ids,
 // out[inverse[i]] += rows[i] for each i, in order of i: rows (inverse.size(), dim),
 // out (max(inverse)+1, dim), already initialised by the caller.
 void SumRowsByInverse(const float* rows, int dim, absl::Span<const int32_t> inverse, float* out);
+
+// OK when `values` holds `rows` x `dim` floats; otherwise InvalidArgument
+// "table 'T': dimension mismatch: WHAT has N floats, expected ... (ROWS UNIT x dim D)".
+absl::Status CheckRowsSize(absl::string_view table, absl::string_view what, size_t size,
+                           size_t rows, int dim, absl::string_view unit);
+
+// OK when every gradient (ids.size(), dim) is finite; otherwise InvalidArgument naming the
+// first bad id, its position and column, so the caller can reject the batch whole.
+absl::Status CheckFiniteGradients(absl::string_view table, absl::Span<const int64_t> ids,
+                                  const float* gradients, int dim);
 
 // Checks CSR bag offsets over `num_ids` ids: offsets has bags+1 entries, starts at 0,
 // never decreases and ends at num_ids; `num_weights` is 0 (unweighted) or num_ids.

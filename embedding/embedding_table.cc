@@ -69,16 +69,6 @@ uint64_t MapHash(int64_t id) { return Mix64(static_cast<uint64_t>(id) ^ kMapSalt
 // Uniform in [0, 1) from the top 24 bits.
 float UnitFloat(uint64_t bits) { return static_cast<float>(bits >> 40) * (1.0f / 16777216.0f); }
 
-bool AllFinite(const float* v, size_t n, size_t* bad) {
-  for (size_t i = 0; i < n; ++i) {
-    if (!std::isfinite(v[i])) {
-      *bad = i;
-      return false;
-    }
-  }
-  return true;
-}
-
 }  // namespace
 
 struct EmbeddingTable::Stripe {
@@ -397,13 +387,7 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
 
 absl::Status EmbeddingTable::ApplyUniqueGradients(absl::Span<const int64_t> ids, const float* grads,
                                                   int64_t step) {
-  size_t bad = 0;
-  if (!AllFinite(grads, ids.size() * dim_, &bad)) {
-    const size_t row = bad / dim_;
-    return absl::InvalidArgumentError(
-        absl::StrCat("table '", name(), "': gradient for id ", ids[row], " (position ", row,
-                     ", column ", bad % dim_, ") is ", grads[bad], "; batch rejected"));
-  }
+  TESSERA_RETURN_IF_ERROR(CheckFiniteGradients(name(), ids, grads, dim_));
   StripePlan& plan = PlanByStripe(ids);
   // Reserve budget for the rows this batch will create, so that a full table rejects the
   // whole batch before any row changes.

@@ -98,13 +98,9 @@ grpc::Status CoordinatorService::PushGradients(grpc::ServerContext*,
   if (!config.ok()) return ToGrpcStatus(config.status());
   absl::Status s = CheckBatch(request->table(), request->ids_size());
   if (!s.ok()) return ToGrpcStatus(s);
-  const int dim = config->dim();
-  if (request->gradients_size() != request->ids_size() * dim) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("table '", request->table(), "': dimension mismatch: gradients has ",
-                     request->gradients_size(), " floats, expected ", request->ids_size() * dim,
-                     " (", request->ids_size(), " ids x dim ", dim, ")")));
-  }
+  s = embedding::CheckRowsSize(request->table(), "gradients", request->gradients_size(),
+                               request->ids_size(), config->dim(), "ids");
+  if (!s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<int64_t> updated = router_->PushGradients(
       *config, absl::Span<const int64_t>(request->ids().data(), request->ids_size()),
       absl::Span<const float>(request->gradients().data(), request->gradients_size()),

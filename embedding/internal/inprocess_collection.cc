@@ -50,12 +50,6 @@ void Route(absl::Span<const int64_t> ids, uint64_t seed, int num_shards, Request
   }
 }
 
-std::string SizeMismatch(absl::string_view table, absl::string_view what, size_t got, size_t rows,
-                         int dim, absl::string_view unit) {
-  return absl::StrCat("table '", table, "': dimension mismatch: ", what, " has ", got,
-                      " floats, expected ", rows * dim, " (", rows, " ", unit, " x dim ", dim, ")");
-}
-
 }  // namespace
 
 absl::Status InProcessCollection::CreateTable(const v1::TableConfig& config) {
@@ -139,10 +133,8 @@ absl::Status InProcessCollection::Lookup(absl::string_view table, absl::Span<con
                                          const embedding::LookupOptions& options) {
   TESSERA_ASSIGN_OR_RETURN(ShardedTable * t, Find(table));
   const int dim = t->config.dim();
-  if (out.size() != ids.size() * dim) {
-    return absl::InvalidArgumentError(
-        SizeMismatch(table, "output", out.size(), ids.size(), dim, "ids"));
-  }
+  TESSERA_RETURN_IF_ERROR(
+      embedding::CheckRowsSize(table, "output", out.size(), ids.size(), dim, "ids"));
   // One shard needs no routing, and the table reads repeated ids correctly itself.
   if (num_shards_ == 1) return t->shards[0]->Lookup(ids, out.data(), options.insert_missing);
   RequestScratch& s = Scratch();
@@ -166,9 +158,7 @@ absl::Status InProcessCollection::PooledLookup(absl::string_view table,
   TESSERA_RETURN_IF_ERROR(Annotate(embedding::ValidateBags(ids.size(), offsets, weights.size()),
                                    absl::StrCat("table '", table, "'")));
   const size_t bags = offsets.size() - 1;
-  if (out.size() != bags * dim) {
-    return absl::InvalidArgumentError(SizeMismatch(table, "output", out.size(), bags, dim, "bags"));
-  }
+  TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(table, "output", out.size(), bags, dim, "bags"));
   for (size_t i = 0; i < weights.size(); ++i) {
     if (!std::isfinite(weights[i])) {
       return absl::InvalidArgumentError(
@@ -188,18 +178,10 @@ absl::Status InProcessCollection::PushGradients(absl::string_view table,
                                                 absl::Span<const float> gradients, int64_t step) {
   TESSERA_ASSIGN_OR_RETURN(ShardedTable * t, Find(table));
   const int dim = t->config.dim();
-  if (gradients.size() != ids.size() * dim) {
-    return absl::InvalidArgumentError(
-        SizeMismatch(table, "gradients", gradients.size(), ids.size(), dim, "ids"));
-  }
+  TESSERA_RETURN_IF_ERROR(
+      embedding::CheckRowsSize(table, "gradients", gradients.size(), ids.size(), dim, "ids"));
   // Reject the whole batch before any shard changes.
-  for (size_t i = 0; i < gradients.size(); ++i) {
-    if (!std::isfinite(gradients[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("table '", table, "': gradient for id ", ids[i / dim], " (position ",
-                       i / dim, ", column ", i % dim, ") is ", gradients[i], "; batch rejected"));
-    }
-  }
+  TESSERA_RETURN_IF_ERROR(embedding::CheckFiniteGradients(table, ids, gradients.data(), dim));
   RequestScratch& s = Scratch();
   embedding::Unique(ids, &s.unique_ids, &s.inverse);
   s.rows.assign(s.unique_ids.size() * dim, 0.0f);
