@@ -262,11 +262,11 @@ float* EmbeddingTable::FindOrInsertLocked(Stripe& stripe, int64_t id, uint64_t h
 
 namespace {
 
-// A batch's ids grouped by stripe, so each stripe's lock is taken once per batch and
-// the map and row loads of many ids are in flight together.
 // Ids probed (and their rows prefetched) before the first of them is used.
 constexpr int kChunk = 32;
 
+// A batch's ids grouped by stripe, so each stripe's lock is taken once per batch and
+// the map and row loads of many ids are in flight together.
 struct StripePlan {
   std::vector<uint64_t> hash;    // (ids) map hash of each id
   std::vector<int32_t> order;    // positions of the ids, grouped by stripe
@@ -309,10 +309,10 @@ void PrefetchLines(const float* p, int lines, bool for_write) {
 
 }  // namespace
 
-// Finds the rows of group [b, e) of `plan` in `stripe` (whose lock the caller holds):
-// the map slot of id k + 2D is prefetched while id k + D is probed (and its first
-// `row_lines` cache lines prefetched) and id k is handed to the caller, so about 2D
-// memory loads overlap. Fills plan.rows[b..e).
+// Finds the rows of group [b, e) of `plan` in `stripe` (whose lock the caller holds) into
+// plan.rows[b..e): the map slot of id j is prefetched while id j - 8 is probed and its
+// first `row_lines` cache lines are prefetched, so the caller's pass over the rows that
+// follows finds them on their way.
 template <typename Stripe>
 static void FindGroup(const Stripe& stripe, absl::Span<const int64_t> ids, StripePlan& plan, int b,
                       int e, int row_lines, bool for_write) {
@@ -389,10 +389,11 @@ absl::Status EmbeddingTable::ApplyUniqueGradients(absl::Span<const int64_t> ids,
                                                   int64_t step) {
   TESSERA_RETURN_IF_ERROR(CheckFiniteGradients(name(), ids, grads, dim_));
   StripePlan& plan = PlanByStripe(ids);
-  // Reserve budget for the rows this batch will create, so that a full table rejects the
-  // whole batch before any row changes.
+  // With a budget, reserve it for the rows this batch will create, so that a full table
+  // rejects the whole batch before any row changes. Without one there is nothing to check
+  // and rows are counted as they are created.
   int64_t reserved = 0;
-  for (int s = 0; s < kNumStripes; ++s) {
+  for (int s = 0; s < kNumStripes && row_budget_ > 0; ++s) {
     const int b = plan.begin[s];
     const int e = plan.begin[s + 1];
     if (b == e) continue;
@@ -403,7 +404,7 @@ absl::Status EmbeddingTable::ApplyUniqueGradients(absl::Span<const int64_t> ids,
   }
   if (reserved > 0) {
     const int64_t before = num_rows_.fetch_add(reserved, std::memory_order_relaxed);
-    if (row_budget_ > 0 && before + reserved > row_budget_) {
+    if (before + reserved > row_budget_) {
       num_rows_.fetch_sub(reserved, std::memory_order_relaxed);
       return BudgetError();
     }
@@ -429,7 +430,7 @@ absl::Status EmbeddingTable::ApplyUniqueGradients(absl::Span<const int64_t> ids,
         if (row == nullptr) {
           row = FindOrInsertLocked(stripe, ids[pos], plan.hash[pos]);
           if (row == nullptr) {
-            num_rows_.fetch_sub(reserved - created, std::memory_order_relaxed);
+            num_rows_.fetch_add(created - reserved, std::memory_order_relaxed);
             return OutOfMemoryError();
           }
           ++created;
@@ -442,8 +443,9 @@ absl::Status EmbeddingTable::ApplyUniqueGradients(absl::Span<const int64_t> ids,
       }
     }
   }
-  // Another thread may have created some of the reserved rows meanwhile.
-  if (created < reserved) num_rows_.fetch_sub(reserved - created, std::memory_order_relaxed);
+  // Another thread may have created some of the reserved rows meanwhile; without a budget
+  // nothing was reserved and every created row is counted here.
+  if (created != reserved) num_rows_.fetch_add(created - reserved, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
