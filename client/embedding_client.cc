@@ -127,11 +127,12 @@ absl::StatusOr<v1::TableConfig> EmbeddingClient::Config(absl::string_view table)
   return it->second;
 }
 
-absl::Status EmbeddingClient::Request(absl::string_view table, const v1::LookupRequest& req,
+absl::Status EmbeddingClient::Request(absl::string_view table, LookupMessages* m,
                                       absl::Span<float> out) {
+  const v1::LookupRequest& req = m->request;
+  v1::LookupResponse& resp = m->response;
   return WithRetries([&] {
     auto ctx = NewContext();
-    v1::LookupResponse resp;
     absl::Status s = FromCoordinator(coordinator_->Lookup(ctx.get(), req, &resp));
     if (!s.ok()) return s;
     if (static_cast<size_t>(resp.values_size()) != out.size()) {
@@ -155,11 +156,13 @@ absl::Status EmbeddingClient::Lookup(absl::string_view table, absl::Span<const i
       return router.Lookup(config, ids, out, !options.insert_missing);
     });
   }
-  v1::LookupRequest req;
+  auto messages = lookup_messages_.Acquire();
+  v1::LookupRequest& req = messages->request;
+  req.Clear();
   req.set_table(std::string(table));
   req.set_read_only(!options.insert_missing);
   req.mutable_ids()->Add(ids.begin(), ids.end());
-  return Request(table, req, out);
+  return Request(table, messages.get(), out);
 }
 
 absl::Status EmbeddingClient::PooledLookup(absl::string_view table, absl::Span<const int64_t> ids,
@@ -179,14 +182,16 @@ absl::Status EmbeddingClient::PooledLookup(absl::string_view table, absl::Span<c
                                  !options.insert_missing);
     });
   }
-  v1::LookupRequest req;
+  auto messages = lookup_messages_.Acquire();
+  v1::LookupRequest& req = messages->request;
+  req.Clear();
   req.set_table(std::string(table));
   req.set_read_only(!options.insert_missing);
   req.set_pooling(pooling);
   req.mutable_ids()->Add(ids.begin(), ids.end());
   req.mutable_offsets()->Add(offsets.begin(), offsets.end());
   req.mutable_weights()->Add(weights.begin(), weights.end());
-  return Request(table, req, out);
+  return Request(table, messages.get(), out);
 }
 
 absl::Status EmbeddingClient::PushGradients(absl::string_view table, absl::Span<const int64_t> ids,

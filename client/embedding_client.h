@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/synchronization/mutex.h"
+#include "client/object_pool.h"
 #include "client/shard_router.h"
 #include "embedding/collection.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
@@ -58,8 +59,13 @@ class EmbeddingClient final : public embedding::EmbeddingCollection {
   // Smart mode: runs `call` on the current router, with retries and one map refresh.
   absl::Status OnShards(const std::function<absl::Status(ShardRouter&)>& call);
   absl::StatusOr<v1::TableConfig> Config(absl::string_view table) const;
-  absl::Status Request(absl::string_view table, const v1::LookupRequest& req,
-                       absl::Span<float> out);
+  // Coordinator-mode lookup messages, reused between calls (see ObjectPool).
+  struct LookupMessages {
+    v1::LookupRequest request;
+    v1::LookupResponse response;
+  };
+  // Coordinator mode: sends m->request, copies the answer into `out`.
+  absl::Status Request(absl::string_view table, LookupMessages* m, absl::Span<float> out);
 
   ClientOptions options_;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_;
@@ -67,6 +73,7 @@ class EmbeddingClient final : public embedding::EmbeddingCollection {
   mutable std::map<std::string, v1::TableConfig, std::less<>> configs_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<ShardRouter> router_ ABSL_GUARDED_BY(mu_);  // smart mode
   int num_shards_ ABSL_GUARDED_BY(mu_) = 0;
+  ObjectPool<LookupMessages> lookup_messages_{[] { return std::make_unique<LookupMessages>(); }};
 };
 
 }  // namespace tessera::client

@@ -3,25 +3,12 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/blocking_counter.h"
 #include "embedding/batch_ops.h"
 #include "embedding/sharding.h"
 #include "grpcpp/grpcpp.h"
 
 namespace tessera::client {
-namespace {
-
-// Positions [0, n) of `ids` grouped by shard.
-std::vector<std::vector<int32_t>> GroupByShard(absl::Span<const int64_t> ids, uint64_t seed,
-                                               int shards) {
-  std::vector<std::vector<int32_t>> groups(shards);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    groups[embedding::ShardOf(ids[i], seed, shards)].push_back(static_cast<int32_t>(i));
-  }
-  return groups;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 absl::Status FromShardStatus(const grpc::Status& status, int shard, const std::string& address) {
   if (status.ok()) return absl::OkStatus();
@@ -30,7 +17,18 @@ absl::Status FromShardStatus(const grpc::Status& status, int shard, const std::s
 }
 
 ShardRouter::ShardRouter(std::vector<std::string> addresses, const RouterOptions& options)
-    : addresses_(std::move(addresses)), options_(options), version_(options.shard_map_version) {
+    : addresses_(std::move(addresses)),
+      options_(options),
+      version_(options.shard_map_version),
+      scratch_([shards = static_cast<int>(addresses_.size())] {
+        auto s = std::make_unique<Scratch>();
+        s->groups.resize(shards);
+        s->lookups.resize(shards);
+        s->lookup_responses.resize(shards);
+        s->pushes.resize(shards);
+        s->push_responses.resize(shards);
+        return s;
+      }) {
   for (const std::string& address : addresses_) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(options_.max_message_bytes);
@@ -46,25 +44,43 @@ std::unique_ptr<grpc::ClientContext> ShardRouter::NewContext() const {
   return ctx;
 }
 
-std::vector<grpc::Status> ShardRouter::CallShards(
-    const std::function<bool(int)>& has_work,
-    const std::function<void(int, grpc::ClientContext*, std::function<void(grpc::Status)>)>& start)
-    const {
+template <typename Response, typename Prepare>
+std::vector<grpc::Status> ShardRouter::CallShards(const std::function<bool(int)>& has_work,
+                                                  const Prepare& prepare,
+                                                  std::vector<Response>* responses) const {
   std::vector<grpc::Status> statuses(num_shards());
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts(num_shards());
-  int calls = 0;
-  for (int k = 0; k < num_shards(); ++k) calls += has_work(k);
-  absl::BlockingCounter done(calls);
+  std::vector<std::unique_ptr<grpc::ClientAsyncResponseReader<Response>>> calls(num_shards());
+  grpc::CompletionQueue queue;
+  int pending = 0;
   for (int k = 0; k < num_shards(); ++k) {
     if (!has_work(k)) continue;
     contexts[k] = NewContext();
-    start(k, contexts[k].get(), [&statuses, &done, k](grpc::Status s) {
-      statuses[k] = std::move(s);
-      done.DecrementCount();
-    });
+    calls[k] = prepare(k, contexts[k].get(), &queue);
+    calls[k]->StartCall();
+    calls[k]->Finish(&(*responses)[k], &statuses[k], reinterpret_cast<void*>(intptr_t{k}));
+    ++pending;
   }
-  done.Wait();
+  void* tag = nullptr;
+  bool ok = false;
+  // Finish always completes (with the call's status, DEADLINE_EXCEEDED at the latest).
+  for (; pending > 0 && queue.Next(&tag, &ok); --pending) {
+  }
+  queue.Shutdown();
+  while (queue.Next(&tag, &ok)) {
+  }
   return statuses;
+}
+
+void ShardRouter::Split(const v1::TableConfig& config, absl::Span<const int64_t> ids,
+                        Scratch* s) const {
+  embedding::Unique(ids, &s->unique, &s->inverse);
+  for (auto& g : s->groups) g.clear();
+  const int shards = num_shards();
+  for (size_t u = 0; u < s->unique.size(); ++u) {
+    s->groups[embedding::ShardOf(s->unique[u], config.seed(), shards)].push_back(
+        static_cast<int32_t>(u));
+  }
 }
 
 absl::Status ShardRouter::CreateTable(const v1::TableConfig& config) {
@@ -83,30 +99,30 @@ absl::Status ShardRouter::CreateTable(const v1::TableConfig& config) {
 absl::Status ShardRouter::Lookup(const v1::TableConfig& config, absl::Span<const int64_t> ids,
                                  absl::Span<float> out, bool read_only) {
   const int dim = config.dim();
-  std::vector<int64_t> unique;
-  std::vector<int32_t> inverse;
-  embedding::Unique(ids, &unique, &inverse);
-  const auto groups = GroupByShard(unique, config.seed(), num_shards());
-  std::vector<v1::LookupRequest> reqs(num_shards());
-  std::vector<v1::LookupResponse> resps(num_shards());
+  auto s = scratch_.Acquire();
+  Split(config, ids, s.get());
+  const auto& groups = s->groups;
+  auto& reqs = s->lookups;
+  auto& resps = s->lookup_responses;
   for (int k = 0; k < num_shards(); ++k) {
     if (groups[k].empty()) continue;
+    reqs[k].Clear();
     reqs[k].set_table(config.name());
     reqs[k].set_read_only(read_only);
     reqs[k].set_shard_map_version(version_.load());
     auto* req_ids = reqs[k].mutable_ids();
-    req_ids->Resize(static_cast<int>(groups[k].size()), 0);
-    for (size_t j = 0; j < groups[k].size(); ++j) req_ids->Set(j, unique[groups[k][j]]);
+    req_ids->Reserve(static_cast<int>(groups[k].size()));
+    int64_t* dst = req_ids->AddNAlreadyReserved(static_cast<int>(groups[k].size()));
+    for (size_t j = 0; j < groups[k].size(); ++j) dst[j] = s->unique[groups[k][j]];
   }
   const std::vector<grpc::Status> statuses =
       CallShards([&](int k) { return !groups[k].empty(); },
-                 [&](int k, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
-                   stubs_[k]->async()->Lookup(ctx, &reqs[k], &resps[k], std::move(done));
-                 });
-  // Without repeats the unique rows are the caller's rows: merge straight into `out`.
-  const bool no_repeats = unique.size() == ids.size();
-  std::vector<float> rows(no_repeats ? 0 : unique.size() * dim);
-  float* merged = no_repeats ? out.data() : rows.data();
+                 [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
+                   return stubs_[k]->PrepareAsyncLookup(ctx, reqs[k], queue);
+                 },
+                 &resps);
+  // Where each unique id's row lies in the shards' answers; then one gather into `out`.
+  s->rows.resize(s->unique.size());
   for (int k = 0; k < num_shards(); ++k) {
     if (groups[k].empty()) continue;
     if (!statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
@@ -115,15 +131,11 @@ absl::Status ShardRouter::Lookup(const v1::TableConfig& config, absl::Span<const
                                               resps[k].values_size(), " floats, expected ",
                                               groups[k].size() * dim));
     }
-    for (size_t j = 0; j < groups[k].size(); ++j) {
-      std::copy_n(resps[k].values().data() + j * dim, dim,
-                  merged + static_cast<size_t>(groups[k][j]) * dim);
-    }
+    const float* values = resps[k].values().data();
+    for (size_t j = 0; j < groups[k].size(); ++j) s->rows[groups[k][j]] = values + j * dim;
   }
-  if (!no_repeats) {
-    for (size_t i = 0; i < ids.size(); ++i) {
-      std::copy_n(rows.data() + static_cast<size_t>(inverse[i]) * dim, dim, out.data() + i * dim);
-    }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::copy_n(s->rows[s->inverse[i]], dim, out.data() + i * dim);
   }
   return absl::OkStatus();
 }
@@ -157,9 +169,10 @@ absl::Status ShardRouter::PooledLookup(const v1::TableConfig& config, absl::Span
   std::vector<v1::LookupResponse> resps(num_shards());
   const std::vector<grpc::Status> statuses =
       CallShards([&](int k) { return reqs[k].ids_size() > 0; },
-                 [&](int k, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
-                   stubs_[k]->async()->Lookup(ctx, &reqs[k], &resps[k], std::move(done));
-                 });
+                 [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
+                   return stubs_[k]->PrepareAsyncLookup(ctx, reqs[k], queue);
+                 },
+                 &resps);
   std::fill(out.begin(), out.end(), 0.0f);
   for (int k = 0; k < num_shards(); ++k) {
     if (reqs[k].ids_size() == 0) continue;
@@ -188,36 +201,43 @@ absl::StatusOr<int64_t> ShardRouter::PushGradients(const v1::TableConfig& config
   const int dim = config.dim();
   absl::Status finite = embedding::CheckFiniteGradients(config.name(), ids, gradients.data(), dim);
   if (!finite.ok()) return finite;
-  std::vector<int64_t> unique;
-  std::vector<int32_t> inverse;
-  embedding::Unique(ids, &unique, &inverse);
-  std::vector<float> summed(unique.size() * dim, 0.0f);
-  embedding::SumRowsByInverse(gradients.data(), dim, inverse, summed.data());
-  const auto groups = GroupByShard(unique, config.seed(), num_shards());
-  std::vector<v1::PushGradientsRequest> reqs(num_shards());
-  std::vector<v1::PushGradientsResponse> resps(num_shards());
+  auto s = scratch_.Acquire();
+  Split(config, ids, s.get());
+  const auto& groups = s->groups;
+  auto& reqs = s->pushes;
+  auto& resps = s->push_responses;
+  // Repeated ids are summed straight into their row of the shard's request, in the
+  // caller's order (the same additions, in the same order, as the in-process path).
+  s->slots.resize(s->unique.size());
   for (int k = 0; k < num_shards(); ++k) {
     if (groups[k].empty()) continue;
     v1::PushGradientsRequest& r = reqs[k];
+    r.Clear();
     r.set_table(config.name());
     r.set_step(step);
     r.set_shard_map_version(version_.load());
     const int n = static_cast<int>(groups[k].size());
-    r.mutable_ids()->Resize(n, 0);
+    r.mutable_ids()->Reserve(n);
+    int64_t* req_ids = r.mutable_ids()->AddNAlreadyReserved(n);
     r.mutable_gradients()->Resize(n * dim, 0.0f);
     float* g = r.mutable_gradients()->mutable_data();
     for (int j = 0; j < n; ++j) {
       const int32_t u = groups[k][j];
-      r.mutable_ids()->Set(j, unique[u]);
-      std::copy_n(summed.data() + static_cast<size_t>(u) * dim, dim,
-                  g + static_cast<size_t>(j) * dim);
+      req_ids[j] = s->unique[u];
+      s->slots[u] = g + static_cast<size_t>(j) * dim;
     }
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    float* dst = s->slots[s->inverse[i]];
+    const float* src = gradients.data() + i * dim;
+    for (int j = 0; j < dim; ++j) dst[j] += src[j];
   }
   const std::vector<grpc::Status> statuses =
       CallShards([&](int k) { return !groups[k].empty(); },
-                 [&](int k, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
-                   stubs_[k]->async()->PushGradients(ctx, &reqs[k], &resps[k], std::move(done));
-                 });
+                 [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
+                   return stubs_[k]->PrepareAsyncPushGradients(ctx, reqs[k], queue);
+                 },
+                 &resps);
   int64_t updated = 0;
   for (int k = 0; k < num_shards(); ++k) {
     if (groups[k].empty()) continue;

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "client/object_pool.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 
 namespace tessera::client {
@@ -59,18 +60,37 @@ class ShardRouter {
   absl::StatusOr<std::vector<v1::TableStats>> Stats(const std::string& table);
 
  private:
+  // Per-call buffers, kept between calls so that large batches do not allocate (and
+  // page-fault) their request and response buffers afresh every time.
+  struct Scratch {
+    std::vector<int64_t> unique;
+    std::vector<int32_t> inverse;
+    std::vector<std::vector<int32_t>> groups;  // per shard: positions in `unique`
+    std::vector<const float*> rows;            // per unique id: its row in a response
+    std::vector<float*> slots;                 // per unique id: its row in a request
+    std::vector<v1::LookupRequest> lookups;
+    std::vector<v1::LookupResponse> lookup_responses;
+    std::vector<v1::PushGradientsRequest> pushes;
+    std::vector<v1::PushGradientsResponse> push_responses;
+  };
+  // Deduplicates `ids` into s->unique / s->inverse and groups the unique ids by shard.
+  void Split(const v1::TableConfig& config, absl::Span<const int64_t> ids, Scratch* s) const;
+
   std::unique_ptr<grpc::ClientContext> NewContext() const;
-  // Starts `start(k, context, done)` for every shard with `has_work(k)`, all in flight
-  // together, and returns each shard's status once all have answered.
-  std::vector<grpc::Status> CallShards(
-      const std::function<bool(int)>& has_work,
-      const std::function<void(int, grpc::ClientContext*, std::function<void(grpc::Status)>)>&
-          start) const;
+  // Starts the call `prepare(k, context, queue)` for every shard with `has_work(k)`, all in
+  // flight together, and returns each shard's status once all have answered, with its
+  // answer in (*responses)[k]. The calling thread drives the completion queue itself, so
+  // no other thread has to wake it.
+  template <typename Response, typename Prepare>
+  std::vector<grpc::Status> CallShards(const std::function<bool(int)>& has_work,
+                                       const Prepare& prepare,
+                                       std::vector<Response>* responses) const;
 
   std::vector<std::string> addresses_;
   RouterOptions options_;
   std::atomic<uint64_t> version_;
   std::vector<std::unique_ptr<v1::EmbeddingShard::Stub>> stubs_;
+  mutable ObjectPool<Scratch> scratch_;
 };
 
 }  // namespace tessera::client

@@ -24,8 +24,11 @@ absl::StatusOr<LookupView> PrepareLookup(const v1::LookupRequest& request, int d
         absl::StrCat("table '", request.table(), "': weights need bag offsets"));
   }
   response->set_dim(dim);
-  response->mutable_values()->Resize(rows * dim, 0.0f);
-  v.out = absl::MakeSpan(response->mutable_values()->mutable_data(), response->values_size());
+  // Every value is written by the lookup, so the buffer is not zero-filled first.
+  auto* values = response->mutable_values();
+  values->Clear();
+  values->Reserve(rows * dim);
+  v.out = absl::MakeSpan(values->AddNAlreadyReserved(rows * dim), static_cast<size_t>(rows) * dim);
   return v;
 }
 
