@@ -16,7 +16,12 @@
 namespace tessera::embedding {
 namespace {
 
-constexpr int kMetaFloats = sizeof(RowMeta) / sizeof(float);
+// What sits after a row's optimizer state: the public RowMeta and a dirty flag.
+struct StoredMetaLayout {
+  RowMeta meta;
+  uint32_t dirty = 0;
+};
+constexpr int kMetaFloats = sizeof(StoredMetaLayout) / sizeof(float);
 constexpr uint64_t kMapSalt = 0x5be0cd19137e2179ULL;
 constexpr uint64_t kInitSalt = 0x6a09e667f3bcc908ULL;
 constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
@@ -86,6 +91,7 @@ struct EmbeddingTable::Stripe {
   int64_t bump_left ABSL_GUARDED_BY(mu) = 0;
   int64_t next_slab_rows ABSL_GUARDED_BY(mu) = 16;
   int64_t slab_bytes ABSL_GUARDED_BY(mu) = 0;
+  std::vector<Entry> dirty ABSL_GUARDED_BY(mu);  // rows updated since the last ClearDirty
 
   float* Find(int64_t id, uint64_t h) const ABSL_SHARED_LOCKS_REQUIRED(mu) {
     if (entries.empty()) return nullptr;
@@ -198,6 +204,12 @@ EmbeddingTable::EmbeddingTable(const v1::TableConfig& config, int64_t row_budget
 
 EmbeddingTable::~EmbeddingTable() = default;
 
+struct EmbeddingTable::StoredMeta : StoredMetaLayout {};
+
+EmbeddingTable::StoredMeta* EmbeddingTable::StoredMetaOf(float* row) const {
+  return reinterpret_cast<StoredMeta*>(MetaOf(row));
+}
+
 RowMeta* EmbeddingTable::MetaOf(float* row) const {
   int meta_at = dim_ + state_floats_;
   meta_at += meta_at & 1;
@@ -235,7 +247,7 @@ void EmbeddingTable::InitialWeights(int64_t id, float* out) const {
 void EmbeddingTable::InitRow(int64_t id, float* row) const {
   InitialWeights(id, row);
   optimizer_->InitState(row + dim_);
-  *MetaOf(row) = RowMeta{};
+  *StoredMetaOf(row) = StoredMeta{};
 }
 
 absl::Status EmbeddingTable::BudgetError() const {
@@ -436,10 +448,14 @@ absl::Status EmbeddingTable::ApplyUniqueGradients(absl::Span<const int64_t> ids,
           ++created;
         }
         std::memcpy(scratch.data(), grads + static_cast<size_t>(pos) * dim_, dim_ * sizeof(float));
-        RowMeta* meta = MetaOf(row);
-        optimizer_->Update(row, row + dim_, scratch.data(), meta->update_count);
-        meta->update_count += 1;
-        meta->last_step = step;
+        StoredMeta* stored = StoredMetaOf(row);
+        optimizer_->Update(row, row + dim_, scratch.data(), stored->meta.update_count);
+        stored->meta.update_count += 1;
+        stored->meta.last_step = step;
+        if (stored->dirty == 0) {
+          stored->dirty = 1;
+          stripe.dirty.push_back(Stripe::Entry{ids[pos], row});
+        }
       }
     }
   }
@@ -475,8 +491,71 @@ absl::StatusOr<RowSnapshot> EmbeddingTable::ReadRow(int64_t id) const {
   return snap;
 }
 
-void EmbeddingTable::ForEachRow(
-    const std::function<void(int64_t, const float*, const float*, const RowMeta&)>& fn) const {
+void EmbeddingTable::ReadRows(absl::Span<const int64_t> ids, const RowFn& fn) const {
+  for (const int64_t id : ids) {
+    const uint64_t h = MapHash(id);
+    Stripe& stripe = stripes_[h >> kStripeShift];
+    absl::ReaderMutexLock lock(&stripe.mu);
+    if (const float* row = stripe.Find(id, h)) fn(id, row, row + dim_, *MetaOf(row));
+  }
+}
+
+absl::Status EmbeddingTable::PutRow(int64_t id, absl::Span<const float> weights,
+                                    absl::Span<const float> state, const RowMeta& meta) {
+  if (weights.size() != static_cast<size_t>(dim_) ||
+      state.size() != static_cast<size_t>(state_floats_)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table '", name(), "': row ", id, " has ", weights.size(), " weights and ", state.size(),
+        " state floats, expected ", dim_, " and ", state_floats_));
+  }
+  const uint64_t h = MapHash(id);
+  Stripe& stripe = stripes_[h >> kStripeShift];
+  absl::MutexLock lock(&stripe.mu);
+  float* row = stripe.Find(id, h);
+  if (row == nullptr) {
+    if (num_rows_.fetch_add(1, std::memory_order_relaxed) >= row_budget_ && row_budget_ > 0) {
+      num_rows_.fetch_sub(1, std::memory_order_relaxed);
+      return BudgetError();
+    }
+    row = FindOrInsertLocked(stripe, id, h);
+    if (row == nullptr) {
+      num_rows_.fetch_sub(1, std::memory_order_relaxed);
+      return OutOfMemoryError();
+    }
+  }
+  std::copy(weights.begin(), weights.end(), row);
+  std::copy(state.begin(), state.end(), row + dim_);
+  StoredMetaOf(row)->meta = meta;
+  return absl::OkStatus();
+}
+
+void EmbeddingTable::ForEachDirtyRow(const RowFn& fn) const {
+  for (int s = 0; s < kNumStripes; ++s) {
+    Stripe& stripe = stripes_[s];
+    absl::ReaderMutexLock lock(&stripe.mu);
+    for (const Stripe::Entry& e : stripe.dirty) fn(e.id, e.row, e.row + dim_, *MetaOf(e.row));
+  }
+}
+
+int64_t EmbeddingTable::DirtyRows() const {
+  int64_t n = 0;
+  for (int s = 0; s < kNumStripes; ++s) {
+    absl::ReaderMutexLock lock(&stripes_[s].mu);
+    n += static_cast<int64_t>(stripes_[s].dirty.size());
+  }
+  return n;
+}
+
+void EmbeddingTable::ClearDirty() {
+  for (int s = 0; s < kNumStripes; ++s) {
+    Stripe& stripe = stripes_[s];
+    absl::MutexLock lock(&stripe.mu);
+    for (const Stripe::Entry& e : stripe.dirty) StoredMetaOf(e.row)->dirty = 0;
+    stripe.dirty.clear();
+  }
+}
+
+void EmbeddingTable::ForEachRow(const RowFn& fn) const {
   for (int s = 0; s < kNumStripes; ++s) {
     Stripe& stripe = stripes_[s];
     absl::ReaderMutexLock lock(&stripe.mu);

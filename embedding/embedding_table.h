@@ -89,10 +89,33 @@ class EmbeddingTable {
   // The weights a new row of `id` starts with: (dim).
   void InitialWeights(int64_t id, float* out) const;
 
+  using RowFn = std::function<void(int64_t id, const float* weights, const float* state,
+                                   const RowMeta& meta)>;
+
   // Calls fn for every stored row, one stripe at a time under its reader lock. fn must
   // not call back into the table.
-  void ForEachRow(const std::function<void(int64_t id, const float* weights, const float* state,
-                                           const RowMeta& meta)>& fn) const;
+  void ForEachRow(const RowFn& fn) const;
+
+  // Calls fn for each id of `ids` that has a row, under its stripe's reader lock; ids
+  // without a row are skipped. fn must not call back into the table.
+  void ReadRows(absl::Span<const int64_t> ids, const RowFn& fn) const;
+
+  // Stores a row exactly as given (loading from disk, undoing an update): creates it or
+  // overwrites it. `weights` (dim), `state` (optimizer StateFloats()). InvalidArgument on
+  // a size mismatch, ResourceExhausted when a new row would pass the row budget. The row
+  // is not marked dirty.
+  absl::Status PutRow(int64_t id, absl::Span<const float> weights, absl::Span<const float> state,
+                      const RowMeta& meta);
+
+  // Dirty rows: rows changed by an optimizer update since the last ClearDirty(). A
+  // checkpoint writes these and nothing else; rows only ever looked up equal their
+  // initial weights and need no storing.
+  // Calls fn for every dirty row, one stripe at a time under its reader lock.
+  void ForEachDirtyRow(const RowFn& fn) const;
+  int64_t DirtyRows() const;
+  // Marks every row clean. Callers make sure no update runs between ForEachDirtyRow and
+  // this (the collection holds its checkpoint lock).
+  void ClearDirty();
 
  private:
   struct Stripe;
@@ -104,8 +127,10 @@ class EmbeddingTable {
   // Requires the stripe's writer lock.
   float* FindOrInsertLocked(Stripe& stripe, int64_t id, uint64_t hash);
   void InitRow(int64_t id, float* row) const;
+  struct StoredMeta;
   RowMeta* MetaOf(float* row) const;
   const RowMeta* MetaOf(const float* row) const;
+  StoredMeta* StoredMetaOf(float* row) const;
   absl::Status BudgetError() const;
   absl::Status OutOfMemoryError() const;
 

@@ -237,6 +237,56 @@ TEST(EmbeddingTable, ForEachRowVisitsEveryStoredRow) {
   EXPECT_GT(t->MemoryBytes(), 7 * 4 * 4);
 }
 
+TEST(EmbeddingTable, OnlyUpdatedRowsAreDirtyUntilCleared) {
+  auto t = Make(Config(4, v1::ADAGRAD));
+  std::vector<float> out(3 * 4);
+  ASSERT_TRUE(t->Lookup({1, 2, 3}, out.data()).ok());
+  EXPECT_EQ(t->DirtyRows(), 0);  // looked up only: equal to their initial weights
+  std::vector<float> g(2 * 4, 0.5f);
+  ASSERT_TRUE(t->PushGradients({2, 9}, g.data(), 4).ok());
+  ASSERT_TRUE(t->PushGradients({2}, g.data(), 5).ok());  // already dirty: listed once
+  std::set<int64_t> dirty;
+  t->ForEachDirtyRow([&](int64_t id, const float*, const float*, const RowMeta& m) {
+    EXPECT_TRUE(dirty.insert(id).second);
+    EXPECT_EQ(m.last_step, id == 2 ? 5 : 4);
+  });
+  EXPECT_EQ(dirty, (std::set<int64_t>{2, 9}));
+  EXPECT_EQ(t->DirtyRows(), 2);
+  t->ClearDirty();
+  EXPECT_EQ(t->DirtyRows(), 0);
+  ASSERT_TRUE(t->PushGradients({9}, g.data(), 6).ok());
+  EXPECT_EQ(t->DirtyRows(), 1);
+}
+
+TEST(EmbeddingTable, PutRowStoresExactlyWhatItIsGivenAndHonoursTheBudget) {
+  auto t = Make(Config(3, v1::ADAGRAD), /*budget=*/2);
+  const int state = t->optimizer().StateFloats();
+  std::vector<float> w = {1.5f, -2.0f, 0.25f};
+  std::vector<float> st(state, 7.0f);
+  ASSERT_TRUE(t->PutRow(42, w, st, RowMeta{11, 3}).ok());
+  absl::StatusOr<RowSnapshot> row = t->ReadRow(42);
+  ASSERT_TRUE(row.ok());
+  EXPECT_EQ(row->weights, w);
+  EXPECT_EQ(row->state, st);
+  EXPECT_EQ(row->meta.last_step, 11);
+  EXPECT_EQ(row->meta.update_count, 3);
+  EXPECT_EQ(t->DirtyRows(), 0);
+  // Overwriting does not take budget; a third new row does.
+  ASSERT_TRUE(t->PutRow(42, {0, 0, 0}, st, RowMeta{}).ok());
+  ASSERT_TRUE(t->PutRow(43, w, st, RowMeta{}).ok());
+  EXPECT_EQ(t->PutRow(44, w, st, RowMeta{}).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(t->PutRow(45, {1, 2}, st, RowMeta{}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(t->num_rows(), 2);
+  std::vector<int64_t> seen;
+  t->ReadRows({43, 44, 42}, [&](int64_t id, const float* weights, const float*, const RowMeta&) {
+    seen.push_back(id);
+    if (id == 42) {
+      EXPECT_EQ(weights[0], 0.0f);
+    }
+  });
+  EXPECT_EQ(seen, (std::vector<int64_t>{43, 42}));
+}
+
 TEST(EmbeddingTable, RejectsBadConfigs) {
   v1::TableConfig c = Config(0);
   EXPECT_EQ(EmbeddingTable::Create(c).status().code(), absl::StatusCode::kInvalidArgument);
