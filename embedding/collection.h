@@ -2,7 +2,9 @@
 #define TESSERA_EMBEDDING_COLLECTION_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -23,6 +25,18 @@ struct TableUsage {
   int64_t rows = 0;          // stored rows over all shards
   int64_t memory_bytes = 0;  // bytes of rows and id maps
 };
+
+// A durable snapshot of every table of a collection.
+struct CheckpointInfo {
+  int64_t step = 0;
+  int64_t rows = 0;             // rows stored in it
+  int64_t bytes = 0;            // bytes on disk
+  int64_t created_unix_ms = 0;  // when it was completed
+  double seconds = 0;           // how long the Checkpoint or Restore call took
+};
+
+// Named blobs stored with a checkpoint (the trainer's dense parameters and optimizer state).
+using Attachments = std::map<std::string, std::string>;
 
 // A set of named embedding tables, each partitioned over shards by ShardOf(). The
 // trainer and tools program against this interface; the in-process implementation
@@ -64,6 +78,16 @@ class EmbeddingCollection {
   virtual absl::StatusOr<TableUsage> Usage(absl::string_view table) const = 0;
 
   virtual int num_shards() const = 0;
+
+  // Checkpoints, on collections with storage (others answer FailedPrecondition).
+  // Writes every table, as of now, and `attachments` as checkpoint `step`; callers stop
+  // pushing while it runs (a step barrier). The checkpoint exists once this returns OK.
+  virtual absl::StatusOr<CheckpointInfo> Checkpoint(int64_t step, const Attachments& attachments);
+  // Replaces every table with checkpoint `step` (-1: the newest complete one) and fills
+  // `attachments` (may be null) with what was stored with it. NotFound when there is none.
+  virtual absl::StatusOr<CheckpointInfo> Restore(int64_t step, Attachments* attachments);
+  // Complete checkpoints, oldest first.
+  virtual absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints() const;
 };
 
 // A collection whose `num_shards` shards live in this process (no network).

@@ -504,9 +504,9 @@ absl::Status EmbeddingTable::PutRow(int64_t id, absl::Span<const float> weights,
                                     absl::Span<const float> state, const RowMeta& meta) {
   if (weights.size() != static_cast<size_t>(dim_) ||
       state.size() != static_cast<size_t>(state_floats_)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "table '", name(), "': row ", id, " has ", weights.size(), " weights and ", state.size(),
-        " state floats, expected ", dim_, " and ", state_floats_));
+    return absl::InvalidArgumentError(
+        absl::StrCat("table '", name(), "': row ", id, " has ", weights.size(), " weights and ",
+                     state.size(), " state floats, expected ", dim_, " and ", state_floats_));
   }
   const uint64_t h = MapHash(id);
   Stripe& stripe = stripes_[h >> kStripeShift];

@@ -209,6 +209,30 @@ absl::Status InProcessCollection::PushGradients(absl::string_view table,
 }  // namespace tessera::embedding_internal
 
 namespace tessera::embedding {
+namespace {
+
+absl::Status NoStorage() {
+  return absl::FailedPreconditionError(
+      "this collection has no storage: checkpoints need a data directory (--data_dir)");
+}
+
+}  // namespace
+
+absl::StatusOr<CheckpointInfo> EmbeddingCollection::Checkpoint(int64_t, const Attachments&) {
+  return NoStorage();
+}
+
+absl::StatusOr<CheckpointInfo> EmbeddingCollection::Restore(int64_t, Attachments*) {
+  return NoStorage();
+}
+
+absl::StatusOr<std::vector<CheckpointInfo>> EmbeddingCollection::ListCheckpoints() const {
+  return NoStorage();
+}
+
+}  // namespace tessera::embedding
+
+namespace tessera::embedding {
 
 absl::StatusOr<std::unique_ptr<EmbeddingCollection>> NewInProcessCollection(int num_shards) {
   if (num_shards < 1 || num_shards > 4096) {

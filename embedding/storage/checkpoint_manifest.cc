@@ -1,0 +1,73 @@
+#include "embedding/storage/checkpoint_manifest.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "embedding/storage/crc32c.h"
+#include "embedding/storage/files.h"
+
+namespace tessera::storage {
+namespace {
+
+constexpr absl::string_view kHeader = "tessera-checkpoint 1\n";
+
+}  // namespace
+
+std::string EncodeManifest(const CheckpointManifest& m) {
+  std::string out(kHeader);
+  absl::StrAppend(&out, "step=", m.step, "\n", "created_unix_ms=", m.created_unix_ms, "\n",
+                  "rows=", m.rows, "\n", "bytes=", m.bytes, "\n");
+  for (const auto& t : m.tables) absl::StrAppend(&out, "table=", t, "\n");
+  for (const auto& a : m.attachments) absl::StrAppend(&out, "attachment=", a, "\n");
+  for (const auto& s : m.shards) absl::StrAppend(&out, "shard=", s, "\n");
+  absl::StrAppend(&out, "crc32c=", absl::StrFormat("%08x", Crc32c(out.data(), out.size())), "\n");
+  return out;
+}
+
+absl::StatusOr<CheckpointManifest> DecodeManifest(absl::string_view text, const std::string& path) {
+  auto bad = [&](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat("checkpoint manifest ", path, " is invalid: ", why));
+  };
+  if (!absl::StartsWith(text, kHeader)) return bad("missing header");
+  const size_t crc_at = text.rfind("crc32c=");
+  if (crc_at == absl::string_view::npos) return bad("no checksum line (torn write?)");
+  absl::string_view crc_text = text.substr(crc_at + 7);
+  if (!absl::ConsumeSuffix(&crc_text, "\n")) return bad("checksum line is incomplete");
+  uint32_t crc = 0;
+  if (!absl::SimpleHexAtoi(crc_text, &crc) || crc != Crc32c(text.data(), crc_at)) {
+    return bad("checksum mismatch");
+  }
+  CheckpointManifest m;
+  bool has_step = false;
+  for (absl::string_view line : absl::StrSplit(text.substr(kHeader.size(), crc_at - kHeader.size()),
+                                               '\n', absl::SkipEmpty())) {
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(line, absl::MaxSplits('=', 1));
+    if (kv.first == "step") {
+      has_step = absl::SimpleAtoi(kv.second, &m.step);
+    } else if (kv.first == "created_unix_ms") {
+      (void)absl::SimpleAtoi(kv.second, &m.created_unix_ms);
+    } else if (kv.first == "rows") {
+      (void)absl::SimpleAtoi(kv.second, &m.rows);
+    } else if (kv.first == "bytes") {
+      (void)absl::SimpleAtoi(kv.second, &m.bytes);
+    } else if (kv.first == "table") {
+      m.tables.emplace_back(kv.second);
+    } else if (kv.first == "attachment") {
+      m.attachments.emplace_back(kv.second);
+    } else if (kv.first == "shard") {
+      m.shards.emplace_back(kv.second);
+    }
+  }
+  if (!has_step) return bad("no step");
+  return m;
+}
+
+absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  return DecodeManifest(*text, path);
+}
+
+}  // namespace tessera::storage

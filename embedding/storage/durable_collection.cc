@@ -1,0 +1,512 @@
+#include "embedding/storage/durable_collection.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "embedding/batch_ops.h"
+#include "embedding/embedding_table.h"
+#include "embedding/internal/inprocess_collection.h"
+#include "embedding/sharding.h"
+#include "embedding/status.h"
+#include "embedding/storage/files.h"
+#include "embedding/storage/row_codec.h"
+
+namespace tessera::storage {
+namespace {
+
+namespace fs = std::filesystem;
+using embedding::EmbeddingTable;
+using Clock = std::chrono::steady_clock;
+
+constexpr int64_t kRowsPerBatch = 1 << 16;    // rows per store write while flushing
+constexpr int64_t kProgressRows = 1'000'000;  // a progress line every this many rows
+constexpr absl::string_view kManifest = "MANIFEST";
+
+int64_t NowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+absl::Status CheckAttachmentName(const std::string& name) {
+  if (name.empty() || name.size() > 128 || name[0] == '.') {
+    return absl::InvalidArgumentError(absl::StrCat("bad attachment name '", name, "'"));
+  }
+  for (const char c : name) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad attachment name '", name, "': use letters, digits, '.', '_', '-'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+embedding::CheckpointInfo InfoOf(const CheckpointManifest& m) {
+  embedding::CheckpointInfo info;
+  info.step = m.step;
+  info.rows = m.rows;
+  info.bytes = m.bytes;
+  info.created_unix_ms = m.created_unix_ms;
+  return info;
+}
+
+}  // namespace
+
+DurableCollection::DurableCollection(const DurableOptions& options) : options_(options) {}
+
+DurableCollection::~DurableCollection() = default;
+
+void DurableCollection::Log(const std::string& line) const {
+  if (options_.log) {
+    options_.log(line);
+  } else {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+}
+
+std::string DurableCollection::LivePath() const { return options_.data_dir + "/db"; }
+
+std::string DurableCollection::CheckpointDir(int64_t step) const {
+  return absl::StrCat(options_.data_dir, "/checkpoints/", step);
+}
+
+absl::StatusOr<std::unique_ptr<DurableCollection>> DurableCollection::Open(
+    const DurableOptions& options) {
+  if (options.data_dir.empty()) return absl::InvalidArgumentError("data_dir must be set");
+  if (options.num_shards < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_shards must be >= 1, got ", options.num_shards));
+  }
+  if (options.keep_checkpoints < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keep_checkpoints must be >= 0, got ", options.keep_checkpoints));
+  }
+  TESSERA_RETURN_IF_ERROR(EnsureWritableDirectory(options.data_dir));
+  std::unique_ptr<DurableCollection> c(new DurableCollection(options));
+  // A restore that stopped half-way: the old live store is still whole under db.old
+  // until the new one is in place, so fall back to it; a partial copy is dropped.
+  const std::string live = c->LivePath();
+  std::error_code ec;
+  if (!fs::exists(live, ec) && fs::exists(live + ".old", ec)) {
+    fs::rename(live + ".old", live, ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot recover ", live, ": ", ec.message()));
+  }
+  TESSERA_RETURN_IF_ERROR(RemoveTree(live + ".old"));
+  TESSERA_RETURN_IF_ERROR(RemoveTree(live + ".restore"));
+  absl::MutexLock lock(&c->mu_);
+  TESSERA_RETURN_IF_ERROR(c->OpenAndLoad());
+  return c;
+}
+
+absl::Status DurableCollection::OpenAndLoad() {
+  const auto start = Clock::now();
+  TESSERA_ASSIGN_OR_RETURN(store_, options_.open_store(LivePath(), KvStoreOptions()));
+  memory_ = std::make_unique<embedding_internal::InProcessCollection>(options_.num_shards);
+  tables_.clear();
+  next_table_id_ = 1;
+  rows_loaded_ = 0;
+  std::vector<std::pair<uint32_t, v1::TableConfig>> catalog;
+  TESSERA_RETURN_IF_ERROR(Annotate(
+      store_->Scan(CatalogPrefix(),
+                   [&](absl::string_view key, absl::string_view value) {
+                     if (key.size() != 5)
+                       return absl::DataLossError("malformed catalog key in the store");
+                     const uint32_t id =
+                         (static_cast<uint32_t>(static_cast<unsigned char>(key[1])) << 24) |
+                         (static_cast<uint32_t>(static_cast<unsigned char>(key[2])) << 16) |
+                         (static_cast<uint32_t>(static_cast<unsigned char>(key[3])) << 8) |
+                         static_cast<uint32_t>(static_cast<unsigned char>(key[4]));
+                     TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config,
+                                              DecodeCatalogEntry(id, value));
+                     catalog.emplace_back(id, std::move(config));
+                     return absl::OkStatus();
+                   }),
+      "reading the table catalog"));
+  for (const auto& [id, config] : catalog) {
+    TESSERA_RETURN_IF_ERROR(memory_->CreateTable(config));
+    Table t;
+    t.id = id;
+    t.config = config;
+    t.write_mu = std::make_unique<absl::Mutex>();
+    tables_.emplace(config.name(), std::move(t));
+    next_table_id_ = std::max(next_table_id_, id + 1);
+  }
+  DecodedRow row;
+  for (const auto& [name, t] : tables_) {
+    const auto& shards = *memory_->ShardsOf(name);
+    const int dim = t.config.dim();
+    const int state_floats = shards[0]->optimizer().StateFloats();
+    int64_t last_id = 0;
+    bool any = false;
+    absl::Status scanned =
+        store_->Scan(RowPrefix(t.id), [&](absl::string_view key, absl::string_view value) {
+          uint32_t table_id = 0;
+          int64_t id = 0;
+          if (!ParseRowKey(key, &table_id, &id) || table_id != t.id) {
+            return absl::DataLossError(
+                absl::StrCat("table '", name, "': malformed row key in the store"));
+          }
+          TESSERA_RETURN_IF_ERROR(DecodeRow(name, id, value, dim, state_floats, &row));
+          const int shard = embedding::ShardOf(id, t.config.seed(), options_.num_shards);
+          TESSERA_RETURN_IF_ERROR(Annotate(
+              shards[shard]->PutRow(id, row.weights, row.state, row.meta), "loading from disk"));
+          if (++rows_loaded_ % kProgressRows == 0) {
+            Log(absl::StrCat("tessera: loaded ", rows_loaded_, " rows from ", LivePath(), " (",
+                             absl::StrFormat("%.1f", SecondsSince(start)), " s)"));
+          }
+          last_id = id;
+          any = true;
+          return absl::OkStatus();
+        });
+    // The store's own checks (block checksums) fail below the row level: say where.
+    if (!scanned.ok() && !absl::StartsWith(scanned.message(), "table '")) {
+      scanned = absl::Status(scanned.code(), absl::StrCat("table '", name, "': stored rows ",
+                                                          any ? absl::StrCat("after row ", last_id)
+                                                              : std::string("from the first"),
+                                                          " are unreadable: ", scanned.message()));
+    }
+    TESSERA_RETURN_IF_ERROR(scanned);
+  }
+  if (rows_loaded_ > 0 || !tables_.empty()) {
+    Log(absl::StrCat("tessera: loaded ", tables_.size(), " tables and ", rows_loaded_,
+                     " rows from ", LivePath(), " in ",
+                     absl::StrFormat("%.2f", SecondsSince(start)), " s"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DurableCollection::Usable() const {
+  if (!broken_.ok()) return broken_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const DurableCollection::Table*> DurableCollection::Find(
+    absl::string_view table) const {
+  TESSERA_RETURN_IF_ERROR(Usable());
+  auto it = tables_.find(table);
+  if (it == tables_.end())
+    return absl::NotFoundError(absl::StrCat("table '", table, "' not found"));
+  return &it->second;
+}
+
+int64_t DurableCollection::rows_loaded() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return rows_loaded_;
+}
+
+absl::Status DurableCollection::CreateTable(const v1::TableConfig& config) {
+  TESSERA_RETURN_IF_ERROR(embedding::ValidateTableConfig(config));
+  if (!v1::Durability_IsValid(config.durability())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table '", config.name(), "': unknown durability ", config.durability()));
+  }
+  absl::MutexLock lock(&mu_);
+  TESSERA_RETURN_IF_ERROR(Usable());
+  if (tables_.count(config.name()) > 0) {
+    return absl::AlreadyExistsError(absl::StrCat("table '", config.name(), "' already exists"));
+  }
+  const uint32_t id = next_table_id_;
+  // The catalog entry is on disk before the table exists, so no acknowledged table is
+  // ever missing after a restart.
+  TESSERA_RETURN_IF_ERROR(
+      Annotate(store_->Write({KvWrite{CatalogKey(id), EncodeCatalogEntry(config)}}, /*sync=*/true),
+               absl::StrCat("table '", config.name(), "': cannot store its config")));
+  absl::Status s = memory_->CreateTable(config);
+  if (!s.ok()) {
+    (void)store_->Write({KvWrite{CatalogKey(id), "", /*erase=*/true}}, /*sync=*/true);
+    return s;
+  }
+  Table t;
+  t.id = id;
+  t.config = config;
+  t.write_mu = std::make_unique<absl::Mutex>();
+  tables_.emplace(config.name(), std::move(t));
+  next_table_id_ = id + 1;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::TableConfig>> DurableCollection::ListTables() const {
+  absl::ReaderMutexLock lock(&mu_);
+  TESSERA_RETURN_IF_ERROR(Usable());
+  return memory_->ListTables();
+}
+
+absl::Status DurableCollection::Lookup(absl::string_view table, absl::Span<const int64_t> ids,
+                                       absl::Span<float> out,
+                                       const embedding::LookupOptions& options) {
+  absl::ReaderMutexLock lock(&mu_);
+  TESSERA_RETURN_IF_ERROR(Usable());
+  return memory_->Lookup(table, ids, out, options);
+}
+
+absl::Status DurableCollection::PooledLookup(absl::string_view table, absl::Span<const int64_t> ids,
+                                             absl::Span<const int32_t> offsets,
+                                             absl::Span<const float> weights, v1::Pooling pooling,
+                                             absl::Span<float> out,
+                                             const embedding::LookupOptions& options) {
+  absl::ReaderMutexLock lock(&mu_);
+  TESSERA_RETURN_IF_ERROR(Usable());
+  return memory_->PooledLookup(table, ids, offsets, weights, pooling, out, options);
+}
+
+absl::StatusOr<embedding::TableUsage> DurableCollection::Usage(absl::string_view table) const {
+  absl::ReaderMutexLock lock(&mu_);
+  TESSERA_RETURN_IF_ERROR(Usable());
+  return memory_->Usage(table);
+}
+
+absl::Status DurableCollection::PushGradients(absl::string_view table,
+                                              absl::Span<const int64_t> ids,
+                                              absl::Span<const float> gradients, int64_t step) {
+  absl::ReaderMutexLock lock(&mu_);
+  TESSERA_ASSIGN_OR_RETURN(const Table* t, Find(table));
+  if (t->config.durability() != v1::WRITE_THROUGH) {
+    return memory_->PushGradients(table, ids, gradients, step);
+  }
+  return WriteThroughPush(*t, ids, gradients, step);
+}
+
+absl::Status DurableCollection::WriteThroughPush(const Table& t, absl::Span<const int64_t> ids,
+                                                 absl::Span<const float> gradients, int64_t step) {
+  absl::MutexLock order(t.write_mu.get());
+  const std::string& name = t.config.name();
+  const auto& shards = *memory_->ShardsOf(name);
+  const int n = options_.num_shards;
+  std::vector<int64_t> unique;
+  std::vector<int32_t> inverse;
+  embedding::Unique(ids, &unique, &inverse);
+  // The rows as they are now, to undo the push if the disk refuses it.
+  struct Before {
+    bool existed = false;
+    std::vector<float> weights, state;
+    embedding::RowMeta meta;
+  };
+  std::map<int64_t, Before> before;
+  for (const int64_t id : unique) before[id];
+  for (const int64_t id : unique) {
+    shards[embedding::ShardOf(id, t.config.seed(), n)]->ReadRows(
+        {&id, 1}, [&](int64_t rid, const float* w, const float* s, const embedding::RowMeta& m) {
+          Before& b = before[rid];
+          const int dim = t.config.dim();
+          const int sf = shards[0]->optimizer().StateFloats();
+          b.existed = true;
+          b.weights.assign(w, w + dim);
+          b.state.assign(s, s + sf);
+          b.meta = m;
+        });
+  }
+  TESSERA_RETURN_IF_ERROR(memory_->PushGradients(name, ids, gradients, step));
+  std::vector<KvWrite> writes;
+  writes.reserve(unique.size());
+  for (const int64_t id : unique) {
+    shards[embedding::ShardOf(id, t.config.seed(), n)]->ReadRows(
+        {&id, 1}, [&](int64_t rid, const float* w, const float* s, const embedding::RowMeta& m) {
+          KvWrite kv;
+          kv.key = RowKey(t.id, rid);
+          EncodeRow(w, t.config.dim(), s, shards[0]->optimizer().StateFloats(), m, &kv.value);
+          writes.push_back(std::move(kv));
+        });
+  }
+  absl::Status s = store_->Write(writes, /*sync=*/true);
+  if (s.ok()) return absl::OkStatus();
+  // Undo in memory: rows that did not exist go back to their initial values.
+  const EmbeddingTable& any = *shards[0];
+  for (auto& [id, b] : before) {
+    if (!b.existed) {
+      b.weights.resize(t.config.dim());
+      any.InitialWeights(id, b.weights.data());
+      b.state.resize(any.optimizer().StateFloats());
+      any.optimizer().InitState(b.state.data());
+      b.meta = embedding::RowMeta{};
+    }
+    (void)shards[embedding::ShardOf(id, t.config.seed(), n)]->PutRow(id, b.weights, b.state,
+                                                                     b.meta);
+  }
+  return absl::Status(s.code(), absl::StrCat("table '", name,
+                                             "': write-through push not applied, the disk "
+                                             "refused it: ",
+                                             s.message()));
+}
+
+absl::StatusOr<int64_t> DurableCollection::FlushDirtyRows() {
+  int64_t written = 0;
+  std::vector<KvWrite> writes;
+  std::string value;
+  for (const auto& [name, t] : tables_) {
+    const auto& shards = *memory_->ShardsOf(name);
+    const int dim = t.config.dim();
+    for (const auto& shard : shards) {
+      const int sf = shard->optimizer().StateFloats();
+      absl::Status s;
+      shard->ForEachDirtyRow(
+          [&](int64_t id, const float* w, const float* st, const embedding::RowMeta& m) {
+            if (!s.ok()) return;
+            KvWrite kv;
+            kv.key = RowKey(t.id, id);
+            EncodeRow(w, dim, st, sf, m, &kv.value);
+            writes.push_back(std::move(kv));
+            if (static_cast<int64_t>(writes.size()) >= kRowsPerBatch) {
+              s = store_->Write(writes, /*sync=*/false);
+              written += static_cast<int64_t>(writes.size());
+              writes.clear();
+            }
+          });
+      TESSERA_RETURN_IF_ERROR(s);
+    }
+  }
+  TESSERA_RETURN_IF_ERROR(store_->Write(writes, /*sync=*/true));
+  written += static_cast<int64_t>(writes.size());
+  // Only now, with every row on disk, are the rows clean.
+  for (const auto& [name, t] : tables_) {
+    for (const auto& shard : *memory_->ShardsOf(name)) shard->ClearDirty();
+  }
+  return written;
+}
+
+absl::StatusOr<embedding::CheckpointInfo> DurableCollection::Checkpoint(
+    int64_t step, const embedding::Attachments& attachments) {
+  if (step < 0)
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint step must be >= 0, got ", step));
+  for (const auto& [name, blob] : attachments) TESSERA_RETURN_IF_ERROR(CheckAttachmentName(name));
+  const auto start = Clock::now();
+  absl::MutexLock lock(&mu_);
+  TESSERA_RETURN_IF_ERROR(Usable());
+  TESSERA_ASSIGN_OR_RETURN(const int64_t flushed, FlushDirtyRows());
+  TESSERA_RETURN_IF_ERROR(store_->Write({KvWrite{MetaKey("checkpoint_step"), absl::StrCat(step)}},
+                                        /*sync=*/true));
+  const std::string dir = CheckpointDir(step);
+  TESSERA_RETURN_IF_ERROR(RemoveTree(dir));  // an incomplete or older one of the same step
+  std::error_code ec;
+  fs::create_directories(dir + "/attachments", ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  TESSERA_RETURN_IF_ERROR(store_->Checkpoint(dir + "/db"));
+  CheckpointManifest m;
+  m.step = step;
+  for (const auto& [name, t] : tables_) {
+    m.tables.push_back(name);
+    TESSERA_ASSIGN_OR_RETURN(embedding::TableUsage u, memory_->Usage(name));
+    m.rows += u.rows;
+  }
+  for (const auto& [name, blob] : attachments) {
+    TESSERA_RETURN_IF_ERROR(WriteFileAtomically(absl::StrCat(dir, "/attachments/", name), blob));
+    m.attachments.push_back(name);
+  }
+  m.bytes = TreeBytes(dir);
+  m.created_unix_ms = NowUnixMs();
+  TESSERA_RETURN_IF_ERROR(
+      WriteFileAtomically(absl::StrCat(dir, "/", kManifest), EncodeManifest(m)));
+  ApplyRetention();
+  embedding::CheckpointInfo info = InfoOf(m);
+  info.seconds = SecondsSince(start);
+  Log(absl::StrCat("tessera: checkpoint ", step, " written to ", dir, ": ", flushed,
+                   " dirty rows flushed, ", m.bytes, " bytes, ",
+                   absl::StrFormat("%.2f", info.seconds), " s"));
+  return info;
+}
+
+std::vector<std::pair<std::string, CheckpointManifest>> DurableCollection::CompleteCheckpoints()
+    const {
+  std::vector<std::pair<int64_t, std::string>> dirs;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(options_.data_dir + "/checkpoints", ec)) {
+    int64_t step = 0;
+    if (entry.is_directory(ec) && absl::SimpleAtoi(entry.path().filename().string(), &step)) {
+      dirs.emplace_back(step, entry.path().string());
+    }
+  }
+  std::sort(dirs.begin(), dirs.end());
+  std::vector<std::pair<std::string, CheckpointManifest>> out;
+  for (const auto& [step, dir] : dirs) {
+    absl::StatusOr<CheckpointManifest> m = ReadManifest(absl::StrCat(dir, "/", kManifest));
+    if (!m.ok()) {
+      Log(absl::StrCat("tessera: warning: skipping checkpoint ", dir, ": ",
+                       m.status().code() == absl::StatusCode::kNotFound
+                           ? "no manifest (incomplete)"
+                           : std::string(m.status().message())));
+      continue;
+    }
+    if (m->step != step) {
+      Log(absl::StrCat("tessera: warning: skipping checkpoint ", dir, ": its manifest is for step ",
+                       m->step));
+      continue;
+    }
+    out.emplace_back(dir, *std::move(m));
+  }
+  return out;
+}
+
+void DurableCollection::ApplyRetention() {
+  if (options_.keep_checkpoints == 0) return;
+  const auto complete = CompleteCheckpoints();
+  const int excess = static_cast<int>(complete.size()) - options_.keep_checkpoints;
+  for (int i = 0; i < excess; ++i) {
+    absl::Status s = RemoveTree(complete[i].first);
+    if (!s.ok()) Log(absl::StrCat("tessera: warning: ", s.message()));
+  }
+}
+
+absl::StatusOr<std::vector<embedding::CheckpointInfo>> DurableCollection::ListCheckpoints() const {
+  std::vector<embedding::CheckpointInfo> out;
+  for (const auto& [dir, m] : CompleteCheckpoints()) out.push_back(InfoOf(m));
+  return out;
+}
+
+absl::StatusOr<embedding::CheckpointInfo> DurableCollection::Restore(
+    int64_t step, embedding::Attachments* attachments) {
+  const auto start = Clock::now();
+  absl::MutexLock lock(&mu_);
+  const auto complete = CompleteCheckpoints();
+  const std::pair<std::string, CheckpointManifest>* chosen = nullptr;
+  for (const auto& c : complete) {
+    if (step < 0 || c.second.step == step) chosen = &c;
+  }
+  if (chosen == nullptr) {
+    return absl::NotFoundError(
+        step < 0 ? absl::StrCat("no complete checkpoint in ", options_.data_dir, "/checkpoints")
+                 : absl::StrCat("no complete checkpoint of step ", step, " in ", options_.data_dir,
+                                "/checkpoints"));
+  }
+  const std::string& dir = chosen->first;
+  embedding::Attachments blobs;
+  for (const auto& name : chosen->second.attachments) {
+    TESSERA_ASSIGN_OR_RETURN(blobs[name], ReadFile(absl::StrCat(dir, "/attachments/", name)));
+  }
+  // Copy first, while the live store is still whole; then swap directories.
+  const std::string live = LivePath();
+  TESSERA_RETURN_IF_ERROR(RemoveTree(live + ".restore"));
+  TESSERA_RETURN_IF_ERROR(CopyTree(dir + "/db", live + ".restore"));
+  store_.reset();
+  std::error_code ec;
+  fs::rename(live, live + ".old", ec);
+  if (!ec) fs::rename(live + ".restore", live, ec);
+  if (ec) {
+    broken_ = absl::InternalError(absl::StrCat("restore of ", dir, " failed swapping ", live, ": ",
+                                               ec.message(), "; restart the server"));
+    return broken_;
+  }
+  (void)RemoveTree(live + ".old");
+  absl::Status s = OpenAndLoad();
+  if (!s.ok()) {
+    broken_ = Annotate(s, absl::StrCat("restore of ", dir));
+    return broken_;
+  }
+  broken_ = absl::OkStatus();
+  if (attachments != nullptr) *attachments = std::move(blobs);
+  embedding::CheckpointInfo info = InfoOf(chosen->second);
+  info.seconds = SecondsSince(start);
+  Log(absl::StrCat("tessera: restored checkpoint ", info.step, " from ", dir, ": ", rows_loaded_,
+                   " rows in ", absl::StrFormat("%.2f", info.seconds), " s"));
+  return info;
+}
+
+}  // namespace tessera::storage

@@ -1,0 +1,119 @@
+#ifndef TESSERA_EMBEDDING_STORAGE_DURABLE_COLLECTION_H_
+#define TESSERA_EMBEDDING_STORAGE_DURABLE_COLLECTION_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "embedding/collection.h"
+#include "embedding/storage/checkpoint_manifest.h"
+#include "embedding/storage/kv_store.h"
+
+namespace tessera::embedding_internal {
+class InProcessCollection;
+}
+
+namespace tessera::storage {
+
+struct DurableOptions {
+  std::string data_dir;      // required: the live store and checkpoints
+  int num_shards = 1;        // in-memory shards (rows are keyed by id alone)
+  int keep_checkpoints = 3;  // newest complete checkpoints kept; 0 = all
+  KvStoreFactory open_store = OpenRocksDbStore;
+  // Warnings and progress lines (skipped checkpoints, load progress); stderr if unset.
+  std::function<void(const std::string&)> log;
+};
+
+// An EmbeddingCollection whose rows live in memory and on disk under `data_dir`:
+//
+//   <data_dir>/db/                       the live store (KvStore; RocksDB by default)
+//   <data_dir>/checkpoints/<step>/db/    a copy of the store as of checkpoint <step>
+//   <data_dir>/checkpoints/<step>/attachments/<name>
+//   <data_dir>/checkpoints/<step>/MANIFEST  written last: without it there is no checkpoint
+//
+// Table configs are in the store's catalog; opening a data directory brings back every
+// table with every stored row, checking each row's checksum (DataLoss names the table
+// and row of a corrupt one). Rows that were only ever looked up are not stored: they
+// equal their deterministic initial weights and come back as such.
+//
+// Durability per table (TableConfig.durability): CHECKPOINT tables write their dirty rows
+// at each Checkpoint() (a crash loses the updates since); WRITE_THROUGH tables write the
+// rows of every push, synced to the write-ahead log, before PushGradients returns OK, and
+// undo the push in memory when the write fails, so memory never runs ahead of disk.
+//
+// Thread-safe. Lookups and pushes run concurrently; CreateTable, Checkpoint and Restore
+// run alone (they wait for calls in flight and hold new ones back: the step barrier).
+// Write-through pushes to one table are serialized, so the disk sees them in order.
+class DurableCollection final : public embedding::EmbeddingCollection {
+ public:
+  // Opens or creates the collection in options.data_dir. FailedPrecondition when the
+  // directory cannot be written or its store not opened, DataLoss for a corrupt row or
+  // catalog entry.
+  static absl::StatusOr<std::unique_ptr<DurableCollection>> Open(const DurableOptions& options);
+  ~DurableCollection() override;
+
+  absl::Status CreateTable(const v1::TableConfig& config) override;
+  absl::StatusOr<std::vector<v1::TableConfig>> ListTables() const override;
+  absl::Status Lookup(absl::string_view table, absl::Span<const int64_t> ids, absl::Span<float> out,
+                      const embedding::LookupOptions& options) override;
+  absl::Status PooledLookup(absl::string_view table, absl::Span<const int64_t> ids,
+                            absl::Span<const int32_t> offsets, absl::Span<const float> weights,
+                            v1::Pooling pooling, absl::Span<float> out,
+                            const embedding::LookupOptions& options) override;
+  absl::Status PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
+                             absl::Span<const float> gradients, int64_t step) override;
+  absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override;
+  int num_shards() const override { return options_.num_shards; }
+
+  absl::StatusOr<embedding::CheckpointInfo> Checkpoint(
+      int64_t step, const embedding::Attachments& attachments) override;
+  absl::StatusOr<embedding::CheckpointInfo> Restore(int64_t step,
+                                                    embedding::Attachments* attachments) override;
+  absl::StatusOr<std::vector<embedding::CheckpointInfo>> ListCheckpoints() const override;
+
+  // Rows loaded from disk by the last Open or Restore.
+  int64_t rows_loaded() const;
+  // The directory of checkpoint `step` (complete or not).
+  std::string CheckpointDir(int64_t step) const;
+
+ private:
+  struct Table {
+    uint32_t id = 0;
+    v1::TableConfig config;
+    std::unique_ptr<absl::Mutex> write_mu;  // orders write-through pushes
+  };
+
+  explicit DurableCollection(const DurableOptions& options);
+
+  // Opens the live store and loads the catalog and every row into fresh memory.
+  absl::Status OpenAndLoad() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<const Table*> Find(absl::string_view table) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status Usable() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status WriteThroughPush(const Table& t, absl::Span<const int64_t> ids,
+                                absl::Span<const float> gradients, int64_t step)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Writes every dirty row to the live store and marks it clean; returns rows written.
+  absl::StatusOr<int64_t> FlushDirtyRows() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Complete checkpoints with their manifests, oldest first; torn ones are logged.
+  std::vector<std::pair<std::string, CheckpointManifest>> CompleteCheckpoints() const;
+  void ApplyRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Log(const std::string& line) const;
+  std::string LivePath() const;
+
+  const DurableOptions options_;
+  mutable absl::Mutex mu_;
+  std::unique_ptr<KvStore> store_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<embedding_internal::InProcessCollection> memory_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Table, std::less<>> tables_ ABSL_GUARDED_BY(mu_);
+  uint32_t next_table_id_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t rows_loaded_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);  // set when a restore could not reopen the store
+};
+
+}  // namespace tessera::storage
+
+#endif  // TESSERA_EMBEDDING_STORAGE_DURABLE_COLLECTION_H_

@@ -1,0 +1,397 @@
+#include "embedding/storage/durable_collection.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "embedding/storage/files.h"
+#include "embedding/storage/row_codec.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera::storage {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+std::string TempDir() {
+  std::string tmpl = (fs::temp_directory_path() / "tessera-durable-XXXXXX").string();
+  EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
+  return tmpl;
+}
+
+struct ScopedDir {
+  ScopedDir() : path(TempDir()) {}
+  ~ScopedDir() { fs::remove_all(path); }
+  std::string path;
+};
+
+v1::TableConfig Config(const std::string& name, int dim, v1::Durability durability,
+                       v1::OptimizerType opt = v1::ADAGRAD) {
+  v1::TableConfig c;
+  c.set_name(name);
+  c.set_dim(dim);
+  c.set_seed(11);
+  c.set_durability(durability);
+  c.mutable_optimizer()->set_type(opt);
+  c.mutable_optimizer()->set_learning_rate(0.05f);
+  return c;
+}
+
+// A KvStore over RocksDB whose writes can be made to fail, as a full or broken disk would.
+class FaultyStore final : public KvStore {
+ public:
+  FaultyStore(std::unique_ptr<KvStore> inner, std::atomic<bool>* fail)
+      : inner_(std::move(inner)), fail_(fail) {}
+  absl::Status Write(absl::Span<const KvWrite> writes, bool sync) override {
+    if (fail_->load()) return absl::ResourceExhaustedError("simulated: no space left on device");
+    return inner_->Write(writes, sync);
+  }
+  absl::StatusOr<std::optional<std::string>> Get(absl::string_view key) const override {
+    return inner_->Get(key);
+  }
+  absl::Status Scan(
+      absl::string_view prefix,
+      const std::function<absl::Status(absl::string_view, absl::string_view)>& fn) const override {
+    return inner_->Scan(prefix, fn);
+  }
+  absl::Status Checkpoint(const std::string& dir) override {
+    if (fail_->load()) return absl::ResourceExhaustedError("simulated: no space left on device");
+    return inner_->Checkpoint(dir);
+  }
+  int64_t ApproximateBytes() const override { return inner_->ApproximateBytes(); }
+
+ private:
+  std::unique_ptr<KvStore> inner_;
+  std::atomic<bool>* fail_;
+};
+
+struct Harness {
+  explicit Harness(const std::string& dir, int shards = 1) {
+    options.data_dir = dir;
+    options.num_shards = shards;
+    options.log = [this](const std::string& line) { log.push_back(line); };
+    options.open_store = [this](
+                             const std::string& path,
+                             const KvStoreOptions& o) -> absl::StatusOr<std::unique_ptr<KvStore>> {
+      auto inner = OpenRocksDbStore(path, o);
+      if (!inner.ok()) return inner.status();
+      return std::unique_ptr<KvStore>(new FaultyStore(*std::move(inner), &fail_writes));
+    };
+  }
+  std::unique_ptr<DurableCollection> Open() {
+    auto c = DurableCollection::Open(options);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+  DurableOptions options;
+  std::vector<std::string> log;
+  std::atomic<bool> fail_writes{false};
+};
+
+std::vector<float> Read(embedding::EmbeddingCollection& c, const std::string& table,
+                        const std::vector<int64_t>& ids, int dim) {
+  std::vector<float> out(ids.size() * dim);
+  embedding::LookupOptions o;
+  o.insert_missing = false;
+  EXPECT_TRUE(c.Lookup(table, ids, absl::MakeSpan(out), o).ok());
+  return out;
+}
+
+// Pushes `steps` batches of random gradients over ids [0, 200).
+void Train(embedding::EmbeddingCollection& c, const std::string& table, int dim, int first_step,
+           int steps, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  for (int s = first_step; s < first_step + steps; ++s) {
+    std::vector<int64_t> ids(64);
+    for (auto& id : ids) id = static_cast<int64_t>(rng() % 200);
+    std::vector<float> grads(ids.size() * dim);
+    for (auto& x : grads) x = g(rng);
+    ASSERT_TRUE(c.PushGradients(table, ids, grads, s).ok());
+  }
+}
+
+std::vector<int64_t> AllIds() {
+  std::vector<int64_t> ids(200);
+  for (int i = 0; i < 200; ++i) ids[i] = i;
+  return ids;
+}
+
+TEST(DurableCollection, WriteThroughTableComesBackWithEveryAcknowledgedPush) {
+  ScopedDir dir;
+  Harness h(dir.path);
+  std::vector<float> expected;
+  {
+    auto c = h.Open();
+    ASSERT_TRUE(c->CreateTable(Config("wt", 8, v1::WRITE_THROUGH)).ok());
+    Train(*c, "wt", 8, 0, 20, 1);
+    expected = Read(*c, "wt", AllIds(), 8);
+  }  // no checkpoint: only the write-through log has the updates
+  auto c = h.Open();
+  auto tables = c->ListTables();
+  ASSERT_TRUE(tables.ok());
+  ASSERT_EQ(tables->size(), 1u);
+  EXPECT_EQ((*tables)[0].durability(), v1::WRITE_THROUGH);
+  EXPECT_EQ(Read(*c, "wt", AllIds(), 8), expected);  // bit-identical
+  // Optimizer state came back too: one more identical step gives identical rows.
+  auto fresh_dir = ScopedDir();
+  Harness h2(fresh_dir.path);
+  auto reference = h2.Open();
+  ASSERT_TRUE(reference->CreateTable(Config("wt", 8, v1::WRITE_THROUGH)).ok());
+  Train(*reference, "wt", 8, 0, 20, 1);
+  Train(*reference, "wt", 8, 20, 1, 99);
+  Train(*c, "wt", 8, 20, 1, 99);
+  EXPECT_EQ(Read(*c, "wt", AllIds(), 8), Read(*reference, "wt", AllIds(), 8));
+}
+
+TEST(DurableCollection, CheckpointTableComesBackAsOfItsNewestCheckpoint) {
+  ScopedDir dir;
+  Harness h(dir.path, /*shards=*/3);
+  std::vector<float> at_checkpoint;
+  {
+    auto c = h.Open();
+    ASSERT_TRUE(c->CreateTable(Config("ck", 4, v1::CHECKPOINT)).ok());
+    Train(*c, "ck", 4, 0, 10, 2);
+    auto info = c->Checkpoint(10, {});
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->step, 10);
+    EXPECT_GT(info->bytes, 0);
+    at_checkpoint = Read(*c, "ck", AllIds(), 4);
+    Train(*c, "ck", 4, 10, 5, 3);  // lost: never checkpointed
+    EXPECT_NE(Read(*c, "ck", AllIds(), 4), at_checkpoint);
+  }
+  // Reopened with a different in-memory shard count: rows are keyed by id alone.
+  h.options.num_shards = 2;
+  auto c = h.Open();
+  EXPECT_EQ(Read(*c, "ck", AllIds(), 4), at_checkpoint);
+}
+
+TEST(DurableCollection, RestoreGoesBackToAChosenOrTheNewestCheckpointWithAttachments) {
+  ScopedDir dir;
+  Harness h(dir.path);
+  auto c = h.Open();
+  ASSERT_TRUE(c->CreateTable(Config("t", 4, v1::CHECKPOINT)).ok());
+  Train(*c, "t", 4, 0, 5, 4);
+  ASSERT_TRUE(c->Checkpoint(5, {{"dense", "five"}}).ok());
+  const auto at5 = Read(*c, "t", AllIds(), 4);
+  Train(*c, "t", 4, 5, 5, 5);
+  ASSERT_TRUE(c->Checkpoint(10, {{"dense", "ten"}}).ok());
+  const auto at10 = Read(*c, "t", AllIds(), 4);
+  Train(*c, "t", 4, 10, 5, 6);
+
+  embedding::Attachments a;
+  auto info = c->Restore(5, &a);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->step, 5);
+  EXPECT_EQ(a["dense"], "five");
+  EXPECT_EQ(Read(*c, "t", AllIds(), 4), at5);
+
+  info = c->Restore(-1, &a);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->step, 10);
+  EXPECT_EQ(a["dense"], "ten");
+  EXPECT_EQ(Read(*c, "t", AllIds(), 4), at10);
+  EXPECT_EQ(c->Restore(7, nullptr).status().code(), absl::StatusCode::kNotFound);
+
+  // Training goes on after a restore, and a restart comes back to the restored state.
+  Train(*c, "t", 4, 10, 2, 7);
+  ASSERT_TRUE(c->Checkpoint(12, {}).ok());
+  const auto at12 = Read(*c, "t", AllIds(), 4);
+  c.reset();
+  c = h.Open();
+  EXPECT_EQ(Read(*c, "t", AllIds(), 4), at12);
+}
+
+TEST(DurableCollection, KeepsOnlyTheNewestCheckpoints) {
+  ScopedDir dir;
+  Harness h(dir.path);
+  h.options.keep_checkpoints = 2;
+  auto c = h.Open();
+  ASSERT_TRUE(c->CreateTable(Config("t", 4, v1::CHECKPOINT)).ok());
+  for (int step = 1; step <= 4; ++step) {
+    Train(*c, "t", 4, step, 1, step);
+    ASSERT_TRUE(c->Checkpoint(step, {}).ok());
+  }
+  auto list = c->ListCheckpoints();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 2u);
+  EXPECT_EQ((*list)[0].step, 3);
+  EXPECT_EQ((*list)[1].step, 4);
+  EXPECT_FALSE(fs::exists(c->CheckpointDir(1)));
+}
+
+TEST(DurableCollection, CheckpointWithMissingOrTornManifestIsSkippedWithAWarning) {
+  ScopedDir dir;
+  Harness h(dir.path);
+  h.options.keep_checkpoints = 0;
+  auto c = h.Open();
+  ASSERT_TRUE(c->CreateTable(Config("t", 4, v1::CHECKPOINT)).ok());
+  Train(*c, "t", 4, 0, 3, 8);
+  ASSERT_TRUE(c->Checkpoint(3, {}).ok());
+  const auto at3 = Read(*c, "t", AllIds(), 4);
+  Train(*c, "t", 4, 3, 3, 9);
+  ASSERT_TRUE(c->Checkpoint(6, {}).ok());
+  Train(*c, "t", 4, 6, 3, 10);
+  ASSERT_TRUE(c->Checkpoint(9, {}).ok());
+  // 9 loses its manifest (a crash before it was written); 6's is torn half-way.
+  fs::remove(c->CheckpointDir(9) + "/MANIFEST");
+  const std::string m6 = c->CheckpointDir(6) + "/MANIFEST";
+  auto text = ReadFile(m6);
+  ASSERT_TRUE(text.ok());
+  std::ofstream(m6, std::ios::trunc) << text->substr(0, text->size() / 2);
+
+  h.log.clear();
+  auto info = c->Restore(-1, nullptr);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->step, 3);
+  EXPECT_EQ(Read(*c, "t", AllIds(), 4), at3);
+  std::string all_log;
+  for (const auto& l : h.log) all_log += l + "\n";
+  EXPECT_THAT(all_log, HasSubstr("skipping checkpoint " + c->CheckpointDir(9)));
+  EXPECT_THAT(all_log, HasSubstr("no manifest"));
+  EXPECT_THAT(all_log, HasSubstr("skipping checkpoint " + c->CheckpointDir(6)));
+}
+
+TEST(DurableCollection, CorruptRowValueIsReportedWithTableAndRow) {
+  ScopedDir dir;
+  Harness h(dir.path);
+  {
+    auto c = h.Open();
+    ASSERT_TRUE(c->CreateTable(Config("users", 4, v1::WRITE_THROUGH)).ok());
+    Train(*c, "users", 4, 0, 3, 11);
+  }
+  // A value damaged before it reached the store (so the store's own block checksums
+  // cannot see it): the row checksum must.
+  {
+    auto store = OpenRocksDbStore(dir.path + "/db", {});
+    ASSERT_TRUE(store.ok());
+    auto v = (*store)->Get(RowKey(1, 17));
+    ASSERT_TRUE(v.ok() && v->has_value());
+    std::string bad = **v;
+    bad[30] ^= 0x01;
+    ASSERT_TRUE((*store)->Write({KvWrite{RowKey(1, 17), bad}}, true).ok());
+  }
+  auto c = DurableCollection::Open(h.options);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(c.status().message(), HasSubstr("table 'users'"));
+  EXPECT_THAT(c.status().message(), HasSubstr("row 17"));
+  EXPECT_THAT(c.status().message(), HasSubstr("checksum"));
+}
+
+TEST(DurableCollection, ByteFlippedOnDiskIsDetectedOnLoad) {
+  ScopedDir dir;
+  Harness h(dir.path);
+  std::string value;
+  {
+    auto c = h.Open();
+    ASSERT_TRUE(c->CreateTable(Config("items", 16, v1::CHECKPOINT)).ok());
+    Train(*c, "items", 16, 0, 3, 12);
+    ASSERT_TRUE(c->Checkpoint(3, {}).ok());  // flushes the live store into table files
+  }
+  {
+    auto store = OpenRocksDbStore(dir.path + "/db", {});
+    ASSERT_TRUE(store.ok());
+    // A row near the end of the key range, so its block holds rows only.
+    for (int64_t id = 199; id > 100 && value.empty(); --id) {
+      auto v = (*store)->Get(RowKey(1, id));
+      ASSERT_TRUE(v.ok());
+      if (v->has_value()) value = **v;
+    }
+    ASSERT_FALSE(value.empty());
+  }
+  // Find the row's bytes in a table file and flip one in the middle of its weights.
+  bool flipped = false;
+  for (const auto& e : fs::directory_iterator(dir.path + "/db")) {
+    if (e.path().extension() != ".sst") continue;
+    auto bytes = ReadFile(e.path().string());
+    ASSERT_TRUE(bytes.ok());
+    const size_t at = bytes->find(value);
+    if (at == std::string::npos) continue;
+    (*bytes)[at + 40] ^= 0x10;
+    std::ofstream(e.path(), std::ios::binary | std::ios::trunc) << *bytes;
+    flipped = true;
+  }
+  ASSERT_TRUE(flipped);
+  auto c = DurableCollection::Open(h.options);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kDataLoss) << c.status();
+  EXPECT_THAT(c.status().message(), HasSubstr("table 'items': stored rows after row"))
+      << c.status();
+}
+
+TEST(DurableCollection, DiskErrorOnWriteThroughPushChangesNothing) {
+  ScopedDir dir;
+  Harness h(dir.path);
+  auto c = h.Open();
+  ASSERT_TRUE(c->CreateTable(Config("wt", 4, v1::WRITE_THROUGH)).ok());
+  Train(*c, "wt", 4, 0, 5, 13);
+  const auto before = Read(*c, "wt", AllIds(), 4);
+  h.fail_writes = true;
+  std::vector<int64_t> ids = {1, 2, 3, 500};  // 500 does not exist yet
+  std::vector<float> grads(ids.size() * 4, 0.5f);
+  absl::Status s = c->PushGradients("wt", ids, grads, 6);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(s.message(), HasSubstr("not applied"));
+  EXPECT_EQ(Read(*c, "wt", AllIds(), 4), before);
+  std::vector<float> row500 = Read(*c, "wt", {500}, 4);
+  // A failing checkpoint leaves no checkpoint behind.
+  EXPECT_FALSE(c->Checkpoint(6, {}).ok());
+  h.fail_writes = false;
+  auto list = c->ListCheckpoints();
+  ASSERT_TRUE(list.ok());
+  EXPECT_TRUE(list->empty());
+  c.reset();
+  c = h.Open();
+  EXPECT_EQ(Read(*c, "wt", AllIds(), 4), before);
+  EXPECT_EQ(Read(*c, "wt", {500}, 4), row500);
+}
+
+TEST(DurableCollection, UnwritableDataDirectoryFailsAtStartUp) {
+  ScopedDir dir;
+  const std::string file = dir.path + "/not-a-dir";
+  std::ofstream(file) << "x";
+  DurableOptions o;
+  o.data_dir = file;
+  auto c = DurableCollection::Open(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(c.status().message(), HasSubstr(file));
+  if (::geteuid() != 0) {  // permissions do not stop root
+    const std::string ro = dir.path + "/ro";
+    fs::create_directories(ro);
+    fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
+    o.data_dir = ro;
+    c = DurableCollection::Open(o);
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(c.status().message(), HasSubstr("not writable"));
+    fs::permissions(ro, fs::perms::owner_all);
+  }
+}
+
+TEST(DurableCollection, RejectsDuplicateTablesAndBadAttachmentNames) {
+  ScopedDir dir;
+  Harness h(dir.path);
+  auto c = h.Open();
+  ASSERT_TRUE(c->CreateTable(Config("t", 4, v1::CHECKPOINT)).ok());
+  EXPECT_EQ(c->CreateTable(Config("t", 4, v1::CHECKPOINT)).code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(c->Checkpoint(1, {{"../escape", "x"}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->Checkpoint(-1, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  c.reset();
+  c = h.Open();
+  auto tables = c->ListTables();
+  ASSERT_TRUE(tables.ok());
+  EXPECT_EQ(tables->size(), 1u);
+}
+
+}  // namespace
+}  // namespace tessera::storage

@@ -1,0 +1,146 @@
+#include "embedding/storage/row_codec.h"
+
+#include <bit>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "embedding/storage/crc32c.h"
+
+namespace tessera::storage {
+namespace {
+
+constexpr uint8_t kRowVersion = 1;
+constexpr uint8_t kCatalogVersion = 1;
+constexpr size_t kRowHeader = 4 + 4 + 4 + 8 + 8;
+
+void PutBigEndian32(uint32_t v, std::string* out) {
+  for (int s = 24; s >= 0; s -= 8) out->push_back(static_cast<char>((v >> s) & 0xff));
+}
+
+void PutBigEndian64(uint64_t v, std::string* out) {
+  for (int s = 56; s >= 0; s -= 8) out->push_back(static_cast<char>((v >> s) & 0xff));
+}
+
+uint64_t GetBigEndian(const char* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v = (v << 8) | static_cast<unsigned char>(p[i]);
+  return v;
+}
+
+// The host is little-endian (x86-64, aarch64): values are copied as they lie in memory.
+static_assert(std::endian::native == std::endian::little, "row values are little-endian");
+
+template <typename T>
+void PutRaw(const T& v, std::string* out) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+template <typename T>
+T GetRaw(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+}  // namespace
+
+std::string CatalogKey(uint32_t table_id) {
+  std::string k = "C";
+  PutBigEndian32(table_id, &k);
+  return k;
+}
+
+std::string CatalogPrefix() { return "C"; }
+
+std::string RowKey(uint32_t table_id, int64_t id) {
+  std::string k = RowPrefix(table_id);
+  PutBigEndian64(static_cast<uint64_t>(id), &k);
+  return k;
+}
+
+std::string RowPrefix(uint32_t table_id) {
+  std::string k = "R";
+  PutBigEndian32(table_id, &k);
+  return k;
+}
+
+std::string MetaKey(absl::string_view name) { return absl::StrCat("M", name); }
+
+bool ParseRowKey(absl::string_view key, uint32_t* table_id, int64_t* id) {
+  if (key.size() != 13 || key[0] != 'R') return false;
+  *table_id = static_cast<uint32_t>(GetBigEndian(key.data() + 1, 4));
+  *id = static_cast<int64_t>(GetBigEndian(key.data() + 5, 8));
+  return true;
+}
+
+void EncodeRow(const float* weights, int dim, const float* state, int state_floats,
+               const embedding::RowMeta& meta, std::string* out) {
+  out->clear();
+  out->reserve(kRowHeader + 4 * (dim + state_floats) + 4);
+  out->push_back(static_cast<char>(kRowVersion));
+  out->append(3, '\0');
+  PutRaw(static_cast<uint32_t>(dim), out);
+  PutRaw(static_cast<uint32_t>(state_floats), out);
+  PutRaw(meta.last_step, out);
+  PutRaw(meta.update_count, out);
+  out->append(reinterpret_cast<const char*>(weights), sizeof(float) * dim);
+  out->append(reinterpret_cast<const char*>(state), sizeof(float) * state_floats);
+  PutRaw(Crc32c(out->data(), out->size()), out);
+}
+
+absl::Status DecodeRow(absl::string_view table, int64_t id, absl::string_view value, int dim,
+                       int state_floats, DecodedRow* row) {
+  auto bad = [&](absl::string_view why) {
+    return absl::DataLossError(
+        absl::StrCat("table '", table, "': stored row ", id, " is corrupt: ", why));
+  };
+  if (value.size() < kRowHeader + 4) return bad(absl::StrCat("only ", value.size(), " bytes"));
+  const uint32_t stored_crc = GetRaw<uint32_t>(value.data() + value.size() - 4);
+  if (Crc32c(value.data(), value.size() - 4) != stored_crc) return bad("checksum mismatch");
+  if (static_cast<uint8_t>(value[0]) != kRowVersion) {
+    return bad(absl::StrCat("unknown format version ", static_cast<int>(value[0])));
+  }
+  const uint32_t d = GetRaw<uint32_t>(value.data() + 4);
+  const uint32_t sf = GetRaw<uint32_t>(value.data() + 8);
+  if (d != static_cast<uint32_t>(dim) || sf != static_cast<uint32_t>(state_floats)) {
+    return bad(absl::StrCat("stored with dim ", d, " and ", sf, " state floats, the table has dim ",
+                            dim, " and ", state_floats));
+  }
+  if (value.size() != kRowHeader + 4 * (static_cast<size_t>(d) + sf) + 4) {
+    return bad(absl::StrCat("length ", value.size(), " does not match its shape"));
+  }
+  row->meta.last_step = GetRaw<int64_t>(value.data() + 12);
+  row->meta.update_count = GetRaw<int64_t>(value.data() + 20);
+  const char* p = value.data() + kRowHeader;
+  row->weights.resize(d);
+  std::memcpy(row->weights.data(), p, 4 * d);
+  row->state.resize(sf);
+  std::memcpy(row->state.data(), p + 4 * d, 4 * sf);
+  return absl::OkStatus();
+}
+
+std::string EncodeCatalogEntry(const v1::TableConfig& config) {
+  std::string out(1, static_cast<char>(kCatalogVersion));
+  config.AppendToString(&out);
+  PutRaw(Crc32c(out.data(), out.size()), &out);
+  return out;
+}
+
+absl::StatusOr<v1::TableConfig> DecodeCatalogEntry(uint32_t table_id, absl::string_view value) {
+  auto bad = [&](absl::string_view why) {
+    return absl::DataLossError(
+        absl::StrCat("catalog entry of table id ", table_id, " is corrupt: ", why));
+  };
+  if (value.size() < 5) return bad("truncated");
+  if (Crc32c(value.data(), value.size() - 4) != GetRaw<uint32_t>(value.data() + value.size() - 4)) {
+    return bad("checksum mismatch");
+  }
+  if (static_cast<uint8_t>(value[0]) != kCatalogVersion) return bad("unknown format version");
+  v1::TableConfig config;
+  if (!config.ParseFromArray(value.data() + 1, static_cast<int>(value.size() - 5))) {
+    return bad("config does not parse");
+  }
+  return config;
+}
+
+}  // namespace tessera::storage
