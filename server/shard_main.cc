@@ -1,6 +1,7 @@
 // tessera-shard: one embedding shard server. Holds its part (ShardOf(id) == index) of
 // every table, applies the optimizers, and serves EmbeddingShard, gRPC health and
-// server reflection.
+// server reflection. With --data_dir its tables are durable there (RocksDB) and come
+// back on restart; without, they live in memory only.
 
 #include <iostream>
 #include <memory>
@@ -11,6 +12,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "embedding/collection.h"
+#include "embedding/storage/durable_collection.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "server/serving.h"
@@ -23,6 +25,10 @@ ABSL_FLAG(int, num_shards, 1, "shards in the shard map");
 ABSL_FLAG(uint64_t, shard_map_version, 1, "shard map version this shard serves");
 ABSL_FLAG(int64_t, max_batch_ids, 1 << 20, "ids per request before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, max_message_bytes, 256 << 20, "largest gRPC message accepted or sent");
+ABSL_FLAG(std::string, data_dir, "",
+          "directory of this shard's store and checkpoints; empty = memory only, nothing "
+          "survives a restart");
+ABSL_FLAG(int, keep_checkpoints, 3, "newest complete checkpoints kept; 0 = all");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Serves one embedding shard over gRPC.");
@@ -38,12 +44,28 @@ int main(int argc, char** argv) {
               << options.shard_index << " of " << options.num_shards << "\n";
     return 1;
   }
-  auto tables = tessera::embedding::NewInProcessCollection(1);
-  if (!tables.ok()) {
-    std::cerr << "tessera-shard: " << tables.status() << "\n";
-    return 1;
+  std::unique_ptr<tessera::embedding::EmbeddingCollection> tables;
+  const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
+  if (data_dir.empty()) {
+    auto memory = tessera::embedding::NewInProcessCollection(1);
+    if (!memory.ok()) {
+      std::cerr << "tessera-shard: " << memory.status() << "\n";
+      return 1;
+    }
+    tables = *std::move(memory);
+  } else {
+    tessera::storage::DurableOptions durable;
+    durable.data_dir = data_dir;
+    durable.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+    auto opened = tessera::storage::DurableCollection::Open(durable);
+    if (!opened.ok()) {
+      std::cerr << "tessera-shard: cannot start on data directory " << data_dir << ": "
+                << opened.status() << "\n";
+      return 1;
+    }
+    tables = *std::move(opened);
   }
-  tessera::server::ShardService service(tables->get(), options);
+  tessera::server::ShardService service(tables.get(), options);
 
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   tessera::server::BlockShutdownSignals();

@@ -1,6 +1,7 @@
 #include "server/shard_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "client/checkpoint_proto.h"
 #include "embedding/batch_ops.h"
 #include "embedding/sharding.h"
 #include "embedding/status.h"
@@ -9,8 +10,61 @@
 
 namespace tessera::server {
 
+using client::ToProto;
+
 ShardService::ShardService(embedding::EmbeddingCollection* tables, const ShardOptions& options)
-    : tables_(tables), options_(options), version_(options.shard_map_version) {}
+    : tables_(tables), options_(options), version_(options.shard_map_version) {
+  (void)ReloadConfigs();
+}
+
+absl::Status ShardService::ReloadConfigs() {
+  // Tables loaded from disk carry this shard's part of max_rows (what CreateTable stored).
+  absl::StatusOr<std::vector<v1::TableConfig>> tables = tables_->ListTables();
+  if (!tables.ok()) return tables.status();
+  absl::MutexLock lock(&mu_);
+  configs_.clear();
+  for (const auto& c : *tables) {
+    configs_[c.name()] = c;
+    counters_[c.name()];
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status ShardService::Checkpoint(grpc::ServerContext*, const v1::CheckpointRequest* request,
+                                      v1::CheckpointResponse* response) {
+  embedding::Attachments attachments(request->attachments().begin(),
+                                     request->attachments().end());
+  absl::StatusOr<embedding::CheckpointInfo> info =
+      tables_->Checkpoint(request->step(), attachments);
+  if (!info.ok()) {
+    return ToGrpcStatus(Annotate(info.status(), absl::StrCat("shard ", options_.shard_index)));
+  }
+  ToProto(*info, response->mutable_checkpoint());
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardService::Restore(grpc::ServerContext*, const v1::RestoreRequest* request,
+                                   v1::RestoreResponse* response) {
+  embedding::Attachments attachments;
+  absl::StatusOr<embedding::CheckpointInfo> info = tables_->Restore(request->step(), &attachments);
+  if (!info.ok()) {
+    return ToGrpcStatus(Annotate(info.status(), absl::StrCat("shard ", options_.shard_index)));
+  }
+  absl::Status s = ReloadConfigs();
+  if (!s.ok()) return ToGrpcStatus(s);
+  ToProto(*info, response->mutable_checkpoint());
+  for (auto& [name, blob] : attachments) (*response->mutable_attachments())[name] = blob;
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardService::ListCheckpoints(grpc::ServerContext*,
+                                           const v1::ListCheckpointsRequest*,
+                                           v1::ListCheckpointsResponse* response) {
+  absl::StatusOr<std::vector<embedding::CheckpointInfo>> list = tables_->ListCheckpoints();
+  if (!list.ok()) return ToGrpcStatus(list.status());
+  for (const auto& info : *list) ToProto(info, response->add_checkpoints());
+  return grpc::Status::OK;
+}
 
 absl::StatusOr<v1::TableConfig> ShardService::Config(const std::string& table) const {
   absl::ReaderMutexLock lock(&mu_);
@@ -140,6 +194,11 @@ grpc::Status ShardService::Stats(grpc::ServerContext*, const v1::StatsRequest* r
     t->set_memory_bytes(usage->memory_bytes);
     t->set_lookups(c.lookups);
     t->set_updates(c.updates);
+  }
+  // Servers without storage have no checkpoints to report.
+  absl::StatusOr<std::vector<embedding::CheckpointInfo>> list = tables_->ListCheckpoints();
+  if (list.ok()) {
+    for (const auto& info : *list) ToProto(info, response->add_checkpoints());
   }
   return grpc::Status::OK;
 }

@@ -25,7 +25,8 @@ struct ShardOptions {
 // belongs to this shard. Thread-safe; gRPC calls it from many threads.
 class ShardService final : public v1::EmbeddingShard::Service {
  public:
-  // `tables` must outlive the service.
+  // `tables` must outlive the service. Tables it already holds (loaded from disk) are
+  // served at once.
   ShardService(embedding::EmbeddingCollection* tables, const ShardOptions& options);
 
   // Serve another shard-map version from now on (the map was rebalanced).
@@ -41,6 +42,13 @@ class ShardService final : public v1::EmbeddingShard::Service {
                              v1::PushGradientsResponse* response) override;
   grpc::Status Stats(grpc::ServerContext* context, const v1::StatsRequest* request,
                      v1::StatsResponse* response) override;
+  grpc::Status Checkpoint(grpc::ServerContext* context, const v1::CheckpointRequest* request,
+                          v1::CheckpointResponse* response) override;
+  grpc::Status Restore(grpc::ServerContext* context, const v1::RestoreRequest* request,
+                       v1::RestoreResponse* response) override;
+  grpc::Status ListCheckpoints(grpc::ServerContext* context,
+                               const v1::ListCheckpointsRequest* request,
+                               v1::ListCheckpointsResponse* response) override;
 
  private:
   struct Counters {
@@ -54,6 +62,9 @@ class ShardService final : public v1::EmbeddingShard::Service {
   absl::Status CheckRequest(const v1::TableConfig& config, int ids_size,
                             const google::protobuf::RepeatedField<int64_t>& ids,
                             uint64_t version) const;
+
+  // Serves exactly the tables `tables_` holds (after start-up or a restore).
+  absl::Status ReloadConfigs();
 
   embedding::EmbeddingCollection* tables_;
   const ShardOptions options_;
