@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "client/checkpoint_proto.h"
 #include "embedding/batch_ops.h"
 #include "embedding/status.h"
 #include "grpcpp/grpcpp.h"
@@ -36,9 +37,10 @@ EmbeddingClient::EmbeddingClient(std::shared_ptr<grpc::Channel> channel,
                                  const ClientOptions& options)
     : options_(options), coordinator_(v1::Coordinator::NewStub(channel)) {}
 
-std::unique_ptr<grpc::ClientContext> EmbeddingClient::NewContext() const {
+std::unique_ptr<grpc::ClientContext> EmbeddingClient::NewContext(
+    std::chrono::milliseconds deadline) const {
   auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(std::chrono::system_clock::now() + options_.deadline);
+  ctx->set_deadline(std::chrono::system_clock::now() + deadline);
   return ctx;
 }
 
@@ -48,7 +50,7 @@ absl::Status EmbeddingClient::WithRetries(const std::function<absl::Status()>& c
     absl::Status s = call();
     if (s.code() != absl::StatusCode::kUnavailable || attempt >= options_.max_retries) return s;
     std::this_thread::sleep_for(backoff);
-    backoff *= 2;
+    backoff = std::min(backoff * 2, options_.max_backoff);
   }
 }
 
@@ -236,6 +238,44 @@ absl::StatusOr<embedding::TableUsage> EmbeddingClient::Usage(absl::string_view t
 int EmbeddingClient::num_shards() const {
   absl::ReaderMutexLock lock(&mu_);
   return num_shards_;
+}
+
+absl::StatusOr<embedding::CheckpointInfo> EmbeddingClient::Checkpoint(
+    int64_t step, const embedding::Attachments& attachments) {
+  v1::CheckpointRequest req;
+  req.set_step(step);
+  for (const auto& [name, blob] : attachments) (*req.mutable_attachments())[name] = blob;
+  v1::CheckpointResponse resp;
+  // Not retried: a checkpoint that failed half-way is retaken by the caller.
+  auto ctx = NewContext(options_.checkpoint_deadline);
+  TESSERA_RETURN_IF_ERROR(FromCoordinator(coordinator_->Checkpoint(ctx.get(), req, &resp)));
+  return FromProto(resp.checkpoint());
+}
+
+absl::StatusOr<embedding::CheckpointInfo> EmbeddingClient::Restore(
+    int64_t step, embedding::Attachments* attachments) {
+  v1::RestoreRequest req;
+  req.set_step(step);
+  v1::RestoreResponse resp;
+  auto ctx = NewContext(options_.checkpoint_deadline);
+  TESSERA_RETURN_IF_ERROR(FromCoordinator(coordinator_->Restore(ctx.get(), req, &resp)));
+  if (attachments != nullptr) {
+    attachments->clear();
+    for (const auto& [name, blob] : resp.attachments()) (*attachments)[name] = blob;
+  }
+  return FromProto(resp.checkpoint());
+}
+
+absl::StatusOr<std::vector<embedding::CheckpointInfo>> EmbeddingClient::ListCheckpoints() const {
+  v1::ListCheckpointsResponse resp;
+  TESSERA_RETURN_IF_ERROR(WithRetries([&] {
+    resp.Clear();
+    auto ctx = NewContext();
+    return FromCoordinator(coordinator_->ListCheckpoints(ctx.get(), {}, &resp));
+  }));
+  std::vector<embedding::CheckpointInfo> out;
+  for (const auto& c : resp.checkpoints()) out.push_back(FromProto(c));
+  return out;
 }
 
 }  // namespace tessera::client

@@ -19,10 +19,12 @@ struct ClientOptions {
   // talks to the shards directly on the hot path (one hop instead of two).
   enum class Mode { kCoordinator, kSmart };
   Mode mode = Mode::kCoordinator;
-  std::chrono::milliseconds deadline{10000};      // per call
-  int max_retries = 4;                            // retries of UNAVAILABLE calls
-  std::chrono::milliseconds initial_backoff{50};  // doubled after each retry
-  int max_message_bytes = 256 << 20;              // gRPC send/receive limit
+  std::chrono::milliseconds deadline{10000};                      // per call
+  int max_retries = 8;                                            // retries of UNAVAILABLE calls
+  std::chrono::milliseconds initial_backoff{50};                  // doubled after each retry ...
+  std::chrono::milliseconds max_backoff{1000};                    // ... up to this
+  std::chrono::milliseconds checkpoint_deadline{30 * 60 * 1000};  // Checkpoint and Restore
+  int max_message_bytes = 256 << 20;                              // gRPC send/receive limit
 };
 
 // The remote EmbeddingCollection: the trainer and tools use it exactly like the in-process
@@ -48,11 +50,18 @@ class EmbeddingClient final : public embedding::EmbeddingCollection {
                              absl::Span<const float> gradients, int64_t step) override;
   absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override;
   int num_shards() const override;
+  // Cluster checkpoints through the coordinator (which needs a --data_dir).
+  absl::StatusOr<embedding::CheckpointInfo> Checkpoint(
+      int64_t step, const embedding::Attachments& attachments) override;
+  absl::StatusOr<embedding::CheckpointInfo> Restore(int64_t step,
+                                                    embedding::Attachments* attachments) override;
+  absl::StatusOr<std::vector<embedding::CheckpointInfo>> ListCheckpoints() const override;
 
  private:
   EmbeddingClient(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options);
 
-  std::unique_ptr<grpc::ClientContext> NewContext() const;
+  std::unique_ptr<grpc::ClientContext> NewContext() const { return NewContext(options_.deadline); }
+  std::unique_ptr<grpc::ClientContext> NewContext(std::chrono::milliseconds deadline) const;
   // Runs `call` until it succeeds, fails with a code retrying cannot fix, or retries run out.
   absl::Status WithRetries(const std::function<absl::Status()>& call) const;
   absl::Status RefreshShardMap();

@@ -38,16 +38,18 @@ ShardRouter::ShardRouter(std::vector<std::string> addresses, const RouterOptions
   }
 }
 
-std::unique_ptr<grpc::ClientContext> ShardRouter::NewContext() const {
+std::unique_ptr<grpc::ClientContext> ShardRouter::NewContext(
+    std::chrono::milliseconds deadline) const {
   auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(std::chrono::system_clock::now() + options_.deadline);
+  ctx->set_deadline(std::chrono::system_clock::now() + deadline);
   return ctx;
 }
 
 template <typename Response, typename Prepare>
 std::vector<grpc::Status> ShardRouter::CallShards(const std::function<bool(int)>& has_work,
                                                   const Prepare& prepare,
-                                                  std::vector<Response>* responses) const {
+                                                  std::vector<Response>* responses,
+                                                  std::chrono::milliseconds deadline) const {
   std::vector<grpc::Status> statuses(num_shards());
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts(num_shards());
   std::vector<std::unique_ptr<grpc::ClientAsyncResponseReader<Response>>> calls(num_shards());
@@ -55,7 +57,7 @@ std::vector<grpc::Status> ShardRouter::CallShards(const std::function<bool(int)>
   int pending = 0;
   for (int k = 0; k < num_shards(); ++k) {
     if (!has_work(k)) continue;
-    contexts[k] = NewContext();
+    contexts[k] = NewContext(deadline);
     calls[k] = prepare(k, contexts[k].get(), &queue);
     calls[k]->StartCall();
     calls[k]->Finish(&(*responses)[k], &statuses[k], reinterpret_cast<void*>(intptr_t{k}));
@@ -245,6 +247,42 @@ absl::StatusOr<int64_t> ShardRouter::PushGradients(const v1::TableConfig& config
     updated += resps[k].rows_updated();
   }
   return updated;
+}
+
+absl::StatusOr<std::vector<v1::CheckpointInfo>> ShardRouter::CheckpointShards(int64_t step) {
+  std::vector<v1::CheckpointRequest> reqs(num_shards());
+  std::vector<v1::CheckpointResponse> resps(num_shards());
+  for (auto& r : reqs) r.set_step(step);
+  const std::vector<grpc::Status> statuses =
+      CallShards([](int) { return true; },
+                 [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
+                   return stubs_[k]->PrepareAsyncCheckpoint(ctx, reqs[k], queue);
+                 },
+                 &resps, options_.checkpoint_deadline);
+  std::vector<v1::CheckpointInfo> out;
+  for (int k = 0; k < num_shards(); ++k) {
+    if (!statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
+    out.push_back(resps[k].checkpoint());
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::CheckpointInfo>> ShardRouter::RestoreShards(int64_t step) {
+  std::vector<v1::RestoreRequest> reqs(num_shards());
+  std::vector<v1::RestoreResponse> resps(num_shards());
+  for (auto& r : reqs) r.set_step(step);
+  const std::vector<grpc::Status> statuses =
+      CallShards([](int) { return true; },
+                 [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
+                   return stubs_[k]->PrepareAsyncRestore(ctx, reqs[k], queue);
+                 },
+                 &resps, options_.checkpoint_deadline);
+  std::vector<v1::CheckpointInfo> out;
+  for (int k = 0; k < num_shards(); ++k) {
+    if (!statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
+    out.push_back(resps[k].checkpoint());
+  }
+  return out;
 }
 
 absl::StatusOr<std::vector<v1::TableStats>> ShardRouter::Stats(const std::string& table) {

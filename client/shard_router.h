@@ -19,6 +19,7 @@ struct RouterOptions {
   std::chrono::milliseconds deadline{10000};  // per shard call
   int max_message_bytes = 256 << 20;          // gRPC send/receive limit per channel
   uint64_t shard_map_version = 1;             // stamped on every shard request
+  std::chrono::milliseconds checkpoint_deadline{30 * 60 * 1000};  // per shard checkpoint/restore
 };
 
 // The grpc::Status of a shard call as an absl::Status naming the shard.
@@ -56,6 +57,11 @@ class ShardRouter {
                                         absl::Span<const int64_t> ids,
                                         absl::Span<const float> gradients, int64_t step);
 
+  // Every shard takes (or restores) checkpoint `step`, in parallel; each shard's result
+  // in shard order. The first failure names its shard.
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> CheckpointShards(int64_t step);
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> RestoreShards(int64_t step);
+
   // Every shard's stats for `table` (empty = all).
   absl::StatusOr<std::vector<v1::TableStats>> Stats(const std::string& table);
 
@@ -76,15 +82,22 @@ class ShardRouter {
   // Deduplicates `ids` into s->unique / s->inverse and groups the unique ids by shard.
   void Split(const v1::TableConfig& config, absl::Span<const int64_t> ids, Scratch* s) const;
 
-  std::unique_ptr<grpc::ClientContext> NewContext() const;
+  std::unique_ptr<grpc::ClientContext> NewContext(std::chrono::milliseconds deadline) const;
+  std::unique_ptr<grpc::ClientContext> NewContext() const { return NewContext(options_.deadline); }
   // Starts the call `prepare(k, context, queue)` for every shard with `has_work(k)`, all in
   // flight together, and returns each shard's status once all have answered, with its
   // answer in (*responses)[k]. The calling thread drives the completion queue itself, so
   // no other thread has to wake it.
   template <typename Response, typename Prepare>
   std::vector<grpc::Status> CallShards(const std::function<bool(int)>& has_work,
+                                       const Prepare& prepare, std::vector<Response>* responses,
+                                       std::chrono::milliseconds deadline) const;
+  template <typename Response, typename Prepare>
+  std::vector<grpc::Status> CallShards(const std::function<bool(int)>& has_work,
                                        const Prepare& prepare,
-                                       std::vector<Response>* responses) const;
+                                       std::vector<Response>* responses) const {
+    return CallShards(has_work, prepare, responses, options_.deadline);
+  }
 
   std::vector<std::string> addresses_;
   RouterOptions options_;

@@ -1,5 +1,6 @@
 // tessera-coordinator: owns table configs and the shard map, and routes lookups and
-// gradient pushes to the shards. Serves Coordinator, gRPC health and reflection.
+// gradient pushes to the shards. Serves Coordinator, gRPC health and reflection. With
+// --data_dir, table configs and cluster checkpoint manifests are durable there.
 
 #include <iostream>
 #include <memory>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/shard_router.h"
+#include "embedding/storage/coordinator_store.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "server/coordinator_service.h"
@@ -24,6 +26,10 @@ ABSL_FLAG(uint64_t, shard_map_version, 1, "version of the shard map the shards s
 ABSL_FLAG(int64_t, max_batch_ids, 1 << 20, "ids per request before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, shard_deadline_ms, 10000, "deadline of each call to a shard");
 ABSL_FLAG(int, max_message_bytes, 256 << 20, "largest gRPC message accepted or sent");
+ABSL_FLAG(std::string, data_dir, "",
+          "directory for table configs and checkpoint manifests; empty = nothing survives "
+          "a restart and Checkpoint is refused");
+ABSL_FLAG(int, keep_checkpoints, 3, "newest complete cluster checkpoints kept; 0 = all");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -42,7 +48,36 @@ int main(int argc, char** argv) {
   tessera::client::ShardRouter router(shards, ro);
   tessera::server::CoordinatorOptions co;
   co.max_batch_ids = absl::GetFlag(FLAGS_max_batch_ids);
-  tessera::server::CoordinatorService service(&router, ro.shard_map_version, co);
+  std::unique_ptr<tessera::storage::CoordinatorStore> store;
+  const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
+  if (!data_dir.empty()) {
+    auto opened =
+        tessera::storage::CoordinatorStore::Open(data_dir, absl::GetFlag(FLAGS_keep_checkpoints));
+    if (!opened.ok()) {
+      std::cerr << "tessera-coordinator: cannot start on data directory " << data_dir << ": "
+                << opened.status() << "\n";
+      return 1;
+    }
+    store = *std::move(opened);
+    tessera::v1::CoordinatorState state = store->state();
+    const std::vector<std::string> before(state.shards().begin(), state.shards().end());
+    if (!before.empty() && before != shards) {
+      std::cerr << "tessera-coordinator: note: the shard list differs from the one recorded in "
+                << data_dir << " (" << before.size() << " shards before, " << shards.size()
+                << " now)\n";
+    }
+    state.clear_shards();
+    for (const auto& a : shards) state.add_shards(a);
+    state.set_shard_map_version(ro.shard_map_version);
+    absl::Status saved = store->Save(state);
+    if (!saved.ok()) {
+      std::cerr << "tessera-coordinator: " << saved << "\n";
+      return 1;
+    }
+    std::cout << "tessera-coordinator: " << state.tables_size() << " table(s) recorded in "
+              << data_dir << std::endl;
+  }
+  tessera::server::CoordinatorService service(&router, ro.shard_map_version, co, store.get());
 
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   tessera::server::BlockShutdownSignals();

@@ -1,5 +1,7 @@
 #include "server/coordinator_service.h"
 
+#include <chrono>
+
 #include "absl/strings/str_cat.h"
 #include "embedding/batch_ops.h"
 #include "embedding/embedding_table.h"
@@ -9,9 +11,46 @@
 
 namespace tessera::server {
 
+namespace {
+
+void ToProto(const storage::CheckpointManifest& m, double seconds, v1::CheckpointInfo* out) {
+  out->set_step(m.step);
+  out->set_rows(m.rows);
+  out->set_bytes(m.bytes);
+  out->set_created_unix_ms(m.created_unix_ms);
+  out->set_seconds(seconds);
+  for (const auto& s : m.shards) out->add_shards(s);
+}
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
 CoordinatorService::CoordinatorService(client::ShardRouter* router, uint64_t shard_map_version,
-                                       const CoordinatorOptions& options)
-    : router_(router), version_(shard_map_version), options_(options) {}
+                                       const CoordinatorOptions& options,
+                                       storage::CoordinatorStore* store)
+    : router_(router), version_(shard_map_version), options_(options), store_(store) {
+  if (store_ == nullptr) return;
+  const v1::CoordinatorState state = store_->state();
+  absl::MutexLock lock(&mu_);
+  for (const auto& t : state.tables()) configs_[t.name()] = t;
+}
+
+absl::Status CoordinatorService::NeedStore() const {
+  if (store_ != nullptr) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "this coordinator has no --data_dir, so it cannot record cluster checkpoints");
+}
+
+v1::CoordinatorState CoordinatorService::StateLocked() const {
+  v1::CoordinatorState state;
+  for (const auto& [name, config] : configs_) *state.add_tables() = config;
+  state.set_shard_map_version(version_.load());
+  for (const auto& a : router_->addresses()) state.add_shards(a);
+  return state;
+}
 
 void CoordinatorService::SetShardMapVersion(uint64_t version) {
   version_.store(version);
@@ -47,8 +86,26 @@ grpc::Status CoordinatorService::CreateTable(grpc::ServerContext*,
     return ToGrpcStatus(
         absl::AlreadyExistsError(absl::StrCat("table '", config.name(), "' already exists")));
   }
+  if (store_ != nullptr) {
+    // Recorded before the shards create it: a table the shards hold is never unknown to
+    // a restarted coordinator.
+    v1::CoordinatorState state;
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      state = StateLocked();
+    }
+    *state.add_tables() = config;
+    s = store_->Save(state);
+    if (!s.ok()) return ToGrpcStatus(Annotate(s, "cannot record the new table"));
+  }
   s = router_->CreateTable(config);
-  if (!s.ok()) return ToGrpcStatus(s);
+  if (!s.ok()) {
+    if (store_ != nullptr) {
+      absl::ReaderMutexLock lock(&mu_);
+      (void)store_->Save(StateLocked());
+    }
+    return ToGrpcStatus(s);
+  }
   absl::MutexLock lock(&mu_);
   configs_[config.name()] = config;
   *response->mutable_config() = config;
@@ -101,6 +158,7 @@ grpc::Status CoordinatorService::PushGradients(grpc::ServerContext*,
   s = embedding::CheckRowsSize(request->table(), "gradients", request->gradients_size(),
                                request->ids_size(), config->dim(), "ids");
   if (!s.ok()) return ToGrpcStatus(s);
+  absl::ReaderMutexLock barrier(&barrier_mu_);
   absl::StatusOr<int64_t> updated = router_->PushGradients(
       *config, absl::Span<const int64_t>(request->ids().data(), request->ids_size()),
       absl::Span<const float>(request->gradients().data(), request->gradients_size()),
@@ -119,6 +177,79 @@ grpc::Status CoordinatorService::Stats(grpc::ServerContext*, const v1::StatsRequ
   absl::StatusOr<std::vector<v1::TableStats>> stats = router_->Stats(request->table());
   if (!stats.ok()) return ToGrpcStatus(stats.status());
   for (const auto& t : *stats) *response->add_tables() = t;
+  if (store_ != nullptr) {
+    for (const auto& m : store_->ListCheckpoints()) ToProto(m, 0, response->add_checkpoints());
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext*,
+                                            const v1::CheckpointRequest* request,
+                                            v1::CheckpointResponse* response) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status s = NeedStore();
+  if (!s.ok()) return ToGrpcStatus(s);
+  if (request->step() < 0) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("checkpoint step must be >= 0, got ", request->step())));
+  }
+  embedding::Attachments attachments(request->attachments().begin(), request->attachments().end());
+  for (const auto& [name, blob] : attachments) {
+    s = storage::ValidateAttachmentName(name);
+    if (!s.ok()) return ToGrpcStatus(s);
+  }
+  absl::MutexLock barrier(&barrier_mu_);
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> shards =
+      router_->CheckpointShards(request->step());
+  if (!shards.ok()) return ToGrpcStatus(Annotate(shards.status(), "checkpoint not taken"));
+  storage::CheckpointManifest m;
+  m.step = request->step();
+  for (const auto& info : *shards) {
+    m.rows += info.rows();
+    m.bytes += info.bytes();
+  }
+  m.shards = router_->addresses();
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const auto& [name, config] : configs_) m.tables.push_back(name);
+  }
+  absl::StatusOr<storage::CheckpointManifest> committed = store_->CommitCheckpoint(m, attachments);
+  if (!committed.ok()) return ToGrpcStatus(committed.status());
+  ToProto(*committed, SecondsSince(start), response->mutable_checkpoint());
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::Restore(grpc::ServerContext*, const v1::RestoreRequest* request,
+                                         v1::RestoreResponse* response) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status s = NeedStore();
+  if (!s.ok()) return ToGrpcStatus(s);
+  embedding::Attachments attachments;
+  absl::StatusOr<storage::CheckpointManifest> m =
+      store_->FindCheckpoint(request->step(), &attachments);
+  if (!m.ok()) return ToGrpcStatus(m.status());
+  if (m->shards.size() != router_->addresses().size()) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", m->step, " spans ", m->shards.size(),
+                     " shards, this cluster has ", router_->addresses().size())));
+  }
+  absl::MutexLock barrier(&barrier_mu_);
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> shards = router_->RestoreShards(m->step);
+  if (!shards.ok()) {
+    return ToGrpcStatus(Annotate(
+        shards.status(), absl::StrCat("restore of checkpoint ", m->step, " failed; retry it")));
+  }
+  ToProto(*m, SecondsSince(start), response->mutable_checkpoint());
+  for (auto& [name, blob] : attachments) (*response->mutable_attachments())[name] = blob;
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::ListCheckpoints(grpc::ServerContext*,
+                                                 const v1::ListCheckpointsRequest*,
+                                                 v1::ListCheckpointsResponse* response) {
+  absl::Status s = NeedStore();
+  if (!s.ok()) return ToGrpcStatus(s);
+  for (const auto& m : store_->ListCheckpoints()) ToProto(m, 0, response->add_checkpoints());
   return grpc::Status::OK;
 }
 

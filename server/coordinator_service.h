@@ -7,6 +7,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "client/shard_router.h"
+#include "embedding/storage/coordinator_store.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 
 namespace tessera::server {
@@ -16,12 +17,17 @@ struct CoordinatorOptions {
 };
 
 // The Coordinator gRPC service: owns table configs and the versioned shard map, checks
-// requests, and hands routing to a ShardRouter. Thread-safe.
+// requests, and hands routing to a ShardRouter. With a CoordinatorStore, table configs
+// survive restarts and Checkpoint/Restore coordinate cluster checkpoints: every shard
+// takes its own, then the store writes the manifest that makes the checkpoint exist.
+// Pushes routed through the coordinator wait while a checkpoint or restore runs.
+// Thread-safe.
 class CoordinatorService final : public v1::Coordinator::Service {
  public:
-  // `router` must outlive the service.
+  // `router` and `store` (null: nothing durable, no checkpoints) must outlive the
+  // service. Tables recorded in `store` are served at once.
   CoordinatorService(client::ShardRouter* router, uint64_t shard_map_version,
-                     const CoordinatorOptions& options);
+                     const CoordinatorOptions& options, storage::CoordinatorStore* store = nullptr);
 
   // Advertise (and route with) another shard-map version from now on.
   void SetShardMapVersion(uint64_t version);
@@ -38,8 +44,18 @@ class CoordinatorService final : public v1::Coordinator::Service {
                              v1::PushGradientsResponse* response) override;
   grpc::Status Stats(grpc::ServerContext* context, const v1::StatsRequest* request,
                      v1::StatsResponse* response) override;
+  grpc::Status Checkpoint(grpc::ServerContext* context, const v1::CheckpointRequest* request,
+                          v1::CheckpointResponse* response) override;
+  grpc::Status Restore(grpc::ServerContext* context, const v1::RestoreRequest* request,
+                       v1::RestoreResponse* response) override;
+  grpc::Status ListCheckpoints(grpc::ServerContext* context,
+                               const v1::ListCheckpointsRequest* request,
+                               v1::ListCheckpointsResponse* response) override;
 
  private:
+  absl::Status NeedStore() const;
+  // The durable state with configs_ as they are now.
+  v1::CoordinatorState StateLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::TableConfig> Config(const std::string& table) const;
   absl::Status CheckBatch(const std::string& table, int ids) const;
 
@@ -48,6 +64,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
   const CoordinatorOptions options_;
   mutable absl::Mutex mu_;
   absl::Mutex create_mu_;  // one CreateTable at a time, so shards agree on configs
+  storage::CoordinatorStore* store_;
+  absl::Mutex barrier_mu_;  // shared: routed pushes; exclusive: checkpoint and restore
   std::map<std::string, v1::TableConfig> configs_ ABSL_GUARDED_BY(mu_);
 };
 

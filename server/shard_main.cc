@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "embedding/collection.h"
 #include "embedding/storage/durable_collection.h"
+#include "embedding/storage/files.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "server/serving.h"
@@ -54,6 +55,14 @@ int main(int argc, char** argv) {
     }
     tables = *std::move(memory);
   } else {
+    // Rows belong to the shard ShardOf(id, num_shards) names: a data directory written
+    // for another place in the map would serve the wrong rows.
+    absl::Status placed =
+        tessera::storage::CheckShardPlacement(data_dir, options.shard_index, options.num_shards);
+    if (!placed.ok()) {
+      std::cerr << "tessera-shard: " << placed.message() << "\n";
+      return 1;
+    }
     tessera::storage::DurableOptions durable;
     durable.data_dir = data_dir;
     durable.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);

@@ -32,17 +32,29 @@ ABSL_FLAG(double, lr, 0.05, "create: learning rate");
 ABSL_FLAG(uint64_t, seed, 1, "create: table seed");
 ABSL_FLAG(int64_t, max_rows, 0, "create: row budget (0 = unlimited)");
 ABSL_FLAG(std::string, ids, "", "lookup: comma-separated ids");
-ABSL_FLAG(int, deadline_ms, 5000, "deadline of each call");
+ABSL_FLAG(int, deadline_ms, 5000, "deadline of each call (checkpoint and restore: 30 min)");
+ABSL_FLAG(int64_t, step, -1, "checkpoint: its step (required); restore: which (-1 = newest)");
+ABSL_FLAG(std::string, durability, "checkpoint", "create: checkpoint or write_through");
 
 namespace {
 
 using tessera::v1::Coordinator;
 
-std::unique_ptr<grpc::ClientContext> Context() {
+std::unique_ptr<grpc::ClientContext> Context(int deadline_ms = absl::GetFlag(FLAGS_deadline_ms)) {
   auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(std::chrono::system_clock::now() +
-                    std::chrono::milliseconds(absl::GetFlag(FLAGS_deadline_ms)));
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
   return ctx;
+}
+
+constexpr int kCheckpointDeadlineMs = 30 * 60 * 1000;
+
+void PrintCheckpoint(const tessera::v1::CheckpointInfo& c) {
+  std::printf("step %lld: %lld rows, %lld bytes, %zu shard(s), created %lld ms after epoch",
+              static_cast<long long>(c.step()), static_cast<long long>(c.rows()),
+              static_cast<long long>(c.bytes()), static_cast<size_t>(c.shards_size()),
+              static_cast<long long>(c.created_unix_ms()));
+  if (c.seconds() > 0) std::printf(", took %.2f s", c.seconds());
+  std::printf("\n");
 }
 
 const char* CodeName(grpc::StatusCode code) {
@@ -119,6 +131,14 @@ int Run(const std::string& command) {
     c->set_max_rows(absl::GetFlag(FLAGS_max_rows));
     c->mutable_optimizer()->set_type(*opt);
     c->mutable_optimizer()->set_learning_rate(static_cast<float>(absl::GetFlag(FLAGS_lr)));
+    const std::string durability = absl::GetFlag(FLAGS_durability);
+    if (durability == "write_through") {
+      c->set_durability(tessera::v1::WRITE_THROUGH);
+    } else if (durability != "checkpoint") {
+      std::cerr << "tessera-cli: --durability must be checkpoint or write_through, got '"
+                << durability << "'\n";
+      return 1;
+    }
     auto ctx = Context();
     tessera::v1::CreateTableResponse resp;
     grpc::Status s = stub->CreateTable(ctx.get(), req, &resp);
@@ -166,6 +186,42 @@ int Run(const std::string& command) {
     }
     return 0;
   }
+  if (command == "checkpoint") {
+    const int64_t step = absl::GetFlag(FLAGS_step);
+    if (step < 0) {
+      std::cerr << "tessera-cli: checkpoint needs --step (the training step it is taken at)\n";
+      return 1;
+    }
+    tessera::v1::CheckpointRequest req;
+    req.set_step(step);
+    auto ctx = Context(kCheckpointDeadlineMs);
+    tessera::v1::CheckpointResponse resp;
+    grpc::Status s = stub->Checkpoint(ctx.get(), req, &resp);
+    if (!s.ok()) return Fail("checkpoint", s);
+    std::printf("checkpoint taken: ");
+    PrintCheckpoint(resp.checkpoint());
+    return 0;
+  }
+  if (command == "restore") {
+    tessera::v1::RestoreRequest req;
+    req.set_step(absl::GetFlag(FLAGS_step));
+    auto ctx = Context(kCheckpointDeadlineMs);
+    tessera::v1::RestoreResponse resp;
+    grpc::Status s = stub->Restore(ctx.get(), req, &resp);
+    if (!s.ok()) return Fail("restore", s);
+    std::printf("restored: ");
+    PrintCheckpoint(resp.checkpoint());
+    return 0;
+  }
+  if (command == "checkpoints") {
+    auto ctx = Context();
+    tessera::v1::ListCheckpointsResponse resp;
+    grpc::Status s = stub->ListCheckpoints(ctx.get(), {}, &resp);
+    if (!s.ok()) return Fail("checkpoints", s);
+    if (resp.checkpoints_size() == 0) std::printf("no complete checkpoints\n");
+    for (const auto& c : resp.checkpoints()) PrintCheckpoint(c);
+    return 0;
+  }
   if (command == "shardmap") {
     auto ctx = Context();
     tessera::v1::ShardMap map;
@@ -177,17 +233,21 @@ int Run(const std::string& command) {
     return 0;
   }
   std::cerr << "tessera-cli: unknown command '" << command
-            << "'; expected health, tables, create, lookup, stats or shardmap\n";
+            << "'; expected health, tables, create, lookup, stats, shardmap, checkpoint, restore "
+               "or checkpoints\n";
   return 1;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("tessera-cli [flags] health|tables|create|lookup|stats|shardmap");
+  absl::SetProgramUsageMessage(
+      "tessera-cli [flags] "
+      "health|tables|create|lookup|stats|shardmap|checkpoint|restore|checkpoints");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() != 2) {
-    std::cerr << "usage: tessera-cli [flags] health|tables|create|lookup|stats|shardmap\n";
+    std::cerr << "usage: tessera-cli [flags] "
+                 "health|tables|create|lookup|stats|shardmap|checkpoint|restore|checkpoints\n";
     return 1;
   }
   return Run(rest[1]);

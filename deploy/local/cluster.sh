@@ -34,6 +34,11 @@ start() {
     [ -x "$BIN/$b" ] || die "$BIN/$b not found; run ./scripts/setup.sh first"
   done
   if alive "$DIR/pids/coordinator.pid"; then die "a cluster is already running in $DIR"; fi
+  # Rows live on the shard that ShardOf(id, N) names: data kept for another N would be
+  # on the wrong shards.
+  if [ -f "$DIR/num_shards" ] && [ -d "$DIR/data" ] && [ "$(cat "$DIR/num_shards")" != "$n" ]; then
+    die "$DIR/data holds a cluster of $(cat "$DIR/num_shards") shard(s), not $n; start it with $(cat "$DIR/num_shards") or remove $DIR/data"
+  fi
   mkdir -p "$DIR/logs" "$DIR/pids"
   echo "$n" > "$DIR/num_shards"
   echo "$BASE" > "$DIR/base_port"
@@ -42,19 +47,20 @@ start() {
     local port=$((BASE + 1 + k))
     mkdir -p "$DIR/data/shard-$k"
     "$BIN/tessera-shard" --port="$port" --shard_index="$k" --num_shards="$n" \
-      > "$DIR/logs/shard-$k.log" 2>&1 &
+      --data_dir="$DIR/data/shard-$k" >> "$DIR/logs/shard-$k.log" 2>&1 &
     echo $! > "$DIR/pids/shard-$k.pid"
     shards="${shards:+$shards,}127.0.0.1:$port"
   done
   for ((k = 0; k < n; k++)); do
     wait_healthy "127.0.0.1:$((BASE + 1 + k))" "$DIR/logs/shard-$k.log"
   done
+  mkdir -p "$DIR/data/coordinator"
   "$BIN/tessera-coordinator" --port="$BASE" --shards="$shards" \
-    > "$DIR/logs/coordinator.log" 2>&1 &
+    --data_dir="$DIR/data/coordinator" >> "$DIR/logs/coordinator.log" 2>&1 &
   echo $! > "$DIR/pids/coordinator.pid"
   wait_healthy "127.0.0.1:$BASE" "$DIR/logs/coordinator.log"
   echo "cluster: $n shard(s) on 127.0.0.1:$((BASE + 1))-$((BASE + n)), coordinator on 127.0.0.1:$BASE"
-  echo "cluster: logs in $DIR/logs"
+  echo "cluster: logs in $DIR/logs, data in $DIR/data (kept across restarts)"
 }
 
 status() {

@@ -1,5 +1,8 @@
 #include "embedding/storage/checkpoint_manifest.h"
 
+#include <algorithm>
+#include <filesystem>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -68,6 +71,51 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& path) {
   absl::StatusOr<std::string> text = ReadFile(path);
   if (!text.ok()) return text.status();
   return DecodeManifest(*text, path);
+}
+
+absl::Status ValidateAttachmentName(absl::string_view name) {
+  if (name.empty() || name.size() > 128 || name[0] == '.') {
+    return absl::InvalidArgumentError(absl::StrCat("bad attachment name '", name, "'"));
+  }
+  for (const char c : name) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad attachment name '", name, "': use letters, digits, '.', '_', '-'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::pair<std::string, CheckpointManifest>> ListCompleteCheckpoints(
+    const std::string& root, const std::function<void(const std::string&)>& log) {
+  namespace fs = std::filesystem;
+  std::vector<std::pair<int64_t, std::string>> dirs;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    int64_t step = 0;
+    if (entry.is_directory(ec) && absl::SimpleAtoi(entry.path().filename().string(), &step)) {
+      dirs.emplace_back(step, entry.path().string());
+    }
+  }
+  std::sort(dirs.begin(), dirs.end());
+  std::vector<std::pair<std::string, CheckpointManifest>> out;
+  for (const auto& [step, dir] : dirs) {
+    absl::StatusOr<CheckpointManifest> m = ReadManifest(absl::StrCat(dir, "/MANIFEST"));
+    if (!m.ok()) {
+      log(absl::StrCat("tessera: warning: skipping checkpoint ", dir, ": ",
+                       m.status().code() == absl::StatusCode::kNotFound
+                           ? "no manifest (incomplete)"
+                           : std::string(m.status().message())));
+      continue;
+    }
+    if (m->step != step) {
+      log(absl::StrCat("tessera: warning: skipping checkpoint ", dir, ": its manifest is for step ",
+                       m->step));
+      continue;
+    }
+    out.emplace_back(dir, *std::move(m));
+  }
+  return out;
 }
 
 }  // namespace tessera::storage

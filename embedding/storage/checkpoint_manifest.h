@@ -2,7 +2,9 @@
 #define TESSERA_EMBEDDING_STORAGE_CHECKPOINT_MANIFEST_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -29,6 +31,16 @@ absl::StatusOr<CheckpointManifest> DecodeManifest(absl::string_view text, const 
 
 // Reads and decodes the manifest at `path`.
 absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& path);
+
+// InvalidArgument unless `name` can name an attachment file: 1-128 of [A-Za-z0-9._-],
+// not starting with '.'.
+absl::Status ValidateAttachmentName(absl::string_view name);
+
+// Complete checkpoints under `root` (<root>/<step>/MANIFEST), oldest first, with their
+// directories. Each directory without a valid manifest for its own step is skipped and
+// `log` hears why (a missing manifest: incomplete; a bad one: torn or edited).
+std::vector<std::pair<std::string, CheckpointManifest>> ListCompleteCheckpoints(
+    const std::string& root, const std::function<void(const std::string&)>& log);
 
 }  // namespace tessera::storage
 

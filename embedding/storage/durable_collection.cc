@@ -38,19 +38,6 @@ double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-absl::Status CheckAttachmentName(const std::string& name) {
-  if (name.empty() || name.size() > 128 || name[0] == '.') {
-    return absl::InvalidArgumentError(absl::StrCat("bad attachment name '", name, "'"));
-  }
-  for (const char c : name) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("bad attachment name '", name, "': use letters, digits, '.', '_', '-'"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 embedding::CheckpointInfo InfoOf(const CheckpointManifest& m) {
   embedding::CheckpointInfo info;
   info.step = m.step;
@@ -377,7 +364,8 @@ absl::StatusOr<embedding::CheckpointInfo> DurableCollection::Checkpoint(
     int64_t step, const embedding::Attachments& attachments) {
   if (step < 0)
     return absl::InvalidArgumentError(absl::StrCat("checkpoint step must be >= 0, got ", step));
-  for (const auto& [name, blob] : attachments) TESSERA_RETURN_IF_ERROR(CheckAttachmentName(name));
+  for (const auto& [name, blob] : attachments)
+    TESSERA_RETURN_IF_ERROR(ValidateAttachmentName(name));
   const auto start = Clock::now();
   absl::MutexLock lock(&mu_);
   TESSERA_RETURN_IF_ERROR(Usable());
@@ -416,33 +404,8 @@ absl::StatusOr<embedding::CheckpointInfo> DurableCollection::Checkpoint(
 
 std::vector<std::pair<std::string, CheckpointManifest>> DurableCollection::CompleteCheckpoints()
     const {
-  std::vector<std::pair<int64_t, std::string>> dirs;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(options_.data_dir + "/checkpoints", ec)) {
-    int64_t step = 0;
-    if (entry.is_directory(ec) && absl::SimpleAtoi(entry.path().filename().string(), &step)) {
-      dirs.emplace_back(step, entry.path().string());
-    }
-  }
-  std::sort(dirs.begin(), dirs.end());
-  std::vector<std::pair<std::string, CheckpointManifest>> out;
-  for (const auto& [step, dir] : dirs) {
-    absl::StatusOr<CheckpointManifest> m = ReadManifest(absl::StrCat(dir, "/", kManifest));
-    if (!m.ok()) {
-      Log(absl::StrCat("tessera: warning: skipping checkpoint ", dir, ": ",
-                       m.status().code() == absl::StatusCode::kNotFound
-                           ? "no manifest (incomplete)"
-                           : std::string(m.status().message())));
-      continue;
-    }
-    if (m->step != step) {
-      Log(absl::StrCat("tessera: warning: skipping checkpoint ", dir, ": its manifest is for step ",
-                       m->step));
-      continue;
-    }
-    out.emplace_back(dir, *std::move(m));
-  }
-  return out;
+  return ListCompleteCheckpoints(options_.data_dir + "/checkpoints",
+                                 [this](const std::string& line) { Log(line); });
 }
 
 void DurableCollection::ApplyRetention() {

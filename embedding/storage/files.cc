@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "embedding/status.h"
 
 namespace tessera::storage {
 namespace {
@@ -137,6 +138,23 @@ absl::Status RemoveTree(const std::string& path) {
   fs::remove_all(path, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot remove ", path, ": ", ec.message()));
   return absl::OkStatus();
+}
+
+absl::Status CheckShardPlacement(const std::string& data_dir, int shard_index, int num_shards) {
+  const std::string path = data_dir + "/SHARD";
+  const std::string want = absl::StrCat("shard ", shard_index, " of ", num_shards, "\n");
+  absl::StatusOr<std::string> have = ReadFile(path);
+  if (have.ok()) {
+    if (*have == want) return absl::OkStatus();
+    std::string was(*have);
+    if (!was.empty() && was.back() == '\n') was.pop_back();
+    return absl::FailedPreconditionError(
+        absl::StrCat("data directory ", data_dir, " belongs to ", was, ", not shard ", shard_index,
+                     " of ", num_shards, "; start with the same --shard_index and --num_shards"));
+  }
+  if (have.status().code() != absl::StatusCode::kNotFound) return have.status();
+  TESSERA_RETURN_IF_ERROR(EnsureWritableDirectory(data_dir));
+  return WriteFileAtomically(path, want);
 }
 
 int64_t TreeBytes(const std::string& path) {
