@@ -23,19 +23,23 @@ absl::StatusOr<std::unique_ptr<EmbeddingClient>> EmbeddingClient::Connect(
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
+  // A restarted coordinator is found again within a second: gRPC's own reconnect backoff
+  // (up to two minutes) would otherwise outlast the retries.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + options.deadline)) {
     return absl::UnavailableError(absl::StrCat("coordinator ", address, " not reachable within ",
                                                options.deadline.count(), " ms"));
   }
-  std::unique_ptr<EmbeddingClient> c(new EmbeddingClient(channel, options));
+  std::unique_ptr<EmbeddingClient> c(new EmbeddingClient(address, args, options));
   TESSERA_RETURN_IF_ERROR(c->RefreshShardMap());
   return c;
 }
 
-EmbeddingClient::EmbeddingClient(std::shared_ptr<grpc::Channel> channel,
+EmbeddingClient::EmbeddingClient(const std::string& address, grpc::ChannelArguments args,
                                  const ClientOptions& options)
-    : options_(options), coordinator_(v1::Coordinator::NewStub(channel)) {}
+    : options_(options), coordinator_(address, std::move(args)) {}
 
 std::unique_ptr<grpc::ClientContext> EmbeddingClient::NewContext(
     std::chrono::milliseconds deadline) const {
@@ -51,6 +55,14 @@ absl::Status EmbeddingClient::WithRetries(const std::function<absl::Status()>& c
     if (s.code() != absl::StatusCode::kUnavailable || attempt >= options_.max_retries) return s;
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, options_.max_backoff);
+    // A channel whose server was down may sit in failure without dialling again.
+    coordinator_.Reset();
+    std::shared_ptr<ShardRouter> router;
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      router = router_;
+    }
+    if (router != nullptr) router->Reconnect();
   }
 }
 
@@ -58,7 +70,7 @@ absl::Status EmbeddingClient::RefreshShardMap() {
   v1::ShardMap map;
   TESSERA_RETURN_IF_ERROR(WithRetries([&] {
     auto ctx = NewContext();
-    return FromCoordinator(coordinator_->GetShardMap(ctx.get(), {}, &map));
+    return FromCoordinator(coordinator_.Get()->GetShardMap(ctx.get(), {}, &map));
   }));
   std::vector<std::string> addresses;
   for (const auto& s : map.shards()) addresses.push_back(s.address());
@@ -94,7 +106,7 @@ absl::Status EmbeddingClient::CreateTable(const v1::TableConfig& config) {
     v1::CreateTableRequest req;
     *req.mutable_config() = config;
     v1::CreateTableResponse resp;
-    return FromCoordinator(coordinator_->CreateTable(ctx.get(), req, &resp));
+    return FromCoordinator(coordinator_.Get()->CreateTable(ctx.get(), req, &resp));
   }));
   absl::MutexLock lock(&mu_);
   configs_[config.name()] = config;
@@ -106,7 +118,7 @@ absl::StatusOr<std::vector<v1::TableConfig>> EmbeddingClient::ListTables() const
   TESSERA_RETURN_IF_ERROR(WithRetries([&] {
     resp.Clear();
     auto ctx = NewContext();
-    return FromCoordinator(coordinator_->ListTables(ctx.get(), {}, &resp));
+    return FromCoordinator(coordinator_.Get()->ListTables(ctx.get(), {}, &resp));
   }));
   std::vector<v1::TableConfig> out(resp.tables().begin(), resp.tables().end());
   absl::MutexLock lock(&mu_);
@@ -135,7 +147,7 @@ absl::Status EmbeddingClient::Request(absl::string_view table, LookupMessages* m
   v1::LookupResponse& resp = m->response;
   return WithRetries([&] {
     auto ctx = NewContext();
-    absl::Status s = FromCoordinator(coordinator_->Lookup(ctx.get(), req, &resp));
+    absl::Status s = FromCoordinator(coordinator_.Get()->Lookup(ctx.get(), req, &resp));
     if (!s.ok()) return s;
     if (static_cast<size_t>(resp.values_size()) != out.size()) {
       return absl::InternalError(absl::StrCat("table '", table, "': coordinator returned ",
@@ -214,7 +226,7 @@ absl::Status EmbeddingClient::PushGradients(absl::string_view table, absl::Span<
   return WithRetries([&] {
     auto ctx = NewContext();
     v1::PushGradientsResponse resp;
-    return FromCoordinator(coordinator_->PushGradients(ctx.get(), req, &resp));
+    return FromCoordinator(coordinator_.Get()->PushGradients(ctx.get(), req, &resp));
   });
 }
 
@@ -225,7 +237,7 @@ absl::StatusOr<embedding::TableUsage> EmbeddingClient::Usage(absl::string_view t
     auto ctx = NewContext();
     v1::StatsRequest req;
     req.set_table(std::string(table));
-    return FromCoordinator(coordinator_->Stats(ctx.get(), req, &resp));
+    return FromCoordinator(coordinator_.Get()->Stats(ctx.get(), req, &resp));
   }));
   embedding::TableUsage usage;
   for (const auto& t : resp.tables()) {
@@ -246,9 +258,11 @@ absl::StatusOr<embedding::CheckpointInfo> EmbeddingClient::Checkpoint(
   req.set_step(step);
   for (const auto& [name, blob] : attachments) (*req.mutable_attachments())[name] = blob;
   v1::CheckpointResponse resp;
-  // Not retried: a checkpoint that failed half-way is retaken by the caller.
-  auto ctx = NewContext(options_.checkpoint_deadline);
-  TESSERA_RETURN_IF_ERROR(FromCoordinator(coordinator_->Checkpoint(ctx.get(), req, &resp)));
+  // Retrying is safe: the caller is at a step barrier, and taking step k again replaces it.
+  TESSERA_RETURN_IF_ERROR(WithRetries([&] {
+    auto ctx = NewContext(options_.checkpoint_deadline);
+    return FromCoordinator(coordinator_.Get()->Checkpoint(ctx.get(), req, &resp));
+  }));
   return FromProto(resp.checkpoint());
 }
 
@@ -257,8 +271,10 @@ absl::StatusOr<embedding::CheckpointInfo> EmbeddingClient::Restore(
   v1::RestoreRequest req;
   req.set_step(step);
   v1::RestoreResponse resp;
-  auto ctx = NewContext(options_.checkpoint_deadline);
-  TESSERA_RETURN_IF_ERROR(FromCoordinator(coordinator_->Restore(ctx.get(), req, &resp)));
+  TESSERA_RETURN_IF_ERROR(WithRetries([&] {  // restoring a step twice gives the same state
+    auto ctx = NewContext(options_.checkpoint_deadline);
+    return FromCoordinator(coordinator_.Get()->Restore(ctx.get(), req, &resp));
+  }));
   if (attachments != nullptr) {
     attachments->clear();
     for (const auto& [name, blob] : resp.attachments()) (*attachments)[name] = blob;
@@ -271,7 +287,7 @@ absl::StatusOr<std::vector<embedding::CheckpointInfo>> EmbeddingClient::ListChec
   TESSERA_RETURN_IF_ERROR(WithRetries([&] {
     resp.Clear();
     auto ctx = NewContext();
-    return FromCoordinator(coordinator_->ListCheckpoints(ctx.get(), {}, &resp));
+    return FromCoordinator(coordinator_.Get()->ListCheckpoints(ctx.get(), {}, &resp));
   }));
   std::vector<embedding::CheckpointInfo> out;
   for (const auto& c : resp.checkpoints()) out.push_back(FromProto(c));

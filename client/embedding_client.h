@@ -8,6 +8,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "client/object_pool.h"
+#include "client/reconnecting_stub.h"
 #include "client/shard_router.h"
 #include "embedding/collection.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
@@ -58,7 +59,8 @@ class EmbeddingClient final : public embedding::EmbeddingCollection {
   absl::StatusOr<std::vector<embedding::CheckpointInfo>> ListCheckpoints() const override;
 
  private:
-  EmbeddingClient(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options);
+  EmbeddingClient(const std::string& address, grpc::ChannelArguments args,
+                  const ClientOptions& options);
 
   std::unique_ptr<grpc::ClientContext> NewContext() const { return NewContext(options_.deadline); }
   std::unique_ptr<grpc::ClientContext> NewContext(std::chrono::milliseconds deadline) const;
@@ -77,7 +79,7 @@ class EmbeddingClient final : public embedding::EmbeddingCollection {
   absl::Status Request(absl::string_view table, LookupMessages* m, absl::Span<float> out);
 
   ClientOptions options_;
-  std::unique_ptr<v1::Coordinator::Stub> coordinator_;
+  mutable ReconnectingStub<v1::Coordinator> coordinator_;
   mutable absl::Mutex mu_;
   mutable std::map<std::string, v1::TableConfig, std::less<>> configs_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<ShardRouter> router_ ABSL_GUARDED_BY(mu_);  // smart mode

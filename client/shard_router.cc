@@ -33,9 +33,16 @@ ShardRouter::ShardRouter(std::vector<std::string> addresses, const RouterOptions
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(options_.max_message_bytes);
     args.SetMaxSendMessageSize(options_.max_message_bytes);
-    stubs_.push_back(v1::EmbeddingShard::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
+    // A restarted server is found again within a second: gRPC's own reconnect backoff
+    // (up to two minutes) would otherwise outlast the caller's retries.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    stubs_.push_back(std::make_unique<ReconnectingStub<v1::EmbeddingShard>>(address, args));
   }
+}
+
+void ShardRouter::Reconnect() const {
+  for (const auto& stub : stubs_) stub->Reset();
 }
 
 std::unique_ptr<grpc::ClientContext> ShardRouter::NewContext(
@@ -71,6 +78,9 @@ std::vector<grpc::Status> ShardRouter::CallShards(const std::function<bool(int)>
   queue.Shutdown();
   while (queue.Next(&tag, &ok)) {
   }
+  for (int k = 0; k < num_shards(); ++k) {
+    if (statuses[k].error_code() == grpc::StatusCode::UNAVAILABLE) stubs_[k]->Reset();
+  }
   return statuses;
 }
 
@@ -92,7 +102,7 @@ absl::Status ShardRouter::CreateTable(const v1::TableConfig& config) {
     *req.mutable_config() = config;
     v1::CreateTableResponse resp;
     absl::Status s =
-        FromShardStatus(stubs_[k]->CreateTable(ctx.get(), req, &resp), k, addresses_[k]);
+        FromShardStatus(stubs_[k]->Get()->CreateTable(ctx.get(), req, &resp), k, addresses_[k]);
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
@@ -120,7 +130,7 @@ absl::Status ShardRouter::Lookup(const v1::TableConfig& config, absl::Span<const
   const std::vector<grpc::Status> statuses =
       CallShards([&](int k) { return !groups[k].empty(); },
                  [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
-                   return stubs_[k]->PrepareAsyncLookup(ctx, reqs[k], queue);
+                   return stubs_[k]->Get()->PrepareAsyncLookup(ctx, reqs[k], queue);
                  },
                  &resps);
   // Where each unique id's row lies in the shards' answers; then one gather into `out`.
@@ -172,7 +182,7 @@ absl::Status ShardRouter::PooledLookup(const v1::TableConfig& config, absl::Span
   const std::vector<grpc::Status> statuses =
       CallShards([&](int k) { return reqs[k].ids_size() > 0; },
                  [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
-                   return stubs_[k]->PrepareAsyncLookup(ctx, reqs[k], queue);
+                   return stubs_[k]->Get()->PrepareAsyncLookup(ctx, reqs[k], queue);
                  },
                  &resps);
   std::fill(out.begin(), out.end(), 0.0f);
@@ -237,7 +247,7 @@ absl::StatusOr<int64_t> ShardRouter::PushGradients(const v1::TableConfig& config
   const std::vector<grpc::Status> statuses =
       CallShards([&](int k) { return !groups[k].empty(); },
                  [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
-                   return stubs_[k]->PrepareAsyncPushGradients(ctx, reqs[k], queue);
+                   return stubs_[k]->Get()->PrepareAsyncPushGradients(ctx, reqs[k], queue);
                  },
                  &resps);
   int64_t updated = 0;
@@ -256,7 +266,7 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> ShardRouter::CheckpointShards(in
   const std::vector<grpc::Status> statuses =
       CallShards([](int) { return true; },
                  [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
-                   return stubs_[k]->PrepareAsyncCheckpoint(ctx, reqs[k], queue);
+                   return stubs_[k]->Get()->PrepareAsyncCheckpoint(ctx, reqs[k], queue);
                  },
                  &resps, options_.checkpoint_deadline);
   std::vector<v1::CheckpointInfo> out;
@@ -274,7 +284,7 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> ShardRouter::RestoreShards(int64
   const std::vector<grpc::Status> statuses =
       CallShards([](int) { return true; },
                  [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
-                   return stubs_[k]->PrepareAsyncRestore(ctx, reqs[k], queue);
+                   return stubs_[k]->Get()->PrepareAsyncRestore(ctx, reqs[k], queue);
                  },
                  &resps, options_.checkpoint_deadline);
   std::vector<v1::CheckpointInfo> out;
@@ -292,7 +302,8 @@ absl::StatusOr<std::vector<v1::TableStats>> ShardRouter::Stats(const std::string
     v1::StatsRequest req;
     req.set_table(table);
     v1::StatsResponse resp;
-    absl::Status s = FromShardStatus(stubs_[k]->Stats(ctx.get(), req, &resp), k, addresses_[k]);
+    absl::Status s =
+        FromShardStatus(stubs_[k]->Get()->Stats(ctx.get(), req, &resp), k, addresses_[k]);
     if (!s.ok()) return s;
     for (const auto& t : resp.tables()) out.push_back(t);
   }

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "client/object_pool.h"
+#include "client/reconnecting_stub.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 
 namespace tessera::client {
@@ -38,6 +39,10 @@ class ShardRouter {
   // The shard-map version stamped on requests from now on.
   void set_shard_map_version(uint64_t version) { version_.store(version); }
   const std::vector<std::string>& addresses() const { return addresses_; }
+
+  // Makes every shard channel stuck in failure dial again (see ReconnectingStub); calls
+  // that fail with UNAVAILABLE do this for their shard themselves.
+  void Reconnect() const;
 
   // Creates `config` on every shard. The first failure is returned.
   absl::Status CreateTable(const v1::TableConfig& config);
@@ -102,7 +107,7 @@ class ShardRouter {
   std::vector<std::string> addresses_;
   RouterOptions options_;
   std::atomic<uint64_t> version_;
-  std::vector<std::unique_ptr<v1::EmbeddingShard::Stub>> stubs_;
+  std::vector<std::unique_ptr<ReconnectingStub<v1::EmbeddingShard>>> stubs_;
   mutable ObjectPool<Scratch> scratch_;
 };
 

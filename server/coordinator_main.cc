@@ -74,7 +74,8 @@ int main(int argc, char** argv) {
       std::cerr << "tessera-coordinator: " << saved << "\n";
       return 1;
     }
-    std::cout << "tessera-coordinator: " << state.tables_size() << " table(s) recorded in "
+    // stderr: the first stdout line is the one that names the port.
+    std::cerr << "tessera-coordinator: " << state.tables_size() << " table(s) recorded in "
               << data_dir << std::endl;
   }
   tessera::server::CoordinatorService service(&router, ro.shard_map_version, co, store.get());

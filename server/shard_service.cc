@@ -32,8 +32,7 @@ absl::Status ShardService::ReloadConfigs() {
 
 grpc::Status ShardService::Checkpoint(grpc::ServerContext*, const v1::CheckpointRequest* request,
                                       v1::CheckpointResponse* response) {
-  embedding::Attachments attachments(request->attachments().begin(),
-                                     request->attachments().end());
+  embedding::Attachments attachments(request->attachments().begin(), request->attachments().end());
   absl::StatusOr<embedding::CheckpointInfo> info =
       tables_->Checkpoint(request->step(), attachments);
   if (!info.ok()) {
@@ -57,8 +56,7 @@ grpc::Status ShardService::Restore(grpc::ServerContext*, const v1::RestoreReques
   return grpc::Status::OK;
 }
 
-grpc::Status ShardService::ListCheckpoints(grpc::ServerContext*,
-                                           const v1::ListCheckpointsRequest*,
+grpc::Status ShardService::ListCheckpoints(grpc::ServerContext*, const v1::ListCheckpointsRequest*,
                                            v1::ListCheckpointsResponse* response) {
   absl::StatusOr<std::vector<embedding::CheckpointInfo>> list = tables_->ListCheckpoints();
   if (!list.ok()) return ToGrpcStatus(list.status());

@@ -17,13 +17,16 @@
 
 namespace tessera::testing {
 
-// A child server process (tessera-shard, tessera-coordinator) started with --port=0;
-// its first stdout line ends in the port it picked. Killed and reaped on destruction.
+// A child server process (tessera-shard, tessera-coordinator) started with --port=0
+// unless `args` names a port; its first stdout line ends in the port it listens on.
+// Killed and reaped on destruction.
 class ServerProcess {
  public:
   ServerProcess(const std::string& binary, std::vector<std::string> args) {
     // Everything is built before fork: the child of a threaded process may only exec.
-    args.insert(args.begin(), "--port=0");
+    bool has_port = false;
+    for (const auto& a : args) has_port |= a.rfind("--port=", 0) == 0;
+    if (!has_port) args.insert(args.begin(), "--port=0");
     args.insert(args.begin(), binary);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
