@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
@@ -100,6 +101,54 @@ TEST(TesseraTrain, SameSeedSameLossesAcrossProcessesAndShardCounts) {
   EXPECT_LT(la.back(), la.front());
 }
 
+std::string EvalLine(const std::string& metrics) {
+  for (const auto& l : ReadLines(metrics)) {
+    if (l.find("\"event\":\"eval\"") != std::string::npos) return l;
+  }
+  return "";
+}
+
+// A run checkpointed at step 200 and resumed (a new process, tables and dense state from
+// disk) ends exactly where one that never stopped does: every later step's loss and the
+// held-out metrics are identical as printed (6 decimals; trainer_test compares doubles).
+TEST(TesseraTrain, ResumedRunEndsWithTheSameLossAsOneThatNeverStopped) {
+  const std::string straight = TempPath("straight.jsonl"), first = TempPath("first.jsonl"),
+                    resumed = TempPath("resumed.jsonl"), dir = TempPath("resume-data");
+  std::filesystem::remove_all(dir);
+  const std::string common = "--log_every=1 --held_out=3000 --shards=inproc:3";
+  ASSERT_EQ(RunTrain(absl::StrCat(common, " --steps=400 --metrics_out=", straight)).exit_code, 0);
+  Result a = RunTrain(absl::StrCat(common, " --steps=200 --checkpoint_every=100 --data_dir=", dir,
+                                   " --metrics_out=", first));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_THAT(a.output, testing::HasSubstr("checkpoint 200:"));
+  // Without --resume the tables on disk are not silently trained further.
+  Result refused = RunTrain(absl::StrCat(common, " --steps=400 --data_dir=", dir));
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_THAT(refused.output, testing::HasSubstr("pass --resume"));
+  // Another run's checkpoint is not taken for this one.
+  Result other =
+      RunTrain(absl::StrCat(common, " --steps=400 --batch_size=128 --resume --data_dir=", dir));
+  EXPECT_EQ(other.exit_code, 1);
+  EXPECT_THAT(other.output, testing::HasSubstr("of another run"));
+
+  Result b =
+      RunTrain(absl::StrCat(common, " --steps=400 --checkpoint_every=100 --resume --data_dir=", dir,
+                            " --metrics_out=", resumed));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_THAT(b.output, testing::HasSubstr("resume: restored checkpoint 200"));
+  const auto all = TrainLosses(straight);
+  const auto tail = TrainLosses(resumed);
+  ASSERT_EQ(all.size(), 400u);
+  ASSERT_EQ(tail.size(), 200u);
+  EXPECT_EQ(std::vector<double>(all.begin() + 200, all.end()), tail);
+  EXPECT_EQ(std::vector<double>(all.begin(), all.begin() + 200), TrainLosses(first));
+  const std::string e1 = EvalLine(straight), e2 = EvalLine(resumed);
+  EXPECT_EQ(JsonNumber(e1, "logloss"), JsonNumber(e2, "logloss"));
+  EXPECT_EQ(JsonNumber(e1, "auc"), JsonNumber(e2, "auc"));
+  EXPECT_EQ(JsonNumber(e2, "step"), 400);
+  std::filesystem::remove_all(dir);
+}
+
 std::string CriteoLine(std::mt19937& rng, bool positive) {
   std::string s = positive ? "1" : "0";
   for (int i = 0; i < 13; ++i) {
@@ -155,6 +204,9 @@ TEST(TesseraTrain, BadFlagsGiveClearErrors) {
   r = RunTrain("--optimizer=lamb --steps=1");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, testing::HasSubstr("unknown optimizer 'lamb'"));
+  r = RunTrain("--checkpoint_every=10 --steps=20");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, testing::HasSubstr("--data_dir"));
   r = RunTrain("--data=/nonexistent.tsv");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, testing::HasSubstr("cannot open"));

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace tessera::trainer {
@@ -65,6 +66,13 @@ class DenseBackend {
   virtual absl::Span<const float> Gradients() const = 0;
 
   virtual const DlrmConfig& config() const = 0;
+
+  // Parameters and optimizer state (Adam's moments and step count) as bytes, and back:
+  // a backend loaded from the state saved after step k continues bit for bit as the one
+  // that saved it. LoadState: InvalidArgument for state of another model shape,
+  // DataLoss for truncated or corrupt bytes; the backend is unchanged then.
+  virtual std::string SaveState() const = 0;
+  virtual absl::Status LoadState(absl::string_view state) = 0;
 };
 
 // The CPU backend on Eigen.

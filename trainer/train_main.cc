@@ -18,6 +18,7 @@
 #include "embedding/collection.h"
 #include "embedding/optimizer.h"
 #include "embedding/status.h"
+#include "embedding/storage/durable_collection.h"
 #include "trainer/criteo_reader.h"
 #include "trainer/dense_backend.h"
 #include "trainer/input_pipeline.h"
@@ -59,6 +60,14 @@ ABSL_FLAG(int64_t, max_held_out, 200000, "TSV: cap on held-out samples");
 ABSL_FLAG(std::string, on_bad_line, "skip", "TSV: 'skip' or 'stop' at a malformed line");
 ABSL_FLAG(int, reader_threads, 1, "background threads making batches");
 ABSL_FLAG(int, prefetch, 8, "batches prepared ahead of the trainer");
+ABSL_FLAG(std::string, data_dir, "",
+          "in-process tables: keep them durable in this directory (RocksDB), with checkpoints");
+ABSL_FLAG(int64_t, checkpoint_every, 0,
+          "steps between checkpoints of tables and dense state, and one at the end (0 = none); "
+          "needs --data_dir, or a coordinator with one");
+ABSL_FLAG(bool, resume, false,
+          "continue from the newest complete checkpoint (start at step 0 when there is none)");
+ABSL_FLAG(int, keep_checkpoints, 3, "with --data_dir: newest checkpoints kept (0 = all)");
 
 namespace tessera::trainer {
 namespace {
@@ -111,11 +120,27 @@ absl::Status Run() {
   std::unique_ptr<embedding::EmbeddingCollection> tables;
   std::string where;
   const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
   if (coordinator.empty()) {
     TESSERA_ASSIGN_OR_RETURN(int shards, ParseShards(absl::GetFlag(FLAGS_shards)));
-    TESSERA_ASSIGN_OR_RETURN(tables, embedding::NewInProcessCollection(shards));
-    where = absl::StrCat(shards, " in-process shards");
+    if (data_dir.empty()) {
+      TESSERA_ASSIGN_OR_RETURN(tables, embedding::NewInProcessCollection(shards));
+      where = absl::StrCat(shards, " in-process shards");
+    } else {
+      storage::DurableOptions durable;
+      durable.data_dir = data_dir;
+      durable.num_shards = shards;
+      durable.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+      durable.log = [](const std::string& line) { std::printf("%s\n", line.c_str()); };
+      TESSERA_ASSIGN_OR_RETURN(tables, storage::DurableCollection::Open(durable));
+      where = absl::StrCat(shards, " in-process shards, durable in ", data_dir);
+    }
   } else {
+    if (!data_dir.empty()) {
+      return absl::InvalidArgumentError(
+          "--data_dir is for in-process tables; with --coordinator the shards and the "
+          "coordinator keep the data (their own --data_dir)");
+    }
     client::ClientOptions co;
     const std::string mode = absl::GetFlag(FLAGS_client_mode);
     if (mode == "smart") {
@@ -145,8 +170,43 @@ absl::Status Run() {
   TrainerOptions options;
   options.log_every = absl::GetFlag(FLAGS_log_every);
   options.metrics_out = absl::GetFlag(FLAGS_metrics_out);
+  options.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  if (options.checkpoint_every < 0) return absl::InvalidArgumentError("--checkpoint_every < 0");
+  // What must match for a checkpoint to continue this run (not --steps: a resumed run may
+  // go further).
+  options.run_signature = absl::StrCat(
+      "data=", data, " seed=", seed, " batch_size=", batch_size, " dense=", model.num_dense,
+      " sparse=", model.num_sparse, " emb_dim=", model.emb_dim,
+      " optimizer=", absl::GetFlag(FLAGS_optimizer), " dense_optimizer=", dense_opt);
+  const bool resume = absl::GetFlag(FLAGS_resume);
+  if (options.checkpoint_every > 0 || resume) {
+    // Fail now, not at the first checkpoint, when there is nowhere to keep them.
+    TESSERA_RETURN_IF_ERROR(tables->ListCheckpoints().status());
+  }
   Trainer trainer(tables.get(), dense.get(), options);
-  TESSERA_RETURN_IF_ERROR(trainer.CreateTables(table));
+  int64_t first_step = 0;
+  absl::Status created = trainer.CreateTables(table);
+  if (absl::IsAlreadyExists(created)) {
+    if (!resume) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(created.message(),
+                       ": the tables exist already; pass --resume to continue that run, "
+                       "or start on an empty --data_dir"));
+    }
+    TESSERA_RETURN_IF_ERROR(trainer.CheckTables(table));
+    absl::StatusOr<int64_t> resumed = trainer.Resume();
+    if (resumed.ok()) {
+      first_step = *resumed;
+      std::printf("resume: restored checkpoint %lld\n", static_cast<long long>(first_step));
+    } else if (absl::IsNotFound(resumed.status())) {
+      std::printf("resume: no complete checkpoint yet; starting at step 0\n");
+    } else {
+      return resumed.status();
+    }
+  } else {
+    TESSERA_RETURN_IF_ERROR(created);
+    if (resume) std::printf("resume: no tables yet; starting at step 0\n");
+  }
 
   int64_t steps = absl::GetFlag(FLAGS_steps);
   std::unique_ptr<BatchSource> source;
@@ -179,12 +239,14 @@ absl::Status Run() {
     TESSERA_ASSIGN_OR_RETURN(generator, SyntheticGenerator::Create(sc));
     if (steps == 0) steps = 10000;
     const SyntheticGenerator* gen = generator.get();
+    // Batch i is a pure function of i: a resumed run starts at its first step's batch.
     source = std::make_unique<ParallelBatchPipeline>(
-        [gen, batch_size](int64_t index, Batch* b) {
-          gen->MakeBatch(index, batch_size, b);
+        [gen, batch_size, first_step](int64_t index, Batch* b) {
+          gen->MakeBatch(first_step + index, batch_size, b);
           return absl::OkStatus();
         },
-        steps, absl::GetFlag(FLAGS_reader_threads), absl::GetFlag(FLAGS_prefetch));
+        std::max<int64_t>(0, steps - first_step), absl::GetFlag(FLAGS_reader_threads),
+        absl::GetFlag(FLAGS_prefetch));
     held_out = generator->MakeHeldOut(absl::GetFlag(FLAGS_held_out));
     std::printf("data: synthetic, %d dense + %d sparse features, %lld steps of %d, %d held out\n",
                 model.num_dense, model.num_sparse, static_cast<long long>(steps), batch_size,
@@ -209,12 +271,22 @@ absl::Status Run() {
     TESSERA_ASSIGN_OR_RETURN(held_out, CriteoReader::LoadHeldOut(data, co));
     std::printf("data: %s, %d epoch(s), batches of %d, %d held out\n", data.c_str(), co.epochs,
                 batch_size, held_out.size);
+    if (first_step > 0) {
+      // The file is read in order: pass over the batches the checkpoint has seen.
+      Batch skipped;
+      for (int64_t i = 0; i < first_step; ++i) {
+        TESSERA_ASSIGN_OR_RETURN(bool more, source->Next(&skipped));
+        if (!more) break;
+      }
+      std::printf("resume: skipped the %lld batches before step %lld\n",
+                  static_cast<long long>(first_step), static_cast<long long>(first_step));
+    }
   }
   std::printf("model: dlrm on %s, emb_dim %d, tables on %s, optimizer %s\n", dense->name().c_str(),
               model.emb_dim, where.c_str(), embedding::OptimizerName(opt).c_str());
   std::fflush(stdout);
 
-  TESSERA_ASSIGN_OR_RETURN(TrainResult result, trainer.Train(source.get(), steps));
+  TESSERA_ASSIGN_OR_RETURN(TrainResult result, trainer.Train(source.get(), steps, first_step));
   if (reader != nullptr && reader->bad_lines() > 0) {
     std::printf("data: skipped %lld malformed line(s) of %lld read\n",
                 static_cast<long long>(reader->bad_lines()),
@@ -237,7 +309,8 @@ absl::Status Run() {
   }
   trainer.WriteMetrics(absl::StrFormat(
       R"({"event":"eval","step":%d,"samples":%d,"logloss":%.6f,"auc":%.6f%s,"train_seconds":%.3f})",
-      result.steps, eval.samples, eval.logloss, eval.auc, teacher_json, result.seconds));
+      first_step + result.steps, eval.samples, eval.logloss, eval.auc, teacher_json,
+      result.seconds));
   return absl::OkStatus();
 }
 

@@ -1,5 +1,6 @@
 #include "trainer/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -48,6 +49,62 @@ absl::Status Trainer::CreateTables(const v1::TableConfig& prototype) {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::CheckTables(const v1::TableConfig& prototype) const {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> tables, tables_->ListTables());
+  for (const std::string& name : names_) {
+    auto it = std::find_if(tables.begin(), tables.end(),
+                           [&](const v1::TableConfig& t) { return t.name() == name; });
+    if (it == tables.end()) {
+      return absl::FailedPreconditionError(absl::StrCat("table '", name, "' is missing"));
+    }
+    if (it->dim() != prototype.dim() || it->optimizer().type() != prototype.optimizer().type()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "table '", name, "' has dim ", it->dim(), " and optimizer ",
+          v1::OptimizerType_Name(it->optimizer().type()), ", this run wants dim ", prototype.dim(),
+          " and ", v1::OptimizerType_Name(prototype.optimizer().type())));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<embedding::CheckpointInfo> Trainer::Checkpoint(int64_t steps) {
+  embedding::Attachments attachments;
+  attachments["dense"] = dense_->SaveState();
+  attachments["run"] = options_.run_signature;
+  return tables_->Checkpoint(steps, attachments);
+}
+
+absl::Status Trainer::CheckpointAndReport(int64_t steps) {
+  TESSERA_ASSIGN_OR_RETURN(embedding::CheckpointInfo info, Checkpoint(steps));
+  if (options_.print_progress) {
+    std::printf("checkpoint %lld: %lld rows, %.1f MB, %.2fs\n", static_cast<long long>(steps),
+                static_cast<long long>(info.rows), info.bytes / 1e6, info.seconds);
+    std::fflush(stdout);
+  }
+  WriteMetrics(
+      absl::StrFormat(R"({"event":"checkpoint","step":%d,"rows":%d,"bytes":%d,"seconds":%.3f})",
+                      steps, info.rows, info.bytes, info.seconds));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Trainer::Resume() {
+  embedding::Attachments attachments;
+  TESSERA_ASSIGN_OR_RETURN(embedding::CheckpointInfo info, tables_->Restore(-1, &attachments));
+  auto dense = attachments.find("dense");
+  if (dense == attachments.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", info.step, " holds no dense state: not a tessera-train one"));
+  }
+  if (attachments["run"] != options_.run_signature) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", info.step, " is of another run (", attachments["run"],
+                     "), not of this one (", options_.run_signature, ")"));
+  }
+  TESSERA_RETURN_IF_ERROR(
+      Annotate(dense_->LoadState(dense->second), absl::StrCat("checkpoint ", info.step)));
+  return info.step;
+}
+
 void Trainer::WriteMetrics(const std::string& json) {
   if (metrics_.is_open()) metrics_ << json << "\n" << std::flush;
 }
@@ -92,7 +149,8 @@ absl::StatusOr<double> Trainer::TrainStep(const Batch& batch, int64_t step) {
   return loss;
 }
 
-absl::StatusOr<TrainResult> Trainer::Train(BatchSource* source, int64_t max_steps) {
+absl::StatusOr<TrainResult> Trainer::Train(BatchSource* source, int64_t max_steps,
+                                           int64_t first_step) {
   TrainResult result;
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
@@ -101,22 +159,25 @@ absl::StatusOr<TrainResult> Trainer::Train(BatchSource* source, int64_t max_step
   double window_loss = 0.0;
   int64_t window_steps = 0;
   Batch batch;
-  while (max_steps == 0 || result.steps < max_steps) {
+  int64_t done = first_step;  // steps completed, counting those before a resume
+  int64_t checkpointed = -1;
+  while (max_steps == 0 || done < max_steps) {
     TESSERA_ASSIGN_OR_RETURN(bool more, source->Next(&batch));
     if (!more) break;
-    TESSERA_ASSIGN_OR_RETURN(double loss, TrainStep(batch, result.steps));
+    TESSERA_ASSIGN_OR_RETURN(double loss, TrainStep(batch, done));
     if (!std::isfinite(loss)) {
-      return absl::InternalError(absl::StrCat("training loss became ", loss, " at step ",
-                                              result.steps, "; lower the learning rates"));
+      return absl::InternalError(absl::StrCat("training loss became ", loss, " at step ", done,
+                                              "; lower the learning rates"));
     }
     result.losses.push_back(loss);
     ++result.steps;
+    ++done;
     result.samples += batch.size;
     window_samples += batch.size;
     window_loss += loss;
     ++window_steps;
-    const bool last = max_steps > 0 && result.steps == max_steps;
-    if (options_.log_every > 0 && (result.steps % options_.log_every == 0 || last)) {
+    const bool last = max_steps > 0 && done == max_steps;
+    if (options_.log_every > 0 && (done % options_.log_every == 0 || last)) {
       const auto now = Clock::now();
       const double window_s = std::chrono::duration<double>(now - window_start).count();
       const double total_s = std::chrono::duration<double>(now - start).count();
@@ -125,17 +186,25 @@ absl::StatusOr<TrainResult> Trainer::Train(BatchSource* source, int64_t max_step
       if (options_.print_progress) {
         std::string total = max_steps > 0 ? absl::StrCat("/", max_steps) : "";
         std::printf("step %lld%s  samples/s %.0f  loss %.5f  elapsed %.1fs\n",
-                    static_cast<long long>(result.steps), total.c_str(), rate, mean_loss, total_s);
+                    static_cast<long long>(done), total.c_str(), rate, mean_loss, total_s);
         std::fflush(stdout);
       }
       WriteMetrics(absl::StrFormat(
           R"({"event":"train","step":%d,"samples":%d,"samples_per_s":%.1f,"loss":%.6f,"elapsed_s":%.3f})",
-          result.steps, result.samples, rate, mean_loss, total_s));
+          done, result.samples, rate, mean_loss, total_s));
       window_start = now;
       window_samples = 0;
       window_loss = 0.0;
       window_steps = 0;
     }
+    if (options_.checkpoint_every > 0 && (done % options_.checkpoint_every == 0 || last)) {
+      TESSERA_RETURN_IF_ERROR(CheckpointAndReport(done));
+      checkpointed = done;
+    }
+  }
+  // A source that ran out before max_steps: the last steps are checkpointed too.
+  if (options_.checkpoint_every > 0 && result.steps > 0 && checkpointed != done) {
+    TESSERA_RETURN_IF_ERROR(CheckpointAndReport(done));
   }
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return result;

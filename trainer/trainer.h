@@ -19,6 +19,12 @@ struct TrainerOptions {
   std::string metrics_out;     // JSON Lines file for metrics; empty = none
   int eval_batch = 4096;       // samples per evaluation forward pass
   bool print_progress = true;  // progress lines on stdout
+  // Steps between checkpoints of the tables and the dense state, taken through the
+  // collection (which needs storage); also one after the last step. 0 = none.
+  int64_t checkpoint_every = 0;
+  // Stored with each checkpoint (flags that shape the run); Resume refuses a checkpoint
+  // whose signature differs, since it would not continue the same run.
+  std::string run_signature;
 };
 
 struct EvalResult {
@@ -55,9 +61,21 @@ class Trainer {
   // One training step on `batch`; returns its mean loss.
   absl::StatusOr<double> TrainStep(const Batch& batch, int64_t step);
 
-  // Runs up to `max_steps` steps (0 = until the source ends), printing progress and
-  // writing metrics as options say.
-  absl::StatusOr<TrainResult> Train(BatchSource* source, int64_t max_steps);
+  // Checks that the tables of `prototype` exist with its dim and optimizer (a resumed run
+  // finds them loaded from disk or on the shards).
+  absl::Status CheckTables(const v1::TableConfig& prototype) const;
+
+  // Runs steps first_step, first_step + 1, ... until `max_steps` steps are done in all (0 =
+  // until the source ends), printing progress, writing metrics and taking checkpoints as
+  // options say. `source` yields the batch of step first_step first.
+  absl::StatusOr<TrainResult> Train(BatchSource* source, int64_t max_steps, int64_t first_step = 0);
+
+  // A checkpoint after `steps` completed steps: tables and the dense state.
+  absl::StatusOr<embedding::CheckpointInfo> Checkpoint(int64_t steps);
+  // Restores the newest complete checkpoint, tables and dense state, and returns its step
+  // (the steps done, so the next is that one). NotFound when there is none,
+  // FailedPrecondition when it belongs to another run.
+  absl::StatusOr<int64_t> Resume();
 
   // Logloss and exact AUC over `held_out`, without creating rows for unseen ids.
   absl::StatusOr<EvalResult> Evaluate(const Batch& held_out);
@@ -67,6 +85,8 @@ class Trainer {
 
  private:
   absl::Status LookupAll(const Batch& batch, bool insert_missing);
+  // Checkpoint(steps) with a progress line and a metrics record.
+  absl::Status CheckpointAndReport(int64_t steps);
 
   embedding::EmbeddingCollection* tables_;
   DenseBackend* dense_;

@@ -2,10 +2,12 @@
 // step is bit-reproducible.
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "Eigen/Dense"
 #include "absl/strings/str_cat.h"
+#include "embedding/storage/crc32c.h"
 #include "trainer/dense_backend.h"
 
 namespace tessera::trainer_internal {
@@ -18,6 +20,8 @@ using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMa
 using MatMap = Eigen::Map<Mat>;
 using ConstMatMap = Eigen::Map<const Mat>;
 using VecMap = Eigen::Map<Eigen::VectorXf>;
+
+constexpr absl::string_view kStateMagic = "tessera-dense-cpu 1\n";
 
 struct Layer {
   int in = 0;
@@ -167,6 +171,49 @@ class CpuDenseBackend final : public trainer::DenseBackend {
     }
     BackLayers(bottom_, input_, bottom_h_, d_z0, /*need_input_grad=*/false);
     return loss;
+  }
+
+  // Magic, parameter count (u64), Adam step (i64), params, m, v (f32 each), CRC-32C (u32).
+  std::string SaveState() const override {
+    std::string out(kStateMagic);
+    const uint64_t n = params_.size();
+    out.append(reinterpret_cast<const char*>(&n), 8);
+    out.append(reinterpret_cast<const char*>(&adam_t_), 8);
+    for (const AlignedFloats* a : {&params_, &m_, &v_}) {
+      out.append(reinterpret_cast<const char*>(a->data()), a->size() * sizeof(float));
+    }
+    const uint32_t crc = storage::Crc32c(out.data(), out.size());
+    out.append(reinterpret_cast<const char*>(&crc), 4);
+    return out;
+  }
+
+  absl::Status LoadState(absl::string_view state) override {
+    const size_t header = kStateMagic.size() + 16;
+    if (state.size() < header + 4 || state.substr(0, kStateMagic.size()) != kStateMagic) {
+      return absl::DataLossError("dense state: not a CPU backend state (bad header)");
+    }
+    uint32_t crc = 0;
+    std::memcpy(&crc, state.data() + state.size() - 4, 4);
+    if (crc != storage::Crc32c(state.data(), state.size() - 4)) {
+      return absl::DataLossError("dense state: checksum mismatch (truncated or corrupt)");
+    }
+    uint64_t n = 0;
+    int64_t t = 0;
+    std::memcpy(&n, state.data() + kStateMagic.size(), 8);
+    std::memcpy(&t, state.data() + kStateMagic.size() + 8, 8);
+    if (n != params_.size() || state.size() != header + 3 * n * sizeof(float) + 4) {
+      return absl::InvalidArgumentError(absl::StrCat("dense state has ", n,
+                                                     " parameters, this model has ", params_.size(),
+                                                     "; same flags as the saved run?"));
+    }
+    const char* p = state.data() + header;
+    for (AlignedFloats* a : {&params_, &m_, &v_}) {
+      std::memcpy(a->data(), p, n * sizeof(float));
+      p += n * sizeof(float);
+    }
+    adam_t_ = t;
+    forward_done_ = false;
+    return absl::OkStatus();
   }
 
   void ApplyGradients() override {
