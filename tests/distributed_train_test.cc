@@ -2,6 +2,7 @@
 // against the same run in process.
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -80,6 +81,85 @@ TEST(DistributedTraining, LossTrajectoryEqualsTheInProcessRunBitForBit) {
     EXPECT_THAT(out, testing::HasSubstr("2 shards via"));
     EXPECT_EQ(TrainRecords(remote), want) << mode << " client";
   }
+}
+
+// Servers on data directories that can all be stopped and started again on their ports.
+struct DurableCluster {
+  DurableCluster(int n, std::string root) : n(n), root(std::move(root)) {}
+
+  bool Start() {
+    shards.clear();
+    std::string list;
+    for (int k = 0; k < n; ++k) {
+      std::vector<std::string> args = {absl::StrCat("--shard_index=", k),
+                                       absl::StrCat("--num_shards=", n),
+                                       absl::StrCat("--data_dir=", root, "/shard-", k)};
+      if (ports.size() > static_cast<size_t>(k)) args.push_back("--port=" + ports[k]);
+      shards.push_back(std::make_unique<ServerProcess>(TESSERA_SHARD_BIN, args));
+      const std::string& a = shards[k]->address();
+      if (a.empty() || !tessera::testing::WaitHealthy(a)) return false;
+      if (ports.size() <= static_cast<size_t>(k)) ports.push_back(a.substr(a.rfind(':') + 1));
+      absl::StrAppend(&list, k ? "," : "", a);
+    }
+    std::vector<std::string> args = {"--shards=" + list, "--data_dir=" + root + "/coordinator"};
+    if (!coordinator_port.empty()) args.push_back("--port=" + coordinator_port);
+    coordinator = std::make_unique<ServerProcess>(TESSERA_COORDINATOR_BIN, args);
+    const std::string& a = coordinator->address();
+    if (a.empty() || !tessera::testing::WaitHealthy(a)) return false;
+    coordinator_port = a.substr(a.rfind(':') + 1);
+    return true;
+  }
+  void KillAll() {
+    coordinator.reset();
+    shards.clear();
+  }
+
+  const int n;
+  const std::string root;
+  std::vector<std::string> ports;
+  std::string coordinator_port;
+  std::vector<std::unique_ptr<ServerProcess>> shards;
+  std::unique_ptr<ServerProcess> coordinator;
+};
+
+// A distributed run checkpointed at step 100; every server is then killed and started
+// again on its data directory; the resumed run (dense state from the coordinator's
+// checkpoint, rows from the shards') ends exactly as the uninterrupted in-process run.
+TEST(DistributedTraining, ResumesAfterTheWholeClusterRestarts) {
+  const std::string common = "--log_every=10 --held_out=2000 --batch_size=128";
+  const std::string local = absl::StrCat(testing::TempDir(), "/local-200.jsonl");
+  std::string out;
+  ASSERT_EQ(RunTrain(absl::StrCat(common, " --steps=200 --metrics_out=", local), &out), 0) << out;
+  const auto want = TrainRecords(local);
+  ASSERT_EQ(want.size(), 20u);
+
+  const std::string root = absl::StrCat(testing::TempDir(), "/durable-cluster");
+  std::filesystem::remove_all(root);
+  DurableCluster cluster(2, root);
+  ASSERT_TRUE(cluster.Start());
+  const std::string first = absl::StrCat(testing::TempDir(), "/first-100.jsonl");
+  out.clear();
+  ASSERT_EQ(RunTrain(absl::StrCat(common, " --steps=100 --checkpoint_every=100 --coordinator=",
+                                  cluster.coordinator->address(), " --metrics_out=", first),
+                     &out),
+            0)
+      << out;
+  EXPECT_THAT(out, testing::HasSubstr("checkpoint 100:"));
+  cluster.KillAll();
+  ASSERT_TRUE(cluster.Start()) << "the cluster did not come back on its data directories";
+
+  const std::string resumed = absl::StrCat(testing::TempDir(), "/resumed-200.jsonl");
+  out.clear();
+  ASSERT_EQ(RunTrain(absl::StrCat(common, " --steps=200 --resume --coordinator=",
+                                  cluster.coordinator->address(), " --metrics_out=", resumed),
+                     &out),
+            0)
+      << out;
+  EXPECT_THAT(out, testing::HasSubstr("resume: restored checkpoint 100"));
+  EXPECT_EQ(TrainRecords(first), std::vector<std::string>(want.begin(), want.begin() + 10));
+  EXPECT_EQ(TrainRecords(resumed), std::vector<std::string>(want.begin() + 10, want.end()));
+  cluster.KillAll();
+  std::filesystem::remove_all(root);
 }
 
 TEST(DistributedTraining, ADeadClusterIsAClearError) {
