@@ -19,7 +19,7 @@ namespace {
 // What sits after a row's optimizer state: the public RowMeta and a dirty flag.
 struct StoredMetaLayout {
   RowMeta meta;
-  uint32_t dirty = 0;
+  uint32_t dirty = 0;  // 0: clean; else 1 + the row's place in its stripe's dirty list
 };
 constexpr int kMetaFloats = sizeof(StoredMetaLayout) / sizeof(float);
 constexpr uint64_t kMapSalt = 0x5be0cd19137e2179ULL;
@@ -91,7 +91,39 @@ struct EmbeddingTable::Stripe {
   int64_t bump_left ABSL_GUARDED_BY(mu) = 0;
   int64_t next_slab_rows ABSL_GUARDED_BY(mu) = 16;
   int64_t slab_bytes ABSL_GUARDED_BY(mu) = 0;
-  std::vector<Entry> dirty ABSL_GUARDED_BY(mu);  // rows updated since the last ClearDirty
+  std::vector<Entry> dirty ABSL_GUARDED_BY(mu);       // rows updated since the last ClearDirty
+  std::vector<float*> free_rows ABSL_GUARDED_BY(mu);  // rows of erased entries, for reuse
+  uint64_t sample_state ABSL_GUARDED_BY(mu) = 0x9e3779b97f4a7c15ULL;  // eviction sampling
+
+  // The slot of `id`, or -1.
+  int64_t FindSlot(int64_t id, uint64_t h) const ABSL_SHARED_LOCKS_REQUIRED(mu) {
+    if (entries.empty()) return -1;
+    uint64_t pos = h & mask;
+    while (true) {
+      const Entry& e = entries[pos];
+      if (e.row == nullptr) return -1;
+      if (e.id == id) return static_cast<int64_t>(pos);
+      pos = (pos + 1) & mask;
+    }
+  }
+
+  // Empties slot `pos` and shifts later entries of its probe run back, so every entry
+  // stays reachable from its home slot without tombstones.
+  void EraseSlot(uint64_t pos) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    entries[pos] = Entry{0, nullptr};
+    uint64_t hole = pos;
+    for (uint64_t j = (pos + 1) & mask; entries[j].row != nullptr; j = (j + 1) & mask) {
+      const uint64_t home = MapHash(entries[j].id) & mask;
+      // Entry j may fill the hole unless its home lies cyclically in (hole, j].
+      const bool stays = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
+      if (!stays) {
+        entries[hole] = entries[j];
+        entries[j] = Entry{0, nullptr};
+        hole = j;
+      }
+    }
+    --size;
+  }
 
   float* Find(int64_t id, uint64_t h) const ABSL_SHARED_LOCKS_REQUIRED(mu) {
     if (entries.empty()) return nullptr;
@@ -127,6 +159,11 @@ struct EmbeddingTable::Stripe {
   }
 
   float* AllocateRow(int stride_floats) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (!free_rows.empty()) {
+      float* row = free_rows.back();
+      free_rows.pop_back();
+      return row;
+    }
     if (bump_left == 0) {
       const int64_t rows = next_slab_rows;
       const size_t bytes = static_cast<size_t>(rows) * stride_floats * sizeof(float);
@@ -165,6 +202,18 @@ absl::Status ValidateTableConfig(const v1::TableConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat(label, ": initializer scale must be >= 0, got ",
                                                    config.initializer().scale()));
   }
+  if (!v1::EvictionPolicy_IsValid(config.eviction().policy())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": unknown eviction policy ", config.eviction().policy()));
+  }
+  if (config.eviction().policy() != v1::EVICTION_NONE && config.max_rows() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": eviction needs a row budget (max_rows > 0)"));
+  }
+  if (config.eviction().ttl_steps() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": ttl_steps must be >= 0, got ", config.eviction().ttl_steps()));
+  }
   absl::StatusOr<OptimizerParams> params = ResolveOptimizer(config.optimizer());
   return Annotate(params.status(), label);
 }
@@ -189,6 +238,8 @@ EmbeddingTable::EmbeddingTable(const v1::TableConfig& config, int64_t row_budget
       state_floats_(optimizer->StateFloats()),
       row_budget_(row_budget),
       optimizer_(std::move(optimizer)),
+      policy_(config.eviction().policy()),
+      ttl_steps_(config.eviction().ttl_steps()),
       stripes_(new Stripe[kNumStripes]) {
   // Meta is 8-byte aligned: put it at an even float offset.
   int meta_at = dim_ + state_floats_;
@@ -270,6 +321,148 @@ float* EmbeddingTable::FindOrInsertLocked(Stripe& stripe, int64_t id, uint64_t h
   stripe.Place(id, hash, row);
   ++stripe.size;
   return row;
+}
+
+void EmbeddingTable::MarkDirtyLocked(Stripe& stripe, int64_t id, float* row) {
+  stripe.dirty.push_back(Stripe::Entry{id, row});
+  StoredMetaOf(row)->dirty = static_cast<uint32_t>(stripe.dirty.size());
+}
+
+void EmbeddingTable::EraseLocked(Stripe& stripe, int64_t id, uint64_t hash) {
+  const int64_t pos = stripe.FindSlot(id, hash);
+  if (pos < 0) return;
+  float* row = stripe.entries[pos].row;
+  StoredMeta* stored = StoredMetaOf(row);
+  if (stored->dirty != 0) {  // swap-remove from the dirty list
+    const size_t at = stored->dirty - 1;
+    stripe.dirty[at] = stripe.dirty.back();
+    StoredMetaOf(stripe.dirty[at].row)->dirty = static_cast<uint32_t>(at + 1);
+    stripe.dirty.pop_back();
+    stored->dirty = 0;
+  }
+  stripe.EraseSlot(static_cast<uint64_t>(pos));
+  stripe.free_rows.push_back(row);
+  num_rows_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+absl::Status EmbeddingTable::EvictOneLocked(Stripe& stripe) {
+  if (stripe.size == 0) {
+    // Evict from another stripe whose lock is free right now (waiting could deadlock with
+    // a thread doing the same the other way round); if none is, go one row over budget.
+    for (int k = 1; k < kNumStripes; ++k) {
+      Stripe& other = stripes_[(&stripe - stripes_.get() + k) % kNumStripes];
+      if (!other.mu.TryLock()) continue;
+      const bool has_rows = other.size > 0;
+      absl::Status s = has_rows ? EvictOneLocked(other) : absl::OkStatus();
+      other.mu.Unlock();
+      if (!s.ok() || has_rows) return s;
+    }
+    return absl::OkStatus();
+  }
+  // Sample up to 8 rows from a random place in the map and evict the coldest of them.
+  constexpr int kSamples = 8;
+  uint64_t& x = stripe.sample_state;
+  x ^= x << 13;
+  x ^= x >> 7;
+  x ^= x << 17;
+  uint64_t pos = x & stripe.mask;
+  const Stripe::Entry* victim = nullptr;
+  auto colder = [this](const Stripe::Entry& a, const Stripe::Entry& b) {
+    const RowMeta& ma = *MetaOf(a.row);
+    const RowMeta& mb = *MetaOf(b.row);
+    if (policy_ == v1::EVICTION_LFU) {
+      return ma.update_count != mb.update_count ? ma.update_count < mb.update_count
+                                                : ma.last_step < mb.last_step;
+    }
+    return ma.last_step != mb.last_step ? ma.last_step < mb.last_step
+                                        : ma.update_count < mb.update_count;
+  };
+  for (int found = 0; found < kSamples && found < stripe.size; pos = (pos + 1) & stripe.mask) {
+    const Stripe::Entry& e = stripe.entries[pos];
+    if (e.row == nullptr) continue;
+    ++found;
+    if (victim == nullptr || colder(e, *victim)) victim = &e;
+  }
+  const int64_t id = victim->id;
+  float* row = victim->row;
+  if (spill_ != nullptr) {
+    TESSERA_RETURN_IF_ERROR(
+        spill_->Evict(id, row, row + dim_, *MetaOf(row), StoredMetaOf(row)->dirty != 0));
+  }
+  EraseLocked(stripe, id, MapHash(id));
+  evictions_.fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float*> EmbeddingTable::InsertManagedLocked(Stripe& stripe, int64_t id,
+                                                           uint64_t hash) {
+  if (row_budget_ > 0 && num_rows_.load(std::memory_order_relaxed) >= row_budget_) {
+    TESSERA_RETURN_IF_ERROR(EvictOneLocked(stripe));
+  }
+  num_rows_.fetch_add(1, std::memory_order_relaxed);
+  float* row = FindOrInsertLocked(stripe, id, hash);
+  if (row == nullptr) {
+    num_rows_.fetch_sub(1, std::memory_order_relaxed);
+    return OutOfMemoryError();
+  }
+  if (spill_ != nullptr) {
+    RowMeta meta;
+    bool dirty = false;
+    absl::StatusOr<bool> kept = spill_->Fetch(id, row, row + dim_, &meta, &dirty);
+    if (!kept.ok()) {
+      EraseLocked(stripe, id, hash);
+      return kept.status();
+    }
+    const int64_t latest = latest_step_.load(std::memory_order_relaxed);
+    if (*kept && ttl_steps_ > 0 && latest - meta.last_step > ttl_steps_) {
+      spill_->Drop(id);  // expired while on disk: starts afresh
+      InitRow(id, row);
+      expirations_.fetch_add(1, std::memory_order_relaxed);
+    } else if (*kept) {
+      StoredMetaOf(row)->meta = meta;
+      if (dirty) MarkDirtyLocked(stripe, id, row);
+    }
+  }
+  return row;
+}
+
+absl::Status EmbeddingTable::ApplyManaged(absl::Span<const int64_t> ids, const float* grads,
+                                          int64_t step) {
+  thread_local std::vector<float> scratch;
+  scratch.resize(dim_);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const uint64_t h = MapHash(ids[i]);
+    Stripe& stripe = stripes_[h >> kStripeShift];
+    absl::MutexLock lock(&stripe.mu);
+    float* row = stripe.Find(ids[i], h);
+    if (row == nullptr) {
+      TESSERA_ASSIGN_OR_RETURN(row, InsertManagedLocked(stripe, ids[i], h));
+    }
+    std::memcpy(scratch.data(), grads + i * dim_, dim_ * sizeof(float));
+    StoredMeta* stored = StoredMetaOf(row);
+    optimizer_->Update(row, row + dim_, scratch.data(), stored->meta.update_count);
+    stored->meta.update_count += 1;
+    stored->meta.last_step = step;
+    if (stored->dirty == 0) MarkDirtyLocked(stripe, ids[i], row);
+  }
+  return absl::OkStatus();
+}
+
+void EmbeddingTable::ExpireRows(int64_t step) {
+  std::vector<int64_t> expired;
+  for (int s = 0; s < kNumStripes; ++s) {
+    Stripe& stripe = stripes_[s];
+    absl::MutexLock lock(&stripe.mu);
+    expired.clear();
+    for (const Stripe::Entry& e : stripe.entries) {
+      if (e.row != nullptr && step - MetaOf(e.row)->last_step > ttl_steps_) expired.push_back(e.id);
+    }
+    for (const int64_t id : expired) {
+      EraseLocked(stripe, id, MapHash(id));
+      if (spill_ != nullptr) spill_->Drop(id);
+    }
+    expirations_.fetch_add(static_cast<int64_t>(expired.size()), std::memory_order_relaxed);
+  }
 }
 
 namespace {
@@ -369,10 +562,41 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
       }
     }
   }
+  const bool managed = policy_ != v1::EVICTION_NONE;
   for (const int32_t pos : plan.missing) {
     const int64_t id = ids[pos];
     const uint64_t h = plan.hash[pos];
     float* dst = out + static_cast<size_t>(pos) * dim_;
+    if (managed) {
+      Stripe& stripe = stripes_[h >> kStripeShift];
+      absl::MutexLock lock(&stripe.mu);
+      if (const float* row = stripe.Find(id, h)) {
+        std::memcpy(dst, row, row_bytes);
+        continue;
+      }
+      if (!insert_missing) {
+        // Read-only: a row kept on disk is read, not brought back.
+        thread_local std::vector<float> weights, state;
+        weights.resize(dim_);
+        state.resize(state_floats_);
+        RowMeta meta;
+        bool dirty = false;
+        bool kept = false;
+        if (spill_ != nullptr) {
+          TESSERA_ASSIGN_OR_RETURN(kept,
+                                   spill_->Fetch(id, weights.data(), state.data(), &meta, &dirty));
+        }
+        if (kept) {
+          std::memcpy(dst, weights.data(), row_bytes);
+        } else {
+          InitialWeights(id, dst);
+        }
+        continue;
+      }
+      TESSERA_ASSIGN_OR_RETURN(float* row, InsertManagedLocked(stripe, id, h));
+      std::memcpy(dst, row, row_bytes);
+      continue;
+    }
     if (!insert_missing) {
       InitialWeights(id, dst);
       continue;
@@ -400,6 +624,25 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
 absl::Status EmbeddingTable::ApplyUniqueGradients(absl::Span<const int64_t> ids, const float* grads,
                                                   int64_t step) {
   TESSERA_RETURN_IF_ERROR(CheckFiniteGradients(name(), ids, grads, dim_));
+  int64_t latest = latest_step_.load(std::memory_order_relaxed);
+  while (step > latest && !latest_step_.compare_exchange_weak(latest, step)) {
+  }
+  absl::Status applied =
+      policy_ != v1::EVICTION_NONE ? ApplyManaged(ids, grads, step) : ApplyBatch(ids, grads, step);
+  TESSERA_RETURN_IF_ERROR(applied);
+  // TTL: sweep once the step has moved a quarter of the TTL on since the last sweep.
+  if (ttl_steps_ > 0) {
+    int64_t due = next_sweep_.load(std::memory_order_relaxed);
+    if (step >= due &&
+        next_sweep_.compare_exchange_strong(due, step + std::max<int64_t>(1, ttl_steps_ / 4))) {
+      ExpireRows(step);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const float* grads,
+                                        int64_t step) {
   StripePlan& plan = PlanByStripe(ids);
   // With a budget, reserve it for the rows this batch will create, so that a full table
   // rejects the whole batch before any row changes. Without one there is nothing to check
@@ -452,10 +695,7 @@ absl::Status EmbeddingTable::ApplyUniqueGradients(absl::Span<const int64_t> ids,
         optimizer_->Update(row, row + dim_, scratch.data(), stored->meta.update_count);
         stored->meta.update_count += 1;
         stored->meta.last_step = step;
-        if (stored->dirty == 0) {
-          stored->dirty = 1;
-          stripe.dirty.push_back(Stripe::Entry{ids[pos], row});
-        }
+        if (stored->dirty == 0) MarkDirtyLocked(stripe, ids[pos], row);
       }
     }
   }
@@ -527,6 +767,13 @@ absl::Status EmbeddingTable::PutRow(int64_t id, absl::Span<const float> weights,
   std::copy(state.begin(), state.end(), row + dim_);
   StoredMetaOf(row)->meta = meta;
   return absl::OkStatus();
+}
+
+void EmbeddingTable::Forget(int64_t id) {
+  const uint64_t h = MapHash(id);
+  Stripe& stripe = stripes_[h >> kStripeShift];
+  absl::MutexLock lock(&stripe.mu);
+  EraseLocked(stripe, id, h);
 }
 
 void EmbeddingTable::ForEachDirtyRow(const RowFn& fn) const {

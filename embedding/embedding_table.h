@@ -28,6 +28,24 @@ struct RowSnapshot {
   RowMeta meta;
 };
 
+// Where a table's evicted rows go and come back from (a durable collection's store).
+// Called with the row's stripe lock held: implementations must not call into the table.
+class RowSpill {
+ public:
+  virtual ~RowSpill() = default;
+  // Keeps evicted row `id`; `dirty`: changed since it was last stored. On error the row
+  // stays in memory and the call that needed room fails with that error.
+  virtual absl::Status Evict(int64_t id, const float* weights, const float* state,
+                             const RowMeta& meta, bool dirty) = 0;
+  // A row that is not in memory: true with (dim) weights, (StateFloats()) state and meta
+  // filled when one is kept, and `dirty` when it must be stored again at the next
+  // checkpoint; false when there is none.
+  virtual absl::StatusOr<bool> Fetch(int64_t id, float* weights, float* state, RowMeta* meta,
+                                     bool* dirty) = 0;
+  // Row `id` expired (TTL): forget any kept copy.
+  virtual void Drop(int64_t id) = 0;
+};
+
 // Checks a table config (name, dim, optimizer, initializer) and fills nothing in;
 // InvalidArgument names the bad field.
 absl::Status ValidateTableConfig(const v1::TableConfig& config);
@@ -64,6 +82,16 @@ class EmbeddingTable {
   const Optimizer& optimizer() const { return *optimizer_; }
   // Bytes held by rows and the id maps.
   int64_t MemoryBytes() const;
+
+  // With an eviction policy (config().eviction()) a full table evicts a sampled least
+  // recently (LRU, by last update step) or least frequently (LFU, by update count)
+  // updated row to make room, instead of refusing the new one. Evicted rows go to
+  // `spill`, and rows missing from memory are looked for there before being created
+  // (null: evicted rows are dropped and start again from their initial weights). Set
+  // before first use; `spill` must outlive the table.
+  void set_spill(RowSpill* spill) { spill_ = spill; }
+  int64_t evictions() const { return evictions_.load(std::memory_order_relaxed); }
+  int64_t expirations() const { return expirations_.load(std::memory_order_relaxed); }
 
   // Copies the weights of each id into `out` (ids.size(), dim). Missing rows are created
   // when `insert_missing`, else their initial weights are written and nothing is stored.
@@ -107,6 +135,10 @@ class EmbeddingTable {
   absl::Status PutRow(int64_t id, absl::Span<const float> weights, absl::Span<const float> state,
                       const RowMeta& meta);
 
+  // Drops the in-memory row of `id`, if any, without handing it to the spill: its next
+  // read finds what the spill keeps, or initial weights (undoing an update).
+  void Forget(int64_t id);
+
   // Dirty rows: rows changed by an optimizer update since the last ClearDirty(). A
   // checkpoint writes these and nothing else; rows only ever looked up equal their
   // initial weights and need no storing.
@@ -126,6 +158,22 @@ class EmbeddingTable {
   // Returns the row of `id` in `stripe`, creating it; null when the budget is spent.
   // Requires the stripe's writer lock.
   float* FindOrInsertLocked(Stripe& stripe, int64_t id, uint64_t hash);
+  // Eviction tables: the row of `id` (not in memory), made room for by evicting another
+  // when the table is full, read from the spill when kept there, else initialised.
+  // Requires the stripe's writer lock.
+  absl::StatusOr<float*> InsertManagedLocked(Stripe& stripe, int64_t id, uint64_t hash);
+  // Evicts one sampled row of `stripe`; OK without evicting when the stripe is empty.
+  absl::Status EvictOneLocked(Stripe& stripe);
+  // Removes `id`'s row from `stripe` and frees it. Requires the writer lock.
+  void EraseLocked(Stripe& stripe, int64_t id, uint64_t hash);
+  void MarkDirtyLocked(Stripe& stripe, int64_t id, float* row);
+  // Updates (ApplyUniqueGradients) for eviction tables: one id at a time, as a row found
+  // early in a batch may be evicted to make room for a later one.
+  absl::Status ApplyManaged(absl::Span<const int64_t> ids, const float* grads, int64_t step);
+  // Updates for tables without eviction: the batch grouped by stripe, with prefetching.
+  absl::Status ApplyBatch(absl::Span<const int64_t> ids, const float* grads, int64_t step);
+  // TTL: drops every row not updated since step - ttl.
+  void ExpireRows(int64_t step);
   void InitRow(int64_t id, float* row) const;
   struct StoredMeta;
   RowMeta* MetaOf(float* row) const;
@@ -144,6 +192,13 @@ class EmbeddingTable {
   float init_scale_;
   uint64_t init_key_;
   std::atomic<int64_t> num_rows_{0};
+  v1::EvictionPolicy policy_ = v1::EVICTION_NONE;
+  int64_t ttl_steps_ = 0;
+  RowSpill* spill_ = nullptr;
+  std::atomic<int64_t> latest_step_{-1};  // newest step pushed
+  std::atomic<int64_t> next_sweep_{0};    // step of the next TTL sweep
+  std::atomic<int64_t> evictions_{0};
+  std::atomic<int64_t> expirations_{0};
   std::unique_ptr<Stripe[]> stripes_;
 };
 

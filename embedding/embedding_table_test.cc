@@ -1,6 +1,7 @@
 #include "embedding/embedding_table.h"
 
 #include <cmath>
+#include <random>
 #include <set>
 #include <thread>
 #include <vector>
@@ -285,6 +286,117 @@ TEST(EmbeddingTable, PutRowStoresExactlyWhatItIsGivenAndHonoursTheBudget) {
     }
   });
   EXPECT_EQ(seen, (std::vector<int64_t>{43, 42}));
+}
+
+v1::TableConfig Evicting(v1::EvictionPolicy policy, int64_t max_rows, int64_t ttl = 0) {
+  v1::TableConfig c = Config(4, v1::ADAGRAD);
+  c.set_max_rows(max_rows);
+  c.mutable_eviction()->set_policy(policy);
+  c.mutable_eviction()->set_ttl_steps(ttl);
+  return c;
+}
+
+// Every id in [0, n) is either a stored row that ReadRow finds, or not stored; the map
+// stays consistent through evictions (backward-shift deletion, reused rows).
+void ExpectConsistent(const EmbeddingTable& t, int64_t n) {
+  int64_t found = 0;
+  for (int64_t id = 0; id < n; ++id) found += t.ReadRow(id).ok();
+  int64_t visited = 0;
+  t.ForEachRow([&](int64_t, const float*, const float*, const RowMeta&) { ++visited; });
+  EXPECT_EQ(found, t.num_rows());
+  EXPECT_EQ(visited, t.num_rows());
+}
+
+TEST(EmbeddingTable, LruEvictionKeepsRecentlyUpdatedRowsWithinTheBudget) {
+  constexpr int64_t kBudget = 6400, kIds = 30000;
+  auto t = Make(Evicting(v1::EVICTION_LRU, kBudget), kBudget);
+  std::vector<float> g(4, 0.1f);
+  for (int64_t id = 0; id < kIds; ++id) ASSERT_TRUE(t->PushGradients({id}, g.data(), id).ok());
+  EXPECT_LE(t->num_rows(), kBudget);
+  EXPECT_GE(t->num_rows(), kBudget - EmbeddingTable::kNumStripes);
+  EXPECT_EQ(t->evictions(), kIds - t->num_rows());
+  int64_t recent_kept = 0, old_kept = 0;
+  for (int64_t id = kIds - 1000; id < kIds; ++id) recent_kept += t->ReadRow(id).ok();
+  for (int64_t id = 0; id < 1000; ++id) old_kept += t->ReadRow(id).ok();
+  EXPECT_GE(recent_kept, 950);  // sampled LRU: the newest rows survive
+  EXPECT_EQ(old_kept, 0);
+  ExpectConsistent(*t, kIds);
+}
+
+TEST(EmbeddingTable, LfuEvictionKeepsFrequentlyUpdatedRows) {
+  constexpr int64_t kBudget = 3200;
+  auto t = Make(Evicting(v1::EVICTION_LFU, kBudget), kBudget);
+  std::vector<float> g(4, 0.1f);
+  // Ids [0, 500) are hot: updated 5 times each before a stream of one-off ids.
+  for (int r = 0; r < 5; ++r) {
+    for (int64_t id = 0; id < 500; ++id) ASSERT_TRUE(t->PushGradients({id}, g.data(), r).ok());
+  }
+  for (int64_t id = 1000; id < 20000; ++id) ASSERT_TRUE(t->PushGradients({id}, g.data(), 9).ok());
+  int64_t hot_kept = 0;
+  for (int64_t id = 0; id < 500; ++id) hot_kept += t->ReadRow(id).ok();
+  EXPECT_GE(hot_kept, 490);
+  EXPECT_LE(t->num_rows(), kBudget);
+  ExpectConsistent(*t, 20000);
+}
+
+TEST(EmbeddingTable, WithoutEvictionAFullTableStillRefuses) {
+  auto t = Make(Evicting(v1::EVICTION_NONE, 10), 10);
+  std::vector<float> g(11 * 4, 0.1f);
+  std::vector<int64_t> ids(11);
+  for (int i = 0; i < 11; ++i) ids[i] = i;
+  EXPECT_EQ(t->PushGradients(ids, g.data(), 1).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(t->num_rows(), 0);
+}
+
+TEST(EmbeddingTable, TtlDropsRowsNotUpdatedForKSteps) {
+  auto t = Make(Evicting(v1::EVICTION_NONE, 0, /*ttl=*/10));
+  std::vector<float> g(4, 0.1f);
+  for (int64_t id = 0; id < 100; ++id) ASSERT_TRUE(t->PushGradients({id}, g.data(), 0).ok());
+  // Ids [0, 10) keep being updated; the rest are last touched at step 0.
+  for (int64_t step = 1; step <= 30; ++step) {
+    for (int64_t id = 0; id < 10; ++id) ASSERT_TRUE(t->PushGradients({id}, g.data(), step).ok());
+  }
+  EXPECT_EQ(t->num_rows(), 10);
+  EXPECT_EQ(t->expirations(), 90);
+  for (int64_t id = 0; id < 10; ++id) EXPECT_TRUE(t->ReadRow(id).ok());
+  EXPECT_FALSE(t->ReadRow(50).ok());
+  // An expired row starts again from its initial weights.
+  std::vector<float> row(4), initial(4);
+  ASSERT_TRUE(t->Lookup({50}, row.data()).ok());
+  t->InitialWeights(50, initial.data());
+  EXPECT_EQ(row, initial);
+  ExpectConsistent(*t, 100);
+}
+
+TEST(EmbeddingTable, ConcurrentPushesAndLookupsOnAnEvictingTableKeepItConsistent) {
+  constexpr int64_t kBudget = 2000, kIds = 20000;
+  auto t = Make(Evicting(v1::EVICTION_LRU, kBudget), kBudget);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&t, w] {
+      std::mt19937_64 rng(w);
+      std::vector<int64_t> ids(16);
+      std::vector<float> g(16 * 4, 0.01f), out(16 * 4);
+      for (int i = 0; i < 1500; ++i) {
+        for (auto& id : ids) id = static_cast<int64_t>(rng() % kIds);
+        if (i % 2) {
+          ASSERT_TRUE(t->PushGradients(ids, g.data(), i).ok());
+        } else {
+          ASSERT_TRUE(t->Lookup(ids, out.data()).ok());
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_LE(t->num_rows(), kBudget + EmbeddingTable::kNumStripes);
+  ExpectConsistent(*t, kIds);
+}
+
+TEST(EmbeddingTable, EvictionConfigIsValidated) {
+  v1::TableConfig c = Evicting(v1::EVICTION_LRU, 0);
+  EXPECT_EQ(EmbeddingTable::Create(c).status().code(), absl::StatusCode::kInvalidArgument);
+  c = Evicting(v1::EVICTION_NONE, 0, -1);
+  EXPECT_EQ(EmbeddingTable::Create(c).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(EmbeddingTable, RejectsBadConfigs) {

@@ -49,7 +49,76 @@ embedding::CheckpointInfo InfoOf(const CheckpointManifest& m) {
 
 }  // namespace
 
+// Evicted rows of one table to and from the store. Called under a stripe lock of the
+// table; it touches only the store.
+class DurableCollection::Spill final : public embedding::RowSpill {
+ public:
+  Spill(KvStore* store, uint32_t table_id, const v1::TableConfig& config, int state_floats)
+      : store_(store),
+        table_id_(table_id),
+        name_(config.name()),
+        dim_(config.dim()),
+        state_floats_(state_floats),
+        write_through_(config.durability() == v1::WRITE_THROUGH) {}
+
+  absl::Status Evict(int64_t id, const float* weights, const float* state,
+                     const embedding::RowMeta& meta, bool dirty) override {
+    if (!dirty) return absl::OkStatus();  // the store has it, or it is still initial
+    KvWrite w;
+    // Write-through rows belong in the durable rows; checkpoint rows changed since the
+    // checkpoint must not be, until the next one.
+    w.key = write_through_ ? RowKey(table_id_, id) : SpillKey(table_id_, id);
+    EncodeRow(weights, dim_, state, state_floats_, meta, &w.value);
+    return Annotate(store_->Write({w}, /*sync=*/false),
+                    absl::StrCat("table '", name_, "': evicting row ", id));
+  }
+
+  absl::StatusOr<bool> Fetch(int64_t id, float* weights, float* state, embedding::RowMeta* meta,
+                             bool* dirty) override {
+    std::optional<std::string> value;
+    *dirty = false;
+    if (!write_through_) {
+      TESSERA_ASSIGN_OR_RETURN(value, store_->Get(SpillKey(table_id_, id)));
+      *dirty = value.has_value();
+    }
+    if (!value.has_value()) {
+      TESSERA_ASSIGN_OR_RETURN(value, store_->Get(RowKey(table_id_, id)));
+    }
+    if (!value.has_value()) return false;
+    DecodedRow row;
+    TESSERA_RETURN_IF_ERROR(DecodeRow(name_, id, *value, dim_, state_floats_, &row));
+    std::copy(row.weights.begin(), row.weights.end(), weights);
+    std::copy(row.state.begin(), row.state.end(), state);
+    *meta = row.meta;
+    return true;
+  }
+
+  void Drop(int64_t id) override {
+    (void)store_->Write({KvWrite{RowKey(table_id_, id), "", /*erase=*/true},
+                         KvWrite{SpillKey(table_id_, id), "", /*erase=*/true}},
+                        /*sync=*/false);
+  }
+
+ private:
+  KvStore* const store_;
+  const uint32_t table_id_;
+  const std::string name_;
+  const int dim_, state_floats_;
+  const bool write_through_;
+};
+
 DurableCollection::DurableCollection(const DurableOptions& options) : options_(options) {}
+
+DurableCollection::Table DurableCollection::MakeTable(uint32_t id, const v1::TableConfig& config) {
+  Table t;
+  t.id = id;
+  t.config = config;
+  t.write_mu = std::make_unique<absl::Mutex>();
+  const auto& shards = *memory_->ShardsOf(config.name());
+  t.spill = std::make_unique<Spill>(store_.get(), id, config, shards[0]->optimizer().StateFloats());
+  for (const auto& shard : shards) shard->set_spill(t.spill.get());
+  return t;
+}
 
 DurableCollection::~DurableCollection() = default;
 
@@ -121,18 +190,24 @@ absl::Status DurableCollection::OpenAndLoad() {
       "reading the table catalog"));
   for (const auto& [id, config] : catalog) {
     TESSERA_RETURN_IF_ERROR(memory_->CreateTable(config));
-    Table t;
-    t.id = id;
-    t.config = config;
-    t.write_mu = std::make_unique<absl::Mutex>();
-    tables_.emplace(config.name(), std::move(t));
+    tables_.emplace(config.name(), MakeTable(id, config));
     next_table_id_ = std::max(next_table_id_, id + 1);
+    // Rows evicted after the newest checkpoint are updates that checkpoint does not have:
+    // a restart comes back as of the checkpoint, so they go.
+    std::vector<KvWrite> spilled;
+    TESSERA_RETURN_IF_ERROR(
+        store_->Scan(SpillPrefix(id), [&](absl::string_view key, absl::string_view) {
+          spilled.push_back(KvWrite{std::string(key), "", /*erase=*/true});
+          return absl::OkStatus();
+        }));
+    if (!spilled.empty()) TESSERA_RETURN_IF_ERROR(store_->Write(spilled, /*sync=*/true));
   }
   DecodedRow row;
   for (const auto& [name, t] : tables_) {
     const auto& shards = *memory_->ShardsOf(name);
     const int dim = t.config.dim();
     const int state_floats = shards[0]->optimizer().StateFloats();
+    const bool evicting = t.config.eviction().policy() != v1::EVICTION_NONE;
     int64_t last_id = 0;
     bool any = false;
     absl::Status scanned =
@@ -145,8 +220,10 @@ absl::Status DurableCollection::OpenAndLoad() {
           }
           TESSERA_RETURN_IF_ERROR(DecodeRow(name, id, value, dim, state_floats, &row));
           const int shard = embedding::ShardOf(id, t.config.seed(), options_.num_shards);
-          TESSERA_RETURN_IF_ERROR(Annotate(
-              shards[shard]->PutRow(id, row.weights, row.state, row.meta), "loading from disk"));
+          absl::Status put = shards[shard]->PutRow(id, row.weights, row.state, row.meta);
+          // A table with eviction holds what fits; the rest is read from disk when used.
+          if (absl::IsResourceExhausted(put) && evicting) return absl::OkStatus();
+          TESSERA_RETURN_IF_ERROR(Annotate(put, "loading from disk"));
           if (++rows_loaded_ % kProgressRows == 0) {
             Log(absl::StrCat("tessera: loaded ", rows_loaded_, " rows from ", LivePath(), " (",
                              absl::StrFormat("%.1f", SecondsSince(start)), " s)"));
@@ -213,11 +290,7 @@ absl::Status DurableCollection::CreateTable(const v1::TableConfig& config) {
     (void)store_->Write({KvWrite{CatalogKey(id), "", /*erase=*/true}}, /*sync=*/true);
     return s;
   }
-  Table t;
-  t.id = id;
-  t.config = config;
-  t.write_mu = std::make_unique<absl::Mutex>();
-  tables_.emplace(config.name(), std::move(t));
+  tables_.emplace(config.name(), MakeTable(id, config));
   next_table_id_ = id + 1;
   return absl::OkStatus();
 }
@@ -292,7 +365,23 @@ absl::Status DurableCollection::WriteThroughPush(const Table& t, absl::Span<cons
           b.meta = m;
         });
   }
-  TESSERA_RETURN_IF_ERROR(memory_->PushGradients(name, ids, gradients, step));
+  // Undoes the push in memory: rows that were not in memory are forgotten, so their next
+  // read finds the stored value (or initial weights) again.
+  auto undo = [&] {
+    for (auto& [id, b] : before) {
+      auto& shard = shards[embedding::ShardOf(id, t.config.seed(), n)];
+      if (b.existed) {
+        (void)shard->PutRow(id, b.weights, b.state, b.meta);
+      } else {
+        shard->Forget(id);
+      }
+    }
+  };
+  absl::Status applied = memory_->PushGradients(name, ids, gradients, step);
+  if (!applied.ok()) {
+    undo();
+    return applied;
+  }
   std::vector<KvWrite> writes;
   writes.reserve(unique.size());
   for (const int64_t id : unique) {
@@ -306,19 +395,7 @@ absl::Status DurableCollection::WriteThroughPush(const Table& t, absl::Span<cons
   }
   absl::Status s = store_->Write(writes, /*sync=*/true);
   if (s.ok()) return absl::OkStatus();
-  // Undo in memory: rows that did not exist go back to their initial values.
-  const EmbeddingTable& any = *shards[0];
-  for (auto& [id, b] : before) {
-    if (!b.existed) {
-      b.weights.resize(t.config.dim());
-      any.InitialWeights(id, b.weights.data());
-      b.state.resize(any.optimizer().StateFloats());
-      any.optimizer().InitState(b.state.data());
-      b.meta = embedding::RowMeta{};
-    }
-    (void)shards[embedding::ShardOf(id, t.config.seed(), n)]->PutRow(id, b.weights, b.state,
-                                                                     b.meta);
-  }
+  undo();
   return absl::Status(s.code(), absl::StrCat("table '", name,
                                              "': write-through push not applied, the disk "
                                              "refused it: ",
@@ -328,7 +405,24 @@ absl::Status DurableCollection::WriteThroughPush(const Table& t, absl::Span<cons
 absl::StatusOr<int64_t> DurableCollection::FlushDirtyRows() {
   int64_t written = 0;
   std::vector<KvWrite> writes;
-  std::string value;
+  // Rows evicted since the last checkpoint join the durable rows first; rows in memory,
+  // newer where both exist, are written after them.
+  for (const auto& [name, t] : tables_) {
+    TESSERA_RETURN_IF_ERROR(
+        store_->Scan(SpillPrefix(t.id), [&](absl::string_view key, absl::string_view value) {
+          uint32_t table_id = 0;
+          int64_t id = 0;
+          if (!ParseRowKey(key, &table_id, &id)) return absl::OkStatus();
+          writes.push_back(KvWrite{RowKey(t.id, id), std::string(value)});
+          writes.push_back(KvWrite{std::string(key), "", /*erase=*/true});
+          return absl::OkStatus();
+        }));
+  }
+  if (!writes.empty()) {
+    TESSERA_RETURN_IF_ERROR(store_->Write(writes, /*sync=*/false));
+    written += static_cast<int64_t>(writes.size() / 2);
+    writes.clear();
+  }
   for (const auto& [name, t] : tables_) {
     const auto& shards = *memory_->ShardsOf(name);
     const int dim = t.config.dim();

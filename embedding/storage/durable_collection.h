@@ -45,6 +45,11 @@ struct DurableOptions {
 // rows of every push, synced to the write-ahead log, before PushGradients returns OK, and
 // undo the push in memory when the write fails, so memory never runs ahead of disk.
 //
+// Tables with an eviction policy and a row budget hold their hot rows in memory: rows
+// evicted to make room are written to the store (CHECKPOINT tables: to a spill area that
+// the next checkpoint folds in, so a restart still comes back as of that checkpoint) and
+// read back on their next lookup.
+//
 // Thread-safe. Lookups and pushes run concurrently; CreateTable, Checkpoint and Restore
 // run alone (they wait for calls in flight and hold new ones back: the step barrier).
 // Write-through pushes to one table are serialized, so the disk sees them in order.
@@ -81,11 +86,15 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   std::string CheckpointDir(int64_t step) const;
 
  private:
+  class Spill;
   struct Table {
     uint32_t id = 0;
     v1::TableConfig config;
     std::unique_ptr<absl::Mutex> write_mu;  // orders write-through pushes
+    std::unique_ptr<Spill> spill;           // evicted rows <-> the store
   };
+  // The in-memory tables of `config` (just created or loaded) and their spill.
+  Table MakeTable(uint32_t id, const v1::TableConfig& config) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   explicit DurableCollection(const DurableOptions& options);
 

@@ -376,6 +376,76 @@ TEST(DurableCollection, UnwritableDataDirectoryFailsAtStartUp) {
   }
 }
 
+// A table with a budget of 400 rows trained over 3000 ids: lookups of every id must equal
+// a reference table that holds everything in memory, bit for bit.
+void ExpectLargerThanMemory(v1::Durability durability) {
+  ScopedDir dir;
+  Harness h(dir.path, /*shards=*/2);
+  v1::TableConfig config = Config("big", 4, durability);
+  config.set_max_rows(400);
+  config.mutable_eviction()->set_policy(v1::EVICTION_LRU);
+  v1::TableConfig unlimited = Config("big", 4, durability);
+  auto reference = embedding::EmbeddingTable::Create(unlimited).value();
+  std::vector<int64_t> all(3000);
+  for (int i = 0; i < 3000; ++i) all[i] = i;
+  auto expected = [&] {
+    std::vector<float> out(all.size() * 4);
+    EXPECT_TRUE(reference->Lookup(all, out.data(), false).ok());
+    return out;
+  };
+  auto train = [&](embedding::EmbeddingCollection& c, int from, int to) {
+    std::mt19937_64 rng(from);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    for (int step = from; step < to; ++step) {
+      std::vector<int64_t> ids(50);
+      for (auto& id : ids) id = static_cast<int64_t>(rng() % 3000);
+      std::vector<float> grads(ids.size() * 4);
+      for (auto& x : grads) x = g(rng);
+      ASSERT_TRUE(c.PushGradients("big", ids, grads, step).ok());
+      ASSERT_TRUE(reference->PushGradients(ids, grads.data(), step).ok());
+    }
+  };
+  std::vector<float> at_checkpoint;
+  {
+    auto c = h.Open();
+    ASSERT_TRUE(c->CreateTable(config).ok());
+    train(*c, 0, 100);
+    auto usage = c->Usage("big");
+    ASSERT_TRUE(usage.ok());
+    EXPECT_LE(usage->rows, 400);  // hot rows in memory ...
+    std::vector<float> out(all.size() * 4);
+    embedding::LookupOptions read_only;
+    read_only.insert_missing = false;
+    ASSERT_TRUE(c->Lookup("big", all, absl::MakeSpan(out), read_only).ok());
+    EXPECT_EQ(out, expected());  // ... cold rows on disk, every one exact
+    ASSERT_TRUE(c->Checkpoint(100, {}).ok());
+    at_checkpoint = expected();
+    train(*c, 100, 130);
+    EXPECT_EQ(Read(*c, "big", all, 4), expected());
+  }
+  auto c = h.Open();
+  std::vector<float> out(all.size() * 4);
+  embedding::LookupOptions read_only;
+  read_only.insert_missing = false;
+  ASSERT_TRUE(c->Lookup("big", all, absl::MakeSpan(out), read_only).ok());
+  if (durability == v1::WRITE_THROUGH) {
+    EXPECT_EQ(out, expected());  // every acknowledged push
+  } else {
+    EXPECT_EQ(out, at_checkpoint);  // as of the checkpoint, evictions since included or not
+  }
+  auto usage = c->Usage("big");
+  ASSERT_TRUE(usage.ok());
+  EXPECT_LE(usage->rows, 400);
+}
+
+TEST(DurableCollection, CheckpointTableLargerThanMemoryKeepsColdRowsOnDisk) {
+  ExpectLargerThanMemory(v1::CHECKPOINT);
+}
+
+TEST(DurableCollection, WriteThroughTableLargerThanMemoryKeepsColdRowsOnDisk) {
+  ExpectLargerThanMemory(v1::WRITE_THROUGH);
+}
+
 TEST(DurableCollection, RejectsDuplicateTablesAndBadAttachmentNames) {
   ScopedDir dir;
   Harness h(dir.path);

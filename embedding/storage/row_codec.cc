@@ -64,10 +64,22 @@ std::string RowPrefix(uint32_t table_id) {
   return k;
 }
 
+std::string SpillKey(uint32_t table_id, int64_t id) {
+  std::string k = SpillPrefix(table_id);
+  PutBigEndian64(static_cast<uint64_t>(id), &k);
+  return k;
+}
+
+std::string SpillPrefix(uint32_t table_id) {
+  std::string k = "S";
+  PutBigEndian32(table_id, &k);
+  return k;
+}
+
 std::string MetaKey(absl::string_view name) { return absl::StrCat("M", name); }
 
 bool ParseRowKey(absl::string_view key, uint32_t* table_id, int64_t* id) {
-  if (key.size() != 13 || key[0] != 'R') return false;
+  if (key.size() != 13 || (key[0] != 'R' && key[0] != 'S')) return false;
   *table_id = static_cast<uint32_t>(GetBigEndian(key.data() + 1, 4));
   *id = static_cast<int64_t>(GetBigEndian(key.data() + 5, 8));
   return true;

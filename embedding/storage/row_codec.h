@@ -16,13 +16,17 @@ namespace tessera::storage {
 // a prefix scan reads one table.
 //   catalog entry: 'C' | table id (u32)            -> table config
 //   row:           'R' | table id (u32) | id (u64) -> row value
+//   spilled row:   'S' | table id (u32) | id (u64) -> row value: a row of a CHECKPOINT
+//                  table evicted since the last checkpoint (moved to 'R' at the next)
 //   store meta:    'M' | name                      -> store-level values
 std::string CatalogKey(uint32_t table_id);
 std::string CatalogPrefix();
 std::string RowKey(uint32_t table_id, int64_t id);
 std::string RowPrefix(uint32_t table_id);
+std::string SpillKey(uint32_t table_id, int64_t id);
+std::string SpillPrefix(uint32_t table_id);
 std::string MetaKey(absl::string_view name);
-// The table id and row id of a row key; false when `key` is not one.
+// The table id and row id of a row (or spilled row) key; false when `key` is not one.
 bool ParseRowKey(absl::string_view key, uint32_t* table_id, int64_t* id);
 
 // Row value, little-endian: format version (u8 = 1), 3 zero bytes, dim (u32), state
