@@ -757,11 +757,15 @@ absl::Status EmbeddingTable::PutRow(int64_t id, absl::Span<const float> weights,
       num_rows_.fetch_sub(1, std::memory_order_relaxed);
       return BudgetError();
     }
-    row = FindOrInsertLocked(stripe, id, h);
+    // Not initialised: every field is written below.
+    row = stripe.ReserveOne() ? stripe.AllocateRow(stride_floats_) : nullptr;
     if (row == nullptr) {
       num_rows_.fetch_sub(1, std::memory_order_relaxed);
       return OutOfMemoryError();
     }
+    stripe.Place(id, h, row);
+    ++stripe.size;
+    *StoredMetaOf(row) = StoredMeta{};
   }
   std::copy(weights.begin(), weights.end(), row);
   std::copy(state.begin(), state.end(), row + dim_);

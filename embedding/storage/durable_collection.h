@@ -102,6 +102,9 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   absl::Status OpenAndLoad() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<const Table*> Find(absl::string_view table) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::Status Usable() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // After a crash during a checkpoint: CHECKPOINT tables' rows back to the newest complete
+  // checkpoint (the live store may hold part of the interrupted one).
+  absl::Status RecoverInterruptedCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WriteThroughPush(const Table& t, absl::Span<const int64_t> ids,
                                 absl::Span<const float> gradients, int64_t step)
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -112,6 +115,7 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   void ApplyRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Log(const std::string& line) const;
   std::string LivePath() const;
+  std::string InProgressPath() const;  // exists while a checkpoint is being taken
 
   const DurableOptions options_;
   mutable absl::Mutex mu_;

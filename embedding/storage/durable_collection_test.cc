@@ -52,6 +52,10 @@ class FaultyStore final : public KvStore {
     if (fail_->load()) return absl::ResourceExhaustedError("simulated: no space left on device");
     return inner_->Write(writes, sync);
   }
+  absl::Status WriteUnlogged(absl::Span<const KvWrite> writes) override {
+    if (fail_->load()) return absl::ResourceExhaustedError("simulated: no space left on device");
+    return inner_->WriteUnlogged(writes);
+  }
   absl::StatusOr<std::optional<std::string>> Get(absl::string_view key) const override {
     return inner_->Get(key);
   }
@@ -61,9 +65,12 @@ class FaultyStore final : public KvStore {
     return inner_->Scan(prefix, fn);
   }
   absl::Status Checkpoint(const std::string& dir) override {
-    if (fail_->load()) return absl::ResourceExhaustedError("simulated: no space left on device");
+    if (fail_->load() || fail_checkpoints) {
+      return absl::ResourceExhaustedError("simulated: no space left on device");
+    }
     return inner_->Checkpoint(dir);
   }
+  static inline std::atomic<bool> fail_checkpoints{false};
   int64_t ApproximateBytes() const override { return inner_->ApproximateBytes(); }
 
  private:
@@ -351,6 +358,42 @@ TEST(DurableCollection, DiskErrorOnWriteThroughPushChangesNothing) {
   c = h.Open();
   EXPECT_EQ(Read(*c, "wt", AllIds(), 4), before);
   EXPECT_EQ(Read(*c, "wt", {500}, 4), row500);
+}
+
+TEST(DurableCollection, RestartAfterAnInterruptedCheckpointComesBackAsOfThePreviousOne) {
+  ScopedDir dir;
+  Harness h(dir.path);
+  std::vector<float> at5;
+  {
+    auto c = h.Open();
+    ASSERT_TRUE(c->CreateTable(Config("ck", 4, v1::CHECKPOINT)).ok());
+    ASSERT_TRUE(c->CreateTable(Config("wt", 4, v1::WRITE_THROUGH)).ok());
+    Train(*c, "ck", 4, 0, 5, 20);
+    ASSERT_TRUE(c->Checkpoint(5, {}).ok());
+    at5 = Read(*c, "ck", AllIds(), 4);
+    Train(*c, "ck", 4, 5, 5, 21);
+    Train(*c, "wt", 4, 0, 5, 22);
+    // The rows of checkpoint 10 reach the live store, then taking the copy fails.
+    FaultyStore::fail_checkpoints = true;
+    EXPECT_FALSE(c->Checkpoint(10, {}).ok());
+    FaultyStore::fail_checkpoints = false;
+  }
+  const auto wt = [&] {
+    Harness fresh(TempDir());
+    auto r = fresh.Open();
+    EXPECT_TRUE(r->CreateTable(Config("wt", 4, v1::WRITE_THROUGH)).ok());
+    Train(*r, "wt", 4, 0, 5, 22);
+    auto rows = Read(*r, "wt", AllIds(), 4);
+    fs::remove_all(fresh.options.data_dir);
+    return rows;
+  }();
+  h.log.clear();
+  auto c = h.Open();
+  EXPECT_EQ(Read(*c, "ck", AllIds(), 4), at5);  // not the half-taken checkpoint 10
+  EXPECT_EQ(Read(*c, "wt", AllIds(), 4), wt);   // write-through rows untouched by recovery
+  std::string all_log;
+  for (const auto& l : h.log) all_log += l + "\n";
+  EXPECT_THAT(all_log, HasSubstr("checkpoint 10 was interrupted"));
 }
 
 TEST(DurableCollection, UnwritableDataDirectoryFailsAtStartUp) {

@@ -32,6 +32,11 @@ class KvStore {
   // (fsynced) before OK is returned.
   virtual absl::Status Write(absl::Span<const KvWrite> writes, bool sync) = 0;
 
+  // Applies the writes without the write-ahead log: faster, and a crash before the next
+  // Checkpoint() (which flushes them to table files) loses them. For data that is only
+  // meant to survive as part of that checkpoint.
+  virtual absl::Status WriteUnlogged(absl::Span<const KvWrite> writes) = 0;
+
   // The value of `key`, or nullopt when there is none.
   virtual absl::StatusOr<std::optional<std::string>> Get(absl::string_view key) const = 0;
 

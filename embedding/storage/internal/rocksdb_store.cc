@@ -28,14 +28,15 @@ class RocksDbStore final : public KvStore {
   }
 
   absl::Status Write(absl::Span<const KvWrite> writes, bool sync) override {
-    rocksdb::WriteBatch batch;
-    for (const KvWrite& w : writes) {
-      rocksdb::Status s = w.erase ? batch.Delete(w.key) : batch.Put(w.key, w.value);
-      if (!s.ok()) return FromRocks(s, absl::StrCat("store ", path_, ": batch"));
-    }
     rocksdb::WriteOptions o;
     o.sync = sync;
-    return FromRocks(db_->Write(o, &batch), absl::StrCat("store ", path_, ": write"));
+    return Apply(writes, o);
+  }
+
+  absl::Status WriteUnlogged(absl::Span<const KvWrite> writes) override {
+    rocksdb::WriteOptions o;
+    o.disableWAL = true;
+    return Apply(writes, o);
   }
 
   absl::StatusOr<std::optional<std::string>> Get(absl::string_view key) const override {
@@ -77,6 +78,15 @@ class RocksDbStore final : public KvStore {
   }
 
  private:
+  absl::Status Apply(absl::Span<const KvWrite> writes, const rocksdb::WriteOptions& o) {
+    rocksdb::WriteBatch batch;
+    for (const KvWrite& w : writes) {
+      rocksdb::Status s = w.erase ? batch.Delete(w.key) : batch.Put(w.key, w.value);
+      if (!s.ok()) return FromRocks(s, absl::StrCat("store ", path_, ": batch"));
+    }
+    return FromRocks(db_->Write(o, &batch), absl::StrCat("store ", path_, ": write"));
+  }
+
   std::unique_ptr<rocksdb::DB> db_;
   const std::string path_;
   rocksdb::ReadOptions read_;
