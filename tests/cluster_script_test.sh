@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # deploy/local/cluster.sh end to end: start 3 shards and a coordinator on loopback, use
-# them with tessera-cli, kill a shard, and stop everything.
+# them with tessera-cli, checkpoint, kill a shard, stop everything and start it again on
+# the same data.
 set -euo pipefail
 ROOT="$1"
 BIN="$2"
@@ -30,6 +31,10 @@ $CLI stats | grep -c "^user" | grep -qx 3 || fail "stats should list 3 shards"
 { $CLI lookup --table=nope --ids=1 2>&1 || true; } | grep -q NOT_FOUND \
   || fail "unknown table must say NOT_FOUND"
 
+$CLI checkpoint --step=7 | grep -q "checkpoint taken: step 7" || fail "checkpoint not taken"
+$CLI checkpoints | grep -q "^step 7: .* 3 shard(s)" || fail "checkpoint 7 not listed"
+before="$($CLI lookup --table=user --ids=1,2,3)"
+
 kill -9 "$(cat "$TESSERA_CLUSTER_DIR/pids/shard-1.pid")"
 if "$CLUSTER" status >/dev/null; then fail "status must fail with a shard down"; fi
 { "$CLUSTER" status || true; } | grep -q "shard 1 .*DOWN" || fail "shard 1 not reported down"
@@ -37,4 +42,13 @@ if "$CLUSTER" status >/dev/null; then fail "status must fail with a shard down";
 "$CLUSTER" stop
 if "$CLUSTER" status >/dev/null 2>&1; then fail "still running after stop"; fi
 for f in "$TESSERA_CLUSTER_DIR"/pids/*.pid; do [ -e "$f" ] && fail "pid file left: $f"; done
+
+# The same cluster again: its tables, rows and checkpoints come back from the data dirs.
+if "$CLUSTER" start 2 >/dev/null 2>&1; then fail "start with another shard count must refuse"; fi
+"$CLUSTER" start 3 >/dev/null
+$CLI tables | grep -q "^user  *8 adam" || fail "table lost across a restart"
+[ "$($CLI lookup --table=user --ids=1,2,3)" = "$before" ] || fail "rows changed across a restart"
+$CLI checkpoints | grep -q "^step 7:" || fail "checkpoint lost across a restart"
+$CLI restore | grep -q "restored: step 7" || fail "restore failed"
+"$CLUSTER" stop >/dev/null
 echo "cluster script: ok"

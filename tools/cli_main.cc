@@ -184,6 +184,10 @@ int Run(const std::string& command) {
                   static_cast<long long>(t.rows()), static_cast<long long>(t.memory_bytes()),
                   static_cast<long long>(t.lookups()), static_cast<long long>(t.updates()));
     }
+    for (const auto& c : resp.checkpoints()) {
+      std::printf("checkpoint ");
+      PrintCheckpoint(c);
+    }
     return 0;
   }
   if (command == "checkpoint") {
