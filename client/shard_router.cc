@@ -3,8 +3,10 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "embedding/batch_ops.h"
 #include "embedding/sharding.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 
 namespace tessera::client {
@@ -39,6 +41,57 @@ ShardRouter::ShardRouter(std::vector<std::string> addresses, const RouterOptions
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     stubs_.push_back(std::make_unique<ReconnectingStub<v1::EmbeddingShard>>(address, args));
   }
+  serving_ = std::make_unique<std::atomic<bool>[]>(addresses_.size());
+  for (size_t k = 0; k < addresses_.size(); ++k) serving_[k] = true;
+  if (options_.health_check_interval.count() > 0)
+    monitor_ = std::thread([this] { MonitorHealth(); });
+}
+
+ShardRouter::~ShardRouter() {
+  {
+    absl::MutexLock lock(&monitor_mu_);
+    stop_monitor_ = true;
+  }
+  if (monitor_.joinable()) monitor_.join();
+}
+
+void ShardRouter::MonitorHealth() {
+  std::vector<std::unique_ptr<grpc::health::v1::Health::Stub>> health;
+  for (const auto& a : addresses_) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    health.push_back(grpc::health::v1::Health::NewStub(
+        grpc::CreateCustomChannel(a, grpc::InsecureChannelCredentials(), args)));
+  }
+  std::vector<int> failures(num_shards(), 0);
+  const auto deadline = std::max(options_.health_check_interval, std::chrono::milliseconds(1000));
+  absl::MutexLock lock(&monitor_mu_);
+  while (!stop_monitor_) {
+    monitor_mu_.Unlock();
+    for (int k = 0; k < num_shards(); ++k) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+      grpc::health::v1::HealthCheckResponse resp;
+      const grpc::Status s = health[k]->Check(&ctx, {}, &resp);
+      const bool ok = s.ok() && resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+      failures[k] = ok ? 0 : failures[k] + 1;
+      const bool was = serving_[k].load();
+      if (ok && !was) {
+        serving_[k] = true;
+        stubs_[k]->Reset();
+        std::fprintf(stderr, "tessera: shard %d (%s) passes its health checks again: re-admitted\n",
+                     k, addresses_[k].c_str());
+      } else if (!ok && was && failures[k] >= 2) {
+        serving_[k] = false;
+        std::fprintf(stderr, "tessera: shard %d (%s) is down: %s\n", k, addresses_[k].c_str(),
+                     s.ok() ? "NOT_SERVING" : s.error_message().c_str());
+      }
+    }
+    monitor_mu_.Lock();
+    const absl::Condition stopped(&stop_monitor_);
+    monitor_mu_.AwaitWithTimeout(stopped, absl::FromChrono(options_.health_check_interval));
+  }
 }
 
 void ShardRouter::Reconnect() const {
@@ -64,6 +117,11 @@ std::vector<grpc::Status> ShardRouter::CallShards(const std::function<bool(int)>
   int pending = 0;
   for (int k = 0; k < num_shards(); ++k) {
     if (!has_work(k)) continue;
+    if (!serving(k)) {  // known down: fail now instead of waiting on it
+      statuses[k] = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                 "down: failing its health checks; retry once it is back");
+      continue;
+    }
     contexts[k] = NewContext(deadline);
     calls[k] = prepare(k, contexts[k].get(), &queue);
     calls[k]->StartCall();

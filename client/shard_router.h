@@ -6,9 +6,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "client/object_pool.h"
 #include "client/reconnecting_stub.h"
@@ -21,6 +23,10 @@ struct RouterOptions {
   int max_message_bytes = 256 << 20;          // gRPC send/receive limit per channel
   uint64_t shard_map_version = 1;             // stamped on every shard request
   std::chrono::milliseconds checkpoint_deadline{30 * 60 * 1000};  // per shard checkpoint/restore
+  // Interval of gRPC health checks of every shard; 0 = none. A shard failing two checks in
+  // a row is down: calls needing it fail at once with UNAVAILABLE naming it, until a
+  // check passes again and it is re-admitted.
+  std::chrono::milliseconds health_check_interval{0};
 };
 
 // The grpc::Status of a shard call as an absl::Status naming the shard.
@@ -34,11 +40,15 @@ absl::Status FromShardStatus(const grpc::Status& status, int shard, const std::s
 class ShardRouter {
  public:
   ShardRouter(std::vector<std::string> addresses, const RouterOptions& options);
+  ~ShardRouter();
 
   int num_shards() const { return static_cast<int>(addresses_.size()); }
   // The shard-map version stamped on requests from now on.
   void set_shard_map_version(uint64_t version) { version_.store(version); }
   const std::vector<std::string>& addresses() const { return addresses_; }
+
+  // Whether shard k passes its health checks (always true without health checking).
+  bool serving(int k) const { return serving_[k].load(std::memory_order_relaxed); }
 
   // Makes every shard channel stuck in failure dial again (see ReconnectingStub); calls
   // that fail with UNAVAILABLE do this for their shard themselves.
@@ -108,6 +118,12 @@ class ShardRouter {
   RouterOptions options_;
   std::atomic<uint64_t> version_;
   std::vector<std::unique_ptr<ReconnectingStub<v1::EmbeddingShard>>> stubs_;
+  std::unique_ptr<std::atomic<bool>[]> serving_;
+  // Health checking (options_.health_check_interval > 0).
+  void MonitorHealth();
+  absl::Mutex monitor_mu_;
+  bool stop_monitor_ ABSL_GUARDED_BY(monitor_mu_) = false;
+  std::thread monitor_;
   mutable ObjectPool<Scratch> scratch_;
 };
 

@@ -25,6 +25,9 @@ ABSL_FLAG(std::string, shards, "", "comma-separated host:port of shards 0, 1, ..
 ABSL_FLAG(uint64_t, shard_map_version, 1, "version of the shard map the shards serve");
 ABSL_FLAG(int64_t, max_batch_ids, 1 << 20, "ids per request before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, shard_deadline_ms, 10000, "deadline of each call to a shard");
+ABSL_FLAG(int, health_check_ms, 500,
+          "interval of health checks of every shard (0 = none); a shard failing two in a row "
+          "is reported UNAVAILABLE at once until it passes one again");
 ABSL_FLAG(int, max_message_bytes, 256 << 20, "largest gRPC message accepted or sent");
 ABSL_FLAG(std::string, data_dir, "",
           "directory for table configs and checkpoint manifests; empty = nothing survives "
@@ -45,6 +48,7 @@ int main(int argc, char** argv) {
   ro.deadline = std::chrono::milliseconds(absl::GetFlag(FLAGS_shard_deadline_ms));
   ro.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   ro.shard_map_version = absl::GetFlag(FLAGS_shard_map_version);
+  ro.health_check_interval = std::chrono::milliseconds(absl::GetFlag(FLAGS_health_check_ms));
   tessera::client::ShardRouter router(shards, ro);
   tessera::server::CoordinatorOptions co;
   co.max_batch_ids = absl::GetFlag(FLAGS_max_batch_ids);

@@ -126,6 +126,7 @@ grpc::Status CoordinatorService::GetShardMap(grpc::ServerContext*, const v1::Get
     v1::ShardInfo* s = response->add_shards();
     s->set_index(k);
     s->set_address(router_->addresses()[k]);
+    s->set_serving(router_->serving(k));
   }
   return grpc::Status::OK;
 }

@@ -232,6 +232,22 @@ std::vector<float> ClientRows(client::EmbeddingClient& c, const std::string& tab
   return out;
 }
 
+// Polls (bounded: 10 s) the coordinator's shard map until shard `k`'s serving flag is `want`.
+bool ShardServing(const std::string& coordinator, int k, bool want) {
+  auto stub = v1::Coordinator::NewStub(
+      grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()));
+  for (int i = 0; i < 100; ++i) {
+    v1::ShardMap map;
+    auto ctx = Context();
+    if (stub->GetShardMap(ctx.get(), {}, &map).ok() && map.shards_size() > k &&
+        map.shards(k).serving() == want) {
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
 void PushSteps(client::EmbeddingClient& c, const std::string& table, int from, int to) {
   std::mt19937_64 rng(from);
   std::normal_distribution<float> g(0.0f, 1.0f);
@@ -278,8 +294,10 @@ TEST(FaultTest, ClusterCheckpointRestoreAndRestarts) {
   const auto at10 = ClientRows(*c, "ck", ids);
   ASSERT_NE(at5, at10);
 
-  // Shard 0 dies: calls that need it fail with UNAVAILABLE naming it, shard 1 serves on.
+  // Shard 0 dies: the coordinator's health checks notice, calls that need it fail with
+  // UNAVAILABLE naming it, shard 1 serves on.
   shards[0]->Kill();
+  EXPECT_TRUE(ShardServing(coordinator_address, 0, false)) << "shard 0 never reported down";
   client::ClientOptions no_retries = smart;
   no_retries.max_retries = 0;
   auto impatient = client::EmbeddingClient::Connect(coordinator_address, no_retries).value();
@@ -287,7 +305,15 @@ TEST(FaultTest, ClusterCheckpointRestoreAndRestarts) {
   absl::Status down = impatient->Lookup("ck", ids, absl::MakeSpan(out), {});
   EXPECT_EQ(down.code(), absl::StatusCode::kUnavailable) << down;
   EXPECT_NE(down.message().find("shard 0"), std::string::npos) << down;
+  client::ClientOptions routed;
+  routed.max_retries = 0;
+  auto via = client::EmbeddingClient::Connect(coordinator_address, routed).value();
+  down = via->Lookup("ck", ids, absl::MakeSpan(out), {});
+  EXPECT_EQ(down.code(), absl::StatusCode::kUnavailable) << down;
+  EXPECT_NE(down.message().find("shard 0"), std::string::npos) << down;
+  EXPECT_NE(down.message().find("health checks"), std::string::npos) << down;
   ASSERT_TRUE(shards[0]->Start());
+  EXPECT_TRUE(ShardServing(coordinator_address, 0, true)) << "shard 0 never re-admitted";
   // Checkpoint tables come back as of the newest checkpoint on the restarted shard only.
   const auto mixed = ClientRows(*c, "ck", ids);
   for (size_t i = 0; i < ids.size(); ++i) {

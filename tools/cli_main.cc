@@ -232,8 +232,10 @@ int Run(const std::string& command) {
     grpc::Status s = stub->GetShardMap(ctx.get(), {}, &map);
     if (!s.ok()) return Fail("shardmap", s);
     std::printf("version %llu\n", static_cast<unsigned long long>(map.version()));
-    for (const auto& sh : map.shards())
-      std::printf("shard %d  %s\n", sh.index(), sh.address().c_str());
+    for (const auto& sh : map.shards()) {
+      std::printf("shard %d  %s  %s\n", sh.index(), sh.address().c_str(),
+                  sh.serving() ? "serving" : "DOWN");
+    }
     return 0;
   }
   std::cerr << "tessera-cli: unknown command '" << command
