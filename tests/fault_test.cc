@@ -312,7 +312,19 @@ TEST(FaultTest, ClusterCheckpointRestoreAndRestarts) {
   EXPECT_EQ(down.code(), absl::StatusCode::kUnavailable) << down;
   EXPECT_NE(down.message().find("shard 0"), std::string::npos) << down;
   EXPECT_NE(down.message().find("health checks"), std::string::npos) << down;
-  ASSERT_TRUE(shards[0]->Start());
+  // A patient client's call made while shard 0 is down succeeds once it is back: its
+  // retries ride out the restart.
+  bool restarted = false;
+  std::thread bring_back([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    restarted = shards[0]->Start();
+  });
+  client::ClientOptions patient;  // coordinator mode, default retries
+  auto waiting = client::EmbeddingClient::Connect(coordinator_address, patient).value();
+  absl::Status rode_out = waiting->Lookup("ck", ids, absl::MakeSpan(out), {});
+  bring_back.join();
+  ASSERT_TRUE(restarted);
+  EXPECT_TRUE(rode_out.ok()) << rode_out;
   EXPECT_TRUE(ShardServing(coordinator_address, 0, true)) << "shard 0 never re-admitted";
   // Checkpoint tables come back as of the newest checkpoint on the restarted shard only.
   const auto mixed = ClientRows(*c, "ck", ids);
