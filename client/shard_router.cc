@@ -317,40 +317,47 @@ absl::StatusOr<int64_t> ShardRouter::PushGradients(const v1::TableConfig& config
   return updated;
 }
 
-absl::StatusOr<std::vector<v1::CheckpointInfo>> ShardRouter::CheckpointShards(int64_t step) {
-  std::vector<v1::CheckpointRequest> reqs(num_shards());
-  std::vector<v1::CheckpointResponse> resps(num_shards());
+namespace {
+
+// Sends every shard `step` in a Checkpoint or Restore request through `call_shards` and
+// returns each shard's CheckpointInfo, or the first failure naming its shard.
+template <typename Request, typename Response, typename CallShardsFn>
+absl::StatusOr<std::vector<v1::CheckpointInfo>> StepOnEveryShard(
+    int64_t step, const std::vector<std::string>& addresses, const CallShardsFn& call_shards) {
+  std::vector<Request> reqs(addresses.size());
+  std::vector<Response> resps(addresses.size());
   for (auto& r : reqs) r.set_step(step);
-  const std::vector<grpc::Status> statuses =
-      CallShards([](int) { return true; },
-                 [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
-                   return stubs_[k]->Get()->PrepareAsyncCheckpoint(ctx, reqs[k], queue);
-                 },
-                 &resps, options_.checkpoint_deadline);
+  const std::vector<grpc::Status> statuses = call_shards(reqs, &resps);
   std::vector<v1::CheckpointInfo> out;
-  for (int k = 0; k < num_shards(); ++k) {
-    if (!statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
+  for (size_t k = 0; k < addresses.size(); ++k) {
+    if (!statuses[k].ok()) return FromShardStatus(statuses[k], static_cast<int>(k), addresses[k]);
     out.push_back(resps[k].checkpoint());
   }
   return out;
 }
 
+}  // namespace
+
+absl::StatusOr<std::vector<v1::CheckpointInfo>> ShardRouter::CheckpointShards(int64_t step) {
+  return StepOnEveryShard<v1::CheckpointRequest, v1::CheckpointResponse>(
+      step, addresses_, [&](const auto& reqs, auto* resps) {
+        return CallShards([](int) { return true; },
+                          [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
+                            return stubs_[k]->Get()->PrepareAsyncCheckpoint(ctx, reqs[k], queue);
+                          },
+                          resps, options_.checkpoint_deadline);
+      });
+}
+
 absl::StatusOr<std::vector<v1::CheckpointInfo>> ShardRouter::RestoreShards(int64_t step) {
-  std::vector<v1::RestoreRequest> reqs(num_shards());
-  std::vector<v1::RestoreResponse> resps(num_shards());
-  for (auto& r : reqs) r.set_step(step);
-  const std::vector<grpc::Status> statuses =
-      CallShards([](int) { return true; },
-                 [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
-                   return stubs_[k]->Get()->PrepareAsyncRestore(ctx, reqs[k], queue);
-                 },
-                 &resps, options_.checkpoint_deadline);
-  std::vector<v1::CheckpointInfo> out;
-  for (int k = 0; k < num_shards(); ++k) {
-    if (!statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
-    out.push_back(resps[k].checkpoint());
-  }
-  return out;
+  return StepOnEveryShard<v1::RestoreRequest, v1::RestoreResponse>(
+      step, addresses_, [&](const auto& reqs, auto* resps) {
+        return CallShards([](int) { return true; },
+                          [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
+                            return stubs_[k]->Get()->PrepareAsyncRestore(ctx, reqs[k], queue);
+                          },
+                          resps, options_.checkpoint_deadline);
+      });
 }
 
 absl::StatusOr<std::vector<v1::TableStats>> ShardRouter::Stats(const std::string& table) {

@@ -118,4 +118,28 @@ std::vector<std::pair<std::string, CheckpointManifest>> ListCompleteCheckpoints(
   return out;
 }
 
+absl::StatusOr<const std::pair<std::string, CheckpointManifest>*> ChooseCheckpoint(
+    const std::vector<std::pair<std::string, CheckpointManifest>>& complete, int64_t step,
+    const std::string& root) {
+  const std::pair<std::string, CheckpointManifest>* chosen = nullptr;
+  for (const auto& c : complete) {
+    if (step < 0 || c.second.step == step) chosen = &c;
+  }
+  if (chosen != nullptr) return chosen;
+  return absl::NotFoundError(
+      step < 0 ? absl::StrCat("no complete checkpoint in ", root)
+               : absl::StrCat("no complete checkpoint of step ", step, " in ", root));
+}
+
+absl::Status ReadAttachments(const std::string& dir, const CheckpointManifest& m,
+                             std::map<std::string, std::string>* out) {
+  out->clear();
+  for (const auto& name : m.attachments) {
+    absl::StatusOr<std::string> blob = ReadFile(absl::StrCat(dir, "/attachments/", name));
+    if (!blob.ok()) return blob.status();
+    (*out)[name] = *std::move(blob);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace tessera::storage

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,6 +42,16 @@ absl::Status ValidateAttachmentName(absl::string_view name);
 // `log` hears why (a missing manifest: incomplete; a bad one: torn or edited).
 std::vector<std::pair<std::string, CheckpointManifest>> ListCompleteCheckpoints(
     const std::string& root, const std::function<void(const std::string&)>& log);
+
+// The checkpoint of `step` among `complete` (as ListCompleteCheckpoints returns them), or
+// the newest when step < 0; NotFound naming `root` when there is none.
+absl::StatusOr<const std::pair<std::string, CheckpointManifest>*> ChooseCheckpoint(
+    const std::vector<std::pair<std::string, CheckpointManifest>>& complete, int64_t step,
+    const std::string& root);
+
+// Reads the attachments `m` names from <dir>/attachments/ into `out` (replacing it).
+absl::Status ReadAttachments(const std::string& dir, const CheckpointManifest& m,
+                             std::map<std::string, std::string>* out);
 
 }  // namespace tessera::storage
 

@@ -128,22 +128,10 @@ absl::StatusOr<CheckpointManifest> CoordinatorStore::FindCheckpoint(
     int64_t step, embedding::Attachments* attachments) const {
   absl::MutexLock lock(&mu_);
   const auto complete = Complete();
-  const std::pair<std::string, CheckpointManifest>* chosen = nullptr;
-  for (const auto& c : complete) {
-    if (step < 0 || c.second.step == step) chosen = &c;
-  }
-  if (chosen == nullptr) {
-    return absl::NotFoundError(
-        step < 0 ? absl::StrCat("no complete cluster checkpoint in ", dir_, "/checkpoints")
-                 : absl::StrCat("no complete cluster checkpoint of step ", step, " in ", dir_,
-                                "/checkpoints"));
-  }
+  TESSERA_ASSIGN_OR_RETURN(const auto* chosen,
+                           ChooseCheckpoint(complete, step, dir_ + "/checkpoints"));
   if (attachments != nullptr) {
-    attachments->clear();
-    for (const auto& name : chosen->second.attachments) {
-      TESSERA_ASSIGN_OR_RETURN((*attachments)[name],
-                               ReadFile(absl::StrCat(chosen->first, "/attachments/", name)));
-    }
+    TESSERA_RETURN_IF_ERROR(ReadAttachments(chosen->first, chosen->second, attachments));
   }
   return chosen->second;
 }

@@ -593,21 +593,11 @@ absl::StatusOr<embedding::CheckpointInfo> DurableCollection::Restore(
   const auto start = Clock::now();
   absl::MutexLock lock(&mu_);
   const auto complete = CompleteCheckpoints();
-  const std::pair<std::string, CheckpointManifest>* chosen = nullptr;
-  for (const auto& c : complete) {
-    if (step < 0 || c.second.step == step) chosen = &c;
-  }
-  if (chosen == nullptr) {
-    return absl::NotFoundError(
-        step < 0 ? absl::StrCat("no complete checkpoint in ", options_.data_dir, "/checkpoints")
-                 : absl::StrCat("no complete checkpoint of step ", step, " in ", options_.data_dir,
-                                "/checkpoints"));
-  }
+  TESSERA_ASSIGN_OR_RETURN(const auto* chosen,
+                           ChooseCheckpoint(complete, step, options_.data_dir + "/checkpoints"));
   const std::string& dir = chosen->first;
   embedding::Attachments blobs;
-  for (const auto& name : chosen->second.attachments) {
-    TESSERA_ASSIGN_OR_RETURN(blobs[name], ReadFile(absl::StrCat(dir, "/attachments/", name)));
-  }
+  TESSERA_RETURN_IF_ERROR(ReadAttachments(dir, chosen->second, &blobs));
   // Copy first, while the live store is still whole; then swap directories.
   const std::string live = LivePath();
   TESSERA_RETURN_IF_ERROR(RemoveTree(live + ".restore"));
