@@ -12,6 +12,7 @@ PACKAGES=(
   libabsl-dev libeigen3-dev librocksdb-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3 python3-grpcio python3-protobuf
+  gnuplot-nox redis-server libhiredis-dev
 )
 
 missing=()

@@ -1,0 +1,135 @@
+#include <cmath>
+#include <map>
+#include <random>
+
+#include "benchmarks/bench/ids.h"
+#include "benchmarks/bench/process_stats.h"
+#include "benchmarks/bench/report.h"
+#include "benchmarks/bench/runner.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera::bench {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(Percentile, NearestRank) {
+  std::vector<double> v;
+  for (int i = 100; i >= 1; --i) v.push_back(i);
+  EXPECT_EQ(Percentile(v, 50), 50);
+  EXPECT_EQ(Percentile(v, 99), 99);
+  EXPECT_EQ(Percentile(v, 99.9), 100);
+  EXPECT_EQ(Percentile(v, 0), 1);
+  std::vector<double> empty;
+  EXPECT_EQ(Percentile(empty, 50), 0);
+}
+
+TEST(ZipfSampler, FollowsThePowerLawAndStaysInRange) {
+  constexpr int64_t kN = 1000;
+  constexpr double kS = 1.1;
+  ZipfSampler zipf(kN, kS);
+  std::mt19937_64 rng(3);
+  std::map<int64_t, int> counts;
+  constexpr int kDraws = 200000;
+  for (int i = 0; i < kDraws; ++i) {
+    const int64_t k = zipf(rng);
+    ASSERT_GE(k, 1);
+    ASSERT_LE(k, kN);
+    ++counts[k];
+  }
+  double h = 0;
+  for (int64_t k = 1; k <= kN; ++k) h += std::pow(static_cast<double>(k), -kS);
+  for (int64_t k : {1, 2, 10}) {
+    const double expected = kDraws * std::pow(static_cast<double>(k), -kS) / h;
+    EXPECT_NEAR(counts[k], expected, 5 * std::sqrt(expected)) << "rank " << k;
+  }
+}
+
+TEST(Normalize, FillsDefaultsAndNamesBadFields) {
+  Scenario s;
+  s.set_name("x");
+  ASSERT_TRUE(Normalize(&s).ok());
+  EXPECT_EQ(s.mode(), "inproc");
+  EXPECT_EQ(s.batch_size(), 4096);
+  EXPECT_EQ(s.tables_size(), 1);
+  EXPECT_EQ(s.workload(), "lookup_update");
+  Scenario bad = s;
+  bad.set_mode("cloud");
+  absl::Status st = Normalize(&bad);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(), HasSubstr("mode"));
+  bad = s;
+  bad.set_workload("train");
+  bad.set_max_staleness(2);
+  EXPECT_THAT(Normalize(&bad).message(), HasSubstr("synchronous"));
+  bad = s;
+  bad.set_optimizer("lamb");
+  EXPECT_FALSE(Normalize(&bad).ok());
+}
+
+Scenario Quick(const std::string& name, const std::string& workload) {
+  Scenario s;
+  s.set_name(name);
+  s.set_batch_size(256);
+  s.set_workload(workload);
+  s.set_warmup_seconds(0.05);
+  s.set_seconds(0.3);
+  TableSpec* t = s.add_tables();
+  t->set_count(2);
+  t->set_rows(5000);
+  t->set_dim(16);
+  NodeSpec* n = s.add_nodes();
+  n->set_type("test-node");
+  n->set_count(2);
+  return s;
+}
+
+TEST(RunScenario, MeasuresAnInProcessScenarioAndItsCost) {
+  Prices prices;
+  (*prices.mutable_nodes())["test-node"].set_usd_per_hour(3.6);
+  RunOptions o;
+  o.prices = &prices;
+  auto r = RunScenario(Quick("q", "lookup_update"), o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GT(r->steps, 0);
+  EXPECT_EQ(r->samples, r->steps * 256);
+  EXPECT_NEAR(r->samples_per_s, r->samples / r->seconds, 1e-6 * r->samples_per_s);
+  // Two tables, 256 ids each, looked up and pushed every step.
+  EXPECT_NEAR(r->lookups_per_s, r->samples_per_s * 2, 1e-6 * r->lookups_per_s);
+  EXPECT_NEAR(r->updates_per_s, r->samples_per_s * 2, 1e-6 * r->updates_per_s);
+  EXPECT_LE(r->step_ms[0], r->step_ms[1]);
+  EXPECT_LE(r->step_ms[1], r->step_ms[2]);
+  EXPECT_GT(r->call_ms[0], 0);
+  EXPECT_EQ(r->usd_per_hour, 7.2);
+  EXPECT_NEAR(r->usd_per_million_samples, 7.2 / 3600 / r->samples_per_s * 1e6, 1e-9);
+  ASSERT_EQ(r->processes.size(), 1u);
+  EXPECT_GT(r->processes[0].peak_rss_bytes, 0);
+  EXPECT_GT(r->cpu_us_per_sample, 0);
+  EXPECT_GT(r->vs_memcpy, 0);
+
+  const std::string json = ToJson(*r);
+  EXPECT_THAT(json, HasSubstr("\"scenario\":\"q\""));
+  EXPECT_THAT(json, HasSubstr("\"usd_per_million_samples\":"));
+  const std::string md = ToMarkdown({*r, *r});
+  EXPECT_THAT(md, HasSubstr("| q | inproc | 1 | lookup_update | 256 | 2x5000x16 |"));
+  EXPECT_THAT(md, HasSubstr("1.00×"));
+}
+
+TEST(RunScenario, TrainsDlrmStepsAndRefusesUnknownNodeTypes) {
+  Prices prices;
+  (*prices.mutable_nodes())["test-node"].set_usd_per_hour(1);
+  RunOptions o;
+  o.prices = &prices;
+  auto r = RunScenario(Quick("t", "train"), o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GT(r->steps, 0);
+  Scenario unknown = Quick("u", "lookup");
+  unknown.mutable_nodes(0)->set_type("no-such-node");
+  auto bad = RunScenario(unknown, o);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("no-such-node"));
+}
+
+}  // namespace
+}  // namespace tessera::bench

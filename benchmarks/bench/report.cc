@@ -1,0 +1,144 @@
+#include "benchmarks/bench/report.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace tessera::bench {
+namespace {
+
+std::string Tables(const Scenario& s) {
+  std::vector<std::string> parts;
+  for (const auto& t : s.tables()) {
+    parts.push_back(absl::StrCat(t.count(), "x", t.rows(), "x", t.dim()));
+  }
+  return absl::StrJoin(parts, "+");
+}
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::string ToJson(const ScenarioResult& r) {
+  const Scenario& s = r.scenario;
+  std::string procs;
+  for (const auto& p : r.processes) {
+    absl::StrAppend(&procs, procs.empty() ? "" : ",",
+                    absl::StrFormat(R"({"name":%s,"peak_rss_bytes":%d,"cpu_seconds":%.3f})",
+                                    JsonString(p.name), p.peak_rss_bytes, p.cpu_seconds));
+  }
+  return absl::StrFormat(
+      R"({"scenario":%s,"mode":%s,"shards":%d,"batch_size":%d,"ids_per_sample":%d,"tables":%s,)"
+      R"("distribution":%s,"zipf_s":%.3f,"optimizer":%s,"workload":%s,"max_staleness":%d,)"
+      R"("steps":%d,"samples":%d,"seconds":%.3f,"samples_per_s":%.1f,"lookups_per_s":%.1f,)"
+      R"("updates_per_s":%.1f,"payload_bytes_per_s":%.1f,"step_ms_p50":%.4f,"step_ms_p99":%.4f,)"
+      R"("step_ms_p999":%.4f,"call_ms_p50":%.4f,"call_ms_p99":%.4f,"call_ms_p999":%.4f,)"
+      R"("cpu_us_per_sample":%.3f,"memcpy_bytes_per_s":%.1f,"vs_memcpy":%.4f,)"
+      R"("usd_per_hour":%.4f,"usd_per_million_samples":%.6f,"processes":[%s]})",
+      JsonString(s.name()), JsonString(s.mode()), s.shards(), s.batch_size(), s.ids_per_sample(),
+      JsonString(Tables(s)), JsonString(s.distribution()), s.zipf_s(), JsonString(s.optimizer()),
+      JsonString(s.workload()), s.max_staleness(), r.steps, r.samples, r.seconds, r.samples_per_s,
+      r.lookups_per_s, r.updates_per_s, r.payload_bytes_per_s, r.step_ms[0], r.step_ms[1],
+      r.step_ms[2], r.call_ms[0], r.call_ms[1], r.call_ms[2], r.cpu_us_per_sample,
+      r.memcpy_bytes_per_s, r.vs_memcpy, r.usd_per_hour, r.usd_per_million_samples, procs);
+}
+
+std::string ToMarkdown(const std::vector<ScenarioResult>& results) {
+  std::string md =
+      "| scenario | mode | shards | workload | batch | tables | samples/s | vs first | MB/s "
+      "payload | vs memcpy | step p50 / p99 / p99.9 ms | call p99 ms | CPU µs/sample | peak "
+      "RSS MB | $/M samples | cost vs first |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  const ScenarioResult* first = results.empty() ? nullptr : &results.front();
+  for (const auto& r : results) {
+    const Scenario& s = r.scenario;
+    int64_t rss = 0;
+    for (const auto& p : r.processes) rss += p.peak_rss_bytes;
+    const std::string cost =
+        r.usd_per_million_samples > 0 ? absl::StrFormat("%.3g", r.usd_per_million_samples) : "-";
+    const std::string cost_ratio =
+        r.usd_per_million_samples > 0 && first->usd_per_million_samples > 0
+            ? absl::StrFormat("%.2f×", r.usd_per_million_samples / first->usd_per_million_samples)
+            : "-";
+    absl::StrAppend(
+        &md, absl::StrFormat("| %s | %s | %d | %s | %d | %s | %.0f | %.2f× | %.1f | %.2f | "
+                             "%.2f / %.2f / %.2f | %.2f | %.2f | %.0f | %s | %s |\n",
+                             s.name(), s.mode(), s.shards(), s.workload(), s.batch_size(),
+                             Tables(s), r.samples_per_s,
+                             first->samples_per_s > 0 ? r.samples_per_s / first->samples_per_s : 0,
+                             r.payload_bytes_per_s / 1e6, r.vs_memcpy, r.step_ms[0], r.step_ms[1],
+                             r.step_ms[2], r.call_ms[1], r.cpu_us_per_sample, rss / 1e6, cost,
+                             cost_ratio));
+  }
+  return md;
+}
+
+absl::StatusOr<std::vector<std::string>> WriteReport(const std::vector<ScenarioResult>& results,
+                                                     const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    return absl::FailedPreconditionError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  {
+    std::ofstream json(dir + "/results.jsonl");
+    for (const auto& r : results) json << ToJson(r) << "\n";
+    std::ofstream md(dir + "/report.md");
+    md << ToMarkdown(results);
+    if (!json || !md) return absl::InternalError(absl::StrCat("cannot write into ", dir));
+  }
+  // Plot data: one row per scenario, in file order.
+  {
+    std::ofstream data(dir + "/plot.dat");
+    data << "# index name shards samples_per_s p50 p99 p999 usd_per_million\n";
+    for (size_t i = 0; i < results.size(); ++i) {
+      const auto& r = results[i];
+      data << i << " \"" << r.scenario.name() << "\" " << r.scenario.shards() << " "
+           << r.samples_per_s << " " << r.step_ms[0] << " " << r.step_ms[1] << " " << r.step_ms[2]
+           << " " << r.usd_per_million_samples << "\n";
+    }
+  }
+  const std::string script = dir + "/plots.gp";
+  {
+    std::ofstream gp(script);
+    gp << "set terminal pngcairo size 900,500\n"
+          "set datafile separator whitespace\n"
+          "set key off\nset grid\nset style fill solid 0.6\nset boxwidth 0.6\n"
+          "set xtics rotate by -30\n"
+       << "set output '" << dir << "/throughput_vs_shards.png'\n"
+       << "set title 'samples/s by scenario (label: shards)'\nset ylabel 'samples/s'\n"
+       << "plot '" << dir
+       << "/plot.dat' using 1:4:xtic(2) with boxes, '' using 1:4:3 with labels offset 0,1\n"
+       << "set output '" << dir << "/latency_percentiles.png'\n"
+       << "set title 'step latency (ms): p50, p99, p99.9'\nset ylabel 'ms'\nset logscale y\nset "
+          "key on\n"
+       << "plot '" << dir << "/plot.dat' using 1:5:xtic(2) with linespoints title 'p50', "
+       << "'' using 1:6 with linespoints title 'p99', '' using 1:7 with linespoints title 'p99.9'\n"
+       << "unset logscale y\nset key off\n"
+       << "set output '" << dir << "/cost_per_million_samples.png'\n"
+       << "set title 'USD per million training samples'\nset ylabel 'USD'\n"
+       << "plot '" << dir << "/plot.dat' using 1:8:xtic(2) with boxes\n";
+  }
+  std::vector<std::string> pngs;
+  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) return pngs;
+  if (std::system(absl::StrCat("gnuplot '", script, "' 2> '", dir, "/gnuplot.log'").c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("gnuplot failed; see ", dir, "/gnuplot.log"));
+  }
+  for (const char* name :
+       {"throughput_vs_shards.png", "latency_percentiles.png", "cost_per_million_samples.png"}) {
+    pngs.push_back(absl::StrCat(dir, "/", name));
+  }
+  return pngs;
+}
+
+}  // namespace tessera::bench

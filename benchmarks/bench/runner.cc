@@ -1,0 +1,422 @@
+#include "benchmarks/bench/runner.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "benchmarks/bench/ids.h"
+#include "benchmarks/bench/local_cluster.h"
+#include "benchmarks/bench/process_stats.h"
+#include "client/embedding_client.h"
+#include "embedding/collection.h"
+#include "embedding/optimizer.h"
+#include "embedding/status.h"
+#include "trainer/dense_backend.h"
+#include "trainer/synthetic.h"
+#include "trainer/trainer.h"
+
+namespace tessera::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// Forwards to a collection and records how long each call took.
+class TimedCollection final : public embedding::EmbeddingCollection {
+ public:
+  explicit TimedCollection(embedding::EmbeddingCollection* inner) : inner_(inner) {}
+
+  absl::Status CreateTable(const v1::TableConfig& c) override { return inner_->CreateTable(c); }
+  absl::StatusOr<std::vector<v1::TableConfig>> ListTables() const override {
+    return inner_->ListTables();
+  }
+  absl::Status Lookup(absl::string_view table, absl::Span<const int64_t> ids, absl::Span<float> out,
+                      const embedding::LookupOptions& o) override {
+    return Time([&] { return inner_->Lookup(table, ids, out, o); });
+  }
+  absl::Status PooledLookup(absl::string_view table, absl::Span<const int64_t> ids,
+                            absl::Span<const int32_t> offsets, absl::Span<const float> weights,
+                            v1::Pooling pooling, absl::Span<float> out,
+                            const embedding::LookupOptions& o) override {
+    return Time(
+        [&] { return inner_->PooledLookup(table, ids, offsets, weights, pooling, out, o); });
+  }
+  absl::Status PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
+                             absl::Span<const float> gradients, int64_t step) override {
+    return Time([&] { return inner_->PushGradients(table, ids, gradients, step); });
+  }
+  absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override {
+    return inner_->Usage(table);
+  }
+  int num_shards() const override { return inner_->num_shards(); }
+
+  void set_recording(bool on) { recording_.store(on); }
+  std::vector<double> TakeCallMs() {
+    absl::MutexLock lock(&mu_);
+    return std::move(call_ms_);
+  }
+
+ private:
+  template <typename F>
+  absl::Status Time(const F& f) {
+    const auto start = Clock::now();
+    absl::Status s = f();
+    if (recording_.load(std::memory_order_relaxed)) {
+      const double ms = Seconds(Clock::now() - start) * 1e3;
+      absl::MutexLock lock(&mu_);
+      call_ms_.push_back(ms);
+    }
+    return s;
+  }
+
+  embedding::EmbeddingCollection* inner_;
+  std::atomic<bool> recording_{false};
+  absl::Mutex mu_;
+  std::vector<double> call_ms_ ABSL_GUARDED_BY(mu_);
+};
+
+// One table of a scenario, as the workload sees it.
+struct TableWork {
+  std::string name;
+  int dim = 0;
+  int64_t rows = 0;
+};
+
+// Pre-drawn ids, so that drawing them is not measured.
+struct IdBatch {
+  std::vector<std::vector<int64_t>> ids;      // per table
+  std::vector<std::vector<int32_t>> offsets;  // per table, when pooled
+};
+
+constexpr int kPoolBatches = 16;
+
+double MemcpyBytesPerSecond(int64_t table_bytes, int64_t step_bytes) {
+  if (step_bytes <= 0) return 0;
+  const int64_t size =
+      std::max<int64_t>(std::min<int64_t>(table_bytes, int64_t{1} << 30), 2 * step_bytes);
+  std::vector<char> src(size, 1), dst(step_bytes);
+  std::mt19937_64 rng(5);
+  const auto start = Clock::now();
+  int64_t moved = 0;
+  while (Seconds(Clock::now() - start) < 0.2) {
+    const int64_t at = static_cast<int64_t>(rng() % static_cast<uint64_t>(size - step_bytes + 1));
+    std::memcpy(dst.data(), src.data() + at, step_bytes);
+    moved += step_bytes;
+  }
+  volatile char sink = dst[static_cast<size_t>(rng() % static_cast<uint64_t>(step_bytes))];
+  (void)sink;
+  return moved / Seconds(Clock::now() - start);
+}
+
+}  // namespace
+
+absl::Status Normalize(Scenario* s) {
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("scenario '", s->name(), "': ", what));
+  };
+  if (s->name().empty()) return absl::InvalidArgumentError("every scenario needs a name");
+  if (s->mode().empty()) s->set_mode("inproc");
+  if (s->mode() != "inproc" && s->mode() != "coordinator" && s->mode() != "smart") {
+    return bad(absl::StrCat("mode must be inproc, coordinator or smart, got '", s->mode(), "'"));
+  }
+  if (s->shards() == 0) s->set_shards(1);
+  if (s->shards() < 1 || s->shards() > 64) return bad("shards must be in [1, 64]");
+  if (s->batch_size() == 0) s->set_batch_size(4096);
+  if (s->batch_size() < 1) return bad("batch_size must be >= 1");
+  if (s->ids_per_sample() == 0) s->set_ids_per_sample(1);
+  if (s->ids_per_sample() < 1) return bad("ids_per_sample must be >= 1");
+  if (s->tables().empty()) {
+    TableSpec* t = s->add_tables();
+    t->set_rows(1'000'000);
+    t->set_dim(64);
+  }
+  for (TableSpec& t : *s->mutable_tables()) {
+    if (t.count() == 0) t.set_count(1);
+    if (t.dtype().empty()) t.set_dtype("fp32");
+    if (t.count() < 1 || t.rows() < 1 || t.dim() < 1) {
+      return bad("each table needs count >= 1, rows >= 1 and dim >= 1");
+    }
+    if (t.dtype() != "fp32") return bad(absl::StrCat("dtype '", t.dtype(), "': only fp32 so far"));
+  }
+  if (s->distribution().empty()) s->set_distribution("uniform");
+  if (s->distribution() != "uniform" && s->distribution() != "zipf") {
+    return bad("distribution must be uniform or zipf");
+  }
+  if (s->zipf_s() == 0) s->set_zipf_s(1.05);
+  if (s->zipf_s() <= 0) return bad("zipf_s must be > 0");
+  if (s->optimizer().empty()) s->set_optimizer("adagrad");
+  TESSERA_RETURN_IF_ERROR(embedding::ParseOptimizerName(s->optimizer()).status());
+  if (s->workload().empty()) s->set_workload("lookup_update");
+  const std::string& w = s->workload();
+  if (w != "lookup" && w != "update" && w != "lookup_update" && w != "train") {
+    return bad("workload must be lookup, update, lookup_update or train");
+  }
+  if (s->max_staleness() < 0) return bad("max_staleness must be >= 0");
+  if (w == "train") {
+    if (s->max_staleness() > 0) return bad("the train workload is synchronous (max_staleness 0)");
+    for (const TableSpec& t : s->tables()) {
+      if (t.dim() != s->tables(0).dim()) return bad("train: every table needs the same dim");
+    }
+  }
+  if (s->warmup_seconds() == 0) s->set_warmup_seconds(1);
+  if (s->seconds() == 0) s->set_seconds(5);
+  if (s->warmup_seconds() < 0 || s->seconds() <= 0) return bad("seconds must be > 0");
+  if (s->seed() == 0) s->set_seed(1);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptions& options) {
+  ScenarioResult r;
+  r.scenario = input;
+  Scenario& s = r.scenario;
+  TESSERA_RETURN_IF_ERROR(Normalize(&s));
+  auto progress = [&](const std::string& line) {
+    if (options.progress) options.progress(absl::StrCat(s.name(), ": ", line));
+  };
+
+  // Cost first: an unknown node type should fail before anything starts.
+  for (const NodeSpec& n : s.nodes()) {
+    if (options.prices == nullptr || options.prices->nodes().count(n.type()) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("scenario '", s.name(), "': node type '",
+                                                     n.type(), "' is not in the price table"));
+    }
+    r.usd_per_hour += options.prices->nodes().at(n.type()).usd_per_hour() * std::max(1, n.count());
+  }
+
+  // Where the tables live.
+  std::unique_ptr<LocalCluster> cluster;
+  std::unique_ptr<embedding::EmbeddingCollection> tables;
+  if (s.mode() == "inproc") {
+    TESSERA_ASSIGN_OR_RETURN(tables, embedding::NewInProcessCollection(s.shards()));
+  } else {
+    progress(absl::StrCat("starting ", s.shards(), " shard(s) and a coordinator"));
+    TESSERA_ASSIGN_OR_RETURN(cluster, LocalCluster::Start(options.bin_dir, s.shards()));
+    client::ClientOptions co;
+    co.mode = s.mode() == "smart" ? client::ClientOptions::Mode::kSmart
+                                  : client::ClientOptions::Mode::kCoordinator;
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<client::EmbeddingClient> remote,
+                             client::EmbeddingClient::Connect(cluster->coordinator(), co));
+    tables = std::move(remote);
+  }
+  TimedCollection timed(tables.get());
+  TESSERA_ASSIGN_OR_RETURN(v1::OptimizerType opt, embedding::ParseOptimizerName(s.optimizer()));
+
+  std::vector<TableWork> work;
+  for (const TableSpec& spec : s.tables()) {
+    for (int i = 0; i < spec.count(); ++i) {
+      work.push_back(TableWork{absl::StrCat("C", work.size() + 1), spec.dim(), spec.rows()});
+    }
+  }
+  int64_t table_bytes = 0;
+  for (const auto& t : work) table_bytes += t.rows * t.dim * 4;
+
+  const bool train = s.workload() == "train";
+  const bool lookups = s.workload() == "lookup" || s.workload() == "lookup_update";
+  const bool updates = s.workload() == "update" || s.workload() == "lookup_update";
+  const bool pooled = s.ids_per_sample() > 1;
+  const int threads = std::max(1, s.max_staleness());
+
+  // The dense half, for training steps.
+  trainer::DlrmConfig model;
+  std::unique_ptr<trainer::DenseBackend> dense;
+  std::unique_ptr<trainer::Trainer> dlrm;
+  std::vector<trainer::Batch> train_batches;
+  if (train) {
+    model.num_sparse = static_cast<int>(work.size());
+    model.emb_dim = work[0].dim;
+    model.seed = s.seed();
+    TESSERA_ASSIGN_OR_RETURN(dense, trainer::NewCpuDenseBackend(model));
+    trainer::TrainerOptions to;
+    to.print_progress = false;
+    to.log_every = 0;
+    dlrm = std::make_unique<trainer::Trainer>(&timed, dense.get(), to);
+    v1::TableConfig proto;
+    proto.set_dim(model.emb_dim);
+    proto.set_seed(s.seed());
+    proto.mutable_optimizer()->set_type(opt);
+    TESSERA_RETURN_IF_ERROR(dlrm->CreateTables(proto));
+    trainer::SyntheticConfig sc;
+    sc.num_dense = model.num_dense;
+    sc.seed = s.seed();
+    sc.zipf_s = s.distribution() == "zipf" ? s.zipf_s() : 0.0;
+    for (const auto& t : work) sc.cardinalities.push_back(t.rows);
+    TESSERA_ASSIGN_OR_RETURN(auto gen, trainer::SyntheticGenerator::Create(sc));
+    train_batches.resize(kPoolBatches);
+    for (int b = 0; b < kPoolBatches; ++b) gen->MakeBatch(b, s.batch_size(), &train_batches[b]);
+  } else {
+    for (const auto& t : work) {
+      v1::TableConfig c;
+      c.set_name(t.name);
+      c.set_dim(t.dim);
+      c.set_seed(s.seed());
+      c.mutable_optimizer()->set_type(opt);
+      TESSERA_RETURN_IF_ERROR(timed.CreateTable(c));
+    }
+  }
+
+  // Ids for every step, drawn up front.
+  std::vector<IdBatch> pool(kPoolBatches);
+  std::mt19937_64 rng(s.seed());
+  const int ids_per_table = s.batch_size() * s.ids_per_sample();
+  if (!train) {
+    for (auto& b : pool) {
+      for (const auto& t : work) {
+        std::vector<int64_t> ids(ids_per_table);
+        if (s.distribution() == "zipf") {
+          ZipfSampler zipf(t.rows, s.zipf_s());
+          for (auto& id : ids) id = zipf(rng) - 1;
+        } else {
+          for (auto& id : ids) id = static_cast<int64_t>(rng() % static_cast<uint64_t>(t.rows));
+        }
+        b.ids.push_back(std::move(ids));
+        std::vector<int32_t> offsets;
+        if (pooled) {
+          for (int i = 0; i <= s.batch_size(); ++i) offsets.push_back(i * s.ids_per_sample());
+        }
+        b.offsets.push_back(std::move(offsets));
+      }
+    }
+  }
+  // Payload per step, as it would travel: 8 bytes per id sent, 4 x dim per row back or
+  // pushed.
+  int64_t step_bytes = 0, step_lookups = 0, step_updates = 0;
+  for (const auto& t : work) {
+    const int64_t rows_back = pooled ? s.batch_size() : ids_per_table;
+    if (lookups || train) {
+      step_lookups += ids_per_table;
+      step_bytes += ids_per_table * 8 + rows_back * t.dim * 4;
+    }
+    if (updates || train) {
+      step_updates += ids_per_table;
+      step_bytes += ids_per_table * (8 + t.dim * 4);
+    }
+  }
+
+  std::atomic<bool> measuring{false}, stop{false};
+  std::atomic<int64_t> steps{0}, next_step{0};
+  absl::Mutex mu;
+  std::vector<double> step_ms;
+  absl::Status failure;
+  auto worker = [&](int index) {
+    std::vector<std::vector<float>> out(work.size()), grads(work.size());
+    for (size_t k = 0; k < work.size(); ++k) {
+      out[k].resize(static_cast<size_t>(pooled ? s.batch_size() : ids_per_table) * work[k].dim);
+      grads[k].assign(static_cast<size_t>(ids_per_table) * work[k].dim, 1e-3f);
+    }
+    std::vector<double> mine;
+    while (!stop.load()) {
+      const int64_t step = next_step.fetch_add(1);
+      const auto start = Clock::now();
+      absl::Status st;
+      if (train) {
+        st = dlrm->TrainStep(train_batches[step % kPoolBatches], step).status();
+      } else {
+        const IdBatch& b = pool[(step + index) % kPoolBatches];
+        for (size_t k = 0; k < work.size() && st.ok(); ++k) {
+          if (lookups) {
+            st = pooled ? timed.PooledLookup(work[k].name, b.ids[k], b.offsets[k], {}, v1::SUM,
+                                             absl::MakeSpan(out[k]), {})
+                        : timed.Lookup(work[k].name, b.ids[k], absl::MakeSpan(out[k]), {});
+          }
+          if (st.ok() && updates) st = timed.PushGradients(work[k].name, b.ids[k], grads[k], step);
+        }
+      }
+      if (!st.ok()) {
+        absl::MutexLock lock(&mu);
+        if (failure.ok()) failure = st;
+        stop = true;
+        break;
+      }
+      if (measuring.load()) {
+        mine.push_back(Seconds(Clock::now() - start) * 1e3);
+        const int64_t done = steps.fetch_add(1) + 1;
+        if (s.max_steps() > 0 && done >= s.max_steps()) stop = true;
+      }
+    }
+    absl::MutexLock lock(&mu);
+    step_ms.insert(step_ms.end(), mine.begin(), mine.end());
+  };
+
+  std::vector<pid_t> pids = {getpid()};
+  std::vector<std::string> names = {"tessera-bench"};
+  if (cluster != nullptr) {
+    for (const auto& p : cluster->processes()) {
+      pids.push_back(p.pid);
+      names.push_back(p.name);
+    }
+  }
+  std::vector<std::thread> pool_threads;
+  for (int i = 0; i < threads; ++i) pool_threads.emplace_back(worker, i);
+  progress(absl::StrFormat("warming up %.1f s", s.warmup_seconds()));
+  const auto warm_start = Clock::now();
+  while (!stop.load() && Seconds(Clock::now() - warm_start) < s.warmup_seconds()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::vector<double> cpu_before;
+  for (pid_t p : pids) cpu_before.push_back(ReadProcessUsage(p).cpu_seconds);
+  timed.set_recording(true);
+  measuring = true;
+  const auto start = Clock::now();
+  double last_report = 0;
+  while (!stop.load()) {
+    const double elapsed = Seconds(Clock::now() - start);
+    if (elapsed >= s.seconds()) break;
+    if (elapsed - last_report >= 1.0) {
+      last_report = elapsed;
+      progress(absl::StrFormat("%.0f s, %lld steps, %.0f samples/s", elapsed,
+                               static_cast<long long>(steps.load()),
+                               steps.load() * s.batch_size() / elapsed));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  measuring = false;
+  r.seconds = Seconds(Clock::now() - start);
+  r.steps = steps.load();
+  stop = true;
+  for (auto& t : pool_threads) t.join();
+  timed.set_recording(false);
+  if (!failure.ok()) return Annotate(failure, absl::StrCat("scenario '", s.name(), "'"));
+
+  double cpu = 0;
+  for (size_t i = 0; i < pids.size(); ++i) {
+    const ProcessUsage u = ReadProcessUsage(pids[i]);
+    ProcessFigures f;
+    f.name = names[i];
+    f.peak_rss_bytes = u.peak_rss_bytes;
+    f.cpu_seconds = u.cpu_seconds - cpu_before[i];
+    cpu += f.cpu_seconds;
+    r.processes.push_back(f);
+  }
+  r.samples = r.steps * s.batch_size();
+  r.samples_per_s = r.samples / r.seconds;
+  r.lookups_per_s = r.steps * step_lookups / r.seconds;
+  r.updates_per_s = r.steps * step_updates / r.seconds;
+  r.payload_bytes_per_s = r.steps * step_bytes / r.seconds;
+  r.cpu_us_per_sample = r.samples > 0 ? cpu / r.samples * 1e6 : 0;
+  const double ps[3] = {50, 99, 99.9};
+  std::vector<double> calls = timed.TakeCallMs();
+  for (int i = 0; i < 3; ++i) {
+    r.step_ms[i] = Percentile(step_ms, ps[i]);
+    r.call_ms[i] = Percentile(calls, ps[i]);
+  }
+  r.memcpy_bytes_per_s = MemcpyBytesPerSecond(table_bytes, step_bytes);
+  r.vs_memcpy = r.memcpy_bytes_per_s > 0 ? r.payload_bytes_per_s / r.memcpy_bytes_per_s : 0;
+  if (r.usd_per_hour > 0 && r.samples_per_s > 0) {
+    r.usd_per_million_samples = r.usd_per_hour / 3600.0 / r.samples_per_s * 1e6;
+  }
+  progress(absl::StrFormat("%.0f samples/s, step p50 %.2f ms p99 %.2f ms", r.samples_per_s,
+                           r.step_ms[0], r.step_ms[1]));
+  return r;
+}
+
+}  // namespace tessera::bench

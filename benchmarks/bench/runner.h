@@ -1,0 +1,57 @@
+#ifndef TESSERA_BENCHMARKS_BENCH_RUNNER_H_
+#define TESSERA_BENCHMARKS_BENCH_RUNNER_H_
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "benchmarks/bench/scenario.pb.h"
+
+namespace tessera::bench {
+
+struct ProcessFigures {
+  std::string name;
+  int64_t peak_rss_bytes = 0;
+  double cpu_seconds = 0;  // during the measured phase
+};
+
+// What one scenario measured.
+struct ScenarioResult {
+  Scenario scenario;  // with defaults filled in
+  int64_t steps = 0;
+  int64_t samples = 0;
+  double seconds = 0;
+  double samples_per_s = 0;
+  double lookups_per_s = 0;        // ids looked up
+  double updates_per_s = 0;        // ids pushed
+  double payload_bytes_per_s = 0;  // 8 per id sent, 4 x dim per row received or pushed
+  double step_ms[3] = {0, 0, 0};   // p50, p99, p99.9 of a step
+  double call_ms[3] = {0, 0, 0};   // p50, p99, p99.9 of one collection call (an RPC remotely)
+  std::vector<ProcessFigures> processes;
+  double cpu_us_per_sample = 0;  // all processes
+  // Memory ceiling, same run: memcpy bytes/s moving the step's payload bytes out of a
+  // buffer the size of the tables (capped at 1 GiB); vs_memcpy = payload over that.
+  double memcpy_bytes_per_s = 0;
+  double vs_memcpy = 0;
+  double usd_per_hour = 0;  // of the scenario's nodes
+  double usd_per_million_samples = 0;
+};
+
+struct RunOptions {
+  std::string bin_dir;  // where tessera-shard and tessera-coordinator are
+  const Prices* prices = nullptr;
+  std::function<void(const std::string&)> progress;  // progress lines
+};
+
+// Fills unset fields with their defaults and checks the rest: InvalidArgument naming the
+// field.
+absl::Status Normalize(Scenario* s);
+
+// Starts what `scenario` needs (in-process tables, or a local cluster), warms up, runs
+// for its time or step budget, measures, and stops everything.
+absl::StatusOr<ScenarioResult> RunScenario(const Scenario& scenario, const RunOptions& options);
+
+}  // namespace tessera::bench
+
+#endif  // TESSERA_BENCHMARKS_BENCH_RUNNER_H_

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# tessera-bench end to end on the smoke scenarios (seconds): in-process and a local
+# cluster; the report, the JSON records and (with gnuplot) the plots must come out.
+set -euo pipefail
+ROOT="$1"
+BIN="$2"
+OUT="$(mktemp -d)"
+trap 'rm -rf "$OUT"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+"$BIN/tessera-bench" --scenarios="$ROOT/benchmarks/scenarios/smoke.json" --out="$OUT" > "$OUT/log" \
+  || { cat "$OUT/log"; fail "tessera-bench failed"; }
+grep -q "smoke-smart: starting 2 shard(s) and a coordinator" "$OUT/log" || fail "no progress lines"
+[ "$(wc -l < "$OUT/results.jsonl")" = 2 ] || fail "expected 2 JSON records"
+grep -q '"scenario":"smoke-smart","mode":"smart","shards":2' "$OUT/results.jsonl" \
+  || fail "smart record missing"
+grep -q '"usd_per_million_samples":0\.0' "$OUT/results.jsonl" || fail "no cost figure"
+grep -q "^| smoke-inproc | inproc | 2 | lookup_update | 512 |" "$OUT/report.md" \
+  || fail "markdown row missing"
+if command -v gnuplot > /dev/null; then
+  for p in throughput_vs_shards latency_percentiles cost_per_million_samples; do
+    [ -s "$OUT/$p.png" ] || fail "plot $p.png missing"
+  done
+fi
+# A bad scenario is refused with the field named, before anything runs.
+echo '{"scenarios":[{"name":"bad","mode":"cloud"}]}' > "$OUT/bad.json"
+if "$BIN/tessera-bench" --scenarios="$OUT/bad.json" --out="$OUT/bad" > "$OUT/bad.log" 2>&1; then
+  fail "bad scenario accepted"
+fi
+grep -q "mode must be inproc, coordinator or smart" "$OUT/bad.log" || fail "bad mode not named"
+# No shard process may be left behind.
+sleep 0.5
+if pgrep -f "tessera-shard --port=0 --shard_index=0 --num_shards=2 --max_batch_ids" > /dev/null; then
+  fail "shard processes left running"
+fi
+echo "bench smoke: ok"
