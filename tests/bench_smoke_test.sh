@@ -11,7 +11,9 @@ fail() { echo "FAIL: $*"; exit 1; }
 "$BIN/tessera-bench" --scenarios="$ROOT/benchmarks/scenarios/smoke.json" --out="$OUT" > "$OUT/log" \
   || { cat "$OUT/log"; fail "tessera-bench failed"; }
 grep -q "smoke-smart: starting 2 shard(s) and a coordinator" "$OUT/log" || fail "no progress lines"
-[ "$(wc -l < "$OUT/results.jsonl")" = 2 ] || fail "expected 2 JSON records"
+[ "$(wc -l < "$OUT/results.jsonl")" = 4 ] || fail "expected 4 JSON records"
+grep -q '"scenario":"smoke-redis","mode":"redis"' "$OUT/results.jsonl" || fail "redis baseline missing"
+grep -q '"scenario":"smoke-train".*"vs_gemm":0\.[0-9]*[1-9]' "$OUT/results.jsonl" || fail "train without a GEMM ratio"
 grep -q '"scenario":"smoke-smart","mode":"smart","shards":2' "$OUT/results.jsonl" \
   || fail "smart record missing"
 grep -q '"usd_per_million_samples":0\.0' "$OUT/results.jsonl" || fail "no cost figure"
@@ -27,7 +29,7 @@ echo '{"scenarios":[{"name":"bad","mode":"cloud"}]}' > "$OUT/bad.json"
 if "$BIN/tessera-bench" --scenarios="$OUT/bad.json" --out="$OUT/bad" > "$OUT/bad.log" 2>&1; then
   fail "bad scenario accepted"
 fi
-grep -q "mode must be inproc, coordinator or smart" "$OUT/bad.log" || fail "bad mode not named"
+grep -q "mode must be inproc, coordinator, smart or redis" "$OUT/bad.log" || fail "bad mode not named"
 # No shard process may be left behind.
 sleep 0.5
 if pgrep -f "tessera-shard --port=0 --shard_index=0 --num_shards=2 --max_batch_ids" > /dev/null; then

@@ -10,12 +10,16 @@
 #include <random>
 #include <thread>
 
+#include "Eigen/Dense"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "benchmarks/bench/ids.h"
 #include "benchmarks/bench/local_cluster.h"
 #include "benchmarks/bench/process_stats.h"
+#if TESSERA_HAVE_HIREDIS
+#include "benchmarks/bench/redis_collection.h"
+#endif
 #include "client/embedding_client.h"
 #include "embedding/collection.h"
 #include "embedding/optimizer.h"
@@ -118,6 +122,57 @@ double MemcpyBytesPerSecond(int64_t table_bytes, int64_t step_bytes) {
   return moved / Seconds(Clock::now() - start);
 }
 
+// The (out, in) shape of every linear layer of `m`.
+std::vector<std::pair<int, int>> LayerShapes(const trainer::DlrmConfig& m) {
+  std::vector<std::pair<int, int>> shapes;
+  int in = m.num_dense;
+  for (int w : m.bottom_mlp) {
+    shapes.emplace_back(w, in);
+    in = w;
+  }
+  shapes.emplace_back(m.emb_dim, in);
+  const int f1 = m.num_sparse + 1;
+  in = m.emb_dim + f1 * (f1 - 1) / 2;
+  for (int w : m.top_mlp) {
+    shapes.emplace_back(w, in);
+    in = w;
+  }
+  shapes.emplace_back(1, in);
+  return shapes;
+}
+
+// Matrix FLOPs of one training step: per layer 2*out*in*batch forward, twice that
+// backward (weight and input gradients), and the pairwise dot interaction both ways.
+double StepFlops(const trainer::DlrmConfig& m, int batch) {
+  double flops = 0;
+  for (const auto& [out, in] : LayerShapes(m)) flops += 6.0 * out * in * batch;
+  const int f1 = m.num_sparse + 1;
+  flops += 3.0 * 2.0 * (f1 * (f1 - 1) / 2) * m.emb_dim * batch;
+  return flops;
+}
+
+// Eigen GEMM GFLOP/s over the forward shapes of the model's layers at `batch`.
+double GemmGflops(const trainer::DlrmConfig& m, int batch) {
+  using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic>;
+  double flops = 0, seconds = 0;
+  for (const auto& [out, in] : LayerShapes(m)) {
+    const Mat w = Mat::Random(out, in), x = Mat::Random(in, batch);
+    Mat y(out, batch);
+    y.noalias() = w * x;  // warm
+    const auto start = Clock::now();
+    int reps = 0;
+    do {
+      y.noalias() = w * x;
+      ++reps;
+    } while (Seconds(Clock::now() - start) < 0.05);
+    seconds += Seconds(Clock::now() - start);
+    flops += 2.0 * out * in * batch * reps;
+    volatile float sink = y(0, 0);
+    (void)sink;
+  }
+  return flops / seconds / 1e9;
+}
+
 }  // namespace
 
 absl::Status Normalize(Scenario* s) {
@@ -126,11 +181,14 @@ absl::Status Normalize(Scenario* s) {
   };
   if (s->name().empty()) return absl::InvalidArgumentError("every scenario needs a name");
   if (s->mode().empty()) s->set_mode("inproc");
-  if (s->mode() != "inproc" && s->mode() != "coordinator" && s->mode() != "smart") {
-    return bad(absl::StrCat("mode must be inproc, coordinator or smart, got '", s->mode(), "'"));
+  if (s->mode() != "inproc" && s->mode() != "coordinator" && s->mode() != "smart" &&
+      s->mode() != "redis") {
+    return bad(
+        absl::StrCat("mode must be inproc, coordinator, smart or redis, got '", s->mode(), "'"));
   }
   if (s->shards() == 0) s->set_shards(1);
   if (s->shards() < 1 || s->shards() > 64) return bad("shards must be in [1, 64]");
+  if (s->mode() == "redis" && s->shards() != 1) return bad("redis: one server (shards 1)");
   if (s->batch_size() == 0) s->set_batch_size(4096);
   if (s->batch_size() < 1) return bad("batch_size must be >= 1");
   if (s->ids_per_sample() == 0) s->set_ids_per_sample(1);
@@ -196,8 +254,21 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
   // Where the tables live.
   std::unique_ptr<LocalCluster> cluster;
   std::unique_ptr<embedding::EmbeddingCollection> tables;
+  std::vector<std::pair<std::string, pid_t>> servers;  // processes besides this one
+#if TESSERA_HAVE_HIREDIS
+  std::unique_ptr<RedisServer> redis;
+#endif
   if (s.mode() == "inproc") {
     TESSERA_ASSIGN_OR_RETURN(tables, embedding::NewInProcessCollection(s.shards()));
+  } else if (s.mode() == "redis") {
+#if TESSERA_HAVE_HIREDIS
+    progress("starting redis-server");
+    TESSERA_ASSIGN_OR_RETURN(redis, RedisServer::Start());
+    TESSERA_ASSIGN_OR_RETURN(tables, NewRedisCollection(redis->port()));
+    servers.emplace_back("redis-server", redis->pid());
+#else
+    return absl::UnimplementedError("tessera-bench was built without hiredis: no redis mode");
+#endif
   } else {
     progress(absl::StrCat("starting ", s.shards(), " shard(s) and a coordinator"));
     TESSERA_ASSIGN_OR_RETURN(cluster, LocalCluster::Start(options.bin_dir, s.shards()));
@@ -350,10 +421,11 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
   std::vector<pid_t> pids = {getpid()};
   std::vector<std::string> names = {"tessera-bench"};
   if (cluster != nullptr) {
-    for (const auto& p : cluster->processes()) {
-      pids.push_back(p.pid);
-      names.push_back(p.name);
-    }
+    for (const auto& p : cluster->processes()) servers.emplace_back(p.name, p.pid);
+  }
+  for (const auto& [name, pid] : servers) {
+    pids.push_back(pid);
+    names.push_back(name);
   }
   std::vector<std::thread> pool_threads;
   for (int i = 0; i < threads; ++i) pool_threads.emplace_back(worker, i);
@@ -411,6 +483,11 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
   }
   r.memcpy_bytes_per_s = MemcpyBytesPerSecond(table_bytes, step_bytes);
   r.vs_memcpy = r.memcpy_bytes_per_s > 0 ? r.payload_bytes_per_s / r.memcpy_bytes_per_s : 0;
+  if (train && r.steps > 0) {
+    r.gemm_gflops = GemmGflops(model, s.batch_size());
+    r.step_gflops = StepFlops(model, s.batch_size()) * r.steps / r.seconds / 1e9;
+    r.vs_gemm = r.step_gflops / r.gemm_gflops;
+  }
   if (r.usd_per_hour > 0 && r.samples_per_s > 0) {
     r.usd_per_million_samples = r.usd_per_hour / 3600.0 / r.samples_per_s * 1e6;
   }

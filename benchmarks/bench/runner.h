@@ -34,6 +34,12 @@ struct ScenarioResult {
   // buffer the size of the tables (capped at 1 GiB); vs_memcpy = payload over that.
   double memcpy_bytes_per_s = 0;
   double vs_memcpy = 0;
+  // Dense compute ceiling, same run (train workload): Eigen GEMM GFLOP/s at the model's
+  // layer shapes and batch, one thread as the CPU backend; step_gflops counts the step's
+  // matrix FLOPs (forward and backward) over its time; vs_gemm = step over ceiling.
+  double gemm_gflops = 0;
+  double step_gflops = 0;
+  double vs_gemm = 0;
   double usd_per_hour = 0;  // of the scenario's nodes
   double usd_per_million_samples = 0;
 };
