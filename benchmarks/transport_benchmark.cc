@@ -33,6 +33,17 @@ class EchoService final : public bench::Echo::Service {
     resp->mutable_payload()->resize(req->response_bytes());
     return grpc::Status::OK;
   }
+  grpc::Status EchoStream(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<bench::EchoResponse, bench::EchoRequest>* stream) override {
+    bench::EchoRequest req;
+    bench::EchoResponse resp;
+    while (stream->Read(&req)) {
+      resp.mutable_payload()->resize(req.response_bytes());
+      if (!stream->Write(resp)) break;
+    }
+    return grpc::Status::OK;
+  }
 };
 
 std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address) {

@@ -45,6 +45,7 @@ std::string ToJson(const ScenarioResult& r) {
       R"("updates_per_s":%.1f,"payload_bytes_per_s":%.1f,"step_ms_p50":%.4f,"step_ms_p99":%.4f,)"
       R"("step_ms_p999":%.4f,"call_ms_p50":%.4f,"call_ms_p99":%.4f,"call_ms_p999":%.4f,)"
       R"("cpu_us_per_sample":%.3f,"memcpy_bytes_per_s":%.1f,"vs_memcpy":%.4f,)"
+      R"("echo_bytes_per_s":%.1f,"echo_stream_bytes_per_s":%.1f,"vs_echo":%.4f,)"
       R"("gemm_gflops":%.3f,"step_gflops":%.3f,"vs_gemm":%.4f,)"
       R"("usd_per_hour":%.4f,"usd_per_million_samples":%.6f,"processes":[%s]})",
       JsonString(s.name()), JsonString(s.mode()), s.shards(), s.batch_size(), s.ids_per_sample(),
@@ -52,17 +53,18 @@ std::string ToJson(const ScenarioResult& r) {
       JsonString(s.workload()), s.max_staleness(), r.steps, r.samples, r.seconds, r.samples_per_s,
       r.lookups_per_s, r.updates_per_s, r.payload_bytes_per_s, r.step_ms[0], r.step_ms[1],
       r.step_ms[2], r.call_ms[0], r.call_ms[1], r.call_ms[2], r.cpu_us_per_sample,
-      r.memcpy_bytes_per_s, r.vs_memcpy, r.gemm_gflops, r.step_gflops, r.vs_gemm, r.usd_per_hour,
-      r.usd_per_million_samples, procs);
+      r.memcpy_bytes_per_s, r.vs_memcpy, r.echo_bytes_per_s, r.echo_stream_bytes_per_s, r.vs_echo,
+      r.gemm_gflops, r.step_gflops, r.vs_gemm, r.usd_per_hour, r.usd_per_million_samples, procs);
 }
 
 std::string ToMarkdown(const std::vector<ScenarioResult>& results) {
   std::string md =
       "| scenario | mode | shards | workload | batch | tables | samples/s | vs first | MB/s "
-      "payload | vs memcpy | vs GEMM | step p50 / p99 / p99.9 ms | call p99 ms | CPU µs/sample | "
+      "payload | vs memcpy | vs echo | vs GEMM | step p50 / p99 / p99.9 ms | call p99 ms | CPU "
+      "µs/sample | "
       "peak "
       "RSS MB | $/M samples | cost vs first |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   const ScenarioResult* first = results.empty() ? nullptr : &results.front();
   for (const auto& r : results) {
     const Scenario& s = r.scenario;
@@ -75,15 +77,17 @@ std::string ToMarkdown(const std::vector<ScenarioResult>& results) {
             ? absl::StrFormat("%.2f×", r.usd_per_million_samples / first->usd_per_million_samples)
             : "-";
     absl::StrAppend(
-        &md, absl::StrFormat("| %s | %s | %d | %s | %d | %s | %.0f | %.2f× | %.1f | %.2f | %s | "
-                             "%.2f / %.2f / %.2f | %.2f | %.2f | %.0f | %s | %s |\n",
-                             s.name(), s.mode(), s.shards(), s.workload(), s.batch_size(),
-                             Tables(s), r.samples_per_s,
-                             first->samples_per_s > 0 ? r.samples_per_s / first->samples_per_s : 0,
-                             r.payload_bytes_per_s / 1e6, r.vs_memcpy,
-                             r.gemm_gflops > 0 ? absl::StrFormat("%.2f", r.vs_gemm) : "-",
-                             r.step_ms[0], r.step_ms[1], r.step_ms[2], r.call_ms[1],
-                             r.cpu_us_per_sample, rss / 1e6, cost, cost_ratio));
+        &md,
+        absl::StrFormat("| %s | %s | %d | %s | %d | %s | %.0f | %.2f× | %.1f | %.2f | %s | %s | "
+                        "%.2f / %.2f / %.2f | %.2f | %.2f | %.0f | %s | %s |\n",
+                        s.name(), s.mode(), s.shards(), s.workload(), s.batch_size(), Tables(s),
+                        r.samples_per_s,
+                        first->samples_per_s > 0 ? r.samples_per_s / first->samples_per_s : 0,
+                        r.payload_bytes_per_s / 1e6, r.vs_memcpy,
+                        r.echo_bytes_per_s > 0 ? absl::StrFormat("%.2f", r.vs_echo) : "-",
+                        r.gemm_gflops > 0 ? absl::StrFormat("%.2f", r.vs_gemm) : "-", r.step_ms[0],
+                        r.step_ms[1], r.step_ms[2], r.call_ms[1], r.cpu_us_per_sample, rss / 1e6,
+                        cost, cost_ratio));
   }
   return md;
 }

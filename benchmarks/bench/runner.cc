@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "benchmarks/bench/echo_ceiling.h"
 #include "benchmarks/bench/ids.h"
 #include "benchmarks/bench/local_cluster.h"
 #include "benchmarks/bench/process_stats.h"
@@ -483,6 +484,14 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
   }
   r.memcpy_bytes_per_s = MemcpyBytesPerSecond(table_bytes, step_bytes);
   r.vs_memcpy = r.memcpy_bytes_per_s > 0 ? r.payload_bytes_per_s / r.memcpy_bytes_per_s : 0;
+  if (s.mode() == "coordinator" || s.mode() == "smart") {
+    // One lookup call of the first table: its ids out, its rows back.
+    const int64_t rows_back = pooled ? s.batch_size() : ids_per_table;
+    const EchoCeiling echo = MeasureEcho(ids_per_table * 8, rows_back * work[0].dim * 4);
+    r.echo_bytes_per_s = echo.unary_bytes_per_s;
+    r.echo_stream_bytes_per_s = echo.stream_bytes_per_s;
+    r.vs_echo = r.echo_bytes_per_s > 0 ? r.payload_bytes_per_s / r.echo_bytes_per_s : 0;
+  }
   if (train && r.steps > 0) {
     r.gemm_gflops = GemmGflops(model, s.batch_size());
     r.step_gflops = StepFlops(model, s.batch_size()) * r.steps / r.seconds / 1e9;

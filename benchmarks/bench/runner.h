@@ -34,6 +34,12 @@ struct ScenarioResult {
   // buffer the size of the tables (capped at 1 GiB); vs_memcpy = payload over that.
   double memcpy_bytes_per_s = 0;
   double vs_memcpy = 0;
+  // Transport ceiling, same run (cluster modes): a raw gRPC echo carrying one call's
+  // payload (a lookup's ids and rows), unary and on one stream; vs_echo = payload bytes/s
+  // over the unary echo's.
+  double echo_bytes_per_s = 0;
+  double echo_stream_bytes_per_s = 0;
+  double vs_echo = 0;
   // Dense compute ceiling, same run (train workload): Eigen GEMM GFLOP/s at the model's
   // layer shapes and batch, one thread as the CPU backend; step_gflops counts the step's
   // matrix FLOPs (forward and backward) over its time; vs_gemm = step over ceiling.
