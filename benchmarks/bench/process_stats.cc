@@ -34,6 +34,11 @@ ProcessUsage ReadProcessUsage(pid_t pid) {
   return u;
 }
 
+void ResetPeakRss(pid_t pid) {
+  std::ofstream clear("/proc/" + std::to_string(pid) + "/clear_refs");
+  clear << "5";
+}
+
 double Percentile(std::vector<double>& values, double p) {
   if (values.empty()) return 0;
   const size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * values.size()));

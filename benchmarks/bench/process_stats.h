@@ -17,6 +17,10 @@ struct ProcessUsage {
 // Zeros when the process is gone or /proc cannot be read.
 ProcessUsage ReadProcessUsage(pid_t pid);
 
+// Starts the process's peak resident memory again from its current size (Linux
+// clear_refs); silently nothing where that is not allowed.
+void ResetPeakRss(pid_t pid);
+
 // The p-th percentile (0..100) of `values` by nearest rank; 0 when empty. Reorders them.
 double Percentile(std::vector<double>& values, double p);
 

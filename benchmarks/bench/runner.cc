@@ -436,7 +436,10 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   std::vector<double> cpu_before;
-  for (pid_t p : pids) cpu_before.push_back(ReadProcessUsage(p).cpu_seconds);
+  for (pid_t p : pids) {
+    ResetPeakRss(p);  // peaks of this scenario only (the harness runs many)
+    cpu_before.push_back(ReadProcessUsage(p).cpu_seconds);
+  }
   timed.set_recording(true);
   measuring = true;
   const auto start = Clock::now();
