@@ -227,6 +227,18 @@ absl::Status Normalize(Scenario* s) {
       if (t.dim() != s->tables(0).dim()) return bad("train: every table needs the same dim");
     }
   }
+  if (w == "train" && s->bottom_mlp().empty()) {
+    for (int width : {512, 256, 64}) s->add_bottom_mlp(width);
+  }
+  if (w == "train" && s->top_mlp().empty()) {
+    for (int width : {512, 256}) s->add_top_mlp(width);
+  }
+  for (int width : s->bottom_mlp()) {
+    if (width < 1) return bad("bottom_mlp widths must be >= 1");
+  }
+  for (int width : s->top_mlp()) {
+    if (width < 1) return bad("top_mlp widths must be >= 1");
+  }
   if (s->warmup_seconds() == 0) s->set_warmup_seconds(1);
   if (s->seconds() == 0) s->set_seconds(5);
   if (s->warmup_seconds() < 0 || s->seconds() <= 0) return bad("seconds must be > 0");
@@ -304,6 +316,8 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
   std::unique_ptr<trainer::Trainer> dlrm;
   std::vector<trainer::Batch> train_batches;
   if (train) {
+    model.bottom_mlp.assign(s.bottom_mlp().begin(), s.bottom_mlp().end());
+    model.top_mlp.assign(s.top_mlp().begin(), s.top_mlp().end());
     model.num_sparse = static_cast<int>(work.size());
     model.emb_dim = work[0].dim;
     model.seed = s.seed();
