@@ -133,7 +133,8 @@ class CpuDenseBackend final : public trainer::DenseBackend {
     std::fill(grads_.begin(), grads_.end(), 0.0f);
 
     const Mat& logit = top_h_.back();
-    Mat delta(1, batch);
+    if (back_[0].size() < static_cast<size_t>(batch)) back_[0].resize(batch);
+    MatMap delta(back_[0].data(), 1, batch);
     double loss = 0.0;
     for (int b = 0; b < batch; ++b) {
       const float x = logit(0, b);
@@ -145,10 +146,11 @@ class CpuDenseBackend final : public trainer::DenseBackend {
     }
     loss /= batch;
 
-    Mat d_top_in = BackLayers(top_, top_in_, top_h_, delta, /*need_input_grad=*/true);
+    const MatMap d_top_in = BackLayers(top_, top_in_, top_h_, delta, /*need_input_grad=*/true);
 
     // Interaction backward: dT_b = (G + G^T) T_b with G(i, j) = dL/d<t_i, t_j>, i > j.
-    Mat d_z0 = d_top_in.topRows(d);
+    d_z0_ = d_top_in.topRows(d);  // same size every step: the storage is kept
+    Mat& d_z0 = d_z0_;
     RowMat g(f1, f1);
     RowMat dt(f1, d);
     for (int b = 0; b < batch; ++b) {
@@ -169,7 +171,8 @@ class CpuDenseBackend final : public trainer::DenseBackend {
                                        d) = dt.row(f + 1);
       }
     }
-    BackLayers(bottom_, input_, bottom_h_, d_z0, /*need_input_grad=*/false);
+    BackLayers(bottom_, input_, bottom_h_, MatMap(d_z0.data(), d, batch),
+               /*need_input_grad=*/false);
     return loss;
   }
 
@@ -251,13 +254,17 @@ class CpuDenseBackend final : public trainer::DenseBackend {
     }
   }
 
-  // Backward through `layers` given dL/d(output of last layer) = `delta`; returns
-  // dL/d input when asked.
-  Mat BackLayers(const std::vector<Layer>& layers, const Mat& input, const std::vector<Mat>& h,
-                 Mat delta, bool need_input_grad) {
+  // Backward through `layers` given dL/d(output of last layer) in `delta` (overwritten:
+  // it is scratch); returns dL/d input when asked, as a view into back_ that stays valid
+  // until the next call. The per-layer gradients live in two buffers kept across steps,
+  // so a step allocates (and page-faults) nothing.
+  MatMap BackLayers(const std::vector<Layer>& layers, const Mat& input, const std::vector<Mat>& h,
+                    MatMap delta, bool need_input_grad) {
+    const Eigen::Index batch = delta.cols();
+    int next_buffer = delta.data() == back_[0].data() ? 1 : 0;
     for (int l = static_cast<int>(layers.size()) - 1; l >= 0; --l) {
       const Layer& L = layers[l];
-      if (L.relu) delta = delta.cwiseProduct((h[l].array() > 0.0f).cast<float>().matrix());
+      if (L.relu) delta.array() *= (h[l].array() > 0.0f).cast<float>();
       const Mat& prev = l == 0 ? input : h[l - 1];
       MatMap gw(grads_.data() + L.w_at, L.out, L.in);
       VecMap gb(grads_.data() + L.b_at, L.out);
@@ -265,11 +272,15 @@ class CpuDenseBackend final : public trainer::DenseBackend {
       gb += delta.rowwise().sum();
       if (l > 0 || need_input_grad) {
         ConstMatMap w(params_.data() + L.w_at, L.out, L.in);
-        Mat next = w.transpose() * delta;
-        delta = std::move(next);
+        AlignedFloats& buffer = back_[next_buffer];
+        if (buffer.size() < static_cast<size_t>(L.in) * batch) buffer.resize(L.in * batch);
+        MatMap next(buffer.data(), L.in, batch);
+        next.noalias() = w.transpose() * delta;
+        new (&delta) MatMap(next.data(), L.in, batch);
+        next_buffer ^= 1;
       }
     }
-    return need_input_grad ? delta : Mat();
+    return need_input_grad ? delta : MatMap(nullptr, 0, 0);
   }
 
   DlrmConfig config_;
@@ -277,6 +288,8 @@ class CpuDenseBackend final : public trainer::DenseBackend {
   std::vector<Layer> bottom_, top_;
   using AlignedFloats = std::vector<float, Eigen::aligned_allocator<float>>;
   AlignedFloats params_, grads_, m_, v_;
+  AlignedFloats back_[2];  // BackLayers' layer gradients, ping-pong
+  Mat d_z0_;
   int64_t adam_t_ = 0;
 
   int batch_ = 0;
