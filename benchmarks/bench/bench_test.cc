@@ -131,5 +131,18 @@ TEST(RunScenario, TrainsDlrmStepsAndRefusesUnknownNodeTypes) {
   EXPECT_THAT(bad.status().message(), HasSubstr("no-such-node"));
 }
 
+TEST(RunScenario, ClusterModeWithoutTheServerBinariesSaysWhatIsMissing) {
+  Prices prices;
+  (*prices.mutable_nodes())["test-node"].set_usd_per_hour(1);
+  RunOptions o;
+  o.prices = &prices;
+  o.bin_dir = "/nonexistent";
+  Scenario s = Quick("c", "lookup");
+  s.set_mode("smart");
+  auto r = RunScenario(s, o);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("/nonexistent/tessera-shard not found"));
+}
+
 }  // namespace
 }  // namespace tessera::bench
