@@ -1,0 +1,174 @@
+// A shard on a data directory over a real gRPC channel: a disk that refuses writes gives
+// the RPC its error and changes nothing stored; checkpoint RPCs need a data directory.
+
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+
+#include "embedding/storage/durable_collection.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "server/shard_service.h"
+
+namespace tessera::server {
+namespace {
+
+namespace fs = std::filesystem;
+
+// RocksDB underneath; every write fails while `full` is set, as on a full disk.
+class FullDiskStore final : public storage::KvStore {
+ public:
+  FullDiskStore(std::unique_ptr<storage::KvStore> inner, std::atomic<bool>* full)
+      : inner_(std::move(inner)), full_(full) {}
+  absl::Status Write(absl::Span<const storage::KvWrite> w, bool sync) override {
+    return full_->load() ? Full() : inner_->Write(w, sync);
+  }
+  absl::Status WriteUnlogged(absl::Span<const storage::KvWrite> w) override {
+    return full_->load() ? Full() : inner_->WriteUnlogged(w);
+  }
+  absl::StatusOr<std::optional<std::string>> Get(absl::string_view key) const override {
+    return inner_->Get(key);
+  }
+  absl::Status Scan(
+      absl::string_view prefix,
+      const std::function<absl::Status(absl::string_view, absl::string_view)>& fn) const override {
+    return inner_->Scan(prefix, fn);
+  }
+  absl::Status Checkpoint(const std::string& dir) override {
+    return full_->load() ? Full() : inner_->Checkpoint(dir);
+  }
+  int64_t ApproximateBytes() const override { return inner_->ApproximateBytes(); }
+
+ private:
+  static absl::Status Full() { return absl::ResourceExhaustedError("No space left on device"); }
+  std::unique_ptr<storage::KvStore> inner_;
+  std::atomic<bool>* full_;
+};
+
+class DurableShardTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "tessera-shard-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    Stop();
+    fs::remove_all(dir_);
+  }
+
+  void Start(bool durable) {
+    if (durable) {
+      storage::DurableOptions o;
+      o.data_dir = dir_;
+      o.log = [](const std::string&) {};
+      o.open_store = [this](const std::string& path, const storage::KvStoreOptions& ko)
+          -> absl::StatusOr<std::unique_ptr<storage::KvStore>> {
+        auto inner = storage::OpenRocksDbStore(path, ko);
+        if (!inner.ok()) return inner.status();
+        return std::unique_ptr<storage::KvStore>(new FullDiskStore(*std::move(inner), &full_));
+      };
+      tables_ = std::move(storage::DurableCollection::Open(o)).value();
+    } else {
+      tables_ = std::move(embedding::NewInProcessCollection(1)).value();
+    }
+    service_ = std::make_unique<ShardService>(tables_.get(), ShardOptions());
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(service_.get());
+    server_ = b.BuildAndStart();
+    stub_ = v1::EmbeddingShard::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                            grpc::InsecureChannelCredentials()));
+  }
+  void Stop() {
+    if (server_) server_->Shutdown();
+    server_.reset();
+    service_.reset();
+    tables_.reset();
+  }
+
+  grpc::Status Push(const std::vector<int64_t>& ids, float g) {
+    grpc::ClientContext ctx;
+    v1::PushGradientsRequest req;
+    req.set_table("wt");
+    req.mutable_ids()->Add(ids.begin(), ids.end());
+    for (size_t i = 0; i < ids.size() * 4; ++i) req.add_gradients(g);
+    v1::PushGradientsResponse resp;
+    return stub_->PushGradients(&ctx, req, &resp);
+  }
+  std::vector<float> Rows(const std::vector<int64_t>& ids) {
+    grpc::ClientContext ctx;
+    v1::LookupRequest req;
+    req.set_table("wt");
+    req.set_read_only(true);
+    req.mutable_ids()->Add(ids.begin(), ids.end());
+    v1::LookupResponse resp;
+    EXPECT_TRUE(stub_->Lookup(&ctx, req, &resp).ok());
+    return std::vector<float>(resp.values().begin(), resp.values().end());
+  }
+
+  std::string dir_;
+  std::atomic<bool> full_{false};
+  std::unique_ptr<embedding::EmbeddingCollection> tables_;
+  std::unique_ptr<ShardService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::EmbeddingShard::Stub> stub_;
+};
+
+TEST_F(DurableShardTest, FullDiskFailsThePushOverTheWireAndChangesNothing) {
+  Start(/*durable=*/true);
+  v1::TableConfig c;
+  c.set_name("wt");
+  c.set_dim(4);
+  c.set_durability(v1::WRITE_THROUGH);
+  c.mutable_optimizer()->set_type(v1::SGD);
+  c.mutable_optimizer()->set_learning_rate(0.5f);
+  {
+    grpc::ClientContext ctx;
+    v1::CreateTableRequest req;
+    *req.mutable_config() = c;
+    v1::CreateTableResponse resp;
+    ASSERT_TRUE(stub_->CreateTable(&ctx, req, &resp).ok());
+  }
+  const std::vector<int64_t> ids = {1, 2, 3};
+  ASSERT_TRUE(Push(ids, 1.0f).ok());
+  const auto before = Rows(ids);
+  full_ = true;
+  grpc::Status s = Push({1, 2, 3, 4}, 2.0f);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), testing::HasSubstr("No space left on device"));
+  EXPECT_EQ(Rows(ids), before);
+  {
+    grpc::ClientContext ctx;
+    v1::CheckpointRequest req;
+    req.set_step(1);
+    v1::CheckpointResponse resp;
+    EXPECT_EQ(stub_->Checkpoint(&ctx, req, &resp).error_code(),
+              grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  full_ = false;
+  Stop();
+  Start(/*durable=*/true);  // what the disk holds: the first push, not the refused one
+  EXPECT_EQ(Rows(ids), before);
+  grpc::ClientContext ctx;
+  v1::ListCheckpointsResponse list;
+  ASSERT_TRUE(stub_->ListCheckpoints(&ctx, {}, &list).ok());
+  EXPECT_EQ(list.checkpoints_size(), 0);
+}
+
+TEST_F(DurableShardTest, CheckpointsNeedADataDirectory) {
+  Start(/*durable=*/false);
+  grpc::ClientContext ctx;
+  v1::CheckpointRequest req;
+  req.set_step(1);
+  v1::CheckpointResponse resp;
+  grpc::Status s = stub_->Checkpoint(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), testing::HasSubstr("--data_dir"));
+}
+
+}  // namespace
+}  // namespace tessera::server
