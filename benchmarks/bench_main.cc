@@ -35,6 +35,7 @@ ABSL_FLAG(int, shards, 1, "scenario from flags: shards");
 ABSL_FLAG(int, batch_size, 4096, "scenario from flags: samples per step");
 ABSL_FLAG(int64_t, rows, 1000000, "scenario from flags: rows per table");
 ABSL_FLAG(int, dim, 64, "scenario from flags: embedding dimension");
+ABSL_FLAG(std::string, dtype, "fp32", "scenario from flags: stored weights, fp32, fp16 or bf16");
 ABSL_FLAG(int, num_tables, 1, "scenario from flags: tables");
 ABSL_FLAG(std::string, distribution, "uniform", "scenario from flags: uniform or zipf");
 ABSL_FLAG(double, zipf_s, 1.05, "scenario from flags: Zipf exponent");
@@ -103,6 +104,7 @@ absl::Status Run() {
     t->set_count(absl::GetFlag(FLAGS_num_tables));
     t->set_rows(absl::GetFlag(FLAGS_rows));
     t->set_dim(absl::GetFlag(FLAGS_dim));
+    t->set_dtype(absl::GetFlag(FLAGS_dtype));
     s.set_distribution(absl::GetFlag(FLAGS_distribution));
     s.set_zipf_s(absl::GetFlag(FLAGS_zipf_s));
     s.set_workload(absl::GetFlag(FLAGS_workload));

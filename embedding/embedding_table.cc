@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "embedding/batch_ops.h"
+#include "embedding/dtype.h"
 #include "embedding/sharding.h"
 #include "embedding/status.h"
 
@@ -202,6 +203,9 @@ absl::Status ValidateTableConfig(const v1::TableConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat(label, ": initializer scale must be >= 0, got ",
                                                    config.initializer().scale()));
   }
+  if (!v1::Dtype_IsValid(config.dtype())) {
+    return absl::InvalidArgumentError(absl::StrCat(label, ": unknown dtype ", config.dtype()));
+  }
   if (!v1::EvictionPolicy_IsValid(config.eviction().policy())) {
     return absl::InvalidArgumentError(
         absl::StrCat(label, ": unknown eviction policy ", config.eviction().policy()));
@@ -235,6 +239,8 @@ EmbeddingTable::EmbeddingTable(const v1::TableConfig& config, int64_t row_budget
                                std::unique_ptr<Optimizer> optimizer)
     : config_(config),
       dim_(config.dim()),
+      dtype_(config.dtype()),
+      weight_floats_((config.dim() * DtypeBytes(config.dtype()) + 3) / 4),
       state_floats_(optimizer->StateFloats()),
       row_budget_(row_budget),
       optimizer_(std::move(optimizer)),
@@ -242,7 +248,7 @@ EmbeddingTable::EmbeddingTable(const v1::TableConfig& config, int64_t row_budget
       ttl_steps_(config.eviction().ttl_steps()),
       stripes_(new Stripe[kNumStripes]) {
   // Meta is 8-byte aligned: put it at an even float offset.
-  int meta_at = dim_ + state_floats_;
+  int meta_at = weight_floats_ + state_floats_;
   meta_at += meta_at & 1;
   stride_floats_ = (meta_at + kMetaFloats + 15) / 16 * 16;
   init_type_ = config.initializer().type() == v1::INITIALIZER_UNSPECIFIED
@@ -262,7 +268,7 @@ EmbeddingTable::StoredMeta* EmbeddingTable::StoredMetaOf(float* row) const {
 }
 
 RowMeta* EmbeddingTable::MetaOf(float* row) const {
-  int meta_at = dim_ + state_floats_;
+  int meta_at = weight_floats_ + state_floats_;
   meta_at += meta_at & 1;
   return reinterpret_cast<RowMeta*>(row + meta_at);
 }
@@ -293,12 +299,66 @@ void EmbeddingTable::InitialWeights(int64_t id, float* out) const {
       for (int j = 0; j < dim_; ++j) out[j] = (2.0f * UnitFloat(bits(j)) - 1.0f) * init_scale_;
       break;
   }
+  if (dtype_ != v1::FP32) {
+    // What a stored row of this dtype holds.
+    thread_local std::vector<uint16_t> half;
+    half.resize(dim_);
+    EncodeWeights(dtype_, out, dim_, half.data());
+    DecodeWeights(dtype_, half.data(), dim_, out);
+  }
 }
 
 void EmbeddingTable::InitRow(int64_t id, float* row) const {
-  InitialWeights(id, row);
-  optimizer_->InitState(row + dim_);
+  if (dtype_ == v1::FP32) {
+    InitialWeights(id, row);
+  } else {
+    thread_local std::vector<float> w;
+    w.resize(dim_);
+    InitialWeights(id, w.data());
+    StoreWeights(w.data(), row);
+  }
+  optimizer_->InitState(StateOf(row));
   *StoredMetaOf(row) = StoredMeta{};
+}
+
+void EmbeddingTable::CopyWeightsOut(const float* row, float* out) const {
+  if (dtype_ == v1::FP32) {
+    std::memcpy(out, row, static_cast<size_t>(dim_) * sizeof(float));
+  } else {
+    DecodeWeights(dtype_, row, dim_, out);
+  }
+}
+
+const float* EmbeddingTable::WeightsView(const float* row) const {
+  if (dtype_ == v1::FP32) return row;
+  thread_local std::vector<float> w;
+  w.resize(dim_);
+  DecodeWeights(dtype_, row, dim_, w.data());
+  return w.data();
+}
+
+void EmbeddingTable::StoreWeights(const float* w, float* row) const {
+  EncodeWeights(dtype_, w, dim_, row);
+}
+
+void EmbeddingTable::UpdateRowLocked(Stripe& stripe, int64_t id, float* row, const float* grad,
+                                     int64_t step, float* scratch) {
+  std::memcpy(scratch, grad, static_cast<size_t>(dim_) * sizeof(float));
+  StoredMeta* stored = StoredMetaOf(row);
+  const int64_t prior = stored->meta.update_count;
+  if (dtype_ == v1::FP32) {
+    optimizer_->Update(row, StateOf(row), scratch, prior);
+  } else {
+    float* widened = scratch + dim_;
+    DecodeWeights(dtype_, row, dim_, widened);
+    optimizer_->Update(widened, StateOf(row), scratch, prior);
+    const uint64_t seed = Mix64(init_key_ ^ Mix64(static_cast<uint64_t>(id)) ^
+                                (static_cast<uint64_t>(prior) * kGolden));
+    EncodeWeightsStochastic(dtype_, widened, dim_, seed, row);
+  }
+  stored->meta.update_count = prior + 1;
+  stored->meta.last_step = step;
+  if (stored->dirty == 0) MarkDirtyLocked(stripe, id, row);
 }
 
 absl::Status EmbeddingTable::BudgetError() const {
@@ -386,8 +446,8 @@ absl::Status EmbeddingTable::EvictOneLocked(Stripe& stripe) {
   const int64_t id = victim->id;
   float* row = victim->row;
   if (spill_ != nullptr) {
-    TESSERA_RETURN_IF_ERROR(
-        spill_->Evict(id, row, row + dim_, *MetaOf(row), StoredMetaOf(row)->dirty != 0));
+    TESSERA_RETURN_IF_ERROR(spill_->Evict(id, WeightsView(row), StateOf(row), *MetaOf(row),
+                                          StoredMetaOf(row)->dirty != 0));
   }
   EraseLocked(stripe, id, MapHash(id));
   evictions_.fetch_add(1, std::memory_order_relaxed);
@@ -408,7 +468,9 @@ absl::StatusOr<float*> EmbeddingTable::InsertManagedLocked(Stripe& stripe, int64
   if (spill_ != nullptr) {
     RowMeta meta;
     bool dirty = false;
-    absl::StatusOr<bool> kept = spill_->Fetch(id, row, row + dim_, &meta, &dirty);
+    thread_local std::vector<float> weights;
+    weights.resize(dim_);
+    absl::StatusOr<bool> kept = spill_->Fetch(id, weights.data(), StateOf(row), &meta, &dirty);
     if (!kept.ok()) {
       EraseLocked(stripe, id, hash);
       return kept.status();
@@ -419,6 +481,7 @@ absl::StatusOr<float*> EmbeddingTable::InsertManagedLocked(Stripe& stripe, int64
       InitRow(id, row);
       expirations_.fetch_add(1, std::memory_order_relaxed);
     } else if (*kept) {
+      StoreWeights(weights.data(), row);
       StoredMetaOf(row)->meta = meta;
       if (dirty) MarkDirtyLocked(stripe, id, row);
     }
@@ -429,7 +492,7 @@ absl::StatusOr<float*> EmbeddingTable::InsertManagedLocked(Stripe& stripe, int64
 absl::Status EmbeddingTable::ApplyManaged(absl::Span<const int64_t> ids, const float* grads,
                                           int64_t step) {
   thread_local std::vector<float> scratch;
-  scratch.resize(dim_);
+  scratch.resize(2 * static_cast<size_t>(dim_));
   for (size_t i = 0; i < ids.size(); ++i) {
     const uint64_t h = MapHash(ids[i]);
     Stripe& stripe = stripes_[h >> kStripeShift];
@@ -438,12 +501,7 @@ absl::Status EmbeddingTable::ApplyManaged(absl::Span<const int64_t> ids, const f
     if (row == nullptr) {
       TESSERA_ASSIGN_OR_RETURN(row, InsertManagedLocked(stripe, ids[i], h));
     }
-    std::memcpy(scratch.data(), grads + i * dim_, dim_ * sizeof(float));
-    StoredMeta* stored = StoredMetaOf(row);
-    optimizer_->Update(row, row + dim_, scratch.data(), stored->meta.update_count);
-    stored->meta.update_count += 1;
-    stored->meta.last_step = step;
-    if (stored->dirty == 0) MarkDirtyLocked(stripe, ids[i], row);
+    UpdateRowLocked(stripe, ids[i], row, grads + i * dim_, step, scratch.data());
   }
   return absl::OkStatus();
 }
@@ -540,7 +598,7 @@ static void FindGroup(const Stripe& stripe, absl::Span<const int64_t> ids, Strip
 absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
                                     bool insert_missing) {
   const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
-  const int row_lines = static_cast<int>((row_bytes + 63) / 64);
+  const int row_lines = static_cast<int>((static_cast<size_t>(weight_floats_) * 4 + 63) / 64);
   StripePlan& plan = PlanByStripe(ids);
   for (int s = 0; s < kNumStripes; ++s) {
     const int b = plan.begin[s];
@@ -555,7 +613,12 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
       for (int k = c; k < ce; ++k) {
         const int32_t pos = plan.order[k];
         if (plan.rows[k] != nullptr) {
-          std::memcpy(out + static_cast<size_t>(pos) * dim_, plan.rows[k], row_bytes);
+          float* dst = out + static_cast<size_t>(pos) * dim_;
+          if (dtype_ == v1::FP32) {
+            std::memcpy(dst, plan.rows[k], row_bytes);
+          } else {
+            DecodeWeights(dtype_, plan.rows[k], dim_, dst);
+          }
         } else {
           plan.missing.push_back(pos);
         }
@@ -571,7 +634,7 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
       Stripe& stripe = stripes_[h >> kStripeShift];
       absl::MutexLock lock(&stripe.mu);
       if (const float* row = stripe.Find(id, h)) {
-        std::memcpy(dst, row, row_bytes);
+        CopyWeightsOut(row, dst);
         continue;
       }
       if (!insert_missing) {
@@ -594,7 +657,7 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
         continue;
       }
       TESSERA_ASSIGN_OR_RETURN(float* row, InsertManagedLocked(stripe, id, h));
-      std::memcpy(dst, row, row_bytes);
+      CopyWeightsOut(row, dst);
       continue;
     }
     if (!insert_missing) {
@@ -604,7 +667,7 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
     Stripe& stripe = stripes_[h >> kStripeShift];
     absl::MutexLock lock(&stripe.mu);
     if (const float* row = stripe.Find(id, h)) {
-      std::memcpy(dst, row, row_bytes);
+      CopyWeightsOut(row, dst);
       continue;
     }
     if (num_rows_.fetch_add(1, std::memory_order_relaxed) >= row_budget_ && row_budget_ > 0) {
@@ -616,7 +679,7 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
       num_rows_.fetch_sub(1, std::memory_order_relaxed);
       return OutOfMemoryError();
     }
-    std::memcpy(dst, row, row_bytes);
+    CopyWeightsOut(row, dst);
   }
   return absl::OkStatus();
 }
@@ -666,7 +729,7 @@ absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const flo
   }
 
   thread_local std::vector<float> scratch;
-  scratch.resize(dim_);
+  scratch.resize(2 * static_cast<size_t>(dim_));
   const int row_lines =
       static_cast<int>((static_cast<size_t>(dim_ + state_floats_) * sizeof(float) + 63) / 64);
   int64_t created = 0;
@@ -690,12 +753,8 @@ absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const flo
           }
           ++created;
         }
-        std::memcpy(scratch.data(), grads + static_cast<size_t>(pos) * dim_, dim_ * sizeof(float));
-        StoredMeta* stored = StoredMetaOf(row);
-        optimizer_->Update(row, row + dim_, scratch.data(), stored->meta.update_count);
-        stored->meta.update_count += 1;
-        stored->meta.last_step = step;
-        if (stored->dirty == 0) MarkDirtyLocked(stripe, ids[pos], row);
+        UpdateRowLocked(stripe, ids[pos], row, grads + static_cast<size_t>(pos) * dim_, step,
+                        scratch.data());
       }
     }
   }
@@ -725,8 +784,9 @@ absl::StatusOr<RowSnapshot> EmbeddingTable::ReadRow(int64_t id) const {
     return absl::NotFoundError(absl::StrCat("table '", name(), "': no row for id ", id));
   }
   RowSnapshot snap;
-  snap.weights.assign(row, row + dim_);
-  snap.state.assign(row + dim_, row + dim_ + state_floats_);
+  snap.weights.resize(dim_);
+  CopyWeightsOut(row, snap.weights.data());
+  snap.state.assign(StateOf(row), StateOf(row) + state_floats_);
   snap.meta = *MetaOf(row);
   return snap;
 }
@@ -736,7 +796,7 @@ void EmbeddingTable::ReadRows(absl::Span<const int64_t> ids, const RowFn& fn) co
     const uint64_t h = MapHash(id);
     Stripe& stripe = stripes_[h >> kStripeShift];
     absl::ReaderMutexLock lock(&stripe.mu);
-    if (const float* row = stripe.Find(id, h)) fn(id, row, row + dim_, *MetaOf(row));
+    if (const float* row = stripe.Find(id, h)) fn(id, WeightsView(row), StateOf(row), *MetaOf(row));
   }
 }
 
@@ -767,8 +827,8 @@ absl::Status EmbeddingTable::PutRow(int64_t id, absl::Span<const float> weights,
     ++stripe.size;
     *StoredMetaOf(row) = StoredMeta{};
   }
-  std::copy(weights.begin(), weights.end(), row);
-  std::copy(state.begin(), state.end(), row + dim_);
+  StoreWeights(weights.data(), row);
+  std::copy(state.begin(), state.end(), StateOf(row));
   StoredMetaOf(row)->meta = meta;
   return absl::OkStatus();
 }
@@ -784,7 +844,8 @@ void EmbeddingTable::ForEachDirtyRow(const RowFn& fn) const {
   for (int s = 0; s < kNumStripes; ++s) {
     Stripe& stripe = stripes_[s];
     absl::ReaderMutexLock lock(&stripe.mu);
-    for (const Stripe::Entry& e : stripe.dirty) fn(e.id, e.row, e.row + dim_, *MetaOf(e.row));
+    for (const Stripe::Entry& e : stripe.dirty)
+      fn(e.id, WeightsView(e.row), StateOf(e.row), *MetaOf(e.row));
   }
 }
 
@@ -811,7 +872,7 @@ void EmbeddingTable::ForEachRow(const RowFn& fn) const {
     Stripe& stripe = stripes_[s];
     absl::ReaderMutexLock lock(&stripe.mu);
     for (const Stripe::Entry& e : stripe.entries) {
-      if (e.row != nullptr) fn(e.id, e.row, e.row + dim_, *MetaOf(e.row));
+      if (e.row != nullptr) fn(e.id, WeightsView(e.row), StateOf(e.row), *MetaOf(e.row));
     }
   }
 }

@@ -55,14 +55,20 @@ absl::Status ValidateTableConfig(const v1::TableConfig& config);
 // (table seed, id), so the same id gets the same row whatever the shard, the request
 // order or the process. Ids never collide: the id->row map stores the full id.
 //
-// Storage: each row is [weights (dim) | optimizer state | RowMeta] padded to a multiple
-// of 64 bytes, carved from 64-byte-aligned slabs that never move, so a row's address is
-// stable for the table's lifetime.
+// Storage: each row is [weights (dim, in the config's dtype) | optimizer state (fp32) |
+// RowMeta] padded to a multiple of 64 bytes, carved from 64-byte-aligned slabs that never move, so
+// a row's address is stable for the table's lifetime.
 //
 // Thread safety: the id space is split into 64 stripes by a hash of the id, each with
 // its own absl::Mutex, open-addressing map and slabs. Lookups hold the stripe's reader
 // lock while copying a row out (so they never see a half-applied update); updates and
 // row creation hold its writer lock. Every method is safe to call concurrently.
+//
+// fp16 / bf16 tables store half-size weights and widen them to fp32 at every boundary:
+// lookups, the optimizer (whose math is fp32) and the RowFn callbacks all see floats.
+// An update rounds the new weights back stochastically, with random bits that are a pure
+// function of (table seed, id, the row's update count), so small updates are not lost
+// and a run replays bit for bit whatever the shard count.
 class EmbeddingTable {
  public:
   static constexpr int kNumStripes = 64;
@@ -117,6 +123,8 @@ class EmbeddingTable {
   // The weights a new row of `id` starts with: (dim).
   void InitialWeights(int64_t id, float* out) const;
 
+  // `weights` (dim) and `state` are valid during the call only (a half-precision table
+  // hands out widened copies).
   using RowFn = std::function<void(int64_t id, const float* weights, const float* state,
                                    const RowMeta& meta)>;
 
@@ -175,6 +183,20 @@ class EmbeddingTable {
   // TTL: drops every row not updated since step - ttl.
   void ExpireRows(int64_t step);
   void InitRow(int64_t id, float* row) const;
+  // The row's optimizer state, after its stored weights.
+  float* StateOf(float* row) const { return row + weight_floats_; }
+  const float* StateOf(const float* row) const { return row + weight_floats_; }
+  // Widens the row's stored weights into `out` (dim).
+  void CopyWeightsOut(const float* row, float* out) const;
+  // The row's weights as floats: the row itself for fp32, else widened into a
+  // thread-local buffer that the next call reuses.
+  const float* WeightsView(const float* row) const;
+  // Stores `w` (dim) as the row's weights, rounded to nearest.
+  void StoreWeights(const float* w, float* row) const;
+  // One optimizer step on `row` with gradient `grad` (dim; not changed); records `step`.
+  // `scratch`: (2 * dim) floats. Requires the stripe's writer lock.
+  void UpdateRowLocked(Stripe& stripe, int64_t id, float* row, const float* grad, int64_t step,
+                       float* scratch);
   struct StoredMeta;
   RowMeta* MetaOf(float* row) const;
   const RowMeta* MetaOf(const float* row) const;
@@ -184,6 +206,8 @@ class EmbeddingTable {
 
   v1::TableConfig config_;
   int dim_;
+  v1::Dtype dtype_;
+  int weight_floats_;  // floats the stored weights take: dim, or dim / 2 rounded up
   int state_floats_;
   int stride_floats_;  // weights + state + meta, rounded up to 16 floats (64 bytes)
   int64_t row_budget_;

@@ -1,11 +1,13 @@
 #include "embedding/embedding_table.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <set>
 #include <thread>
 #include <vector>
 
+#include "embedding/dtype.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -397,6 +399,116 @@ TEST(EmbeddingTable, EvictionConfigIsValidated) {
   EXPECT_EQ(EmbeddingTable::Create(c).status().code(), absl::StatusCode::kInvalidArgument);
   c = Evicting(v1::EVICTION_NONE, 0, -1);
   EXPECT_EQ(EmbeddingTable::Create(c).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+v1::TableConfig HalfConfig(v1::Dtype dtype, int dim, v1::OptimizerType opt = v1::SGD) {
+  v1::TableConfig c = Config(dim, opt);
+  c.set_dtype(dtype);
+  return c;
+}
+
+TEST(EmbeddingTable, HalfTablesStartFromTheRoundedFp32RowsInLessMemory) {
+  auto full = Make(Config(64));
+  std::vector<int64_t> ids(4096);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i) * 7919 - 100000;
+  std::vector<float> want(ids.size() * 64);
+  ASSERT_TRUE(full->Lookup(ids, want.data()).ok());
+  for (const v1::Dtype d : {v1::BF16, v1::FP16}) {
+    auto half = Make(HalfConfig(d, 64));
+    std::vector<float> got(ids.size() * 64), peek(64);
+    half->InitialWeights(ids[3], peek.data());  // before the row exists
+    ASSERT_TRUE(half->Lookup(ids, got.data()).ok());
+    for (size_t i = 0; i < got.size(); ++i) {
+      // Rounded to nearest: within half a unit in the last place of the fp32 value.
+      const float ulp = d == v1::BF16 ? 0x1p-8f : 0x1p-11f;
+      ASSERT_LE(std::fabs(got[i] - want[i]), std::fabs(want[i]) * ulp + 1e-7f) << i;
+    }
+    EXPECT_EQ(peek, std::vector<float>(got.begin() + 3 * 64, got.begin() + 4 * 64));
+    EXPECT_NE(got, want);
+    absl::StatusOr<RowSnapshot> row = half->ReadRow(ids[5]);
+    ASSERT_TRUE(row.ok());
+    EXPECT_EQ(row->weights, std::vector<float>(got.begin() + 5 * 64, got.begin() + 6 * 64));
+    // SGD rows of dim 64: 192 bytes instead of 320 (plus the same id map).
+    EXPECT_LT(half->MemoryBytes(), full->MemoryBytes() * 3 / 4) << DtypeName(d);
+  }
+}
+
+// Each step moves the weight by a fifth (bf16) or a fiftieth (fp16) of its rounding step:
+// rounding to nearest would keep every row at 1 forever.
+TEST(EmbeddingTable, HalfTablesKeepUpdatesSmallerThanTheirPrecisionOnAverage) {
+  for (const v1::Dtype d : {v1::BF16, v1::FP16}) {
+    auto t = Make(HalfConfig(d, 4));  // SGD, lr 0.1
+    const int kRows = 2000, kSteps = 100;
+    const float grad = d == v1::BF16 ? 1e-2f : 1e-4f;
+    std::vector<int64_t> ids(kRows);
+    for (int i = 0; i < kRows; ++i) {
+      ids[i] = i;
+      ASSERT_TRUE(t->PutRow(i, std::vector<float>(4, 1.0f), {}, RowMeta{}).ok());
+    }
+    std::vector<float> grads(kRows * 4, grad);
+    for (int s = 0; s < kSteps; ++s)
+      ASSERT_TRUE(t->ApplyUniqueGradients(ids, grads.data(), s).ok());
+    std::vector<float> out(kRows * 4);
+    ASSERT_TRUE(t->Lookup(ids, out.data()).ok());
+    double sum = 0;
+    for (const float f : out) sum += f;
+    const double want = 1.0 - 0.1 * grad * kSteps;
+    EXPECT_NEAR(sum / out.size(), want, 0.1 * (1.0 - want)) << DtypeName(d);
+  }
+}
+
+TEST(EmbeddingTable, HalfTableUpdatesReplayBitForBitHoweverTheBatchIsSplit) {
+  auto whole = Make(HalfConfig(v1::BF16, 16, v1::ADAGRAD));
+  auto split = Make(HalfConfig(v1::BF16, 16, v1::ADAGRAD));
+  auto full = Make(Config(16, v1::ADAGRAD));
+  std::vector<int64_t> ids(200);
+  std::vector<float> grads(200 * 16);
+  for (int i = 0; i < 200; ++i) ids[i] = i * 31 + 5;
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.001f * static_cast<float>(i % 97) - 0.04f;
+  for (int s = 0; s < 5; ++s) {
+    ASSERT_TRUE(whole->ApplyUniqueGradients(ids, grads.data(), s).ok());
+    ASSERT_TRUE(full->ApplyUniqueGradients(ids, grads.data(), s).ok());
+    absl::Span<const int64_t> all(ids);
+    ASSERT_TRUE(split->ApplyUniqueGradients(all.subspan(120), grads.data() + 120 * 16, s).ok());
+    ASSERT_TRUE(split->ApplyUniqueGradients(all.subspan(0, 120), grads.data(), s).ok());
+  }
+  std::vector<float> a(200 * 16), b(200 * 16);
+  ASSERT_TRUE(whole->Lookup(ids, a.data()).ok());
+  ASSERT_TRUE(split->Lookup(ids, b.data()).ok());
+  EXPECT_EQ(a, b);
+  for (const int64_t id : {ids[0], ids[150]}) {
+    // The accumulator is fp32 and depends on the gradients alone: equal to the fp32 table's.
+    EXPECT_EQ(whole->ReadRow(id)->state, full->ReadRow(id)->state);
+    EXPECT_EQ(whole->ReadRow(id)->meta.update_count, 5);
+  }
+  // The callbacks see the same widened weights the lookups return.
+  int seen = 0;
+  whole->ForEachDirtyRow([&](int64_t id, const float* w, const float*, const RowMeta&) {
+    const size_t at = std::find(ids.begin(), ids.end(), id) - ids.begin();
+    ASSERT_LT(at, ids.size());
+    EXPECT_EQ(std::vector<float>(w, w + 16),
+              std::vector<float>(a.begin() + at * 16, a.begin() + at * 16 + 16));
+    ++seen;
+  });
+  EXPECT_EQ(seen, 200);
+}
+
+TEST(EmbeddingTable, HalfTablesStoreWhatPutRowGivesRounded) {
+  auto t = Make(HalfConfig(v1::FP16, 4, v1::ADAM));
+  const std::vector<float> w = {0.5f, -0.25f, 1e6f, 1.0f / 3};
+  const std::vector<float> state = {1, 2, 3, 4, 5, 6, 7, 8};
+  ASSERT_TRUE(t->PutRow(9, w, state, RowMeta{3, 4}).ok());
+  absl::StatusOr<RowSnapshot> row = t->ReadRow(9);
+  ASSERT_TRUE(row.ok());
+  EXPECT_EQ(row->weights[0], 0.5f);
+  EXPECT_EQ(row->weights[1], -0.25f);
+  EXPECT_EQ(row->weights[2], 65504.0f);
+  EXPECT_EQ(row->weights[3], static_cast<float>(static_cast<_Float16>(1.0f / 3)));
+  EXPECT_EQ(row->state, state);
+  EXPECT_EQ(row->meta.update_count, 4);
+  v1::TableConfig bad = HalfConfig(v1::FP16, 4);
+  bad.set_dtype(static_cast<v1::Dtype>(7));
+  EXPECT_EQ(EmbeddingTable::Create(bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(EmbeddingTable, RejectsBadConfigs) {

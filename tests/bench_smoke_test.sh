@@ -13,7 +13,9 @@ fail() { echo "FAIL: $*"; exit 1; }
 grep -q "smoke-smart: starting 2 shard(s) and a coordinator" "$OUT/log" || fail "no progress lines"
 [ "$(wc -l < "$OUT/results.jsonl")" = 4 ] || fail "expected 4 JSON records"
 grep -q '"scenario":"smoke-redis","mode":"redis"' "$OUT/results.jsonl" || fail "redis baseline missing"
-grep -q '"scenario":"smoke-train".*"vs_gemm":0\.[0-9]*[1-9]' "$OUT/results.jsonl" || fail "train without a GEMM ratio"
+# Any positive ratio: the ceiling is measured on shared cores, so a noisy run can pass 1.
+grep -Eq '"scenario":"smoke-train".*"vs_gemm":(0\.[0-9]*[1-9]|[1-9])' "$OUT/results.jsonl" \
+  || fail "train without a GEMM ratio"
 grep -q '"scenario":"smoke-smart","mode":"smart","shards":2' "$OUT/results.jsonl" \
   || fail "smart record missing"
 grep -q '"usd_per_million_samples":0\.0' "$OUT/results.jsonl" || fail "no cost figure"

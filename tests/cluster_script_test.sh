@@ -23,7 +23,11 @@ $CLI create --table=user --dim=8 --optimizer=adam >/dev/null
 if $CLI create --table=user --dim=8 >/dev/null 2>&1; then fail "duplicate create succeeded"; fi
 { $CLI create --table=user --dim=8 2>&1 || true; } | grep -q ALREADY_EXISTS \
   || fail "duplicate create must say ALREADY_EXISTS"
-$CLI tables | grep -q "^user  *8 adam" || fail "table not listed"
+$CLI tables | grep -q "^user  *8 fp32  *adam" || fail "table not listed"
+$CLI create --table=half --dim=8 --dtype=bf16 >/dev/null
+$CLI tables | grep -q "^half  *8 bf16  *adagrad" || fail "bf16 table not listed"
+{ $CLI create --table=bad --dim=8 --dtype=int8 2>&1 || true; } | grep -q "unknown dtype 'int8'" \
+  || fail "an unknown dtype must be refused by name"
 out="$($CLI lookup --table=user --ids=1,2,3)"
 [ "$(echo "$out" | wc -l)" = 3 ] || fail "lookup printed: $out"
 [ "$(echo "$out" | head -1 | wc -w)" = 9 ] || fail "expected 8 values per row: $out"
@@ -46,7 +50,8 @@ for f in "$TESSERA_CLUSTER_DIR"/pids/*.pid; do [ -e "$f" ] && fail "pid file lef
 # The same cluster again: its tables, rows and checkpoints come back from the data dirs.
 if "$CLUSTER" start 2 >/dev/null 2>&1; then fail "start with another shard count must refuse"; fi
 "$CLUSTER" start 3 >/dev/null
-$CLI tables | grep -q "^user  *8 adam" || fail "table lost across a restart"
+$CLI tables | grep -q "^user  *8 fp32  *adam" || fail "table lost across a restart"
+$CLI tables | grep -q "^half  *8 bf16" || fail "bf16 table lost across a restart"
 [ "$($CLI lookup --table=user --ids=1,2,3)" = "$before" ] || fail "rows changed across a restart"
 $CLI checkpoints | grep -q "^step 7:" || fail "checkpoint lost across a restart"
 $CLI restore | grep -q "restored: step 7" || fail "restore failed"

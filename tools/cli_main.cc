@@ -2,7 +2,7 @@
 //
 //   tessera-cli [--coordinator=host:port] health [--address=host:port]
 //   tessera-cli tables
-//   tessera-cli create --table=user --dim=16 [--optimizer=adagrad --lr=0.05 --seed=1]
+//   tessera-cli create --table=user --dim=16 [--optimizer=adagrad --lr=0.05 --seed=1 --dtype=bf16]
 //   tessera-cli lookup --table=user --ids=1,2,3
 //   tessera-cli stats [--table=user]
 //   tessera-cli shardmap
@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "embedding/dtype.h"
 #include "embedding/optimizer.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -35,6 +36,7 @@ ABSL_FLAG(std::string, ids, "", "lookup: comma-separated ids");
 ABSL_FLAG(int, deadline_ms, 5000, "deadline of each call (checkpoint and restore: 30 min)");
 ABSL_FLAG(int64_t, step, -1, "checkpoint: its step (required); restore: which (-1 = newest)");
 ABSL_FLAG(std::string, durability, "checkpoint", "create: checkpoint or write_through");
+ABSL_FLAG(std::string, dtype, "fp32", "create: stored weights: fp32, fp16 or bf16");
 
 namespace {
 
@@ -109,9 +111,11 @@ int Run(const std::string& command) {
     tessera::v1::ListTablesResponse resp;
     grpc::Status s = stub->ListTables(ctx.get(), {}, &resp);
     if (!s.ok()) return Fail("tables", s);
-    std::printf("%-20s %6s %-16s %10s %12s\n", "table", "dim", "optimizer", "lr", "max_rows");
+    std::printf("%-20s %6s %-5s %-16s %10s %12s\n", "table", "dim", "dtype", "optimizer", "lr",
+                "max_rows");
     for (const auto& t : resp.tables()) {
-      std::printf("%-20s %6d %-16s %10g %12lld\n", t.name().c_str(), t.dim(),
+      std::printf("%-20s %6d %-5s %-16s %10g %12lld\n", t.name().c_str(), t.dim(),
+                  tessera::embedding::DtypeName(t.dtype()).c_str(),
                   tessera::embedding::OptimizerName(t.optimizer().type()).c_str(),
                   t.optimizer().learning_rate(), static_cast<long long>(t.max_rows()));
     }
@@ -119,14 +123,18 @@ int Run(const std::string& command) {
   }
   if (command == "create") {
     auto opt = tessera::embedding::ParseOptimizerName(absl::GetFlag(FLAGS_optimizer));
-    if (!opt.ok()) {
-      std::cerr << "tessera-cli: " << opt.status().message() << "\n";
-      return 1;
+    auto dtype = tessera::embedding::ParseDtypeName(absl::GetFlag(FLAGS_dtype));
+    for (const absl::Status& bad : {opt.status(), dtype.status()}) {
+      if (!bad.ok()) {
+        std::cerr << "tessera-cli: " << bad.message() << "\n";
+        return 1;
+      }
     }
     tessera::v1::CreateTableRequest req;
     auto* c = req.mutable_config();
     c->set_name(table);
     c->set_dim(absl::GetFlag(FLAGS_dim));
+    c->set_dtype(*dtype);
     c->set_seed(absl::GetFlag(FLAGS_seed));
     c->set_max_rows(absl::GetFlag(FLAGS_max_rows));
     c->mutable_optimizer()->set_type(*opt);

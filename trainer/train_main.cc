@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "client/embedding_client.h"
 #include "embedding/collection.h"
+#include "embedding/dtype.h"
 #include "embedding/optimizer.h"
 #include "embedding/status.h"
 #include "embedding/storage/durable_collection.h"
@@ -38,6 +39,7 @@ ABSL_FLAG(std::string, top_mlp, "64,32", "hidden widths of the top MLP (it ends 
 ABSL_FLAG(std::string, optimizer, "adagrad",
           "embedding optimizer: sgd, adagrad, rowwise_adagrad, adam or ftrl");
 ABSL_FLAG(double, lr, 0.05, "embedding learning rate");
+ABSL_FLAG(std::string, emb_dtype, "fp32", "how tables store weights: fp32, fp16 or bf16");
 ABSL_FLAG(std::string, dense_optimizer, "adam", "dense optimizer: adam or sgd");
 ABSL_FLAG(double, dense_lr, 2e-3, "dense learning rate");
 ABSL_FLAG(double, init_scale, 0.05, "embedding rows start U(-init_scale, init_scale)");
@@ -162,6 +164,9 @@ absl::Status Run() {
   table.set_max_rows(absl::GetFlag(FLAGS_max_rows));
   TESSERA_ASSIGN_OR_RETURN(v1::OptimizerType opt,
                            embedding::ParseOptimizerName(absl::GetFlag(FLAGS_optimizer)));
+  TESSERA_ASSIGN_OR_RETURN(v1::Dtype dtype,
+                           embedding::ParseDtypeName(absl::GetFlag(FLAGS_emb_dtype)));
+  table.set_dtype(dtype);
   table.mutable_optimizer()->set_type(opt);
   table.mutable_optimizer()->set_learning_rate(static_cast<float>(absl::GetFlag(FLAGS_lr)));
   table.mutable_initializer()->set_type(v1::UNIFORM);

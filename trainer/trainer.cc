@@ -57,11 +57,14 @@ absl::Status Trainer::CheckTables(const v1::TableConfig& prototype) const {
     if (it == tables.end()) {
       return absl::FailedPreconditionError(absl::StrCat("table '", name, "' is missing"));
     }
-    if (it->dim() != prototype.dim() || it->optimizer().type() != prototype.optimizer().type()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "table '", name, "' has dim ", it->dim(), " and optimizer ",
-          v1::OptimizerType_Name(it->optimizer().type()), ", this run wants dim ", prototype.dim(),
-          " and ", v1::OptimizerType_Name(prototype.optimizer().type())));
+    if (it->dim() != prototype.dim() || it->optimizer().type() != prototype.optimizer().type() ||
+        it->dtype() != prototype.dtype()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("table '", name, "' has dim ", it->dim(), ", optimizer ",
+                       v1::OptimizerType_Name(it->optimizer().type()), " and dtype ",
+                       v1::Dtype_Name(it->dtype()), ", this run wants dim ", prototype.dim(), ", ",
+                       v1::OptimizerType_Name(prototype.optimizer().type()), " and ",
+                       v1::Dtype_Name(prototype.dtype())));
     }
   }
   return absl::OkStatus();

@@ -23,6 +23,7 @@
 #endif
 #include "client/embedding_client.h"
 #include "embedding/collection.h"
+#include "embedding/dtype.h"
 #include "embedding/optimizer.h"
 #include "embedding/status.h"
 #include "trainer/dense_backend.h"
@@ -95,6 +96,7 @@ struct TableWork {
   std::string name;
   int dim = 0;
   int64_t rows = 0;
+  v1::Dtype dtype = v1::FP32;
 };
 
 // Pre-drawn ids, so that drawing them is not measured.
@@ -205,7 +207,9 @@ absl::Status Normalize(Scenario* s) {
     if (t.count() < 1 || t.rows() < 1 || t.dim() < 1) {
       return bad("each table needs count >= 1, rows >= 1 and dim >= 1");
     }
-    if (t.dtype() != "fp32") return bad(absl::StrCat("dtype '", t.dtype(), "': only fp32 so far"));
+    TESSERA_RETURN_IF_ERROR(embedding::ParseDtypeName(t.dtype()).status());
+    if (s->mode() == "redis" && t.dtype() != "fp32")
+      return bad("redis: the baseline stores fp32 rows");
   }
   if (s->distribution().empty()) s->set_distribution("uniform");
   if (s->distribution() != "uniform" && s->distribution() != "zipf") {
@@ -298,11 +302,12 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
   std::vector<TableWork> work;
   for (const TableSpec& spec : s.tables()) {
     for (int i = 0; i < spec.count(); ++i) {
-      work.push_back(TableWork{absl::StrCat("C", work.size() + 1), spec.dim(), spec.rows()});
+      work.push_back(TableWork{absl::StrCat("C", work.size() + 1), spec.dim(), spec.rows(),
+                               *embedding::ParseDtypeName(spec.dtype())});
     }
   }
   int64_t table_bytes = 0;
-  for (const auto& t : work) table_bytes += t.rows * t.dim * 4;
+  for (const auto& t : work) table_bytes += t.rows * t.dim * embedding::DtypeBytes(t.dtype);
 
   const bool train = s.workload() == "train";
   const bool lookups = s.workload() == "lookup" || s.workload() == "lookup_update";
@@ -328,6 +333,7 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
     dlrm = std::make_unique<trainer::Trainer>(&timed, dense.get(), to);
     v1::TableConfig proto;
     proto.set_dim(model.emb_dim);
+    proto.set_dtype(work[0].dtype);
     proto.set_seed(s.seed());
     proto.mutable_optimizer()->set_type(opt);
     TESSERA_RETURN_IF_ERROR(dlrm->CreateTables(proto));
@@ -344,6 +350,7 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
       v1::TableConfig c;
       c.set_name(t.name);
       c.set_dim(t.dim);
+      c.set_dtype(t.dtype);
       c.set_seed(s.seed());
       c.mutable_optimizer()->set_type(opt);
       TESSERA_RETURN_IF_ERROR(timed.CreateTable(c));

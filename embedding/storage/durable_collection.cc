@@ -486,16 +486,30 @@ absl::StatusOr<int64_t> DurableCollection::FlushDirtyRows() {
     embedding::RowMeta meta;
   };
   std::vector<Dirty> dirty;
+  std::vector<float> widened;  // fp16 / bf16 tables: the weights the callbacks lent
   for (const auto& [name, t] : tables_) {
     const auto& shards = *memory_->ShardsOf(name);
     const int dim = t.config.dim();
     const int sf = shards[0]->optimizer().StateFloats();
+    // A half-precision table hands out weights widened into a buffer it reuses: keep
+    // copies.
+    const bool copy_weights = t.config.dtype() != v1::FP32;
     dirty.clear();
+    widened.clear();
+    if (copy_weights) {
+      int64_t rows = 0;
+      for (const auto& shard : shards) rows += shard->DirtyRows();
+      widened.reserve(static_cast<size_t>(rows) * dim);
+    }
     for (const auto& shard : shards) {
       shard->ForEachDirtyRow(
           [&](int64_t id, const float* w, const float* st, const embedding::RowMeta& m) {
+            if (copy_weights) widened.insert(widened.end(), w, w + dim);
             dirty.push_back(Dirty{static_cast<uint64_t>(id), w, st, m});
           });
+    }
+    if (copy_weights) {
+      for (size_t i = 0; i < dirty.size(); ++i) dirty[i].weights = widened.data() + i * dim;
     }
     std::sort(dirty.begin(), dirty.end(),
               [](const Dirty& a, const Dirty& b) { return a.id < b.id; });

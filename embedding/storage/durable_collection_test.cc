@@ -421,13 +421,15 @@ TEST(DurableCollection, UnwritableDataDirectoryFailsAtStartUp) {
 
 // A table with a budget of 400 rows trained over 3000 ids: lookups of every id must equal
 // a reference table that holds everything in memory, bit for bit.
-void ExpectLargerThanMemory(v1::Durability durability) {
+void ExpectLargerThanMemory(v1::Durability durability, v1::Dtype dtype = v1::FP32) {
   ScopedDir dir;
   Harness h(dir.path, /*shards=*/2);
   v1::TableConfig config = Config("big", 4, durability);
   config.set_max_rows(400);
+  config.set_dtype(dtype);
   config.mutable_eviction()->set_policy(v1::EVICTION_LRU);
   v1::TableConfig unlimited = Config("big", 4, durability);
+  unlimited.set_dtype(dtype);
   auto reference = embedding::EmbeddingTable::Create(unlimited).value();
   std::vector<int64_t> all(3000);
   for (int i = 0; i < 3000; ++i) all[i] = i;
@@ -487,6 +489,46 @@ TEST(DurableCollection, CheckpointTableLargerThanMemoryKeepsColdRowsOnDisk) {
 
 TEST(DurableCollection, WriteThroughTableLargerThanMemoryKeepsColdRowsOnDisk) {
   ExpectLargerThanMemory(v1::WRITE_THROUGH);
+}
+
+TEST(DurableCollection, HalfPrecisionTableLargerThanMemoryKeepsColdRowsOnDisk) {
+  ExpectLargerThanMemory(v1::CHECKPOINT, v1::BF16);
+  ExpectLargerThanMemory(v1::WRITE_THROUGH, v1::FP16);
+}
+
+// Checkpointed (bf16, three shards: the flush copies the widened weights it is lent) and
+// write-through (fp16) half-precision tables come back bit for bit, optimizer state too.
+TEST(DurableCollection, HalfPrecisionTablesComeBackBitIdentical) {
+  for (const auto& [durability, dtype] :
+       {std::pair{v1::CHECKPOINT, v1::BF16}, std::pair{v1::WRITE_THROUGH, v1::FP16}}) {
+    ScopedDir dir;
+    Harness h(dir.path, /*shards=*/3);
+    v1::TableConfig config = Config("half", 8, durability, v1::ADAM);
+    config.set_dtype(dtype);
+    std::vector<float> expected;
+    {
+      auto c = h.Open();
+      ASSERT_TRUE(c->CreateTable(config).ok());
+      Train(*c, "half", 8, 0, 12, 4);
+      if (durability == v1::CHECKPOINT) {
+        ASSERT_TRUE(c->Checkpoint(12, {}).ok());
+      }
+      expected = Read(*c, "half", AllIds(), 8);
+    }
+    auto c = h.Open();
+    auto tables = c->ListTables();
+    ASSERT_TRUE(tables.ok());
+    EXPECT_EQ((*tables)[0].dtype(), dtype);
+    EXPECT_EQ(Read(*c, "half", AllIds(), 8), expected);
+    ScopedDir fresh;
+    Harness h2(fresh.path);
+    auto reference = h2.Open();
+    ASSERT_TRUE(reference->CreateTable(config).ok());
+    Train(*reference, "half", 8, 0, 12, 4);
+    Train(*reference, "half", 8, 12, 2, 5);
+    Train(*c, "half", 8, 12, 2, 5);
+    EXPECT_EQ(Read(*c, "half", AllIds(), 8), Read(*reference, "half", AllIds(), 8));
+  }
 }
 
 TEST(DurableCollection, RejectsDuplicateTablesAndBadAttachmentNames) {

@@ -1,0 +1,116 @@
+#include "embedding/dtype.h"
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace tessera::embedding {
+namespace {
+
+std::vector<float> RoundTrip(v1::Dtype dtype, const std::vector<float>& in) {
+  std::vector<uint16_t> stored(in.size());
+  EncodeWeights(dtype, in.data(), static_cast<int>(in.size()), stored.data());
+  std::vector<float> out(in.size());
+  DecodeWeights(dtype, stored.data(), static_cast<int>(in.size()), out.data());
+  return out;
+}
+
+TEST(Dtype, NamesRoundTripAndUnknownNamesAreRefused) {
+  for (const v1::Dtype d : {v1::FP32, v1::FP16, v1::BF16}) {
+    absl::StatusOr<v1::Dtype> parsed = ParseDtypeName(DtypeName(d));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, d);
+  }
+  absl::StatusOr<v1::Dtype> bad = ParseDtypeName("int8");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("int8"), std::string::npos);
+  EXPECT_EQ(DtypeBytes(v1::FP32), 4);
+  EXPECT_EQ(DtypeBytes(v1::BF16), 2);
+}
+
+TEST(Dtype, Bf16RoundsToNearestEvenAndKeepsTheTopSixteenBits) {
+  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties go to the even one (1).
+  // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: to 1 + 2^-6.
+  const std::vector<float> in = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-9f + 0x1p-8f,
+                                 -2.5f, 0.0f};
+  const std::vector<float> out = RoundTrip(v1::BF16, in);
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], 1.0f + 0x1p-6f);
+  EXPECT_EQ(out[2], 1.0f + 0x1p-7f);
+  EXPECT_EQ(out[3], -2.5f);
+  EXPECT_EQ(out[4], 0.0f);
+  for (const float f : RoundTrip(v1::BF16, {0.123456f, -7.654321e20f})) {
+    EXPECT_EQ(std::bit_cast<uint32_t>(f) & 0xffffu, 0u);
+  }
+  EXPECT_TRUE(std::isnan(RoundTrip(v1::BF16, {std::nanf("")})[0]));
+}
+
+TEST(Dtype, Fp16RoundsToNearestAndSaturatesOutOfRange) {
+  const std::vector<float> out =
+      RoundTrip(v1::FP16, {1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 1e6f, -1e6f, 65504.0f, 0x1p-24f});
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], 1.0f + 0x1p-9f);
+  EXPECT_EQ(out[2], 65504.0f);
+  EXPECT_EQ(out[3], -65504.0f);
+  EXPECT_EQ(out[4], 65504.0f);
+  EXPECT_EQ(out[5], 0x1p-24f);  // the smallest subnormal survives
+  EXPECT_TRUE(std::isinf(RoundTrip(v1::FP16, {INFINITY})[0]));
+}
+
+// A value a third of the way from one representable neighbour to the next rounds up a
+// third of the time, whatever the dtype, and exactly representable values never move.
+TEST(Dtype, StochasticRoundingIsUnbiasedAndExactValuesStay) {
+  for (const v1::Dtype d : {v1::BF16, v1::FP16}) {
+    const float lo = 1.0f;
+    const float ulp = d == v1::BF16 ? 0x1p-7f : 0x1p-10f;
+    const int n = 60000;
+    std::vector<float> in(n, lo + ulp / 3), neg(n, -(lo + ulp / 3)), exact(n, lo + ulp);
+    std::vector<uint16_t> stored(n);
+    std::vector<float> out(n);
+    double sum = 0;
+    for (int i = 0; i < n; i += 64) {
+      EncodeWeightsStochastic(d, in.data() + i, std::min(64, n - i), 1000 + i, stored.data() + i);
+    }
+    DecodeWeights(d, stored.data(), n, out.data());
+    for (const float f : out) {
+      ASSERT_TRUE(f == lo || f == lo + ulp) << f;
+      sum += f;
+    }
+    EXPECT_NEAR((sum / n - lo) / ulp, 1.0 / 3, 0.01) << DtypeName(d);
+    // Negative values round symmetrically.
+    EncodeWeightsStochastic(d, neg.data(), n, 77, stored.data());
+    DecodeWeights(d, stored.data(), n, out.data());
+    sum = 0;
+    for (const float f : out) sum += f;
+    EXPECT_NEAR((-sum / n - lo) / ulp, 1.0 / 3, 0.01) << DtypeName(d);
+    EncodeWeightsStochastic(d, exact.data(), n, 5, stored.data());
+    DecodeWeights(d, stored.data(), n, out.data());
+    for (const float f : out) ASSERT_EQ(f, lo + ulp);
+  }
+}
+
+TEST(Dtype, StochasticRoundingIsAPureFunctionOfTheSeed) {
+  std::vector<float> in(64);
+  for (int i = 0; i < 64; ++i) in[i] = 0.01f * static_cast<float>(i) + 1e-5f;
+  std::vector<uint16_t> a(64), b(64), c(64);
+  EncodeWeightsStochastic(v1::BF16, in.data(), 64, 42, a.data());
+  EncodeWeightsStochastic(v1::BF16, in.data(), 64, 42, b.data());
+  EncodeWeightsStochastic(v1::BF16, in.data(), 64, 43, c.data());
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+}
+
+TEST(Dtype, Fp16StochasticRoundingSaturatesInsteadOfOverflowing) {
+  const std::vector<float> in(256, 65530.0f);
+  std::vector<uint16_t> stored(256);
+  std::vector<float> out(256);
+  EncodeWeightsStochastic(v1::FP16, in.data(), 256, 9, stored.data());
+  DecodeWeights(v1::FP16, stored.data(), 256, out.data());
+  for (const float f : out) EXPECT_EQ(f, 65504.0f);
+}
+
+}  // namespace
+}  // namespace tessera::embedding
