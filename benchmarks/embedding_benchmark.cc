@@ -6,13 +6,20 @@
 // times it (override the cache size with TESSERA_BENCH_LLC_BYTES). Ids are uniform or
 // Zipf(1.05) over the table's rows.
 //
+// Gather and the Adagrad update also report `vs_flat`: their bytes/s over the same work
+// on rows at random places of a flat array (no id map, no locks; see
+// FlatRowsBytesPerSecond), the random-access ceiling of this machine, which memcpy's
+// sequential streaming is not.
+//
 // Bytes counted: gather and pooled lookup count dim * 4 bytes per id read; an update
 // counts the optimizer's read + write traffic per unique row (Adagrad: read w, acc, g and
 // write w, acc = 5 * dim * 4; Adam: 7 * dim * 4), compared with memcpy's read + write
 // traffic (2x the bytes copied); Unique counts 8 bytes per id.
 
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -38,11 +45,12 @@ int64_t LlcBytes() {
   return l3 > 0 ? l3 : 32LL << 20;
 }
 
-// Bytes a row of this shape occupies in the table (weights, state, meta, padding).
+// Bytes a row of this shape occupies in the table (weights, state, meta of 6 floats,
+// padding to 64 bytes).
 int64_t RowBytes(int dim, int state_floats) {
   int meta_at = dim + state_floats;
   meta_at += meta_at & 1;
-  return (meta_at + 4 + 15) / 16 * 16 * 4;
+  return (meta_at + 6 + 15) / 16 * 16 * 4;
 }
 
 int StateFloats(v1::OptimizerType opt, int dim) {
@@ -151,12 +159,86 @@ double MemcpyBytesPerSecond(int64_t region, int64_t chunk) {
   return cached;
 }
 
-void Report(benchmark::State& state, int64_t bytes_per_iter, double ceiling_bytes_per_s) {
+// The random-access ceiling of a table operation: `kBatch` rows of `stride` bytes at
+// random places of a flat array of `region` bytes (huge pages, as the table's slabs), with
+// no id map and no locks, 16 rows
+// prefetched ahead. `update`: each row's first `dim` floats (weights) and the `dim` after
+// them (accumulator) get an Adagrad step, else its `dim` weights are copied out. Returns
+// the bytes/s that the table benchmark counts for the same work (`bytes_per_row` per row).
+double FlatRowsBytesPerSecond(int64_t region, int stride, int dim, bool update,
+                              int64_t bytes_per_row) {
+  struct Cached {
+    int64_t region = -1;
+    int stride = -1, dim = -1;
+    bool update = false;
+    double result = 0;
+  };
+  static Cached cached;
+  if (cached.region == region && cached.stride == stride && cached.dim == dim &&
+      cached.update == update) {
+    return cached.result;
+  }
+  const int64_t rows = std::max<int64_t>(1, region / stride);
+  const int floats = stride / 4;
+  // On transparent huge pages, as the table's slabs are: with 4 KiB pages nearly every
+  // random row of a large array would also miss the TLB.
+  const size_t huge = size_t{2} << 20;
+  const size_t bytes = (static_cast<size_t>(rows) * stride + huge - 1) / huge * huge;
+  std::unique_ptr<float, decltype(&std::free)> block(
+      static_cast<float*>(std::aligned_alloc(huge, bytes)), &std::free);
+  madvise(block.get(), bytes, MADV_HUGEPAGE);
+  absl::Span<float> flat(block.get(), static_cast<size_t>(rows) * floats);
+  std::fill(flat.begin(), flat.end(), 0.5f);
+  std::vector<float> out(static_cast<size_t>(kBatch) * dim), g(dim, 1e-3f);
+  std::mt19937_64 rng(9);
+  std::vector<int64_t> at(static_cast<size_t>(kBatch) * 16);
+  for (auto& a : at) a = static_cast<int64_t>(rng() % rows) * floats;
+  constexpr int kAhead = 16;
+  const int lines = (update ? 2 * dim * 4 + 63 : dim * 4 + 63) / 64;
+  using Clock = std::chrono::steady_clock;
+  int64_t done = 0;
+  const auto start = Clock::now();
+  double seconds = 0;
+  for (int b = 0; seconds < 0.3; b = (b + 1) % 16) {
+    const int64_t* idx = at.data() + static_cast<size_t>(b) * kBatch;
+    for (int i = 0; i < kBatch; ++i) {
+      if (i + kAhead < kBatch) {
+        const char* p = reinterpret_cast<const char*>(flat.data() + idx[i + kAhead]);
+        for (int l = 0; l < lines; ++l) __builtin_prefetch(p + 64 * l, update, 3);
+      }
+      float* row = flat.data() + idx[i];
+      if (update) {
+        float* acc = row + dim;
+        for (int j = 0; j < dim; ++j) {
+          acc[j] += g[j] * g[j];
+          row[j] -= 0.01f * g[j] / (std::sqrt(acc[j]) + 1e-10f);
+        }
+      } else {
+        std::memcpy(out.data() + static_cast<size_t>(i) * dim, row, dim * 4);
+      }
+    }
+    benchmark::DoNotOptimize(out.data());
+    benchmark::DoNotOptimize(flat.data());
+    done += kBatch;
+    seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  }
+  cached = Cached{region, stride, dim, update, done * bytes_per_row / seconds};
+  return cached.result;
+}
+
+void Report(benchmark::State& state, int64_t bytes_per_iter, double ceiling_bytes_per_s,
+            double flat_bytes_per_s = 0) {
   state.SetBytesProcessed(state.iterations() * bytes_per_iter);
   state.counters["memcpy_GBps"] = ceiling_bytes_per_s / 1e9;
   state.counters["vs_memcpy"] =
       benchmark::Counter(static_cast<double>(bytes_per_iter) / ceiling_bytes_per_s,
                          benchmark::Counter::kIsIterationInvariantRate);
+  if (flat_bytes_per_s > 0) {
+    state.counters["flat_GBps"] = flat_bytes_per_s / 1e9;
+    state.counters["vs_flat"] =
+        benchmark::Counter(static_cast<double>(bytes_per_iter) / flat_bytes_per_s,
+                           benchmark::Counter::kIsIterationInvariantRate);
+  }
 }
 
 // Args: dim, zipf (0/1), big (0/1).
@@ -168,13 +250,15 @@ void BM_Gather(benchmark::State& state) {
   std::vector<float> out(static_cast<size_t>(kBatch) * dim);
   const int64_t bytes = static_cast<int64_t>(kBatch) * dim * 4;
   const double ceiling = MemcpyBytesPerSecond(f.rows * RowBytes(dim, 0), bytes);
+  const double flat = FlatRowsBytesPerSecond(f.rows * RowBytes(dim, 0), RowBytes(dim, 0), dim,
+                                             /*update=*/false, dim * 4);
   int b = 0;
   for (auto _ : state) {
     auto span = absl::MakeConstSpan(ids).subspan(static_cast<size_t>(b) * kBatch, kBatch);
     benchmark::DoNotOptimize(f.table->Lookup(span, out.data()));
     b = (b + 1) % kBatches;
   }
-  Report(state, bytes, ceiling);
+  Report(state, bytes, ceiling, flat);
   state.counters["rows"] = f.rows;
 }
 
@@ -221,13 +305,19 @@ void RunUpdate(benchmark::State& state, v1::OptimizerType opt, int traffic_float
   // memcpy traffic is read + write: twice the bytes it copies.
   const double ceiling =
       2 * MemcpyBytesPerSecond(f.rows * RowBytes(dim, StateFloats(opt, dim)), traffic / 2);
+  // Adagrad's flat ceiling (Adam's does more math on the same kind of traffic).
+  const double flat =
+      opt == v1::ADAGRAD ? FlatRowsBytesPerSecond(f.rows * RowBytes(dim, StateFloats(opt, dim)),
+                                                  RowBytes(dim, StateFloats(opt, dim)), dim,
+                                                  /*update=*/true, traffic_floats_per_dim * dim * 4)
+                         : 0;
   int b = 0;
   int64_t step = 0;
   for (auto _ : state) {
     benchmark::DoNotOptimize(f.table->ApplyUniqueGradients(batches[b], grads.data(), step++));
     b = (b + 1) % kBatches;
   }
-  Report(state, traffic, ceiling);
+  Report(state, traffic, ceiling, flat);
   state.counters["unique_rows"] = avg_unique;
 }
 

@@ -730,8 +730,9 @@ absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const flo
 
   thread_local std::vector<float> scratch;
   scratch.resize(2 * static_cast<size_t>(dim_));
-  const int row_lines =
-      static_cast<int>((static_cast<size_t>(dim_ + state_floats_) * sizeof(float) + 63) / 64);
+  // The whole row: weights, state and the meta after them (update count, dirty flag),
+  // which every update reads and writes.
+  const int row_lines = stride_floats_ / 16;
   int64_t created = 0;
   for (int s = 0; s < kNumStripes; ++s) {
     const int b = plan.begin[s];
