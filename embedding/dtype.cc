@@ -3,9 +3,15 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "embedding/sharding.h"
+
+#if defined(__F16C__) && defined(__AVX__)
+#include <immintrin.h>
+#define TESSERA_F16C 1
+#endif
 
 namespace tessera::embedding {
 namespace {
@@ -21,29 +27,66 @@ uint16_t Bf16Nearest(float f) {
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-// Adds 16 random bits below bf16's last place and truncates: rounds up with probability
-// equal to the dropped fraction.
-uint16_t Bf16Stochastic(float f, uint32_t random16) {
-  const uint32_t u = Bits(f);
-  if ((u & 0x7f800000u) == 0x7f800000u) return Bf16Nearest(f);  // Inf, NaN
-  const uint32_t r = u + random16;
-  // Rounding away must not carry a finite value into Inf: keep it truncated then.
-  if ((r & 0x7f800000u) == 0x7f800000u) return static_cast<uint16_t>(u >> 16);
-  return static_cast<uint16_t>(r >> 16);
-}
-
 _Float16 HalfNearest(float f) {
   if (std::isfinite(f) && std::fabs(f) > kHalfMax) f = std::copysign(kHalfMax, f);
   return static_cast<_Float16>(f);
 }
 
+// g++ 12 does not vectorise _Float16 conversions: F16C does eight at a time.
+void EncodeHalfNearest(const float* in, int n, _Float16* out) {
+  int i = 0;
+#ifdef TESSERA_F16C
+  const __m256 hi = _mm256_set1_ps(kHalfMax);
+  const __m256 lo = _mm256_set1_ps(-kHalfMax);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 inf = _mm256_set1_ps(INFINITY);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(in + i);
+    // min/max return their second operand when one is NaN, so NaN passes through; Inf is
+    // kept as it is, finite values beyond the range saturate.
+    const __m256 clamped = _mm256_max_ps(lo, _mm256_min_ps(hi, x));
+    const __m256 is_inf = _mm256_cmp_ps(_mm256_and_ps(x, abs_mask), inf, _CMP_EQ_OQ);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(_mm256_blendv_ps(clamped, x, is_inf),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+#endif
+  for (; i < n; ++i) out[i] = HalfNearest(in[i]);
+}
+
+void DecodeHalf(const _Float16* in, int n, float* out) {
+  int i = 0;
+#ifdef TESSERA_F16C
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+  }
+#endif
+  for (; i < n; ++i) out[i] = static_cast<float>(in[i]);
+}
+
 uint16_t HalfBits(_Float16 h) { return std::bit_cast<uint16_t>(h); }
 _Float16 HalfFromBits(uint16_t b) { return std::bit_cast<_Float16>(b); }
 
-// The neighbour toward zero and the one away from zero (same sign, magnitude one unit
-// in the last place larger); the latter with probability |f - toward| / ulp.
+constexpr float kHalfMinNormal = 0x1p-14f;
+
+// fp16 keeps 13 fewer significand bits than fp32 in its normal range: adding 13 random
+// bits below its last place and truncating toward zero rounds up with probability equal
+// to the dropped fraction. Values beyond the range saturate (truncation stops at 65504).
+// Only for finite |f| >= kHalfMinNormal.
+uint16_t HalfStochasticNormal(float f, uint32_t random16) {
+  const float y = std::bit_cast<float>(Bits(f) + (random16 >> 3));
+  const _Float16 nearest = HalfNearest(y);
+  uint16_t toward = HalfBits(nearest);
+  if (std::fabs(static_cast<float>(nearest)) > std::fabs(y)) --toward;  // magnitude down
+  return toward;
+}
+
+// Any value: in fp16's subnormal range (fewer significand bits still) the neighbour
+// toward zero or the one away from it, the latter with probability |f - toward| / ulp.
 uint16_t HalfStochastic(float f, uint32_t random16) {
   if (!std::isfinite(f)) return HalfBits(static_cast<_Float16>(f));
+  if (std::fabs(f) >= kHalfMinNormal) return HalfStochasticNormal(f, random16);
   const _Float16 nearest = HalfNearest(f);
   uint16_t toward = HalfBits(nearest);
   if (std::fabs(static_cast<float>(nearest)) > std::fabs(f)) --toward;  // magnitude down
@@ -81,8 +124,7 @@ absl::StatusOr<v1::Dtype> ParseDtypeName(absl::string_view name) {
 void EncodeWeights(v1::Dtype dtype, const float* in, int n, void* out) {
   switch (dtype) {
     case v1::FP16: {
-      auto* h = static_cast<_Float16*>(out);
-      for (int i = 0; i < n; ++i) h[i] = HalfNearest(in[i]);
+      EncodeHalfNearest(in, n, static_cast<_Float16*>(out));
       break;
     }
     case v1::BF16: {
@@ -100,21 +142,66 @@ void EncodeWeightsStochastic(v1::Dtype dtype, const float* in, int n, uint64_t s
     EncodeWeights(dtype, in, n, out);
     return;
   }
-  auto* o = static_cast<uint16_t*>(out);
-  uint64_t bits = 0;
-  for (int i = 0; i < n; ++i) {
-    if (i % 4 == 0) bits = Mix64(seed + static_cast<uint64_t>(i / 4 + 1) * kGolden);
-    const uint32_t r = static_cast<uint32_t>(bits & 0xffffu);
-    bits >>= 16;
-    o[i] = dtype == v1::BF16 ? Bf16Stochastic(in[i], r) : HalfStochastic(in[i], r);
+  // 16 random bits per value, four from each 64-bit draw.
+  constexpr int kMaxOnStack = 1024;
+  uint16_t stack_bits[kMaxOnStack];
+  std::vector<uint16_t> heap_bits;
+  uint16_t* random = stack_bits;
+  if (n > kMaxOnStack - 3) {
+    heap_bits.resize(static_cast<size_t>(n) + 3);
+    random = heap_bits.data();
   }
+  for (int i = 0; i < n; i += 4) {
+    const uint64_t bits = Mix64(seed + static_cast<uint64_t>(i / 4 + 1) * kGolden);
+    std::memcpy(random + i, &bits, sizeof(bits));  // little-endian: the low 16 bits first
+  }
+  auto* o = static_cast<uint16_t*>(out);
+  if (dtype == v1::BF16) {
+    // Branch-free, so the loop vectorises: add the random bits below bf16's last place
+    // and truncate; Inf and NaN stay (NaN quieted), and a carry into Inf is dropped.
+    for (int i = 0; i < n; ++i) {
+      const uint32_t u = Bits(in[i]);
+      const uint32_t r = u + random[i];
+      const bool special = (u & 0x7f800000u) == 0x7f800000u;
+      const bool overflow = (r & 0x7f800000u) == 0x7f800000u;
+      const uint32_t nan_bit = (u & 0x7fffffffu) > 0x7f800000u ? 0x40u : 0u;
+      o[i] = static_cast<uint16_t>(((special || overflow ? u : r) >> 16) | nan_bit);
+    }
+    return;
+  }
+  int i = 0;
+#ifdef TESSERA_F16C
+  // Eight at a time, as HalfStochasticNormal does; lanes outside the normal range are
+  // redone one by one.
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 min_normal = _mm256_set1_ps(kHalfMinNormal);
+  const __m256 inf = _mm256_set1_ps(INFINITY);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(in + i);
+    const __m256i r = _mm256_srli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(random + i))), 3);
+    const __m256 y = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(x), r));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + i),
+                     _mm256_cvtps_ph(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC));
+    const __m256 ax = _mm256_and_ps(x, abs_mask);
+    // Not (min_normal <= |x| < Inf): subnormal range, zero, Inf or NaN.
+    const __m256 normal = _mm256_and_ps(_mm256_cmp_ps(ax, min_normal, _CMP_GE_OQ),
+                                        _mm256_cmp_ps(ax, inf, _CMP_LT_OQ));
+    int odd = ~_mm256_movemask_ps(normal) & 0xff;
+    while (odd != 0) {
+      const int lane = std::countr_zero(static_cast<unsigned>(odd));
+      o[i + lane] = HalfStochastic(in[i + lane], random[i + lane]);
+      odd &= odd - 1;
+    }
+  }
+#endif
+  for (; i < n; ++i) o[i] = HalfStochastic(in[i], random[i]);
 }
 
 void DecodeWeights(v1::Dtype dtype, const void* in, int n, float* out) {
   switch (dtype) {
     case v1::FP16: {
-      const auto* h = static_cast<const _Float16*>(in);
-      for (int i = 0; i < n; ++i) out[i] = static_cast<float>(h[i]);
+      DecodeHalf(static_cast<const _Float16*>(in), n, out);
       break;
     }
     case v1::BF16: {

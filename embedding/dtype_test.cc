@@ -58,6 +58,23 @@ TEST(Dtype, Fp16RoundsToNearestAndSaturatesOutOfRange) {
   EXPECT_EQ(out[4], 65504.0f);
   EXPECT_EQ(out[5], 0x1p-24f);  // the smallest subnormal survives
   EXPECT_TRUE(std::isinf(RoundTrip(v1::FP16, {INFINITY})[0]));
+  // Whole vectors of eight and a tail: the same answers lane by lane.
+  std::vector<float> many;
+  for (int i = 0; i < 21; ++i) many.push_back((i % 2 ? -1.0f : 1.0f) * std::ldexp(1.37f, i - 8));
+  many[3] = INFINITY;
+  many[4] = -1e9f;
+  many[5] = std::nanf("");
+  const std::vector<float> back = RoundTrip(v1::FP16, many);
+  for (size_t i = 0; i < many.size(); ++i) {
+    const std::vector<float> one = RoundTrip(v1::FP16, {many[i]});
+    if (std::isnan(many[i])) {
+      EXPECT_TRUE(std::isnan(back[i]));
+    } else {
+      EXPECT_EQ(back[i], one[0]) << i;
+    }
+  }
+  EXPECT_TRUE(std::isinf(back[3]));
+  EXPECT_EQ(back[4], -65504.0f);
 }
 
 // A value a third of the way from one representable neighbour to the next rounds up a
@@ -101,6 +118,36 @@ TEST(Dtype, StochasticRoundingIsAPureFunctionOfTheSeed) {
   EncodeWeightsStochastic(v1::BF16, in.data(), 64, 43, c.data());
   EXPECT_EQ(a, b);
   EXPECT_NE(a, c);
+}
+
+// Vectors of eight and the tail agree lane by lane, across fp16's normal and subnormal
+// ranges, zero, Inf and NaN.
+TEST(Dtype, Fp16StochasticRoundingGivesTheSameBitsWhateverTheVectorLane) {
+  std::vector<float> in;
+  for (int i = 0; i < 43; ++i) in.push_back((i % 3 ? 1.0f : -1.0f) * std::ldexp(1.2345f, i - 30));
+  in[7] = 0.0f;
+  in[8] = INFINITY;
+  in[9] = std::nanf("");
+  in[10] = 70000.0f;
+  std::vector<uint16_t> all(in.size()), one(1);
+  EncodeWeightsStochastic(v1::FP16, in.data(), static_cast<int>(in.size()), 3, all.data());
+  // Each value alone, with the random bits it got in the batch: the batch is split at a
+  // multiple of four, where a fresh 64-bit draw starts.
+  for (size_t start = 0; start < in.size(); start += 4) {
+    const int n = static_cast<int>(std::min<size_t>(4, in.size() - start));
+    std::vector<uint16_t> part(n);
+    // The same draws as the batch: seed offset by the draws before `start`.
+    EncodeWeightsStochastic(v1::FP16, in.data() + start, n,
+                            3 + static_cast<uint64_t>(start / 4) * 0x9e3779b97f4a7c15ULL,
+                            part.data());
+    for (int k = 0; k < n; ++k) EXPECT_EQ(part[k], all[start + k]) << start + k;
+  }
+  std::vector<float> out(in.size());
+  DecodeWeights(v1::FP16, all.data(), static_cast<int>(in.size()), out.data());
+  EXPECT_EQ(out[7], 0.0f);
+  EXPECT_TRUE(std::isinf(out[8]));
+  EXPECT_TRUE(std::isnan(out[9]));
+  EXPECT_EQ(out[10], 65504.0f);
 }
 
 TEST(Dtype, Fp16StochasticRoundingSaturatesInsteadOfOverflowing) {
