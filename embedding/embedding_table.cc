@@ -70,6 +70,15 @@ class BlockArray {
   size_t size_ = 0;
 };
 
+// Debian's abseil is built with absl::Mutex deadlock detection on: every Lock() then
+// looks the mutex up in a global graph, about 2000 instructions, which a batch pays for
+// each of its 64 stripe locks. Lock order here is one stripe at a time (eviction only
+// TryLocks a second), so the detector has nothing to find; turn it off for the process.
+const bool kDeadlockDetectionOff = [] {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  return true;
+}();
+
 uint64_t MapHash(int64_t id) { return Mix64(static_cast<uint64_t>(id) ^ kMapSalt); }
 
 // Uniform in [0, 1) from the top 24 bits.
@@ -248,9 +257,9 @@ EmbeddingTable::EmbeddingTable(const v1::TableConfig& config, int64_t row_budget
       ttl_steps_(config.eviction().ttl_steps()),
       stripes_(new Stripe[kNumStripes]) {
   // Meta is 8-byte aligned: put it at an even float offset.
-  int meta_at = weight_floats_ + state_floats_;
-  meta_at += meta_at & 1;
-  stride_floats_ = (meta_at + kMetaFloats + 15) / 16 * 16;
+  meta_at_ = weight_floats_ + state_floats_;
+  meta_at_ += meta_at_ & 1;
+  stride_floats_ = (meta_at_ + kMetaFloats + 15) / 16 * 16;
   init_type_ = config.initializer().type() == v1::INITIALIZER_UNSPECIFIED
                    ? v1::UNIFORM
                    : config.initializer().type();
@@ -262,20 +271,6 @@ EmbeddingTable::EmbeddingTable(const v1::TableConfig& config, int64_t row_budget
 EmbeddingTable::~EmbeddingTable() = default;
 
 struct EmbeddingTable::StoredMeta : StoredMetaLayout {};
-
-EmbeddingTable::StoredMeta* EmbeddingTable::StoredMetaOf(float* row) const {
-  return reinterpret_cast<StoredMeta*>(MetaOf(row));
-}
-
-RowMeta* EmbeddingTable::MetaOf(float* row) const {
-  int meta_at = weight_floats_ + state_floats_;
-  meta_at += meta_at & 1;
-  return reinterpret_cast<RowMeta*>(row + meta_at);
-}
-
-const RowMeta* EmbeddingTable::MetaOf(const float* row) const {
-  return MetaOf(const_cast<float*>(row));
-}
 
 void EmbeddingTable::InitialWeights(int64_t id, float* out) const {
   const uint64_t base = Mix64(init_key_ ^ static_cast<uint64_t>(id));

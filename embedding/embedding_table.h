@@ -198,9 +198,13 @@ class EmbeddingTable {
   void UpdateRowLocked(Stripe& stripe, int64_t id, float* row, const float* grad, int64_t step,
                        float* scratch);
   struct StoredMeta;
-  RowMeta* MetaOf(float* row) const;
-  const RowMeta* MetaOf(const float* row) const;
-  StoredMeta* StoredMetaOf(float* row) const;
+  RowMeta* MetaOf(float* row) const { return reinterpret_cast<RowMeta*>(row + meta_at_); }
+  const RowMeta* MetaOf(const float* row) const {
+    return reinterpret_cast<const RowMeta*>(row + meta_at_);
+  }
+  StoredMeta* StoredMetaOf(float* row) const {
+    return reinterpret_cast<StoredMeta*>(row + meta_at_);
+  }
   absl::Status BudgetError() const;
   absl::Status OutOfMemoryError() const;
 
@@ -209,6 +213,7 @@ class EmbeddingTable {
   v1::Dtype dtype_;
   int weight_floats_;  // floats the stored weights take: dim, or dim / 2 rounded up
   int state_floats_;
+  int meta_at_;        // floats before the row's meta (8-byte aligned)
   int stride_floats_;  // weights + state + meta, rounded up to 16 floats (64 bytes)
   int64_t row_budget_;
   std::unique_ptr<Optimizer> optimizer_;
