@@ -27,24 +27,28 @@ absl::StatusOr<std::unique_ptr<EmbeddingClient>> EmbeddingClient::Connect(
   // (up to two minutes) would otherwise outlast the retries.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  auto credentials = MakeChannelCredentials(options.security, &args);
+  auto channel = grpc::CreateCustomChannel(address, credentials, args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + options.deadline)) {
     return absl::UnavailableError(absl::StrCat("coordinator ", address, " not reachable within ",
                                                options.deadline.count(), " ms"));
   }
-  std::unique_ptr<EmbeddingClient> c(new EmbeddingClient(address, args, options));
+  std::unique_ptr<EmbeddingClient> c(
+      new EmbeddingClient(address, args, std::move(credentials), options));
   TESSERA_RETURN_IF_ERROR(c->RefreshShardMap());
   return c;
 }
 
 EmbeddingClient::EmbeddingClient(const std::string& address, grpc::ChannelArguments args,
+                                 std::shared_ptr<grpc::ChannelCredentials> credentials,
                                  const ClientOptions& options)
-    : options_(options), coordinator_(address, std::move(args)) {}
+    : options_(options), coordinator_(address, std::move(args), std::move(credentials)) {}
 
 std::unique_ptr<grpc::ClientContext> EmbeddingClient::NewContext(
     std::chrono::milliseconds deadline) const {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(std::chrono::system_clock::now() + deadline);
+  Authorize(options_.security, ctx.get());
   return ctx;
 }
 
@@ -81,6 +85,7 @@ absl::Status EmbeddingClient::RefreshShardMap() {
     ro.deadline = options_.deadline;
     ro.max_message_bytes = options_.max_message_bytes;
     ro.shard_map_version = map.version();
+    ro.security = options_.security;
     router_ = std::make_shared<ShardRouter>(addresses, ro);
   }
   return absl::OkStatus();

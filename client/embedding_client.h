@@ -26,6 +26,7 @@ struct ClientOptions {
   std::chrono::milliseconds max_backoff{1000};                    // ... up to this
   std::chrono::milliseconds checkpoint_deadline{30 * 60 * 1000};  // Checkpoint and Restore
   int max_message_bytes = 256 << 20;                              // gRPC send/receive limit
+  ClientSecurity security;  // TLS and token for the coordinator and the shards
 };
 
 // The remote EmbeddingCollection: the trainer and tools use it exactly like the in-process
@@ -60,6 +61,7 @@ class EmbeddingClient final : public embedding::EmbeddingCollection {
 
  private:
   EmbeddingClient(const std::string& address, grpc::ChannelArguments args,
+                  std::shared_ptr<grpc::ChannelCredentials> credentials,
                   const ClientOptions& options);
 
   std::unique_ptr<grpc::ClientContext> NewContext() const { return NewContext(options_.deadline); }

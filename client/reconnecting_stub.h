@@ -20,8 +20,12 @@ class ReconnectingStub {
  public:
   using Stub = typename Service::Stub;
 
-  ReconnectingStub(std::string address, grpc::ChannelArguments args)
-      : address_(std::move(address)), args_(std::move(args)) {
+  // `credentials`: null for plaintext.
+  ReconnectingStub(std::string address, grpc::ChannelArguments args,
+                   std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr)
+      : address_(std::move(address)),
+        args_(std::move(args)),
+        credentials_(credentials ? std::move(credentials) : grpc::InsecureChannelCredentials()) {
     channel_ = NewChannel();
     stub_ = Service::NewStub(channel_);
   }
@@ -44,11 +48,12 @@ class ReconnectingStub {
 
  private:
   std::shared_ptr<grpc::Channel> NewChannel() {
-    return grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args_);
+    return grpc::CreateCustomChannel(address_, credentials_, args_);
   }
 
   const std::string address_;
   grpc::ChannelArguments args_;
+  const std::shared_ptr<grpc::ChannelCredentials> credentials_;
   mutable absl::Mutex mu_;
   std::shared_ptr<grpc::Channel> channel_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Stub> stub_ ABSL_GUARDED_BY(mu_);

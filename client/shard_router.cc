@@ -39,7 +39,9 @@ ShardRouter::ShardRouter(std::vector<std::string> addresses, const RouterOptions
     // (up to two minutes) would otherwise outlast the caller's retries.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    stubs_.push_back(std::make_unique<ReconnectingStub<v1::EmbeddingShard>>(address, args));
+    auto credentials = MakeChannelCredentials(options_.security, &args);
+    stubs_.push_back(std::make_unique<ReconnectingStub<v1::EmbeddingShard>>(
+        address, std::move(args), std::move(credentials)));
   }
   serving_ = std::make_unique<std::atomic<bool>[]>(addresses_.size());
   for (size_t k = 0; k < addresses_.size(); ++k) serving_[k] = true;
@@ -61,8 +63,9 @@ void ShardRouter::MonitorHealth() {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    health.push_back(grpc::health::v1::Health::NewStub(
-        grpc::CreateCustomChannel(a, grpc::InsecureChannelCredentials(), args)));
+    auto credentials = MakeChannelCredentials(options_.security, &args);
+    health.push_back(
+        grpc::health::v1::Health::NewStub(grpc::CreateCustomChannel(a, credentials, args)));
   }
   std::vector<int> failures(num_shards(), 0);
   const auto deadline = std::max(options_.health_check_interval, std::chrono::milliseconds(1000));
@@ -102,6 +105,7 @@ std::unique_ptr<grpc::ClientContext> ShardRouter::NewContext(
     std::chrono::milliseconds deadline) const {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(std::chrono::system_clock::now() + deadline);
+  Authorize(options_.security, ctx.get());
   return ctx;
 }
 

@@ -14,6 +14,7 @@
 #include "absl/types/span.h"
 #include "client/object_pool.h"
 #include "client/reconnecting_stub.h"
+#include "client/security.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 
 namespace tessera::client {
@@ -27,6 +28,7 @@ struct RouterOptions {
   // a row is down: calls needing it fail at once with UNAVAILABLE naming it, until a
   // check passes again and it is re-admitted.
   std::chrono::milliseconds health_check_interval{0};
+  ClientSecurity security;  // TLS and token for every shard call (default: plaintext, none)
 };
 
 // The grpc::Status of a shard call as an absl::Status naming the shard.

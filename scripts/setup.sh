@@ -13,6 +13,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3 python3-grpcio python3-protobuf
   gnuplot-nox redis-server libhiredis-dev
+  openssl
 )
 
 missing=()

@@ -12,10 +12,12 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "client/security_flags.h"
 #include "client/shard_router.h"
 #include "embedding/storage/coordinator_store.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
+#include "server/auth.h"
 #include "server/coordinator_service.h"
 #include "server/serving.h"
 
@@ -29,6 +31,8 @@ ABSL_FLAG(int, health_check_ms, 500,
           "interval of health checks of every shard (0 = none); a shard failing two in a row "
           "is reported UNAVAILABLE at once until it passes one again");
 ABSL_FLAG(int, max_message_bytes, 256 << 20, "largest gRPC message accepted or sent");
+ABSL_FLAG(int, max_tables, 1024,
+          "tables this server holds; creating one more is RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, data_dir, "",
           "directory for table configs and checkpoint manifests; empty = nothing survives "
           "a restart and Checkpoint is refused");
@@ -44,7 +48,18 @@ int main(int argc, char** argv) {
     std::cerr << "tessera-coordinator: --shards is required (host:port,...)\n";
     return 1;
   }
+  absl::StatusOr<tessera::server::ServerSecurity> security =
+      tessera::server::ServerSecurityFromFlags();
+  absl::StatusOr<tessera::client::ClientSecurity> to_shards =
+      tessera::client::ClientSecurityFromFlags();
+  for (const absl::Status& s : {security.status(), to_shards.status()}) {
+    if (!s.ok()) {
+      std::cerr << "tessera-coordinator: " << s.message() << "\n";
+      return 1;
+    }
+  }
   tessera::client::RouterOptions ro;
+  ro.security = *to_shards;
   ro.deadline = std::chrono::milliseconds(absl::GetFlag(FLAGS_shard_deadline_ms));
   ro.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   ro.shard_map_version = absl::GetFlag(FLAGS_shard_map_version);
@@ -52,6 +67,8 @@ int main(int argc, char** argv) {
   tessera::client::ShardRouter router(shards, ro);
   tessera::server::CoordinatorOptions co;
   co.max_batch_ids = absl::GetFlag(FLAGS_max_batch_ids);
+  co.max_tables = absl::GetFlag(FLAGS_max_tables);
+  co.auth = tessera::server::CallAuthorizer(*security);
   std::unique_ptr<tessera::storage::CoordinatorStore> store;
   const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
   if (!data_dir.empty()) {
@@ -90,6 +107,7 @@ int main(int argc, char** argv) {
   listen.host = absl::GetFlag(FLAGS_host);
   listen.port = absl::GetFlag(FLAGS_port);
   listen.max_message_bytes = ro.max_message_bytes;
+  listen.credentials = tessera::server::MakeServerCredentials(*security);
   int port = 0;
   auto server = tessera::server::StartServer(&service, listen, &port);
   if (!server.ok()) {

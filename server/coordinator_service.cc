@@ -75,9 +75,12 @@ absl::Status CoordinatorService::CheckBatch(const std::string& table, int ids) c
   return absl::OkStatus();
 }
 
-grpc::Status CoordinatorService::CreateTable(grpc::ServerContext*,
+grpc::Status CoordinatorService::CreateTable(grpc::ServerContext* context,
                                              const v1::CreateTableRequest* request,
                                              v1::CreateTableResponse* response) {
+  if (grpc::Status denied = options_.auth.Check(*context, Access::kWrite); !denied.ok()) {
+    return denied;
+  }
   const v1::TableConfig& config = request->config();
   absl::Status s = embedding::ValidateTableConfig(config);
   if (!s.ok()) return ToGrpcStatus(s);
@@ -85,6 +88,14 @@ grpc::Status CoordinatorService::CreateTable(grpc::ServerContext*,
   if (Config(config.name()).ok()) {
     return ToGrpcStatus(
         absl::AlreadyExistsError(absl::StrCat("table '", config.name(), "' already exists")));
+  }
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (static_cast<int64_t>(configs_.size()) >= options_.max_tables) {
+      return ToGrpcStatus(absl::ResourceExhaustedError(
+          absl::StrCat("table '", config.name(), "': the cluster holds ", configs_.size(),
+                       " tables, its limit (--max_tables)")));
+    }
   }
   if (store_ != nullptr) {
     // Recorded before the shards create it: a table the shards hold is never unknown to
@@ -112,15 +123,23 @@ grpc::Status CoordinatorService::CreateTable(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::ListTables(grpc::ServerContext*, const v1::ListTablesRequest*,
+grpc::Status CoordinatorService::ListTables(grpc::ServerContext* context,
+                                            const v1::ListTablesRequest*,
                                             v1::ListTablesResponse* response) {
+  if (grpc::Status denied = options_.auth.Check(*context, Access::kRead); !denied.ok()) {
+    return denied;
+  }
   absl::ReaderMutexLock lock(&mu_);
   for (const auto& [name, config] : configs_) *response->add_tables() = config;
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::GetShardMap(grpc::ServerContext*, const v1::GetShardMapRequest*,
+grpc::Status CoordinatorService::GetShardMap(grpc::ServerContext* context,
+                                             const v1::GetShardMapRequest*,
                                              v1::ShardMap* response) {
+  if (grpc::Status denied = options_.auth.Check(*context, Access::kRead); !denied.ok()) {
+    return denied;
+  }
   response->set_version(version_.load());
   for (int k = 0; k < router_->num_shards(); ++k) {
     v1::ShardInfo* s = response->add_shards();
@@ -131,8 +150,12 @@ grpc::Status CoordinatorService::GetShardMap(grpc::ServerContext*, const v1::Get
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::Lookup(grpc::ServerContext*, const v1::LookupRequest* request,
+grpc::Status CoordinatorService::Lookup(grpc::ServerContext* context,
+                                        const v1::LookupRequest* request,
                                         v1::LookupResponse* response) {
+  if (grpc::Status denied = options_.auth.Check(*context, Access::kRead); !denied.ok()) {
+    return denied;
+  }
   absl::StatusOr<v1::TableConfig> config = Config(request->table());
   if (!config.ok()) return ToGrpcStatus(config.status());
   absl::Status s = CheckBatch(request->table(), request->ids_size());
@@ -149,9 +172,12 @@ grpc::Status CoordinatorService::Lookup(grpc::ServerContext*, const v1::LookupRe
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::PushGradients(grpc::ServerContext*,
+grpc::Status CoordinatorService::PushGradients(grpc::ServerContext* context,
                                                const v1::PushGradientsRequest* request,
                                                v1::PushGradientsResponse* response) {
+  if (grpc::Status denied = options_.auth.Check(*context, Access::kWrite); !denied.ok()) {
+    return denied;
+  }
   absl::StatusOr<v1::TableConfig> config = Config(request->table());
   if (!config.ok()) return ToGrpcStatus(config.status());
   absl::Status s = CheckBatch(request->table(), request->ids_size());
@@ -169,8 +195,12 @@ grpc::Status CoordinatorService::PushGradients(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::Stats(grpc::ServerContext*, const v1::StatsRequest* request,
+grpc::Status CoordinatorService::Stats(grpc::ServerContext* context,
+                                       const v1::StatsRequest* request,
                                        v1::StatsResponse* response) {
+  if (grpc::Status denied = options_.auth.Check(*context, Access::kRead); !denied.ok()) {
+    return denied;
+  }
   if (!request->table().empty()) {
     absl::StatusOr<v1::TableConfig> config = Config(request->table());
     if (!config.ok()) return ToGrpcStatus(config.status());
@@ -184,9 +214,12 @@ grpc::Status CoordinatorService::Stats(grpc::ServerContext*, const v1::StatsRequ
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext*,
+grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext* context,
                                             const v1::CheckpointRequest* request,
                                             v1::CheckpointResponse* response) {
+  if (grpc::Status denied = options_.auth.Check(*context, Access::kWrite); !denied.ok()) {
+    return denied;
+  }
   const auto start = std::chrono::steady_clock::now();
   absl::Status s = NeedStore();
   if (!s.ok()) return ToGrpcStatus(s);
@@ -220,8 +253,12 @@ grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::Restore(grpc::ServerContext*, const v1::RestoreRequest* request,
+grpc::Status CoordinatorService::Restore(grpc::ServerContext* context,
+                                         const v1::RestoreRequest* request,
                                          v1::RestoreResponse* response) {
+  if (grpc::Status denied = options_.auth.Check(*context, Access::kWrite); !denied.ok()) {
+    return denied;
+  }
   const auto start = std::chrono::steady_clock::now();
   absl::Status s = NeedStore();
   if (!s.ok()) return ToGrpcStatus(s);
@@ -245,9 +282,12 @@ grpc::Status CoordinatorService::Restore(grpc::ServerContext*, const v1::Restore
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::ListCheckpoints(grpc::ServerContext*,
+grpc::Status CoordinatorService::ListCheckpoints(grpc::ServerContext* context,
                                                  const v1::ListCheckpointsRequest*,
                                                  v1::ListCheckpointsResponse* response) {
+  if (grpc::Status denied = options_.auth.Check(*context, Access::kRead); !denied.ok()) {
+    return denied;
+  }
   absl::Status s = NeedStore();
   if (!s.ok()) return ToGrpcStatus(s);
   for (const auto& m : store_->ListCheckpoints()) ToProto(m, 0, response->add_checkpoints());

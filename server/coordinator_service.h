@@ -8,12 +8,15 @@
 #include "absl/synchronization/mutex.h"
 #include "client/shard_router.h"
 #include "embedding/storage/coordinator_store.h"
+#include "server/auth.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 
 namespace tessera::server {
 
 struct CoordinatorOptions {
   int64_t max_batch_ids = 1 << 20;  // ids per request; more is RESOURCE_EXHAUSTED
+  int32_t max_tables = 1024;        // tables held; creating one more is RESOURCE_EXHAUSTED
+  CallAuthorizer auth;              // the token each call must carry (default: none)
 };
 
 // The Coordinator gRPC service: owns table configs and the versioned shard map, checks

@@ -26,7 +26,8 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(grpc::Service* service
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   const std::string address = absl::StrCat(options.host, ":", options.port);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), port);
+  builder.AddListeningPort(
+      address, options.credentials ? options.credentials : grpc::InsecureServerCredentials(), port);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.RegisterService(service);

@@ -13,6 +13,8 @@ struct ListenOptions {
   std::string host = "127.0.0.1";     // loopback unless told otherwise
   int port = 0;                       // 0 picks a free port
   int max_message_bytes = 256 << 20;  // largest message accepted or sent
+  std::shared_ptr<grpc::ServerCredentials>
+      credentials;  // TLS (MakeServerCredentials); null: plaintext
 };
 
 // Starts a gRPC server for `service` with the default health service enabled, and sets

@@ -16,6 +16,7 @@
 #include "embedding/storage/files.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
+#include "server/auth.h"
 #include "server/serving.h"
 #include "server/shard_service.h"
 
@@ -26,6 +27,8 @@ ABSL_FLAG(int, num_shards, 1, "shards in the shard map");
 ABSL_FLAG(uint64_t, shard_map_version, 1, "shard map version this shard serves");
 ABSL_FLAG(int64_t, max_batch_ids, 1 << 20, "ids per request before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, max_message_bytes, 256 << 20, "largest gRPC message accepted or sent");
+ABSL_FLAG(int, max_tables, 1024,
+          "tables this server holds; creating one more is RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, data_dir, "",
           "directory of this shard's store and checkpoints; empty = memory only, nothing "
           "survives a restart");
@@ -39,6 +42,14 @@ int main(int argc, char** argv) {
   options.num_shards = absl::GetFlag(FLAGS_num_shards);
   options.shard_map_version = absl::GetFlag(FLAGS_shard_map_version);
   options.max_batch_ids = absl::GetFlag(FLAGS_max_batch_ids);
+  options.max_tables = absl::GetFlag(FLAGS_max_tables);
+  absl::StatusOr<tessera::server::ServerSecurity> security =
+      tessera::server::ServerSecurityFromFlags();
+  if (!security.ok()) {
+    std::cerr << "tessera-shard: " << security.status().message() << "\n";
+    return 1;
+  }
+  options.auth = tessera::server::CallAuthorizer(*security);
   if (options.num_shards < 1 || options.shard_index < 0 ||
       options.shard_index >= options.num_shards) {
     std::cerr << "tessera-shard: --shard_index must be in [0, --num_shards), got "
@@ -82,6 +93,7 @@ int main(int argc, char** argv) {
   listen.host = absl::GetFlag(FLAGS_host);
   listen.port = absl::GetFlag(FLAGS_port);
   listen.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  listen.credentials = tessera::server::MakeServerCredentials(*security);
   int port = 0;
   auto server = tessera::server::StartServer(&service, listen, &port);
   if (!server.ok()) {

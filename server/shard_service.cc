@@ -30,8 +30,12 @@ absl::Status ShardService::ReloadConfigs() {
   return absl::OkStatus();
 }
 
-grpc::Status ShardService::Checkpoint(grpc::ServerContext*, const v1::CheckpointRequest* request,
+grpc::Status ShardService::Checkpoint(grpc::ServerContext* context,
+                                      const v1::CheckpointRequest* request,
                                       v1::CheckpointResponse* response) {
+  if (grpc::Status denied = options_.auth.Check(*context, Access::kWrite); !denied.ok()) {
+    return denied;
+  }
   embedding::Attachments attachments(request->attachments().begin(), request->attachments().end());
   absl::StatusOr<embedding::CheckpointInfo> info =
       tables_->Checkpoint(request->step(), attachments);
@@ -42,8 +46,11 @@ grpc::Status ShardService::Checkpoint(grpc::ServerContext*, const v1::Checkpoint
   return grpc::Status::OK;
 }
 
-grpc::Status ShardService::Restore(grpc::ServerContext*, const v1::RestoreRequest* request,
+grpc::Status ShardService::Restore(grpc::ServerContext* context, const v1::RestoreRequest* request,
                                    v1::RestoreResponse* response) {
+  if (grpc::Status denied = options_.auth.Check(*context, Access::kWrite); !denied.ok()) {
+    return denied;
+  }
   embedding::Attachments attachments;
   absl::StatusOr<embedding::CheckpointInfo> info = tables_->Restore(request->step(), &attachments);
   if (!info.ok()) {
@@ -56,8 +63,12 @@ grpc::Status ShardService::Restore(grpc::ServerContext*, const v1::RestoreReques
   return grpc::Status::OK;
 }
 
-grpc::Status ShardService::ListCheckpoints(grpc::ServerContext*, const v1::ListCheckpointsRequest*,
+grpc::Status ShardService::ListCheckpoints(grpc::ServerContext* context,
+                                           const v1::ListCheckpointsRequest*,
                                            v1::ListCheckpointsResponse* response) {
+  if (grpc::Status denied = options_.auth.Check(*context, Access::kRead); !denied.ok()) {
+    return denied;
+  }
   absl::StatusOr<std::vector<embedding::CheckpointInfo>> list = tables_->ListCheckpoints();
   if (!list.ok()) return ToGrpcStatus(list.status());
   for (const auto& info : *list) ToProto(info, response->add_checkpoints());
@@ -101,8 +112,21 @@ absl::Status ShardService::CheckRequest(const v1::TableConfig& config, int ids_s
   return absl::OkStatus();
 }
 
-grpc::Status ShardService::CreateTable(grpc::ServerContext*, const v1::CreateTableRequest* request,
+grpc::Status ShardService::CreateTable(grpc::ServerContext* context,
+                                       const v1::CreateTableRequest* request,
                                        v1::CreateTableResponse* response) {
+  if (grpc::Status denied = options_.auth.Check(*context, Access::kWrite); !denied.ok()) {
+    return denied;
+  }
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (static_cast<int64_t>(configs_.size()) >= options_.max_tables &&
+        configs_.count(request->config().name()) == 0) {
+      return ToGrpcStatus(absl::ResourceExhaustedError(
+          absl::StrCat("table '", request->config().name(), "': this shard holds ", configs_.size(),
+                       " tables, its limit (--max_tables)")));
+    }
+  }
   // Each shard holds 1/num_shards of the rows, so of the row budget too.
   v1::TableConfig local = request->config();
   if (local.max_rows() > 0) {
@@ -117,15 +141,21 @@ grpc::Status ShardService::CreateTable(grpc::ServerContext*, const v1::CreateTab
   return grpc::Status::OK;
 }
 
-grpc::Status ShardService::ListTables(grpc::ServerContext*, const v1::ListTablesRequest*,
+grpc::Status ShardService::ListTables(grpc::ServerContext* context, const v1::ListTablesRequest*,
                                       v1::ListTablesResponse* response) {
+  if (grpc::Status denied = options_.auth.Check(*context, Access::kRead); !denied.ok()) {
+    return denied;
+  }
   absl::ReaderMutexLock lock(&mu_);
   for (const auto& [name, config] : configs_) *response->add_tables() = config;
   return grpc::Status::OK;
 }
 
-grpc::Status ShardService::Lookup(grpc::ServerContext*, const v1::LookupRequest* request,
+grpc::Status ShardService::Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
                                   v1::LookupResponse* response) {
+  if (grpc::Status denied = options_.auth.Check(*context, Access::kRead); !denied.ok()) {
+    return denied;
+  }
   absl::StatusOr<v1::TableConfig> config = Config(request->table());
   if (!config.ok()) return ToGrpcStatus(config.status());
   absl::Status s =
@@ -147,9 +177,12 @@ grpc::Status ShardService::Lookup(grpc::ServerContext*, const v1::LookupRequest*
   return grpc::Status::OK;
 }
 
-grpc::Status ShardService::PushGradients(grpc::ServerContext*,
+grpc::Status ShardService::PushGradients(grpc::ServerContext* context,
                                          const v1::PushGradientsRequest* request,
                                          v1::PushGradientsResponse* response) {
+  if (grpc::Status denied = options_.auth.Check(*context, Access::kWrite); !denied.ok()) {
+    return denied;
+  }
   absl::StatusOr<v1::TableConfig> config = Config(request->table());
   if (!config.ok()) return ToGrpcStatus(config.status());
   absl::Status s =
@@ -170,8 +203,11 @@ grpc::Status ShardService::PushGradients(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status ShardService::Stats(grpc::ServerContext*, const v1::StatsRequest* request,
+grpc::Status ShardService::Stats(grpc::ServerContext* context, const v1::StatsRequest* request,
                                  v1::StatsResponse* response) {
+  if (grpc::Status denied = options_.auth.Check(*context, Access::kRead); !denied.ok()) {
+    return denied;
+  }
   std::map<std::string, Counters> counters;
   {
     absl::ReaderMutexLock lock(&mu_);

@@ -8,6 +8,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "embedding/collection.h"
+#include "server/auth.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 
 namespace tessera::server {
@@ -17,6 +18,8 @@ struct ShardOptions {
   int32_t num_shards = 1;           // shards in the map
   uint64_t shard_map_version = 1;   // requests naming another version are refused
   int64_t max_batch_ids = 1 << 20;  // ids per request; more is RESOURCE_EXHAUSTED
+  int32_t max_tables = 1024;        // tables held; creating one more is RESOURCE_EXHAUSTED
+  CallAuthorizer auth;              // the token each call must carry (default: none)
 };
 
 // The EmbeddingShard gRPC service: converts requests to calls on the embedding core held

@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "client/security_flags.h"
 #include "embedding/dtype.h"
 #include "embedding/optimizer.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -42,9 +43,22 @@ namespace {
 
 using tessera::v1::Coordinator;
 
+// TLS and token from the shared flags (client/security_flags.h), loaded in main().
+tessera::client::ClientSecurity& Security() {
+  static tessera::client::ClientSecurity security;
+  return security;
+}
+
+std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
+  grpc::ChannelArguments args;
+  auto credentials = tessera::client::MakeChannelCredentials(Security(), &args);
+  return grpc::CreateCustomChannel(address, credentials, args);
+}
+
 std::unique_ptr<grpc::ClientContext> Context(int deadline_ms = absl::GetFlag(FLAGS_deadline_ms)) {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
+  tessera::client::Authorize(Security(), ctx.get());
   return ctx;
 }
 
@@ -90,8 +104,7 @@ int Fail(const std::string& what, const grpc::Status& s) {
 int Health() {
   std::string address = absl::GetFlag(FLAGS_address);
   if (address.empty()) address = absl::GetFlag(FLAGS_coordinator);
-  auto stub = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = grpc::health::v1::Health::NewStub(Channel(address));
   auto ctx = Context();
   grpc::health::v1::HealthCheckResponse resp;
   grpc::Status s = stub->Check(ctx.get(), {}, &resp);
@@ -103,8 +116,7 @@ int Health() {
 
 int Run(const std::string& command) {
   if (command == "health") return Health();
-  auto stub = Coordinator::NewStub(
-      grpc::CreateChannel(absl::GetFlag(FLAGS_coordinator), grpc::InsecureChannelCredentials()));
+  auto stub = Coordinator::NewStub(Channel(absl::GetFlag(FLAGS_coordinator)));
   const std::string table = absl::GetFlag(FLAGS_table);
   if (command == "tables") {
     auto ctx = Context();
@@ -264,5 +276,12 @@ int main(int argc, char** argv) {
                  "health|tables|create|lookup|stats|shardmap|checkpoint|restore|checkpoints\n";
     return 1;
   }
+  absl::StatusOr<tessera::client::ClientSecurity> security =
+      tessera::client::ClientSecurityFromFlags();
+  if (!security.ok()) {
+    std::cerr << "tessera-cli: " << security.status().message() << "\n";
+    return 1;
+  }
+  Security() = *security;
   return Run(rest[1]);
 }

@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/embedding_client.h"
+#include "client/security_flags.h"
 #include "embedding/collection.h"
 #include "embedding/dtype.h"
 #include "embedding/optimizer.h"
@@ -152,6 +153,7 @@ absl::Status Run() {
     } else {
       return absl::InvalidArgumentError("--client_mode must be smart or coordinator");
     }
+    TESSERA_ASSIGN_OR_RETURN(co.security, client::ClientSecurityFromFlags());
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<client::EmbeddingClient> remote,
                              client::EmbeddingClient::Connect(coordinator, co));
     where = absl::StrCat(remote->num_shards(), " shards via ", coordinator, " (", mode, " client)");

@@ -6,7 +6,9 @@
 #   deploy/local/cluster.sh stop
 #
 # Environment: TESSERA_CLUSTER_DIR (state, logs; default .tessera-cluster in the repo),
-# TESSERA_BASE_PORT (default 7000), TESSERA_BIN (binaries; default build/).
+# TESSERA_BASE_PORT (default 7000), TESSERA_BIN (binaries; default build/),
+# TESSERA_SERVER_FLAGS (extra flags for every server: TLS, tokens; see docs/security.md) and
+# TESSERA_CLIENT_FLAGS (the matching client flags, for the health checks here).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -14,6 +16,8 @@ DIR="${TESSERA_CLUSTER_DIR:-$ROOT/.tessera-cluster}"
 BASE="${TESSERA_BASE_PORT:-7000}"
 BIN="${TESSERA_BIN:-$ROOT/build}"
 CLI="$BIN/tessera-cli"
+read -r -a SERVER_FLAGS <<< "${TESSERA_SERVER_FLAGS:-}"
+read -r -a CLIENT_FLAGS <<< "${TESSERA_CLIENT_FLAGS:-}"
 
 die() { echo "cluster: $*" >&2; exit 1; }
 
@@ -21,7 +25,9 @@ alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 wait_healthy() {  # address, log
   for _ in $(seq 1 100); do
-    if "$CLI" health --address="$1" --deadline_ms=200 >/dev/null 2>&1; then return 0; fi
+    if "$CLI" "${CLIENT_FLAGS[@]}" health --address="$1" --deadline_ms=200 >/dev/null 2>&1; then
+      return 0
+    fi
     sleep 0.1
   done
   die "$1 did not become healthy in 10 s; see $2"
@@ -47,7 +53,7 @@ start() {
     local port=$((BASE + 1 + k))
     mkdir -p "$DIR/data/shard-$k"
     "$BIN/tessera-shard" --port="$port" --shard_index="$k" --num_shards="$n" \
-      --data_dir="$DIR/data/shard-$k" >> "$DIR/logs/shard-$k.log" 2>&1 &
+      --data_dir="$DIR/data/shard-$k" "${SERVER_FLAGS[@]}" >> "$DIR/logs/shard-$k.log" 2>&1 &
     echo $! > "$DIR/pids/shard-$k.pid"
     shards="${shards:+$shards,}127.0.0.1:$port"
   done
@@ -56,7 +62,7 @@ start() {
   done
   mkdir -p "$DIR/data/coordinator"
   "$BIN/tessera-coordinator" --port="$BASE" --shards="$shards" \
-    --data_dir="$DIR/data/coordinator" >> "$DIR/logs/coordinator.log" 2>&1 &
+    --data_dir="$DIR/data/coordinator" "${SERVER_FLAGS[@]}" >> "$DIR/logs/coordinator.log" 2>&1 &
   echo $! > "$DIR/pids/coordinator.pid"
   wait_healthy "127.0.0.1:$BASE" "$DIR/logs/coordinator.log"
   echo "cluster: $n shard(s) on 127.0.0.1:$((BASE + 1))-$((BASE + n)), coordinator on 127.0.0.1:$BASE"
@@ -70,14 +76,14 @@ status() {
   n="$(cat "$DIR/num_shards")"
   for ((k = 0; k < n; k++)); do
     if alive "$DIR/pids/shard-$k.pid" &&
-       "$CLI" health --address="127.0.0.1:$((base + 1 + k))" >/dev/null 2>&1; then
+       "$CLI" "${CLIENT_FLAGS[@]}" health --address="127.0.0.1:$((base + 1 + k))" >/dev/null 2>&1; then
       echo "shard $k        127.0.0.1:$((base + 1 + k))  SERVING"
     else
       echo "shard $k        127.0.0.1:$((base + 1 + k))  DOWN"; bad=1
     fi
   done
   if alive "$DIR/pids/coordinator.pid" &&
-     "$CLI" health --address="127.0.0.1:$base" >/dev/null 2>&1; then
+     "$CLI" "${CLIENT_FLAGS[@]}" health --address="127.0.0.1:$base" >/dev/null 2>&1; then
     echo "coordinator    127.0.0.1:$base  SERVING"
   else
     echo "coordinator    127.0.0.1:$base  DOWN"; bad=1

@@ -1,0 +1,68 @@
+#include "client/security.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "embedding/status.h"
+
+namespace tessera::client {
+
+absl::StatusOr<std::string> ReadSecret(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read the ", what, " ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  if (text.str().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("the ", what, " ", path, " is empty"));
+  }
+  return text.str();
+}
+
+absl::StatusOr<ClientSecurity> LoadClientSecurity(const ClientSecurityFiles& files) {
+  ClientSecurity s;
+  s.server_name = files.server_name;
+  if (files.cert_file.empty() != files.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "a client certificate needs both a certificate file and a key file");
+  }
+  if (!files.cert_file.empty() && files.ca_file.empty()) {
+    return absl::InvalidArgumentError("a client certificate needs TLS: give the CA file too");
+  }
+  if (!files.ca_file.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(s.root_certs, ReadSecret(files.ca_file, "CA file"));
+  }
+  if (!files.cert_file.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(s.cert_chain, ReadSecret(files.cert_file, "certificate file"));
+    TESSERA_ASSIGN_OR_RETURN(s.private_key, ReadSecret(files.key_file, "key file"));
+  }
+  if (!files.token_file.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(std::string token, ReadSecret(files.token_file, "token file"));
+    // The first line, without its line end or surrounding blanks.
+    token = token.substr(0, token.find('\n'));
+    s.token = std::string(absl::StripAsciiWhitespace(token));
+    if (s.token.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the token file ", files.token_file, " has an empty first line"));
+    }
+  }
+  return s;
+}
+
+std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(const ClientSecurity& security,
+                                                                 grpc::ChannelArguments* args) {
+  if (!security.tls()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = security.root_certs;
+  ssl.pem_cert_chain = security.cert_chain;
+  ssl.pem_private_key = security.private_key;
+  if (!security.server_name.empty()) args->SetSslTargetNameOverride(security.server_name);
+  return grpc::SslCredentials(ssl);
+}
+
+void Authorize(const ClientSecurity& security, grpc::ClientContext* context) {
+  if (!security.token.empty()) context->AddMetadata("authorization", "Bearer " + security.token);
+}
+
+}  // namespace tessera::client
