@@ -13,3 +13,16 @@ trap cleanup EXIT
 "$ROOT/deploy/local/cluster.sh" start 2
 # Debian's interpreter, where python3-grpcio is installed.
 PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/examples/python/embedding_client.py" "127.0.0.1:$base"
+# The tessera package: every feature against the cluster, then the example training loop
+# in both modes, which must learn and agree exactly.
+PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/python/tests/cluster_check.py" "127.0.0.1:$base"
+for mode in smart coordinator; do
+  PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/examples/python/train_two_tower.py" \
+    "127.0.0.1:$base" --mode="$mode" --prefix="tt_$mode" > "$TESSERA_CLUSTER_DIR/$mode.log" \
+    || { cat "$TESSERA_CLUSTER_DIR/$mode.log"; echo "FAIL: two-tower ($mode) did not learn"; exit 1; }
+done
+cat "$TESSERA_CLUSTER_DIR/smart.log"
+diff <(grep held-out "$TESSERA_CLUSTER_DIR/smart.log") \
+     <(grep held-out "$TESSERA_CLUSTER_DIR/coordinator.log") \
+  || { echo "FAIL: smart and coordinator modes trained differently"; exit 1; }
+echo "python package: ok"

@@ -72,4 +72,19 @@ $CLI $TESSERA_CLIENT_FLAGS tables | grep -q "^other" && fail "the refused create
   --steps=20 --num_sparse=2 --batch_size=64 --held_out=500 --log_every=0 > "$D/train.log" 2>&1 \
   || { cat "$D/train.log"; fail "tessera-train over TLS"; }
 grep -q "held-out" "$D/train.log" || fail "training did not finish"
+# The Python client with the same credentials, and without the token.
+PYTHONPATH="$BIN/python" /usr/bin/python3 - "127.0.0.1:$base" "$D" <<'PY' || fail "python client over TLS"
+import sys, grpc, tessera
+address, d = sys.argv[1], sys.argv[2]
+read = lambda name: open(f"{d}/{name}", "rb").read()
+tls = dict(root_certs=read("ca.pem"), cert_chain=read("node.pem"), private_key=read("node.key"))
+client = tessera.connect(address, token=read("token").decode().strip(), **tls)
+assert client.lookup("user", [1, 2, 3]).shape == (3, 4)
+client.push("user", [1], [[0.5] * 4], step=1)
+try:
+    tessera.connect(address, **tls).lookup("user", [1])
+    raise SystemExit("a call without the token succeeded")
+except tessera.TesseraError as e:
+    assert e.code == grpc.StatusCode.UNAUTHENTICATED, e
+PY
 echo "secure cluster: ok"

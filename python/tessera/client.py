@@ -1,0 +1,290 @@
+"""A Tessera client for Python training jobs: NumPy in, NumPy out.
+
+    import tessera
+    client = tessera.connect("127.0.0.1:7000")          # smart: straight to the shards
+    client.create_table("user", dim=16, optimizer="adagrad", learning_rate=0.05)
+    rows = client.lookup("user", ids)                     # (len(ids), 16) float32
+    client.push("user", ids, grads, step=1)               # grads (len(ids), 16)
+
+Built on grpcio and stubs generated from proto/ at build time. In smart mode the client
+fetches the shard map once, deduplicates each batch, routes ids with the same
+ShardOf() as the C++ core and calls the shards in parallel; a shard that answers
+FAILED_PRECONDITION (the map moved on) makes it refresh the map and retry once.
+"""
+import time
+from typing import Dict, List, Optional, Sequence
+
+import grpc
+import numpy as np
+
+from tessera import sharding, wire
+from tessera.v1 import config_pb2, embedding_service_pb2 as api
+
+_OPTIMIZERS = {"sgd": config_pb2.SGD, "adagrad": config_pb2.ADAGRAD,
+               "rowwise_adagrad": config_pb2.ROWWISE_ADAGRAD, "adam": config_pb2.ADAM,
+               "ftrl": config_pb2.FTRL}
+_DTYPES = {"fp32": config_pb2.FP32, "fp16": config_pb2.FP16, "bf16": config_pb2.BF16}
+_POOLING = {"sum": config_pb2.SUM, "mean": config_pb2.MEAN}
+_MAX_MESSAGE = 256 << 20
+
+
+class TesseraError(Exception):
+    """A call that failed: `code` is the grpc.StatusCode, the message names the cause."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+
+def _raise(error: grpc.RpcError):
+    raise TesseraError(error.code(), error.details()) from None
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+class _Endpoint:
+    """One server's channel with raw-bytes Lookup and PushGradients and typed stubs."""
+
+    def __init__(self, address: str, service: str, credentials, options):
+        if credentials is None:
+            self.channel = grpc.insecure_channel(address, options=options)
+        else:
+            self.channel = grpc.secure_channel(address, credentials, options=options)
+        self.address = address
+        prefix = f"/tessera.v1.{service}/"
+        self.lookup = self.channel.unary_unary(prefix + "Lookup", request_serializer=_identity,
+                                               response_deserializer=_identity)
+        self.push = self.channel.unary_unary(
+            prefix + "PushGradients", request_serializer=_identity,
+            response_deserializer=api.PushGradientsResponse.FromString)
+
+    def close(self):
+        self.channel.close()
+
+
+class Client:
+    """See connect(). Thread-safe for concurrent calls once connected."""
+
+    def __init__(self, address: str, mode: str = "smart", token: Optional[str] = None,
+                 root_certs: Optional[bytes] = None, cert_chain: Optional[bytes] = None,
+                 private_key: Optional[bytes] = None, server_name: Optional[str] = None,
+                 timeout: float = 10.0, retries: int = 5):
+        if mode not in ("smart", "coordinator"):
+            raise ValueError("mode must be 'smart' or 'coordinator'")
+        self.mode = mode
+        self.timeout = timeout
+        self.retries = retries
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._options = [("grpc.max_receive_message_length", _MAX_MESSAGE),
+                         ("grpc.max_send_message_length", _MAX_MESSAGE)]
+        if server_name:
+            self._options.append(("grpc.ssl_target_name_override", server_name))
+        self._credentials = (grpc.ssl_channel_credentials(root_certs, private_key, cert_chain)
+                             if root_certs else None)
+        self._coordinator = _Endpoint(address, "Coordinator", self._credentials, self._options)
+        try:
+            grpc.channel_ready_future(self._coordinator.channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            self._coordinator.close()
+            raise TesseraError(grpc.StatusCode.UNAVAILABLE,
+                               f"coordinator {address} not reachable within {timeout} s") from None
+        from tessera.v1 import embedding_service_pb2_grpc as stubs
+        self._stub = stubs.CoordinatorStub(self._coordinator.channel)
+        self._configs: Dict[str, config_pb2.TableConfig] = {}
+        self._shards: List[_Endpoint] = []
+        self._version = 0
+        self.refresh_shard_map()
+
+    # -- admin ---------------------------------------------------------------------------
+
+    def create_table(self, name: str, dim: int, optimizer: str = "adagrad",
+                     learning_rate: float = 0.01, dtype: str = "fp32", seed: int = 0,
+                     max_rows: int = 0, init_scale: Optional[float] = None,
+                     durability: str = "checkpoint") -> config_pb2.TableConfig:
+        """Creates a table on every shard; TesseraError ALREADY_EXISTS if it exists."""
+        if optimizer not in _OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {optimizer!r}: one of {sorted(_OPTIMIZERS)}")
+        if dtype not in _DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}: one of {sorted(_DTYPES)}")
+        config = config_pb2.TableConfig(
+            name=name, dim=dim, seed=seed, max_rows=max_rows, dtype=_DTYPES[dtype],
+            durability=(config_pb2.WRITE_THROUGH if durability == "write_through"
+                        else config_pb2.CHECKPOINT),
+            optimizer=config_pb2.OptimizerConfig(type=_OPTIMIZERS[optimizer],
+                                                 learning_rate=learning_rate))
+        if init_scale is not None:
+            config.initializer.scale = init_scale
+        response = self._call(self._stub.CreateTable, api.CreateTableRequest(config=config))
+        self._configs[name] = response.config
+        return response.config
+
+    def tables(self) -> Dict[str, config_pb2.TableConfig]:
+        response = self._call(self._stub.ListTables, api.ListTablesRequest())
+        self._configs = {t.name: t for t in response.tables}
+        return dict(self._configs)
+
+    def stats(self, table: str = "") -> api.StatsResponse:
+        return self._call(self._stub.Stats, api.StatsRequest(table=table))
+
+    def checkpoint(self, step: int) -> api.CheckpointResponse:
+        return self._call(self._stub.Checkpoint, api.CheckpointRequest(step=step), timeout=1800)
+
+    def restore(self, step: int = -1) -> api.RestoreResponse:
+        return self._call(self._stub.Restore, api.RestoreRequest(step=step), timeout=1800)
+
+    def checkpoints(self) -> api.ListCheckpointsResponse:
+        return self._call(self._stub.ListCheckpoints, api.ListCheckpointsRequest())
+
+    def shard_map(self):
+        """(version, [shard addresses])."""
+        return self._version, [s.address for s in self._shards]
+
+    def refresh_shard_map(self):
+        shard_map = self._call(self._stub.GetShardMap, api.GetShardMapRequest())
+        for shard in self._shards:
+            shard.close()
+        self._version = shard_map.version
+        self._shards = ([_Endpoint(s.address, "EmbeddingShard", self._credentials, self._options)
+                         for s in shard_map.shards] if self.mode == "smart" else [])
+
+    def close(self):
+        for shard in self._shards:
+            shard.close()
+        self._coordinator.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- data ----------------------------------------------------------------------------
+
+    def lookup(self, table: str, ids, offsets: Optional[Sequence[int]] = None,
+               pooling: str = "sum", weights=None, read_only: bool = False) -> np.ndarray:
+        """Rows of `ids`: (len(ids), dim) float32; with CSR `offsets` (bags + 1 entries),
+        one pooled row per bag ("sum" or "mean" of weight x row)."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64).ravel()
+        config = self._config(table)
+        if pooling not in _POOLING:
+            raise ValueError("pooling must be 'sum' or 'mean'")
+        if self.mode == "coordinator":
+            data = wire.encode_lookup_request(table, ids, 0, offsets, _POOLING[pooling], weights,
+                                              read_only)
+            dim, values = wire.decode_lookup_response(
+                self._call(self._coordinator.lookup, data))
+            return values.reshape(-1, dim)
+        unique, inverse = np.unique(ids, return_inverse=True)
+        rows = self._with_map_refresh(lambda: self._lookup_unique(config, unique, read_only))
+        rows = rows[inverse]
+        if offsets is None:
+            return rows
+        return _pool(rows, np.asarray(offsets, dtype=np.int64), weights, pooling)
+
+    def push(self, table: str, ids, gradients, step: int = 0) -> int:
+        """Applies gradients (len(ids), dim); repeated ids are summed and updated once.
+        Returns the number of distinct rows updated."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64).ravel()
+        config = self._config(table)
+        gradients = np.ascontiguousarray(gradients, dtype=np.float32).reshape(len(ids), config.dim)
+        if self.mode == "coordinator":
+            data = wire.encode_push_request(table, ids, gradients, step, 0)
+            return self._call(self._coordinator.push, data).rows_updated
+        unique, inverse = np.unique(ids, return_inverse=True)
+        order = np.argsort(inverse, kind="stable")
+        starts = np.flatnonzero(np.r_[True, np.diff(inverse[order]) != 0])
+        summed = np.add.reduceat(gradients[order], starts, axis=0) if len(ids) else gradients
+        return self._with_map_refresh(lambda: self._push_unique(config, unique, summed, step))
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _config(self, table: str) -> config_pb2.TableConfig:
+        if table not in self._configs:
+            self.tables()
+        if table not in self._configs:
+            raise TesseraError(grpc.StatusCode.NOT_FOUND, f"table '{table}' not found")
+        return self._configs[table]
+
+    def _call(self, method, request, timeout: Optional[float] = None):
+        """One call with retries of UNAVAILABLE (exponential backoff)."""
+        delay = 0.05
+        for attempt in range(self.retries + 1):
+            try:
+                return method(request, timeout=timeout or self.timeout, metadata=self._metadata)
+            except grpc.RpcError as error:
+                if error.code() != grpc.StatusCode.UNAVAILABLE or attempt == self.retries:
+                    _raise(error)
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    def _with_map_refresh(self, call):
+        try:
+            return call()
+        except TesseraError as error:
+            if error.code != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            self.refresh_shard_map()
+            return call()
+
+    def _fan_out(self, requests):
+        """[(shard, method name, bytes)] -> answers, the calls in flight together."""
+        futures = []
+        for shard, method, data in requests:
+            callable_ = getattr(self._shards[shard], method)
+            futures.append(callable_.future(data, timeout=self.timeout, metadata=self._metadata))
+        answers = []
+        for future in futures:
+            try:
+                answers.append(future.result())
+            except grpc.RpcError as error:
+                _raise(error)
+        return answers
+
+    def _split(self, config, unique: np.ndarray):
+        owner = sharding.shard_of(unique, config.seed, len(self._shards))
+        return [(k, np.flatnonzero(owner == k)) for k in range(len(self._shards))
+                if np.any(owner == k)]
+
+    def _lookup_unique(self, config, unique: np.ndarray, read_only: bool) -> np.ndarray:
+        rows = np.empty((len(unique), config.dim), dtype=np.float32)
+        parts = self._split(config, unique)
+        requests = [(k, "lookup", wire.encode_lookup_request(config.name, unique[at], self._version,
+                                                              read_only=read_only))
+                    for k, at in parts]
+        for (k, at), answer in zip(parts, self._fan_out(requests)):
+            _, values = wire.decode_lookup_response(answer)
+            rows[at] = values.reshape(len(at), config.dim)
+        return rows
+
+    def _push_unique(self, config, unique: np.ndarray, summed: np.ndarray, step: int) -> int:
+        parts = self._split(config, unique)
+        requests = [(k, "push", wire.encode_push_request(config.name, unique[at], summed[at], step,
+                                                          self._version))
+                    for k, at in parts]
+        return sum(answer.rows_updated for answer in self._fan_out(requests))
+
+
+def _pool(rows: np.ndarray, offsets: np.ndarray, weights, pooling: str) -> np.ndarray:
+    if len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(rows) or np.any(np.diff(offsets) < 0):
+        raise TesseraError(grpc.StatusCode.INVALID_ARGUMENT,
+                           "offsets must start at 0, never decrease and end at len(ids)")
+    counts = np.diff(offsets)
+    bag = np.repeat(np.arange(len(counts)), counts)
+    if weights is not None:
+        rows = rows * np.asarray(weights, dtype=np.float32)[:, None]
+    pooled = np.zeros((len(counts), rows.shape[1]), dtype=np.float32)
+    np.add.at(pooled, bag, rows)
+    if pooling == "mean":
+        pooled /= np.maximum(counts, 1)[:, None]
+    return pooled
+
+
+def connect(address: str, mode: str = "smart", **kwargs) -> Client:
+    """Connects to the coordinator at host:port. mode "smart" talks to the shards directly
+    on the hot path; "coordinator" sends everything through the coordinator. Keyword
+    arguments: token, root_certs / cert_chain / private_key (PEM bytes, for TLS),
+    server_name, timeout (seconds per call), retries (of UNAVAILABLE calls)."""
+    return Client(address, mode=mode, **kwargs)

@@ -1,0 +1,71 @@
+"""Parts of the client that need no server: routing, wire encoding, pooling."""
+import unittest
+
+import numpy as np
+
+from tessera import sharding, wire
+from tessera.client import TesseraError, _pool
+from tessera.v1 import embedding_service_pb2 as api
+
+
+class ShardingTest(unittest.TestCase):
+    def test_mix64_matches_splitmix64_reference_values(self):
+        # splitmix64's finaliser of 0 and 1, as the C++ Mix64 computes them.
+        self.assertEqual(int(sharding.mix64(np.array([0], np.uint64))[0]), 0)
+        self.assertEqual(int(sharding.mix64(np.array([1], np.uint64))[0]), 0x5692161D100B05E5)
+
+    def test_jump_hash_matches_the_papers_reference(self):
+        # Values from Lamping & Veach's reference implementation.
+        self.assertEqual(int(sharding.jump_consistent_hash(np.array([0], np.uint64), 10)[0]), 0)
+        keys = np.arange(1000, dtype=np.uint64)
+        for n in (1, 2, 7, 100):
+            b = sharding.jump_consistent_hash(keys, n)
+            self.assertTrue(np.all((b >= 0) & (b < n)))
+        # Growing from n to n+1 buckets moves keys only to the new bucket.
+        before = sharding.jump_consistent_hash(keys, 5)
+        after = sharding.jump_consistent_hash(keys, 6)
+        moved = before != after
+        self.assertTrue(np.all(after[moved] == 5))
+        self.assertLess(moved.mean(), 0.3)
+
+    def test_shard_of_spreads_ids_evenly(self):
+        ids = np.arange(-50000, 50000, dtype=np.int64)
+        counts = np.bincount(sharding.shard_of(ids, 1234, 4), minlength=4)
+        self.assertTrue(np.all(np.abs(counts - 25000) < 1000), counts)
+
+
+class WireTest(unittest.TestCase):
+    def test_lookup_response_bytes_decode_to_the_same_array(self):
+        values = np.random.default_rng(1).standard_normal(300).astype(np.float32)
+        message = api.LookupResponse(dim=3, values=values.tolist())
+        dim, decoded = wire.decode_lookup_response(message.SerializeToString())
+        self.assertEqual(dim, 3)
+        np.testing.assert_array_equal(decoded, values)
+        dim, empty = wire.decode_lookup_response(api.LookupResponse(dim=3).SerializeToString())
+        self.assertEqual(len(empty), 0)
+
+    def test_push_request_bytes_parse_as_the_message(self):
+        ids = np.array([5, -7, 1 << 60], dtype=np.int64)
+        grads = np.arange(6, dtype=np.float32).reshape(3, 2)
+        data = wire.encode_push_request("user", ids, grads, step=9, shard_map_version=4)
+        message = api.PushGradientsRequest.FromString(data)
+        self.assertEqual(message.table, "user")
+        self.assertEqual(list(message.ids), ids.tolist())
+        self.assertEqual(list(message.gradients), grads.ravel().tolist())
+        self.assertEqual((message.step, message.shard_map_version), (9, 4))
+
+
+class PoolTest(unittest.TestCase):
+    def test_sum_mean_weights_and_empty_bags(self):
+        rows = np.array([[1, 2], [3, 4], [5, 6]], dtype=np.float32)
+        offsets = np.array([0, 2, 2, 3])
+        np.testing.assert_array_equal(_pool(rows, offsets, None, "sum"), [[4, 6], [0, 0], [5, 6]])
+        np.testing.assert_array_equal(_pool(rows, offsets, None, "mean"), [[2, 3], [0, 0], [5, 6]])
+        np.testing.assert_array_equal(_pool(rows, offsets, [1, 0.5, 2], "sum"),
+                                      [[2.5, 4], [0, 0], [10, 12]])
+        with self.assertRaises(TesseraError):
+            _pool(rows, np.array([0, 2]), None, "sum")
+
+
+if __name__ == "__main__":
+    unittest.main()
