@@ -25,6 +25,17 @@ if $CLI create --table=user --dim=8 >/dev/null 2>&1; then fail "duplicate create
   || fail "duplicate create must say ALREADY_EXISTS"
 $CLI tables | grep -q "^user  *8 fp32  *adam" || fail "table not listed"
 $CLI create --table=half --dim=8 --dtype=bf16 >/dev/null
+# The tables ConfigMap of deploy/k8s, applied twice: created, then left as it is.
+/usr/bin/python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["data"]["tables.json"])' \
+  "$ROOT/deploy/k8s/configmap-tables.yaml" > "$TESSERA_CLUSTER_DIR/tables.json"
+$CLI apply --tables_file="$TESSERA_CLUSTER_DIR/tables.json" | grep -c "created (dim 16, bf16)" \
+  | grep -qx 26 || fail "apply did not create the 26 tables"
+$CLI apply --tables_file="$TESSERA_CLUSTER_DIR/tables.json" | grep -c unchanged | grep -qx 26 \
+  || fail "a second apply must leave the tables unchanged"
+sed 's/"dim": 16/"dim": 32/' "$TESSERA_CLUSTER_DIR/tables.json" > "$TESSERA_CLUSTER_DIR/other.json"
+if $CLI apply --tables_file="$TESSERA_CLUSTER_DIR/other.json" >/dev/null 2>&1; then
+  fail "apply over tables with another config must fail"
+fi
 $CLI tables | grep -q "^half  *8 bf16  *adagrad" || fail "bf16 table not listed"
 { $CLI create --table=bad --dim=8 --dtype=int8 2>&1 || true; } | grep -q "unknown dtype 'int8'" \
   || fail "an unknown dtype must be refused by name"

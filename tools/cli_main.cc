@@ -2,12 +2,14 @@
 //
 //   tessera-cli [--coordinator=host:port] health [--address=host:port]
 //   tessera-cli tables
+//   tessera-cli apply --tables_file=tables.json
 //   tessera-cli create --table=user --dim=16 [--optimizer=adagrad --lr=0.05 --seed=1 --dtype=bf16]
 //   tessera-cli lookup --table=user --ids=1,2,3
 //   tessera-cli stats [--table=user]
 //   tessera-cli shardmap
 
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -22,6 +24,8 @@
 #include "embedding/dtype.h"
 #include "embedding/optimizer.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "grpcpp/grpcpp.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 
@@ -38,6 +42,8 @@ ABSL_FLAG(int, deadline_ms, 5000, "deadline of each call (checkpoint and restore
 ABSL_FLAG(int64_t, step, -1, "checkpoint: its step (required); restore: which (-1 = newest)");
 ABSL_FLAG(std::string, durability, "checkpoint", "create: checkpoint or write_through");
 ABSL_FLAG(std::string, dtype, "fp32", "create: stored weights: fp32, fp16 or bf16");
+ABSL_FLAG(std::string, tables_file, "",
+          "apply: JSON file {\"tables\": [TableConfig, ...]} (proto3 JSON field names)");
 
 namespace {
 
@@ -114,6 +120,56 @@ int Health() {
   return serving ? 0 : 1;
 }
 
+// Creates every table of --tables_file; a table that exists with the same config is left
+// as it is, one with another config is an error (nothing is changed).
+int Apply(Coordinator::Stub& stub) {
+  const std::string path = absl::GetFlag(FLAGS_tables_file);
+  std::ifstream in(path);
+  if (path.empty() || !in) {
+    std::cerr << "tessera-cli: apply needs a readable --tables_file, got '" << path << "'\n";
+    return 1;
+  }
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  tessera::v1::ListTablesResponse wanted;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(text, &wanted);
+  if (!parsed.ok()) {
+    std::cerr << "tessera-cli: " << path << ": " << parsed.ToString() << "\n";
+    return 1;
+  }
+  tessera::v1::ListTablesResponse existing;
+  grpc::Status s = stub.ListTables(Context().get(), {}, &existing);
+  if (!s.ok()) return Fail("apply", s);
+  int failures = 0;
+  for (const auto& config : wanted.tables()) {
+    const tessera::v1::TableConfig* have = nullptr;
+    for (const auto& t : existing.tables()) {
+      if (t.name() == config.name()) have = &t;
+    }
+    if (have != nullptr) {
+      if (google::protobuf::util::MessageDifferencer::Equals(*have, config)) {
+        std::printf("table '%s': unchanged\n", config.name().c_str());
+      } else {
+        std::fprintf(stderr, "tessera-cli: table '%s' exists with another config: %s\n",
+                     config.name().c_str(), have->ShortDebugString().c_str());
+        ++failures;
+      }
+      continue;
+    }
+    tessera::v1::CreateTableRequest req;
+    *req.mutable_config() = config;
+    tessera::v1::CreateTableResponse resp;
+    s = stub.CreateTable(Context().get(), req, &resp);
+    if (!s.ok()) {
+      Fail(absl::StrCat("create '", config.name(), "'"), s);
+      ++failures;
+      continue;
+    }
+    std::printf("table '%s': created (dim %d, %s)\n", config.name().c_str(), config.dim(),
+                tessera::embedding::DtypeName(config.dtype()).c_str());
+  }
+  return failures == 0 ? 0 : 1;
+}
+
 int Run(const std::string& command) {
   if (command == "health") return Health();
   auto stub = Coordinator::NewStub(Channel(absl::GetFlag(FLAGS_coordinator)));
@@ -133,6 +189,7 @@ int Run(const std::string& command) {
     }
     return 0;
   }
+  if (command == "apply") return Apply(*stub);
   if (command == "create") {
     auto opt = tessera::embedding::ParseOptimizerName(absl::GetFlag(FLAGS_optimizer));
     auto dtype = tessera::embedding::ParseDtypeName(absl::GetFlag(FLAGS_dtype));
@@ -269,7 +326,7 @@ int Run(const std::string& command) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "tessera-cli [flags] "
-      "health|tables|create|lookup|stats|shardmap|checkpoint|restore|checkpoints");
+      "health|tables|apply|create|lookup|stats|shardmap|checkpoint|restore|checkpoints");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() != 2) {
     std::cerr << "usage: tessera-cli [flags] "

@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Checks the Kubernetes manifests of deploy/k8s without a cluster: every file of
+kustomization.yaml parses; every object has the fields its kind requires (apps/v1
+StatefulSet and Deployment, batch/v1 Job, v1 Service, ConfigMap, PersistentVolumeClaim,
+Namespace) with the right types; selectors match pod labels; Services select pods that
+exist and target ports they expose; probes hit declared ports; every container has an
+image and resource requests and runs as non-root; volume mounts name volumes or claim
+templates; the shard count agrees between the StatefulSet, --num_shards and the
+coordinator's --shards; tables.json parses and names each table with a dim.
+
+    python3 deploy/k8s/validate.py [deploy/k8s]      # exit 1 and a list of problems
+"""
+import json
+import os
+import re
+import sys
+
+import yaml
+
+KINDS = {
+    "Namespace": "v1", "ConfigMap": "v1", "Service": "v1", "PersistentVolumeClaim": "v1",
+    "StatefulSet": "apps/v1", "Deployment": "apps/v1", "Job": "batch/v1",
+}
+
+
+class Problems(list):
+    def need(self, ok, where, what):
+        if not ok:
+            self.append(f"{where}: {what}")
+        return ok
+
+
+def typed(problems, obj, path, kind_of, where):
+    """obj[path...] exists and is a kind_of; returns it or None."""
+    cur = obj
+    for key in path:
+        if not isinstance(cur, dict) or key not in cur:
+            problems.append(f"{where}: missing {'.'.join(path)}")
+            return None
+        cur = cur[key]
+    if not isinstance(cur, kind_of):
+        problems.append(f"{where}: {'.'.join(path)} must be {kind_of.__name__}, got {type(cur).__name__}")
+        return None
+    return cur
+
+
+def check_pod(problems, pod_spec, where, claim_templates=()):
+    volumes = {v.get("name") for v in pod_spec.get("volumes", [])} | set(claim_templates)
+    security = pod_spec.get("securityContext", {})
+    problems.need(security.get("runAsNonRoot") is True, where, "securityContext.runAsNonRoot must be true")
+    containers = typed(problems, pod_spec, ["containers"], list, where) or []
+    ports = set()
+    for c in containers + pod_spec.get("initContainers", []):
+        cw = f"{where} container {c.get('name')}"
+        problems.need(isinstance(c.get("name"), str), cw, "needs a name")
+        problems.need(isinstance(c.get("image"), str) and c["image"], cw, "needs an image")
+        requests = c.get("resources", {}).get("requests", {})
+        problems.need("cpu" in requests and "memory" in requests, cw, "needs cpu and memory requests")
+        for p in c.get("ports", []):
+            problems.need(isinstance(p.get("containerPort"), int), cw, "containerPort must be int")
+            ports.add(p.get("containerPort"))
+        for m in c.get("volumeMounts", []):
+            problems.need(m.get("name") in volumes, cw, f"mounts unknown volume {m.get('name')!r}")
+    for c in containers:
+        cw = f"{where} container {c.get('name')}"
+        for probe in ("readinessProbe", "livenessProbe"):
+            if probe in c:
+                port = c[probe].get("grpc", c[probe].get("tcpSocket", {})).get("port")
+                problems.need(port in ports, cw, f"{probe} port {port} is not a container port")
+    return ports, containers
+
+
+def main(folder: str) -> int:
+    problems = Problems()
+    kustomization = yaml.safe_load(open(os.path.join(folder, "kustomization.yaml")))
+    problems.need(kustomization.get("kind") == "Kustomization", "kustomization.yaml", "kind must be Kustomization")
+    objects = []
+    for name in kustomization.get("resources", []):
+        path = os.path.join(folder, name)
+        if not problems.need(os.path.exists(path), "kustomization.yaml", f"resource {name} missing"):
+            continue
+        for doc in yaml.safe_load_all(open(path)):
+            if doc is not None:
+                objects.append((name, doc))
+
+    pods = []  # (labels, ports, where)
+    services, shard_replicas, num_shards_args, coordinator_shards = [], None, set(), None
+    for name, obj in objects:
+        kind = obj.get("kind")
+        where = f"{name} {kind}/{obj.get('metadata', {}).get('name')}"
+        if not problems.need(kind in KINDS, where, f"unknown kind {kind!r}"):
+            continue
+        problems.need(obj.get("apiVersion") == KINDS[kind], where, f"apiVersion must be {KINDS[kind]}")
+        typed(problems, obj, ["metadata", "name"], str, where)
+        if kind in ("StatefulSet", "Deployment", "Job"):
+            template = typed(problems, obj, ["spec", "template"], dict, where) or {}
+            labels = template.get("metadata", {}).get("labels", {})
+            if kind != "Job":
+                match = typed(problems, obj, ["spec", "selector", "matchLabels"], dict, where) or {}
+                problems.need(match and all(labels.get(k) == v for k, v in match.items()), where,
+                              "selector.matchLabels must match the pod template's labels")
+                typed(problems, obj, ["spec", "replicas"], int, where)
+            else:
+                problems.need(template.get("spec", {}).get("restartPolicy") in ("Never", "OnFailure"),
+                              where, "a Job's restartPolicy must be Never or OnFailure")
+            claims = [t.get("metadata", {}).get("name") for t in obj["spec"].get("volumeClaimTemplates", [])]
+            pod_spec = typed(problems, template, ["spec"], dict, where) or {}
+            ports, containers = check_pod(problems, pod_spec, where, claims)
+            pods.append((labels, ports, where))
+            text = json.dumps(containers)
+            if kind == "StatefulSet":
+                problems.need(isinstance(obj["spec"].get("serviceName"), str), where, "needs serviceName")
+                shard_replicas = obj["spec"].get("replicas")
+                num_shards_args |= {int(n) for n in re.findall(r"--num_shards=(\d+)", text)}
+                statefulset = obj
+            m = re.search(r"--shards=([^\"\s]+)", text)
+            if m:
+                coordinator_shards = m.group(1).split(",")
+        if kind == "Service":
+            services.append((obj, where))
+        if kind == "PersistentVolumeClaim":
+            typed(problems, obj, ["spec", "resources", "requests", "storage"], str, where)
+        if kind == "ConfigMap" and "tables.json" in obj.get("data", {}):
+            try:
+                tables = json.loads(obj["data"]["tables.json"])["tables"]
+                for t in tables:
+                    problems.need(isinstance(t.get("name"), str) and t["name"], where, "a table without a name")
+                    problems.need(isinstance(t.get("dim"), int) and t["dim"] > 0, where,
+                                  f"table {t.get('name')!r} needs a dim > 0")
+                names = [t.get("name") for t in tables]
+                problems.need(len(names) == len(set(names)), where, "table names repeat")
+            except (ValueError, KeyError, TypeError) as e:
+                problems.append(f"{where}: tables.json does not parse: {e}")
+
+    for svc, where in services:
+        selector = svc.get("spec", {}).get("selector", {})
+        targets = [p for p in pods if selector and all(p[0].get(k) == v for k, v in selector.items())]
+        if problems.need(targets, where, f"selects no pods ({selector})"):
+            for port in svc["spec"].get("ports", []):
+                target = port.get("targetPort", port.get("port"))
+                problems.need(any(target in p[1] for p in targets), where,
+                              f"targetPort {target} is not a port of the pods it selects")
+
+    if shard_replicas is not None:
+        problems.need(num_shards_args == {shard_replicas}, "shards",
+                      f"--num_shards {sorted(num_shards_args)} differs from replicas {shard_replicas}")
+        if problems.need(coordinator_shards is not None, "coordinator", "no --shards list"):
+            problems.need(len(coordinator_shards) == shard_replicas, "coordinator",
+                          f"--shards names {len(coordinator_shards)} shards, the StatefulSet has {shard_replicas}")
+            name, service = statefulset["metadata"]["name"], statefulset["spec"].get("serviceName")
+            for i, address in enumerate(coordinator_shards):
+                problems.need(address.split(":")[0] == f"{name}-{i}.{service}", "coordinator",
+                              f"shard {i} should be {name}-{i}.{service}, got {address}")
+
+    for p in problems:
+        print("invalid:", p)
+    if not problems:
+        print(f"k8s manifests: {len(objects)} objects ok")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))))
