@@ -24,6 +24,8 @@ struct LookupOptions {
 struct TableUsage {
   int64_t rows = 0;          // stored rows over all shards
   int64_t memory_bytes = 0;  // bytes of rows and id maps
+  int64_t evictions = 0;     // rows evicted for room since the process started
+  int64_t expirations = 0;   // rows dropped by their TTL since the process started
 };
 
 // A durable snapshot of every table of a collection.

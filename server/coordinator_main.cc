@@ -31,6 +31,10 @@ ABSL_FLAG(int, health_check_ms, 500,
           "interval of health checks of every shard (0 = none); a shard failing two in a row "
           "is reported UNAVAILABLE at once until it passes one again");
 ABSL_FLAG(int, max_message_bytes, 256 << 20, "largest gRPC message accepted or sent");
+ABSL_FLAG(int, metrics_port, -1,
+          "serve Prometheus metrics at http://--metrics_host:PORT/metrics; 0 picks a port, "
+          "-1 = none");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address the metrics endpoint binds");
 ABSL_FLAG(int, max_tables, 1024,
           "tables this server holds; creating one more is RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, data_dir, "",
@@ -100,6 +104,30 @@ int main(int argc, char** argv) {
               << data_dir << std::endl;
   }
   tessera::server::CoordinatorService service(&router, ro.shard_map_version, co, store.get());
+  std::unique_ptr<tessera::server::Metrics> metrics;
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    auto started = tessera::server::Metrics::Start(
+        absl::GetFlag(FLAGS_metrics_host), absl::GetFlag(FLAGS_metrics_port), "coordinator");
+    if (!started.ok()) {
+      std::cerr << "tessera-coordinator: " << started.status().message() << "\n";
+      return 1;
+    }
+    metrics = *std::move(started);
+    auto& serving = prometheus::BuildGauge()
+                        .Name("tessera_shard_serving")
+                        .Help("1 while the shard passes its health checks, else 0")
+                        .Register(metrics->registry());
+    metrics->Watch(
+        [&router, &serving](tessera::server::Metrics&) {
+          for (int k = 0; k < router.num_shards(); ++k) {
+            serving.Add({{"shard", std::to_string(k)}, {"address", router.addresses()[k]}})
+                .Set(router.serving(k) ? 1 : 0);
+          }
+        },
+        std::chrono::seconds(1));
+    std::cerr << "tessera-coordinator: metrics on http://" << absl::GetFlag(FLAGS_metrics_host)
+              << ":" << metrics->port() << "/metrics" << std::endl;
+  }
 
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   tessera::server::BlockShutdownSignals();
@@ -108,6 +136,7 @@ int main(int argc, char** argv) {
   listen.port = absl::GetFlag(FLAGS_port);
   listen.max_message_bytes = ro.max_message_bytes;
   listen.credentials = tessera::server::MakeServerCredentials(*security);
+  listen.metrics = metrics.get();
   int port = 0;
   auto server = tessera::server::StartServer(&service, listen, &port);
   if (!server.ok()) {

@@ -1,6 +1,8 @@
 // Tokens, TLS and mutual TLS on in-process servers on 127.0.0.1, with certificates this
 // test makes with the openssl command.
 
+#include "client/security.h"
+
 #include <unistd.h>
 
 #include <cstdlib>
@@ -9,7 +11,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/embedding_client.h"
-#include "client/security.h"
 #include "embedding/collection.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -39,16 +40,17 @@ class Certificates {
     std::ofstream(d + "/client.ext") << "extendedKeyUsage=clientAuth\n";
     const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
     const std::string script = absl::StrCat(
-        "set -e; cd ", d, "; ",
-        "openssl req -x509 ", key, " -keyout ca.key -out ca.pem -days 2 -subj /CN=tessera-test-ca; ",
-        "openssl req -x509 ", key, " -keyout other-ca.key -out other-ca.pem -days 2 -subj /CN=other; ",
-        "openssl req ", key, " -keyout server.key -out server.csr -subj /CN=localhost; ",
+        "set -e; cd ", d, "; ", "openssl req -x509 ", key,
+        " -keyout ca.key -out ca.pem -days 2 -subj /CN=tessera-test-ca; ", "openssl req -x509 ",
+        key, " -keyout other-ca.key -out other-ca.pem -days 2 -subj /CN=other; ", "openssl req ",
+        key, " -keyout server.key -out server.csr -subj /CN=localhost; ",
         "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 ",
-        "-extfile server.ext -out server.pem; ",
-        "openssl req ", key, " -keyout client.key -out client.csr -subj /CN=trainer; ",
+        "-extfile server.ext -out server.pem; ", "openssl req ", key,
+        " -keyout client.key -out client.csr -subj /CN=trainer; ",
         "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 ",
         "-extfile client.ext -out client.pem");
-    ok_ = std::system(absl::StrCat("bash -c '", script, "' > ", d, "/openssl.log 2>&1").c_str()) == 0;
+    ok_ =
+        std::system(absl::StrCat("bash -c '", script, "' > ", d, "/openssl.log 2>&1").c_str()) == 0;
   }
   ~Certificates() { fs::remove_all(dir_); }
   bool ok() const { return ok_; }
@@ -149,8 +151,7 @@ TEST_F(TokenTest, CallsWithoutOrWithAWrongTokenAreRefusedAndChangeNothing) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_THAT(s.error_message(), HasSubstr("needs a token"));
   EXPECT_EQ(Create("full-secre", "user").error_code(), grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_EQ(Create("full-secret-and-more", "user").error_code(),
-            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Create("full-secret-and-more", "user").error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(Tables(), 0);
 
   ASSERT_TRUE(Create("full-secret", "user").ok());
@@ -272,8 +273,8 @@ class TlsTest : public ::testing::Test {
 };
 
 TEST_F(TlsTest, ClientsWithTheClustersCaCertificateAndTokenTrainThroughBothPaths) {
-  for (const auto mode : {client::ClientOptions::Mode::kSmart,
-                          client::ClientOptions::Mode::kCoordinator}) {
+  for (const auto mode :
+       {client::ClientOptions::Mode::kSmart, client::ClientOptions::Mode::kCoordinator}) {
     auto c = Connect(Trusted(), mode);
     ASSERT_TRUE(c.ok()) << c.status();
     const std::string table = mode == client::ClientOptions::Mode::kSmart ? "smart" : "via";
@@ -339,8 +340,7 @@ TEST(ClientSecurity, FilesAreLoadedAndBadOnesNamed) {
   EXPECT_EQ(s->token, "s3cret");
   EXPECT_TRUE(s->tls());
   files.cert_file = certs.Path("client.pem");  // without its key
-  EXPECT_EQ(client::LoadClientSecurity(files).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client::LoadClientSecurity(files).status().code(), absl::StatusCode::kInvalidArgument);
   files.key_file = certs.Path("missing.key");
   absl::Status missing = client::LoadClientSecurity(files).status();
   EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);

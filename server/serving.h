@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
+#include "server/metrics.h"
 
 namespace tessera::server {
 
@@ -14,7 +15,8 @@ struct ListenOptions {
   int port = 0;                       // 0 picks a free port
   int max_message_bytes = 256 << 20;  // largest message accepted or sent
   std::shared_ptr<grpc::ServerCredentials>
-      credentials;  // TLS (MakeServerCredentials); null: plaintext
+      credentials;             // TLS (MakeServerCredentials); null: plaintext
+  Metrics* metrics = nullptr;  // counts and times every RPC when set; must outlive the server
 };
 
 // Starts a gRPC server for `service` with the default health service enabled, and sets

@@ -23,9 +23,9 @@
 #include "client/security_flags.h"
 #include "embedding/dtype.h"
 #include "embedding/optimizer.h"
-#include "grpc/health/v1/health.grpc.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 

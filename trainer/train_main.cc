@@ -21,6 +21,7 @@
 #include "embedding/optimizer.h"
 #include "embedding/status.h"
 #include "embedding/storage/durable_collection.h"
+#include "server/metrics.h"
 #include "trainer/criteo_reader.h"
 #include "trainer/dense_backend.h"
 #include "trainer/input_pipeline.h"
@@ -55,6 +56,9 @@ ABSL_FLAG(std::string, client_mode, "smart",
 ABSL_FLAG(uint64_t, seed, 1, "seed of data, tables and model");
 ABSL_FLAG(std::string, metrics_out, "", "write metrics as JSON Lines to this file");
 ABSL_FLAG(int64_t, log_every, 100, "steps between progress lines (0 = none)");
+ABSL_FLAG(int, metrics_port, -1,
+          "serve Prometheus metrics at http://127.0.0.1:PORT/metrics (samples/s, loss, table "
+          "sizes); 0 picks a port, -1 = none");
 ABSL_FLAG(std::string, cardinalities, "", "synthetic: comma-separated ids per feature");
 ABSL_FLAG(double, zipf, 1.1, "synthetic: Zipf exponent of id popularity");
 ABSL_FLAG(int64_t, held_out, 50000, "synthetic: held-out samples");
@@ -189,6 +193,43 @@ absl::Status Run() {
   if (options.checkpoint_every > 0 || resume) {
     // Fail now, not at the first checkpoint, when there is nowhere to keep them.
     TESSERA_RETURN_IF_ERROR(tables->ListCheckpoints().status());
+  }
+  std::unique_ptr<server::Metrics> metrics;
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    TESSERA_ASSIGN_OR_RETURN(
+        metrics, server::Metrics::Start("127.0.0.1", absl::GetFlag(FLAGS_metrics_port), "train"));
+    auto& registry = metrics->registry();
+    auto& rate = prometheus::BuildGauge()
+                     .Name("tessera_train_samples_per_second")
+                     .Help("Training throughput over the last progress window")
+                     .Register(registry)
+                     .Add({});
+    auto& loss = prometheus::BuildGauge()
+                     .Name("tessera_train_loss")
+                     .Help("Mean training loss over the last progress window")
+                     .Register(registry)
+                     .Add({});
+    auto& steps = prometheus::BuildGauge()
+                      .Name("tessera_train_step")
+                      .Help("Steps trained in this run")
+                      .Register(registry)
+                      .Add({});
+    auto& samples = prometheus::BuildGauge()
+                        .Name("tessera_train_samples")
+                        .Help("Samples trained in this run")
+                        .Register(registry)
+                        .Add({});
+    options.on_progress = [&rate, &loss, &steps, &samples](const Progress& p) {
+      rate.Set(p.samples_per_s);
+      loss.Set(p.loss);
+      steps.Set(static_cast<double>(p.step));
+      samples.Set(static_cast<double>(p.samples));
+    };
+    auto* collection = tables.get();
+    metrics->Watch([collection](server::Metrics& m) { m.ReadTables(collection); },
+                   std::chrono::seconds(5));
+    std::cerr << "tessera-train: metrics on http://127.0.0.1:" << metrics->port() << "/metrics"
+              << std::endl;
   }
   Trainer trainer(tables.get(), dense.get(), options);
   int64_t first_step = 0;

@@ -195,6 +195,9 @@ absl::StatusOr<TrainResult> Trainer::Train(BatchSource* source, int64_t max_step
       WriteMetrics(absl::StrFormat(
           R"({"event":"train","step":%d,"samples":%d,"samples_per_s":%.1f,"loss":%.6f,"elapsed_s":%.3f})",
           done, result.samples, rate, mean_loss, total_s));
+      if (options_.on_progress) {
+        options_.on_progress(Progress{done, result.samples, rate, mean_loss, total_s});
+      }
       window_start = now;
       window_samples = 0;
       window_loss = 0.0;

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,15 @@
 #include "trainer/dense_backend.h"
 
 namespace tessera::trainer {
+
+// What the trainer reports every log_every steps.
+struct Progress {
+  int64_t step = 0;
+  int64_t samples = 0;         // since the start of this run
+  double samples_per_s = 0.0;  // over the last log_every steps
+  double loss = 0.0;           // mean training loss over them
+  double elapsed_s = 0.0;
+};
 
 struct TrainerOptions {
   int64_t log_every = 100;     // steps between progress lines and metric records; 0 = none
@@ -25,6 +35,8 @@ struct TrainerOptions {
   // Stored with each checkpoint (flags that shape the run); Resume refuses a checkpoint
   // whose signature differs, since it would not continue the same run.
   std::string run_signature;
+  // Called with every progress record (after the line is printed); may be empty.
+  std::function<void(const Progress&)> on_progress;
 };
 
 struct EvalResult {

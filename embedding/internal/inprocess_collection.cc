@@ -101,6 +101,8 @@ absl::StatusOr<embedding::TableUsage> InProcessCollection::Usage(absl::string_vi
   for (const auto& shard : t->shards) {
     usage.rows += shard->num_rows();
     usage.memory_bytes += shard->MemoryBytes();
+    usage.evictions += shard->evictions();
+    usage.expirations += shard->expirations();
   }
   return usage;
 }

@@ -1,0 +1,208 @@
+#include "server/metrics.h"
+
+#include <chrono>
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+
+namespace tessera::server {
+namespace {
+
+const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
+  // 50 µs to 60 s: a lookup on loopback to a full checkpoint.
+  static const prometheus::Histogram::BucketBoundaries buckets = {
+      5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2,
+      0.1,  0.25, 0.5,    1,    2.5,  5,      10,   30,   60};
+  return buckets;
+}
+
+// Times one RPC from its arrival to its status, and counts it under its status code.
+class RpcInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  RpcInterceptor(Metrics* metrics, std::string method)
+      : metrics_(metrics), method_(std::move(method)), start_(std::chrono::steady_clock::now()) {
+    metrics_->in_flight().Increment();
+  }
+  // gRPC deletes the interceptor when the call is over, status sent or not.
+  ~RpcInterceptor() override {
+    if (!done_) Observe(grpc::StatusCode::CANCELLED);
+    metrics_->in_flight().Decrement();
+  }
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS) &&
+        !done_) {
+      Observe(methods->GetSendStatus().error_code());
+    }
+    methods->Proceed();
+  }
+
+ private:
+  void Observe(grpc::StatusCode code) {
+    done_ = true;
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    metrics_->ObserveRpc(method_, code, seconds);
+  }
+
+  Metrics* metrics_;
+  std::string method_;
+  std::chrono::steady_clock::time_point start_;
+  bool done_ = false;
+};
+
+class RpcInterceptorFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit RpcInterceptorFactory(Metrics* metrics) : metrics_(metrics) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    // "/tessera.v1.EmbeddingShard/Lookup" -> "EmbeddingShard/Lookup"
+    std::string method = info->method();
+    const size_t dot = method.rfind('.', method.find('/', 1));
+    if (dot != std::string::npos) method = method.substr(dot + 1);
+    return new RpcInterceptor(metrics_, method);
+  }
+
+ private:
+  Metrics* metrics_;
+};
+
+std::string CodeName(grpc::StatusCode code) {
+  static const char* const kNames[] = {"OK",
+                                       "CANCELLED",
+                                       "UNKNOWN",
+                                       "INVALID_ARGUMENT",
+                                       "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND",
+                                       "ALREADY_EXISTS",
+                                       "PERMISSION_DENIED",
+                                       "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION",
+                                       "ABORTED",
+                                       "OUT_OF_RANGE",
+                                       "UNIMPLEMENTED",
+                                       "INTERNAL",
+                                       "UNAVAILABLE",
+                                       "DATA_LOSS",
+                                       "UNAUTHENTICATED"};
+  const int c = static_cast<int>(code);
+  return c >= 0 && c < 17 ? kNames[c] : absl::StrCat(c);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& host, int port,
+                                                        const std::string& role) {
+  std::unique_ptr<prometheus::Exposer> exposer;
+  const std::string address = absl::StrCat(host, ":", port);
+  try {
+    exposer = std::make_unique<prometheus::Exposer>(address, 1);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
+  }
+  std::unique_ptr<Metrics> m(new Metrics(std::move(exposer), role));
+  const std::vector<int> ports = m->exposer_->GetListeningPorts();
+  m->port_ = ports.empty() ? port : ports[0];
+  return m;
+}
+
+Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer, const std::string& role)
+    : exposer_(std::move(exposer)), registry_(std::make_shared<prometheus::Registry>()) {
+  const prometheus::Labels labels = {{"role", role}};
+  requests_ = &prometheus::BuildCounter()
+                   .Name("tessera_rpc_requests_total")
+                   .Help("RPCs served, by method and status code")
+                   .Labels(labels)
+                   .Register(*registry_);
+  latency_ = &prometheus::BuildHistogram()
+                  .Name("tessera_rpc_latency_seconds")
+                  .Help("Time from an RPC's arrival to its status, by method")
+                  .Labels(labels)
+                  .Register(*registry_);
+  in_flight_ = &prometheus::BuildGauge()
+                    .Name("tessera_rpc_in_flight")
+                    .Help("RPCs being served now")
+                    .Labels(labels)
+                    .Register(*registry_)
+                    .Add({});
+  table_rows_ = &prometheus::BuildGauge()
+                     .Name("tessera_table_rows")
+                     .Help("Rows held in memory, by table")
+                     .Labels(labels)
+                     .Register(*registry_);
+  table_bytes_ = &prometheus::BuildGauge()
+                      .Name("tessera_table_bytes")
+                      .Help("Bytes of rows and id maps in memory, by table")
+                      .Labels(labels)
+                      .Register(*registry_);
+  evictions_ = &prometheus::BuildCounter()
+                    .Name("tessera_table_evictions_total")
+                    .Help("Rows evicted to make room, by table")
+                    .Labels(labels)
+                    .Register(*registry_);
+  expirations_ = &prometheus::BuildCounter()
+                      .Name("tessera_table_expirations_total")
+                      .Help("Rows dropped by their TTL, by table")
+                      .Labels(labels)
+                      .Register(*registry_);
+  exposer_->RegisterCollectable(registry_);
+}
+
+Metrics::~Metrics() { StopWatching(); }
+
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> Metrics::RpcInterceptors() {
+  return std::make_unique<RpcInterceptorFactory>(this);
+}
+
+void Metrics::ObserveRpc(const std::string& method, grpc::StatusCode code, double seconds) {
+  requests_->Add({{"method", method}, {"code", CodeName(code)}}).Increment();
+  latency_->Add({{"method", method}}, LatencyBuckets()).Observe(seconds);
+}
+
+void Metrics::ReadTables(embedding::EmbeddingCollection* tables) {
+  absl::StatusOr<std::vector<v1::TableConfig>> configs = tables->ListTables();
+  if (!configs.ok()) return;
+  absl::MutexLock lock(&mu_);
+  for (const v1::TableConfig& c : *configs) {
+    absl::StatusOr<embedding::TableUsage> u = tables->Usage(c.name());
+    if (!u.ok()) continue;
+    const prometheus::Labels table = {{"table", c.name()}};
+    table_rows_->Add(table).Set(static_cast<double>(u->rows));
+    table_bytes_->Add(table).Set(static_cast<double>(u->memory_bytes));
+    // The usage has totals since start; counters move by what is new.
+    int64_t& ev = seen_evictions_[c.name()];
+    if (u->evictions > ev) evictions_->Add(table).Increment(static_cast<double>(u->evictions - ev));
+    evictions_->Add(table);  // present at 0 too
+    ev = std::max(ev, u->evictions);
+    int64_t& ex = seen_expirations_[c.name()];
+    if (u->expirations > ex) {
+      expirations_->Add(table).Increment(static_cast<double>(u->expirations - ex));
+    }
+    expirations_->Add(table);
+    ex = std::max(ex, u->expirations);
+  }
+}
+
+void Metrics::Watch(std::function<void(Metrics&)> read, std::chrono::milliseconds interval) {
+  watcher_ = std::thread([this, read = std::move(read), interval] {
+    absl::MutexLock lock(&watch_mu_);
+    while (!stop_) {
+      watch_mu_.Unlock();
+      read(*this);
+      watch_mu_.Lock();
+      watch_mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::FromChrono(interval));
+    }
+  });
+}
+
+void Metrics::StopWatching() {
+  {
+    absl::MutexLock lock(&watch_mu_);
+    stop_ = true;
+  }
+  if (watcher_.joinable()) watcher_.join();
+}
+
+}  // namespace tessera::server

@@ -1,0 +1,82 @@
+#ifndef TESSERA_SERVER_METRICS_H_
+#define TESSERA_SERVER_METRICS_H_
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "embedding/collection.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/support/server_interceptor.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace tessera::server {
+
+// The Prometheus metrics of one process, served as text at http://<host>:<port>/metrics
+// (prometheus-cpp's exposer). Every metric is named tessera_* and labelled with the
+// process's `role` (shard, coordinator, train). Thread-safe.
+//
+//   tessera_rpc_requests_total{method, code}      RPCs served, by method and status code
+//   tessera_rpc_latency_seconds{method}            their latency (histogram)
+//   tessera_rpc_in_flight                          RPCs being served now (the queue depth)
+//   tessera_table_rows{table}, tessera_table_bytes{table}
+//   tessera_table_evictions_total{table}, tessera_table_expirations_total{table}
+//   tessera_train_* (see TrainGauges)
+class Metrics {
+ public:
+  // Serves on `host`:`port` (0 picks a free port). Unavailable when it cannot listen.
+  static absl::StatusOr<std::unique_ptr<Metrics>> Start(const std::string& host, int port,
+                                                        const std::string& role);
+  ~Metrics();
+
+  int port() const { return port_; }
+  prometheus::Registry& registry() { return *registry_; }
+
+  // Pass to grpc::ServerBuilder: counts and times every RPC of the server.
+  std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> RpcInterceptors();
+
+  // Calls `read` now and then every `interval` on a thread of its own, until StopWatching
+  // (or destruction): for readings that are cheaper to take now and then than on every
+  // change (table sizes, shard health). One watcher per Metrics.
+  void Watch(std::function<void(Metrics&)> read, std::chrono::milliseconds interval);
+  void StopWatching();
+  // One reading of the table metrics now.
+  void ReadTables(embedding::EmbeddingCollection* tables);
+
+  void ObserveRpc(const std::string& method, grpc::StatusCode code, double seconds);
+  prometheus::Gauge& in_flight() { return *in_flight_; }
+
+ private:
+  Metrics(std::unique_ptr<prometheus::Exposer> exposer, const std::string& role);
+
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  int port_ = 0;
+  prometheus::Family<prometheus::Counter>* requests_;
+  prometheus::Family<prometheus::Histogram>* latency_;
+  prometheus::Gauge* in_flight_;
+  prometheus::Family<prometheus::Gauge>* table_rows_;
+  prometheus::Family<prometheus::Gauge>* table_bytes_;
+  prometheus::Family<prometheus::Counter>* evictions_;
+  prometheus::Family<prometheus::Counter>* expirations_;
+  absl::Mutex mu_;
+  std::map<std::string, int64_t> seen_evictions_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> seen_expirations_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex watch_mu_;
+  bool stop_ ABSL_GUARDED_BY(watch_mu_) = false;
+  std::thread watcher_;
+};
+
+}  // namespace tessera::server
+
+#endif  // TESSERA_SERVER_METRICS_H_

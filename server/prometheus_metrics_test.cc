@@ -1,0 +1,126 @@
+// The metrics endpoint of a shard server, scraped over HTTP as Prometheus would.
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "embedding/collection.h"
+#include "gtest/gtest.h"
+#include "server/metrics.h"
+#include "server/serving.h"
+#include "server/shard_service.h"
+#include "tessera/v1/embedding_service.grpc.pb.h"
+
+namespace tessera::server {
+namespace {
+
+// GET http://127.0.0.1:port/metrics; the body, or "" on failure.
+std::string Scrape(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval timeout{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return "";
+  }
+  const std::string request =
+      "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+  (void)!::write(fd, request.data(), request.size());
+  std::string response;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof(buf))) > 0;) response.append(buf, n);
+  ::close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  return body == std::string::npos ? "" : response.substr(body + 4);
+}
+
+// The value of the sample named `name` whose labels include every one of `labels`
+// (`key="value"` pieces); -1 when there is none.
+double Sample(const std::string& text, const std::string& name,
+              const std::vector<std::string>& labels) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (!absl::StartsWith(line, name + "{") && !absl::StartsWith(line, name + " ")) continue;
+    bool all = true;
+    for (const auto& l : labels) all = all && absl::StrContains(line, l);
+    if (!all) continue;
+    double v = 0;
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) return v;
+  }
+  return -1;
+}
+
+TEST(Metrics, AShardServesRpcCountsLatenciesAndTableSizes) {
+  auto metrics = Metrics::Start("127.0.0.1", 0, "shard");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  ASSERT_GT((*metrics)->port(), 0);
+  auto tables = std::move(embedding::NewInProcessCollection(1)).value();
+  ShardService service(tables.get(), ShardOptions());
+  ListenOptions listen;
+  listen.metrics = metrics->get();
+  int port = 0;
+  auto server = StartServer(&service, listen, &port);
+  ASSERT_TRUE(server.ok());
+  auto stub = v1::EmbeddingShard::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+
+  v1::CreateTableRequest create;
+  create.mutable_config()->set_name("user");
+  create.mutable_config()->set_dim(8);
+  v1::CreateTableResponse created;
+  grpc::ClientContext c0;
+  ASSERT_TRUE(stub->CreateTable(&c0, create, &created).ok());
+  for (int i = 0; i < 3; ++i) {
+    v1::LookupRequest req;
+    req.set_table("user");
+    for (int id = 0; id < 100; ++id) req.add_ids(id + 1000 * i);
+    v1::LookupResponse resp;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->Lookup(&ctx, req, &resp).ok());
+  }
+  v1::LookupRequest missing;
+  missing.set_table("nope");
+  missing.add_ids(1);
+  v1::LookupResponse resp;
+  grpc::ClientContext ctx;
+  EXPECT_EQ(stub->Lookup(&ctx, missing, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+  (*metrics)->ReadTables(tables.get());
+
+  const std::string text = Scrape((*metrics)->port());
+  ASSERT_FALSE(text.empty());
+  const std::string lookup = "method=\"EmbeddingShard/Lookup\"";
+  EXPECT_EQ(Sample(text, "tessera_rpc_requests_total", {lookup, "code=\"OK\"", "role=\"shard\""}),
+            3);
+  EXPECT_EQ(Sample(text, "tessera_rpc_requests_total", {lookup, "code=\"NOT_FOUND\""}), 1);
+  EXPECT_EQ(Sample(text, "tessera_rpc_requests_total",
+                   {"method=\"EmbeddingShard/CreateTable\"", "code=\"OK\""}),
+            1);
+  EXPECT_EQ(Sample(text, "tessera_rpc_latency_seconds_count", {lookup}), 4);
+  EXPECT_GT(Sample(text, "tessera_rpc_latency_seconds_sum", {lookup}), 0);
+  EXPECT_EQ(Sample(text, "tessera_rpc_in_flight", {}), 0);
+  EXPECT_EQ(Sample(text, "tessera_table_rows", {"table=\"user\""}), 300);
+  EXPECT_GT(Sample(text, "tessera_table_bytes", {"table=\"user\""}), 300 * 8 * 4);
+  EXPECT_EQ(Sample(text, "tessera_table_evictions_total", {"table=\"user\""}), 0);
+  (*server)->Shutdown();
+}
+
+TEST(Metrics, ABusyPortIsRefusedWithTheAddress) {
+  auto first = Metrics::Start("127.0.0.1", 0, "shard");
+  ASSERT_TRUE(first.ok());
+  auto second = Metrics::Start("127.0.0.1", (*first)->port(), "shard");
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(
+      absl::StrContains(second.status().message(), absl::StrCat("127.0.0.1:", (*first)->port())));
+}
+
+}  // namespace
+}  // namespace tessera::server
