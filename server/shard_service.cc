@@ -228,6 +228,7 @@ grpc::Status ShardService::Stats(grpc::ServerContext* context, const v1::StatsRe
     t->set_memory_bytes(usage->memory_bytes);
     t->set_lookups(c.lookups);
     t->set_updates(c.updates);
+    t->set_evictions(usage->evictions);
   }
   // Servers without storage have no checkpoints to report.
   absl::StatusOr<std::vector<embedding::CheckpointInfo>> list = tables_->ListCheckpoints();

@@ -42,7 +42,8 @@ $CLI tables | grep -q "^half  *8 bf16  *adagrad" || fail "bf16 table not listed"
 out="$($CLI lookup --table=user --ids=1,2,3)"
 [ "$(echo "$out" | wc -l)" = 3 ] || fail "lookup printed: $out"
 [ "$(echo "$out" | head -1 | wc -w)" = 9 ] || fail "expected 8 values per row: $out"
-$CLI stats | grep -c "^user" | grep -qx 3 || fail "stats should list 3 shards"
+$CLI stats | grep -A4 "^table user (dim 8, fp32, adam)" | grep -cE "^  [0-9]+ +127.0.0.1:[0-9]+ +SERVING" \
+  | grep -qx 3 || fail "stats should list 3 serving shards of table user"
 { $CLI lookup --table=nope --ids=1 2>&1 || true; } | grep -q NOT_FOUND \
   || fail "unknown table must say NOT_FOUND"
 

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/security_flags.h"
 #include "embedding/dtype.h"
@@ -118,6 +120,76 @@ int Health() {
   const bool serving = resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
   std::printf("%s: %s\n", address.c_str(), serving ? "SERVING" : "NOT_SERVING");
   return serving ? 0 : 1;
+}
+
+// 1234567 -> "1,234,567".
+std::string Thousands(int64_t n) {
+  const std::string digits = std::to_string(n < 0 ? -n : n);
+  std::string out = n < 0 ? "-" : "";
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+std::string Bytes(int64_t n) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  return u == 0 ? absl::StrCat(n, " B") : absl::StrFormat("%.1f %s", v, units[u]);
+}
+
+// Per table: its config, then one line per shard (address, health, rows and their share,
+// memory, traffic, evictions) and a total, so skew and a down shard stand out.
+void PrintStats(Coordinator::Stub& stub, const tessera::v1::StatsResponse& resp) {
+  tessera::v1::ListTablesResponse tables;
+  tessera::v1::ShardMap map;
+  (void)stub.ListTables(Context().get(), {}, &tables);
+  (void)stub.GetShardMap(Context().get(), {}, &map);
+  std::map<std::string, std::vector<const tessera::v1::TableStats*>> by_table;
+  for (const auto& t : resp.tables()) by_table[t.table()].push_back(&t);
+  for (const auto& [name, shards] : by_table) {
+    std::string about;
+    for (const auto& c : tables.tables()) {
+      if (c.name() != name) continue;
+      about = absl::StrCat("dim ", c.dim(), ", ", tessera::embedding::DtypeName(c.dtype()), ", ",
+                           tessera::embedding::OptimizerName(c.optimizer().type()),
+                           c.max_rows() > 0 ? absl::StrCat(", max_rows ", Thousands(c.max_rows()))
+                                            : "");
+    }
+    std::printf("table %s (%s)\n", name.c_str(), about.c_str());
+    std::printf("  %-5s %-22s %-8s %15s %6s %11s %15s %15s %11s\n", "shard", "address", "state",
+                "rows", "share", "memory", "lookups", "updates", "evictions");
+    tessera::v1::TableStats total;
+    for (const auto* t : shards) {
+      total.set_rows(total.rows() + t->rows());
+      total.set_memory_bytes(total.memory_bytes() + t->memory_bytes());
+      total.set_lookups(total.lookups() + t->lookups());
+      total.set_updates(total.updates() + t->updates());
+      total.set_evictions(total.evictions() + t->evictions());
+    }
+    for (const auto* t : shards) {
+      std::string address = "?", state = "?";
+      if (t->shard_index() < map.shards_size()) {
+        address = map.shards(t->shard_index()).address();
+        state = map.shards(t->shard_index()).serving() ? "SERVING" : "DOWN";
+      }
+      const double share = total.rows() > 0 ? 100.0 * t->rows() / total.rows() : 0.0;
+      std::printf("  %-5d %-22s %-8s %15s %5.1f%% %11s %15s %15s %11s\n", t->shard_index(),
+                  address.c_str(), state.c_str(), Thousands(t->rows()).c_str(), share,
+                  Bytes(t->memory_bytes()).c_str(), Thousands(t->lookups()).c_str(),
+                  Thousands(t->updates()).c_str(), Thousands(t->evictions()).c_str());
+    }
+    std::printf("  %-5s %-22s %-8s %15s %6s %11s %15s %15s %11s\n", "all", "", "",
+                Thousands(total.rows()).c_str(), "", Bytes(total.memory_bytes()).c_str(),
+                Thousands(total.lookups()).c_str(), Thousands(total.updates()).c_str(),
+                Thousands(total.evictions()).c_str());
+  }
 }
 
 // Creates every table of --tables_file; a table that exists with the same config is left
@@ -254,13 +326,7 @@ int Run(const std::string& command) {
     tessera::v1::StatsResponse resp;
     grpc::Status s = stub->Stats(ctx.get(), req, &resp);
     if (!s.ok()) return Fail("stats", s);
-    std::printf("%-20s %5s %12s %14s %14s %14s\n", "table", "shard", "rows", "memory_bytes",
-                "lookups", "updates");
-    for (const auto& t : resp.tables()) {
-      std::printf("%-20s %5d %12lld %14lld %14lld %14lld\n", t.table().c_str(), t.shard_index(),
-                  static_cast<long long>(t.rows()), static_cast<long long>(t.memory_bytes()),
-                  static_cast<long long>(t.lookups()), static_cast<long long>(t.updates()));
-    }
+    PrintStats(*stub, resp);
     for (const auto& c : resp.checkpoints()) {
       std::printf("checkpoint ");
       PrintCheckpoint(c);
