@@ -46,6 +46,10 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Routes Tessera lookups and pushes to shards: --shards=127.0.0.1:7001,127.0.0.1:7002");
   absl::ParseCommandLine(argc, argv);
+  if (absl::Status s = tessera::server::ConfigureLoggingFromFlags("tessera-coordinator"); !s.ok()) {
+    std::cerr << "tessera-coordinator: " << s.message() << "\n";
+    return 1;
+  }
   std::vector<std::string> shards =
       absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty());
   if (shards.empty()) {
@@ -145,6 +149,12 @@ int main(int argc, char** argv) {
   }
   std::cout << "tessera-coordinator: " << shards.size() << " shard(s), listening on " << listen.host
             << ":" << port << std::endl;
+  tessera::server::Log(spdlog::level::info, "serving",
+                       tessera::server::LogFields()
+                           .Add("shards", static_cast<long long>(shards.size()))
+                           .Add("address", absl::StrCat(listen.host, ":", port))
+                           .Add("tls", security->cert_chain.empty() ? "off" : "on")
+                           .Add("token", security->token.empty() ? "off" : "on"));
   tessera::server::ServeUntilShutdownSignal(server->get(), "tessera-coordinator");
   return 0;
 }

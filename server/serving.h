@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
+#include "server/logging.h"
 #include "server/metrics.h"
 
 namespace tessera::server {
@@ -17,6 +18,7 @@ struct ListenOptions {
   std::shared_ptr<grpc::ServerCredentials>
       credentials;             // TLS (MakeServerCredentials); null: plaintext
   Metrics* metrics = nullptr;  // counts and times every RPC when set; must outlive the server
+  int shard_index = -1;        // named in the RPC log lines; -1: not a shard
 };
 
 // Starts a gRPC server for `service` with the default health service enabled, and sets

@@ -41,6 +41,10 @@ ABSL_FLAG(int, keep_checkpoints, 3, "newest complete checkpoints kept; 0 = all")
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Serves one embedding shard over gRPC.");
   absl::ParseCommandLine(argc, argv);
+  if (absl::Status s = tessera::server::ConfigureLoggingFromFlags("tessera-shard"); !s.ok()) {
+    std::cerr << "tessera-shard: " << s.message() << "\n";
+    return 1;
+  }
   tessera::server::ShardOptions options;
   options.shard_index = absl::GetFlag(FLAGS_shard_index);
   options.num_shards = absl::GetFlag(FLAGS_num_shards);
@@ -114,6 +118,7 @@ int main(int argc, char** argv) {
   listen.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   listen.credentials = tessera::server::MakeServerCredentials(*security);
   listen.metrics = metrics.get();
+  listen.shard_index = options.shard_index;
   int port = 0;
   auto server = tessera::server::StartServer(&service, listen, &port);
   if (!server.ok()) {
@@ -122,6 +127,14 @@ int main(int argc, char** argv) {
   }
   std::cout << "tessera-shard " << options.shard_index << "/" << options.num_shards
             << ": listening on " << listen.host << ":" << port << std::endl;
+  tessera::server::Log(spdlog::level::info, "serving",
+                       tessera::server::LogFields()
+                           .Add("shard", options.shard_index)
+                           .Add("shards", options.num_shards)
+                           .Add("address", absl::StrCat(listen.host, ":", port))
+                           .Add("data_dir", data_dir.empty() ? "(memory)" : data_dir)
+                           .Add("tls", security->cert_chain.empty() ? "off" : "on")
+                           .Add("token", security->token.empty() ? "off" : "on"));
   tessera::server::ServeUntilShutdownSignal(server->get(), "tessera-shard");
   return 0;
 }
