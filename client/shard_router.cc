@@ -367,6 +367,9 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> ShardRouter::RestoreShards(int64
 absl::StatusOr<std::vector<v1::TableStats>> ShardRouter::Stats(const std::string& table) {
   std::vector<v1::TableStats> out;
   for (int k = 0; k < num_shards(); ++k) {
+    // A shard failing its health checks has nothing to report: it is left out (callers
+    // see it as not serving in the shard map) instead of failing the whole call.
+    if (!serving(k)) continue;
     auto ctx = NewContext();
     v1::StatsRequest req;
     req.set_table(table);

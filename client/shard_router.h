@@ -80,6 +80,8 @@ class ShardRouter {
   absl::StatusOr<std::vector<v1::CheckpointInfo>> RestoreShards(int64_t step);
 
   // Every shard's stats for `table` (empty = all).
+  // Every serving shard's stats of `table` (empty: every table); shards failing their
+  // health checks are left out.
   absl::StatusOr<std::vector<v1::TableStats>> Stats(const std::string& table);
 
  private:

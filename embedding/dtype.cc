@@ -27,13 +27,46 @@ uint16_t Bf16Nearest(float f) {
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-_Float16 HalfNearest(float f) {
-  if (std::isfinite(f) && std::fabs(f) > kHalfMax) f = std::copysign(kHalfMax, f);
-  return static_cast<_Float16>(f);
+// IEEE binary16 in software, for compilers without _Float16 (clang 14 on x86) and the
+// scalar tails of the F16C loops: round to nearest, ties to even; overflow gives Inf.
+uint16_t HalfFromFloatBits(float f) {
+  const uint32_t x = Bits(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u) return static_cast<uint16_t>(sign | (abs > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520: Inf
+  if (abs < 0x38800000u) {
+    // Below 2^-14: a subnormal half, in units of 2^-24 (exact scaling, then rounding to
+    // nearest even; 1024 units carry into the smallest normal, as they should).
+    const float units = std::nearbyint(std::bit_cast<float>(abs) * 16777216.0f);
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(units));
+  }
+  uint32_t h = (abs - 0x38000000u) >> 13;  // rebias the exponent (127 - 15), keep 10 bits
+  const uint32_t rest = abs & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
+  return static_cast<uint16_t>(sign | h);
 }
 
-// g++ 12 does not vectorise _Float16 conversions: F16C does eight at a time.
-void EncodeHalfNearest(const float* in, int n, _Float16* out) {
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t man = h & 0x3ffu;
+  if (exp == 0) {
+    const float v = static_cast<float>(man) * (1.0f / 16777216.0f);
+    return sign ? -v : v;
+  }
+  if (exp == 31) return std::bit_cast<float>(sign | 0x7f800000u | (man << 13));
+  return std::bit_cast<float>(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+// Nearest, with finite values beyond the range saturated at +-65504.
+uint16_t HalfNearest(float f) {
+  if (std::isfinite(f) && std::fabs(f) > kHalfMax) f = std::copysign(kHalfMax, f);
+  return HalfFromFloatBits(f);
+}
+
+// Compilers do not vectorise the conversions: F16C does eight at a time.
+void EncodeHalfNearest(const float* in, int n, uint16_t* out) {
   int i = 0;
 #ifdef TESSERA_F16C
   const __m256 hi = _mm256_set1_ps(kHalfMax);
@@ -54,7 +87,7 @@ void EncodeHalfNearest(const float* in, int n, _Float16* out) {
   for (; i < n; ++i) out[i] = HalfNearest(in[i]);
 }
 
-void DecodeHalf(const _Float16* in, int n, float* out) {
+void DecodeHalf(const uint16_t* in, int n, float* out) {
   int i = 0;
 #ifdef TESSERA_F16C
   for (; i + 8 <= n; i += 8) {
@@ -62,11 +95,8 @@ void DecodeHalf(const _Float16* in, int n, float* out) {
     _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
   }
 #endif
-  for (; i < n; ++i) out[i] = static_cast<float>(in[i]);
+  for (; i < n; ++i) out[i] = HalfToFloat(in[i]);
 }
-
-uint16_t HalfBits(_Float16 h) { return std::bit_cast<uint16_t>(h); }
-_Float16 HalfFromBits(uint16_t b) { return std::bit_cast<_Float16>(b); }
 
 constexpr float kHalfMinNormal = 0x1p-14f;
 
@@ -76,24 +106,22 @@ constexpr float kHalfMinNormal = 0x1p-14f;
 // Only for finite |f| >= kHalfMinNormal.
 uint16_t HalfStochasticNormal(float f, uint32_t random16) {
   const float y = std::bit_cast<float>(Bits(f) + (random16 >> 3));
-  const _Float16 nearest = HalfNearest(y);
-  uint16_t toward = HalfBits(nearest);
-  if (std::fabs(static_cast<float>(nearest)) > std::fabs(y)) --toward;  // magnitude down
+  uint16_t toward = HalfNearest(y);
+  if (std::fabs(HalfToFloat(toward)) > std::fabs(y)) --toward;  // magnitude down
   return toward;
 }
 
 // Any value: in fp16's subnormal range (fewer significand bits still) the neighbour
 // toward zero or the one away from it, the latter with probability |f - toward| / ulp.
 uint16_t HalfStochastic(float f, uint32_t random16) {
-  if (!std::isfinite(f)) return HalfBits(static_cast<_Float16>(f));
+  if (!std::isfinite(f)) return HalfFromFloatBits(f);
   if (std::fabs(f) >= kHalfMinNormal) return HalfStochasticNormal(f, random16);
-  const _Float16 nearest = HalfNearest(f);
-  uint16_t toward = HalfBits(nearest);
-  if (std::fabs(static_cast<float>(nearest)) > std::fabs(f)) --toward;  // magnitude down
+  uint16_t toward = HalfNearest(f);
+  if (std::fabs(HalfToFloat(toward)) > std::fabs(f)) --toward;  // magnitude down
   const uint16_t away = static_cast<uint16_t>(toward + 1);
   if ((away & 0x7fffu) >= 0x7c00u) return toward;  // would be Inf: saturate
-  const float lo = std::fabs(static_cast<float>(HalfFromBits(toward)));
-  const float hi = std::fabs(static_cast<float>(HalfFromBits(away)));
+  const float lo = std::fabs(HalfToFloat(toward));
+  const float hi = std::fabs(HalfToFloat(away));
   const float p = (std::fabs(f) - lo) / (hi - lo);
   return static_cast<float>(random16) * (1.0f / 65536.0f) < p ? away : toward;
 }
@@ -124,7 +152,7 @@ absl::StatusOr<v1::Dtype> ParseDtypeName(absl::string_view name) {
 void EncodeWeights(v1::Dtype dtype, const float* in, int n, void* out) {
   switch (dtype) {
     case v1::FP16: {
-      EncodeHalfNearest(in, n, static_cast<_Float16*>(out));
+      EncodeHalfNearest(in, n, static_cast<uint16_t*>(out));
       break;
     }
     case v1::BF16: {
@@ -201,7 +229,7 @@ void EncodeWeightsStochastic(v1::Dtype dtype, const float* in, int n, uint64_t s
 void DecodeWeights(v1::Dtype dtype, const void* in, int n, float* out) {
   switch (dtype) {
     case v1::FP16: {
-      DecodeHalf(static_cast<const _Float16*>(in), n, out);
+      DecodeHalf(static_cast<const uint16_t*>(in), n, out);
       break;
     }
     case v1::BF16: {

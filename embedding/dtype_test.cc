@@ -48,6 +48,27 @@ TEST(Dtype, Bf16RoundsToNearestEvenAndKeepsTheTopSixteenBits) {
   EXPECT_TRUE(std::isnan(RoundTrip(v1::BF16, {std::nanf("")})[0]));
 }
 
+// Every one of the 63488 finite binary16 values widens and narrows back to itself, and
+// each midpoint between neighbours rounds to the even one.
+TEST(Dtype, Fp16ConversionsAreExactOnEveryValueAndRoundMidpointsToEven) {
+  std::vector<uint16_t> all;
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    if ((b & 0x7c00u) != 0x7c00u) all.push_back(static_cast<uint16_t>(b));
+  }
+  std::vector<float> wide(all.size());
+  DecodeWeights(v1::FP16, all.data(), static_cast<int>(all.size()), wide.data());
+  std::vector<uint16_t> back(all.size());
+  EncodeWeights(v1::FP16, wide.data(), static_cast<int>(wide.size()), back.data());
+  EXPECT_EQ(back, all);
+  for (size_t i = 0; i + 1 < all.size(); ++i) {
+    if (all[i] == 0x7bff || all[i] == 0x8000 || all[i + 1] != all[i] + 1) continue;
+    const float mid = (wide[i] + wide[i + 1]) / 2;  // exact in fp32
+    uint16_t got = 0;
+    EncodeWeights(v1::FP16, &mid, 1, &got);
+    ASSERT_EQ(got, (all[i] & 1) ? all[i + 1] : all[i]) << i;
+  }
+}
+
 TEST(Dtype, Fp16RoundsToNearestAndSaturatesOutOfRange) {
   const std::vector<float> out =
       RoundTrip(v1::FP16, {1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 1e6f, -1e6f, 65504.0f, 0x1p-24f});

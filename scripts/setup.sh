@@ -13,7 +13,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3 python3-grpcio python3-protobuf python3-numpy python3-yaml
   gnuplot-nox redis-server libhiredis-dev
-  openssl prometheus-cpp-dev libspdlog-dev
+  openssl prometheus-cpp-dev libspdlog-dev iproute2 clang libclang-rt-14-dev
 )
 
 missing=()

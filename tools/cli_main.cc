@@ -173,6 +173,15 @@ void PrintStats(Coordinator::Stub& stub, const tessera::v1::StatsResponse& resp)
       total.set_updates(total.updates() + t->updates());
       total.set_evictions(total.evictions() + t->evictions());
     }
+    // Shards of the map that sent nothing (down) are listed too.
+    for (int k = 0; k < map.shards_size(); ++k) {
+      bool reported = false;
+      for (const auto* t : shards) reported = reported || t->shard_index() == k;
+      if (!reported) {
+        std::printf("  %-5d %-22s %-8s %15s\n", k, map.shards(k).address().c_str(),
+                    map.shards(k).serving() ? "SERVING" : "DOWN", "-");
+      }
+    }
     for (const auto* t : shards) {
       std::string address = "?", state = "?";
       if (t->shard_index() < map.shards_size()) {
