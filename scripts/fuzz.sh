@@ -5,6 +5,7 @@
 # build-fuzz/findings). Exits non-zero on any crash, leak or sanitizer report.
 #
 #   scripts/fuzz.sh [seconds]        # default 60
+#   scripts/fuzz.sh build            # only build it (scripts/setup.sh does, for CI)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_TO_RUN="${1:-60}"
@@ -12,6 +13,7 @@ command -v clang++ > /dev/null || { echo "fuzz: clang++ not found (apt-get insta
 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
   -DTESSERA_FUZZ=ON -DTESSERA_SANITIZE=address,undefined -DTESSERA_BUILD_BENCHMARKS=OFF > /dev/null
 cmake --build build-fuzz -j"${JOBS:-2}" --target request_fuzzer
+[ "$SECONDS_TO_RUN" = build ] && exit 0
 mkdir -p build-fuzz/corpus build-fuzz/findings
 # -rss_limit_mb: the fixture's tables and a 512-id batch of dim 1024 fit well inside it.
 build-fuzz/server/request_fuzzer build-fuzz/corpus tests/fuzz_corpus \

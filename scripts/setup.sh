@@ -37,4 +37,6 @@ fi
 JOBS="${JOBS:-2}"
 cmake -S . -B build -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-Release}" ${TESSERA_CMAKE_ARGS:-}
 cmake --build build -j"${JOBS}"
+# The libFuzzer target (clang, ASan, UBSan) into build-fuzz/; its CI run is a test.
+JOBS="$JOBS" ./scripts/fuzz.sh build
 echo "setup: build complete in build/"

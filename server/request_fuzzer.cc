@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 
@@ -53,20 +54,29 @@ struct Fixture {
   std::unique_ptr<server::ShardService> service;
 };
 
-Fixture& Env() {
-  static Fixture* f = new Fixture();
-  return *f;
+Fixture* current = nullptr;
+
+// The fixture for the next input. Fuzzed lookups create rows and fuzzed CreateTable calls
+// add tables: a fresh fixture every 20000 inputs keeps memory bounded on long runs.
+Fixture& NextInput() {
+  static int inputs = 0;
+  if (current == nullptr || ++inputs % 20000 == 0) {
+    delete current;
+    current = new Fixture();
+  }
+  return *current;
 }
 
 // A lookup of `ids` of `table` (no pooling, read-only), or empty when it fails.
-std::vector<float> Read(const std::string& table, const google::protobuf::RepeatedField<int64_t>& ids) {
+std::vector<float> Read(const std::string& table,
+                        const google::protobuf::RepeatedField<int64_t>& ids) {
   v1::LookupRequest req;
   req.set_table(table);
   *req.mutable_ids() = ids;
   req.set_read_only(true);
   v1::LookupResponse resp;
   grpc::ServerContext ctx;
-  if (!Env().service->Lookup(&ctx, &req, &resp).ok()) return {};
+  if (!current->service->Lookup(&ctx, &req, &resp).ok()) return {};
   return {resp.values().begin(), resp.values().end()};
 }
 
@@ -74,7 +84,7 @@ std::vector<float> Read(const std::string& table, const google::protobuf::Repeat
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  Fixture& env = Env();
+  Fixture& env = NextInput();
   const void* body = data + 1;
   const int n = static_cast<int>(size - 1);
   grpc::ServerContext ctx;
@@ -97,10 +107,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!req.ParseFromArray(body, n)) return 0;
       const std::vector<float> before = Read(req.table(), req.ids());
       v1::PushGradientsResponse resp;
-      if (!env.service->PushGradients(&ctx, &req, &resp).ok()) {
+      const grpc::Status pushed = env.service->PushGradients(&ctx, &req, &resp);
+      if (!pushed.ok()) {
         // A refused push changes no row (rows of an evicting table may move to disk and
         // back, but keep their values).
-        if (Read(req.table(), req.ids()) != before) std::abort();
+        if (Read(req.table(), req.ids()) != before) {
+          std::fprintf(stderr, "refused push changed rows: %s: %s\n",
+                       req.ShortDebugString().c_str(), pushed.error_message().c_str());
+          std::abort();
+        }
       }
       break;
     }
