@@ -3,6 +3,7 @@
 #include <chrono>
 #include <exception>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
 namespace tessera::server {
@@ -68,26 +69,9 @@ class RpcInterceptorFactory final : public grpc::experimental::ServerInterceptor
   Metrics* metrics_;
 };
 
+// "NOT_FOUND", ...: gRPC's codes are the canonical codes absl names.
 std::string CodeName(grpc::StatusCode code) {
-  static const char* const kNames[] = {"OK",
-                                       "CANCELLED",
-                                       "UNKNOWN",
-                                       "INVALID_ARGUMENT",
-                                       "DEADLINE_EXCEEDED",
-                                       "NOT_FOUND",
-                                       "ALREADY_EXISTS",
-                                       "PERMISSION_DENIED",
-                                       "RESOURCE_EXHAUSTED",
-                                       "FAILED_PRECONDITION",
-                                       "ABORTED",
-                                       "OUT_OF_RANGE",
-                                       "UNIMPLEMENTED",
-                                       "INTERNAL",
-                                       "UNAVAILABLE",
-                                       "DATA_LOSS",
-                                       "UNAUTHENTICATED"};
-  const int c = static_cast<int>(code);
-  return c >= 0 && c < 17 ? kNames[c] : absl::StrCat(c);
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
 }
 
 }  // namespace

@@ -5,6 +5,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <thread>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -94,7 +97,14 @@ TEST(Metrics, AShardServesRpcCountsLatenciesAndTableSizes) {
   EXPECT_EQ(stub->Lookup(&ctx, missing, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
   (*metrics)->ReadTables(tables.get());
 
-  const std::string text = Scrape((*metrics)->port());
+  // A call leaves the in-flight gauge when gRPC lets go of it, which may be just after
+  // the client has its answer: scrape until the last one has left (bounded).
+  std::string text;
+  for (int i = 0; i < 50; ++i) {
+    text = Scrape((*metrics)->port());
+    if (Sample(text, "tessera_rpc_in_flight", {}) == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
   ASSERT_FALSE(text.empty());
   const std::string lookup = "method=\"EmbeddingShard/Lookup\"";
   EXPECT_EQ(Sample(text, "tessera_rpc_requests_total", {lookup, "code=\"OK\"", "role=\"shard\""}),

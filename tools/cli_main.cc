@@ -18,6 +18,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -81,26 +82,9 @@ void PrintCheckpoint(const tessera::v1::CheckpointInfo& c) {
   std::printf("\n");
 }
 
-const char* CodeName(grpc::StatusCode code) {
-  static constexpr const char* kNames[] = {"OK",
-                                           "CANCELLED",
-                                           "UNKNOWN",
-                                           "INVALID_ARGUMENT",
-                                           "DEADLINE_EXCEEDED",
-                                           "NOT_FOUND",
-                                           "ALREADY_EXISTS",
-                                           "PERMISSION_DENIED",
-                                           "RESOURCE_EXHAUSTED",
-                                           "FAILED_PRECONDITION",
-                                           "ABORTED",
-                                           "OUT_OF_RANGE",
-                                           "UNIMPLEMENTED",
-                                           "INTERNAL",
-                                           "UNAVAILABLE",
-                                           "DATA_LOSS",
-                                           "UNAUTHENTICATED"};
-  const int i = static_cast<int>(code);
-  return i >= 0 && i <= 16 ? kNames[i] : "UNKNOWN";
+// "NOT_FOUND", ...: gRPC's codes are the canonical codes absl names.
+std::string CodeName(grpc::StatusCode code) {
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
 }
 
 int Fail(const std::string& what, const grpc::Status& s) {
@@ -157,10 +141,10 @@ void PrintStats(Coordinator::Stub& stub, const tessera::v1::StatsResponse& resp)
     std::string about;
     for (const auto& c : tables.tables()) {
       if (c.name() != name) continue;
-      about = absl::StrCat("dim ", c.dim(), ", ", tessera::embedding::DtypeName(c.dtype()), ", ",
-                           tessera::embedding::OptimizerName(c.optimizer().type()),
-                           c.max_rows() > 0 ? absl::StrCat(", max_rows ", Thousands(c.max_rows()))
-                                            : "");
+      about = absl::StrCat(
+          "dim ", c.dim(), ", ", tessera::embedding::DtypeName(c.dtype()), ", ",
+          tessera::embedding::OptimizerName(c.optimizer().type()),
+          c.max_rows() > 0 ? absl::StrCat(", max_rows ", Thousands(c.max_rows())) : "");
     }
     std::printf("table %s (%s)\n", name.c_str(), about.c_str());
     std::printf("  %-5s %-22s %-8s %15s %6s %11s %15s %15s %11s\n", "shard", "address", "state",
