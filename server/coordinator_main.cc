@@ -31,10 +31,6 @@ ABSL_FLAG(int, health_check_ms, 500,
           "interval of health checks of every shard (0 = none); a shard failing two in a row "
           "is reported UNAVAILABLE at once until it passes one again");
 ABSL_FLAG(int, max_message_bytes, 256 << 20, "largest gRPC message accepted or sent");
-ABSL_FLAG(int, metrics_port, -1,
-          "serve Prometheus metrics at http://--metrics_host:PORT/metrics; 0 picks a port, "
-          "-1 = none");
-ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address the metrics endpoint binds");
 ABSL_FLAG(int, max_tables, 1024,
           "tables this server holds; creating one more is RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, data_dir, "",
@@ -109,14 +105,13 @@ int main(int argc, char** argv) {
   }
   tessera::server::CoordinatorService service(&router, ro.shard_map_version, co, store.get());
   std::unique_ptr<tessera::server::Metrics> metrics;
-  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
-    auto started = tessera::server::Metrics::Start(
-        absl::GetFlag(FLAGS_metrics_host), absl::GetFlag(FLAGS_metrics_port), "coordinator");
-    if (!started.ok()) {
-      std::cerr << "tessera-coordinator: " << started.status().message() << "\n";
-      return 1;
-    }
+  if (auto started = tessera::server::StartMetricsFromFlags("coordinator"); !started.ok()) {
+    std::cerr << "tessera-coordinator: " << started.status().message() << "\n";
+    return 1;
+  } else {
     metrics = *std::move(started);
+  }
+  if (metrics != nullptr) {
     auto& serving = prometheus::BuildGauge()
                         .Name("tessera_shard_serving")
                         .Help("1 while the shard passes its health checks, else 0")
@@ -129,8 +124,6 @@ int main(int argc, char** argv) {
           }
         },
         std::chrono::seconds(1));
-    std::cerr << "tessera-coordinator: metrics on http://" << absl::GetFlag(FLAGS_metrics_host)
-              << ":" << metrics->port() << "/metrics" << std::endl;
   }
 
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

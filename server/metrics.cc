@@ -3,8 +3,16 @@
 #include <chrono>
 #include <exception>
 
+#include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "embedding/status.h"
+#include "server/logging.h"
+
+ABSL_FLAG(int, metrics_port, -1,
+          "serve Prometheus metrics at http://--metrics_host:PORT/metrics; 0 picks a port, "
+          "-1 = none");
+ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address the metrics endpoint binds");
 
 namespace tessera::server {
 namespace {
@@ -89,6 +97,16 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& host,
   std::unique_ptr<Metrics> m(new Metrics(std::move(exposer), role));
   const std::vector<int> ports = m->exposer_->GetListeningPorts();
   m->port_ = ports.empty() ? port : ports[0];
+  return m;
+}
+
+absl::StatusOr<std::unique_ptr<Metrics>> StartMetricsFromFlags(const std::string& role) {
+  const int port = absl::GetFlag(FLAGS_metrics_port);
+  if (port < 0) return std::unique_ptr<Metrics>();
+  const std::string host = absl::GetFlag(FLAGS_metrics_host);
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Metrics> m, Metrics::Start(host, port, role));
+  Log(spdlog::level::info, "metrics",
+      LogFields().Add("url", absl::StrCat("http://", host, ":", m->port(), "/metrics")));
   return m;
 }
 

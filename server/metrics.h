@@ -32,6 +32,13 @@ namespace tessera::server {
 //   tessera_table_rows{table}, tessera_table_bytes{table}
 //   tessera_table_evictions_total{table}, tessera_table_expirations_total{table}
 //   tessera_train_* (see TrainGauges)
+class Metrics;
+
+// From --metrics_port (-1, the default: none, and null is returned; 0 picks a port) and
+// --metrics_host (127.0.0.1), with a log line naming where. Unavailable when it cannot
+// listen.
+absl::StatusOr<std::unique_ptr<Metrics>> StartMetricsFromFlags(const std::string& role);
+
 class Metrics {
  public:
   // Serves on `host`:`port` (0 picks a free port). Unavailable when it cannot listen.

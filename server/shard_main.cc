@@ -27,10 +27,6 @@ ABSL_FLAG(int, num_shards, 1, "shards in the shard map");
 ABSL_FLAG(uint64_t, shard_map_version, 1, "shard map version this shard serves");
 ABSL_FLAG(int64_t, max_batch_ids, 1 << 20, "ids per request before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, max_message_bytes, 256 << 20, "largest gRPC message accepted or sent");
-ABSL_FLAG(int, metrics_port, -1,
-          "serve Prometheus metrics at http://--metrics_host:PORT/metrics; 0 picks a port, "
-          "-1 = none");
-ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address the metrics endpoint binds");
 ABSL_FLAG(int, max_tables, 1024,
           "tables this server holds; creating one more is RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, data_dir, "",
@@ -95,19 +91,16 @@ int main(int argc, char** argv) {
   }
   tessera::server::ShardService service(tables.get(), options);
   std::unique_ptr<tessera::server::Metrics> metrics;
-  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
-    auto started = tessera::server::Metrics::Start(absl::GetFlag(FLAGS_metrics_host),
-                                                   absl::GetFlag(FLAGS_metrics_port), "shard");
-    if (!started.ok()) {
-      std::cerr << "tessera-shard: " << started.status().message() << "\n";
-      return 1;
-    }
+  if (auto started = tessera::server::StartMetricsFromFlags("shard"); !started.ok()) {
+    std::cerr << "tessera-shard: " << started.status().message() << "\n";
+    return 1;
+  } else {
     metrics = *std::move(started);
+  }
+  if (metrics != nullptr) {
     auto* collection = tables.get();
     metrics->Watch([collection](tessera::server::Metrics& m) { m.ReadTables(collection); },
                    std::chrono::seconds(5));
-    std::cerr << "tessera-shard: metrics on http://" << absl::GetFlag(FLAGS_metrics_host) << ":"
-              << metrics->port() << "/metrics" << std::endl;
   }
 
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -21,6 +21,7 @@
 #include "embedding/optimizer.h"
 #include "embedding/status.h"
 #include "embedding/storage/durable_collection.h"
+#include "server/logging.h"
 #include "server/metrics.h"
 #include "trainer/criteo_reader.h"
 #include "trainer/dense_backend.h"
@@ -56,9 +57,6 @@ ABSL_FLAG(std::string, client_mode, "smart",
 ABSL_FLAG(uint64_t, seed, 1, "seed of data, tables and model");
 ABSL_FLAG(std::string, metrics_out, "", "write metrics as JSON Lines to this file");
 ABSL_FLAG(int64_t, log_every, 100, "steps between progress lines (0 = none)");
-ABSL_FLAG(int, metrics_port, -1,
-          "serve Prometheus metrics at http://127.0.0.1:PORT/metrics (samples/s, loss, table "
-          "sizes); 0 picks a port, -1 = none");
 ABSL_FLAG(std::string, cardinalities, "", "synthetic: comma-separated ids per feature");
 ABSL_FLAG(double, zipf, 1.1, "synthetic: Zipf exponent of id popularity");
 ABSL_FLAG(int64_t, held_out, 50000, "synthetic: held-out samples");
@@ -195,9 +193,8 @@ absl::Status Run() {
     TESSERA_RETURN_IF_ERROR(tables->ListCheckpoints().status());
   }
   std::unique_ptr<server::Metrics> metrics;
-  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
-    TESSERA_ASSIGN_OR_RETURN(
-        metrics, server::Metrics::Start("127.0.0.1", absl::GetFlag(FLAGS_metrics_port), "train"));
+  TESSERA_ASSIGN_OR_RETURN(metrics, server::StartMetricsFromFlags("train"));
+  if (metrics != nullptr) {
     auto& registry = metrics->registry();
     auto& rate = prometheus::BuildGauge()
                      .Name("tessera_train_samples_per_second")
@@ -228,8 +225,6 @@ absl::Status Run() {
     auto* collection = tables.get();
     metrics->Watch([collection](server::Metrics& m) { m.ReadTables(collection); },
                    std::chrono::seconds(5));
-    std::cerr << "tessera-train: metrics on http://127.0.0.1:" << metrics->port() << "/metrics"
-              << std::endl;
   }
   Trainer trainer(tables.get(), dense.get(), options);
   int64_t first_step = 0;
@@ -371,7 +366,8 @@ int main(int argc, char** argv) {
       "  tessera-train                       synthetic data, 4 in-process shards\n"
       "  tessera-train --data=train.tsv      Criteo-format TSV");
   absl::ParseCommandLine(argc, argv);
-  absl::Status s = tessera::trainer::Run();
+  absl::Status s = tessera::server::ConfigureLoggingFromFlags("tessera-train");
+  if (s.ok()) s = tessera::trainer::Run();
   if (!s.ok()) {
     std::cerr << "tessera-train: " << s << "\n";
     return 1;
