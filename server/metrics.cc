@@ -120,7 +120,7 @@ Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer, const std::string
                    .Register(*registry_);
   latency_ = &prometheus::BuildHistogram()
                   .Name("tessera_rpc_latency_seconds")
-                  .Help("Time from an RPC's arrival to its status, by method")
+                  .Help("Time from an RPC's arrival to its status, by method and status code")
                   .Labels(labels)
                   .Register(*registry_);
   in_flight_ = &prometheus::BuildGauge()
@@ -160,7 +160,7 @@ std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> Metrics::
 
 void Metrics::ObserveRpc(const std::string& method, grpc::StatusCode code, double seconds) {
   requests_->Add({{"method", method}, {"code", CodeName(code)}}).Increment();
-  latency_->Add({{"method", method}}, LatencyBuckets()).Observe(seconds);
+  latency_->Add({{"method", method}, {"code", CodeName(code)}}, LatencyBuckets()).Observe(seconds);
 }
 
 void Metrics::ReadTables(embedding::EmbeddingCollection* tables) {

@@ -27,7 +27,7 @@ namespace tessera::server {
 // process's `role` (shard, coordinator, train). Thread-safe.
 //
 //   tessera_rpc_requests_total{method, code}      RPCs served, by method and status code
-//   tessera_rpc_latency_seconds{method}            their latency (histogram)
+//   tessera_rpc_latency_seconds{method, code}      their latency (histogram)
 //   tessera_rpc_in_flight                          RPCs being served now (the queue depth)
 //   tessera_table_rows{table}, tessera_table_bytes{table}
 //   tessera_table_evictions_total{table}, tessera_table_expirations_total{table}

@@ -113,8 +113,9 @@ TEST(Metrics, AShardServesRpcCountsLatenciesAndTableSizes) {
   EXPECT_EQ(Sample(text, "tessera_rpc_requests_total",
                    {"method=\"EmbeddingShard/CreateTable\"", "code=\"OK\""}),
             1);
-  EXPECT_EQ(Sample(text, "tessera_rpc_latency_seconds_count", {lookup}), 4);
-  EXPECT_GT(Sample(text, "tessera_rpc_latency_seconds_sum", {lookup}), 0);
+  EXPECT_EQ(Sample(text, "tessera_rpc_latency_seconds_count", {lookup, "code=\"OK\""}), 3);
+  EXPECT_EQ(Sample(text, "tessera_rpc_latency_seconds_count", {lookup, "code=\"NOT_FOUND\""}), 1);
+  EXPECT_GT(Sample(text, "tessera_rpc_latency_seconds_sum", {lookup, "code=\"OK\""}), 0);
   EXPECT_EQ(Sample(text, "tessera_rpc_in_flight", {}), 0);
   EXPECT_EQ(Sample(text, "tessera_table_rows", {"table=\"user\""}), 300);
   EXPECT_GT(Sample(text, "tessera_table_bytes", {"table=\"user\""}), 300 * 8 * 4);
