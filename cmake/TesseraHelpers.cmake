@@ -1,7 +1,8 @@
 # Small helpers so every folder declares its library, tests and binaries the same way.
 
 # -Wmaybe-uninitialized misfires inside Eigen's AVX-512 kernels with g++ 12.
-set(TESSERA_WARNINGS -Wall -Wextra -Wno-unused-parameter -Wno-maybe-uninitialized)
+set(TESSERA_WARNINGS -Wall -Wextra -Wno-unused-parameter
+    $<$<CXX_COMPILER_ID:GNU>:-Wno-maybe-uninitialized>)
 # sqrt in the optimizer loops vectorises only without errno semantics; nothing reads errno.
 set(TESSERA_CODEGEN -fno-math-errno)
 
