@@ -608,12 +608,7 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
       for (int k = c; k < ce; ++k) {
         const int32_t pos = plan.order[k];
         if (plan.rows[k] != nullptr) {
-          float* dst = out + static_cast<size_t>(pos) * dim_;
-          if (dtype_ == v1::FP32) {
-            std::memcpy(dst, plan.rows[k], row_bytes);
-          } else {
-            DecodeWeights(dtype_, plan.rows[k], dim_, dst);
-          }
+          CopyWeightsOut(plan.rows[k], out + static_cast<size_t>(pos) * dim_);
         } else {
           plan.missing.push_back(pos);
         }
