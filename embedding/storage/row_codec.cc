@@ -96,7 +96,9 @@ void EncodeRow(const float* weights, int dim, const float* state, int state_floa
   PutRaw(meta.last_step, out);
   PutRaw(meta.update_count, out);
   out->append(reinterpret_cast<const char*>(weights), sizeof(float) * dim);
-  out->append(reinterpret_cast<const char*>(state), sizeof(float) * state_floats);
+  if (state_floats > 0) {
+    out->append(reinterpret_cast<const char*>(state), sizeof(float) * state_floats);
+  }
   PutRaw(Crc32c(out->data(), out->size()), out);
 }
 
@@ -127,7 +129,8 @@ absl::Status DecodeRow(absl::string_view table, int64_t id, absl::string_view va
   row->weights.resize(d);
   std::memcpy(row->weights.data(), p, 4 * d);
   row->state.resize(sf);
-  std::memcpy(row->state.data(), p + 4 * d, 4 * sf);
+  // SGD rows have no state: no copy (memcpy to an empty vector's null data is undefined).
+  if (sf > 0) std::memcpy(row->state.data(), p + 4 * d, 4 * sf);
   return absl::OkStatus();
 }
 
