@@ -29,6 +29,10 @@ trap cleanup EXIT
 if ! ip netns add "${TAG}n0" 2>/dev/null; then
   echo "netns test: cannot create network namespaces here, skipped"; exit 77
 fi
+if ! ip link add "${TAG}probe" type veth peer name "${TAG}probe2" 2>/dev/null; then
+  echo "netns test: cannot create veth links here, skipped"; exit 77
+fi
+ip link del "${TAG}probe"
 ip netns add "${TAG}n1"
 
 shards=""
