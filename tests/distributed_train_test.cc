@@ -2,6 +2,7 @@
 // against the same run in process.
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -15,6 +16,15 @@
 #include "tests/shard_process.h"
 
 namespace {
+
+// A directory of this process's own: two suites running at once must not share files.
+const std::string& ScratchDir() {
+  static const std::string dir = [] {
+    std::string tmpl = absl::StrCat(testing::TempDir(), "/tessera-dist-XXXXXX");
+    return std::string(::mkdtemp(tmpl.data()));
+  }();
+  return dir;
+}
 
 using tessera::testing::ServerProcess;
 using tessera::testing::ShardProcess;
@@ -62,7 +72,7 @@ std::vector<std::string> TrainRecords(const std::string& path) {
 
 TEST(DistributedTraining, LossTrajectoryEqualsTheInProcessRunBitForBit) {
   const std::string common = "--steps=200 --log_every=10 --held_out=2000 --batch_size=128";
-  const std::string local = absl::StrCat(testing::TempDir(), "/local.jsonl");
+  const std::string local = absl::StrCat(ScratchDir(), "/local.jsonl");
   std::string out;
   ASSERT_EQ(RunTrain(absl::StrCat(common, " --metrics_out=", local), &out), 0) << out;
   const auto want = TrainRecords(local);
@@ -71,7 +81,7 @@ TEST(DistributedTraining, LossTrajectoryEqualsTheInProcessRunBitForBit) {
   for (const std::string mode : {"smart", "coordinator"}) {
     Cluster cluster(2);
     ASSERT_TRUE(cluster.ok) << "cluster did not come up";
-    const std::string remote = absl::StrCat(testing::TempDir(), "/", mode, ".jsonl");
+    const std::string remote = absl::StrCat(ScratchDir(), "/", mode, ".jsonl");
     out.clear();
     ASSERT_EQ(RunTrain(absl::StrCat(common, " --coordinator=", cluster.coordinator->address(),
                                     " --client_mode=", mode, " --metrics_out=", remote),
@@ -127,17 +137,17 @@ struct DurableCluster {
 // checkpoint, rows from the shards') ends exactly as the uninterrupted in-process run.
 TEST(DistributedTraining, ResumesAfterTheWholeClusterRestarts) {
   const std::string common = "--log_every=10 --held_out=2000 --batch_size=128";
-  const std::string local = absl::StrCat(testing::TempDir(), "/local-200.jsonl");
+  const std::string local = absl::StrCat(ScratchDir(), "/local-200.jsonl");
   std::string out;
   ASSERT_EQ(RunTrain(absl::StrCat(common, " --steps=200 --metrics_out=", local), &out), 0) << out;
   const auto want = TrainRecords(local);
   ASSERT_EQ(want.size(), 20u);
 
-  const std::string root = absl::StrCat(testing::TempDir(), "/durable-cluster");
+  const std::string root = absl::StrCat(ScratchDir(), "/durable-cluster");
   std::filesystem::remove_all(root);
   DurableCluster cluster(2, root);
   ASSERT_TRUE(cluster.Start());
-  const std::string first = absl::StrCat(testing::TempDir(), "/first-100.jsonl");
+  const std::string first = absl::StrCat(ScratchDir(), "/first-100.jsonl");
   out.clear();
   ASSERT_EQ(RunTrain(absl::StrCat(common, " --steps=100 --checkpoint_every=100 --coordinator=",
                                   cluster.coordinator->address(), " --metrics_out=", first),
@@ -148,7 +158,7 @@ TEST(DistributedTraining, ResumesAfterTheWholeClusterRestarts) {
   cluster.KillAll();
   ASSERT_TRUE(cluster.Start()) << "the cluster did not come back on its data directories";
 
-  const std::string resumed = absl::StrCat(testing::TempDir(), "/resumed-200.jsonl");
+  const std::string resumed = absl::StrCat(ScratchDir(), "/resumed-200.jsonl");
   out.clear();
   ASSERT_EQ(RunTrain(absl::StrCat(common, " --steps=200 --resume --coordinator=",
                                   cluster.coordinator->address(), " --metrics_out=", resumed),

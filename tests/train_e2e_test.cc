@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -38,8 +39,14 @@ Result RunTrain(const std::string& args) {
   return r;
 }
 
+// A path in a directory of this process's own: two suites running at once on one machine
+// must not write each other's files.
 std::string TempPath(const std::string& name) {
-  return absl::StrCat(testing::TempDir(), "/", name);
+  static const std::string dir = [] {
+    std::string tmpl = absl::StrCat(testing::TempDir(), "/tessera-e2e-XXXXXX");
+    return std::string(::mkdtemp(tmpl.data()));
+  }();
+  return absl::StrCat(dir, "/", name);
 }
 
 std::vector<std::string> ReadLines(const std::string& path) {
