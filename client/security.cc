@@ -20,6 +20,16 @@ absl::StatusOr<std::string> ReadSecret(const std::string& path, const std::strin
   return text.str();
 }
 
+absl::StatusOr<std::string> ReadToken(const std::string& path) {
+  TESSERA_ASSIGN_OR_RETURN(std::string text, ReadSecret(path, "token file"));
+  std::string token(absl::StripAsciiWhitespace(text.substr(0, text.find('\n'))));
+  if (token.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the token file ", path, " has an empty first line"));
+  }
+  return token;
+}
+
 absl::StatusOr<ClientSecurity> LoadClientSecurity(const ClientSecurityFiles& files) {
   ClientSecurity s;
   s.server_name = files.server_name;
@@ -38,14 +48,7 @@ absl::StatusOr<ClientSecurity> LoadClientSecurity(const ClientSecurityFiles& fil
     TESSERA_ASSIGN_OR_RETURN(s.private_key, ReadSecret(files.key_file, "key file"));
   }
   if (!files.token_file.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(std::string token, ReadSecret(files.token_file, "token file"));
-    // The first line, without its line end or surrounding blanks.
-    token = token.substr(0, token.find('\n'));
-    s.token = std::string(absl::StripAsciiWhitespace(token));
-    if (s.token.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the token file ", files.token_file, " has an empty first line"));
-    }
+    TESSERA_ASSIGN_OR_RETURN(s.token, ReadToken(files.token_file));
   }
   return s;
 }

@@ -45,6 +45,10 @@ void Authorize(const ClientSecurity& security, grpc::ClientContext* context);
 // Reads a whole PEM or token file; InvalidArgument naming `what` and the path.
 absl::StatusOr<std::string> ReadSecret(const std::string& path, const std::string& what);
 
+// The token of a token file: its first line without surrounding blanks. InvalidArgument
+// when the file is missing, unreadable or its first line is empty.
+absl::StatusOr<std::string> ReadToken(const std::string& path);
+
 }  // namespace tessera::client
 
 #endif  // TESSERA_CLIENT_SECURITY_H_

@@ -3,7 +3,6 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "client/security_flags.h"
 #include "embedding/status.h"
 
@@ -16,16 +15,6 @@ namespace tessera::server {
 namespace {
 
 constexpr absl::string_view kBearer = "Bearer ";
-
-absl::StatusOr<std::string> ReadToken(const std::string& path) {
-  TESSERA_ASSIGN_OR_RETURN(std::string text, client::ReadSecret(path, "token file"));
-  std::string token(absl::StripAsciiWhitespace(text.substr(0, text.find('\n'))));
-  if (token.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the token file ", path, " has an empty first line"));
-  }
-  return token;
-}
 
 // Equal strings, in time that depends on the lengths only.
 bool SameSecret(absl::string_view a, absl::string_view b) {
@@ -57,7 +46,7 @@ absl::StatusOr<ServerSecurity> ServerSecurityFromFlags() {
     TESSERA_ASSIGN_OR_RETURN(s.client_ca, client::ReadSecret(ca, "CA file"));
   }
   if (!absl::GetFlag(FLAGS_token_file).empty()) {
-    TESSERA_ASSIGN_OR_RETURN(s.token, ReadToken(absl::GetFlag(FLAGS_token_file)));
+    TESSERA_ASSIGN_OR_RETURN(s.token, client::ReadToken(absl::GetFlag(FLAGS_token_file)));
   }
   if (!absl::GetFlag(FLAGS_read_only_token_file).empty()) {
     if (s.token.empty()) {
@@ -65,7 +54,7 @@ absl::StatusOr<ServerSecurity> ServerSecurityFromFlags() {
           "--read_only_token_file needs --token_file: without a token every call is open");
     }
     TESSERA_ASSIGN_OR_RETURN(s.read_only_token,
-                             ReadToken(absl::GetFlag(FLAGS_read_only_token_file)));
+                             client::ReadToken(absl::GetFlag(FLAGS_read_only_token_file)));
     if (s.read_only_token == s.token) {
       return absl::InvalidArgumentError("the read-only token must differ from the full token");
     }

@@ -173,17 +173,15 @@ void Metrics::ReadTables(embedding::EmbeddingCollection* tables) {
     const prometheus::Labels table = {{"table", c.name()}};
     table_rows_->Add(table).Set(static_cast<double>(u->rows));
     table_bytes_->Add(table).Set(static_cast<double>(u->memory_bytes));
-    // The usage has totals since start; counters move by what is new.
-    int64_t& ev = seen_evictions_[c.name()];
-    if (u->evictions > ev) evictions_->Add(table).Increment(static_cast<double>(u->evictions - ev));
-    evictions_->Add(table);  // present at 0 too
-    ev = std::max(ev, u->evictions);
-    int64_t& ex = seen_expirations_[c.name()];
-    if (u->expirations > ex) {
-      expirations_->Add(table).Increment(static_cast<double>(u->expirations - ex));
-    }
-    expirations_->Add(table);
-    ex = std::max(ex, u->expirations);
+    // The usage has totals since start; counters move by what is new (and exist at 0).
+    auto advance = [&table](prometheus::Family<prometheus::Counter>* family, int64_t* seen,
+                            int64_t total) {
+      prometheus::Counter& counter = family->Add(table);
+      if (total > *seen) counter.Increment(static_cast<double>(total - *seen));
+      *seen = std::max(*seen, total);
+    };
+    advance(evictions_, &seen_evictions_[c.name()], u->evictions);
+    advance(expirations_, &seen_expirations_[c.name()], u->expirations);
   }
 }
 
