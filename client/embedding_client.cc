@@ -1,9 +1,13 @@
 #include "client/embedding_client.h"
 
+#include <cmath>
+#include <cstring>
+#include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "client/checkpoint_proto.h"
+#include "client/packed_bytes.h"
 #include "embedding/batch_ops.h"
 #include "embedding/status.h"
 #include "grpcpp/grpcpp.h"
@@ -14,6 +18,11 @@ namespace {
 absl::Status FromCoordinator(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+uint64_t RandomClientId() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32 | rd()) | 1;
 }
 
 }  // namespace
@@ -42,7 +51,9 @@ absl::StatusOr<std::unique_ptr<EmbeddingClient>> EmbeddingClient::Connect(
 EmbeddingClient::EmbeddingClient(const std::string& address, grpc::ChannelArguments args,
                                  std::shared_ptr<grpc::ChannelCredentials> credentials,
                                  const ClientOptions& options)
-    : options_(options), coordinator_(address, std::move(args), std::move(credentials)) {}
+    : options_(options),
+      coordinator_(address, std::move(args), std::move(credentials)),
+      client_id_(RandomClientId()) {}
 
 std::unique_ptr<grpc::ClientContext> EmbeddingClient::NewContext(
     std::chrono::milliseconds deadline) const {
@@ -86,6 +97,9 @@ absl::Status EmbeddingClient::RefreshShardMap() {
     ro.max_message_bytes = options_.max_message_bytes;
     ro.shard_map_version = map.version();
     ro.security = options_.security;
+    ro.max_retries = options_.max_retries;
+    ro.initial_backoff = options_.initial_backoff;
+    ro.max_backoff = options_.max_backoff;
     router_ = std::make_shared<ShardRouter>(addresses, ro);
   }
   return absl::OkStatus();
@@ -98,7 +112,7 @@ absl::Status EmbeddingClient::OnShards(const std::function<absl::Status(ShardRou
       absl::ReaderMutexLock lock(&mu_);
       router = router_;
     }
-    absl::Status s = WithRetries([&] { return call(*router); });
+    absl::Status s = call(*router);
     // A stale shard map: fetch the new one and try once more.
     if (s.code() != absl::StatusCode::kFailedPrecondition || attempt > 0) return s;
     TESSERA_RETURN_IF_ERROR(RefreshShardMap());
@@ -146,42 +160,30 @@ absl::StatusOr<v1::TableConfig> EmbeddingClient::Config(absl::string_view table)
   return it->second;
 }
 
-absl::Status EmbeddingClient::Request(absl::string_view table, LookupMessages* m,
-                                      absl::Span<float> out) {
-  const v1::LookupRequest& req = m->request;
-  v1::LookupResponse& resp = m->response;
-  return WithRetries([&] {
-    auto ctx = NewContext();
-    absl::Status s = FromCoordinator(coordinator_.Get()->Lookup(ctx.get(), req, &resp));
-    if (!s.ok()) return s;
-    if (static_cast<size_t>(resp.values_size()) != out.size()) {
-      return absl::InternalError(absl::StrCat("table '", table, "': coordinator returned ",
-                                              resp.values_size(), " floats, expected ",
-                                              out.size()));
-    }
-    std::copy(resp.values().begin(), resp.values().end(), out.begin());
-    return absl::OkStatus();
-  });
+template <typename Part>
+absl::StatusOr<std::vector<v1::TableConfig>> EmbeddingClient::Configs(
+    absl::Span<const Part> tables) const {
+  std::vector<v1::TableConfig> configs;
+  configs.reserve(tables.size());
+  for (const Part& t : tables) {
+    TESSERA_ASSIGN_OR_RETURN(v1::TableConfig c, Config(t.table));
+    configs.push_back(std::move(c));
+  }
+  return configs;
+}
+
+embedding::RequestId EmbeddingClient::NextRequestId() {
+  return {client_id_, next_sequence_.fetch_add(1)};
 }
 
 absl::Status EmbeddingClient::Lookup(absl::string_view table, absl::Span<const int64_t> ids,
                                      absl::Span<float> out,
                                      const embedding::LookupOptions& options) {
-  TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(table));
-  TESSERA_RETURN_IF_ERROR(
-      embedding::CheckRowsSize(table, "output", out.size(), ids.size(), config.dim(), "ids"));
-  if (options_.mode == ClientOptions::Mode::kSmart) {
-    return OnShards([&](ShardRouter& router) {
-      return router.Lookup(config, ids, out, !options.insert_missing);
-    });
-  }
-  auto messages = lookup_messages_.Acquire();
-  v1::LookupRequest& req = messages->request;
-  req.Clear();
-  req.set_table(std::string(table));
-  req.set_read_only(!options.insert_missing);
-  req.mutable_ids()->Add(ids.begin(), ids.end());
-  return Request(table, messages.get(), out);
+  embedding::TableBags part;
+  part.table = std::string(table);
+  part.ids = ids;
+  part.out = out;
+  return LookupBatch({&part, 1}, options);
 }
 
 absl::Status EmbeddingClient::PooledLookup(absl::string_view table, absl::Span<const int64_t> ids,
@@ -189,49 +191,118 @@ absl::Status EmbeddingClient::PooledLookup(absl::string_view table, absl::Span<c
                                            absl::Span<const float> weights, v1::Pooling pooling,
                                            absl::Span<float> out,
                                            const embedding::LookupOptions& options) {
-  TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(table));
-  TESSERA_RETURN_IF_ERROR(Annotate(embedding::ValidateBags(ids.size(), offsets, weights.size()),
-                                   absl::StrCat("table '", table, "'")));
-  const size_t bags = offsets.size() - 1;
-  TESSERA_RETURN_IF_ERROR(
-      embedding::CheckRowsSize(table, "output", out.size(), bags, config.dim(), "bags"));
+  if (offsets.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table '", table, "': offsets must have bags+1 entries, got none"));
+  }
+  embedding::TableBags part{std::string(table), ids, offsets, weights, pooling, out};
+  return LookupBatch({&part, 1}, options);
+}
+
+absl::Status EmbeddingClient::LookupBatch(absl::Span<const embedding::TableBags> tables,
+                                          const embedding::LookupOptions& options) {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> configs, Configs(tables));
+  for (size_t i = 0; i < tables.size(); ++i) {
+    const embedding::TableBags& t = tables[i];
+    size_t rows = t.ids.size();
+    if (!t.offsets.empty()) {
+      TESSERA_RETURN_IF_ERROR(Annotate(embedding::ValidateBags(t.ids.size(), t.offsets,
+                                                               t.weights.size()),
+                                       absl::StrCat("table '", t.table, "'")));
+      rows = t.offsets.size() - 1;
+    } else if (!t.weights.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table '", t.table, "': weights need bag offsets"));
+    }
+    for (size_t j = 0; j < t.weights.size(); ++j) {
+      if (!std::isfinite(t.weights[j])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("table '", t.table, "': weight ", j, " is ", t.weights[j]));
+      }
+    }
+    TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(t.table, "output", t.out.size(), rows,
+                                                     configs[i].dim(),
+                                                     t.offsets.empty() ? "ids" : "bags"));
+  }
   if (options_.mode == ClientOptions::Mode::kSmart) {
     return OnShards([&](ShardRouter& router) {
-      return router.PooledLookup(config, ids, offsets, weights, pooling, out,
-                                 !options.insert_missing);
+      return router.LookupBatch(configs, tables, !options.insert_missing);
     });
   }
   auto messages = lookup_messages_.Acquire();
-  v1::LookupRequest& req = messages->request;
+  v1::BatchLookupRequest& req = messages->request;
+  v1::BatchLookupResponse& resp = messages->response;
   req.Clear();
-  req.set_table(std::string(table));
   req.set_read_only(!options.insert_missing);
-  req.set_pooling(pooling);
-  req.mutable_ids()->Add(ids.begin(), ids.end());
-  req.mutable_offsets()->Add(offsets.begin(), offsets.end());
-  req.mutable_weights()->Add(weights.begin(), weights.end());
-  return Request(table, messages.get(), out);
+  for (const embedding::TableBags& t : tables) {
+    v1::TableLookup* part = req.add_tables();
+    part->set_table(t.table);
+    part->set_pooling(t.pooling);
+    SetPacked(t.ids, part->mutable_ids());
+    SetPacked(t.offsets, part->mutable_offsets());
+    SetPacked(t.weights, part->mutable_weights());
+  }
+  return WithRetries([&] {
+    auto ctx = NewContext();
+    TESSERA_RETURN_IF_ERROR(FromCoordinator(coordinator_.Get()->BatchLookup(ctx.get(), req, &resp)));
+    if (resp.tables_size() != static_cast<int>(tables.size())) {
+      return absl::InternalError(absl::StrCat("coordinator answered ", resp.tables_size(),
+                                              " tables, expected ", tables.size()));
+    }
+    for (size_t i = 0; i < tables.size(); ++i) {
+      const std::string& values = resp.tables(i).values();
+      if (values.size() != tables[i].out.size() * sizeof(float)) {
+        return absl::InternalError(absl::StrCat("table '", tables[i].table,
+                                                "': coordinator returned ", values.size() / 4,
+                                                " floats, expected ", tables[i].out.size()));
+      }
+      std::memcpy(tables[i].out.data(), values.data(), values.size());
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::Status EmbeddingClient::PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
                                             absl::Span<const float> gradients, int64_t step) {
-  TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(table));
-  TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(table, "gradients", gradients.size(), ids.size(),
-                                                   config.dim(), "ids"));
+  embedding::TableGradients part{std::string(table), ids, gradients};
+  return PushBatch({&part, 1}, step, {});
+}
+
+absl::Status EmbeddingClient::PushBatch(absl::Span<const embedding::TableGradients> tables,
+                                        int64_t step, const embedding::PushOptions& options) {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> configs, Configs(tables));
+  for (size_t i = 0; i < tables.size(); ++i) {
+    TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(tables[i].table, "gradients",
+                                                     tables[i].gradients.size(),
+                                                     tables[i].ids.size(), configs[i].dim(),
+                                                     "ids"));
+  }
+  // One id for every attempt of this push, whichever shards or hops repeat it.
+  const embedding::RequestId id =
+      options.request_id.empty() ? NextRequestId() : options.request_id;
   if (options_.mode == ClientOptions::Mode::kSmart) {
     return OnShards([&](ShardRouter& router) {
-      return router.PushGradients(config, ids, gradients, step).status();
+      return router.PushBatch(configs, tables, step, id).status();
     });
   }
-  v1::PushGradientsRequest req;
-  req.set_table(std::string(table));
+  for (size_t i = 0; i < tables.size(); ++i) {
+    TESSERA_RETURN_IF_ERROR(embedding::CheckFiniteGradients(
+        tables[i].table, tables[i].ids, tables[i].gradients.data(), configs[i].dim()));
+  }
+  v1::BatchPushRequest req;
   req.set_step(step);
-  req.mutable_ids()->Add(ids.begin(), ids.end());
-  req.mutable_gradients()->Add(gradients.begin(), gradients.end());
+  req.mutable_request_id()->set_client_id(id.client_id);
+  req.mutable_request_id()->set_sequence(id.sequence);
+  for (const embedding::TableGradients& t : tables) {
+    v1::TableGradients* part = req.add_tables();
+    part->set_table(t.table);
+    SetPacked(t.ids, part->mutable_ids());
+    SetPacked(t.gradients, part->mutable_gradients());
+  }
   return WithRetries([&] {
     auto ctx = NewContext();
-    v1::PushGradientsResponse resp;
-    return FromCoordinator(coordinator_.Get()->PushGradients(ctx.get(), req, &resp));
+    v1::BatchPushResponse resp;
+    return FromCoordinator(coordinator_.Get()->BatchPush(ctx.get(), req, &resp));
   });
 }
 

@@ -1,6 +1,7 @@
 #ifndef TESSERA_CLIENT_EMBEDDING_CLIENT_H_
 #define TESSERA_CLIENT_EMBEDDING_CLIENT_H_
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -50,8 +51,18 @@ class EmbeddingClient final : public embedding::EmbeddingCollection {
                             const embedding::LookupOptions& options) override;
   absl::Status PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
                              absl::Span<const float> gradients, int64_t step) override;
+  // One request per shard (smart mode) or one to the coordinator for every table.
+  absl::Status LookupBatch(absl::Span<const embedding::TableBags> tables,
+                           const embedding::LookupOptions& options) override;
+  // Every push carries a request id (options.request_id, or a new one of this client's)
+  // and is retried with it, so a retry never applies a part twice.
+  absl::Status PushBatch(absl::Span<const embedding::TableGradients> tables, int64_t step,
+                         const embedding::PushOptions& options) override;
   absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override;
   int num_shards() const override;
+  // A fresh request id of this client's (random client id, next sequence), for callers
+  // that want to repeat a push themselves after a failure.
+  embedding::RequestId NextRequestId();
   // Cluster checkpoints through the coordinator (which needs a --data_dir).
   absl::StatusOr<embedding::CheckpointInfo> Checkpoint(
       int64_t step, const embedding::Attachments& attachments) override;
@@ -69,16 +80,18 @@ class EmbeddingClient final : public embedding::EmbeddingCollection {
   // Runs `call` until it succeeds, fails with a code retrying cannot fix, or retries run out.
   absl::Status WithRetries(const std::function<absl::Status()>& call) const;
   absl::Status RefreshShardMap();
-  // Smart mode: runs `call` on the current router, with retries and one map refresh.
+  // Smart mode: runs `call` on the current router (which retries failed shards itself),
+  // again once on a fresh router after a stale shard map.
   absl::Status OnShards(const std::function<absl::Status(ShardRouter&)>& call);
   absl::StatusOr<v1::TableConfig> Config(absl::string_view table) const;
+  // The configs of `tables`' tables, in order.
+  template <typename Part>
+  absl::StatusOr<std::vector<v1::TableConfig>> Configs(absl::Span<const Part> tables) const;
   // Coordinator-mode lookup messages, reused between calls (see ObjectPool).
   struct LookupMessages {
-    v1::LookupRequest request;
-    v1::LookupResponse response;
+    v1::BatchLookupRequest request;
+    v1::BatchLookupResponse response;
   };
-  // Coordinator mode: sends m->request, copies the answer into `out`.
-  absl::Status Request(absl::string_view table, LookupMessages* m, absl::Span<float> out);
 
   ClientOptions options_;
   mutable ReconnectingStub<v1::Coordinator> coordinator_;
@@ -86,6 +99,8 @@ class EmbeddingClient final : public embedding::EmbeddingCollection {
   mutable std::map<std::string, v1::TableConfig, std::less<>> configs_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<ShardRouter> router_ ABSL_GUARDED_BY(mu_);  // smart mode
   int num_shards_ ABSL_GUARDED_BY(mu_) = 0;
+  const uint64_t client_id_;  // of this client's request ids: random
+  std::atomic<uint64_t> next_sequence_{1};
   ObjectPool<LookupMessages> lookup_messages_{[] { return std::make_unique<LookupMessages>(); }};
 };
 

@@ -76,7 +76,10 @@ TEST_F(EmbeddingClientTest, SmartAndCoordinatorModesAgreeWithTheInProcessCollect
   auto smart = Connect(ClientOptions::Mode::kSmart);
   auto via = Connect(ClientOptions::Mode::kCoordinator);
   ASSERT_TRUE(smart->CreateTable(Config()).ok());
-  EXPECT_EQ(via->CreateTable(Config()).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(via->CreateTable(Config()).ok());  // the same table again: idempotent
+  v1::TableConfig other = Config();
+  other.set_dim(other.dim() * 2);
+  EXPECT_EQ(via->CreateTable(other).code(), absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(smart->num_shards(), 2);
   auto reference = std::move(embedding::NewInProcessCollection(2)).value();
   ASSERT_TRUE(reference->CreateTable(Config()).ok());
@@ -118,7 +121,9 @@ TEST_F(EmbeddingClientTest, SmartClientRefreshesAStaleShardMap) {
   RouterOptions stale;
   stale.shard_map_version = 1;
   ShardRouter old(shard_addresses_, stale);
-  EXPECT_EQ(old.Lookup(Config(), ids, absl::MakeSpan(out), false).code(),
+  const v1::TableConfig config = Config();
+  const embedding::TableBags part{"user", ids, {}, {}, v1::SUM, absl::MakeSpan(out)};
+  EXPECT_EQ(old.LookupBatch({&config, 1}, {&part, 1}, false).code(),
             absl::StatusCode::kFailedPrecondition);
 
   // The client's map is stale too; it refreshes and the call succeeds.

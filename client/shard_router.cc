@@ -1,16 +1,27 @@
 #include "client/shard_router.h"
 
 #include <cmath>
+#include <cstring>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "client/packed_bytes.h"
 #include "embedding/batch_ops.h"
 #include "embedding/sharding.h"
+#include "embedding/status.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 
 namespace tessera::client {
-namespace {}  // namespace
+namespace {
+
+uint64_t RandomClientId() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32 | rd()) | 1;
+}
+
+}  // namespace
 
 absl::Status FromShardStatus(const grpc::Status& status, int shard, const std::string& address) {
   if (status.ok()) return absl::OkStatus();
@@ -21,10 +32,10 @@ absl::Status FromShardStatus(const grpc::Status& status, int shard, const std::s
 ShardRouter::ShardRouter(std::vector<std::string> addresses, const RouterOptions& options)
     : addresses_(std::move(addresses)),
       options_(options),
+      client_id_(RandomClientId()),
       version_(options.shard_map_version),
       scratch_([shards = static_cast<int>(addresses_.size())] {
         auto s = std::make_unique<Scratch>();
-        s->groups.resize(shards);
         s->lookups.resize(shards);
         s->lookup_responses.resize(shards);
         s->pushes.resize(shards);
@@ -146,177 +157,280 @@ std::vector<grpc::Status> ShardRouter::CallShards(const std::function<bool(int)>
   return statuses;
 }
 
-void ShardRouter::Split(const v1::TableConfig& config, absl::Span<const int64_t> ids,
-                        Scratch* s) const {
-  embedding::Unique(ids, &s->unique, &s->inverse);
-  for (auto& g : s->groups) g.clear();
-  const int shards = num_shards();
-  for (size_t u = 0; u < s->unique.size(); ++u) {
-    s->groups[embedding::ShardOf(s->unique[u], config.seed(), shards)].push_back(
-        static_cast<int32_t>(u));
+template <typename Response, typename Prepare>
+std::vector<grpc::Status> ShardRouter::CallShardsWithRetries(
+    std::vector<bool> work, const Prepare& prepare, std::vector<Response>* responses,
+    std::chrono::milliseconds deadline) const {
+  std::vector<grpc::Status> result(num_shards());
+  auto backoff = options_.initial_backoff;
+  for (int attempt = 0;; ++attempt) {
+    const std::vector<grpc::Status> statuses =
+        CallShards([&](int k) { return static_cast<bool>(work[k]); }, prepare, responses, deadline);
+    bool again = false;
+    for (int k = 0; k < num_shards(); ++k) {
+      if (!work[k]) continue;
+      result[k] = statuses[k];
+      const auto code = statuses[k].error_code();
+      work[k] = code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
+      again = again || work[k];
+    }
+    if (!again || attempt >= options_.max_retries) return result;
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+}
+
+embedding::RequestId ShardRouter::NextRequestId() {
+  return {client_id_, next_sequence_.fetch_add(1)};
+}
+
+void ShardRouter::Place(const v1::TableConfig& config, absl::Span<const int64_t> ids,
+                        PartPlan* plan, Scratch* s) const {
+  embedding::Unique(ids, &plan->unique, &plan->inverse);
+  const size_t n = plan->unique.size();
+  plan->shard_of.resize(n);
+  plan->slot.resize(n);
+  s->count.assign(num_shards(), 0);
+  for (size_t u = 0; u < n; ++u) {
+    const int k = embedding::ShardOf(plan->unique[u], config.seed(), num_shards());
+    plan->shard_of[u] = k;
+    plan->slot[u] = s->count[k]++;
   }
 }
 
 absl::Status ShardRouter::CreateTable(const v1::TableConfig& config) {
+  std::vector<v1::CreateTableRequest> reqs(num_shards());
+  for (auto& r : reqs) *r.mutable_config() = config;
+  std::vector<v1::CreateTableResponse> resps(num_shards());
+  const std::vector<grpc::Status> statuses = CallShardsWithRetries(
+      std::vector<bool>(num_shards(), true),
+      [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
+        return stubs_[k]->Get()->PrepareAsyncCreateTable(ctx, reqs[k], queue);
+      },
+      &resps, options_.deadline);
   for (int k = 0; k < num_shards(); ++k) {
-    auto ctx = NewContext();
-    v1::CreateTableRequest req;
-    *req.mutable_config() = config;
-    v1::CreateTableResponse resp;
-    absl::Status s =
-        FromShardStatus(stubs_[k]->Get()->CreateTable(ctx.get(), req, &resp), k, addresses_[k]);
-    if (!s.ok()) return s;
+    if (!statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
   }
   return absl::OkStatus();
 }
 
-absl::Status ShardRouter::Lookup(const v1::TableConfig& config, absl::Span<const int64_t> ids,
-                                 absl::Span<float> out, bool read_only) {
-  const int dim = config.dim();
+absl::Status ShardRouter::LookupBatch(absl::Span<const v1::TableConfig> configs,
+                                      absl::Span<const embedding::TableBags> parts,
+                                      bool read_only) {
+  const int shards = num_shards();
+  const size_t num_parts = parts.size();
   auto s = scratch_.Acquire();
-  Split(config, ids, s.get());
-  const auto& groups = s->groups;
+  s->parts.resize(std::max(s->parts.size(), num_parts));
+  s->part_index.assign(static_cast<size_t>(shards) * num_parts, -1);
   auto& reqs = s->lookups;
   auto& resps = s->lookup_responses;
-  for (int k = 0; k < num_shards(); ++k) {
-    if (groups[k].empty()) continue;
+  for (int k = 0; k < shards; ++k) {
     reqs[k].Clear();
-    reqs[k].set_table(config.name());
     reqs[k].set_read_only(read_only);
     reqs[k].set_shard_map_version(version_.load());
-    auto* req_ids = reqs[k].mutable_ids();
-    req_ids->Reserve(static_cast<int>(groups[k].size()));
-    int64_t* dst = req_ids->AddNAlreadyReserved(static_cast<int>(groups[k].size()));
-    for (size_t j = 0; j < groups[k].size(); ++j) dst[j] = s->unique[groups[k][j]];
   }
-  const std::vector<grpc::Status> statuses =
-      CallShards([&](int k) { return !groups[k].empty(); },
-                 [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
-                   return stubs_[k]->Get()->PrepareAsyncLookup(ctx, reqs[k], queue);
-                 },
-                 &resps);
-  // Where each unique id's row lies in the shards' answers; then one gather into `out`.
-  s->rows.resize(s->unique.size());
-  for (int k = 0; k < num_shards(); ++k) {
-    if (groups[k].empty()) continue;
-    if (!statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
-    if (resps[k].values_size() != static_cast<int>(groups[k].size()) * dim) {
-      return absl::InternalError(absl::StrCat("shard ", k, " (", addresses_[k], ") returned ",
-                                              resps[k].values_size(), " floats, expected ",
-                                              groups[k].size() * dim));
+  std::vector<bool> work(shards, false);
+  for (size_t p = 0; p < num_parts; ++p) {
+    const embedding::TableBags& part = parts[p];
+    const v1::TableConfig& config = configs[p];
+    PartPlan& plan = s->parts[p];
+    const bool pooled = !part.offsets.empty();
+    const size_t bags = pooled ? part.offsets.size() - 1 : 0;
+    Place(config, part.ids, &plan, s.get());
+    // Bags of many ids: each shard pools its share, so only pooled vectors travel.
+    plan.shard_pools = pooled && plan.unique.size() > bags;
+    if (!plan.shard_pools) {
+      s->cursor.assign(shards, nullptr);
+      for (int k = 0; k < shards; ++k) {
+        if (s->count[k] == 0) continue;
+        s->part_index[k * num_parts + p] = reqs[k].tables_size();
+        v1::TableLookup* t = reqs[k].add_tables();
+        t->set_table(config.name());
+        s->cursor[k] =
+            reinterpret_cast<char*>(client::ResizePacked<int64_t>(t->mutable_ids(), s->count[k]));
+        work[k] = true;
+      }
+      for (size_t u = 0; u < plan.unique.size(); ++u) {
+        reinterpret_cast<int64_t*>(s->cursor[plan.shard_of[u]])[plan.slot[u]] = plan.unique[u];
+      }
+      continue;
     }
-    const float* values = resps[k].values().data();
-    for (size_t j = 0; j < groups[k].size(); ++j) s->rows[groups[k][j]] = values + j * dim;
+    // Per shard: its ids of every bag in bag order, their weights, and bags+1 offsets.
+    std::vector<std::vector<int64_t>> ids(shards);
+    std::vector<std::vector<float>> weights(shards);
+    std::vector<std::vector<int32_t>> offsets(shards, std::vector<int32_t>{0});
+    plan.shard_of.resize(part.ids.size());
+    for (size_t i = 0; i < part.ids.size(); ++i) {
+      plan.shard_of[i] = embedding::ShardOf(part.ids[i], config.seed(), shards);
+    }
+    for (size_t b = 0; b < bags; ++b) {
+      for (int32_t i = part.offsets[b]; i < part.offsets[b + 1]; ++i) {
+        ids[plan.shard_of[i]].push_back(part.ids[i]);
+        if (!part.weights.empty()) weights[plan.shard_of[i]].push_back(part.weights[i]);
+      }
+      for (int k = 0; k < shards; ++k) offsets[k].push_back(static_cast<int32_t>(ids[k].size()));
+    }
+    for (int k = 0; k < shards; ++k) {
+      if (ids[k].empty()) continue;
+      s->part_index[k * num_parts + p] = reqs[k].tables_size();
+      v1::TableLookup* t = reqs[k].add_tables();
+      t->set_table(config.name());
+      t->set_pooling(v1::SUM);  // MEAN is applied here, over the whole bag
+      client::SetPacked<int64_t>(ids[k], t->mutable_ids());
+      client::SetPacked<int32_t>(offsets[k], t->mutable_offsets());
+      client::SetPacked<float>(weights[k], t->mutable_weights());
+      work[k] = true;
+    }
   }
-  for (size_t i = 0; i < ids.size(); ++i) {
-    std::copy_n(s->rows[s->inverse[i]], dim, out.data() + i * dim);
+  const std::vector<grpc::Status> statuses = CallShardsWithRetries(
+      work,
+      [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
+        return stubs_[k]->Get()->PrepareAsyncBatchLookup(ctx, reqs[k], queue);
+      },
+      &resps, options_.deadline);
+  for (int k = 0; k < shards; ++k) {
+    if (work[k] && !statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
+  }
+  // The answer of shard k for part p, checked for its shape.
+  auto answer = [&](int k, size_t p, size_t rows, int dim) -> absl::StatusOr<const char*> {
+    const int idx = s->part_index[k * num_parts + p];
+    if (idx >= resps[k].tables_size() || resps[k].tables(idx).dim() != dim ||
+        resps[k].tables(idx).values().size() != rows * dim * sizeof(float)) {
+      return absl::InternalError(absl::StrCat("shard ", k, " (", addresses_[k],
+                                              "): answer for table '", configs[p].name(),
+                                              "' is not ", rows, " rows of dim ", dim));
+    }
+    return resps[k].tables(idx).values().data();
+  };
+  for (size_t p = 0; p < num_parts; ++p) {
+    const embedding::TableBags& part = parts[p];
+    PartPlan& plan = s->parts[p];
+    const int dim = configs[p].dim();
+    const size_t row_bytes = dim * sizeof(float);
+    if (plan.shard_pools) {
+      const size_t bags = part.offsets.size() - 1;
+      std::fill(part.out.begin(), part.out.end(), 0.0f);
+      std::vector<float> partial(bags * dim);
+      for (int k = 0; k < shards; ++k) {
+        if (s->part_index[k * num_parts + p] < 0) continue;
+        TESSERA_ASSIGN_OR_RETURN(const char* values, answer(k, p, bags, dim));
+        std::memcpy(partial.data(), values, bags * row_bytes);
+        for (size_t j = 0; j < bags * dim; ++j) part.out[j] += partial[j];
+      }
+      if (part.pooling == v1::MEAN) {
+        for (size_t b = 0; b < bags; ++b) {
+          const int n = part.offsets[b + 1] - part.offsets[b];
+          if (n == 0) continue;
+          for (int j = 0; j < dim; ++j) part.out[b * dim + j] /= static_cast<float>(n);
+        }
+      }
+      continue;
+    }
+    s->cursor.assign(shards, nullptr);
+    for (int k = 0; k < shards; ++k) {
+      if (s->part_index[k * num_parts + p] < 0) continue;
+      size_t rows = 0;
+      for (size_t u = 0; u < plan.unique.size(); ++u) rows += plan.shard_of[u] == k;
+      TESSERA_ASSIGN_OR_RETURN(const char* values, answer(k, p, rows, dim));
+      s->cursor[k] = const_cast<char*>(values);
+    }
+    plan.rows.resize(plan.unique.size() * dim);
+    for (size_t u = 0; u < plan.unique.size(); ++u) {
+      std::memcpy(plan.rows.data() + u * dim, s->cursor[plan.shard_of[u]] + plan.slot[u] * row_bytes,
+                  row_bytes);
+    }
+    if (part.offsets.empty()) {
+      for (size_t i = 0; i < part.ids.size(); ++i) {
+        std::copy_n(plan.rows.data() + static_cast<size_t>(plan.inverse[i]) * dim, dim,
+                    part.out.data() + i * dim);
+      }
+    } else {
+      embedding::PoolBags(plan.rows.data(), dim, plan.inverse, part.offsets, part.weights,
+                          part.pooling, part.out.data());
+    }
   }
   return absl::OkStatus();
 }
 
-absl::Status ShardRouter::PooledLookup(const v1::TableConfig& config, absl::Span<const int64_t> ids,
-                                       absl::Span<const int32_t> offsets,
-                                       absl::Span<const float> weights, v1::Pooling pooling,
-                                       absl::Span<float> out, bool read_only) {
-  const int dim = config.dim();
-  const int bags = static_cast<int>(offsets.size()) - 1;
-  std::vector<v1::LookupRequest> reqs(num_shards());
-  for (int k = 0; k < num_shards(); ++k) {
-    reqs[k].set_table(config.name());
-    reqs[k].set_read_only(read_only);
-    reqs[k].set_shard_map_version(version_.load());
-    reqs[k].set_pooling(v1::SUM);  // MEAN is applied here, over the whole bag
-    reqs[k].add_offsets(0);
+absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
+    absl::Span<const v1::TableConfig> configs, absl::Span<const embedding::TableGradients> parts,
+    int64_t step, const embedding::RequestId& request_id) {
+  const int shards = num_shards();
+  const size_t num_parts = parts.size();
+  for (size_t p = 0; p < num_parts; ++p) {
+    const int dim = configs[p].dim();
+    TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(configs[p].name(), "gradients",
+                                                     parts[p].gradients.size(),
+                                                     parts[p].ids.size(), dim, "ids"));
+    TESSERA_RETURN_IF_ERROR(embedding::CheckFiniteGradients(configs[p].name(), parts[p].ids,
+                                                            parts[p].gradients.data(), dim));
   }
-  std::vector<int32_t> shard_of(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    shard_of[i] = embedding::ShardOf(ids[i], config.seed(), num_shards());
-  }
-  for (int b = 0; b < bags; ++b) {
-    for (int32_t i = offsets[b]; i < offsets[b + 1]; ++i) {
-      v1::LookupRequest& r = reqs[shard_of[i]];
-      r.add_ids(ids[i]);
-      if (!weights.empty()) r.add_weights(weights[i]);
-    }
-    for (auto& r : reqs) r.add_offsets(r.ids_size());
-  }
-  std::vector<v1::LookupResponse> resps(num_shards());
-  const std::vector<grpc::Status> statuses =
-      CallShards([&](int k) { return reqs[k].ids_size() > 0; },
-                 [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
-                   return stubs_[k]->Get()->PrepareAsyncLookup(ctx, reqs[k], queue);
-                 },
-                 &resps);
-  std::fill(out.begin(), out.end(), 0.0f);
-  for (int k = 0; k < num_shards(); ++k) {
-    if (reqs[k].ids_size() == 0) continue;
-    if (!statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
-    if (resps[k].values_size() != bags * dim) {
-      return absl::InternalError(absl::StrCat("shard ", k, " (", addresses_[k], ") returned ",
-                                              resps[k].values_size(), " floats, expected ",
-                                              bags * dim));
-    }
-    for (int j = 0; j < bags * dim; ++j) out[j] += resps[k].values(j);
-  }
-  if (pooling == v1::MEAN) {
-    for (int b = 0; b < bags; ++b) {
-      const int n = offsets[b + 1] - offsets[b];
-      if (n == 0) continue;
-      for (int j = 0; j < dim; ++j) out[b * dim + j] /= static_cast<float>(n);
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<int64_t> ShardRouter::PushGradients(const v1::TableConfig& config,
-                                                   absl::Span<const int64_t> ids,
-                                                   absl::Span<const float> gradients,
-                                                   int64_t step) {
-  const int dim = config.dim();
-  absl::Status finite = embedding::CheckFiniteGradients(config.name(), ids, gradients.data(), dim);
-  if (!finite.ok()) return finite;
+  const embedding::RequestId id = request_id.empty() ? NextRequestId() : request_id;
   auto s = scratch_.Acquire();
-  Split(config, ids, s.get());
-  const auto& groups = s->groups;
+  s->parts.resize(std::max(s->parts.size(), num_parts));
+  s->part_index.assign(static_cast<size_t>(shards) * num_parts, -1);
   auto& reqs = s->pushes;
   auto& resps = s->push_responses;
-  // Repeated ids are summed straight into their row of the shard's request, in the
-  // caller's order (the same additions, in the same order, as the in-process path).
-  s->slots.resize(s->unique.size());
-  for (int k = 0; k < num_shards(); ++k) {
-    if (groups[k].empty()) continue;
-    v1::PushGradientsRequest& r = reqs[k];
-    r.Clear();
-    r.set_table(config.name());
-    r.set_step(step);
-    r.set_shard_map_version(version_.load());
-    const int n = static_cast<int>(groups[k].size());
-    r.mutable_ids()->Reserve(n);
-    int64_t* req_ids = r.mutable_ids()->AddNAlreadyReserved(n);
-    r.mutable_gradients()->Resize(n * dim, 0.0f);
-    float* g = r.mutable_gradients()->mutable_data();
-    for (int j = 0; j < n; ++j) {
-      const int32_t u = groups[k][j];
-      req_ids[j] = s->unique[u];
-      s->slots[u] = g + static_cast<size_t>(j) * dim;
+  for (int k = 0; k < shards; ++k) {
+    reqs[k].Clear();
+    reqs[k].set_step(step);
+    reqs[k].set_shard_map_version(version_.load());
+    reqs[k].mutable_request_id()->set_client_id(id.client_id);
+    reqs[k].mutable_request_id()->set_sequence(id.sequence);
+  }
+  std::vector<bool> work(shards, false);
+  std::vector<float*> grads(shards);
+  for (size_t p = 0; p < num_parts; ++p) {
+    const embedding::TableGradients& part = parts[p];
+    const int dim = configs[p].dim();
+    PartPlan& plan = s->parts[p];
+    Place(configs[p], part.ids, &plan, s.get());
+    s->cursor.assign(shards, nullptr);
+    for (int k = 0; k < shards; ++k) {
+      if (s->count[k] == 0) continue;
+      s->part_index[k * num_parts + p] = reqs[k].tables_size();
+      v1::TableGradients* t = reqs[k].add_tables();
+      t->set_table(configs[p].name());
+      s->cursor[k] =
+          reinterpret_cast<char*>(client::ResizePacked<int64_t>(t->mutable_ids(), s->count[k]));
+      grads[k] = client::ResizePacked<float>(t->mutable_gradients(),
+                                             static_cast<size_t>(s->count[k]) * dim);
+      std::fill_n(grads[k], static_cast<size_t>(s->count[k]) * dim, 0.0f);
+      work[k] = true;
+    }
+    for (size_t u = 0; u < plan.unique.size(); ++u) {
+      reinterpret_cast<int64_t*>(s->cursor[plan.shard_of[u]])[plan.slot[u]] = plan.unique[u];
+    }
+    // Repeated ids are summed straight into their row of the shard's request, in the
+    // caller's order (the same additions, in the same order, as the in-process path).
+    for (size_t i = 0; i < part.ids.size(); ++i) {
+      const int32_t u = plan.inverse[i];
+      float* dst = grads[plan.shard_of[u]] + static_cast<size_t>(plan.slot[u]) * dim;
+      const float* src = part.gradients.data() + i * dim;
+      for (int j = 0; j < dim; ++j) dst[j] += src[j];
     }
   }
-  for (size_t i = 0; i < ids.size(); ++i) {
-    float* dst = s->slots[s->inverse[i]];
-    const float* src = gradients.data() + i * dim;
-    for (int j = 0; j < dim; ++j) dst[j] += src[j];
+  const std::vector<grpc::Status> statuses = CallShardsWithRetries(
+      work,
+      [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
+        return stubs_[k]->Get()->PrepareAsyncBatchPush(ctx, reqs[k], queue);
+      },
+      &resps, options_.deadline);
+  for (int k = 0; k < shards; ++k) {
+    if (work[k] && !statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
   }
-  const std::vector<grpc::Status> statuses =
-      CallShards([&](int k) { return !groups[k].empty(); },
-                 [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
-                   return stubs_[k]->Get()->PrepareAsyncPushGradients(ctx, reqs[k], queue);
-                 },
-                 &resps);
-  int64_t updated = 0;
-  for (int k = 0; k < num_shards(); ++k) {
-    if (groups[k].empty()) continue;
-    if (!statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
-    updated += resps[k].rows_updated();
+  std::vector<int64_t> updated(num_parts, 0);
+  for (int k = 0; k < shards; ++k) {
+    for (size_t p = 0; p < num_parts; ++p) {
+      const int idx = s->part_index[k * num_parts + p];
+      if (idx < 0) continue;
+      if (idx >= resps[k].rows_updated_size()) {
+        return absl::InternalError(absl::StrCat("shard ", k, " (", addresses_[k],
+                                                "): push answer lacks table '",
+                                                configs[p].name(), "'"));
+      }
+      updated[p] += resps[k].rows_updated(idx);
+    }
   }
   return updated;
 }

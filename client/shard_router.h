@@ -15,6 +15,7 @@
 #include "client/object_pool.h"
 #include "client/reconnecting_stub.h"
 #include "client/security.h"
+#include "embedding/collection.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 
 namespace tessera::client {
@@ -29,15 +30,23 @@ struct RouterOptions {
   // check passes again and it is re-admitted.
   std::chrono::milliseconds health_check_interval{0};
   ClientSecurity security;  // TLS and token for every shard call (default: plaintext, none)
+  // Retries of a shard call that failed with UNAVAILABLE or DEADLINE_EXCEEDED: only that
+  // shard's part is sent again (pushes with the same request id, so none applies twice).
+  int max_retries = 0;
+  std::chrono::milliseconds initial_backoff{50};  // doubled after each retry ...
+  std::chrono::milliseconds max_backoff{1000};    // ... up to this
 };
 
 // The grpc::Status of a shard call as an absl::Status naming the shard.
 absl::Status FromShardStatus(const grpc::Status& status, int shard, const std::string& address);
 
 // Talks to every shard of a shard map: deduplicates a batch, splits it by ShardOf(),
-// calls the shards in parallel and merges their answers in the caller's order. Pooled
-// lookups send each shard its ids of every bag and add up the partial sums, so only
-// pooled vectors travel. Used by the coordinator and by the smart client.
+// sends each shard one request carrying its part of every table of the batch, calls the
+// shards in parallel and merges their answers in the caller's order. A pooled table whose
+// bags hold more ids than it has distinct ids has its bags pooled on the shards (each
+// sends its partial sums); otherwise the shards send each distinct row once and the
+// router pools them, exactly as the in-process collection does. Shards that fail with a
+// transient code are retried alone. Used by the coordinator and by the smart client.
 // Thread-safe.
 class ShardRouter {
  public:
@@ -56,23 +65,27 @@ class ShardRouter {
   // that fail with UNAVAILABLE do this for their shard themselves.
   void Reconnect() const;
 
-  // Creates `config` on every shard. The first failure is returned.
+  // Creates `config` on every shard (an idempotent call: the same config again is OK).
+  // The first failure is returned.
   absl::Status CreateTable(const v1::TableConfig& config);
 
-  // out: (ids, dim).
-  absl::Status Lookup(const v1::TableConfig& config, absl::Span<const int64_t> ids,
-                      absl::Span<float> out, bool read_only);
+  // Looks up every part of `parts` (part i of table configs[i]) as
+  // EmbeddingCollection::LookupBatch would. Offsets and weights must have been validated
+  // and each part's `out` sized for its answer.
+  absl::Status LookupBatch(absl::Span<const v1::TableConfig> configs,
+                           absl::Span<const embedding::TableBags> parts, bool read_only);
 
-  // out: (bags, dim). Offsets and weights must have been validated.
-  absl::Status PooledLookup(const v1::TableConfig& config, absl::Span<const int64_t> ids,
-                            absl::Span<const int32_t> offsets, absl::Span<const float> weights,
-                            v1::Pooling pooling, absl::Span<float> out, bool read_only);
+  // Sums repeated ids of each part, checks sizes and that every value is finite (the whole
+  // batch is refused before any shard is called), then pushes each shard its rows of every
+  // part under request id `id` (one of the router's own when empty). Returns the distinct
+  // rows updated per part. A failure may leave some shards applied; calling again with
+  // the same id completes the push.
+  absl::StatusOr<std::vector<int64_t>> PushBatch(absl::Span<const v1::TableConfig> configs,
+                                                 absl::Span<const embedding::TableGradients> parts,
+                                                 int64_t step, const embedding::RequestId& id);
 
-  // Sums repeated ids, checks every value is finite, then pushes each shard its rows.
-  // Returns the distinct rows updated.
-  absl::StatusOr<int64_t> PushGradients(const v1::TableConfig& config,
-                                        absl::Span<const int64_t> ids,
-                                        absl::Span<const float> gradients, int64_t step);
+  // A fresh request id of this router's (random client id, next sequence).
+  embedding::RequestId NextRequestId();
 
   // Every shard takes (or restores) checkpoint `step`, in parallel; each shard's result
   // in shard order. The first failure names its shard.
@@ -85,21 +98,31 @@ class ShardRouter {
   absl::StatusOr<std::vector<v1::TableStats>> Stats(const std::string& table);
 
  private:
+  // One table of a batch, as the router split it.
+  struct PartPlan {
+    std::vector<int64_t> unique;
+    std::vector<int32_t> inverse;
+    std::vector<int32_t> shard_of;  // per unique id (or per id when the shards pool)
+    std::vector<int32_t> slot;      // per unique id: its place in its shard's part
+    std::vector<float> rows;        // (unique, dim) gathered from the answers
+    bool shard_pools = false;
+  };
   // Per-call buffers, kept between calls so that large batches do not allocate (and
   // page-fault) their request and response buffers afresh every time.
   struct Scratch {
-    std::vector<int64_t> unique;
-    std::vector<int32_t> inverse;
-    std::vector<std::vector<int32_t>> groups;  // per shard: positions in `unique`
-    std::vector<const float*> rows;            // per unique id: its row in a response
-    std::vector<float*> slots;                 // per unique id: its row in a request
-    std::vector<v1::LookupRequest> lookups;
-    std::vector<v1::LookupResponse> lookup_responses;
-    std::vector<v1::PushGradientsRequest> pushes;
-    std::vector<v1::PushGradientsResponse> push_responses;
+    std::vector<PartPlan> parts;
+    std::vector<int32_t> part_index;  // (shards, parts): the part's place in the request, or -1
+    std::vector<int32_t> count;       // per shard
+    std::vector<char*> cursor;        // per shard
+    std::vector<v1::BatchLookupRequest> lookups;
+    std::vector<v1::BatchLookupResponse> lookup_responses;
+    std::vector<v1::BatchPushRequest> pushes;
+    std::vector<v1::BatchPushResponse> push_responses;
   };
-  // Deduplicates `ids` into s->unique / s->inverse and groups the unique ids by shard.
-  void Split(const v1::TableConfig& config, absl::Span<const int64_t> ids, Scratch* s) const;
+  // Deduplicates part.ids into plan->unique / inverse and places each unique id on its
+  // shard: shard_of, slot and scratch->count (ids per shard).
+  void Place(const v1::TableConfig& config, absl::Span<const int64_t> ids, PartPlan* plan,
+             Scratch* s) const;
 
   std::unique_ptr<grpc::ClientContext> NewContext(std::chrono::milliseconds deadline) const;
   std::unique_ptr<grpc::ClientContext> NewContext() const { return NewContext(options_.deadline); }
@@ -118,8 +141,17 @@ class ShardRouter {
     return CallShards(has_work, prepare, responses, options_.deadline);
   }
 
+  // CallShards for the shards with `work`, again for those that failed with a transient
+  // code (up to max_retries, with backoff), the others' answers kept.
+  template <typename Response, typename Prepare>
+  std::vector<grpc::Status> CallShardsWithRetries(std::vector<bool> work, const Prepare& prepare,
+                                                  std::vector<Response>* responses,
+                                                  std::chrono::milliseconds deadline) const;
+
   std::vector<std::string> addresses_;
   RouterOptions options_;
+  const uint64_t client_id_;              // of the request ids this router makes up
+  std::atomic<uint64_t> next_sequence_{1};
   std::atomic<uint64_t> version_;
   std::vector<std::unique_ptr<ReconnectingStub<v1::EmbeddingShard>>> stubs_;
   std::unique_ptr<std::atomic<bool>[]> serving_;

@@ -37,6 +37,35 @@ struct CheckpointInfo {
   double seconds = 0;           // how long the Checkpoint or Restore call took
 };
 
+// One table's part of a multi-table lookup (a key of a KeyedJaggedTensor).
+struct TableBags {
+  std::string table;
+  absl::Span<const int64_t> ids;
+  absl::Span<const int32_t> offsets;  // CSR (bags+1) over ids; empty = one row per id
+  absl::Span<const float> weights;    // empty, or one per id (needs offsets)
+  v1::Pooling pooling = v1::SUM;
+  absl::Span<float> out;              // (bags, dim), or (ids, dim) without offsets
+};
+
+// One table's part of a multi-table push.
+struct TableGradients {
+  std::string table;
+  absl::Span<const int64_t> ids;
+  absl::Span<const float> gradients;  // (ids, dim); repeated ids are summed
+};
+
+// Who sends a push, for exactly-once delivery: a collection that has applied a request id
+// applies it again as a no-op. {0, 0} = no id (every call is applied).
+struct RequestId {
+  uint64_t client_id = 0;
+  uint64_t sequence = 0;
+  bool empty() const { return client_id == 0 || sequence == 0; }
+};
+
+struct PushOptions {
+  RequestId request_id;  // set by callers that retry (the remote client sets its own)
+};
+
 // Named blobs stored with a checkpoint (the trainer's dense parameters and optimizer state).
 using Attachments = std::map<std::string, std::string>;
 
@@ -75,6 +104,20 @@ class EmbeddingCollection {
   // of the table changes.
   virtual absl::Status PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
                                      absl::Span<const float> gradients, int64_t step) = 0;
+
+  // Every table of `tables` in one call (remote collections: one request per shard).
+  // Each part as Lookup (no offsets) or PooledLookup would answer it; the first failure is
+  // returned, and `out` of the failed and later parts is undefined.
+  virtual absl::Status LookupBatch(absl::Span<const TableBags> tables,
+                                   const LookupOptions& options = {});
+
+  // Applies every table of `tables`, as PushGradients would, at `step`. Every part is
+  // checked (table, sizes, finite values) before any is applied, so InvalidArgument or
+  // NotFound changes no row. A failure after that (a shard down) may leave some parts
+  // applied: calling again with the same options.request_id completes the push without
+  // applying any part twice (where the collection deduplicates: remote ones do).
+  virtual absl::Status PushBatch(absl::Span<const TableGradients> tables, int64_t step,
+                                 const PushOptions& options = {});
 
   // Rows and memory of `table`; NotFound for an unknown table.
   virtual absl::StatusOr<TableUsage> Usage(absl::string_view table) const = 0;

@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
+#include "server/status.h"
 
 namespace tessera::server {
 
@@ -47,6 +48,15 @@ class CallAuthorizer {
   std::string token_;
   std::string read_only_token_;
 };
+
+// Every RPC handler's shape: checks the call's token for `access`, then runs `handler`
+// (returning absl::Status) and maps its status to the wire.
+template <typename Handler>
+grpc::Status ServeCall(const CallAuthorizer& auth, const grpc::ServerContext& context,
+                       Access access, const Handler& handler) {
+  if (grpc::Status denied = auth.Check(context, access); !denied.ok()) return denied;
+  return ToGrpcStatus(handler());
+}
 
 }  // namespace tessera::server
 

@@ -68,6 +68,9 @@ int main(int argc, char** argv) {
   ro.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   ro.shard_map_version = absl::GetFlag(FLAGS_shard_map_version);
   ro.health_check_interval = std::chrono::milliseconds(absl::GetFlag(FLAGS_health_check_ms));
+  // A shard that fails a call for a moment (a restart) is retried alone; clients see the
+  // call fail only if it stays down.
+  ro.max_retries = 4;
   tessera::client::ShardRouter router(shards, ro);
   tessera::server::CoordinatorOptions co;
   co.max_batch_ids = absl::GetFlag(FLAGS_max_batch_ids);

@@ -6,6 +6,7 @@
 #include "embedding/batch_ops.h"
 #include "embedding/embedding_table.h"
 #include "embedding/status.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "server/lookup_request.h"
 #include "server/status.h"
 
@@ -66,9 +67,9 @@ absl::StatusOr<v1::TableConfig> CoordinatorService::Config(const std::string& ta
   return it->second;
 }
 
-absl::Status CoordinatorService::CheckBatch(const std::string& table, int ids) const {
+absl::Status CoordinatorService::CheckBatch(const std::string& table, int64_t ids) const {
   if (ids > options_.max_batch_ids) {
-    return absl::ResourceExhaustedError(absl::StrCat("table '", table, "': batch of ", ids,
+    return absl::ResourceExhaustedError(absl::StrCat(table, ": batch of ", ids,
                                                      " ids is over the limit of ",
                                                      options_.max_batch_ids));
   }
@@ -85,9 +86,17 @@ grpc::Status CoordinatorService::CreateTable(grpc::ServerContext* context,
   absl::Status s = embedding::ValidateTableConfig(config);
   if (!s.ok()) return ToGrpcStatus(s);
   absl::MutexLock create(&create_mu_);
-  if (Config(config.name()).ok()) {
-    return ToGrpcStatus(
-        absl::AlreadyExistsError(absl::StrCat("table '", config.name(), "' already exists")));
+  if (absl::StatusOr<v1::TableConfig> held = Config(config.name()); held.ok()) {
+    if (!google::protobuf::util::MessageDifferencer::Equals(*held, config)) {
+      return ToGrpcStatus(absl::AlreadyExistsError(
+          absl::StrCat("table '", config.name(), "' already exists with another config")));
+    }
+    // The same table again (a retry, or a create that failed on some shard): make sure
+    // every shard has it; shards answer OK for a table they hold with this config.
+    s = router_->CreateTable(config);
+    if (!s.ok()) return ToGrpcStatus(s);
+    *response->mutable_config() = config;
+    return grpc::Status::OK;
   }
   {
     absl::ReaderMutexLock lock(&mu_);
@@ -153,46 +162,73 @@ grpc::Status CoordinatorService::GetShardMap(grpc::ServerContext* context,
 grpc::Status CoordinatorService::Lookup(grpc::ServerContext* context,
                                         const v1::LookupRequest* request,
                                         v1::LookupResponse* response) {
-  if (grpc::Status denied = options_.auth.Check(*context, Access::kRead); !denied.ok()) {
-    return denied;
-  }
-  absl::StatusOr<v1::TableConfig> config = Config(request->table());
-  if (!config.ok()) return ToGrpcStatus(config.status());
-  absl::Status s = CheckBatch(request->table(), request->ids_size());
-  if (!s.ok()) return ToGrpcStatus(s);
-  absl::StatusOr<LookupView> view = PrepareLookup(*request, config->dim(), response);
-  if (!view.ok()) return ToGrpcStatus(view.status());
-  s = view->pooled ? router_->PooledLookup(*config, view->ids, view->offsets, view->weights,
-                                           request->pooling(), view->out, request->read_only())
-                   : router_->Lookup(*config, view->ids, view->out, request->read_only());
-  if (!s.ok()) {
-    response->Clear();
-    return ToGrpcStatus(s);
-  }
-  return grpc::Status::OK;
+  return Serve(context, Access::kRead, [&]() -> absl::Status {
+    TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(request->table()));
+    TESSERA_RETURN_IF_ERROR(
+        CheckBatch(absl::StrCat("table '", request->table(), "'"), request->ids_size()));
+    TESSERA_ASSIGN_OR_RETURN(LookupView view, PrepareLookup(*request, config.dim(), response));
+    embedding::TableBags part{request->table(), view.ids, view.offsets, view.weights,
+                              request->pooling(), view.out};
+    absl::Status s = router_->LookupBatch({&config, 1}, {&part, 1}, request->read_only());
+    if (!s.ok()) response->Clear();
+    return s;
+  });
+}
+
+grpc::Status CoordinatorService::BatchLookup(grpc::ServerContext* context,
+                                             const v1::BatchLookupRequest* request,
+                                             v1::BatchLookupResponse* response) {
+  return Serve(context, Access::kRead, [&]() -> absl::Status {
+    thread_local DecodedBatch batch;
+    TESSERA_RETURN_IF_ERROR(PrepareBatchLookup(
+        *request, [&](const std::string& t) { return Config(t); }, response, &batch));
+    TESSERA_RETURN_IF_ERROR(CheckBatch("batched lookup", batch.total_ids));
+    absl::Status s = router_->LookupBatch(batch.configs, batch.lookups, request->read_only());
+    if (!s.ok()) response->Clear();
+    return s;
+  });
+}
+
+absl::StatusOr<std::vector<int64_t>> CoordinatorService::RoutePush(const DecodedBatch& batch,
+                                                                   int64_t step,
+                                                                   const v1::RequestId& id) {
+  absl::ReaderMutexLock barrier(&barrier_mu_);
+  return router_->PushBatch(batch.configs, batch.pushes, step, {id.client_id(), id.sequence()});
 }
 
 grpc::Status CoordinatorService::PushGradients(grpc::ServerContext* context,
                                                const v1::PushGradientsRequest* request,
                                                v1::PushGradientsResponse* response) {
-  if (grpc::Status denied = options_.auth.Check(*context, Access::kWrite); !denied.ok()) {
-    return denied;
-  }
-  absl::StatusOr<v1::TableConfig> config = Config(request->table());
-  if (!config.ok()) return ToGrpcStatus(config.status());
-  absl::Status s = CheckBatch(request->table(), request->ids_size());
-  if (!s.ok()) return ToGrpcStatus(s);
-  s = embedding::CheckRowsSize(request->table(), "gradients", request->gradients_size(),
-                               request->ids_size(), config->dim(), "ids");
-  if (!s.ok()) return ToGrpcStatus(s);
-  absl::ReaderMutexLock barrier(&barrier_mu_);
-  absl::StatusOr<int64_t> updated = router_->PushGradients(
-      *config, absl::Span<const int64_t>(request->ids().data(), request->ids_size()),
-      absl::Span<const float>(request->gradients().data(), request->gradients_size()),
-      request->step());
-  if (!updated.ok()) return ToGrpcStatus(updated.status());
-  response->set_rows_updated(*updated);
-  return grpc::Status::OK;
+  return Serve(context, Access::kWrite, [&]() -> absl::Status {
+    thread_local DecodedBatch batch;
+    batch.configs.clear();
+    TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(request->table()));
+    batch.configs.push_back(std::move(config));
+    TESSERA_RETURN_IF_ERROR(
+        CheckBatch(absl::StrCat("table '", request->table(), "'"), request->ids_size()));
+    batch.pushes.assign(
+        1, {request->table(), absl::MakeConstSpan(request->ids().data(), request->ids_size()),
+            absl::MakeConstSpan(request->gradients().data(), request->gradients_size())});
+    TESSERA_ASSIGN_OR_RETURN(std::vector<int64_t> updated,
+                             RoutePush(batch, request->step(), request->request_id()));
+    response->set_rows_updated(updated[0]);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status CoordinatorService::BatchPush(grpc::ServerContext* context,
+                                           const v1::BatchPushRequest* request,
+                                           v1::BatchPushResponse* response) {
+  return Serve(context, Access::kWrite, [&]() -> absl::Status {
+    thread_local DecodedBatch batch;
+    TESSERA_RETURN_IF_ERROR(PrepareBatchPush(
+        *request, [&](const std::string& t) { return Config(t); }, &batch));
+    TESSERA_RETURN_IF_ERROR(CheckBatch("batched push", batch.total_ids));
+    TESSERA_ASSIGN_OR_RETURN(std::vector<int64_t> updated,
+                             RoutePush(batch, request->step(), request->request_id()));
+    for (const int64_t u : updated) response->add_rows_updated(u);
+    return absl::OkStatus();
+  });
 }
 
 grpc::Status CoordinatorService::Stats(grpc::ServerContext* context,

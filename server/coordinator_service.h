@@ -9,6 +9,7 @@
 #include "client/shard_router.h"
 #include "embedding/storage/coordinator_store.h"
 #include "server/auth.h"
+#include "server/lookup_request.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 
 namespace tessera::server {
@@ -45,6 +46,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
                       v1::LookupResponse* response) override;
   grpc::Status PushGradients(grpc::ServerContext* context, const v1::PushGradientsRequest* request,
                              v1::PushGradientsResponse* response) override;
+  grpc::Status BatchLookup(grpc::ServerContext* context, const v1::BatchLookupRequest* request,
+                           v1::BatchLookupResponse* response) override;
+  grpc::Status BatchPush(grpc::ServerContext* context, const v1::BatchPushRequest* request,
+                         v1::BatchPushResponse* response) override;
   grpc::Status Stats(grpc::ServerContext* context, const v1::StatsRequest* request,
                      v1::StatsResponse* response) override;
   grpc::Status Checkpoint(grpc::ServerContext* context, const v1::CheckpointRequest* request,
@@ -60,7 +65,15 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // The durable state with configs_ as they are now.
   v1::CoordinatorState StateLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::StatusOr<v1::TableConfig> Config(const std::string& table) const;
-  absl::Status CheckBatch(const std::string& table, int ids) const;
+  absl::Status CheckBatch(const std::string& table, int64_t ids) const;
+  // Routes a decoded push to the shards under request `id` (a new one when empty), at
+  // the checkpoint barrier's shared side.
+  absl::StatusOr<std::vector<int64_t>> RoutePush(const DecodedBatch& batch, int64_t step,
+                                                 const v1::RequestId& id);
+  template <typename Handler>
+  grpc::Status Serve(grpc::ServerContext* context, Access access, const Handler& handler) const {
+    return ServeCall(options_.auth, *context, access, handler);
+  }
 
   client::ShardRouter* router_;
   std::atomic<uint64_t> version_;

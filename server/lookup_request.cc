@@ -1,6 +1,9 @@
 #include "server/lookup_request.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
+#include "client/packed_bytes.h"
 #include "embedding/batch_ops.h"
 #include "embedding/status.h"
 
@@ -30,6 +33,93 @@ absl::StatusOr<LookupView> PrepareLookup(const v1::LookupRequest& request, int d
   values->Reserve(rows * dim);
   v.out = absl::MakeSpan(values->AddNAlreadyReserved(rows * dim), static_cast<size_t>(rows) * dim);
   return v;
+}
+
+namespace {
+
+std::string TablePart(const std::string& table, size_t index) {
+  return absl::StrCat("table '", table, "' (part ", index, " of the batch)");
+}
+
+}  // namespace
+
+absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const ConfigLookup& config,
+                                v1::BatchLookupResponse* response, DecodedBatch* batch) {
+  const size_t n = request.tables_size();
+  batch->configs.clear();
+  batch->lookups.assign(n, {});
+  batch->total_ids = 0;
+  batch->id_copies.resize(n);
+  batch->offset_copies.resize(n);
+  batch->float_copies.resize(n);
+  response->clear_tables();
+  for (size_t i = 0; i < n; ++i) {
+    const v1::TableLookup& t = request.tables(i);
+    TESSERA_ASSIGN_OR_RETURN(v1::TableConfig c, config(t.table()));
+    const std::string where = TablePart(t.table(), i);
+    embedding::TableBags& part = batch->lookups[i];
+    part.table = t.table();
+    part.pooling = t.pooling();
+    TESSERA_ASSIGN_OR_RETURN(part.ids, client::PackedSpan<int64_t>(
+                                           t.ids(), where + " ids", &batch->id_copies[i]));
+    TESSERA_ASSIGN_OR_RETURN(
+        part.offsets,
+        client::PackedSpan<int32_t>(t.offsets(), where + " offsets", &batch->offset_copies[i]));
+    TESSERA_ASSIGN_OR_RETURN(part.weights, client::PackedSpan<float>(t.weights(), where + " weights",
+                                                                     &batch->float_copies[i]));
+    size_t rows = part.ids.size();
+    if (!part.offsets.empty()) {
+      TESSERA_RETURN_IF_ERROR(
+          Annotate(embedding::ValidateBags(part.ids.size(), part.offsets, part.weights.size()),
+                   where));
+      rows = part.offsets.size() - 1;
+    } else if (!part.weights.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": weights need bag offsets"));
+    }
+    for (size_t j = 0; j < part.weights.size(); ++j) {
+      if (!std::isfinite(part.weights[j])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": weight ", j, " is ", part.weights[j]));
+      }
+    }
+    batch->total_ids += static_cast<int64_t>(part.ids.size());
+    v1::TableValues* values = response->add_tables();
+    values->set_dim(c.dim());
+    values->set_rows(static_cast<int32_t>(rows));
+    part.out = absl::MakeSpan(client::ResizePacked<float>(values->mutable_values(), rows * c.dim()),
+                              rows * c.dim());
+    batch->configs.push_back(std::move(c));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PrepareBatchPush(const v1::BatchPushRequest& request, const ConfigLookup& config,
+                              DecodedBatch* batch) {
+  const size_t n = request.tables_size();
+  batch->configs.clear();
+  batch->pushes.assign(n, {});
+  batch->total_ids = 0;
+  batch->id_copies.resize(n);
+  batch->float_copies.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const v1::TableGradients& t = request.tables(i);
+    TESSERA_ASSIGN_OR_RETURN(v1::TableConfig c, config(t.table()));
+    const std::string where = TablePart(t.table(), i);
+    embedding::TableGradients& part = batch->pushes[i];
+    part.table = t.table();
+    TESSERA_ASSIGN_OR_RETURN(part.ids, client::PackedSpan<int64_t>(
+                                           t.ids(), where + " ids", &batch->id_copies[i]));
+    TESSERA_ASSIGN_OR_RETURN(part.gradients,
+                             client::PackedSpan<float>(t.gradients(), where + " gradients",
+                                                       &batch->float_copies[i]));
+    TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(t.table(), "gradients", part.gradients.size(),
+                                                     part.ids.size(), c.dim(), "ids"));
+    TESSERA_RETURN_IF_ERROR(
+        embedding::CheckFiniteGradients(t.table(), part.ids, part.gradients.data(), c.dim()));
+    batch->total_ids += static_cast<int64_t>(part.ids.size());
+    batch->configs.push_back(std::move(c));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tessera::server

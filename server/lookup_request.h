@@ -1,8 +1,13 @@
 #ifndef TESSERA_SERVER_LOOKUP_REQUEST_H_
 #define TESSERA_SERVER_LOOKUP_REQUEST_H_
 
+#include <functional>
+#include <string>
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "embedding/collection.h"
 #include "tessera/v1/embedding_service.pb.h"
 
 namespace tessera::server {
@@ -21,6 +26,34 @@ struct LookupView {
 // and sizes its values. InvalidArgument names the table and the broken rule.
 absl::StatusOr<LookupView> PrepareLookup(const v1::LookupRequest& request, int dim,
                                          v1::LookupResponse* response);
+
+// The table configs a batched request names, looked up by the server that serves it.
+using ConfigLookup = std::function<absl::StatusOr<v1::TableConfig>(const std::string& table)>;
+
+// A batched request decoded into spans over its packed fields, with each table's config.
+// Holds copies of fields that were not aligned for their type (never, for a parsed
+// message), so it must outlive the spans.
+struct DecodedBatch {
+  std::vector<v1::TableConfig> configs;             // per table of the request
+  std::vector<embedding::TableBags> lookups;        // BatchLookup
+  std::vector<embedding::TableGradients> pushes;    // BatchPush
+  int64_t total_ids = 0;
+  std::vector<std::vector<int64_t>> id_copies;
+  std::vector<std::vector<int32_t>> offset_copies;
+  std::vector<std::vector<float>> float_copies;
+};
+
+// Decodes and checks every table of `request` (known table, whole values, bag offsets,
+// weights with offsets and finite), adds one TableValues per table to `response`, sized
+// for its answer, and points each part's `out` there. NotFound or InvalidArgument names
+// the table.
+absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const ConfigLookup& config,
+                                v1::BatchLookupResponse* response, DecodedBatch* batch);
+
+// Decodes and checks every table of `request` (known table, gradients of ids x dim floats,
+// all finite), so that the push can be refused whole before any row changes.
+absl::Status PrepareBatchPush(const v1::BatchPushRequest& request, const ConfigLookup& config,
+                              DecodedBatch* batch);
 
 }  // namespace tessera::server
 

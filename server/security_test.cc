@@ -321,11 +321,13 @@ TEST_F(TlsTest, TheShardRefusesAClientWithoutACertificate) {
   client::ShardRouter direct({shard_address_}, ro);
   std::vector<float> out(4);
   const std::vector<int64_t> id = {1};
-  absl::Status s = direct.Lookup(Config("t"), id, absl::MakeSpan(out), false);
+  const v1::TableConfig config = Config("t");
+  embedding::TableBags part{"t", id, {}, {}, v1::SUM, absl::MakeSpan(out)};
+  absl::Status s = direct.LookupBatch({&config, 1}, {&part, 1}, false);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   ro.security = Trusted();
   client::ShardRouter with_cert({shard_address_}, ro);
-  EXPECT_TRUE(with_cert.Lookup(Config("t"), id, absl::MakeSpan(out), false).ok());
+  EXPECT_TRUE(with_cert.LookupBatch({&config, 1}, {&part, 1}, false).ok());
 }
 
 TEST(ClientSecurity, FilesAreLoadedAndBadOnesNamed) {

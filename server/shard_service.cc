@@ -1,19 +1,36 @@
 #include "server/shard_service.h"
 
+#include <random>
+
 #include "absl/strings/str_cat.h"
 #include "client/checkpoint_proto.h"
+#include "client/packed_bytes.h"
 #include "embedding/batch_ops.h"
 #include "embedding/sharding.h"
 #include "embedding/status.h"
-#include "server/lookup_request.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "server/status.h"
 
 namespace tessera::server {
+namespace {
 
 using client::ToProto;
 
+uint64_t NewIncarnation() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32 | rd()) | 1;
+}
+
+embedding::RequestId FromProto(const v1::RequestId& id) { return {id.client_id(), id.sequence()}; }
+
+}  // namespace
+
 ShardService::ShardService(embedding::EmbeddingCollection* tables, const ShardOptions& options)
-    : tables_(tables), options_(options), version_(options.shard_map_version) {
+    : tables_(tables),
+      options_(options),
+      incarnation_(NewIncarnation()),
+      version_(options.shard_map_version),
+      journal_(options.push_window) {
   (void)ReloadConfigs();
 }
 
@@ -33,46 +50,42 @@ absl::Status ShardService::ReloadConfigs() {
 grpc::Status ShardService::Checkpoint(grpc::ServerContext* context,
                                       const v1::CheckpointRequest* request,
                                       v1::CheckpointResponse* response) {
-  if (grpc::Status denied = options_.auth.Check(*context, Access::kWrite); !denied.ok()) {
-    return denied;
-  }
-  embedding::Attachments attachments(request->attachments().begin(), request->attachments().end());
-  absl::StatusOr<embedding::CheckpointInfo> info =
-      tables_->Checkpoint(request->step(), attachments);
-  if (!info.ok()) {
-    return ToGrpcStatus(Annotate(info.status(), absl::StrCat("shard ", options_.shard_index)));
-  }
-  ToProto(*info, response->mutable_checkpoint());
-  return grpc::Status::OK;
+  return Serve(context, Access::kWrite, [&]() -> absl::Status {
+    embedding::Attachments attachments(request->attachments().begin(),
+                                       request->attachments().end());
+    absl::StatusOr<embedding::CheckpointInfo> info =
+        tables_->Checkpoint(request->step(), attachments);
+    if (!info.ok()) return Annotate(info.status(), absl::StrCat("shard ", options_.shard_index));
+    ToProto(*info, response->mutable_checkpoint());
+    return absl::OkStatus();
+  });
 }
 
 grpc::Status ShardService::Restore(grpc::ServerContext* context, const v1::RestoreRequest* request,
                                    v1::RestoreResponse* response) {
-  if (grpc::Status denied = options_.auth.Check(*context, Access::kWrite); !denied.ok()) {
-    return denied;
-  }
-  embedding::Attachments attachments;
-  absl::StatusOr<embedding::CheckpointInfo> info = tables_->Restore(request->step(), &attachments);
-  if (!info.ok()) {
-    return ToGrpcStatus(Annotate(info.status(), absl::StrCat("shard ", options_.shard_index)));
-  }
-  absl::Status s = ReloadConfigs();
-  if (!s.ok()) return ToGrpcStatus(s);
-  ToProto(*info, response->mutable_checkpoint());
-  for (auto& [name, blob] : attachments) (*response->mutable_attachments())[name] = blob;
-  return grpc::Status::OK;
+  return Serve(context, Access::kWrite, [&]() -> absl::Status {
+    embedding::Attachments attachments;
+    absl::StatusOr<embedding::CheckpointInfo> info =
+        tables_->Restore(request->step(), &attachments);
+    if (!info.ok()) return Annotate(info.status(), absl::StrCat("shard ", options_.shard_index));
+    // The rows are the checkpoint's now: pushes remembered as applied no longer are.
+    journal_.Clear();
+    TESSERA_RETURN_IF_ERROR(ReloadConfigs());
+    ToProto(*info, response->mutable_checkpoint());
+    for (auto& [name, blob] : attachments) (*response->mutable_attachments())[name] = blob;
+    return absl::OkStatus();
+  });
 }
 
 grpc::Status ShardService::ListCheckpoints(grpc::ServerContext* context,
                                            const v1::ListCheckpointsRequest*,
                                            v1::ListCheckpointsResponse* response) {
-  if (grpc::Status denied = options_.auth.Check(*context, Access::kRead); !denied.ok()) {
-    return denied;
-  }
-  absl::StatusOr<std::vector<embedding::CheckpointInfo>> list = tables_->ListCheckpoints();
-  if (!list.ok()) return ToGrpcStatus(list.status());
-  for (const auto& info : *list) ToProto(info, response->add_checkpoints());
-  return grpc::Status::OK;
+  return Serve(context, Access::kRead, [&]() -> absl::Status {
+    TESSERA_ASSIGN_OR_RETURN(std::vector<embedding::CheckpointInfo> list,
+                             tables_->ListCheckpoints());
+    for (const auto& info : list) ToProto(info, response->add_checkpoints());
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<v1::TableConfig> ShardService::Config(const std::string& table) const {
@@ -85,12 +98,11 @@ absl::StatusOr<v1::TableConfig> ShardService::Config(const std::string& table) c
   return it->second;
 }
 
-absl::Status ShardService::CheckRequest(const v1::TableConfig& config, int ids_size,
-                                        const google::protobuf::RepeatedField<int64_t>& ids,
-                                        uint64_t version) const {
-  if (ids_size > options_.max_batch_ids) {
-    return absl::ResourceExhaustedError(absl::StrCat("table '", config.name(), "': batch of ",
-                                                     ids_size, " ids is over the limit of ",
+absl::Status ShardService::CheckBatch(const std::string& table, int64_t ids,
+                                      uint64_t version) const {
+  if (ids > options_.max_batch_ids) {
+    return absl::ResourceExhaustedError(absl::StrCat(table, ": batch of ", ids,
+                                                     " ids is over the limit of ",
                                                      options_.max_batch_ids));
   }
   const uint64_t serving = version_.load();
@@ -99,14 +111,18 @@ absl::Status ShardService::CheckRequest(const v1::TableConfig& config, int ids_s
         absl::StrCat("shard ", options_.shard_index, ": request built on shard map version ",
                      version, ", this shard serves version ", serving, "; refresh the shard map"));
   }
-  if (options_.num_shards > 1) {
-    for (const int64_t id : ids) {
-      const int owner = embedding::ShardOf(id, config.seed(), options_.num_shards);
-      if (owner != options_.shard_index) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("table '", config.name(), "': id ", id, " belongs to shard ", owner,
-                         ", not shard ", options_.shard_index, "; refresh the shard map"));
-      }
+  return absl::OkStatus();
+}
+
+absl::Status ShardService::CheckOwnership(const v1::TableConfig& config,
+                                          absl::Span<const int64_t> ids) const {
+  if (options_.num_shards <= 1) return absl::OkStatus();
+  for (const int64_t id : ids) {
+    const int owner = embedding::ShardOf(id, config.seed(), options_.num_shards);
+    if (owner != options_.shard_index) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("table '", config.name(), "': id ", id, " belongs to shard ", owner,
+                       ", not shard ", options_.shard_index, "; refresh the shard map"));
     }
   }
   return absl::OkStatus();
@@ -115,127 +131,215 @@ absl::Status ShardService::CheckRequest(const v1::TableConfig& config, int ids_s
 grpc::Status ShardService::CreateTable(grpc::ServerContext* context,
                                        const v1::CreateTableRequest* request,
                                        v1::CreateTableResponse* response) {
-  if (grpc::Status denied = options_.auth.Check(*context, Access::kWrite); !denied.ok()) {
-    return denied;
-  }
-  {
-    absl::ReaderMutexLock lock(&mu_);
-    if (static_cast<int64_t>(configs_.size()) >= options_.max_tables &&
-        configs_.count(request->config().name()) == 0) {
-      return ToGrpcStatus(absl::ResourceExhaustedError(
-          absl::StrCat("table '", request->config().name(), "': this shard holds ", configs_.size(),
-                       " tables, its limit (--max_tables)")));
+  return Serve(context, Access::kWrite, [&]() -> absl::Status {
+    const v1::TableConfig& config = request->config();
+    // Each shard holds 1/num_shards of the rows, so of the row budget too.
+    v1::TableConfig local = config;
+    if (local.max_rows() > 0) {
+      local.set_max_rows((local.max_rows() + options_.num_shards - 1) / options_.num_shards);
     }
-  }
-  // Each shard holds 1/num_shards of the rows, so of the row budget too.
-  v1::TableConfig local = request->config();
-  if (local.max_rows() > 0) {
-    local.set_max_rows((local.max_rows() + options_.num_shards - 1) / options_.num_shards);
-  }
-  absl::Status s = tables_->CreateTable(local);
-  if (!s.ok()) return ToGrpcStatus(s);
-  absl::MutexLock lock(&mu_);
-  configs_[request->config().name()] = request->config();
-  counters_[request->config().name()];
-  *response->mutable_config() = request->config();
-  return grpc::Status::OK;
+    // The same table again is done already (a retried or re-driven create): OK. Tables
+    // loaded from disk carry this shard's part of max_rows.
+    auto held = [&]() -> absl::StatusOr<bool> {
+      absl::ReaderMutexLock lock(&mu_);
+      auto it = configs_.find(config.name());
+      if (it == configs_.end()) return false;
+      using google::protobuf::util::MessageDifferencer;
+      if (MessageDifferencer::Equals(it->second, config) ||
+          MessageDifferencer::Equals(it->second, local)) {
+        return true;
+      }
+      return absl::AlreadyExistsError(absl::StrCat("table '", config.name(),
+                                                   "' already exists on shard ",
+                                                   options_.shard_index, " with another config"));
+    };
+    TESSERA_ASSIGN_OR_RETURN(bool exists, held());
+    if (!exists) {
+      {
+        absl::ReaderMutexLock lock(&mu_);
+        if (static_cast<int64_t>(configs_.size()) >= options_.max_tables) {
+          return absl::ResourceExhaustedError(
+              absl::StrCat("table '", config.name(), "': this shard holds ", configs_.size(),
+                           " tables, its limit (--max_tables)"));
+        }
+      }
+      absl::Status s = tables_->CreateTable(local);
+      if (s.code() == absl::StatusCode::kAlreadyExists) {
+        // Created by a concurrent call: the same config is still OK.
+        TESSERA_ASSIGN_OR_RETURN(exists, held());
+        if (!exists) return s;
+      } else if (!s.ok()) {
+        return s;
+      }
+      absl::MutexLock lock(&mu_);
+      configs_.try_emplace(config.name(), config);
+      counters_[config.name()];
+    }
+    *response->mutable_config() = config;
+    return absl::OkStatus();
+  });
 }
 
 grpc::Status ShardService::ListTables(grpc::ServerContext* context, const v1::ListTablesRequest*,
                                       v1::ListTablesResponse* response) {
-  if (grpc::Status denied = options_.auth.Check(*context, Access::kRead); !denied.ok()) {
-    return denied;
-  }
-  absl::ReaderMutexLock lock(&mu_);
-  for (const auto& [name, config] : configs_) *response->add_tables() = config;
-  return grpc::Status::OK;
+  return Serve(context, Access::kRead, [&]() -> absl::Status {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const auto& [name, config] : configs_) *response->add_tables() = config;
+    return absl::OkStatus();
+  });
 }
 
 grpc::Status ShardService::Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
                                   v1::LookupResponse* response) {
-  if (grpc::Status denied = options_.auth.Check(*context, Access::kRead); !denied.ok()) {
-    return denied;
-  }
-  absl::StatusOr<v1::TableConfig> config = Config(request->table());
-  if (!config.ok()) return ToGrpcStatus(config.status());
-  absl::Status s =
-      CheckRequest(*config, request->ids_size(), request->ids(), request->shard_map_version());
-  if (!s.ok()) return ToGrpcStatus(s);
-  absl::StatusOr<LookupView> view = PrepareLookup(*request, config->dim(), response);
-  if (!view.ok()) return ToGrpcStatus(view.status());
-  embedding::LookupOptions options;
-  options.insert_missing = !request->read_only();
-  s = view->pooled ? tables_->PooledLookup(request->table(), view->ids, view->offsets,
-                                           view->weights, request->pooling(), view->out, options)
-                   : tables_->Lookup(request->table(), view->ids, view->out, options);
-  if (!s.ok()) {
-    response->Clear();
-    return ToGrpcStatus(s);
-  }
-  absl::MutexLock lock(&mu_);
-  counters_[request->table()].lookups += request->ids_size();
-  return grpc::Status::OK;
+  return Serve(context, Access::kRead, [&]() -> absl::Status {
+    TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(request->table()));
+    TESSERA_RETURN_IF_ERROR(CheckBatch(absl::StrCat("table '", request->table(), "'"),
+                                       request->ids_size(), request->shard_map_version()));
+    TESSERA_RETURN_IF_ERROR(
+        CheckOwnership(config, absl::MakeConstSpan(request->ids().data(), request->ids_size())));
+    TESSERA_ASSIGN_OR_RETURN(LookupView view, PrepareLookup(*request, config.dim(), response));
+    embedding::LookupOptions options;
+    options.insert_missing = !request->read_only();
+    absl::Status s =
+        view.pooled ? tables_->PooledLookup(request->table(), view.ids, view.offsets, view.weights,
+                                            request->pooling(), view.out, options)
+                    : tables_->Lookup(request->table(), view.ids, view.out, options);
+    if (!s.ok()) {
+      response->Clear();
+      return s;
+    }
+    absl::MutexLock lock(&mu_);
+    counters_[request->table()].lookups += request->ids_size();
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status ShardService::BatchLookup(grpc::ServerContext* context,
+                                       const v1::BatchLookupRequest* request,
+                                       v1::BatchLookupResponse* response) {
+  return Serve(context, Access::kRead, [&]() -> absl::Status {
+    thread_local DecodedBatch batch;
+    TESSERA_RETURN_IF_ERROR(PrepareBatchLookup(
+        *request, [&](const std::string& t) { return Config(t); }, response, &batch));
+    TESSERA_RETURN_IF_ERROR(CheckBatch("batched lookup", batch.total_ids,
+                                       request->shard_map_version()));
+    for (size_t i = 0; i < batch.lookups.size(); ++i) {
+      TESSERA_RETURN_IF_ERROR(CheckOwnership(batch.configs[i], batch.lookups[i].ids));
+    }
+    embedding::LookupOptions options;
+    options.insert_missing = !request->read_only();
+    absl::Status s = tables_->LookupBatch(batch.lookups, options);
+    if (!s.ok()) {
+      response->Clear();
+      return s;
+    }
+    response->set_incarnation(incarnation_);
+    absl::MutexLock lock(&mu_);
+    for (const auto& part : batch.lookups) {
+      counters_[part.table].lookups += static_cast<int64_t>(part.ids.size());
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::vector<int64_t>> ShardService::ApplyPush(const DecodedBatch& batch,
+                                                             int64_t step,
+                                                             const embedding::RequestId& id) {
+  TESSERA_ASSIGN_OR_RETURN(
+      std::vector<int64_t> updated,
+      journal_.Run(id, batch.pushes.size(), [&](std::vector<int64_t>* done) -> absl::Status {
+        thread_local std::vector<int64_t> unique;
+        thread_local std::vector<int32_t> inverse;
+        for (size_t i = done->size(); i < batch.pushes.size(); ++i) {
+          const embedding::TableGradients& part = batch.pushes[i];
+          TESSERA_RETURN_IF_ERROR(
+              tables_->PushGradients(part.table, part.ids, part.gradients, step));
+          embedding::Unique(part.ids, &unique, &inverse);
+          done->push_back(static_cast<int64_t>(unique.size()));
+          absl::MutexLock lock(&mu_);
+          counters_[part.table].updates += static_cast<int64_t>(unique.size());
+        }
+        return absl::OkStatus();
+      }));
+  return updated;
 }
 
 grpc::Status ShardService::PushGradients(grpc::ServerContext* context,
                                          const v1::PushGradientsRequest* request,
                                          v1::PushGradientsResponse* response) {
-  if (grpc::Status denied = options_.auth.Check(*context, Access::kWrite); !denied.ok()) {
-    return denied;
-  }
-  absl::StatusOr<v1::TableConfig> config = Config(request->table());
-  if (!config.ok()) return ToGrpcStatus(config.status());
-  absl::Status s =
-      CheckRequest(*config, request->ids_size(), request->ids(), request->shard_map_version());
-  if (!s.ok()) return ToGrpcStatus(s);
-  const absl::Span<const int64_t> ids(request->ids().data(), request->ids_size());
-  s = tables_->PushGradients(
-      request->table(), ids,
-      absl::Span<const float>(request->gradients().data(), request->gradients_size()),
-      request->step());
-  if (!s.ok()) return ToGrpcStatus(s);
-  thread_local std::vector<int64_t> unique;
-  thread_local std::vector<int32_t> inverse;
-  embedding::Unique(ids, &unique, &inverse);
-  response->set_rows_updated(static_cast<int64_t>(unique.size()));
-  absl::MutexLock lock(&mu_);
-  counters_[request->table()].updates += static_cast<int64_t>(unique.size());
-  return grpc::Status::OK;
+  return Serve(context, Access::kWrite, [&]() -> absl::Status {
+    TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(request->table()));
+    TESSERA_RETURN_IF_ERROR(CheckBatch(absl::StrCat("table '", request->table(), "'"),
+                                       request->ids_size(), request->shard_map_version()));
+    const absl::Span<const int64_t> ids(request->ids().data(), request->ids_size());
+    TESSERA_RETURN_IF_ERROR(CheckOwnership(config, ids));
+    thread_local DecodedBatch batch;
+    batch.pushes.assign(1, {request->table(), ids,
+                            absl::MakeConstSpan(request->gradients().data(),
+                                                request->gradients_size())});
+    TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(request->table(), "gradients",
+                                                     request->gradients_size(), ids.size(),
+                                                     config.dim(), "ids"));
+    TESSERA_ASSIGN_OR_RETURN(
+        std::vector<int64_t> updated,
+        ApplyPush(batch, request->step(), FromProto(request->request_id())));
+    response->set_rows_updated(updated[0]);
+    response->set_incarnation(incarnation_);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status ShardService::BatchPush(grpc::ServerContext* context,
+                                     const v1::BatchPushRequest* request,
+                                     v1::BatchPushResponse* response) {
+  return Serve(context, Access::kWrite, [&]() -> absl::Status {
+    thread_local DecodedBatch batch;
+    TESSERA_RETURN_IF_ERROR(PrepareBatchPush(
+        *request, [&](const std::string& t) { return Config(t); }, &batch));
+    TESSERA_RETURN_IF_ERROR(
+        CheckBatch("batched push", batch.total_ids, request->shard_map_version()));
+    for (size_t i = 0; i < batch.pushes.size(); ++i) {
+      TESSERA_RETURN_IF_ERROR(CheckOwnership(batch.configs[i], batch.pushes[i].ids));
+    }
+    TESSERA_ASSIGN_OR_RETURN(std::vector<int64_t> updated,
+                             ApplyPush(batch, request->step(), FromProto(request->request_id())));
+    for (const int64_t u : updated) response->add_rows_updated(u);
+    response->set_incarnation(incarnation_);
+    return absl::OkStatus();
+  });
 }
 
 grpc::Status ShardService::Stats(grpc::ServerContext* context, const v1::StatsRequest* request,
                                  v1::StatsResponse* response) {
-  if (grpc::Status denied = options_.auth.Check(*context, Access::kRead); !denied.ok()) {
-    return denied;
-  }
-  std::map<std::string, Counters> counters;
-  {
-    absl::ReaderMutexLock lock(&mu_);
-    if (!request->table().empty() && configs_.count(request->table()) == 0) {
-      return ToGrpcStatus(absl::NotFoundError(absl::StrCat(
-          "table '", request->table(), "' not found on shard ", options_.shard_index)));
+  return Serve(context, Access::kRead, [&]() -> absl::Status {
+    std::map<std::string, Counters> counters;
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      if (!request->table().empty() && configs_.count(request->table()) == 0) {
+        return absl::NotFoundError(absl::StrCat("table '", request->table(),
+                                                "' not found on shard ", options_.shard_index));
+      }
+      counters = counters_;
     }
-    counters = counters_;
-  }
-  for (const auto& [name, c] : counters) {
-    if (!request->table().empty() && name != request->table()) continue;
-    absl::StatusOr<embedding::TableUsage> usage = tables_->Usage(name);
-    if (!usage.ok()) return ToGrpcStatus(usage.status());
-    v1::TableStats* t = response->add_tables();
-    t->set_table(name);
-    t->set_shard_index(options_.shard_index);
-    t->set_rows(usage->rows);
-    t->set_memory_bytes(usage->memory_bytes);
-    t->set_lookups(c.lookups);
-    t->set_updates(c.updates);
-    t->set_evictions(usage->evictions);
-  }
-  // Servers without storage have no checkpoints to report.
-  absl::StatusOr<std::vector<embedding::CheckpointInfo>> list = tables_->ListCheckpoints();
-  if (list.ok()) {
-    for (const auto& info : *list) ToProto(info, response->add_checkpoints());
-  }
-  return grpc::Status::OK;
+    for (const auto& [name, c] : counters) {
+      if (!request->table().empty() && name != request->table()) continue;
+      TESSERA_ASSIGN_OR_RETURN(embedding::TableUsage usage, tables_->Usage(name));
+      v1::TableStats* t = response->add_tables();
+      t->set_table(name);
+      t->set_shard_index(options_.shard_index);
+      t->set_rows(usage.rows);
+      t->set_memory_bytes(usage.memory_bytes);
+      t->set_lookups(c.lookups);
+      t->set_updates(c.updates);
+      t->set_evictions(usage.evictions);
+    }
+    // Servers without storage have no checkpoints to report.
+    absl::StatusOr<std::vector<embedding::CheckpointInfo>> list = tables_->ListCheckpoints();
+    if (list.ok()) {
+      for (const auto& info : *list) ToProto(info, response->add_checkpoints());
+    }
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace tessera::server

@@ -9,6 +9,8 @@
 #include "absl/synchronization/mutex.h"
 #include "embedding/collection.h"
 #include "server/auth.h"
+#include "server/lookup_request.h"
+#include "server/push_journal.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 
 namespace tessera::server {
@@ -19,18 +21,25 @@ struct ShardOptions {
   uint64_t shard_map_version = 1;   // requests naming another version are refused
   int64_t max_batch_ids = 1 << 20;  // ids per request; more is RESOURCE_EXHAUSTED
   int32_t max_tables = 1024;        // tables held; creating one more is RESOURCE_EXHAUSTED
+  size_t push_window = 1 << 16;     // request ids of recent pushes remembered (exactly-once)
   CallAuthorizer auth;              // the token each call must carry (default: none)
 };
 
 // The EmbeddingShard gRPC service: converts requests to calls on the embedding core held
 // by this process (`tables`, its part of every table) and statuses back, and checks
 // what only the service knows: batch limits, the shard-map version, and that every id
-// belongs to this shard. Thread-safe; gRPC calls it from many threads.
+// belongs to this shard. Pushes that carry a request id are applied at most once (see
+// PushJournal); CreateTable of a table it holds with the same config is OK. Thread-safe;
+// gRPC calls it from many threads.
 class ShardService final : public v1::EmbeddingShard::Service {
  public:
   // `tables` must outlive the service. Tables it already holds (loaded from disk) are
   // served at once.
   ShardService(embedding::EmbeddingCollection* tables, const ShardOptions& options);
+
+  // Random at each start, sent with every push answer: a client can tell a shard that
+  // came back.
+  uint64_t incarnation() const { return incarnation_; }
 
   // Serve another shard-map version from now on (the map was rebalanced).
   void SetShardMapVersion(uint64_t version) { version_.store(version); }
@@ -43,6 +52,10 @@ class ShardService final : public v1::EmbeddingShard::Service {
                       v1::LookupResponse* response) override;
   grpc::Status PushGradients(grpc::ServerContext* context, const v1::PushGradientsRequest* request,
                              v1::PushGradientsResponse* response) override;
+  grpc::Status BatchLookup(grpc::ServerContext* context, const v1::BatchLookupRequest* request,
+                           v1::BatchLookupResponse* response) override;
+  grpc::Status BatchPush(grpc::ServerContext* context, const v1::BatchPushRequest* request,
+                         v1::BatchPushResponse* response) override;
   grpc::Status Stats(grpc::ServerContext* context, const v1::StatsRequest* request,
                      v1::StatsResponse* response) override;
   grpc::Status Checkpoint(grpc::ServerContext* context, const v1::CheckpointRequest* request,
@@ -59,19 +72,30 @@ class ShardService final : public v1::EmbeddingShard::Service {
     int64_t updates = 0;
   };
 
+  // Checks the caller's token for `access`, then runs `handler` and maps its status.
+  template <typename Handler>
+  grpc::Status Serve(grpc::ServerContext* context, Access access, const Handler& handler) const {
+    return ServeCall(options_.auth, *context, access, handler);
+  }
+
   // The table's config, or NotFound.
   absl::StatusOr<v1::TableConfig> Config(const std::string& table) const;
-  // Checks batch size, map version and id ownership.
-  absl::Status CheckRequest(const v1::TableConfig& config, int ids_size,
-                            const google::protobuf::RepeatedField<int64_t>& ids,
-                            uint64_t version) const;
+  // Checks the ids of a request: their count against the limit, the map version.
+  absl::Status CheckBatch(const std::string& table, int64_t ids, uint64_t version) const;
+  // Checks that every id belongs to this shard.
+  absl::Status CheckOwnership(const v1::TableConfig& config, absl::Span<const int64_t> ids) const;
+  // Applies the decoded parts `batch->pushes` of a push, exactly once per request id.
+  absl::StatusOr<std::vector<int64_t>> ApplyPush(const DecodedBatch& batch, int64_t step,
+                                                 const embedding::RequestId& id);
 
   // Serves exactly the tables `tables_` holds (after start-up or a restore).
   absl::Status ReloadConfigs();
 
   embedding::EmbeddingCollection* tables_;
   const ShardOptions options_;
+  const uint64_t incarnation_;  // random at each start: answers carry it
   std::atomic<uint64_t> version_;
+  PushJournal journal_;
   mutable absl::Mutex mu_;
   std::map<std::string, v1::TableConfig> configs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Counters> counters_ ABSL_GUARDED_BY(mu_);

@@ -228,13 +228,15 @@ absl::Status Run() {
   }
   Trainer trainer(tables.get(), dense.get(), options);
   int64_t first_step = 0;
-  absl::Status created = trainer.CreateTables(table);
-  if (absl::IsAlreadyExists(created)) {
+  // CreateTable of an existing table with the same config is OK (creates are
+  // idempotent), so existing tables are looked for first.
+  TESSERA_ASSIGN_OR_RETURN(std::string existing, trainer.FirstExistingTable());
+  if (!existing.empty()) {
     if (!resume) {
       return absl::FailedPreconditionError(
-          absl::StrCat(created.message(),
-                       ": the tables exist already; pass --resume to continue that run, "
-                       "or start on an empty --data_dir"));
+          absl::StrCat("table '", existing,
+                       "' already exists: the tables exist already; pass --resume to continue "
+                       "that run, or start on an empty --data_dir"));
     }
     TESSERA_RETURN_IF_ERROR(trainer.CheckTables(table));
     absl::StatusOr<int64_t> resumed = trainer.Resume();
@@ -247,7 +249,7 @@ absl::Status Run() {
       return resumed.status();
     }
   } else {
-    TESSERA_RETURN_IF_ERROR(created);
+    TESSERA_RETURN_IF_ERROR(trainer.CreateTables(table));
     if (resume) std::printf("resume: no tables yet; starting at step 0\n");
   }
 

@@ -49,6 +49,16 @@ absl::Status Trainer::CreateTables(const v1::TableConfig& prototype) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> Trainer::FirstExistingTable() const {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> tables, tables_->ListTables());
+  for (const std::string& name : names_) {
+    for (const auto& t : tables) {
+      if (t.name() == name) return name;
+    }
+  }
+  return std::string();
+}
+
 absl::Status Trainer::CheckTables(const v1::TableConfig& prototype) const {
   TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> tables, tables_->ListTables());
   for (const std::string& name : names_) {
@@ -121,14 +131,19 @@ absl::Status Trainer::LookupAll(const Batch& batch, bool insert_missing) {
   }
   const size_t block = static_cast<size_t>(batch.size) * d;
   emb_.resize(block * nf);
+  lookups_.resize(nf);
+  for (int f = 0; f < nf; ++f) {
+    embedding::TableBags& part = lookups_[f];
+    part.table = names_[f];
+    part.ids = batch.ids[f];
+    part.offsets = batch.offsets[f];
+    part.pooling = v1::SUM;
+    part.out = absl::MakeSpan(emb_).subspan(f * block, block);
+  }
   embedding::LookupOptions lookup;
   lookup.insert_missing = insert_missing;
-  for (int f = 0; f < nf; ++f) {
-    TESSERA_RETURN_IF_ERROR(
-        tables_->PooledLookup(names_[f], batch.ids[f], batch.offsets[f], {}, v1::SUM,
-                              absl::MakeSpan(emb_).subspan(f * block, block), lookup));
-  }
-  return absl::OkStatus();
+  // One call for every table: a remote collection sends one request per shard.
+  return tables_->LookupBatch(lookups_, lookup);
 }
 
 absl::StatusOr<double> Trainer::TrainStep(const Batch& batch, int64_t step) {
@@ -141,13 +156,17 @@ absl::StatusOr<double> Trainer::TrainStep(const Batch& batch, int64_t step) {
   emb_grad_.resize(emb_.size());
   TESSERA_ASSIGN_OR_RETURN(double loss, dense_->Backward(batch.labels.data(), emb_grad_.data()));
   const size_t block = static_cast<size_t>(batch.size) * d;
+  unique_ids_.resize(nf);
+  unique_grads_.resize(nf);
+  pushes_.resize(nf);
   for (int f = 0; f < nf; ++f) {
-    embedding::Unique(batch.ids[f], &unique_ids_, &inverse_);
-    unique_grads_.resize(unique_ids_.size() * d);
+    embedding::Unique(batch.ids[f], &unique_ids_[f], &inverse_);
+    unique_grads_[f].resize(unique_ids_[f].size() * d);
     embedding::PoolBagsBackward(emb_grad_.data() + f * block, d, inverse_, batch.offsets[f], {},
-                                v1::SUM, unique_ids_.size(), unique_grads_.data());
-    TESSERA_RETURN_IF_ERROR(tables_->PushGradients(names_[f], unique_ids_, unique_grads_, step));
+                                v1::SUM, unique_ids_[f].size(), unique_grads_[f].data());
+    pushes_[f] = {names_[f], unique_ids_[f], unique_grads_[f]};
   }
+  TESSERA_RETURN_IF_ERROR(tables_->PushBatch(pushes_, step));
   dense_->ApplyGradients();
   return loss;
 }

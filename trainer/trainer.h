@@ -70,6 +70,9 @@ class Trainer {
   // named C(f+1) and seeded with prototype.seed() + f.
   absl::Status CreateTables(const v1::TableConfig& prototype);
 
+  // The name of the first of this model's tables that exists already, or "" when none does.
+  absl::StatusOr<std::string> FirstExistingTable() const;
+
   // One training step on `batch`; returns its mean loss.
   absl::StatusOr<double> TrainStep(const Batch& batch, int64_t step);
 
@@ -105,9 +108,12 @@ class Trainer {
   TrainerOptions options_;
   std::vector<std::string> names_;
   std::ofstream metrics_;
-  std::vector<float> emb_, emb_grad_, logits_, unique_grads_;
-  std::vector<int64_t> unique_ids_;
+  std::vector<float> emb_, emb_grad_, logits_;
+  std::vector<std::vector<int64_t>> unique_ids_;  // per feature
+  std::vector<std::vector<float>> unique_grads_;  // per feature: (unique, dim)
   std::vector<int32_t> inverse_;
+  std::vector<embedding::TableBags> lookups_;
+  std::vector<embedding::TableGradients> pushes_;
 };
 
 }  // namespace tessera::trainer

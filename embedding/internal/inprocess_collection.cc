@@ -1,5 +1,6 @@
 #include "embedding/internal/inprocess_collection.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -219,6 +220,39 @@ absl::Status NoStorage() {
 }
 
 }  // namespace
+
+absl::Status EmbeddingCollection::LookupBatch(absl::Span<const TableBags> tables,
+                                              const LookupOptions& options) {
+  for (const TableBags& t : tables) {
+    TESSERA_RETURN_IF_ERROR(
+        t.offsets.empty()
+            ? (t.weights.empty() ? Lookup(t.table, t.ids, t.out, options)
+                                 : absl::InvalidArgumentError(absl::StrCat(
+                                       "table '", t.table, "': weights need bag offsets")))
+            : PooledLookup(t.table, t.ids, t.offsets, t.weights, t.pooling, t.out, options));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingCollection::PushBatch(absl::Span<const TableGradients> tables, int64_t step,
+                                            const PushOptions&) {
+  if (tables.empty()) return absl::OkStatus();
+  TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> configs, ListTables());
+  for (const TableGradients& t : tables) {
+    auto it = std::find_if(configs.begin(), configs.end(),
+                           [&](const v1::TableConfig& c) { return c.name() == t.table; });
+    if (it == configs.end()) {
+      return absl::NotFoundError(absl::StrCat("table '", t.table, "' not found"));
+    }
+    TESSERA_RETURN_IF_ERROR(CheckRowsSize(t.table, "gradients", t.gradients.size(), t.ids.size(),
+                                          it->dim(), "ids"));
+    TESSERA_RETURN_IF_ERROR(CheckFiniteGradients(t.table, t.ids, t.gradients.data(), it->dim()));
+  }
+  for (const TableGradients& t : tables) {
+    TESSERA_RETURN_IF_ERROR(PushGradients(t.table, t.ids, t.gradients, step));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<CheckpointInfo> EmbeddingCollection::Checkpoint(int64_t, const Attachments&) {
   return NoStorage();

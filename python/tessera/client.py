@@ -104,7 +104,9 @@ class Client:
                      learning_rate: float = 0.01, dtype: str = "fp32", seed: int = 0,
                      max_rows: int = 0, init_scale: Optional[float] = None,
                      durability: str = "checkpoint") -> config_pb2.TableConfig:
-        """Creates a table on every shard; TesseraError ALREADY_EXISTS if it exists."""
+        """Creates a table on every shard. The same config again is OK (a retry completes a
+        create that failed on some shard); TesseraError ALREADY_EXISTS if the name is taken
+        by another config."""
         if optimizer not in _OPTIMIZERS:
             raise ValueError(f"unknown optimizer {optimizer!r}: one of {sorted(_OPTIMIZERS)}")
         if dtype not in _DTYPES:

@@ -30,6 +30,8 @@ def main(address: str) -> int:
 
     smart.create_table("pyc", dim=6, optimizer="sgd", learning_rate=0.5, seed=99)
     expect_error(grpc.StatusCode.ALREADY_EXISTS, lambda: via.create_table("pyc", dim=6))
+    # The same config again is OK: creates are idempotent.
+    via.create_table("pyc", dim=6, optimizer="sgd", learning_rate=0.5, seed=99)
     rng = np.random.default_rng(3)
     ids = rng.integers(-10**12, 10**12, 3000)
     ids[::7] = ids[0]  # repeats

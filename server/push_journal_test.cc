@@ -1,0 +1,131 @@
+#include "server/push_journal.h"
+
+#include <atomic>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace tessera::server {
+namespace {
+
+using embedding::RequestId;
+
+TEST(PushJournal, AppliesARequestIdOnceAndAnswersRepeatsWithTheFirstAnswer) {
+  PushJournal journal;
+  int applied = 0;
+  auto apply = [&](std::vector<int64_t>* done) {
+    ++applied;
+    done->push_back(7);
+    return absl::OkStatus();
+  };
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<std::vector<int64_t>> r = journal.Run({5, 1}, 1, apply);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(*r, std::vector<int64_t>{7});
+  }
+  EXPECT_EQ(applied, 1);
+  ASSERT_TRUE(journal.Run({5, 2}, 1, apply).ok());  // another sequence
+  ASSERT_TRUE(journal.Run({6, 1}, 1, apply).ok());  // another client
+  EXPECT_EQ(applied, 3);
+}
+
+TEST(PushJournal, RequestsWithoutAnIdAreAppliedEveryTime) {
+  PushJournal journal;
+  int applied = 0;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(journal
+                    .Run({0, 0}, 1,
+                         [&](std::vector<int64_t>* done) {
+                           ++applied;
+                           done->push_back(1);
+                           return absl::OkStatus();
+                         })
+                    .ok());
+  }
+  EXPECT_EQ(applied, 3);
+  EXPECT_EQ(journal.size(), 0u);
+}
+
+TEST(PushJournal, ARetryAfterAPartialFailureAppliesOnlyTheRemainingParts) {
+  PushJournal journal;
+  std::vector<int> applied_parts;
+  bool fail_part_1 = true;
+  auto apply = [&](std::vector<int64_t>* done) -> absl::Status {
+    for (size_t p = done->size(); p < 3; ++p) {
+      if (p == 1 && fail_part_1) return absl::UnavailableError("disk away");
+      applied_parts.push_back(static_cast<int>(p));
+      done->push_back(static_cast<int64_t>(10 + p));
+    }
+    return absl::OkStatus();
+  };
+  EXPECT_EQ(journal.Run({1, 1}, 3, apply).status().code(), absl::StatusCode::kUnavailable);
+  fail_part_1 = false;
+  absl::StatusOr<std::vector<int64_t>> r = journal.Run({1, 1}, 3, apply);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, (std::vector<int64_t>{10, 11, 12}));
+  EXPECT_EQ(applied_parts, (std::vector<int>{0, 1, 2}));  // part 0 once
+}
+
+TEST(PushJournal, ARepeatArrivingWhileTheFirstAttemptRunsWaitsForItsAnswer) {
+  PushJournal journal;
+  std::atomic<int> applied{0};
+  std::atomic<bool> release{false};
+  std::atomic<bool> started{false};
+  std::thread first([&] {
+    (void)journal.Run({2, 9}, 1, [&](std::vector<int64_t>* done) {
+      started = true;
+      while (!release) std::this_thread::yield();
+      ++applied;
+      done->push_back(3);
+      return absl::OkStatus();
+    });
+  });
+  while (!started) std::this_thread::yield();
+  absl::StatusOr<std::vector<int64_t>> second;
+  std::thread repeat([&] {
+    second = journal.Run({2, 9}, 1, [&](std::vector<int64_t>* done) {
+      ++applied;
+      done->push_back(4);
+      return absl::OkStatus();
+    });
+  });
+  release = true;
+  first.join();
+  repeat.join();
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(*second, std::vector<int64_t>{3});
+  EXPECT_EQ(applied.load(), 1);
+}
+
+TEST(PushJournal, KeepsOnlyTheNewestIds) {
+  PushJournal journal(/*capacity=*/4);
+  int applied = 0;
+  auto apply = [&](std::vector<int64_t>* done) {
+    ++applied;
+    done->push_back(1);
+    return absl::OkStatus();
+  };
+  for (uint64_t seq = 1; seq <= 10; ++seq) ASSERT_TRUE(journal.Run({1, seq}, 1, apply).ok());
+  EXPECT_EQ(journal.size(), 4u);
+  ASSERT_TRUE(journal.Run({1, 10}, 1, apply).ok());  // still known
+  EXPECT_EQ(applied, 10);
+  ASSERT_TRUE(journal.Run({1, 1}, 1, apply).ok());  // forgotten: applied again
+  EXPECT_EQ(applied, 11);
+}
+
+TEST(PushJournal, ClearForgetsAppliedIds) {
+  PushJournal journal;
+  int applied = 0;
+  auto apply = [&](std::vector<int64_t>* done) {
+    ++applied;
+    done->push_back(1);
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE(journal.Run({1, 1}, 1, apply).ok());
+  journal.Clear();
+  ASSERT_TRUE(journal.Run({1, 1}, 1, apply).ok());
+  EXPECT_EQ(applied, 2);
+}
+
+}  // namespace
+}  // namespace tessera::server
