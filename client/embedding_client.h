@@ -53,11 +53,11 @@ class EmbeddingClient final : public embedding::EmbeddingCollection {
                              absl::Span<const float> gradients, int64_t step) override;
   // One request per shard (smart mode) or one to the coordinator for every table.
   absl::Status LookupBatch(absl::Span<const embedding::TableBags> tables,
-                           const embedding::LookupOptions& options) override;
+                           const embedding::LookupOptions& options = {}) override;
   // Every push carries a request id (options.request_id, or a new one of this client's)
   // and is retried with it, so a retry never applies a part twice.
   absl::Status PushBatch(absl::Span<const embedding::TableGradients> tables, int64_t step,
-                         const embedding::PushOptions& options) override;
+                         const embedding::PushOptions& options = {}) override;
   absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override;
   int num_shards() const override;
   // A fresh request id of this client's (random client id, next sequence), for callers

@@ -1,0 +1,324 @@
+// Exactly-once pushes: shards and a coordinator that apply a push and then lose its answer,
+// and a shard that goes away in the middle of a fan-out. Every row must equal a replay of
+// the acknowledged pushes, each applied once, in both client modes.
+
+#include <atomic>
+#include <thread>
+
+#include "client/embedding_client.h"
+#include "embedding/collection.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "server/coordinator_service.h"
+#include "server/shard_service.h"
+
+namespace tessera {
+namespace {
+
+std::unique_ptr<grpc::Server> Serve(grpc::Service* service, int* port) {
+  grpc::ServerBuilder b;
+  b.AddListeningPort("127.0.0.1:" + std::to_string(*port), grpc::InsecureServerCredentials(), port);
+  b.RegisterService(service);
+  return b.BuildAndStart();
+}
+
+// A shard that applies pushes and then, `lose_answers` times, answers UNAVAILABLE as if the
+// answer had been lost on the way; and fails `fail_creates` CreateTable calls before
+// applying them.
+class AnswerLosingShard final : public v1::EmbeddingShard::Service {
+ public:
+  explicit AnswerLosingShard(server::ShardService* inner) : inner_(inner) {}
+  std::atomic<int> lose_answers{0};
+  std::atomic<int> fail_creates{0};
+  std::atomic<int> pushes_seen{0};
+
+  grpc::Status CreateTable(grpc::ServerContext* c, const v1::CreateTableRequest* q,
+                           v1::CreateTableResponse* r) override {
+    if (fail_creates.fetch_sub(1) > 0) return {grpc::StatusCode::UNAVAILABLE, "injected"};
+    return inner_->CreateTable(c, q, r);
+  }
+  grpc::Status ListTables(grpc::ServerContext* c, const v1::ListTablesRequest* q,
+                          v1::ListTablesResponse* r) override {
+    return inner_->ListTables(c, q, r);
+  }
+  grpc::Status Lookup(grpc::ServerContext* c, const v1::LookupRequest* q,
+                      v1::LookupResponse* r) override {
+    return inner_->Lookup(c, q, r);
+  }
+  grpc::Status BatchLookup(grpc::ServerContext* c, const v1::BatchLookupRequest* q,
+                           v1::BatchLookupResponse* r) override {
+    return inner_->BatchLookup(c, q, r);
+  }
+  grpc::Status PushGradients(grpc::ServerContext* c, const v1::PushGradientsRequest* q,
+                             v1::PushGradientsResponse* r) override {
+    return Lose(inner_->PushGradients(c, q, r));
+  }
+  grpc::Status BatchPush(grpc::ServerContext* c, const v1::BatchPushRequest* q,
+                         v1::BatchPushResponse* r) override {
+    return Lose(inner_->BatchPush(c, q, r));
+  }
+
+ private:
+  grpc::Status Lose(grpc::Status applied) {
+    ++pushes_seen;
+    if (applied.ok() && lose_answers.fetch_sub(1) > 0) {
+      return {grpc::StatusCode::UNAVAILABLE, "injected: applied, answer lost"};
+    }
+    return applied;
+  }
+  server::ShardService* inner_;
+};
+
+// The coordinator, losing the answers of `lose_answers` pushes it routed.
+class AnswerLosingCoordinator final : public v1::Coordinator::Service {
+ public:
+  explicit AnswerLosingCoordinator(server::CoordinatorService* inner) : inner_(inner) {}
+  std::atomic<int> lose_answers{0};
+
+  grpc::Status CreateTable(grpc::ServerContext* c, const v1::CreateTableRequest* q,
+                           v1::CreateTableResponse* r) override {
+    return inner_->CreateTable(c, q, r);
+  }
+  grpc::Status ListTables(grpc::ServerContext* c, const v1::ListTablesRequest* q,
+                          v1::ListTablesResponse* r) override {
+    return inner_->ListTables(c, q, r);
+  }
+  grpc::Status GetShardMap(grpc::ServerContext* c, const v1::GetShardMapRequest* q,
+                           v1::ShardMap* r) override {
+    return inner_->GetShardMap(c, q, r);
+  }
+  grpc::Status BatchLookup(grpc::ServerContext* c, const v1::BatchLookupRequest* q,
+                           v1::BatchLookupResponse* r) override {
+    return inner_->BatchLookup(c, q, r);
+  }
+  grpc::Status BatchPush(grpc::ServerContext* c, const v1::BatchPushRequest* q,
+                         v1::BatchPushResponse* r) override {
+    grpc::Status s = inner_->BatchPush(c, q, r);
+    if (s.ok() && lose_answers.fetch_sub(1) > 0) {
+      return {grpc::StatusCode::UNAVAILABLE, "injected: applied, answer lost"};
+    }
+    return s;
+  }
+
+ private:
+  server::CoordinatorService* inner_;
+};
+
+v1::TableConfig Sgd(const std::string& name, uint64_t seed) {
+  v1::TableConfig c;
+  c.set_name(name);
+  c.set_dim(4);
+  c.set_seed(seed);
+  c.mutable_optimizer()->set_type(v1::SGD);
+  c.mutable_optimizer()->set_learning_rate(1.0f);
+  return c;
+}
+
+class ExactlyOnceTest : public ::testing::Test {
+ protected:
+  static constexpr int kShards = 2;
+
+  void SetUp() override {
+    servers_.clear();
+    losing_.clear();
+    shards_.clear();
+    tables_.clear();
+    ports_.clear();
+    std::vector<std::string> addresses;
+    for (int k = 0; k < kShards; ++k) {
+      tables_.push_back(std::move(embedding::NewInProcessCollection(1)).value());
+      server::ShardOptions o;
+      o.shard_index = k;
+      o.num_shards = kShards;
+      shards_.push_back(std::make_unique<server::ShardService>(tables_[k].get(), o));
+      losing_.push_back(std::make_unique<AnswerLosingShard>(shards_[k].get()));
+      ports_.push_back(0);
+      servers_.push_back(Serve(losing_[k].get(), &ports_[k]));
+      addresses.push_back("127.0.0.1:" + std::to_string(ports_[k]));
+    }
+    client::RouterOptions ro;
+    ro.deadline = std::chrono::milliseconds(2000);
+    ro.max_retries = 4;
+    ro.initial_backoff = std::chrono::milliseconds(20);
+    router_ = std::make_unique<client::ShardRouter>(addresses, ro);
+    coordinator_ = std::make_unique<server::CoordinatorService>(router_.get(), 1,
+                                                                server::CoordinatorOptions());
+    losing_coordinator_ = std::make_unique<AnswerLosingCoordinator>(coordinator_.get());
+    int port = 0;
+    coordinator_server_ = Serve(losing_coordinator_.get(), &port);
+    coordinator_address_ = "127.0.0.1:" + std::to_string(port);
+    reference_ = std::move(embedding::NewInProcessCollection(kShards)).value();
+  }
+  void TearDown() override {
+    coordinator_server_->Shutdown();
+    for (auto& s : servers_) {
+      if (s) s->Shutdown();
+    }
+  }
+
+  std::unique_ptr<client::EmbeddingClient> Connect(client::ClientOptions::Mode mode,
+                                                   int max_retries = 8) {
+    client::ClientOptions o;
+    o.mode = mode;
+    o.deadline = std::chrono::milliseconds(3000);
+    o.max_retries = max_retries;
+    o.initial_backoff = std::chrono::milliseconds(20);
+    o.max_backoff = std::chrono::milliseconds(200);
+    auto c = client::EmbeddingClient::Connect(coordinator_address_, o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return std::move(c).value();
+  }
+
+  void CreateBoth(client::EmbeddingClient& c, const v1::TableConfig& config) {
+    ASSERT_TRUE(c.CreateTable(config).ok());
+    ASSERT_TRUE(reference_->CreateTable(config).ok());
+  }
+
+  // Every row of `ids` in `table` as the cluster and as the reference see it.
+  void ExpectRowsEqualReference(client::EmbeddingClient& c, const std::string& table,
+                                const std::vector<int64_t>& ids) {
+    std::vector<float> got(ids.size() * 4), want(ids.size() * 4);
+    ASSERT_TRUE(c.Lookup(table, ids, absl::MakeSpan(got), {}).ok());
+    ASSERT_TRUE(reference_->Lookup(table, ids, absl::MakeSpan(want), {}).ok());
+    EXPECT_EQ(got, want) << "table " << table;
+  }
+
+  std::vector<std::unique_ptr<embedding::EmbeddingCollection>> tables_;
+  std::vector<std::unique_ptr<server::ShardService>> shards_;
+  std::vector<std::unique_ptr<AnswerLosingShard>> losing_;
+  std::vector<int> ports_;
+  std::vector<std::unique_ptr<grpc::Server>> servers_;
+  std::unique_ptr<client::ShardRouter> router_;
+  std::unique_ptr<server::CoordinatorService> coordinator_;
+  std::unique_ptr<AnswerLosingCoordinator> losing_coordinator_;
+  std::unique_ptr<grpc::Server> coordinator_server_;
+  std::string coordinator_address_;
+  std::unique_ptr<embedding::EmbeddingCollection> reference_;
+};
+
+std::vector<int64_t> Ids(int n, int64_t base) {
+  std::vector<int64_t> ids;
+  for (int i = 0; i < n; ++i) ids.push_back(base + 7919 * i);
+  return ids;
+}
+
+// Pushes g = 1 (and 2 for the second table) to every id, as one batched push.
+absl::Status PushOnes(embedding::EmbeddingCollection& c, const std::vector<int64_t>& a,
+                      const std::vector<int64_t>& b, int64_t step) {
+  std::vector<float> ga(a.size() * 4, 1.0f), gb(b.size() * 4, 2.0f);
+  const std::vector<embedding::TableGradients> parts = {{"a", a, ga}, {"b", b, gb}};
+  return c.PushBatch(parts, step);
+}
+
+TEST_F(ExactlyOnceTest, ShardsThatApplyAndLoseTheirAnswerApplyEachPushOnce) {
+  for (auto mode : {client::ClientOptions::Mode::kSmart, client::ClientOptions::Mode::kCoordinator}) {
+    SCOPED_TRACE(mode == client::ClientOptions::Mode::kSmart ? "smart" : "coordinator");
+    const std::string suffix = mode == client::ClientOptions::Mode::kSmart ? "s" : "c";
+    auto c = Connect(mode);
+    CreateBoth(*c, Sgd("a", 11));
+    CreateBoth(*c, Sgd("b", 12));
+    const std::vector<int64_t> a = Ids(400, 1), b = Ids(300, 5);
+    for (int step = 0; step < 3; ++step) {
+      losing_[1]->lose_answers = 2;  // shard 1 applies, twice in a row the answer is lost
+      const int seen0 = losing_[0]->pushes_seen, seen1 = losing_[1]->pushes_seen;
+      ASSERT_TRUE(PushOnes(*c, a, b, step).ok());
+      ASSERT_TRUE(PushOnes(*reference_, a, b, step).ok());
+      EXPECT_EQ(losing_[0]->pushes_seen - seen0, 1) << "the healthy shard was sent it again";
+      EXPECT_EQ(losing_[1]->pushes_seen - seen1, 3);  // the first and two retries
+    }
+    ExpectRowsEqualReference(*c, "a", a);
+    ExpectRowsEqualReference(*c, "b", b);
+    // Same tables for the next mode: a fresh cluster.
+    c.reset();
+    TearDown();
+    SetUp();
+  }
+}
+
+TEST_F(ExactlyOnceTest, ACoordinatorThatAppliesAndLosesItsAnswerAppliesThePushOnce) {
+  auto c = Connect(client::ClientOptions::Mode::kCoordinator);
+  CreateBoth(*c, Sgd("a", 11));
+  CreateBoth(*c, Sgd("b", 12));
+  const std::vector<int64_t> a = Ids(400, 1), b = Ids(300, 5);
+  losing_coordinator_->lose_answers = 2;
+  losing_[0]->lose_answers = 1;  // and one shard behind it loses one too
+  ASSERT_TRUE(PushOnes(*c, a, b, 1).ok());
+  ASSERT_TRUE(PushOnes(*reference_, a, b, 1).ok());
+  ExpectRowsEqualReference(*c, "a", a);
+  ExpectRowsEqualReference(*c, "b", b);
+}
+
+TEST_F(ExactlyOnceTest, AFailedPushRepeatedWithItsRequestIdCompletesWithoutApplyingTwice) {
+  auto c = Connect(client::ClientOptions::Mode::kSmart, /*max_retries=*/0);
+  CreateBoth(*c, Sgd("a", 11));
+  CreateBoth(*c, Sgd("b", 12));
+  const std::vector<int64_t> a = Ids(400, 1), b = Ids(300, 5);
+  const embedding::RequestId id = c->NextRequestId();
+  std::vector<float> ga(a.size() * 4, 1.0f), gb(b.size() * 4, 2.0f);
+  const std::vector<embedding::TableGradients> parts = {{"a", a, ga}, {"b", b, gb}};
+  losing_[1]->lose_answers = 1;
+  embedding::PushOptions options;
+  options.request_id = id;
+  const absl::Status failed = c->PushBatch(parts, 1, options);
+  EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable) << failed;
+  EXPECT_NE(failed.message().find("shard 1"), std::string::npos) << failed;
+  // The caller repeats it, with the same id: done, and nothing applied twice.
+  ASSERT_TRUE(c->PushBatch(parts, 1, options).ok());
+  ASSERT_TRUE(reference_->PushBatch(parts, 1).ok());
+  ExpectRowsEqualReference(*c, "a", a);
+  ExpectRowsEqualReference(*c, "b", b);
+  // A new id is a new push.
+  ASSERT_TRUE(c->PushBatch(parts, 2).ok());
+  ASSERT_TRUE(reference_->PushBatch(parts, 2).ok());
+  ExpectRowsEqualReference(*c, "a", a);
+}
+
+TEST_F(ExactlyOnceTest, AShardGoneInTheMiddleOfAFanOutIsRetriedAloneOnceItIsBack) {
+  for (auto mode : {client::ClientOptions::Mode::kSmart, client::ClientOptions::Mode::kCoordinator}) {
+    SCOPED_TRACE(mode == client::ClientOptions::Mode::kSmart ? "smart" : "coordinator");
+    auto c = Connect(mode);
+    const std::string ta = mode == client::ClientOptions::Mode::kSmart ? "a" : "c";
+    const std::string tb = mode == client::ClientOptions::Mode::kSmart ? "b" : "d";
+    CreateBoth(*c, Sgd(ta, 11));
+    CreateBoth(*c, Sgd(tb, 12));
+    const std::vector<int64_t> a = Ids(400, 1), b = Ids(300, 5);
+    servers_[1]->Shutdown();
+    servers_[1].reset();
+    const int seen0 = losing_[0]->pushes_seen;
+    std::vector<float> ga(a.size() * 4, 1.0f), gb(b.size() * 4, 2.0f);
+    const std::vector<embedding::TableGradients> parts = {{ta, a, ga}, {tb, b, gb}};
+    absl::Status pushed;
+    std::thread push([&] { pushed = c->PushBatch(parts, 1); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    servers_[1] = Serve(losing_[1].get(), &ports_[1]);  // back on its port, rows kept
+    ASSERT_NE(servers_[1], nullptr);
+    push.join();
+    ASSERT_TRUE(pushed.ok()) << pushed;
+    ASSERT_TRUE(reference_->PushBatch(parts, 1).ok());
+    ExpectRowsEqualReference(*c, ta, a);
+    ExpectRowsEqualReference(*c, tb, b);
+    if (mode == client::ClientOptions::Mode::kSmart) {
+      EXPECT_EQ(losing_[0]->pushes_seen - seen0, 1) << "the healthy shard was sent it again";
+    }
+  }
+}
+
+TEST_F(ExactlyOnceTest, AHalfFailedCreateTableRetriedSucceeds) {
+  auto c = Connect(client::ClientOptions::Mode::kCoordinator, /*max_retries=*/0);
+  losing_[1]->fail_creates = 10;  // more than the coordinator's own retries
+  const absl::Status failed = c->CreateTable(Sgd("half", 3));
+  EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable) << failed;
+  losing_[1]->fail_creates = 0;
+  ASSERT_TRUE(c->CreateTable(Sgd("half", 3)).ok());  // shard 0 has it already: still OK
+  ASSERT_TRUE(reference_->CreateTable(Sgd("half", 3)).ok());
+  const std::vector<int64_t> ids = Ids(100, 3);
+  std::vector<float> g(ids.size() * 4, 0.5f);
+  ASSERT_TRUE(c->PushGradients("half", ids, g, 1).ok());
+  ASSERT_TRUE(reference_->PushGradients("half", ids, g, 1).ok());
+  ExpectRowsEqualReference(*c, "half", ids);
+  v1::TableConfig other = Sgd("half", 4);
+  EXPECT_EQ(c->CreateTable(other).code(), absl::StatusCode::kAlreadyExists);
+}
+
+}  // namespace
+}  // namespace tessera
