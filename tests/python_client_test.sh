@@ -25,4 +25,7 @@ cat "$TESSERA_CLUSTER_DIR/smart.log"
 diff <(grep held-out "$TESSERA_CLUSTER_DIR/smart.log") \
      <(grep held-out "$TESSERA_CLUSTER_DIR/coordinator.log") \
   || { echo "FAIL: smart and coordinator modes trained differently"; exit 1; }
+# Exactly-once across a shard restart (kill -9, push, restart while the client retries).
+PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/python/tests/restart_check.py" \
+  "127.0.0.1:$base" "$TESSERA_CLUSTER_DIR" "$BIN"
 echo "python package: ok"

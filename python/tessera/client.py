@@ -10,7 +10,15 @@ Built on grpcio and stubs generated from proto/ at build time. In smart mode the
 fetches the shard map once, deduplicates each batch, routes ids with the same
 ShardOf() as the C++ core and calls the shards in parallel; a shard that answers
 FAILED_PRECONDITION (the map moved on) makes it refresh the map and retry once.
+
+Every push carries a request id (this client's random id and a sequence number); shards
+apply an id at most once, so retries (of the shards that failed only, in smart mode) never
+apply a push twice. A push that raised may have been applied on some shards: calling
+push() again with the same request_id (see next_request_id()) completes it.
 """
+import itertools
+import secrets
+import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
@@ -78,8 +86,13 @@ class Client:
         self.timeout = timeout
         self.retries = retries
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        # A restarted server is dialled again within a second: gRPC's own reconnect backoff
+        # (up to two minutes) would otherwise outlast the retries.
         self._options = [("grpc.max_receive_message_length", _MAX_MESSAGE),
-                         ("grpc.max_send_message_length", _MAX_MESSAGE)]
+                         ("grpc.max_send_message_length", _MAX_MESSAGE),
+                         ("grpc.initial_reconnect_backoff_ms", 100),
+                         ("grpc.min_reconnect_backoff_ms", 100),
+                         ("grpc.max_reconnect_backoff_ms", 1000)]
         if server_name:
             self._options.append(("grpc.ssl_target_name_override", server_name))
         self._credentials = (grpc.ssl_channel_credentials(root_certs, private_key, cert_chain)
@@ -94,6 +107,9 @@ class Client:
         from tessera.v1 import embedding_service_pb2_grpc as stubs
         self._stub = stubs.CoordinatorStub(self._coordinator.channel)
         self._configs: Dict[str, config_pb2.TableConfig] = {}
+        self._client_id = secrets.randbits(64) | 1
+        self._sequence = itertools.count(1)
+        self._sequence_lock = threading.Lock()
         self._shards: List[_Endpoint] = []
         self._version = 0
         self.refresh_shard_map()
@@ -186,20 +202,29 @@ class Client:
             return rows
         return _pool(rows, np.asarray(offsets, dtype=np.int64), weights, pooling)
 
-    def push(self, table: str, ids, gradients, step: int = 0) -> int:
+    def next_request_id(self):
+        """A fresh (client id, sequence) request id of this client's."""
+        with self._sequence_lock:
+            return (self._client_id, next(self._sequence))
+
+    def push(self, table: str, ids, gradients, step: int = 0, request_id=None) -> int:
         """Applies gradients (len(ids), dim); repeated ids are summed and updated once.
-        Returns the number of distinct rows updated."""
+        Returns the number of distinct rows updated. Applied exactly once however often it
+        is retried; pass the request_id of a push that raised to complete it."""
         ids = np.ascontiguousarray(ids, dtype=np.int64).ravel()
         config = self._config(table)
         gradients = np.ascontiguousarray(gradients, dtype=np.float32).reshape(len(ids), config.dim)
+        if request_id is None:
+            request_id = self.next_request_id()
         if self.mode == "coordinator":
-            data = wire.encode_push_request(table, ids, gradients, step, 0)
+            data = wire.encode_push_request(table, ids, gradients, step, 0, request_id)
             return self._call(self._coordinator.push, data).rows_updated
         unique, inverse = np.unique(ids, return_inverse=True)
         order = np.argsort(inverse, kind="stable")
         starts = np.flatnonzero(np.r_[True, np.diff(inverse[order]) != 0])
         summed = np.add.reduceat(gradients[order], starts, axis=0) if len(ids) else gradients
-        return self._with_map_refresh(lambda: self._push_unique(config, unique, summed, step))
+        return self._with_map_refresh(
+            lambda: self._push_unique(config, unique, summed, step, request_id))
 
     # -- internals -------------------------------------------------------------------------
 
@@ -232,17 +257,43 @@ class Client:
             return call()
 
     def _fan_out(self, requests):
-        """[(shard, method name, bytes)] -> answers, the calls in flight together."""
-        futures = []
-        for shard, method, data in requests:
-            callable_ = getattr(self._shards[shard], method)
-            futures.append(callable_.future(data, timeout=self.timeout, metadata=self._metadata))
-        answers = []
-        for future in futures:
-            try:
-                answers.append(future.result())
-            except grpc.RpcError as error:
-                _raise(error)
+        """[(shard, method name, bytes)] -> answers, the calls in flight together. Calls
+        that fail with UNAVAILABLE or DEADLINE_EXCEEDED are sent again, alone (with backoff,
+        up to `retries` times); the others' answers are kept."""
+        answers = [None] * len(requests)
+        pending = list(range(len(requests)))
+        delay = 0.05
+        for attempt in range(self.retries + 1):
+            futures = []
+            for i in pending:
+                shard, method, data = requests[i]
+                callable_ = getattr(self._shards[shard], method)
+                futures.append((i, callable_.future(data, timeout=self.timeout,
+                                                    metadata=self._metadata)))
+            failed, last = [], None
+            for i, future in futures:
+                try:
+                    answers[i] = future.result()
+                except grpc.RpcError as error:
+                    if error.code() not in (grpc.StatusCode.UNAVAILABLE,
+                                            grpc.StatusCode.DEADLINE_EXCEEDED):
+                        _raise(error)
+                    failed.append(i)
+                    last = error
+            if not failed:
+                return answers
+            if attempt == self.retries:
+                _raise(last)
+            # A channel that found its server down may stay failed after it is back: a
+            # fresh one dials at once.
+            for k in {requests[i][0] for i in failed}:
+                old = self._shards[k]
+                self._shards[k] = _Endpoint(old.address, "EmbeddingShard", self._credentials,
+                                            self._options)
+                old.close()
+            pending = failed
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
         return answers
 
     def _split(self, config, unique: np.ndarray):
@@ -261,10 +312,11 @@ class Client:
             rows[at] = values.reshape(len(at), config.dim)
         return rows
 
-    def _push_unique(self, config, unique: np.ndarray, summed: np.ndarray, step: int) -> int:
+    def _push_unique(self, config, unique: np.ndarray, summed: np.ndarray, step: int,
+                     request_id) -> int:
         parts = self._split(config, unique)
         requests = [(k, "push", wire.encode_push_request(config.name, unique[at], summed[at], step,
-                                                          self._version))
+                                                          self._version, request_id))
                     for k, at in parts]
         return sum(answer.rows_updated for answer in self._fan_out(requests))
 

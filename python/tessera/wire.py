@@ -57,9 +57,12 @@ def decode_lookup_response(data: bytes):
 
 
 def encode_push_request(table: str, ids: np.ndarray, gradients: np.ndarray, step: int,
-                        shard_map_version: int) -> bytes:
-    """The bytes of a PushGradientsRequest; gradients (n, dim) float32."""
+                        shard_map_version: int, request_id=None) -> bytes:
+    """The bytes of a PushGradientsRequest; gradients (n, dim) float32; request_id a
+    (client id, sequence) pair that makes repeats of the push apply once."""
     header = api.PushGradientsRequest(table=table, step=step, shard_map_version=shard_map_version)
+    if request_id is not None:
+        header.request_id.client_id, header.request_id.sequence = request_id
     header.ids.extend(ids.tolist())
     grads = np.ascontiguousarray(gradients, dtype="<f4").tobytes()
     return header.SerializeToString() + bytes([(3 << 3) | 2]) + _varint(len(grads)) + grads
