@@ -96,6 +96,12 @@ void ShardRouter::MonitorHealth() {
         stubs_[k]->Reset();
         std::fprintf(stderr, "tessera: shard %d (%s) passes its health checks again: re-admitted\n",
                      k, addresses_[k].c_str());
+        std::function<void(int)> readmitted;
+        {
+          absl::MutexLock callback_lock(&monitor_mu_);
+          readmitted = on_readmit_;
+        }
+        if (readmitted) readmitted(k);
       } else if (!ok && was && failures[k] >= 2) {
         serving_[k] = false;
         std::fprintf(stderr, "tessera: shard %d (%s) is down: %s\n", k, addresses_[k].c_str(),
@@ -212,6 +218,14 @@ absl::Status ShardRouter::CreateTable(const v1::TableConfig& config) {
     if (!statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
   }
   return absl::OkStatus();
+}
+
+absl::Status ShardRouter::CreateTableOn(int k, const v1::TableConfig& config) {
+  auto ctx = NewContext();
+  v1::CreateTableRequest req;
+  *req.mutable_config() = config;
+  v1::CreateTableResponse resp;
+  return FromShardStatus(stubs_[k]->Get()->CreateTable(ctx.get(), req, &resp), k, addresses_[k]);
 }
 
 absl::Status ShardRouter::LookupBatch(absl::Span<const v1::TableConfig> configs,

@@ -61,6 +61,17 @@ class ShardRouter {
   // Whether shard k passes its health checks (always true without health checking).
   bool serving(int k) const { return serving_[k].load(std::memory_order_relaxed); }
 
+  // Called (on the health-check thread) with the index of a shard that passes its health
+  // checks again after failing them; set before the shard can fail. The coordinator
+  // re-creates the tables such a shard lacks.
+  void SetReadmitCallback(std::function<void(int shard)> callback) {
+    absl::MutexLock lock(&monitor_mu_);
+    on_readmit_ = std::move(callback);
+  }
+
+  // Creates `config` on shard k alone (idempotent).
+  absl::Status CreateTableOn(int k, const v1::TableConfig& config);
+
   // Makes every shard channel stuck in failure dial again (see ReconnectingStub); calls
   // that fail with UNAVAILABLE do this for their shard themselves.
   void Reconnect() const;
@@ -159,6 +170,7 @@ class ShardRouter {
   void MonitorHealth();
   absl::Mutex monitor_mu_;
   bool stop_monitor_ ABSL_GUARDED_BY(monitor_mu_) = false;
+  std::function<void(int)> on_readmit_ ABSL_GUARDED_BY(monitor_mu_);
   std::thread monitor_;
   mutable ObjectPool<Scratch> scratch_;
 };

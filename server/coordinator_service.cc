@@ -1,6 +1,7 @@
 #include "server/coordinator_service.h"
 
 #include <chrono>
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "embedding/batch_ops.h"
@@ -33,10 +34,34 @@ CoordinatorService::CoordinatorService(client::ShardRouter* router, uint64_t sha
                                        const CoordinatorOptions& options,
                                        storage::CoordinatorStore* store)
     : router_(router), version_(shard_map_version), options_(options), store_(store) {
+  router_->SetReadmitCallback([this](int k) { Reprovision(k); });
   if (store_ == nullptr) return;
   const v1::CoordinatorState state = store_->state();
   absl::MutexLock lock(&mu_);
   for (const auto& t : state.tables()) configs_[t.name()] = t;
+}
+
+CoordinatorService::~CoordinatorService() { router_->SetReadmitCallback(nullptr); }
+
+void CoordinatorService::Reprovision(int k) {
+  std::vector<v1::TableConfig> configs;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const auto& [name, config] : configs_) configs.push_back(config);
+  }
+  absl::MutexLock create(&create_mu_);
+  int failed = 0;
+  for (const v1::TableConfig& config : configs) {
+    // Idempotent: a table the shard holds (loaded from its data directory) is left as is.
+    absl::Status s = router_->CreateTableOn(k, config);
+    if (!s.ok()) {
+      ++failed;
+      std::fprintf(stderr, "tessera: shard %d: cannot re-create table '%s': %s\n", k,
+                   config.name().c_str(), std::string(s.message()).c_str());
+    }
+  }
+  std::fprintf(stderr, "tessera: shard %d re-admitted: its %zu tables checked, %d failed\n", k,
+               configs.size(), failed);
 }
 
 absl::Status CoordinatorService::NeedStore() const {

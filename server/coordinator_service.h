@@ -33,6 +33,12 @@ class CoordinatorService final : public v1::Coordinator::Service {
   CoordinatorService(client::ShardRouter* router, uint64_t shard_map_version,
                      const CoordinatorOptions& options, storage::CoordinatorStore* store = nullptr);
 
+  ~CoordinatorService() override;
+
+  // Creates on shard k every table of the registry it lacks (a shard without a data
+  // directory comes back empty); called when the router re-admits shard k.
+  void Reprovision(int k);
+
   // Advertise (and route with) another shard-map version from now on.
   void SetShardMapVersion(uint64_t version);
 

@@ -7,6 +7,7 @@
 
 #include "client/embedding_client.h"
 #include "embedding/collection.h"
+#include "embedding/sharding.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "server/coordinator_service.h"
@@ -16,6 +17,7 @@ namespace tessera {
 namespace {
 
 std::unique_ptr<grpc::Server> Serve(grpc::Service* service, int* port) {
+  grpc::EnableDefaultHealthCheckService(true);  // the router's health checks
   grpc::ServerBuilder b;
   b.AddListeningPort("127.0.0.1:" + std::to_string(*port), grpc::InsecureServerCredentials(), port);
   b.RegisterService(service);
@@ -140,6 +142,7 @@ class ExactlyOnceTest : public ::testing::Test {
     ro.deadline = std::chrono::milliseconds(2000);
     ro.max_retries = 4;
     ro.initial_backoff = std::chrono::milliseconds(20);
+    ro.health_check_interval = std::chrono::milliseconds(100);
     router_ = std::make_unique<client::ShardRouter>(addresses, ro);
     coordinator_ = std::make_unique<server::CoordinatorService>(router_.get(), 1,
                                                                 server::CoordinatorOptions());
@@ -318,6 +321,63 @@ TEST_F(ExactlyOnceTest, AHalfFailedCreateTableRetriedSucceeds) {
   ExpectRowsEqualReference(*c, "half", ids);
   v1::TableConfig other = Sgd("half", 4);
   EXPECT_EQ(c->CreateTable(other).code(), absl::StatusCode::kAlreadyExists);
+}
+
+// Polls `done` every 20 ms for up to 10 s.
+bool Eventually(const std::function<bool()>& done) {
+  for (int i = 0; i < 500; ++i) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+TEST_F(ExactlyOnceTest, AMemoryOnlyShardThatRestartsServesItsTablesAgain) {
+  auto c = Connect(client::ClientOptions::Mode::kCoordinator);
+  CreateBoth(*c, Sgd("a", 11));
+  const std::vector<int64_t> ids = Ids(200, 1);
+  std::vector<float> g(ids.size() * 4, 1.0f);
+  ASSERT_TRUE(c->PushGradients("a", ids, g, 1).ok());
+  ASSERT_TRUE(reference_->PushGradients("a", ids, g, 1).ok());
+
+  // Shard 1 goes away and comes back empty (no data directory).
+  servers_[1]->Shutdown();
+  servers_[1].reset();
+  ASSERT_TRUE(Eventually([&] { return !router_->serving(1); }));
+  tables_[1] = std::move(embedding::NewInProcessCollection(1)).value();
+  server::ShardOptions o;
+  o.shard_index = 1;
+  o.num_shards = kShards;
+  auto fresh = std::make_unique<server::ShardService>(tables_[1].get(), o);
+  auto fresh_front = std::make_unique<AnswerLosingShard>(fresh.get());
+  servers_[1] = Serve(fresh_front.get(), &ports_[1]);
+  ASSERT_NE(servers_[1], nullptr);
+
+  // Re-admitted, it is given the table again: lookups find it; its rows start over from
+  // their initial weights, the other shard's keep their update.
+  std::vector<float> got(ids.size() * 4);
+  ASSERT_TRUE(Eventually([&] { return c->Lookup("a", ids, absl::MakeSpan(got), {}).ok(); }))
+      << "the restarted shard never served table 'a' again";
+  auto initial = std::move(embedding::NewInProcessCollection(kShards)).value();
+  ASSERT_TRUE(initial->CreateTable(Sgd("a", 11)).ok());
+  std::vector<float> start(ids.size() * 4), updated(ids.size() * 4);
+  ASSERT_TRUE(initial->Lookup("a", ids, absl::MakeSpan(start), {}).ok());
+  ASSERT_TRUE(reference_->Lookup("a", ids, absl::MakeSpan(updated), {}).ok());
+  int on_shard_1 = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const bool restarted = embedding::ShardOf(ids[i], 11, kShards) == 1;
+    on_shard_1 += restarted;
+    for (int j = 0; j < 4; ++j) {
+      EXPECT_EQ(got[i * 4 + j], restarted ? start[i * 4 + j] : updated[i * 4 + j]) << "id " << ids[i];
+    }
+  }
+  EXPECT_GT(on_shard_1, 50);
+  // And it trains again.
+  ASSERT_TRUE(c->PushGradients("a", ids, g, 2).ok());
+  servers_[1]->Shutdown();
+  servers_[1].reset();
+  shards_[1] = std::move(fresh);
+  losing_[1] = std::move(fresh_front);
 }
 
 }  // namespace
