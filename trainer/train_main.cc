@@ -67,6 +67,9 @@ ABSL_FLAG(int, reader_threads, 1, "background threads making batches");
 ABSL_FLAG(int, prefetch, 8, "batches prepared ahead of the trainer");
 ABSL_FLAG(std::string, data_dir, "",
           "in-process tables: keep them durable in this directory (RocksDB), with checkpoints");
+ABSL_FLAG(int, max_staleness, 0,
+          "lookups run up to K steps ahead of the pushes applied, overlapping sparse traffic "
+          "with the dense step (0 = synchronous, every lookup sees every update before it)");
 ABSL_FLAG(int64_t, checkpoint_every, 0,
           "steps between checkpoints of tables and dense state, and one at the end (0 = none); "
           "needs --data_dir, or a coordinator with one");
@@ -180,6 +183,11 @@ absl::Status Run() {
   options.log_every = absl::GetFlag(FLAGS_log_every);
   options.metrics_out = absl::GetFlag(FLAGS_metrics_out);
   options.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  options.max_staleness = absl::GetFlag(FLAGS_max_staleness);
+  if (options.max_staleness < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_staleness must be >= 0, got ", options.max_staleness));
+  }
   if (options.checkpoint_every < 0) return absl::InvalidArgumentError("--checkpoint_every < 0");
   // What must match for a checkpoint to continue this run (not --steps: a resumed run may
   // go further).

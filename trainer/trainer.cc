@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -13,6 +15,79 @@
 #include "trainer/metrics.h"
 
 namespace tessera::trainer {
+
+struct Trainer::Step {
+  Batch batch;
+  std::vector<float> emb;                         // (features, size, dim)
+  std::vector<embedding::TableBags> lookups;      // per feature
+  std::vector<std::vector<int64_t>> unique_ids;   // per feature
+  std::vector<std::vector<float>> unique_grads;   // per feature: (unique, dim)
+  std::vector<embedding::TableGradients> pushes;  // per feature
+  int64_t lookup_ticket = -1;
+  int64_t push_ticket = -1;
+};
+
+// Runs the sparse calls of a pipelined run on one thread, in the order they are submitted
+// (so lookups and pushes reach the tables in a fixed order, and runs replay exactly).
+// After a failure the later calls are skipped and report it.
+class Trainer::SparseWorker {
+ public:
+  SparseWorker() : thread_([this] { Run(); }) {}
+  ~SparseWorker() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+
+  // Queues `call`; returns its ticket for Wait.
+  int64_t Submit(std::function<absl::Status()> call) {
+    absl::MutexLock lock(&mu_);
+    queue_.push_back(std::move(call));
+    return submitted_++;
+  }
+
+  // Waits until call `ticket` has run; OK unless it or an earlier call failed.
+  absl::Status Wait(int64_t ticket) {
+    absl::MutexLock lock(&mu_);
+    const Reached reached{this, ticket};
+    mu_.Await(absl::Condition(&reached, &Reached::Done));
+    return failure_;
+  }
+
+ private:
+  struct Reached {
+    const SparseWorker* worker;
+    int64_t ticket;
+    bool Done() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return worker->finished_ > ticket; }
+  };
+
+  void Run() {
+    absl::MutexLock lock(&mu_);
+    while (true) {
+      mu_.Await(absl::Condition(
+          +[](SparseWorker* w) { return w->stop_ || !w->queue_.empty(); }, this));
+      if (queue_.empty()) return;
+      std::function<absl::Status()> call = std::move(queue_.front());
+      queue_.pop_front();
+      const bool skip = !failure_.ok();
+      mu_.Unlock();
+      absl::Status s = skip ? absl::OkStatus() : call();
+      mu_.Lock();
+      if (!s.ok() && failure_.ok()) failure_ = s;
+      ++finished_;
+    }
+  }
+
+  absl::Mutex mu_;
+  std::deque<std::function<absl::Status()>> queue_ ABSL_GUARDED_BY(mu_);
+  int64_t submitted_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t finished_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
 
 Trainer::Trainer(embedding::EmbeddingCollection* tables, DenseBackend* dense,
                  TrainerOptions options)
@@ -26,7 +101,7 @@ Trainer::Trainer(embedding::EmbeddingCollection* tables, DenseBackend* dense,
   }
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() = default;  // the worker (if any) finishes its queue first
 
 std::vector<std::string> Trainer::TableNames(int num_sparse) {
   std::vector<std::string> names;
@@ -123,6 +198,11 @@ void Trainer::WriteMetrics(const std::string& json) {
 }
 
 absl::Status Trainer::LookupAll(const Batch& batch, bool insert_missing) {
+  return LookupInto(batch, insert_missing, &emb_, &lookups_);
+}
+
+absl::Status Trainer::LookupInto(const Batch& batch, bool insert_missing, std::vector<float>* emb,
+                                 std::vector<embedding::TableBags>* parts) {
   const int d = dense_->config().emb_dim;
   const int nf = static_cast<int>(names_.size());
   if (static_cast<int>(batch.ids.size()) != nf) {
@@ -130,45 +210,102 @@ absl::Status Trainer::LookupAll(const Batch& batch, bool insert_missing) {
         absl::StrCat("batch has ", batch.ids.size(), " sparse features, the model ", nf));
   }
   const size_t block = static_cast<size_t>(batch.size) * d;
-  emb_.resize(block * nf);
-  lookups_.resize(nf);
+  emb->resize(block * nf);
+  parts->resize(nf);
   for (int f = 0; f < nf; ++f) {
-    embedding::TableBags& part = lookups_[f];
+    embedding::TableBags& part = (*parts)[f];
     part.table = names_[f];
     part.ids = batch.ids[f];
     part.offsets = batch.offsets[f];
     part.pooling = v1::SUM;
-    part.out = absl::MakeSpan(emb_).subspan(f * block, block);
+    part.out = absl::MakeSpan(*emb).subspan(f * block, block);
   }
   embedding::LookupOptions lookup;
   lookup.insert_missing = insert_missing;
   // One call for every table: a remote collection sends one request per shard.
-  return tables_->LookupBatch(lookups_, lookup);
+  return tables_->LookupBatch(*parts, lookup);
+}
+
+absl::StatusOr<double> Trainer::ForwardBackward(const Batch& batch, const float* emb, Step* step) {
+  const int d = dense_->config().emb_dim;
+  const int nf = static_cast<int>(names_.size());
+  logits_.resize(batch.size);
+  TESSERA_RETURN_IF_ERROR(dense_->Forward(batch.size, batch.dense.data(), emb, logits_.data()));
+  const size_t block = static_cast<size_t>(batch.size) * d;
+  emb_grad_.resize(block * nf);
+  TESSERA_ASSIGN_OR_RETURN(double loss, dense_->Backward(batch.labels.data(), emb_grad_.data()));
+  step->unique_ids.resize(nf);
+  step->unique_grads.resize(nf);
+  step->pushes.resize(nf);
+  for (int f = 0; f < nf; ++f) {
+    embedding::Unique(batch.ids[f], &step->unique_ids[f], &inverse_);
+    step->unique_grads[f].resize(step->unique_ids[f].size() * d);
+    embedding::PoolBagsBackward(emb_grad_.data() + f * block, d, inverse_, batch.offsets[f], {},
+                                v1::SUM, step->unique_ids[f].size(), step->unique_grads[f].data());
+    step->pushes[f] = {names_[f], step->unique_ids[f], step->unique_grads[f]};
+  }
+  return loss;
 }
 
 absl::StatusOr<double> Trainer::TrainStep(const Batch& batch, int64_t step) {
-  const int d = dense_->config().emb_dim;
-  const int nf = static_cast<int>(names_.size());
+  if (sync_step_ == nullptr) sync_step_ = std::make_unique<Step>();
   TESSERA_RETURN_IF_ERROR(LookupAll(batch, /*insert_missing=*/true));
-  logits_.resize(batch.size);
-  TESSERA_RETURN_IF_ERROR(
-      dense_->Forward(batch.size, batch.dense.data(), emb_.data(), logits_.data()));
-  emb_grad_.resize(emb_.size());
-  TESSERA_ASSIGN_OR_RETURN(double loss, dense_->Backward(batch.labels.data(), emb_grad_.data()));
-  const size_t block = static_cast<size_t>(batch.size) * d;
-  unique_ids_.resize(nf);
-  unique_grads_.resize(nf);
-  pushes_.resize(nf);
-  for (int f = 0; f < nf; ++f) {
-    embedding::Unique(batch.ids[f], &unique_ids_[f], &inverse_);
-    unique_grads_[f].resize(unique_ids_[f].size() * d);
-    embedding::PoolBagsBackward(emb_grad_.data() + f * block, d, inverse_, batch.offsets[f], {},
-                                v1::SUM, unique_ids_[f].size(), unique_grads_[f].data());
-    pushes_[f] = {names_[f], unique_ids_[f], unique_grads_[f]};
-  }
-  TESSERA_RETURN_IF_ERROR(tables_->PushBatch(pushes_, step));
+  TESSERA_ASSIGN_OR_RETURN(double loss, ForwardBackward(batch, emb_.data(), sync_step_.get()));
+  TESSERA_RETURN_IF_ERROR(tables_->PushBatch(sync_step_->pushes, step));
   dense_->ApplyGradients();
   return loss;
+}
+
+absl::StatusOr<std::optional<std::pair<double, int>>> Trainer::PipelinedStep(BatchSource* source,
+                                                                             int64_t step,
+                                                                             int64_t max_steps) {
+  if (worker_ == nullptr) {
+    worker_ = std::make_unique<SparseWorker>();
+    next_lookup_step_ = step;
+  }
+  const size_t depth = static_cast<size_t>(options_.max_staleness) + 1;
+  // Lookups of steps up to t+K go out now, before step t's push: they miss at most the
+  // updates of the K steps before them.
+  while (ahead_.size() < depth && !source_done_ &&
+         (max_steps == 0 || next_lookup_step_ < max_steps)) {
+    auto next = std::make_unique<Step>();
+    TESSERA_ASSIGN_OR_RETURN(bool more, source->Next(&next->batch));
+    if (!more) {
+      source_done_ = true;
+      break;
+    }
+    Step* p = next.get();
+    p->lookup_ticket = worker_->Submit(
+        [this, p] { return LookupInto(p->batch, /*insert_missing=*/true, &p->emb, &p->lookups); });
+    ahead_.push_back(std::move(next));
+    ++next_lookup_step_;
+  }
+  if (ahead_.empty()) return std::optional<std::pair<double, int>>();
+  Step* s = ahead_.front().get();
+  TESSERA_RETURN_IF_ERROR(worker_->Wait(s->lookup_ticket));
+  TESSERA_ASSIGN_OR_RETURN(double loss, ForwardBackward(s->batch, s->emb.data(), s));
+  s->push_ticket = worker_->Submit([this, s, step] { return tables_->PushBatch(s->pushes, step); });
+  dense_->ApplyGradients();  // while the push is on its way
+  pushing_.push_back(std::move(ahead_.front()));
+  ahead_.pop_front();
+  while (pushing_.size() > static_cast<size_t>(options_.max_staleness)) {
+    TESSERA_RETURN_IF_ERROR(worker_->Wait(pushing_.front()->push_ticket));
+    pushing_.pop_front();
+  }
+  return std::optional<std::pair<double, int>>({loss, s->batch.size});
+}
+
+absl::Status Trainer::DrainPipeline() {
+  if (worker_ == nullptr) return absl::OkStatus();
+  absl::Status s;
+  for (auto* queue : {&pushing_, &ahead_}) {
+    for (auto& step : *queue) {
+      const int64_t last = std::max(step->lookup_ticket, step->push_ticket);
+      if (last >= 0 && s.ok()) s = worker_->Wait(last);
+    }
+  }
+  pushing_.clear();
+  return s;
 }
 
 absl::StatusOr<TrainResult> Trainer::Train(BatchSource* source, int64_t max_steps,
@@ -183,10 +320,23 @@ absl::StatusOr<TrainResult> Trainer::Train(BatchSource* source, int64_t max_step
   Batch batch;
   int64_t done = first_step;  // steps completed, counting those before a resume
   int64_t checkpointed = -1;
+  if (options_.max_staleness < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_staleness must be >= 0, got ", options_.max_staleness));
+  }
   while (max_steps == 0 || done < max_steps) {
-    TESSERA_ASSIGN_OR_RETURN(bool more, source->Next(&batch));
-    if (!more) break;
-    TESSERA_ASSIGN_OR_RETURN(double loss, TrainStep(batch, done));
+    double loss = 0.0;
+    int samples = 0;
+    if (options_.max_staleness > 0) {
+      TESSERA_ASSIGN_OR_RETURN(auto next, PipelinedStep(source, done, max_steps));
+      if (!next.has_value()) break;
+      std::tie(loss, samples) = *next;
+    } else {
+      TESSERA_ASSIGN_OR_RETURN(bool more, source->Next(&batch));
+      if (!more) break;
+      TESSERA_ASSIGN_OR_RETURN(loss, TrainStep(batch, done));
+      samples = batch.size;
+    }
     if (!std::isfinite(loss)) {
       return absl::InternalError(absl::StrCat("training loss became ", loss, " at step ", done,
                                               "; lower the learning rates"));
@@ -194,8 +344,8 @@ absl::StatusOr<TrainResult> Trainer::Train(BatchSource* source, int64_t max_step
     result.losses.push_back(loss);
     ++result.steps;
     ++done;
-    result.samples += batch.size;
-    window_samples += batch.size;
+    result.samples += samples;
+    window_samples += samples;
     window_loss += loss;
     ++window_steps;
     const bool last = max_steps > 0 && done == max_steps;
@@ -223,10 +373,12 @@ absl::StatusOr<TrainResult> Trainer::Train(BatchSource* source, int64_t max_step
       window_steps = 0;
     }
     if (options_.checkpoint_every > 0 && (done % options_.checkpoint_every == 0 || last)) {
+      TESSERA_RETURN_IF_ERROR(DrainPipeline());  // every push of the steps done is applied
       TESSERA_RETURN_IF_ERROR(CheckpointAndReport(done));
       checkpointed = done;
     }
   }
+  TESSERA_RETURN_IF_ERROR(DrainPipeline());
   // A source that ran out before max_steps: the last steps are checkpointed too.
   if (options_.checkpoint_every > 0 && result.steps > 0 && checkpointed != done) {
     TESSERA_RETURN_IF_ERROR(CheckpointAndReport(done));

@@ -2,8 +2,11 @@
 #define TESSERA_TRAINER_TRAINER_H_
 
 #include <cstdint>
+#include <deque>
 #include <fstream>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +38,12 @@ struct TrainerOptions {
   // Stored with each checkpoint (flags that shape the run); Resume refuses a checkpoint
   // whose signature differs, since it would not continue the same run.
   std::string run_signature;
+  // Lookups run up to this many steps ahead of the pushes applied (bounded staleness, as
+  // PERSIA does): step t's lookups do not see the updates of steps t-K..t-1, and while step
+  // t's dense network runs, the next steps' lookups and step t-1's push are in flight. 0 =
+  // synchronous (every lookup sees every update before it). Either way the run is
+  // deterministic: one thread sends the lookups and pushes, in a fixed order.
+  int max_staleness = 0;
   // Called with every progress record (after the line is printed); may be empty.
   std::function<void(const Progress&)> on_progress;
 };
@@ -99,7 +108,25 @@ class Trainer {
   void WriteMetrics(const std::string& json);
 
  private:
+  // One step's sparse state: its batch, pooled embeddings, and gradients while they are
+  // pushed (max_staleness > 0).
+  struct Step;
+  class SparseWorker;
+
   absl::Status LookupAll(const Batch& batch, bool insert_missing);
+  // Looks up `batch`'s pooled embeddings into *emb (features, size, dim) through `parts`.
+  absl::Status LookupInto(const Batch& batch, bool insert_missing, std::vector<float>* emb,
+                          std::vector<embedding::TableBags>* parts);
+  // Dense forward and backward on `batch` with embeddings `emb`, then the gradients of
+  // each feature's distinct rows into `step`'s buffers (unique ids, grads, pushes).
+  absl::StatusOr<double> ForwardBackward(const Batch& batch, const float* emb, Step* step);
+  // The next step of a pipelined run (max_staleness > 0): its mean loss and samples, or
+  // nullopt when the source has ended or max_steps are looked up.
+  absl::StatusOr<std::optional<std::pair<double, int>>> PipelinedStep(BatchSource* source,
+                                                                      int64_t step,
+                                                                      int64_t max_steps);
+  // Waits until every lookup and push sent has finished; returns the first failure.
+  absl::Status DrainPipeline();
   // Checkpoint(steps) with a progress line and a metrics record.
   absl::Status CheckpointAndReport(int64_t steps);
 
@@ -109,11 +136,14 @@ class Trainer {
   std::vector<std::string> names_;
   std::ofstream metrics_;
   std::vector<float> emb_, emb_grad_, logits_;
-  std::vector<std::vector<int64_t>> unique_ids_;  // per feature
-  std::vector<std::vector<float>> unique_grads_;  // per feature: (unique, dim)
   std::vector<int32_t> inverse_;
   std::vector<embedding::TableBags> lookups_;
-  std::vector<embedding::TableGradients> pushes_;
+  std::unique_ptr<Step> sync_step_;  // the synchronous path's buffers
+  // Pipelined runs: steps looked up (or being), oldest first; steps whose push is in flight.
+  std::deque<std::unique_ptr<Step>> ahead_, pushing_;
+  std::unique_ptr<SparseWorker> worker_;  // destroyed first: it finishes the calls queued
+  int64_t next_lookup_step_ = 0;
+  bool source_done_ = false;
 };
 
 }  // namespace tessera::trainer
