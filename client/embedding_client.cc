@@ -20,11 +20,6 @@ absl::Status FromCoordinator(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-uint64_t RandomClientId() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32 | rd()) | 1;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<EmbeddingClient>> EmbeddingClient::Connect(
@@ -53,7 +48,7 @@ EmbeddingClient::EmbeddingClient(const std::string& address, grpc::ChannelArgume
                                  const ClientOptions& options)
     : options_(options),
       coordinator_(address, std::move(args), std::move(credentials)),
-      client_id_(RandomClientId()) {}
+      client_id_(embedding::RandomNonZeroId()) {}
 
 std::unique_ptr<grpc::ClientContext> EmbeddingClient::NewContext(
     std::chrono::milliseconds deadline) const {
@@ -214,12 +209,8 @@ absl::Status EmbeddingClient::LookupBatch(absl::Span<const embedding::TableBags>
       return absl::InvalidArgumentError(
           absl::StrCat("table '", t.table, "': weights need bag offsets"));
     }
-    for (size_t j = 0; j < t.weights.size(); ++j) {
-      if (!std::isfinite(t.weights[j])) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("table '", t.table, "': weight ", j, " is ", t.weights[j]));
-      }
-    }
+    TESSERA_RETURN_IF_ERROR(
+        embedding::CheckFiniteWeights(absl::StrCat("table '", t.table, "'"), t.weights));
     TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(t.table, "output", t.out.size(), rows,
                                                      configs[i].dim(),
                                                      t.offsets.empty() ? "ids" : "bags"));

@@ -14,14 +14,6 @@
 #include "grpcpp/grpcpp.h"
 
 namespace tessera::client {
-namespace {
-
-uint64_t RandomClientId() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32 | rd()) | 1;
-}
-
-}  // namespace
 
 absl::Status FromShardStatus(const grpc::Status& status, int shard, const std::string& address) {
   if (status.ok()) return absl::OkStatus();
@@ -32,7 +24,7 @@ absl::Status FromShardStatus(const grpc::Status& status, int shard, const std::s
 ShardRouter::ShardRouter(std::vector<std::string> addresses, const RouterOptions& options)
     : addresses_(std::move(addresses)),
       options_(options),
-      client_id_(RandomClientId()),
+      client_id_(embedding::RandomNonZeroId()),
       version_(options.shard_map_version),
       scratch_([shards = static_cast<int>(addresses_.size())] {
         auto s = std::make_unique<Scratch>();

@@ -111,6 +111,15 @@ absl::Status CheckFiniteGradients(absl::string_view table, absl::Span<const int6
   return absl::OkStatus();
 }
 
+absl::Status CheckFiniteWeights(absl::string_view where, absl::Span<const float> weights) {
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (!std::isfinite(weights[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": weight ", i, " is ", weights[i]));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateBags(size_t num_ids, absl::Span<const int32_t> offsets, size_t num_weights) {
   if (offsets.empty()) {
     return absl::InvalidArgumentError("offsets must have bags+1 entries, got none");

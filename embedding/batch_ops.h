@@ -31,6 +31,9 @@ absl::Status CheckRowsSize(absl::string_view table, absl::string_view what, size
 absl::Status CheckFiniteGradients(absl::string_view table, absl::Span<const int64_t> ids,
                                   const float* gradients, int dim);
 
+// OK when every pooling weight is finite; otherwise InvalidArgument "WHERE: weight I is V".
+absl::Status CheckFiniteWeights(absl::string_view where, absl::Span<const float> weights);
+
 // Checks CSR bag offsets over `num_ids` ids: offsets has bags+1 entries, starts at 0,
 // never decreases and ends at num_ids; `num_weights` is 0 (unweighted) or num_ids.
 // InvalidArgument says which rule broke and where.

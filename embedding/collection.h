@@ -62,6 +62,9 @@ struct RequestId {
   bool empty() const { return client_id == 0 || sequence == 0; }
 };
 
+// A random 64-bit id, never 0: a client's id in its RequestIds, a shard's incarnation.
+uint64_t RandomNonZeroId();
+
 struct PushOptions {
   RequestId request_id;  // set by callers that retry (the remote client sets its own)
 };

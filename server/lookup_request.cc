@@ -76,12 +76,7 @@ absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const Con
     } else if (!part.weights.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": weights need bag offsets"));
     }
-    for (size_t j = 0; j < part.weights.size(); ++j) {
-      if (!std::isfinite(part.weights[j])) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": weight ", j, " is ", part.weights[j]));
-      }
-    }
+    TESSERA_RETURN_IF_ERROR(embedding::CheckFiniteWeights(where, part.weights));
     batch->total_ids += static_cast<int64_t>(part.ids.size());
     v1::TableValues* values = response->add_tables();
     values->set_dim(c.dim());

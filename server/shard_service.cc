@@ -16,11 +16,6 @@ namespace {
 
 using client::ToProto;
 
-uint64_t NewIncarnation() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32 | rd()) | 1;
-}
-
 embedding::RequestId FromProto(const v1::RequestId& id) { return {id.client_id(), id.sequence()}; }
 
 }  // namespace
@@ -28,7 +23,7 @@ embedding::RequestId FromProto(const v1::RequestId& id) { return {id.client_id()
 ShardService::ShardService(embedding::EmbeddingCollection* tables, const ShardOptions& options)
     : tables_(tables),
       options_(options),
-      incarnation_(NewIncarnation()),
+      incarnation_(embedding::RandomNonZeroId()),
       version_(options.shard_map_version),
       journal_(options.push_window) {
   (void)ReloadConfigs();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "embedding/batch_ops.h"
@@ -162,12 +163,8 @@ absl::Status InProcessCollection::PooledLookup(absl::string_view table,
                                    absl::StrCat("table '", table, "'")));
   const size_t bags = offsets.size() - 1;
   TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(table, "output", out.size(), bags, dim, "bags"));
-  for (size_t i = 0; i < weights.size(); ++i) {
-    if (!std::isfinite(weights[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("table '", table, "': weight ", i, " is ", weights[i]));
-    }
-  }
+  TESSERA_RETURN_IF_ERROR(embedding::CheckFiniteWeights(absl::StrCat("table '", table, "'"),
+                                                        weights));
   RequestScratch& s = Scratch();
   embedding::Unique(ids, &s.unique_ids, &s.inverse);
   s.rows.resize(s.unique_ids.size() * dim);
@@ -220,6 +217,11 @@ absl::Status NoStorage() {
 }
 
 }  // namespace
+
+uint64_t RandomNonZeroId() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32 | rd()) | 1;
+}
 
 absl::Status EmbeddingCollection::LookupBatch(absl::Span<const TableBags> tables,
                                               const LookupOptions& options) {
