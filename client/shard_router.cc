@@ -183,16 +183,16 @@ embedding::RequestId ShardRouter::NextRequestId() {
 }
 
 void ShardRouter::Place(const v1::TableConfig& config, absl::Span<const int64_t> ids,
-                        PartPlan* plan, Scratch* s) const {
+                        PartPlan* plan) const {
   embedding::Unique(ids, &plan->unique, &plan->inverse);
   const size_t n = plan->unique.size();
   plan->shard_of.resize(n);
   plan->slot.resize(n);
-  s->count.assign(num_shards(), 0);
+  plan->count.assign(num_shards(), 0);
   for (size_t u = 0; u < n; ++u) {
     const int k = embedding::ShardOf(plan->unique[u], config.seed(), num_shards());
     plan->shard_of[u] = k;
-    plan->slot[u] = s->count[k]++;
+    plan->slot[u] = plan->count[k]++;
   }
 }
 
@@ -242,22 +242,21 @@ absl::Status ShardRouter::LookupBatch(absl::Span<const v1::TableConfig> configs,
     PartPlan& plan = s->parts[p];
     const bool pooled = !part.offsets.empty();
     const size_t bags = pooled ? part.offsets.size() - 1 : 0;
-    Place(config, part.ids, &plan, s.get());
+    Place(config, part.ids, &plan);
     // Bags of many ids: each shard pools its share, so only pooled vectors travel.
     plan.shard_pools = pooled && plan.unique.size() > bags;
     if (!plan.shard_pools) {
-      s->cursor.assign(shards, nullptr);
+      s->ids_out.assign(shards, nullptr);
       for (int k = 0; k < shards; ++k) {
-        if (s->count[k] == 0) continue;
+        if (plan.count[k] == 0) continue;
         s->part_index[k * num_parts + p] = reqs[k].tables_size();
         v1::TableLookup* t = reqs[k].add_tables();
         t->set_table(config.name());
-        s->cursor[k] =
-            reinterpret_cast<char*>(client::ResizePacked<int64_t>(t->mutable_ids(), s->count[k]));
+        s->ids_out[k] = client::ResizePacked<int64_t>(t->mutable_ids(), plan.count[k]);
         work[k] = true;
       }
       for (size_t u = 0; u < plan.unique.size(); ++u) {
-        reinterpret_cast<int64_t*>(s->cursor[plan.shard_of[u]])[plan.slot[u]] = plan.unique[u];
+        s->ids_out[plan.shard_of[u]][plan.slot[u]] = plan.unique[u];
       }
       continue;
     }
@@ -332,18 +331,15 @@ absl::Status ShardRouter::LookupBatch(absl::Span<const v1::TableConfig> configs,
       }
       continue;
     }
-    s->cursor.assign(shards, nullptr);
+    s->values_in.assign(shards, nullptr);
     for (int k = 0; k < shards; ++k) {
       if (s->part_index[k * num_parts + p] < 0) continue;
-      size_t rows = 0;
-      for (size_t u = 0; u < plan.unique.size(); ++u) rows += plan.shard_of[u] == k;
-      TESSERA_ASSIGN_OR_RETURN(const char* values, answer(k, p, rows, dim));
-      s->cursor[k] = const_cast<char*>(values);
+      TESSERA_ASSIGN_OR_RETURN(s->values_in[k], answer(k, p, plan.count[k], dim));
     }
     plan.rows.resize(plan.unique.size() * dim);
     for (size_t u = 0; u < plan.unique.size(); ++u) {
-      std::memcpy(plan.rows.data() + u * dim, s->cursor[plan.shard_of[u]] + plan.slot[u] * row_bytes,
-                  row_bytes);
+      std::memcpy(plan.rows.data() + u * dim,
+                  s->values_in[plan.shard_of[u]] + plan.slot[u] * row_bytes, row_bytes);
     }
     if (part.offsets.empty()) {
       for (size_t i = 0; i < part.ids.size(); ++i) {
@@ -390,22 +386,21 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
     const embedding::TableGradients& part = parts[p];
     const int dim = configs[p].dim();
     PartPlan& plan = s->parts[p];
-    Place(configs[p], part.ids, &plan, s.get());
-    s->cursor.assign(shards, nullptr);
+    Place(configs[p], part.ids, &plan);
+    s->ids_out.assign(shards, nullptr);
     for (int k = 0; k < shards; ++k) {
-      if (s->count[k] == 0) continue;
+      if (plan.count[k] == 0) continue;
       s->part_index[k * num_parts + p] = reqs[k].tables_size();
       v1::TableGradients* t = reqs[k].add_tables();
       t->set_table(configs[p].name());
-      s->cursor[k] =
-          reinterpret_cast<char*>(client::ResizePacked<int64_t>(t->mutable_ids(), s->count[k]));
+      s->ids_out[k] = client::ResizePacked<int64_t>(t->mutable_ids(), plan.count[k]);
       grads[k] = client::ResizePacked<float>(t->mutable_gradients(),
-                                             static_cast<size_t>(s->count[k]) * dim);
-      std::fill_n(grads[k], static_cast<size_t>(s->count[k]) * dim, 0.0f);
+                                             static_cast<size_t>(plan.count[k]) * dim);
+      std::fill_n(grads[k], static_cast<size_t>(plan.count[k]) * dim, 0.0f);
       work[k] = true;
     }
     for (size_t u = 0; u < plan.unique.size(); ++u) {
-      reinterpret_cast<int64_t*>(s->cursor[plan.shard_of[u]])[plan.slot[u]] = plan.unique[u];
+      s->ids_out[plan.shard_of[u]][plan.slot[u]] = plan.unique[u];
     }
     // Repeated ids are summed straight into their row of the shard's request, in the
     // caller's order (the same additions, in the same order, as the in-process path).

@@ -115,6 +115,7 @@ class ShardRouter {
     std::vector<int32_t> inverse;
     std::vector<int32_t> shard_of;  // per unique id (or per id when the shards pool)
     std::vector<int32_t> slot;      // per unique id: its place in its shard's part
+    std::vector<int32_t> count;     // per shard: unique ids it holds
     std::vector<float> rows;        // (unique, dim) gathered from the answers
     bool shard_pools = false;
   };
@@ -123,17 +124,16 @@ class ShardRouter {
   struct Scratch {
     std::vector<PartPlan> parts;
     std::vector<int32_t> part_index;  // (shards, parts): the part's place in the request, or -1
-    std::vector<int32_t> count;       // per shard
-    std::vector<char*> cursor;        // per shard
+    std::vector<int64_t*> ids_out;       // per shard: the part's ids in its request
+    std::vector<const char*> values_in;  // per shard: the part's rows in its answer
     std::vector<v1::BatchLookupRequest> lookups;
     std::vector<v1::BatchLookupResponse> lookup_responses;
     std::vector<v1::BatchPushRequest> pushes;
     std::vector<v1::BatchPushResponse> push_responses;
   };
-  // Deduplicates part.ids into plan->unique / inverse and places each unique id on its
-  // shard: shard_of, slot and scratch->count (ids per shard).
-  void Place(const v1::TableConfig& config, absl::Span<const int64_t> ids, PartPlan* plan,
-             Scratch* s) const;
+  // Deduplicates `ids` into plan->unique / inverse and places each unique id on its
+  // shard: shard_of, slot and count.
+  void Place(const v1::TableConfig& config, absl::Span<const int64_t> ids, PartPlan* plan) const;
 
   std::unique_ptr<grpc::ClientContext> NewContext(std::chrono::milliseconds deadline) const;
   std::unique_ptr<grpc::ClientContext> NewContext() const { return NewContext(options_.deadline); }
