@@ -186,9 +186,9 @@ absl::Status EmbeddingClient::PooledLookup(absl::string_view table, absl::Span<c
                                            absl::Span<const float> weights, v1::Pooling pooling,
                                            absl::Span<float> out,
                                            const embedding::LookupOptions& options) {
-  if (offsets.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("table '", table, "': offsets must have bags+1 entries, got none"));
+  if (offsets.empty()) {  // empty offsets would read as a lookup without bags
+    return Annotate(embedding::ValidateBags(ids.size(), offsets, weights.size()),
+                    absl::StrCat("table '", table, "'"));
   }
   embedding::TableBags part{std::string(table), ids, offsets, weights, pooling, out};
   return LookupBatch({&part, 1}, options);
@@ -199,18 +199,9 @@ absl::Status EmbeddingClient::LookupBatch(absl::Span<const embedding::TableBags>
   TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> configs, Configs(tables));
   for (size_t i = 0; i < tables.size(); ++i) {
     const embedding::TableBags& t = tables[i];
-    size_t rows = t.ids.size();
-    if (!t.offsets.empty()) {
-      TESSERA_RETURN_IF_ERROR(Annotate(embedding::ValidateBags(t.ids.size(), t.offsets,
-                                                               t.weights.size()),
-                                       absl::StrCat("table '", t.table, "'")));
-      rows = t.offsets.size() - 1;
-    } else if (!t.weights.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("table '", t.table, "': weights need bag offsets"));
-    }
-    TESSERA_RETURN_IF_ERROR(
-        embedding::CheckFiniteWeights(absl::StrCat("table '", t.table, "'"), t.weights));
+    TESSERA_ASSIGN_OR_RETURN(
+        const size_t rows, embedding::CheckLookupShape(absl::StrCat("table '", t.table, "'"),
+                                                       t.ids.size(), t.offsets, t.weights));
     TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(t.table, "output", t.out.size(), rows,
                                                      configs[i].dim(),
                                                      t.offsets.empty() ? "ids" : "bags"));

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "embedding/sharding.h"
+#include "embedding/status.h"
 
 namespace tessera::embedding {
 namespace {
@@ -144,6 +145,21 @@ absl::Status ValidateBags(size_t num_ids, absl::Span<const int32_t> offsets, siz
         "weights has ", num_weights, " entries; expected 0 or one per id (", num_ids, ")"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> CheckLookupShape(absl::string_view where, size_t num_ids,
+                                        absl::Span<const int32_t> offsets,
+                                        absl::Span<const float> weights) {
+  if (offsets.empty()) {
+    if (!weights.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": weights need bag offsets"));
+    }
+    return num_ids;
+  }
+  absl::Status bags = ValidateBags(num_ids, offsets, weights.size());
+  if (!bags.ok()) return absl::Status(bags.code(), absl::StrCat(where, ": ", bags.message()));
+  TESSERA_RETURN_IF_ERROR(CheckFiniteWeights(where, weights));
+  return offsets.size() - 1;
 }
 
 void PoolBags(const float* rows, int dim, absl::Span<const int32_t> inverse,

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "tessera/v1/config.pb.h"
@@ -38,6 +39,13 @@ absl::Status CheckFiniteWeights(absl::string_view where, absl::Span<const float>
 // never decreases and ends at num_ids; `num_weights` is 0 (unweighted) or num_ids.
 // InvalidArgument says which rule broke and where.
 absl::Status ValidateBags(size_t num_ids, absl::Span<const int32_t> offsets, size_t num_weights);
+
+// Checks the shape of one table's part of a lookup: with bag offsets, ValidateBags and
+// finite weights; without, no weights (they need offsets). Returns the rows of its answer:
+// bags, or ids without offsets. InvalidArgument prefixed with `where` ("table 'T'").
+absl::StatusOr<size_t> CheckLookupShape(absl::string_view where, size_t num_ids,
+                                        absl::Span<const int32_t> offsets,
+                                        absl::Span<const float> weights);
 
 // Pools the rows of each bag. `rows` (unique, dim) holds the row of each distinct id and
 // `inverse` (ids) maps every id of the batch to its row; bag b covers ids

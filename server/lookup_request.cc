@@ -16,22 +16,16 @@ absl::StatusOr<LookupView> PrepareLookup(const v1::LookupRequest& request, int d
   v.offsets = absl::Span<const int32_t>(request.offsets().data(), request.offsets_size());
   v.weights = absl::Span<const float>(request.weights().data(), request.weights_size());
   v.pooled = !v.offsets.empty();
-  int rows = request.ids_size();
-  if (v.pooled) {
-    TESSERA_RETURN_IF_ERROR(
-        Annotate(embedding::ValidateBags(v.ids.size(), v.offsets, v.weights.size()),
-                 absl::StrCat("table '", request.table(), "'")));
-    rows = request.offsets_size() - 1;
-  } else if (!v.weights.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("table '", request.table(), "': weights need bag offsets"));
-  }
+  TESSERA_ASSIGN_OR_RETURN(const size_t rows,
+                           embedding::CheckLookupShape(absl::StrCat("table '", request.table(), "'"),
+                                                       v.ids.size(), v.offsets, v.weights));
   response->set_dim(dim);
   // Every value is written by the lookup, so the buffer is not zero-filled first.
   auto* values = response->mutable_values();
   values->Clear();
-  values->Reserve(rows * dim);
-  v.out = absl::MakeSpan(values->AddNAlreadyReserved(rows * dim), static_cast<size_t>(rows) * dim);
+  const int floats = static_cast<int>(rows) * dim;
+  values->Reserve(floats);
+  v.out = absl::MakeSpan(values->AddNAlreadyReserved(floats), static_cast<size_t>(floats));
   return v;
 }
 
@@ -67,16 +61,9 @@ absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const Con
         client::PackedSpan<int32_t>(t.offsets(), where + " offsets", &batch->offset_copies[i]));
     TESSERA_ASSIGN_OR_RETURN(part.weights, client::PackedSpan<float>(t.weights(), where + " weights",
                                                                      &batch->float_copies[i]));
-    size_t rows = part.ids.size();
-    if (!part.offsets.empty()) {
-      TESSERA_RETURN_IF_ERROR(
-          Annotate(embedding::ValidateBags(part.ids.size(), part.offsets, part.weights.size()),
-                   where));
-      rows = part.offsets.size() - 1;
-    } else if (!part.weights.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": weights need bag offsets"));
-    }
-    TESSERA_RETURN_IF_ERROR(embedding::CheckFiniteWeights(where, part.weights));
+    TESSERA_ASSIGN_OR_RETURN(
+        const size_t rows,
+        embedding::CheckLookupShape(where, part.ids.size(), part.offsets, part.weights));
     batch->total_ids += static_cast<int64_t>(part.ids.size());
     v1::TableValues* values = response->add_tables();
     values->set_dim(c.dim());

@@ -227,10 +227,11 @@ absl::Status EmbeddingCollection::LookupBatch(absl::Span<const TableBags> tables
                                               const LookupOptions& options) {
   for (const TableBags& t : tables) {
     TESSERA_RETURN_IF_ERROR(
+        CheckLookupShape(absl::StrCat("table '", t.table, "'"), t.ids.size(), t.offsets, t.weights)
+            .status());
+    TESSERA_RETURN_IF_ERROR(
         t.offsets.empty()
-            ? (t.weights.empty() ? Lookup(t.table, t.ids, t.out, options)
-                                 : absl::InvalidArgumentError(absl::StrCat(
-                                       "table '", t.table, "': weights need bag offsets")))
+            ? Lookup(t.table, t.ids, t.out, options)
             : PooledLookup(t.table, t.ids, t.offsets, t.weights, t.pooling, t.out, options));
   }
   return absl::OkStatus();
