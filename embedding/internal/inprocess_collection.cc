@@ -173,23 +173,50 @@ absl::Status InProcessCollection::PooledLookup(absl::string_view table,
   return absl::OkStatus();
 }
 
-absl::Status InProcessCollection::PushGradients(absl::string_view table,
-                                                absl::Span<const int64_t> ids,
-                                                absl::Span<const float> gradients, int64_t step) {
+absl::StatusOr<InProcessCollection::ShardedTable*> InProcessCollection::CheckedPush(
+    absl::string_view table, absl::Span<const int64_t> ids,
+    absl::Span<const float> gradients) const {
   TESSERA_ASSIGN_OR_RETURN(ShardedTable * t, Find(table));
   const int dim = t->config.dim();
   TESSERA_RETURN_IF_ERROR(
       embedding::CheckRowsSize(table, "gradients", gradients.size(), ids.size(), dim, "ids"));
   // Reject the whole batch before any shard changes.
   TESSERA_RETURN_IF_ERROR(embedding::CheckFiniteGradients(table, ids, gradients.data(), dim));
+  return t;
+}
+
+absl::Status InProcessCollection::PushGradients(absl::string_view table,
+                                                absl::Span<const int64_t> ids,
+                                                absl::Span<const float> gradients, int64_t step) {
+  TESSERA_ASSIGN_OR_RETURN(ShardedTable * t, CheckedPush(table, ids, gradients));
+  return ApplyPush(*t, ids, gradients, step);
+}
+
+absl::Status InProcessCollection::PushBatch(absl::Span<const embedding::TableGradients> tables,
+                                            int64_t step, const embedding::PushOptions&) {
+  std::vector<ShardedTable*> found;
+  found.reserve(tables.size());
+  for (const auto& part : tables) {
+    TESSERA_ASSIGN_OR_RETURN(ShardedTable * t, CheckedPush(part.table, part.ids, part.gradients));
+    found.push_back(t);
+  }
+  for (size_t i = 0; i < tables.size(); ++i) {
+    TESSERA_RETURN_IF_ERROR(ApplyPush(*found[i], tables[i].ids, tables[i].gradients, step));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InProcessCollection::ApplyPush(ShardedTable& t, absl::Span<const int64_t> ids,
+                                            absl::Span<const float> gradients, int64_t step) {
+  const int dim = t.config.dim();
   RequestScratch& s = Scratch();
   embedding::Unique(ids, &s.unique_ids, &s.inverse);
   s.rows.assign(s.unique_ids.size() * dim, 0.0f);
   embedding::SumRowsByInverse(gradients.data(), dim, s.inverse, s.rows.data());
   if (num_shards_ == 1) {
-    return t->shards[0]->ApplyUniqueGradients(s.unique_ids, s.rows.data(), step);
+    return t.shards[0]->ApplyUniqueGradients(s.unique_ids, s.rows.data(), step);
   }
-  Route(s.unique_ids, t->config.seed(), num_shards_, s);
+  Route(s.unique_ids, t.config.seed(), num_shards_, s);
   s.routed_rows.resize(s.unique_ids.size() * dim);
   for (size_t i = 0; i < s.routed_pos.size(); ++i) {
     std::copy_n(s.rows.data() + static_cast<size_t>(s.routed_pos[i]) * dim, dim,
@@ -199,7 +226,7 @@ absl::Status InProcessCollection::PushGradients(absl::string_view table,
     const int32_t begin = s.shard_begin[k];
     const int32_t count = s.shard_begin[k + 1] - begin;
     if (count == 0) continue;
-    TESSERA_RETURN_IF_ERROR(t->shards[k]->ApplyUniqueGradients(
+    TESSERA_RETURN_IF_ERROR(t.shards[k]->ApplyUniqueGradients(
         absl::MakeConstSpan(s.routed_ids).subspan(begin, count),
         s.routed_rows.data() + static_cast<size_t>(begin) * dim, step));
   }

@@ -28,6 +28,9 @@ class InProcessCollection final : public embedding::EmbeddingCollection {
                             absl::Span<const int32_t> offsets, absl::Span<const float> weights,
                             v1::Pooling pooling, absl::Span<float> out,
                             const embedding::LookupOptions& options) override;
+  // Every part checked, then applied (without the base class's ListTables per call).
+  absl::Status PushBatch(absl::Span<const embedding::TableGradients> tables, int64_t step,
+                         const embedding::PushOptions& options = {}) override;
   absl::Status PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
                              absl::Span<const float> gradients, int64_t step) override;
   absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override;
@@ -44,6 +47,12 @@ class InProcessCollection final : public embedding::EmbeddingCollection {
   };
 
   absl::StatusOr<ShardedTable*> Find(absl::string_view table) const;
+  // The table of `table`, with `gradients` checked against it (size, finite values).
+  absl::StatusOr<ShardedTable*> CheckedPush(absl::string_view table, absl::Span<const int64_t> ids,
+                                            absl::Span<const float> gradients) const;
+  // Applies checked gradients.
+  absl::Status ApplyPush(ShardedTable& t, absl::Span<const int64_t> ids,
+                         absl::Span<const float> gradients, int64_t step);
   // Gathers the rows of distinct `unique_ids` into `rows` (unique, dim), shard by shard.
   absl::Status GatherUnique(ShardedTable& t, absl::Span<const int64_t> unique_ids, float* rows,
                             bool insert_missing);
