@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,12 @@ struct RequestId {
   uint64_t client_id = 0;
   uint64_t sequence = 0;
   bool empty() const { return client_id == 0 || sequence == 0; }
+};
+
+// One part (table) of a push under a request id.
+struct PushTag {
+  RequestId request;
+  uint32_t part = 0;
 };
 
 // A random 64-bit id, never 0: a client's id in its RequestIds, a shard's incarnation.
@@ -121,6 +128,16 @@ class EmbeddingCollection {
   // applying any part twice (where the collection deduplicates: remote ones do).
   virtual absl::Status PushBatch(absl::Span<const TableGradients> tables, int64_t step,
                                  const PushOptions& options = {});
+
+  // PushGradients, recording `tag` as applied: collections that make a table's pushes
+  // durable before they return (WRITE_THROUGH) store the tag in the same write as the
+  // rows, so RecordedPush() still knows it after a restart. The default records nothing.
+  virtual absl::Status PushGradientsRecorded(absl::string_view table,
+                                             absl::Span<const int64_t> ids,
+                                             absl::Span<const float> gradients, int64_t step,
+                                             const PushTag& tag);
+  // The rows updated by push part `tag` when it is on durable record, nullopt otherwise.
+  virtual std::optional<int64_t> RecordedPush(const PushTag& tag) const;
 
   // Rows and memory of `table`; NotFound for an unknown table.
   virtual absl::StatusOr<TableUsage> Usage(absl::string_view table) const = 0;

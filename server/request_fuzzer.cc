@@ -9,6 +9,7 @@
 // lookup holds rows x dim (or bags x dim) finite values; a refused push changes no row.
 
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -88,7 +89,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const void* body = data + 1;
   const int n = static_cast<int>(size - 1);
   grpc::ServerContext ctx;
-  switch (data[0] % 6) {
+  switch (data[0] % 8) {
     case 0: {
       v1::LookupRequest req;
       if (!req.ParseFromArray(body, n)) return 0;
@@ -140,6 +141,54 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!req.ParseFromArray(body, n)) return 0;
       v1::ListTablesResponse resp;
       (void)env.service->ListTables(&ctx, &req, &resp);
+      break;
+    }
+    case 6: {
+      v1::BatchLookupRequest req;
+      if (!req.ParseFromArray(body, n)) return 0;
+      v1::BatchLookupResponse resp;
+      if (env.service->BatchLookup(&ctx, &req, &resp).ok()) {
+        if (resp.tables_size() != req.tables_size()) std::abort();
+        for (const v1::TableValues& t : resp.tables()) {
+          if (t.values().size() != static_cast<size_t>(t.rows()) * t.dim() * sizeof(float)) {
+            std::abort();
+          }
+          std::vector<float> v(t.values().size() / sizeof(float));
+          if (!v.empty()) std::memcpy(v.data(), t.values().data(), t.values().size());
+          for (const float x : v) {
+            if (!std::isfinite(x)) std::abort();
+          }
+        }
+      }
+      break;
+    }
+    case 7: {
+      v1::BatchPushRequest req;
+      if (!req.ParseFromArray(body, n)) return 0;
+      // The rows each named table holds for the ids the request names (when they parse).
+      std::vector<std::vector<float>> before;
+      std::vector<google::protobuf::RepeatedField<int64_t>> ids(req.tables_size());
+      for (int i = 0; i < req.tables_size(); ++i) {
+        const std::string& packed = req.tables(i).ids();
+        const size_t count = packed.size() / sizeof(int64_t);
+        ids[i].Resize(static_cast<int>(count), 0);
+        if (count > 0) std::memcpy(ids[i].mutable_data(), packed.data(), count * sizeof(int64_t));
+        before.push_back(Read(req.tables(i).table(), ids[i]));
+      }
+      v1::BatchPushResponse resp;
+      const grpc::Status pushed = env.service->BatchPush(&ctx, &req, &resp);
+      if (!pushed.ok()) {
+        // A refused batch changes no row of any of its tables.
+        for (int i = 0; i < req.tables_size(); ++i) {
+          if (Read(req.tables(i).table(), ids[i]) != before[i]) {
+            std::fprintf(stderr, "refused batched push changed rows: %s: %s\n",
+                         req.ShortDebugString().c_str(), pushed.error_message().c_str());
+            std::abort();
+          }
+        }
+      } else if (resp.rows_updated_size() != req.tables_size()) {
+        std::abort();
+      }
       break;
     }
     default: {

@@ -247,8 +247,19 @@ absl::StatusOr<std::vector<int64_t>> ShardService::ApplyPush(const DecodedBatch&
         thread_local std::vector<int32_t> inverse;
         for (size_t i = done->size(); i < batch.pushes.size(); ++i) {
           const embedding::TableGradients& part = batch.pushes[i];
+          const embedding::PushTag tag{id, static_cast<uint32_t>(i)};
+          if (!id.empty()) {
+            // Applied and made durable before this shard restarted (write-through tables
+            // keep the record with the rows): answered as then, not applied again.
+            if (std::optional<int64_t> rows = tables_->RecordedPush(tag); rows.has_value()) {
+              done->push_back(*rows);
+              continue;
+            }
+          }
           TESSERA_RETURN_IF_ERROR(
-              tables_->PushGradients(part.table, part.ids, part.gradients, step));
+              id.empty() ? tables_->PushGradients(part.table, part.ids, part.gradients, step)
+                         : tables_->PushGradientsRecorded(part.table, part.ids, part.gradients,
+                                                          step, tag));
           embedding::Unique(part.ids, &unique, &inverse);
           done->push_back(static_cast<int64_t>(unique.size()));
           absl::MutexLock lock(&mu_);

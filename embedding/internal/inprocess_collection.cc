@@ -284,6 +284,17 @@ absl::Status EmbeddingCollection::PushBatch(absl::Span<const TableGradients> tab
   return absl::OkStatus();
 }
 
+absl::Status EmbeddingCollection::PushGradientsRecorded(absl::string_view table,
+                                                        absl::Span<const int64_t> ids,
+                                                        absl::Span<const float> gradients,
+                                                        int64_t step, const PushTag&) {
+  return PushGradients(table, ids, gradients, step);
+}
+
+std::optional<int64_t> EmbeddingCollection::RecordedPush(const PushTag&) const {
+  return std::nullopt;
+}
+
 absl::StatusOr<CheckpointInfo> EmbeddingCollection::Checkpoint(int64_t, const Attachments&) {
   return NoStorage();
 }

@@ -1,5 +1,6 @@
 #include "embedding/storage/durable_collection.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -207,6 +208,7 @@ absl::Status DurableCollection::OpenAndLoad() {
     if (!spilled.empty()) TESSERA_RETURN_IF_ERROR(store_->Write(spilled, /*sync=*/true));
   }
   TESSERA_RETURN_IF_ERROR(RecoverInterruptedCheckpoint());
+  TESSERA_RETURN_IF_ERROR(LoadPushRecords());
   DecodedRow row;
   for (const auto& [name, t] : tables_) {
     const auto& shards = *memory_->ShardsOf(name);
@@ -378,16 +380,72 @@ absl::StatusOr<embedding::TableUsage> DurableCollection::Usage(absl::string_view
 absl::Status DurableCollection::PushGradients(absl::string_view table,
                                               absl::Span<const int64_t> ids,
                                               absl::Span<const float> gradients, int64_t step) {
+  return Push(table, ids, gradients, step, nullptr);
+}
+
+absl::Status DurableCollection::PushGradientsRecorded(absl::string_view table,
+                                                      absl::Span<const int64_t> ids,
+                                                      absl::Span<const float> gradients,
+                                                      int64_t step,
+                                                      const embedding::PushTag& tag) {
+  return Push(table, ids, gradients, step, &tag);
+}
+
+absl::Status DurableCollection::Push(absl::string_view table, absl::Span<const int64_t> ids,
+                                     absl::Span<const float> gradients, int64_t step,
+                                     const embedding::PushTag* tag) {
   absl::ReaderMutexLock lock(&mu_);
   TESSERA_ASSIGN_OR_RETURN(const Table* t, Find(table));
   if (t->config.durability() != v1::WRITE_THROUGH) {
     return memory_->PushGradients(table, ids, gradients, step);
   }
-  return WriteThroughPush(*t, ids, gradients, step);
+  return WriteThroughPush(*t, ids, gradients, step, tag);
+}
+
+std::optional<int64_t> DurableCollection::RecordedPush(const embedding::PushTag& tag) const {
+  absl::MutexLock lock(&record_mu_);
+  auto it = records_.find(KeyOf(tag));
+  if (it == records_.end()) return std::nullopt;
+  return it->second;
+}
+
+absl::Status DurableCollection::LoadPushRecords() {
+  std::vector<std::tuple<uint64_t, embedding::PushTag, int64_t>> found;  // order, tag, rows
+  TESSERA_RETURN_IF_ERROR(Annotate(
+      store_->Scan(PushRecordPrefix(),
+                   [&](absl::string_view key, absl::string_view value) {
+                     embedding::PushTag tag;
+                     uint64_t order = 0;
+                     int64_t rows = 0;
+                     if (!ParsePushRecordKey(key, &tag) || !DecodePushRecord(value, &order, &rows)) {
+                       return absl::DataLossError("malformed push record in the store");
+                     }
+                     found.emplace_back(order, tag, rows);
+                     return absl::OkStatus();
+                   }),
+      "reading the push records"));
+  std::sort(found.begin(), found.end(),
+            [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
+  std::vector<KvWrite> trimmed;
+  while (found.size() - trimmed.size() > options_.push_records) {
+    trimmed.push_back(KvWrite{PushRecordKey(std::get<1>(found[trimmed.size()])), "", true});
+  }
+  if (!trimmed.empty()) TESSERA_RETURN_IF_ERROR(store_->Write(trimmed, /*sync=*/true));
+  absl::MutexLock lock(&record_mu_);
+  records_.clear();
+  record_order_.clear();
+  next_record_ = found.empty() ? 1 : std::get<0>(found.back()) + 1;
+  for (size_t i = trimmed.size(); i < found.size(); ++i) {
+    const auto& [order, tag, rows] = found[i];
+    records_[KeyOf(tag)] = rows;
+    record_order_.push_back(tag);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status DurableCollection::WriteThroughPush(const Table& t, absl::Span<const int64_t> ids,
-                                                 absl::Span<const float> gradients, int64_t step) {
+                                                 absl::Span<const float> gradients, int64_t step,
+                                                 const embedding::PushTag* tag) {
   absl::MutexLock order(t.write_mu.get());
   const std::string& name = t.config.name();
   const auto& shards = *memory_->ShardsOf(name);
@@ -443,8 +501,28 @@ absl::Status DurableCollection::WriteThroughPush(const Table& t, absl::Span<cons
           writes.push_back(std::move(kv));
         });
   }
+  if (tag != nullptr) {
+    // The record goes in the same write as the rows: after a crash both are there or
+    // neither is. The oldest records beyond the limit go with it (a failed write leaves
+    // them in the store; the next open trims them).
+    absl::MutexLock lock(&record_mu_);
+    writes.push_back(KvWrite{PushRecordKey(*tag),
+                             EncodePushRecord(next_record_++, static_cast<int64_t>(unique.size()))});
+    while (!record_order_.empty() && record_order_.size() + 1 > options_.push_records) {
+      writes.push_back(KvWrite{PushRecordKey(record_order_.front()), "", /*erase=*/true});
+      records_.erase(KeyOf(record_order_.front()));
+      record_order_.pop_front();
+    }
+  }
   absl::Status s = store_->Write(writes, /*sync=*/true);
-  if (s.ok()) return absl::OkStatus();
+  if (s.ok()) {
+    if (tag != nullptr) {
+      absl::MutexLock lock(&record_mu_);
+      records_[KeyOf(*tag)] = static_cast<int64_t>(unique.size());
+      record_order_.push_back(*tag);
+    }
+    return absl::OkStatus();
+  }
   undo();
   return absl::Status(s.code(), absl::StrCat("table '", name,
                                              "': write-through push not applied, the disk "

@@ -1,10 +1,12 @@
 #ifndef TESSERA_EMBEDDING_STORAGE_DURABLE_COLLECTION_H_
 #define TESSERA_EMBEDDING_STORAGE_DURABLE_COLLECTION_H_
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -24,6 +26,9 @@ struct DurableOptions {
   int num_shards = 1;        // in-memory shards (rows are keyed by id alone)
   int keep_checkpoints = 3;  // newest complete checkpoints kept; 0 = all
   KvStoreFactory open_store = OpenRocksDbStore;
+  // Write-through push parts kept on record by request id (PushGradientsRecorded), newest
+  // first; older ones are erased with the write that records a new one.
+  size_t push_records = 1 << 16;
   // Warnings and progress lines (skipped checkpoints, load progress); stderr if unset.
   std::function<void(const std::string&)> log;
 };
@@ -71,6 +76,12 @@ class DurableCollection final : public embedding::EmbeddingCollection {
                             const embedding::LookupOptions& options) override;
   absl::Status PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
                              absl::Span<const float> gradients, int64_t step) override;
+  // WRITE_THROUGH tables store `tag` in the same synced write as the push's rows; others
+  // apply the push and record nothing (their rows go back to a checkpoint on a restart).
+  absl::Status PushGradientsRecorded(absl::string_view table, absl::Span<const int64_t> ids,
+                                     absl::Span<const float> gradients, int64_t step,
+                                     const embedding::PushTag& tag) override;
+  std::optional<int64_t> RecordedPush(const embedding::PushTag& tag) const override;
   absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override;
   int num_shards() const override { return options_.num_shards; }
 
@@ -105,9 +116,15 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   // After a crash during a checkpoint: CHECKPOINT tables' rows back to the newest complete
   // checkpoint (the live store may hold part of the interrupted one).
   absl::Status RecoverInterruptedCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `tag` (may be null) is recorded with the rows.
   absl::Status WriteThroughPush(const Table& t, absl::Span<const int64_t> ids,
-                                absl::Span<const float> gradients, int64_t step)
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+                                absl::Span<const float> gradients, int64_t step,
+                                const embedding::PushTag* tag) ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status Push(absl::string_view table, absl::Span<const int64_t> ids,
+                    absl::Span<const float> gradients, int64_t step,
+                    const embedding::PushTag* tag);
+  // Loads the push records of the live store (trimmed to options_.push_records).
+  absl::Status LoadPushRecords() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes every dirty row to the live store and marks it clean; returns rows written.
   absl::StatusOr<int64_t> FlushDirtyRows() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Complete checkpoints with their manifests, oldest first; torn ones are logged.
@@ -125,6 +142,15 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   uint32_t next_table_id_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t rows_loaded_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);  // set when a restore could not reopen the store
+  // The push records of the store ('P' keys), and their order, oldest first.
+  using RecordKey = std::tuple<uint64_t, uint64_t, uint32_t>;
+  static RecordKey KeyOf(const embedding::PushTag& t) {
+    return {t.request.client_id, t.request.sequence, t.part};
+  }
+  mutable absl::Mutex record_mu_;
+  std::map<RecordKey, int64_t> records_ ABSL_GUARDED_BY(record_mu_);
+  std::deque<embedding::PushTag> record_order_ ABSL_GUARDED_BY(record_mu_);
+  uint64_t next_record_ ABSL_GUARDED_BY(record_mu_) = 1;
 };
 
 }  // namespace tessera::storage

@@ -157,6 +157,41 @@ TEST(DurableCollection, WriteThroughTableComesBackWithEveryAcknowledgedPush) {
   EXPECT_EQ(Read(*c, "wt", AllIds(), 8), Read(*reference, "wt", AllIds(), 8));
 }
 
+TEST(DurableCollection, WriteThroughPushRecordsSurviveAReopenUpToTheirLimit) {
+  ScopedDir dir;
+  Harness h(dir.path);
+  h.options.push_records = 3;
+  const std::vector<int64_t> ids = {5, 6, 5};
+  const std::vector<float> g(ids.size() * 4, 0.25f);
+  auto tag = [](uint64_t seq) { return embedding::PushTag{{9, seq}, 1}; };
+  {
+    auto c = h.Open();
+    ASSERT_TRUE(c->CreateTable(Config("wt", 4, v1::WRITE_THROUGH)).ok());
+    ASSERT_TRUE(c->CreateTable(Config("ck", 4, v1::CHECKPOINT)).ok());
+    ASSERT_TRUE(c->PushGradientsRecorded("ck", ids, g, 1, tag(100)).ok());
+    EXPECT_FALSE(c->RecordedPush(tag(100)).has_value()) << "CHECKPOINT pushes are not recorded";
+    for (uint64_t seq = 1; seq <= 5; ++seq) {
+      ASSERT_TRUE(c->PushGradientsRecorded("wt", ids, g, 1, tag(seq)).ok());
+    }
+    EXPECT_EQ(c->RecordedPush(tag(5)), std::optional<int64_t>(2));  // distinct rows
+    EXPECT_FALSE(c->RecordedPush(tag(2)).has_value()) << "only the newest 3 are kept";
+    // A push the disk refuses is not recorded.
+    h.fail_writes = true;
+    EXPECT_FALSE(c->PushGradientsRecorded("wt", ids, g, 1, tag(6)).ok());
+    h.fail_writes = false;
+    EXPECT_FALSE(c->RecordedPush(tag(6)).has_value());
+  }
+  auto c = h.Open();
+  for (uint64_t seq = 1; seq <= 6; ++seq) {
+    EXPECT_EQ(c->RecordedPush(tag(seq)).has_value(), seq >= 3 && seq <= 5) << "sequence " << seq;
+  }
+  EXPECT_FALSE(c->RecordedPush({{9, 5}, 0}).has_value()) << "another part of the same request";
+  // A record is made and read again in order after the reopen.
+  ASSERT_TRUE(c->PushGradientsRecorded("wt", ids, g, 1, tag(7)).ok());
+  EXPECT_TRUE(c->RecordedPush(tag(7)).has_value());
+  EXPECT_FALSE(c->RecordedPush(tag(3)).has_value());
+}
+
 TEST(DurableCollection, CheckpointTableComesBackAsOfItsNewestCheckpoint) {
   ScopedDir dir;
   Harness h(dir.path, /*shards=*/3);

@@ -78,6 +78,38 @@ std::string SpillPrefix(uint32_t table_id) {
 
 std::string MetaKey(absl::string_view name) { return absl::StrCat("M", name); }
 
+std::string PushRecordKey(const embedding::PushTag& tag) {
+  std::string k = PushRecordPrefix();
+  PutBigEndian64(tag.request.client_id, &k);
+  PutBigEndian64(tag.request.sequence, &k);
+  PutBigEndian32(tag.part, &k);
+  return k;
+}
+
+std::string PushRecordPrefix() { return "P"; }
+
+bool ParsePushRecordKey(absl::string_view key, embedding::PushTag* tag) {
+  if (key.size() != 21 || key[0] != 'P') return false;
+  tag->request.client_id = GetBigEndian(key.data() + 1, 8);
+  tag->request.sequence = GetBigEndian(key.data() + 9, 8);
+  tag->part = static_cast<uint32_t>(GetBigEndian(key.data() + 17, 4));
+  return true;
+}
+
+std::string EncodePushRecord(uint64_t order, int64_t rows) {
+  std::string v;
+  PutBigEndian64(order, &v);
+  PutBigEndian64(static_cast<uint64_t>(rows), &v);
+  return v;
+}
+
+bool DecodePushRecord(absl::string_view value, uint64_t* order, int64_t* rows) {
+  if (value.size() != 16) return false;
+  *order = GetBigEndian(value.data(), 8);
+  *rows = static_cast<int64_t>(GetBigEndian(value.data() + 8, 8));
+  return true;
+}
+
 bool ParseRowKey(absl::string_view key, uint32_t* table_id, int64_t* id) {
   if (key.size() != 13 || (key[0] != 'R' && key[0] != 'S')) return false;
   *table_id = static_cast<uint32_t>(GetBigEndian(key.data() + 1, 4));

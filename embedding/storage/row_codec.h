@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "embedding/collection.h"
 #include "embedding/embedding_table.h"
 #include "tessera/v1/config.pb.h"
 
@@ -19,6 +20,8 @@ namespace tessera::storage {
 //   spilled row:   'S' | table id (u32) | id (u64) -> row value: a row of a CHECKPOINT
 //                  table evicted since the last checkpoint (moved to 'R' at the next)
 //   store meta:    'M' | name                      -> store-level values
+//   push record:   'P' | client id (u64) | sequence (u64) | part (u32)
+//                  -> order (u64) | rows updated (u64): a write-through push part applied
 std::string CatalogKey(uint32_t table_id);
 std::string CatalogPrefix();
 std::string RowKey(uint32_t table_id, int64_t id);
@@ -26,6 +29,13 @@ std::string RowPrefix(uint32_t table_id);
 std::string SpillKey(uint32_t table_id, int64_t id);
 std::string SpillPrefix(uint32_t table_id);
 std::string MetaKey(absl::string_view name);
+std::string PushRecordKey(const embedding::PushTag& tag);
+std::string PushRecordPrefix();
+// The tag of a push record key; false when `key` is not one.
+bool ParsePushRecordKey(absl::string_view key, embedding::PushTag* tag);
+// A push record's value: the order it was written in, and the rows the part updated.
+std::string EncodePushRecord(uint64_t order, int64_t rows);
+bool DecodePushRecord(absl::string_view value, uint64_t* order, int64_t* rows);
 // The table id and row id of a row (or spilled row) key; false when `key` is not one.
 bool ParseRowKey(absl::string_view key, uint32_t* table_id, int64_t* id);
 
