@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <iostream>
 #include <thread>
-#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -256,9 +255,26 @@ absl::StatusOr<double> Trainer::TrainStep(const Batch& batch, int64_t step) {
   return loss;
 }
 
-absl::StatusOr<std::optional<std::pair<double, int>>> Trainer::PipelinedStep(BatchSource* source,
-                                                                             int64_t step,
-                                                                             int64_t max_steps) {
+absl::StatusOr<std::optional<Trainer::StepOutcome>> Trainer::NextStep(BatchSource* source,
+                                                                      int64_t step,
+                                                                      int64_t max_steps) {
+  if (options_.max_staleness < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_staleness must be >= 0, got ", options_.max_staleness));
+  }
+  if (options_.max_staleness > 0) return PipelinedStep(source, step, max_steps);
+  if (max_steps > 0 && step >= max_steps) return std::optional<StepOutcome>();
+  if (sync_step_ == nullptr) sync_step_ = std::make_unique<Step>();
+  Batch& batch = sync_step_->batch;
+  TESSERA_ASSIGN_OR_RETURN(bool more, source->Next(&batch));
+  if (!more) return std::optional<StepOutcome>();
+  TESSERA_ASSIGN_OR_RETURN(double loss, TrainStep(batch, step));
+  return std::optional<StepOutcome>(StepOutcome{loss, batch.size});
+}
+
+absl::StatusOr<std::optional<Trainer::StepOutcome>> Trainer::PipelinedStep(BatchSource* source,
+                                                                           int64_t step,
+                                                                           int64_t max_steps) {
   if (worker_ == nullptr) {
     worker_ = std::make_unique<SparseWorker>();
     next_lookup_step_ = step;
@@ -280,7 +296,7 @@ absl::StatusOr<std::optional<std::pair<double, int>>> Trainer::PipelinedStep(Bat
     ahead_.push_back(std::move(next));
     ++next_lookup_step_;
   }
-  if (ahead_.empty()) return std::optional<std::pair<double, int>>();
+  if (ahead_.empty()) return std::optional<StepOutcome>();
   Step* s = ahead_.front().get();
   TESSERA_RETURN_IF_ERROR(worker_->Wait(s->lookup_ticket));
   TESSERA_ASSIGN_OR_RETURN(double loss, ForwardBackward(s->batch, s->emb.data(), s));
@@ -292,10 +308,10 @@ absl::StatusOr<std::optional<std::pair<double, int>>> Trainer::PipelinedStep(Bat
     TESSERA_RETURN_IF_ERROR(worker_->Wait(pushing_.front()->push_ticket));
     pushing_.pop_front();
   }
-  return std::optional<std::pair<double, int>>({loss, s->batch.size});
+  return std::optional<StepOutcome>(StepOutcome{loss, s->batch.size});
 }
 
-absl::Status Trainer::DrainPipeline() {
+absl::Status Trainer::Drain() {
   if (worker_ == nullptr) return absl::OkStatus();
   absl::Status s;
   for (auto* queue : {&pushing_, &ahead_}) {
@@ -317,26 +333,13 @@ absl::StatusOr<TrainResult> Trainer::Train(BatchSource* source, int64_t max_step
   int64_t window_samples = 0;
   double window_loss = 0.0;
   int64_t window_steps = 0;
-  Batch batch;
   int64_t done = first_step;  // steps completed, counting those before a resume
   int64_t checkpointed = -1;
-  if (options_.max_staleness < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_staleness must be >= 0, got ", options_.max_staleness));
-  }
-  while (max_steps == 0 || done < max_steps) {
-    double loss = 0.0;
-    int samples = 0;
-    if (options_.max_staleness > 0) {
-      TESSERA_ASSIGN_OR_RETURN(auto next, PipelinedStep(source, done, max_steps));
-      if (!next.has_value()) break;
-      std::tie(loss, samples) = *next;
-    } else {
-      TESSERA_ASSIGN_OR_RETURN(bool more, source->Next(&batch));
-      if (!more) break;
-      TESSERA_ASSIGN_OR_RETURN(loss, TrainStep(batch, done));
-      samples = batch.size;
-    }
+  while (true) {
+    TESSERA_ASSIGN_OR_RETURN(std::optional<StepOutcome> next, NextStep(source, done, max_steps));
+    if (!next.has_value()) break;
+    const double loss = next->loss;
+    const int samples = next->samples;
     if (!std::isfinite(loss)) {
       return absl::InternalError(absl::StrCat("training loss became ", loss, " at step ", done,
                                               "; lower the learning rates"));
@@ -373,12 +376,12 @@ absl::StatusOr<TrainResult> Trainer::Train(BatchSource* source, int64_t max_step
       window_steps = 0;
     }
     if (options_.checkpoint_every > 0 && (done % options_.checkpoint_every == 0 || last)) {
-      TESSERA_RETURN_IF_ERROR(DrainPipeline());  // every push of the steps done is applied
+      TESSERA_RETURN_IF_ERROR(Drain());  // every push of the steps done is applied
       TESSERA_RETURN_IF_ERROR(CheckpointAndReport(done));
       checkpointed = done;
     }
   }
-  TESSERA_RETURN_IF_ERROR(DrainPipeline());
+  TESSERA_RETURN_IF_ERROR(Drain());
   // A source that ran out before max_steps: the last steps are checkpointed too.
   if (options_.checkpoint_every > 0 && result.steps > 0 && checkpointed != done) {
     TESSERA_RETURN_IF_ERROR(CheckpointAndReport(done));

@@ -85,6 +85,20 @@ class Trainer {
   // One training step on `batch`; returns its mean loss.
   absl::StatusOr<double> TrainStep(const Batch& batch, int64_t step);
 
+  // What one step of NextStep did.
+  struct StepOutcome {
+    double loss = 0.0;  // mean training loss of the step
+    int samples = 0;
+  };
+  // Trains the next step from `source` (step number `step`), synchronously or pipelined as
+  // options.max_staleness says; nullopt when the source has ended, or when `max_steps`
+  // (0 = no limit) steps have been taken. Pipelined, its push may still be in flight:
+  // Drain() before reading the tables as of this step.
+  absl::StatusOr<std::optional<StepOutcome>> NextStep(BatchSource* source, int64_t step,
+                                                       int64_t max_steps = 0);
+  // Waits until every lookup and push sent has finished; returns the first failure.
+  absl::Status Drain();
+
   // Checks that the tables of `prototype` exist with its dim and optimizer (a resumed run
   // finds them loaded from disk or on the shards).
   absl::Status CheckTables(const v1::TableConfig& prototype) const;
@@ -120,13 +134,9 @@ class Trainer {
   // Dense forward and backward on `batch` with embeddings `emb`, then the gradients of
   // each feature's distinct rows into `step`'s buffers (unique ids, grads, pushes).
   absl::StatusOr<double> ForwardBackward(const Batch& batch, const float* emb, Step* step);
-  // The next step of a pipelined run (max_staleness > 0): its mean loss and samples, or
-  // nullopt when the source has ended or max_steps are looked up.
-  absl::StatusOr<std::optional<std::pair<double, int>>> PipelinedStep(BatchSource* source,
-                                                                      int64_t step,
-                                                                      int64_t max_steps);
-  // Waits until every lookup and push sent has finished; returns the first failure.
-  absl::Status DrainPipeline();
+  // NextStep with max_staleness > 0.
+  absl::StatusOr<std::optional<StepOutcome>> PipelinedStep(BatchSource* source, int64_t step,
+                                                           int64_t max_steps);
   // Checkpoint(steps) with a progress line and a metrics record.
   absl::Status CheckpointAndReport(int64_t steps);
 
@@ -138,7 +148,7 @@ class Trainer {
   std::vector<float> emb_, emb_grad_, logits_;
   std::vector<int32_t> inverse_;
   std::vector<embedding::TableBags> lookups_;
-  std::unique_ptr<Step> sync_step_;  // the synchronous path's buffers
+  std::unique_ptr<Step> sync_step_;  // the synchronous path's buffers and batch
   // Pipelined runs: steps looked up (or being), oldest first; steps whose push is in flight.
   std::deque<std::unique_ptr<Step>> ahead_, pushing_;
   std::unique_ptr<SparseWorker> worker_;  // destroyed first: it finishes the calls queued

@@ -61,8 +61,12 @@ TEST(Normalize, FillsDefaultsAndNamesBadFields) {
   EXPECT_THAT(st.message(), HasSubstr("mode"));
   bad = s;
   bad.set_workload("train");
-  bad.set_max_staleness(2);
-  EXPECT_THAT(Normalize(&bad).message(), HasSubstr("synchronous"));
+  bad.set_max_staleness(-1);
+  EXPECT_THAT(Normalize(&bad).message(), HasSubstr("max_staleness must be >= 0"));
+  Scenario pipelined = s;
+  pipelined.set_workload("train");
+  pipelined.set_max_staleness(2);  // a pipelined trainer
+  EXPECT_TRUE(Normalize(&pipelined).ok());
   bad = s;
   bad.set_optimizer("lamb");
   EXPECT_FALSE(Normalize(&bad).ok());

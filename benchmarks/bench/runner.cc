@@ -61,6 +61,15 @@ class TimedCollection final : public embedding::EmbeddingCollection {
                              absl::Span<const float> gradients, int64_t step) override {
     return Time([&] { return inner_->PushGradients(table, ids, gradients, step); });
   }
+  // Passed through whole: the base class would split them into per-table calls.
+  absl::Status LookupBatch(absl::Span<const embedding::TableBags> tables,
+                           const embedding::LookupOptions& o) override {
+    return Time([&] { return inner_->LookupBatch(tables, o); });
+  }
+  absl::Status PushBatch(absl::Span<const embedding::TableGradients> tables, int64_t step,
+                         const embedding::PushOptions& o) override {
+    return Time([&] { return inner_->PushBatch(tables, step, o); });
+  }
   absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override {
     return inner_->Usage(table);
   }
@@ -226,7 +235,6 @@ absl::Status Normalize(Scenario* s) {
   }
   if (s->max_staleness() < 0) return bad("max_staleness must be >= 0");
   if (w == "train") {
-    if (s->max_staleness() > 0) return bad("the train workload is synchronous (max_staleness 0)");
     for (const TableSpec& t : s->tables()) {
       if (t.dim() != s->tables(0).dim()) return bad("train: every table needs the same dim");
     }
@@ -313,7 +321,9 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
   const bool lookups = s.workload() == "lookup" || s.workload() == "lookup_update";
   const bool updates = s.workload() == "update" || s.workload() == "lookup_update";
   const bool pooled = s.ids_per_sample() > 1;
-  const int threads = std::max(1, s.max_staleness());
+  // Lookup and update workloads keep max_staleness steps in flight on as many threads; a
+  // training run is one trainer, pipelined max_staleness steps deep.
+  const int threads = train ? 1 : std::max(1, s.max_staleness());
 
   // The dense half, for training steps.
   trainer::DlrmConfig model;
@@ -330,6 +340,7 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
     trainer::TrainerOptions to;
     to.print_progress = false;
     to.log_every = 0;
+    to.max_staleness = s.max_staleness();
     dlrm = std::make_unique<trainer::Trainer>(&timed, dense.get(), to);
     v1::TableConfig proto;
     proto.set_dim(model.emb_dim);
@@ -395,6 +406,20 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
     }
   }
 
+  // Training batches, round the pool for as long as the scenario runs.
+  class PoolSource final : public trainer::BatchSource {
+   public:
+    explicit PoolSource(const std::vector<trainer::Batch>* pool) : pool_(pool) {}
+    absl::StatusOr<bool> Next(trainer::Batch* batch) override {
+      *batch = (*pool_)[next_++ % pool_->size()];
+      return true;
+    }
+
+   private:
+    const std::vector<trainer::Batch>* pool_;
+    size_t next_ = 0;
+  } train_source(&train_batches);
+
   std::atomic<bool> measuring{false}, stop{false};
   std::atomic<int64_t> steps{0}, next_step{0};
   absl::Mutex mu;
@@ -412,7 +437,7 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
       const auto start = Clock::now();
       absl::Status st;
       if (train) {
-        st = dlrm->TrainStep(train_batches[step % kPoolBatches], step).status();
+        st = dlrm->NextStep(&train_source, step).status();
       } else {
         const IdBatch& b = pool[(step + index) % kPoolBatches];
         for (size_t k = 0; k < work.size() && st.ok(); ++k) {
@@ -481,6 +506,10 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
   r.steps = steps.load();
   stop = true;
   for (auto& t : pool_threads) t.join();
+  if (train) {  // the pushes still in flight of a pipelined run
+    absl::Status drained = dlrm->Drain();
+    if (failure.ok() && !drained.ok()) failure = drained;
+  }
   timed.set_recording(false);
   if (!failure.ok()) return Annotate(failure, absl::StrCat("scenario '", s.name(), "'"));
 
