@@ -7,21 +7,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/checkpoint_proto.h"
+#include "client/grpc_status.h"
 #include "client/packed_bytes.h"
 #include "embedding/batch_ops.h"
 #include "embedding/status.h"
 #include "grpcpp/grpcpp.h"
 
 namespace tessera::client {
-namespace {
-
-absl::Status FromCoordinator(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<EmbeddingClient>> EmbeddingClient::Connect(
     const std::string& address, const ClientOptions& options) {
   grpc::ChannelArguments args;
@@ -80,7 +72,7 @@ absl::Status EmbeddingClient::RefreshShardMap() {
   v1::ShardMap map;
   TESSERA_RETURN_IF_ERROR(WithRetries([&] {
     auto ctx = NewContext();
-    return FromCoordinator(coordinator_.Get()->GetShardMap(ctx.get(), {}, &map));
+    return FromGrpcStatus(coordinator_.Get()->GetShardMap(ctx.get(), {}, &map));
   }));
   std::vector<std::string> addresses;
   for (const auto& s : map.shards()) addresses.push_back(s.address());
@@ -120,7 +112,7 @@ absl::Status EmbeddingClient::CreateTable(const v1::TableConfig& config) {
     v1::CreateTableRequest req;
     *req.mutable_config() = config;
     v1::CreateTableResponse resp;
-    return FromCoordinator(coordinator_.Get()->CreateTable(ctx.get(), req, &resp));
+    return FromGrpcStatus(coordinator_.Get()->CreateTable(ctx.get(), req, &resp));
   }));
   absl::MutexLock lock(&mu_);
   configs_[config.name()] = config;
@@ -132,7 +124,7 @@ absl::StatusOr<std::vector<v1::TableConfig>> EmbeddingClient::ListTables() const
   TESSERA_RETURN_IF_ERROR(WithRetries([&] {
     resp.Clear();
     auto ctx = NewContext();
-    return FromCoordinator(coordinator_.Get()->ListTables(ctx.get(), {}, &resp));
+    return FromGrpcStatus(coordinator_.Get()->ListTables(ctx.get(), {}, &resp));
   }));
   std::vector<v1::TableConfig> out(resp.tables().begin(), resp.tables().end());
   absl::MutexLock lock(&mu_);
@@ -226,7 +218,7 @@ absl::Status EmbeddingClient::LookupBatch(absl::Span<const embedding::TableBags>
   }
   return WithRetries([&] {
     auto ctx = NewContext();
-    TESSERA_RETURN_IF_ERROR(FromCoordinator(coordinator_.Get()->BatchLookup(ctx.get(), req, &resp)));
+    TESSERA_RETURN_IF_ERROR(FromGrpcStatus(coordinator_.Get()->BatchLookup(ctx.get(), req, &resp)));
     if (resp.tables_size() != static_cast<int>(tables.size())) {
       return absl::InternalError(absl::StrCat("coordinator answered ", resp.tables_size(),
                                               " tables, expected ", tables.size()));
@@ -284,7 +276,7 @@ absl::Status EmbeddingClient::PushBatch(absl::Span<const embedding::TableGradien
   return WithRetries([&] {
     auto ctx = NewContext();
     v1::BatchPushResponse resp;
-    return FromCoordinator(coordinator_.Get()->BatchPush(ctx.get(), req, &resp));
+    return FromGrpcStatus(coordinator_.Get()->BatchPush(ctx.get(), req, &resp));
   });
 }
 
@@ -295,7 +287,7 @@ absl::StatusOr<embedding::TableUsage> EmbeddingClient::Usage(absl::string_view t
     auto ctx = NewContext();
     v1::StatsRequest req;
     req.set_table(std::string(table));
-    return FromCoordinator(coordinator_.Get()->Stats(ctx.get(), req, &resp));
+    return FromGrpcStatus(coordinator_.Get()->Stats(ctx.get(), req, &resp));
   }));
   embedding::TableUsage usage;
   for (const auto& t : resp.tables()) {
@@ -319,7 +311,7 @@ absl::StatusOr<embedding::CheckpointInfo> EmbeddingClient::Checkpoint(
   // Retrying is safe: the caller is at a step barrier, and taking step k again replaces it.
   TESSERA_RETURN_IF_ERROR(WithRetries([&] {
     auto ctx = NewContext(options_.checkpoint_deadline);
-    return FromCoordinator(coordinator_.Get()->Checkpoint(ctx.get(), req, &resp));
+    return FromGrpcStatus(coordinator_.Get()->Checkpoint(ctx.get(), req, &resp));
   }));
   return FromProto(resp.checkpoint());
 }
@@ -331,7 +323,7 @@ absl::StatusOr<embedding::CheckpointInfo> EmbeddingClient::Restore(
   v1::RestoreResponse resp;
   TESSERA_RETURN_IF_ERROR(WithRetries([&] {  // restoring a step twice gives the same state
     auto ctx = NewContext(options_.checkpoint_deadline);
-    return FromCoordinator(coordinator_.Get()->Restore(ctx.get(), req, &resp));
+    return FromGrpcStatus(coordinator_.Get()->Restore(ctx.get(), req, &resp));
   }));
   if (attachments != nullptr) {
     attachments->clear();
@@ -345,7 +337,7 @@ absl::StatusOr<std::vector<embedding::CheckpointInfo>> EmbeddingClient::ListChec
   TESSERA_RETURN_IF_ERROR(WithRetries([&] {
     resp.Clear();
     auto ctx = NewContext();
-    return FromCoordinator(coordinator_.Get()->ListCheckpoints(ctx.get(), {}, &resp));
+    return FromGrpcStatus(coordinator_.Get()->ListCheckpoints(ctx.get(), {}, &resp));
   }));
   std::vector<embedding::CheckpointInfo> out;
   for (const auto& c : resp.checkpoints()) out.push_back(FromProto(c));

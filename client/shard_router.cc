@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "client/grpc_status.h"
 #include "client/packed_bytes.h"
 #include "embedding/batch_ops.h"
 #include "embedding/sharding.h"
@@ -16,9 +17,7 @@
 namespace tessera::client {
 
 absl::Status FromShardStatus(const grpc::Status& status, int shard, const std::string& address) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat("shard ", shard, " (", address, "): ", status.error_message()));
+  return Annotate(FromGrpcStatus(status), absl::StrCat("shard ", shard, " (", address, ")"));
 }
 
 ShardRouter::ShardRouter(std::vector<std::string> addresses, const RouterOptions& options)

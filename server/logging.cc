@@ -1,3 +1,4 @@
+#include "client/grpc_status.h"
 #include "server/logging.h"
 
 #include <atomic>
@@ -81,11 +82,6 @@ bool IsServerFault(grpc::StatusCode code) {
          code == grpc::StatusCode::RESOURCE_EXHAUSTED;
 }
 
-// "NOT_FOUND", ...: gRPC's codes are the canonical codes absl names.
-std::string CodeName(grpc::StatusCode code) {
-  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
-}
-
 std::atomic<uint64_t> next_request{1};
 
 class RpcLogInterceptor final : public grpc::experimental::Interceptor {
@@ -118,7 +114,7 @@ class RpcLogInterceptor final : public grpc::experimental::Interceptor {
                                                               : spdlog::level::warn;
       if (spdlog::should_log(level)) {
         LogFields f;
-        f.Add("method", info_->method()).Add("code", CodeName(status.error_code()));
+        f.Add("method", info_->method()).Add("code", client::CodeName(status.error_code()));
         if (!table_.empty()) f.Add("table", table_);
         if (shard_ >= 0) f.Add("shard", shard_);
         f.Add("request", request_id_)

@@ -1,3 +1,4 @@
+#include "client/grpc_status.h"
 #include "server/metrics.h"
 
 #include <chrono>
@@ -77,11 +78,6 @@ class RpcInterceptorFactory final : public grpc::experimental::ServerInterceptor
   Metrics* metrics_;
 };
 
-// "NOT_FOUND", ...: gRPC's codes are the canonical codes absl names.
-std::string CodeName(grpc::StatusCode code) {
-  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& host, int port,
@@ -159,8 +155,8 @@ std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> Metrics::
 }
 
 void Metrics::ObserveRpc(const std::string& method, grpc::StatusCode code, double seconds) {
-  requests_->Add({{"method", method}, {"code", CodeName(code)}}).Increment();
-  latency_->Add({{"method", method}, {"code", CodeName(code)}}, LatencyBuckets()).Observe(seconds);
+  requests_->Add({{"method", method}, {"code", client::CodeName(code)}}).Increment();
+  latency_->Add({{"method", method}, {"code", client::CodeName(code)}}, LatencyBuckets()).Observe(seconds);
 }
 
 void Metrics::ReadTables(embedding::EmbeddingCollection* tables) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "client/grpc_status.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -82,13 +83,8 @@ void PrintCheckpoint(const tessera::v1::CheckpointInfo& c) {
   std::printf("\n");
 }
 
-// "NOT_FOUND", ...: gRPC's codes are the canonical codes absl names.
-std::string CodeName(grpc::StatusCode code) {
-  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
-}
-
 int Fail(const std::string& what, const grpc::Status& s) {
-  std::cerr << "tessera-cli: " << what << ": " << CodeName(s.error_code()) << ": "
+  std::cerr << "tessera-cli: " << what << ": " << tessera::client::CodeName(s.error_code()) << ": "
             << s.error_message() << "\n";
   return 1;
 }
