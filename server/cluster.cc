@@ -1,0 +1,187 @@
+#include "server/cluster.h"
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "embedding/embedding_table.h"
+#include "embedding/status.h"
+#include "google/protobuf/util/message_differencer.h"
+
+namespace tessera::server {
+
+Cluster::Cluster(client::ShardRouter* router, uint64_t shard_map_version,
+                 const ClusterOptions& options, storage::CoordinatorStore* store)
+    : router_(router), version_(shard_map_version), options_(options), store_(store) {
+  router_->SetReadmitCallback([this](int k) { Reprovision(k); });
+  if (store_ == nullptr) return;
+  const v1::CoordinatorState state = store_->state();
+  absl::MutexLock lock(&mu_);
+  for (const auto& t : state.tables()) configs_[t.name()] = t;
+}
+
+Cluster::~Cluster() { router_->SetReadmitCallback(nullptr); }
+
+absl::Status Cluster::NeedStore() const {
+  if (store_ != nullptr) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "this coordinator has no --data_dir, so it cannot record cluster checkpoints");
+}
+
+v1::CoordinatorState Cluster::StateLocked() const {
+  v1::CoordinatorState state;
+  for (const auto& [name, config] : configs_) *state.add_tables() = config;
+  state.set_shard_map_version(version_.load());
+  for (const auto& a : router_->addresses()) state.add_shards(a);
+  return state;
+}
+
+void Cluster::SetShardMapVersion(uint64_t version) {
+  version_.store(version);
+  router_->set_shard_map_version(version);
+}
+
+absl::StatusOr<v1::TableConfig> Cluster::Config(const std::string& table) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = configs_.find(table);
+  if (it == configs_.end()) {
+    return absl::NotFoundError(absl::StrCat("table '", table, "' not found"));
+  }
+  return it->second;
+}
+
+std::vector<v1::TableConfig> Cluster::Tables() const {
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<v1::TableConfig> out;
+  for (const auto& [name, config] : configs_) out.push_back(config);
+  return out;
+}
+
+absl::Status Cluster::CreateTable(const v1::TableConfig& config) {
+  TESSERA_RETURN_IF_ERROR(embedding::ValidateTableConfig(config));
+  absl::MutexLock create(&create_mu_);
+  if (absl::StatusOr<v1::TableConfig> held = Config(config.name()); held.ok()) {
+    if (!google::protobuf::util::MessageDifferencer::Equals(*held, config)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("table '", config.name(), "' already exists with another config"));
+    }
+    // The same table again (a retry, or a create that failed on some shard): make sure
+    // every shard has it; shards answer OK for a table they hold with this config.
+    return router_->CreateTable(config);
+  }
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    if (static_cast<int64_t>(configs_.size()) >= options_.max_tables) {
+      return absl::ResourceExhaustedError(absl::StrCat("table '", config.name(),
+                                                       "': the cluster holds ", configs_.size(),
+                                                       " tables, its limit (--max_tables)"));
+    }
+  }
+  if (store_ != nullptr) {
+    // Recorded before the shards create it: a table the shards hold is never unknown to
+    // a restarted coordinator.
+    v1::CoordinatorState state;
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      state = StateLocked();
+    }
+    *state.add_tables() = config;
+    TESSERA_RETURN_IF_ERROR(Annotate(store_->Save(state), "cannot record the new table"));
+  }
+  absl::Status s = router_->CreateTable(config);
+  if (!s.ok()) {
+    if (store_ != nullptr) {
+      absl::ReaderMutexLock lock(&mu_);
+      (void)store_->Save(StateLocked());
+    }
+    return s;
+  }
+  absl::MutexLock lock(&mu_);
+  configs_[config.name()] = config;
+  return absl::OkStatus();
+}
+
+void Cluster::Reprovision(int k) {
+  const std::vector<v1::TableConfig> configs = Tables();
+  absl::MutexLock create(&create_mu_);
+  int failed = 0;
+  for (const v1::TableConfig& config : configs) {
+    // Idempotent: a table the shard holds (loaded from its data directory) is left as is.
+    absl::Status s = router_->CreateTableOn(k, config);
+    if (!s.ok()) {
+      ++failed;
+      std::fprintf(stderr, "tessera: shard %d: cannot re-create table '%s': %s\n", k,
+                   config.name().c_str(), std::string(s.message()).c_str());
+    }
+  }
+  std::fprintf(stderr, "tessera: shard %d re-admitted: its %zu tables checked, %d failed\n", k,
+               configs.size(), failed);
+}
+
+absl::Status Cluster::LookupBatch(absl::Span<const v1::TableConfig> configs,
+                                  absl::Span<const embedding::TableBags> parts, bool read_only) {
+  return router_->LookupBatch(configs, parts, read_only);
+}
+
+absl::StatusOr<std::vector<int64_t>> Cluster::PushBatch(
+    absl::Span<const v1::TableConfig> configs, absl::Span<const embedding::TableGradients> parts,
+    int64_t step, const embedding::RequestId& id) {
+  absl::ReaderMutexLock barrier(&barrier_mu_);
+  return router_->PushBatch(configs, parts, step, id);
+}
+
+absl::StatusOr<std::vector<v1::TableStats>> Cluster::Stats(const std::string& table) {
+  if (!table.empty()) TESSERA_RETURN_IF_ERROR(Config(table).status());
+  return router_->Stats(table);
+}
+
+absl::StatusOr<storage::CheckpointManifest> Cluster::Checkpoint(
+    int64_t step, const embedding::Attachments& attachments) {
+  TESSERA_RETURN_IF_ERROR(NeedStore());
+  if (step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint step must be >= 0, got ", step));
+  }
+  for (const auto& [name, blob] : attachments) {
+    TESSERA_RETURN_IF_ERROR(storage::ValidateAttachmentName(name));
+  }
+  absl::MutexLock barrier(&barrier_mu_);
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> shards = router_->CheckpointShards(step);
+  if (!shards.ok()) return Annotate(shards.status(), "checkpoint not taken");
+  storage::CheckpointManifest m;
+  m.step = step;
+  for (const auto& info : *shards) {
+    m.rows += info.rows();
+    m.bytes += info.bytes();
+  }
+  m.shards = router_->addresses();
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const auto& [name, config] : configs_) m.tables.push_back(name);
+  }
+  return store_->CommitCheckpoint(m, attachments);
+}
+
+absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(int64_t step,
+                                                             embedding::Attachments* attachments) {
+  TESSERA_RETURN_IF_ERROR(NeedStore());
+  TESSERA_ASSIGN_OR_RETURN(storage::CheckpointManifest m,
+                           store_->FindCheckpoint(step, attachments));
+  if (m.shards.size() != router_->addresses().size()) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", m.step, " spans ",
+                                                      m.shards.size(), " shards, this cluster has ",
+                                                      router_->addresses().size()));
+  }
+  absl::MutexLock barrier(&barrier_mu_);
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> shards = router_->RestoreShards(m.step);
+  if (!shards.ok()) {
+    return Annotate(shards.status(),
+                    absl::StrCat("restore of checkpoint ", m.step, " failed; retry it"));
+  }
+  return m;
+}
+
+absl::StatusOr<std::vector<storage::CheckpointManifest>> Cluster::ListCheckpoints() const {
+  TESSERA_RETURN_IF_ERROR(NeedStore());
+  return store_->ListCheckpoints();
+}
+
+}  // namespace tessera::server

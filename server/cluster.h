@@ -1,0 +1,95 @@
+#ifndef TESSERA_SERVER_CLUSTER_H_
+#define TESSERA_SERVER_CLUSTER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "client/shard_router.h"
+#include "embedding/collection.h"
+#include "embedding/storage/coordinator_store.h"
+
+namespace tessera::server {
+
+struct ClusterOptions {
+  int32_t max_tables = 1024;  // tables held; creating one more is ResourceExhausted
+};
+
+// What the coordinator knows and decides about the cluster: the table registry (durable
+// with a CoordinatorStore), the create protocol (recorded first, then created on every
+// shard, idempotently), re-provisioning of shards that come back empty, the checkpoint
+// barrier (pushes routed here wait while a checkpoint or restore runs) and cluster
+// checkpoints (every shard takes its own, then the store writes the manifest that makes
+// it exist). CoordinatorService adapts it to the wire. Thread-safe.
+class Cluster {
+ public:
+  // `router` and `store` (null: nothing durable, no checkpoints) must outlive the
+  // cluster. Tables recorded in `store` are served at once.
+  Cluster(client::ShardRouter* router, uint64_t shard_map_version, const ClusterOptions& options,
+          storage::CoordinatorStore* store);
+  ~Cluster();
+
+  // Registers `config` and creates it on every shard. The same config again is OK (and
+  // completes a create that failed on some shard); AlreadyExists for another config under
+  // the name, InvalidArgument for a bad one, ResourceExhausted past max_tables.
+  absl::Status CreateTable(const v1::TableConfig& config);
+  // Every registered table, by name.
+  std::vector<v1::TableConfig> Tables() const;
+  // The config of `table`, or NotFound.
+  absl::StatusOr<v1::TableConfig> Config(const std::string& table) const;
+
+  uint64_t shard_map_version() const { return version_.load(); }
+  // Advertise (and route with) another shard-map version from now on.
+  void SetShardMapVersion(uint64_t version);
+  const client::ShardRouter& router() const { return *router_; }
+
+  // Routes a lookup (see ShardRouter::LookupBatch).
+  absl::Status LookupBatch(absl::Span<const v1::TableConfig> configs,
+                           absl::Span<const embedding::TableBags> parts, bool read_only);
+  // Routes a push under request `id` (a new one when empty), waiting while a checkpoint
+  // or restore runs.
+  absl::StatusOr<std::vector<int64_t>> PushBatch(absl::Span<const v1::TableConfig> configs,
+                                                 absl::Span<const embedding::TableGradients> parts,
+                                                 int64_t step, const embedding::RequestId& id);
+
+  // Every serving shard's stats of `table` (empty: every table); NotFound for an unknown
+  // table.
+  absl::StatusOr<std::vector<v1::TableStats>> Stats(const std::string& table);
+
+  // Checkpoint `step` of every shard and its manifest, at the barrier. FailedPrecondition
+  // without a store, InvalidArgument for a negative step or bad attachment name.
+  absl::StatusOr<storage::CheckpointManifest> Checkpoint(int64_t step,
+                                                         const embedding::Attachments& attachments);
+  // Every shard back to checkpoint `step` (-1: the newest), at the barrier; fills
+  // `attachments`. NotFound when there is none.
+  absl::StatusOr<storage::CheckpointManifest> Restore(int64_t step,
+                                                      embedding::Attachments* attachments);
+  // Complete cluster checkpoints, oldest first; FailedPrecondition without a store.
+  absl::StatusOr<std::vector<storage::CheckpointManifest>> ListCheckpoints() const;
+
+  // Creates on shard k every registered table it lacks (a shard without a data directory
+  // comes back empty); the router calls it when it re-admits shard k.
+  void Reprovision(int k);
+
+ private:
+  absl::Status NeedStore() const;
+  // The durable state with configs_ as they are now.
+  v1::CoordinatorState StateLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  client::ShardRouter* router_;
+  std::atomic<uint64_t> version_;
+  const ClusterOptions options_;
+  storage::CoordinatorStore* store_;
+  mutable absl::Mutex mu_;
+  absl::Mutex create_mu_;   // one CreateTable (or re-provisioning) at a time
+  absl::Mutex barrier_mu_;  // shared: routed pushes; exclusive: checkpoint and restore
+  std::map<std::string, v1::TableConfig> configs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tessera::server
+
+#endif  // TESSERA_SERVER_CLUSTER_H_
