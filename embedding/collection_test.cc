@@ -179,6 +179,24 @@ TEST(InProcessCollection, SplitsRowBudgetOverShards) {
   EXPECT_THAT(std::string(s.message()), testing::HasSubstr("row budget of 5 rows"));
 }
 
+TEST(InProcessCollection, APushOverOneShardsBudgetChangesNoShard) {
+  auto c = Make(2);
+  v1::TableConfig cfg = Config("small", 4);
+  cfg.set_max_rows(32);
+  ASSERT_TRUE(c->CreateTable(cfg).ok());
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back(i);
+  std::vector<float> before(ids.size() * 4), after(ids.size() * 4);
+  LookupOptions read_only;
+  read_only.insert_missing = false;
+  ASSERT_TRUE(c->Lookup("small", ids, absl::MakeSpan(before), read_only).ok());
+  std::vector<float> g(ids.size() * 4, 0.01f);
+  absl::Status s = c->PushGradients("small", ids, g, 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  ASSERT_TRUE(c->Lookup("small", ids, absl::MakeSpan(after), read_only).ok());
+  EXPECT_EQ(after, before) << "a refused push must not change rows";
+}
+
 TEST(InProcessCollection, ListsTablesSortedByName) {
   auto c = Make(1);
   ASSERT_TRUE(c->CreateTable(Config("b", 4)).ok());

@@ -694,6 +694,15 @@ absl::Status EmbeddingTable::ApplyUniqueGradients(absl::Span<const int64_t> ids,
   return absl::OkStatus();
 }
 
+absl::Status EmbeddingTable::CheckRoomFor(absl::Span<const int64_t> ids) const {
+  if (row_budget_ <= 0 || policy_ != v1::EVICTION_NONE) return absl::OkStatus();
+  int64_t present = 0;
+  ReadRows(ids, [&](int64_t, const float*, const float*, const RowMeta&) { ++present; });
+  const int64_t missing = static_cast<int64_t>(ids.size()) - present;
+  if (missing > 0 && num_rows() + missing > row_budget_) return BudgetError();
+  return absl::OkStatus();
+}
+
 absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const float* grads,
                                         int64_t step) {
   StripePlan& plan = PlanByStripe(ids);

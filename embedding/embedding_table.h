@@ -113,6 +113,13 @@ class EmbeddingTable {
   absl::Status ApplyUniqueGradients(absl::Span<const int64_t> ids, const float* grads,
                                     int64_t step);
 
+  // OK when the rows that updating distinct `ids` would create fit the row budget (always
+  // for tables without one, or that evict to make room); otherwise the ResourceExhausted
+  // that ApplyUniqueGradients would return. A check, not a reservation: a concurrent
+  // update may take the room before the caller uses it. Lets a caller that updates
+  // several tables as one (the in-process shards of a collection) refuse the whole batch.
+  absl::Status CheckRoomFor(absl::Span<const int64_t> ids) const;
+
   // Like ApplyUniqueGradients, but `ids` may repeat: gradients of one id are summed in
   // batch order and its row is updated once.
   absl::Status PushGradients(absl::Span<const int64_t> ids, const float* grads, int64_t step);

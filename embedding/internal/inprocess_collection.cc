@@ -222,6 +222,15 @@ absl::Status InProcessCollection::ApplyPush(ShardedTable& t, absl::Span<const in
     std::copy_n(s.rows.data() + static_cast<size_t>(s.routed_pos[i]) * dim, dim,
                 s.routed_rows.data() + i * dim);
   }
+  // Each shard's update is all or nothing; a shard whose budget cannot take its new rows
+  // refuses the batch before any shard applies its part.
+  for (int k = 0; k < num_shards_; ++k) {
+    const int32_t begin = s.shard_begin[k];
+    const int32_t count = s.shard_begin[k + 1] - begin;
+    if (count == 0) continue;
+    TESSERA_RETURN_IF_ERROR(
+        t.shards[k]->CheckRoomFor(absl::MakeConstSpan(s.routed_ids).subspan(begin, count)));
+  }
   for (int k = 0; k < num_shards_; ++k) {
     const int32_t begin = s.shard_begin[k];
     const int32_t count = s.shard_begin[k + 1] - begin;
