@@ -93,6 +93,42 @@ TEST(DistributedTraining, LossTrajectoryEqualsTheInProcessRunBitForBit) {
   }
 }
 
+double HeldOutAuc(const std::string& out) {
+  const size_t at = out.find("held-out:");
+  const size_t auc = out.find("auc ", at);
+  if (at == std::string::npos || auc == std::string::npos) return -1;
+  return std::stod(out.substr(auc + 4));
+}
+
+TEST(DistributedTraining, PipelinedTrainingReplaysExactlyAndReachesTheSynchronousAuc) {
+  const std::string common = "--steps=800 --log_every=100 --held_out=5000";
+  const std::string local = absl::StrCat(ScratchDir(), "/k1-local.jsonl");
+  std::string in_process;
+  ASSERT_EQ(RunTrain(absl::StrCat(common, " --max_staleness=1 --metrics_out=", local), &in_process),
+            0)
+      << in_process;
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.ok) << "cluster did not come up";
+  const std::string remote = absl::StrCat(ScratchDir(), "/k1-smart.jsonl");
+  std::string pipelined;
+  ASSERT_EQ(RunTrain(absl::StrCat(common, " --max_staleness=1 --coordinator=",
+                                  cluster.coordinator->address(), " --metrics_out=", remote),
+                     &pipelined),
+            0)
+      << pipelined;
+  // One sparse thread sends lookups and pushes in a fixed order: the same run either way.
+  EXPECT_EQ(TrainRecords(remote), TrainRecords(local));
+  Cluster fresh(2);
+  ASSERT_TRUE(fresh.ok) << "cluster did not come up";
+  std::string sync;
+  ASSERT_EQ(RunTrain(absl::StrCat(common, " --coordinator=", fresh.coordinator->address()), &sync),
+            0)
+      << sync;
+  const double auc_sync = HeldOutAuc(sync), auc_k1 = HeldOutAuc(pipelined);
+  ASSERT_GT(auc_sync, 0.5) << sync;
+  EXPECT_NEAR(auc_k1, auc_sync, 0.005) << pipelined;
+}
+
 // Servers on data directories that can all be stopped and started again on their ports.
 struct DurableCluster {
   DurableCluster(int n, std::string root) : n(n), root(std::move(root)) {}
