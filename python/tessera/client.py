@@ -285,12 +285,11 @@ class Client:
             if attempt == self.retries:
                 _raise(last)
             # A channel that found its server down may stay failed after it is back: a
-            # fresh one dials at once.
+            # fresh one dials at once. The old one is left to the garbage collector, not
+            # closed, so calls other threads still make on it finish.
             for k in {requests[i][0] for i in failed}:
-                old = self._shards[k]
-                self._shards[k] = _Endpoint(old.address, "EmbeddingShard", self._credentials,
-                                            self._options)
-                old.close()
+                self._shards[k] = _Endpoint(self._shards[k].address, "EmbeddingShard",
+                                            self._credentials, self._options)
             pending = failed
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
