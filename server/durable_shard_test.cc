@@ -90,6 +90,21 @@ class DurableShardTest : public testing::Test {
     tables_.reset();
   }
 
+  // Creates SGD table `name` (dim 4, lr 0.5) through the RPC.
+  void CreateSgd(const std::string& name, v1::Durability durability) {
+    v1::TableConfig c;
+    c.set_name(name);
+    c.set_dim(4);
+    c.set_durability(durability);
+    c.mutable_optimizer()->set_type(v1::SGD);
+    c.mutable_optimizer()->set_learning_rate(0.5f);
+    grpc::ClientContext ctx;
+    v1::CreateTableRequest req;
+    *req.mutable_config() = c;
+    v1::CreateTableResponse resp;
+    ASSERT_TRUE(stub_->CreateTable(&ctx, req, &resp).ok());
+  }
+
   grpc::Status Push(const std::vector<int64_t>& ids, float g) {
     grpc::ClientContext ctx;
     v1::PushGradientsRequest req;
@@ -120,19 +135,7 @@ class DurableShardTest : public testing::Test {
 
 TEST_F(DurableShardTest, FullDiskFailsThePushOverTheWireAndChangesNothing) {
   Start(/*durable=*/true);
-  v1::TableConfig c;
-  c.set_name("wt");
-  c.set_dim(4);
-  c.set_durability(v1::WRITE_THROUGH);
-  c.mutable_optimizer()->set_type(v1::SGD);
-  c.mutable_optimizer()->set_learning_rate(0.5f);
-  {
-    grpc::ClientContext ctx;
-    v1::CreateTableRequest req;
-    *req.mutable_config() = c;
-    v1::CreateTableResponse resp;
-    ASSERT_TRUE(stub_->CreateTable(&ctx, req, &resp).ok());
-  }
+  CreateSgd("wt", v1::WRITE_THROUGH);
   const std::vector<int64_t> ids = {1, 2, 3};
   ASSERT_TRUE(Push(ids, 1.0f).ok());
   const auto before = Rows(ids);
@@ -161,19 +164,8 @@ TEST_F(DurableShardTest, FullDiskFailsThePushOverTheWireAndChangesNothing) {
 
 TEST_F(DurableShardTest, APushAppliedBeforeARestartIsAnsweredNotAppliedWhenRepeated) {
   Start(/*durable=*/true);
-  for (auto [name, durability] : {std::pair{"wt", v1::WRITE_THROUGH}, {"ck", v1::CHECKPOINT}}) {
-    v1::TableConfig c;
-    c.set_name(name);
-    c.set_dim(4);
-    c.set_durability(durability);
-    c.mutable_optimizer()->set_type(v1::SGD);
-    c.mutable_optimizer()->set_learning_rate(0.5f);
-    grpc::ClientContext ctx;
-    v1::CreateTableRequest req;
-    *req.mutable_config() = c;
-    v1::CreateTableResponse resp;
-    ASSERT_TRUE(stub_->CreateTable(&ctx, req, &resp).ok());
-  }
+  CreateSgd("wt", v1::WRITE_THROUGH);
+  CreateSgd("ck", v1::CHECKPOINT);
   const std::vector<int64_t> ids = {1, 2, 3, 2};
   const std::vector<float> grads(ids.size() * 4, 1.0f);
   auto push = [&](uint64_t sequence) {
@@ -229,19 +221,7 @@ TEST_F(DurableShardTest, APushAppliedBeforeARestartIsAnsweredNotAppliedWhenRepea
 
 TEST_F(DurableShardTest, APushTheDiskRefusedLeavesNoRecordAndAppliesWhenRepeated) {
   Start(/*durable=*/true);
-  v1::TableConfig c;
-  c.set_name("wt");
-  c.set_dim(4);
-  c.set_durability(v1::WRITE_THROUGH);
-  c.mutable_optimizer()->set_type(v1::SGD);
-  c.mutable_optimizer()->set_learning_rate(0.5f);
-  {
-    grpc::ClientContext ctx;
-    v1::CreateTableRequest req;
-    *req.mutable_config() = c;
-    v1::CreateTableResponse resp;
-    ASSERT_TRUE(stub_->CreateTable(&ctx, req, &resp).ok());
-  }
+  CreateSgd("wt", v1::WRITE_THROUGH);
   const std::vector<int64_t> ids = {1, 2};
   auto push = [&] {
     grpc::ClientContext ctx;
