@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "client/command_line.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -157,9 +158,8 @@ absl::Status Run() {
 }  // namespace tessera::bench
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Benchmarks Tessera setups side by side: tessera-bench --scenarios=FILE --out=DIR");
-  absl::ParseCommandLine(argc, argv);
+  tessera::client::ParseCommandLine(argc, argv, "tessera-bench",
+                                   "Benchmarks Tessera setups side by side: tessera-bench --scenarios=FILE --out=DIR");
   absl::Status s = tessera::bench::Run();
   if (!s.ok()) {
     std::cerr << "tessera-bench: " << s << "\n";

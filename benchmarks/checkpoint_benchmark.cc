@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "client/command_line.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -146,7 +147,7 @@ int Run() {
 }  // namespace tessera
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Times checkpoint and restore of one large table.");
-  absl::ParseCommandLine(argc, argv);
+  tessera::client::ParseCommandLine(argc, argv, "tessera-checkpoint-benchmark",
+                                   "Times checkpoint and restore of one large table.");
   return tessera::Run();
 }

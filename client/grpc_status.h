@@ -4,6 +4,8 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "grpcpp/support/status.h"
 
 namespace tessera::client {
@@ -13,6 +15,27 @@ namespace tessera::client {
 inline absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+// `status` of a first call to the coordinator at `address`, with what the usual causes
+// are: UNIMPLEMENTED from a server that is not a coordinator (a shard), UNAVAILABLE from
+// a TLS server called in plaintext or the other way round.
+inline absl::Status ExplainCoordinatorFailure(const absl::Status& status,
+                                              absl::string_view address, bool tls) {
+  if (absl::IsUnimplemented(status)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        address, " does not serve the tessera.v1.Coordinator API: is it a tessera-shard? "
+        "--coordinator takes the coordinator's host:port"));
+  }
+  if (absl::IsUnavailable(status)) {
+    return absl::Status(
+        status.code(),
+        absl::StrCat(status.message(),
+                     tls ? " (this client uses TLS: is the server plaintext?)"
+                         : " (this client is plaintext: if the server uses TLS, pass "
+                           "--tls_ca_file)"));
+  }
+  return status;
 }
 
 // "NOT_FOUND", ...: gRPC's codes are the canonical codes absl names.

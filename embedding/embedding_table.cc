@@ -336,24 +336,48 @@ void EmbeddingTable::StoreWeights(const float* w, float* row) const {
   EncodeWeights(dtype_, w, dim_, row);
 }
 
-void EmbeddingTable::UpdateRowLocked(Stripe& stripe, int64_t id, float* row, const float* grad,
+bool EmbeddingTable::UpdateRowLocked(Stripe& stripe, int64_t id, float* row, const float* grad,
                                      int64_t step, float* scratch) {
-  std::memcpy(scratch, grad, static_cast<size_t>(dim_) * sizeof(float));
+  const size_t d = static_cast<size_t>(dim_);
+  float* g = scratch;
+  float* w = scratch + d;
+  float* state = w + d;
+  std::memcpy(g, grad, d * sizeof(float));
+  std::memcpy(state, StateOf(row), static_cast<size_t>(state_floats_) * sizeof(float));
   StoredMeta* stored = StoredMetaOf(row);
   const int64_t prior = stored->meta.update_count;
   if (dtype_ == v1::FP32) {
-    optimizer_->Update(row, StateOf(row), scratch, prior);
+    std::memcpy(w, row, d * sizeof(float));
   } else {
-    float* widened = scratch + dim_;
-    DecodeWeights(dtype_, row, dim_, widened);
-    optimizer_->Update(widened, StateOf(row), scratch, prior);
+    DecodeWeights(dtype_, row, dim_, w);
+  }
+  optimizer_->Update(w, state, g, prior);
+  // A weight or accumulator that overflowed would be stored, served and checkpointed; the
+  // row keeps its last finite values instead. (Finite: x - x == 0 fails for NaN and Inf.)
+  float check = 0.0f;
+  for (size_t i = 0; i < d; ++i) check += w[i] - w[i];
+  for (int i = 0; i < state_floats_; ++i) check += state[i] - state[i];
+  if (check != 0.0f) return false;
+  if (dtype_ == v1::FP32) {
+    std::memcpy(row, w, d * sizeof(float));
+  } else {
     const uint64_t seed = Mix64(init_key_ ^ Mix64(static_cast<uint64_t>(id)) ^
                                 (static_cast<uint64_t>(prior) * kGolden));
-    EncodeWeightsStochastic(dtype_, widened, dim_, seed, row);
+    EncodeWeightsStochastic(dtype_, w, dim_, seed, row);
   }
+  std::memcpy(StateOf(row), state, static_cast<size_t>(state_floats_) * sizeof(float));
   stored->meta.update_count = prior + 1;
   stored->meta.last_step = step;
   if (stored->dirty == 0) MarkDirtyLocked(stripe, id, row);
+  return true;
+}
+
+absl::Status EmbeddingTable::NonFiniteUpdateError(int64_t refused, int64_t first_id) const {
+  return PartlyApplied(absl::InvalidArgumentError(absl::StrCat(
+      "table '", name(), "': the update of ", refused, " row(s) (id ", first_id,
+      " first) would make weights or optimizer state non-finite, so they keep their values "
+      "(the other rows of the push are updated); lower the learning rate or clip gradients "
+      "(clip_norm, clip_value)")));
 }
 
 absl::Status EmbeddingTable::BudgetError() const {
@@ -487,7 +511,8 @@ absl::StatusOr<float*> EmbeddingTable::InsertManagedLocked(Stripe& stripe, int64
 absl::Status EmbeddingTable::ApplyManaged(absl::Span<const int64_t> ids, const float* grads,
                                           int64_t step) {
   thread_local std::vector<float> scratch;
-  scratch.resize(2 * static_cast<size_t>(dim_));
+  scratch.resize(ScratchFloats());
+  int64_t refused = 0, first_refused = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     const uint64_t h = MapHash(ids[i]);
     Stripe& stripe = stripes_[h >> kStripeShift];
@@ -496,9 +521,12 @@ absl::Status EmbeddingTable::ApplyManaged(absl::Span<const int64_t> ids, const f
     if (row == nullptr) {
       TESSERA_ASSIGN_OR_RETURN(row, InsertManagedLocked(stripe, ids[i], h));
     }
-    UpdateRowLocked(stripe, ids[i], row, grads + i * dim_, step, scratch.data());
+    if (!UpdateRowLocked(stripe, ids[i], row, grads + i * dim_, step, scratch.data()) &&
+        refused++ == 0) {
+      first_refused = ids[i];
+    }
   }
-  return absl::OkStatus();
+  return refused == 0 ? absl::OkStatus() : NonFiniteUpdateError(refused, first_refused);
 }
 
 void EmbeddingTable::ExpireRows(int64_t step) {
@@ -728,7 +756,8 @@ absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const flo
   }
 
   thread_local std::vector<float> scratch;
-  scratch.resize(2 * static_cast<size_t>(dim_));
+  scratch.resize(ScratchFloats());
+  int64_t refused = 0, first_refused = 0;
   // The whole row: weights, state and the meta after them (update count, dirty flag),
   // which every update reads and writes.
   const int row_lines = stride_floats_ / 16;
@@ -753,15 +782,18 @@ absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const flo
           }
           ++created;
         }
-        UpdateRowLocked(stripe, ids[pos], row, grads + static_cast<size_t>(pos) * dim_, step,
-                        scratch.data());
+        if (!UpdateRowLocked(stripe, ids[pos], row, grads + static_cast<size_t>(pos) * dim_,
+                             step, scratch.data()) &&
+            refused++ == 0) {
+          first_refused = ids[pos];
+        }
       }
     }
   }
   // Another thread may have created some of the reserved rows meanwhile; without a budget
   // nothing was reserved and every created row is counted here.
   if (created != reserved) num_rows_.fetch_add(created - reserved, std::memory_order_relaxed);
-  return absl::OkStatus();
+  return refused == 0 ? absl::OkStatus() : NonFiniteUpdateError(refused, first_refused);
 }
 
 absl::Status EmbeddingTable::PushGradients(absl::Span<const int64_t> ids, const float* grads,

@@ -109,7 +109,9 @@ class EmbeddingTable {
   // for batches with repeats); `grads` (ids.size(), dim) is each row's summed gradient;
   // missing rows are created first. InvalidArgument when any gradient is NaN or Inf,
   // ResourceExhausted when a new row would pass the budget; in both cases no row
-  // changes. `step` is recorded as the rows' last step.
+  // changes. `step` is recorded as the rows' last step. A row whose update would make a
+  // weight or state value non-finite keeps its values: the others are updated and the
+  // answer is an InvalidArgument marked PartlyApplied (embedding/status.h).
   absl::Status ApplyUniqueGradients(absl::Span<const int64_t> ids, const float* grads,
                                     int64_t step);
 
@@ -201,9 +203,14 @@ class EmbeddingTable {
   // Stores `w` (dim) as the row's weights, rounded to nearest.
   void StoreWeights(const float* w, float* row) const;
   // One optimizer step on `row` with gradient `grad` (dim; not changed); records `step`.
-  // `scratch`: (2 * dim) floats. Requires the stripe's writer lock.
-  void UpdateRowLocked(Stripe& stripe, int64_t id, float* row, const float* grad, int64_t step,
+  // The step runs on a copy: when it would make a weight or a state value non-finite
+  // (a gradient too large for the learning rate) the row is left as it was and false is
+  // returned. `scratch`: ScratchFloats(). Requires the stripe's writer lock.
+  bool UpdateRowLocked(Stripe& stripe, int64_t id, float* row, const float* grad, int64_t step,
                        float* scratch);
+  size_t ScratchFloats() const { return 2 * static_cast<size_t>(dim_) + state_floats_; }
+  // InvalidArgument for `refused` rows whose update UpdateRowLocked refused.
+  absl::Status NonFiniteUpdateError(int64_t refused, int64_t first_id) const;
   struct StoredMeta;
   RowMeta* MetaOf(float* row) const { return reinterpret_cast<RowMeta*>(row + meta_at_); }
   const RowMeta* MetaOf(const float* row) const {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "embedding/dtype.h"
+#include "embedding/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -161,6 +162,38 @@ TEST(EmbeddingTable, NonFiniteGradientIsRejectedAndRowUntouched) {
     EXPECT_EQ(t->ReadRow(1)->state, r1->state);
     EXPECT_EQ(t->ReadRow(2)->weights, r2->weights);
     EXPECT_EQ(t->ReadRow(2)->meta.update_count, 0);
+  }
+}
+
+// Finite gradients whose update overflows: SGD at lr 10 on 1e38, Adagrad's accumulator
+// on 1e20 squared. The overflowing rows keep their values, the others are updated.
+TEST(EmbeddingTable, AnUpdateThatWouldOverflowLeavesItsRowAndSaysSo) {
+  for (v1::OptimizerType opt : {v1::SGD, v1::ADAGRAD}) {
+    for (v1::Dtype dtype : {v1::FP32, v1::BF16}) {
+      v1::TableConfig c = Config(2, opt);
+      c.mutable_optimizer()->set_learning_rate(10.0f);
+      c.set_dtype(dtype);
+      auto t = Make(c);
+      const std::vector<int64_t> ids = {1, 2, 3};
+      const float huge = opt == v1::SGD ? 1e38f : 1e20f;
+      const std::vector<float> g = {0.1f, 0.1f, huge, -huge, 0.2f, 0.2f};
+      std::vector<float> before(6), after(6);
+      ASSERT_TRUE(t->Lookup(ids, before.data()).ok());
+      const auto state2 = t->ReadRow(2)->state;
+      absl::Status s = t->PushGradients(ids, g.data(), 5);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      EXPECT_TRUE(IsPartlyApplied(s));
+      EXPECT_THAT(std::string(s.message()), testing::HasSubstr("(id 2 first) would make"));
+      ASSERT_TRUE(t->Lookup(ids, after.data()).ok());
+      for (float v : after) EXPECT_TRUE(std::isfinite(v));
+      EXPECT_EQ(after[2], before[2]);
+      EXPECT_EQ(after[3], before[3]);
+      EXPECT_EQ(t->ReadRow(2)->state, state2);
+      EXPECT_EQ(t->ReadRow(2)->meta.update_count, 0);
+      EXPECT_NE(after[0], before[0]);  // the finite rows moved
+      EXPECT_NE(after[4], before[4]);
+      EXPECT_EQ(t->ReadRow(3)->meta.update_count, 1);
+    }
   }
 }
 

@@ -11,11 +11,25 @@
 
 namespace tessera {
 
-// Returns `status` with `context` put in front of its message, keeping its code.
-// An OK status stays OK.
+// Returns `status` with `context` put in front of its message, keeping its code and
+// payloads. An OK status stays OK.
 inline absl::Status Annotate(const absl::Status& status, absl::string_view context) {
   if (status.ok()) return status;
-  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
+  absl::Status out(status.code(), absl::StrCat(context, ": ", status.message()));
+  status.ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  return out;
+}
+
+// A push refused with `status` that has nevertheless updated some rows (the others kept
+// their values): the caller must not apply it again. Marked with a payload.
+inline constexpr absl::string_view kPartlyAppliedPayload = "tessera/partly-applied";
+inline absl::Status PartlyApplied(absl::Status status) {
+  status.SetPayload(kPartlyAppliedPayload, absl::Cord("1"));
+  return status;
+}
+inline bool IsPartlyApplied(const absl::Status& status) {
+  return status.GetPayload(kPartlyAppliedPayload).has_value();
 }
 
 }  // namespace tessera

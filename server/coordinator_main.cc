@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "client/command_line.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -39,9 +40,8 @@ ABSL_FLAG(std::string, data_dir, "",
 ABSL_FLAG(int, keep_checkpoints, 3, "newest complete cluster checkpoints kept; 0 = all");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Routes Tessera lookups and pushes to shards: --shards=127.0.0.1:7001,127.0.0.1:7002");
-  absl::ParseCommandLine(argc, argv);
+  tessera::client::ParseCommandLine(argc, argv, "tessera-coordinator",
+                                   "Routes Tessera lookups and pushes to shards: --shards=127.0.0.1:7001,127.0.0.1:7002");
   if (absl::Status s = tessera::server::ConfigureLoggingFromFlags("tessera-coordinator"); !s.ok()) {
     std::cerr << "tessera-coordinator: " << s.message() << "\n";
     return 1;

@@ -28,6 +28,9 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(grpc::Service* service
   const std::string address = absl::StrCat(options.host, ":", options.port);
   builder.AddListeningPort(
       address, options.credentials ? options.credentials : grpc::InsecureServerCredentials(), port);
+  // gRPC sets SO_REUSEPORT by default: a second server on a taken port would start and
+  // take a share of the connections. One server per port, or none.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.RegisterService(service);
@@ -37,7 +40,9 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(grpc::Service* service
   builder.experimental().SetInterceptorCreators(std::move(creators));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || *port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", address,
+        options.port != 0 ? " (is another server on that port? pick a free --port)" : ""));
   }
   return server;
 }

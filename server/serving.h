@@ -22,7 +22,8 @@ struct ListenOptions {
 };
 
 // Starts a gRPC server for `service` with the default health service enabled, and sets
-// `*port` to the port it bound. Unavailable when it cannot listen.
+// `*port` to the port it bound. Unavailable when it cannot listen, a port in use by
+// another process included (SO_REUSEPORT is off).
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(grpc::Service* service,
                                                           const ListenOptions& options, int* port);
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "client/command_line.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -35,8 +36,8 @@ ABSL_FLAG(std::string, data_dir, "",
 ABSL_FLAG(int, keep_checkpoints, 3, "newest complete checkpoints kept; 0 = all");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Serves one embedding shard over gRPC.");
-  absl::ParseCommandLine(argc, argv);
+  tessera::client::ParseCommandLine(argc, argv, "tessera-shard",
+                                   "Serves one embedding shard over gRPC.");
   if (absl::Status s = tessera::server::ConfigureLoggingFromFlags("tessera-shard"); !s.ok()) {
     std::cerr << "tessera-shard: " << s.message() << "\n";
     return 1;

@@ -245,6 +245,7 @@ absl::StatusOr<std::vector<int64_t>> ShardService::ApplyPush(const DecodedBatch&
       journal_.Run(id, batch.pushes.size(), [&](std::vector<int64_t>* done) -> absl::Status {
         thread_local std::vector<int64_t> unique;
         thread_local std::vector<int32_t> inverse;
+        absl::Status partly;
         for (size_t i = done->size(); i < batch.pushes.size(); ++i) {
           const embedding::TableGradients& part = batch.pushes[i];
           const embedding::PushTag tag{id, static_cast<uint32_t>(i)};
@@ -256,16 +257,23 @@ absl::StatusOr<std::vector<int64_t>> ShardService::ApplyPush(const DecodedBatch&
               continue;
             }
           }
-          TESSERA_RETURN_IF_ERROR(
+          absl::Status applied =
               id.empty() ? tables_->PushGradients(part.table, part.ids, part.gradients, step)
                          : tables_->PushGradientsRecorded(part.table, part.ids, part.gradients,
-                                                          step, tag));
+                                                          step, tag);
+          // A part that kept some rows (their results were not finite) has updated the
+          // others: it counts as applied, so a repeat does not apply them again.
+          if (tessera::IsPartlyApplied(applied)) {
+            if (partly.ok()) partly = applied;
+          } else {
+            TESSERA_RETURN_IF_ERROR(applied);
+          }
           embedding::Unique(part.ids, &unique, &inverse);
           done->push_back(static_cast<int64_t>(unique.size()));
           absl::MutexLock lock(&mu_);
           counters_[part.table].updates += static_cast<int64_t>(unique.size());
         }
-        return absl::OkStatus();
+        return partly;
       }));
   return updated;
 }

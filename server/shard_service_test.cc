@@ -193,6 +193,35 @@ TEST_F(ShardServiceTest, BadRequestsGetTheirCodesAndLeaveRowsBitIdentical) {
             std::vector<float>(before.values().begin(), before.values().end()));
 }
 
+// A finite gradient whose update overflows is INVALID_ARGUMENT on the wire; the overflowing
+// row keeps its value (never -inf served), and a repeat of the request id applies nothing.
+TEST_F(ShardServiceTest, AnOverflowingUpdateIsRefusedForItsRowAndARepeatAppliesNothing) {
+  Start(0, 1);
+  v1::TableConfig c = Config();
+  c.mutable_optimizer()->set_learning_rate(10.0f);
+  ASSERT_TRUE(Create(c).ok());
+  v1::LookupResponse before, after, again;
+  ASSERT_TRUE(Lookup(LookupOf({1, 2}), &before).ok());
+  v1::PushGradientsRequest push;
+  push.set_table("user");
+  push.add_ids(1);
+  push.add_ids(2);
+  for (float g : {0.1f, 0.1f, 0.1f, 0.1f, 1e38f, 1e38f, 1e38f, 1e38f}) push.add_gradients(g);
+  push.mutable_request_id()->set_client_id(5);
+  push.mutable_request_id()->set_sequence(1);
+  grpc::Status s = Push(push);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), testing::HasSubstr("non-finite"));
+  ASSERT_TRUE(Lookup(LookupOf({1, 2}), &after).ok());
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NEAR(after.values(i), before.values(i) - 1.0f, 1e-5f);  // id 1 moved
+    EXPECT_EQ(after.values(4 + i), before.values(4 + i));         // id 2 kept its value
+  }
+  EXPECT_TRUE(Push(push).ok());  // the repeat: answered, not applied again
+  ASSERT_TRUE(Lookup(LookupOf({1, 2}), &again).ok());
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(again.values(i), after.values(i));
+}
+
 TEST_F(ShardServiceTest, RefusesIdsOwnedByAnotherShard) {
   Start(1, 3);
   ASSERT_TRUE(Create(Config()).ok());

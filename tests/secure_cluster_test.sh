@@ -48,6 +48,9 @@ expect_refused() {  # code, what, flags...
   echo "$out" | grep -q "$code" || fail "$what: expected $code, got: $out"
 }
 expect_refused UNAVAILABLE "plaintext client"
+# ... and says what to try.
+out="$($CLI tables 2>&1 || true)"
+echo "$out" | grep -q "pass --tls_ca_file" || fail "plaintext client: no hint at TLS in: $out"
 # shellcheck disable=SC2086
 expect_refused UNAVAILABLE "a CA that signed nothing here" --tls_ca_file="$D/other.pem" \
   --tls_cert_file="$D/node.pem" --tls_key_file="$D/node.key" --token_file="$D/token"

@@ -63,6 +63,13 @@ class ServerProcess {
       pid_ = -1;
     }
   }
+  // Waits for the process to end; its exit code (-1 when a signal ended it).
+  int WaitForExit() {
+    int status = 0;
+    if (pid_ <= 0 || waitpid(pid_, &status, 0) != pid_) return -1;
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
   // 127.0.0.1:PORT, or empty when the process did not start.
   const std::string& address() const { return address_; }
 

@@ -112,6 +112,34 @@ TEST(ShardProcesses, TwoShardsServeTheirPartsAndADeadShardIsUnavailable) {
   EXPECT_TRUE(stubs[0]->Lookup(&alive, req, &resp).ok());
 }
 
+TEST(ShardProcesses, ASecondServerOnATakenPortRefusesToStart) {
+  ShardProcess first(0, 1);
+  ASSERT_FALSE(first.address().empty());
+  const std::string port = first.address().substr(first.address().rfind(':') + 1);
+  for (const char* binary : {TESSERA_SHARD_BIN, TESSERA_COORDINATOR_BIN}) {
+    std::vector<std::string> args = {absl::StrCat("--port=", port)};
+    if (std::string(binary) == TESSERA_COORDINATOR_BIN) args.push_back(absl::StrCat("--shards=", first.address()));
+    tessera::testing::ServerProcess second(binary, args);
+    EXPECT_TRUE(second.address().empty()) << binary << " started on a taken port";
+    EXPECT_EQ(second.WaitForExit(), 1) << binary;
+  }
+}
+
+TEST(ShardProcesses, ACliPointedAtAShardSaysSo) {
+  ShardProcess shard(0, 1);
+  ASSERT_FALSE(shard.address().empty());
+  const std::string cmd =
+      absl::StrCat(TESSERA_CLI_BIN, " --coordinator=", shard.address(), " tables 2>&1");
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[1024];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
+  const int status = pclose(p);
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  EXPECT_THAT(out, ::testing::HasSubstr("is it a tessera-shard?")) << out;
+}
+
 TEST(ShardProcesses, ServeReflectionListingTheirServices) {
   ShardProcess shard(0, 1);
   ASSERT_FALSE(shard.address().empty());

@@ -2,6 +2,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -12,12 +13,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "trainer/criteo_reader.h"
 
 namespace {
 
@@ -26,8 +29,8 @@ struct Result {
   std::string output;  // stdout and stderr
 };
 
-Result RunTrain(const std::string& args) {
-  const std::string cmd = absl::StrCat(TESSERA_TRAIN_BIN, " ", args, " 2>&1");
+Result RunBinary(const std::string& binary, const std::string& args) {
+  const std::string cmd = absl::StrCat(binary, " ", args, " 2>&1");
   Result r;
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
@@ -38,6 +41,8 @@ Result RunTrain(const std::string& args) {
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
+
+Result RunTrain(const std::string& args) { return RunBinary(TESSERA_TRAIN_BIN, args); }
 
 // A path in a directory of this process's own: two suites running at once on one machine
 // must not write each other's files.
@@ -217,6 +222,141 @@ TEST(TesseraTrain, BadFlagsGiveClearErrors) {
   r = RunTrain("--data=/nonexistent.tsv");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, testing::HasSubstr("cannot open"));
+}
+
+std::string WriteCriteo(const std::string& name, int lines, uint32_t seed) {
+  const std::string path = TempPath(name);
+  std::ofstream out(path);
+  std::mt19937 rng(seed);
+  for (int i = 0; i < lines; ++i) out << CriteoLine(rng, rng() % 4 == 0) << "\n";
+  return path;
+}
+
+TEST(TesseraTrain, AFailingRunStopsItsInputPipelineAndSaysWhy) {
+  // The tables fill up at once: the trainer fails while the readers still make batches.
+  for (const char* threads : {"1", "3"}) {
+    Result r = RunTrain(absl::StrCat("--max_rows=100 --steps=50 --reader_threads=", threads));
+    EXPECT_EQ(r.exit_code, 1) << r.output;  // not a signal
+    EXPECT_THAT(r.output, testing::HasSubstr("row budget of 25 rows is full; raise max_rows"));
+  }
+}
+
+TEST(TesseraTrain, InputWithoutOneTrainableLineFailsAndGzipTrainsLikeThePlainFile) {
+  const std::string empty = TempPath("empty.tsv");
+  std::ofstream(empty).close();
+  const std::string garbage = TempPath("garbage.tsv");
+  {
+    std::ofstream out(garbage, std::ios::binary);
+    std::mt19937 rng(9);
+    for (int i = 0; i < 200000; ++i) out.put(static_cast<char>(rng()));
+  }
+  const std::string bad = TempPath("bad-lines.tsv");
+  {
+    std::ofstream out(bad);
+    for (int i = 0; i < 500; ++i) out << "1\t2\tthree\n";
+  }
+  for (const std::string& path : {empty, garbage, bad}) {
+    Result r = RunTrain(absl::StrCat("--data=", path, " --log_every=0"));
+    EXPECT_EQ(r.exit_code, 1) << path << "\n" << r.output;
+    EXPECT_THAT(r.output, testing::HasSubstr("has no valid training line")) << path;
+    EXPECT_THAT(r.output, testing::Not(testing::HasSubstr("auc 0.5")));
+  }
+
+  const std::string plain = WriteCriteo("plain.tsv", 2000, 7);
+  ASSERT_EQ(std::system(absl::StrCat("gzip -c ", plain, " > ", plain, ".gz").c_str()), 0);
+  const std::string m1 = TempPath("plain.jsonl"), m2 = TempPath("gz.jsonl");
+  Result a = RunTrain(absl::StrCat("--data=", plain, " --batch_size=64 --log_every=1 --metrics_out=", m1));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  Result b = RunTrain(
+      absl::StrCat("--data=", plain, ".gz --batch_size=64 --log_every=1 --metrics_out=", m2));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_FALSE(TrainLosses(m1).empty());
+  EXPECT_EQ(TrainLosses(m1), TrainLosses(m2));
+  EXPECT_EQ(JsonNumber(EvalLine(m1), "auc"), JsonNumber(EvalLine(m2), "auc"));
+
+  // A truncated download is an error, not a shorter epoch.
+  const std::string cut = TempPath("cut.tsv.gz");
+  ASSERT_EQ(std::system(absl::StrCat("head -c 20000 ", plain, ".gz > ", cut).c_str()), 0);
+  Result c = RunTrain(absl::StrCat("--data=", cut, " --batch_size=64"));
+  EXPECT_EQ(c.exit_code, 1);
+  EXPECT_THAT(c.output, testing::HasSubstr("corrupt or truncated"));
+}
+
+TEST(TesseraTrain, FlagsOutsideTheirRangeAreRefusedNamingTheFlag) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--steps=-1", "--steps must be >= 0"},
+      {"--epochs=0", "--epochs must be >= 1"},
+      {"--held_out_fraction=1.5", "--held_out_fraction must be in [0, 1)"},
+      {"--log_every=-5", "--log_every must be >= 0"},
+      {"--reader_threads=0", "--reader_threads must be >= 1"},
+      {"--keep_checkpoints=-1", "--keep_checkpoints must be >= 0"},
+      {"--prefetch=0", "--prefetch must be >= 1"},
+      {"--batch_size=0", "--batch_size must be >= 1"},
+      {"--max_staleness=-2", "--max_staleness must be >= 0"},
+  };
+  for (const auto& [flag, message] : cases) {
+    Result r = RunTrain(flag);
+    EXPECT_EQ(r.exit_code, 1) << flag;
+    EXPECT_THAT(r.output, testing::HasSubstr(message)) << flag;
+    EXPECT_THAT(r.output, testing::Not(testing::HasSubstr("step 100"))) << flag;
+  }
+}
+
+TEST(TesseraTrain, BadLinesAreNamedFirstInFileOrderAndReportedOnceEach) {
+  tessera::trainer::CriteoOptions split;  // the defaults tessera-train uses
+  std::vector<int> train_lines, held_lines;
+  for (int line = 1; line <= 400; ++line) {
+    (tessera::trainer::IsHeldOutLine(line, split) ? held_lines : train_lines).push_back(line);
+  }
+  // Bad lines: an early training line, a later held-out one, two later training ones.
+  const int first = train_lines[5], held = *std::upper_bound(held_lines.begin(), held_lines.end(), first);
+  const int later1 = train_lines[200], later2 = train_lines[250];
+  const std::string path = TempPath("order.tsv");
+  {
+    std::ofstream out(path);
+    std::mt19937 rng(3);
+    for (int line = 1; line <= 3000; ++line) {
+      if (line == first || line == held || line == later1 || line == later2) {
+        out << "x\tbroken\n";
+      } else {
+        out << CriteoLine(rng, rng() % 4 == 0) << "\n";
+      }
+    }
+  }
+  Result stop = RunTrain(absl::StrCat("--data=", path, " --on_bad_line=stop"));
+  EXPECT_EQ(stop.exit_code, 1);
+  EXPECT_THAT(stop.output, testing::HasSubstr(absl::StrCat(path, ":", first, ":")));
+  EXPECT_THAT(stop.output, testing::Not(testing::HasSubstr(absl::StrCat(path, ":", held, ":"))));
+
+  Result skip = RunTrain(absl::StrCat("--data=", path, " --epochs=3 --batch_size=64"));
+  ASSERT_EQ(skip.exit_code, 0) << skip.output;
+  std::vector<std::string> reported;
+  for (absl::string_view l : absl::StrSplit(skip.output, '\n')) {
+    if (absl::StartsWith(l, "criteo: skipping malformed line")) reported.emplace_back(l);
+  }
+  ASSERT_EQ(reported.size(), 3u) << skip.output;  // training lines, first epoch only
+  EXPECT_THAT(reported[0], testing::HasSubstr(absl::StrCat(":", first, ":")));
+  EXPECT_THAT(reported[1], testing::HasSubstr(absl::StrCat(":", later1, ":")));
+  EXPECT_THAT(reported[2], testing::HasSubstr(absl::StrCat(":", later2, ":")));
+  EXPECT_THAT(skip.output, testing::HasSubstr("skipped 1 malformed held-out line(s)"));
+  EXPECT_THAT(skip.output, testing::HasSubstr("skipped 9 malformed line(s)"));  // 3 epochs
+}
+
+TEST(TesseraBinaries, HelpListsEachBinarysOwnFlagsAndVersionPrintsIt) {
+  const std::vector<std::pair<std::string, std::string>> binaries = {
+      {TESSERA_TRAIN_BIN, "--max_staleness"},
+      {TESSERA_SHARD_BIN, "--shard_index"},
+      {TESSERA_COORDINATOR_BIN, "--shards"},
+      {TESSERA_CLI_BIN, "--coordinator"},
+  };
+  for (const auto& [binary, own_flag] : binaries) {
+    Result help = RunBinary(binary, "--help");
+    EXPECT_THAT(help.output, testing::HasSubstr(own_flag)) << binary;
+    EXPECT_THAT(help.output, testing::Not(testing::HasSubstr("No flags matched"))) << binary;
+    Result version = RunBinary(binary, "--version");
+    const std::string name = std::filesystem::path(binary).filename();
+    EXPECT_THAT(version.output, testing::HasSubstr(absl::StrCat(name, " 0."))) << binary;
+  }
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "client/command_line.h"
 #include "client/grpc_status.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -84,8 +85,12 @@ void PrintCheckpoint(const tessera::v1::CheckpointInfo& c) {
 }
 
 int Fail(const std::string& what, const grpc::Status& s) {
-  std::cerr << "tessera-cli: " << what << ": " << tessera::client::CodeName(s.error_code()) << ": "
-            << s.error_message() << "\n";
+  // Calls go to the coordinator but for `health --address`: say what a shard or a TLS
+  // mismatch looks like.
+  absl::Status explained = tessera::client::ExplainCoordinatorFailure(
+      tessera::client::FromGrpcStatus(s), absl::GetFlag(FLAGS_coordinator), Security().tls());
+  std::cerr << "tessera-cli: " << what << ": " << absl::StatusCodeToString(explained.code())
+            << ": " << explained.message() << "\n";
   return 1;
 }
 
@@ -379,10 +384,9 @@ int Run(const std::string& command) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  std::vector<char*> rest = tessera::client::ParseCommandLine(argc, argv, "tessera-cli",
       "tessera-cli [flags] "
       "health|tables|apply|create|lookup|stats|shardmap|checkpoint|restore|checkpoints");
-  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   if (rest.size() != 2) {
     std::cerr << "usage: tessera-cli [flags] "
                  "health|tables|create|lookup|stats|shardmap|checkpoint|restore|checkpoints\n";

@@ -1,5 +1,7 @@
 #include "trainer/criteo_reader.h"
 
+#include <zlib.h>
+
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -141,6 +143,154 @@ TEST(CriteoReader, HeldOutSplitIsDisjointStableAndEpochsRepeat) {
   int expected_held = 0;
   for (int line = 1; line <= 200; ++line) expected_held += IsHeldOutLine(line, o);
   EXPECT_EQ(held->size, expected_held);
+}
+
+std::string WriteGzip(const std::string& name, const std::vector<std::string>& lines) {
+  const std::string path = absl::StrCat(testing::TempDir(), "/", name);
+  gzFile f = gzopen(path.c_str(), "wb");
+  for (const auto& l : lines) gzprintf(f, "%s\n", l.c_str());
+  gzclose(f);
+  return path;
+}
+
+// Every training batch of `spec` concatenated: labels and each sample's first id.
+std::vector<int64_t> ReadAll(const std::string& spec, const CriteoOptions& o) {
+  auto r = CriteoReader::Open(spec, o, 16);
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (!r.ok()) return {};
+  std::vector<int64_t> out;
+  Batch b;
+  while (true) {
+    auto more = (*r)->Next(&b);
+    EXPECT_TRUE(more.ok()) << more.status();
+    if (!more.ok() || !*more) break;
+    for (int i = 0; i < b.size; ++i) {
+      out.push_back(static_cast<int64_t>(b.labels[i]));
+      out.push_back(b.ids[0][i]);
+    }
+  }
+  return out;
+}
+
+TEST(CriteoReader, ReadsGzipFilesLikeThePlainOnes) {
+  std::vector<std::string> lines;
+  for (int i = 0; i < 500; ++i) lines.push_back(Line(i % 3 == 0, i));
+  CriteoOptions o;
+  o.held_out_fraction = 0.2;
+  const std::string plain = WriteFile("same.tsv", lines);
+  const std::string gz = WriteGzip("same.tsv.gz", lines);
+  const std::vector<int64_t> a = ReadAll(plain, o);
+  EXPECT_EQ(a.size(), 2u * (500 - CriteoReader::LoadHeldOut(plain, o)->size));
+  EXPECT_EQ(a, ReadAll(gz, o));
+  EXPECT_EQ(CriteoReader::LoadHeldOut(gz, o)->labels, CriteoReader::LoadHeldOut(plain, o)->labels);
+}
+
+TEST(CriteoReader, ReadsSeveralFilesInOrderNamingEachFilesOwnLines) {
+  std::vector<std::string> first, second;
+  for (int i = 0; i < 40; ++i) first.push_back(Line(1, i));
+  for (int i = 0; i < 30; ++i) second.push_back(Line(0, 100 + i));
+  second[2] = "broken";
+  const std::string a = WriteFile("part-0.tsv", first);
+  const std::string b = WriteGzip("part-1.tsv.gz", second);
+  CriteoOptions o;
+  o.held_out_fraction = 0.0;
+  o.epochs = 2;
+  auto r = CriteoReader::Open(absl::StrCat(a, ",", b), o, 16);
+  ASSERT_TRUE(r.ok()) << r.status();
+  Batch batch;
+  std::vector<float> labels;
+  while (*(*r)->Next(&batch)) labels.insert(labels.end(), batch.labels.begin(), batch.labels.end());
+  ASSERT_EQ(labels.size(), 2u * (40 + 29));
+  EXPECT_EQ(labels[0], 1.0f);
+  EXPECT_EQ(labels[40], 0.0f);  // the second file follows the first
+  EXPECT_EQ(labels[69], 1.0f);  // and the second epoch starts at the first again
+  EXPECT_EQ((*r)->bad_lines(), 2);
+
+  // A glob names them too, sorted.
+  auto globbed = CriteoReader::Open(absl::StrCat(testing::TempDir(), "/part-*.ts*"), o, 16);
+  ASSERT_TRUE(globbed.ok()) << globbed.status();
+  EXPECT_EQ((*globbed)->paths(), (std::vector<std::string>{a, b}));
+  EXPECT_EQ(CriteoReader::Open(absl::StrCat(testing::TempDir(), "/nothing-*.tsv"), o, 16)
+                .status()
+                .code(),
+            absl::StatusCode::kNotFound);
+
+  o.stop_on_bad_line = true;
+  auto stop = CriteoReader::Open(absl::StrCat(a, ",", b), o, 16);
+  absl::Status s;
+  while (s.ok()) {
+    auto more = (*stop)->Next(&batch);
+    if (!more.ok()) s = more.status();
+    if (more.ok() && !*more) break;
+  }
+  EXPECT_THAT(std::string(s.message()), testing::HasSubstr("part-1.tsv.gz:3:"));
+}
+
+TEST(CriteoReader, ATruncatedGzipIsDataLossNotAShortFile) {
+  std::vector<std::string> lines;
+  for (int i = 0; i < 3000; ++i) lines.push_back(Line(i % 2, i));
+  const std::string gz = WriteGzip("cut.tsv.gz", lines);
+  std::string bytes;
+  {
+    std::ifstream in(gz, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  {
+    std::ofstream out(gz, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), bytes.size() / 2);
+  }
+  CriteoOptions o;
+  auto r = CriteoReader::Open(gz, o, 64);
+  ASSERT_TRUE(r.ok());
+  Batch b;
+  absl::Status s;
+  for (int i = 0; i < 1000 && s.ok(); ++i) {
+    auto more = (*r)->Next(&b);
+    if (!more.ok()) s = more.status();
+    if (more.ok() && !*more) break;
+  }
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(std::string(s.message()), testing::HasSubstr("corrupt or truncated"));
+}
+
+TEST(CriteoReader, StoppingHeldOutPassNamesTheFirstBadLineOfEitherSplit) {
+  CriteoOptions o;
+  o.held_out_fraction = 0.3;
+  o.stop_on_bad_line = true;
+  int train_line = 0, held_line = 0;  // 1-based: a training line, then a later held-out one
+  for (int line = 1; line <= 100 && held_line == 0; ++line) {
+    if (!IsHeldOutLine(line, o) && train_line == 0) train_line = line;
+    if (IsHeldOutLine(line, o) && train_line != 0) held_line = line;
+  }
+  ASSERT_GT(held_line, train_line);
+  std::vector<std::string> lines;
+  for (int i = 0; i < 100; ++i) lines.push_back(Line(i % 2, i));
+  lines[train_line - 1] = "bad training line";
+  lines[held_line - 1] = "bad held-out line";
+  const std::string path = WriteFile("first-bad.tsv", lines);
+  auto held = CriteoReader::LoadHeldOut(path, o);
+  ASSERT_FALSE(held.ok());
+  EXPECT_THAT(std::string(held.status().message()),
+              testing::HasSubstr(absl::StrCat("first-bad.tsv:", train_line, ":")));
+
+  // Skipping, the held-out pass counts its own bad lines and reports none.
+  o.stop_on_bad_line = false;
+  HeldOutReport report;
+  held = CriteoReader::LoadHeldOut(path, o, &report);
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(report.bad_lines, 1);
+  EXPECT_EQ(report.lines_read, held->size + 1);
+}
+
+TEST(CriteoReader, AnOverlongLineIsMalformedAndTheNextOneReads) {
+  std::vector<std::string> lines = {Line(1, 1), std::string(3 << 20, '7'), Line(0, 2)};
+  const std::string path = WriteFile("long.tsv", lines);
+  CriteoOptions o;
+  o.held_out_fraction = 0.0;
+  const std::vector<int64_t> got = ReadAll(path, o);
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(got[0], 1);
+  EXPECT_EQ(got[2], 0);
 }
 
 TEST(CriteoReader, MissingFileIsNotFound) {

@@ -3,10 +3,12 @@
 
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "client/command_line.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -29,7 +31,9 @@
 #include "trainer/synthetic.h"
 #include "trainer/trainer.h"
 
-ABSL_FLAG(std::string, data, "synthetic", "'synthetic' or the path of a Criteo-format TSV file");
+ABSL_FLAG(std::string, data, "synthetic",
+          "'synthetic', or Criteo-format TSV files (plain or .gz): comma-separated paths or "
+          "glob patterns, read in order");
 ABSL_FLAG(int64_t, steps, 0,
           "training steps; 0 = 10000 for synthetic data, the whole file for TSV");
 ABSL_FLAG(int, epochs, 1, "passes over a TSV file");
@@ -99,11 +103,61 @@ absl::StatusOr<int> ParseShards(const std::string& s) {
       absl::StrCat("--shards must be inproc:N with N >= 1, got '", s, "'"));
 }
 
+// InvalidArgument naming the flag unless lo <= value <= hi.
+template <typename T>
+absl::Status CheckRange(const char* flag, T value, T lo, T hi, const char* meaning = "") {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  std::string range = value < lo ? absl::StrCat(">= ", lo) : absl::StrCat("<= ", hi);
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", flag, " must be ", range, ", got ", value, meaning));
+}
+
+// Every numeric flag's range, checked before anything starts.
+absl::Status CheckFlagRanges() {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  constexpr int kMaxInt = std::numeric_limits<int>::max();
+  TESSERA_RETURN_IF_ERROR(CheckRange("steps", absl::GetFlag(FLAGS_steps), int64_t{0}, kMax,
+                                     " (0 = the default length)"));
+  TESSERA_RETURN_IF_ERROR(CheckRange("epochs", absl::GetFlag(FLAGS_epochs), 1, kMaxInt));
+  TESSERA_RETURN_IF_ERROR(CheckRange("batch_size", absl::GetFlag(FLAGS_batch_size), 1, 1 << 22));
+  TESSERA_RETURN_IF_ERROR(CheckRange("num_dense", absl::GetFlag(FLAGS_num_dense), 1, 1 << 16));
+  TESSERA_RETURN_IF_ERROR(CheckRange("num_sparse", absl::GetFlag(FLAGS_num_sparse), 1, 1 << 12));
+  TESSERA_RETURN_IF_ERROR(CheckRange("emb_dim", absl::GetFlag(FLAGS_emb_dim), 1, 1 << 14));
+  TESSERA_RETURN_IF_ERROR(CheckRange("lr", absl::GetFlag(FLAGS_lr), 0.0, 1e6));
+  TESSERA_RETURN_IF_ERROR(CheckRange("dense_lr", absl::GetFlag(FLAGS_dense_lr), 0.0, 1e6));
+  TESSERA_RETURN_IF_ERROR(CheckRange("init_scale", absl::GetFlag(FLAGS_init_scale), 0.0, 1e6));
+  TESSERA_RETURN_IF_ERROR(CheckRange("max_rows", absl::GetFlag(FLAGS_max_rows), int64_t{0}, kMax,
+                                     " (0 = unlimited)"));
+  TESSERA_RETURN_IF_ERROR(CheckRange("log_every", absl::GetFlag(FLAGS_log_every), int64_t{0},
+                                     kMax, " (0 = no progress lines)"));
+  TESSERA_RETURN_IF_ERROR(CheckRange("zipf", absl::GetFlag(FLAGS_zipf), 0.0, 100.0));
+  TESSERA_RETURN_IF_ERROR(CheckRange("held_out", absl::GetFlag(FLAGS_held_out), int64_t{0},
+                                     int64_t{kMaxInt}));
+  const double fraction = absl::GetFlag(FLAGS_held_out_fraction);
+  if (!(fraction >= 0.0 && fraction < 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--held_out_fraction must be in [0, 1) (a share of the lines), got ", fraction));
+  }
+  TESSERA_RETURN_IF_ERROR(CheckRange("max_held_out", absl::GetFlag(FLAGS_max_held_out),
+                                     int64_t{0}, int64_t{kMaxInt}));
+  TESSERA_RETURN_IF_ERROR(
+      CheckRange("reader_threads", absl::GetFlag(FLAGS_reader_threads), 1, 256));
+  TESSERA_RETURN_IF_ERROR(CheckRange("prefetch", absl::GetFlag(FLAGS_prefetch), 1, 4096));
+  TESSERA_RETURN_IF_ERROR(
+      CheckRange("max_staleness", absl::GetFlag(FLAGS_max_staleness), 0, 1024,
+                 " (0 = synchronous)"));
+  TESSERA_RETURN_IF_ERROR(CheckRange("checkpoint_every", absl::GetFlag(FLAGS_checkpoint_every),
+                                     int64_t{0}, kMax, " (0 = no checkpoints)"));
+  TESSERA_RETURN_IF_ERROR(CheckRange("keep_checkpoints", absl::GetFlag(FLAGS_keep_checkpoints), 0,
+                                     kMaxInt, " (0 = keep all)"));
+  return absl::OkStatus();
+}
+
 absl::Status Run() {
+  TESSERA_RETURN_IF_ERROR(CheckFlagRanges());
   const std::string data = absl::GetFlag(FLAGS_data);
   const bool synthetic = data == "synthetic";
   const int batch_size = absl::GetFlag(FLAGS_batch_size);
-  if (batch_size <= 0) return absl::InvalidArgumentError("--batch_size must be > 0");
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
 
   DlrmConfig model;
@@ -184,11 +238,6 @@ absl::Status Run() {
   options.metrics_out = absl::GetFlag(FLAGS_metrics_out);
   options.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   options.max_staleness = absl::GetFlag(FLAGS_max_staleness);
-  if (options.max_staleness < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max_staleness must be >= 0, got ", options.max_staleness));
-  }
-  if (options.checkpoint_every < 0) return absl::InvalidArgumentError("--checkpoint_every < 0");
   // What must match for a checkpoint to continue this run (not --steps: a resumed run may
   // go further).
   options.run_signature = absl::StrCat(
@@ -262,10 +311,12 @@ absl::Status Run() {
   }
 
   int64_t steps = absl::GetFlag(FLAGS_steps);
-  std::unique_ptr<BatchSource> source;
-  Batch held_out;
+  // Declared before the source that reads from them: the source's threads stop (when it is
+  // destroyed, on every return) before what they read goes away.
   std::unique_ptr<SyntheticGenerator> generator;
   CriteoReader* reader = nullptr;
+  Batch held_out;
+  std::unique_ptr<BatchSource> source;
   if (synthetic) {
     SyntheticConfig sc;
     sc.num_dense = model.num_dense;
@@ -317,13 +368,23 @@ absl::Status Run() {
       return absl::InvalidArgumentError("--on_bad_line must be skip or stop");
     }
     co.stop_on_bad_line = bad == "stop";
+    // The held-out split is read first and alone: the training reader's reports follow
+    // its, and with --on_bad_line=stop the first bad line of the file is the one named.
+    HeldOutReport held_report;
+    TESSERA_ASSIGN_OR_RETURN(held_out, CriteoReader::LoadHeldOut(data, co, &held_report));
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<CriteoReader> r,
                              CriteoReader::Open(data, co, batch_size));
     reader = r.get();
+    const std::string files =
+        r->paths().size() == 1 ? r->paths()[0] : absl::StrCat(r->paths().size(), " files");
     source = std::make_unique<PrefetchingSource>(std::move(r), absl::GetFlag(FLAGS_prefetch));
-    TESSERA_ASSIGN_OR_RETURN(held_out, CriteoReader::LoadHeldOut(data, co));
-    std::printf("data: %s, %d epoch(s), batches of %d, %d held out\n", data.c_str(), co.epochs,
+    std::printf("data: %s, %d epoch(s), batches of %d, %d held out\n", files.c_str(), co.epochs,
                 batch_size, held_out.size);
+    if (held_report.bad_lines > 0) {
+      std::printf("data: skipped %lld malformed held-out line(s) of %lld\n",
+                  static_cast<long long>(held_report.bad_lines),
+                  static_cast<long long>(held_report.lines_read));
+    }
     if (first_step > 0) {
       // The file is read in order: pass over the batches the checkpoint has seen.
       Batch skipped;
@@ -346,13 +407,29 @@ absl::Status Run() {
                 static_cast<long long>(reader->lines_read()));
   }
   source.reset();
+  if (result.steps == 0) {
+    if (reader != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "no training step: ", data, " has no valid training line (", reader->lines_read(),
+          " read, ", reader->bad_lines(),
+          " malformed); check the format (label, ", model.num_dense, " integers, ",
+          model.num_sparse, " hex categoricals, tab-separated; plain or gzip)"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "no training step: the run was already at step ", first_step, " of ", steps,
+        "; pass a larger --steps to train further"));
+  }
   std::printf("trained %lld steps, %lld samples in %.1fs (%.0f samples/s)\n",
               static_cast<long long>(result.steps), static_cast<long long>(result.samples),
               result.seconds, result.seconds > 0 ? result.samples / result.seconds : 0.0);
 
   TESSERA_ASSIGN_OR_RETURN(EvalResult eval, trainer.Evaluate(held_out));
-  std::printf("held-out: %lld samples  logloss %.5f  auc %.5f\n",
-              static_cast<long long>(eval.samples), eval.logloss, eval.auc);
+  if (eval.samples == 0) {
+    std::printf("held-out: 0 samples (none held out: no logloss or auc)\n");
+  } else {
+    std::printf("held-out: %lld samples  logloss %.5f  auc %.5f\n",
+                static_cast<long long>(eval.samples), eval.logloss, eval.auc);
+  }
   std::string teacher_json;
   if (eval.has_teacher) {
     std::printf("teacher:  logloss %.5f  auc %.5f  (auc gap %.5f)\n", eval.teacher_logloss,
@@ -371,11 +448,10 @@ absl::Status Run() {
 }  // namespace tessera::trainer
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Trains a DLRM ranking model with Tessera embedding tables.\n"
+  tessera::client::ParseCommandLine(argc, argv, "tessera-train",
+                                   "Trains a DLRM ranking model with Tessera embedding tables.\n"
       "  tessera-train                       synthetic data, 4 in-process shards\n"
       "  tessera-train --data=train.tsv      Criteo-format TSV");
-  absl::ParseCommandLine(argc, argv);
   absl::Status s = tessera::server::ConfigureLoggingFromFlags("tessera-train");
   if (s.ok()) s = tessera::trainer::Run();
   if (!s.ok()) {

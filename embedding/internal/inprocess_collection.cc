@@ -200,10 +200,16 @@ absl::Status InProcessCollection::PushBatch(absl::Span<const embedding::TableGra
     TESSERA_ASSIGN_OR_RETURN(ShardedTable * t, CheckedPush(part.table, part.ids, part.gradients));
     found.push_back(t);
   }
+  absl::Status partly;  // the first part that kept some rows (non-finite results)
   for (size_t i = 0; i < tables.size(); ++i) {
-    TESSERA_RETURN_IF_ERROR(ApplyPush(*found[i], tables[i].ids, tables[i].gradients, step));
+    absl::Status applied = ApplyPush(*found[i], tables[i].ids, tables[i].gradients, step);
+    if (tessera::IsPartlyApplied(applied)) {
+      if (partly.ok()) partly = applied;
+      continue;
+    }
+    TESSERA_RETURN_IF_ERROR(applied);
   }
-  return absl::OkStatus();
+  return partly;
 }
 
 absl::Status InProcessCollection::ApplyPush(ShardedTable& t, absl::Span<const int64_t> ids,
@@ -231,15 +237,21 @@ absl::Status InProcessCollection::ApplyPush(ShardedTable& t, absl::Span<const in
     TESSERA_RETURN_IF_ERROR(
         t.shards[k]->CheckRoomFor(absl::MakeConstSpan(s.routed_ids).subspan(begin, count)));
   }
+  absl::Status partly;  // a shard that kept some rows (non-finite results); the rest go on
   for (int k = 0; k < num_shards_; ++k) {
     const int32_t begin = s.shard_begin[k];
     const int32_t count = s.shard_begin[k + 1] - begin;
     if (count == 0) continue;
-    TESSERA_RETURN_IF_ERROR(t.shards[k]->ApplyUniqueGradients(
+    absl::Status applied = t.shards[k]->ApplyUniqueGradients(
         absl::MakeConstSpan(s.routed_ids).subspan(begin, count),
-        s.routed_rows.data() + static_cast<size_t>(begin) * dim, step));
+        s.routed_rows.data() + static_cast<size_t>(begin) * dim, step);
+    if (tessera::IsPartlyApplied(applied)) {
+      if (partly.ok()) partly = applied;
+      continue;
+    }
+    TESSERA_RETURN_IF_ERROR(applied);
   }
-  return absl::OkStatus();
+  return partly;
 }
 
 }  // namespace tessera::embedding_internal
@@ -287,10 +299,16 @@ absl::Status EmbeddingCollection::PushBatch(absl::Span<const TableGradients> tab
                                           it->dim(), "ids"));
     TESSERA_RETURN_IF_ERROR(CheckFiniteGradients(t.table, t.ids, t.gradients.data(), it->dim()));
   }
+  absl::Status partly;
   for (const TableGradients& t : tables) {
-    TESSERA_RETURN_IF_ERROR(PushGradients(t.table, t.ids, t.gradients, step));
+    absl::Status applied = PushGradients(t.table, t.ids, t.gradients, step);
+    if (IsPartlyApplied(applied)) {
+      if (partly.ok()) partly = applied;
+      continue;
+    }
+    TESSERA_RETURN_IF_ERROR(applied);
   }
-  return absl::OkStatus();
+  return partly;
 }
 
 absl::Status EmbeddingCollection::PushGradientsRecorded(absl::string_view table,

@@ -488,6 +488,12 @@ absl::Status DurableCollection::WriteThroughPush(const Table& t, absl::Span<cons
   absl::Status applied = memory_->PushGradients(name, ids, gradients, step);
   if (!applied.ok()) {
     undo();
+    if (tessera::IsPartlyApplied(applied)) {  // undone: not partly applied any more
+      return absl::Status(applied.code(),
+                          absl::StrCat(applied.message(),
+                                       " [write-through table: the whole push was undone, "
+                                       "no row changed]"));
+    }
     return applied;
   }
   std::vector<KvWrite> writes;

@@ -33,6 +33,8 @@ _OPTIMIZERS = {"sgd": config_pb2.SGD, "adagrad": config_pb2.ADAGRAD,
                "ftrl": config_pb2.FTRL}
 _DTYPES = {"fp32": config_pb2.FP32, "fp16": config_pb2.FP16, "bf16": config_pb2.BF16}
 _POOLING = {"sum": config_pb2.SUM, "mean": config_pb2.MEAN}
+_DURABILITY = {"checkpoint": config_pb2.CHECKPOINT, "write_through": config_pb2.WRITE_THROUGH,
+               "write-through": config_pb2.WRITE_THROUGH}
 _MAX_MESSAGE = 256 << 20
 
 
@@ -47,6 +49,58 @@ class TesseraError(Exception):
 
 def _raise(error: grpc.RpcError):
     raise TesseraError(error.code(), error.details()) from None
+
+
+def _invalid(message: str):
+    raise TesseraError(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def as_ids(ids) -> np.ndarray:
+    """`ids` as the int64 array the wire carries. Ids are 64-bit patterns: int64 values as
+    they are, uint64 values (feature hashes) bit for bit, as the C++ client's static_cast
+    does (2**64 - 1 and -1 are the same id). Python ints must lie in [-2**63, 2**64);
+    floats, booleans and other types are refused (TesseraError INVALID_ARGUMENT)."""
+    array = ids if isinstance(ids, np.ndarray) else np.asarray(ids)
+    if array.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if array.dtype == np.uint64:
+        return np.ascontiguousarray(array).ravel().view(np.int64)
+    if array.dtype.kind in "iu":
+        return np.ascontiguousarray(array, dtype=np.int64).ravel()
+    if array.dtype == object:  # Python ints too large for int64
+        flat = array.ravel()
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in flat):
+            _invalid("ids must be integers")
+        if any(v < -(1 << 63) or v >= (1 << 64) for v in flat):
+            _invalid("ids must lie in [-2**63, 2**64)")
+        return np.array([v - (1 << 64) if v >= (1 << 63) else v for v in flat], dtype=np.int64)
+    _invalid(f"ids must be integers, got {array.dtype} values")
+
+
+def check_lookup(n: int, offsets, weights, pooling: str):
+    """The checks a shard applies to a lookup (server/lookup_request.cc), made before
+    anything is sent so both modes refuse the same requests with the same messages.
+    Returns offsets and weights as arrays (or None)."""
+    if pooling not in _POOLING:
+        _invalid("pooling must be 'sum' or 'mean'")
+    if offsets is not None:
+        offsets = np.asarray(offsets)
+        if offsets.dtype.kind not in "iu":
+            _invalid("offsets must be integers")
+        offsets = offsets.astype(np.int64).ravel()
+        if (len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != n
+                or np.any(np.diff(offsets) < 0)):
+            _invalid(f"offsets must start at 0, never decrease and end at the number of ids "
+                     f"({n})")
+    if weights is not None:
+        if offsets is None:
+            _invalid("weights need offsets (they weight the ids of each bag)")
+        weights = np.ascontiguousarray(weights, dtype=np.float32).ravel()
+        if len(weights) != n:
+            _invalid(f"weights: {len(weights)} given for {n} ids")
+        if not np.all(np.isfinite(weights)):
+            _invalid("weights must be finite (NaN or Inf given)")
+    return offsets, weights
 
 
 def _identity(data: bytes) -> bytes:
@@ -102,8 +156,11 @@ class Client:
             grpc.channel_ready_future(self._coordinator.channel).result(timeout=timeout)
         except grpc.FutureTimeoutError:
             self._coordinator.close()
+            hint = (" (this client uses TLS: is the server plaintext?)" if root_certs else
+                    " (this client is plaintext: if the server uses TLS, pass root_certs)")
             raise TesseraError(grpc.StatusCode.UNAVAILABLE,
-                               f"coordinator {address} not reachable within {timeout} s") from None
+                               f"coordinator {address} not reachable within {timeout} s"
+                               + hint) from None
         from tessera.v1 import embedding_service_pb2_grpc as stubs
         self._stub = stubs.CoordinatorStub(self._coordinator.channel)
         self._configs: Dict[str, config_pb2.TableConfig] = {}
@@ -112,7 +169,20 @@ class Client:
         self._sequence_lock = threading.Lock()
         self._shards: List[_Endpoint] = []
         self._version = 0
-        self.refresh_shard_map()
+        try:
+            self.refresh_shard_map()
+        except TesseraError as error:
+            self._coordinator.close()
+            if error.code == grpc.StatusCode.UNIMPLEMENTED:
+                raise TesseraError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"{address} does not serve the tessera.v1.Coordinator API: is it a "
+                    f"tessera-shard? connect() takes the coordinator's host:port") from None
+            if error.code == grpc.StatusCode.UNAVAILABLE:
+                hint = (" (this client uses TLS: is the server plaintext?)" if root_certs else
+                        " (this client is plaintext: if the server uses TLS, pass root_certs)")
+                raise TesseraError(error.code, error.message + hint) from None
+            raise
 
     # -- admin ---------------------------------------------------------------------------
 
@@ -127,10 +197,12 @@ class Client:
             raise ValueError(f"unknown optimizer {optimizer!r}: one of {sorted(_OPTIMIZERS)}")
         if dtype not in _DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}: one of {sorted(_DTYPES)}")
+        if durability not in _DURABILITY:
+            raise ValueError(f"unknown durability {durability!r}: 'checkpoint' or "
+                             f"'write_through'")
         config = config_pb2.TableConfig(
             name=name, dim=dim, seed=seed, max_rows=max_rows, dtype=_DTYPES[dtype],
-            durability=(config_pb2.WRITE_THROUGH if durability == "write_through"
-                        else config_pb2.CHECKPOINT),
+            durability=_DURABILITY[durability],
             optimizer=config_pb2.OptimizerConfig(type=_OPTIMIZERS[optimizer],
                                                  learning_rate=learning_rate))
         if init_scale is not None:
@@ -184,11 +256,12 @@ class Client:
     def lookup(self, table: str, ids, offsets: Optional[Sequence[int]] = None,
                pooling: str = "sum", weights=None, read_only: bool = False) -> np.ndarray:
         """Rows of `ids`: (len(ids), dim) float32; with CSR `offsets` (bags + 1 entries),
-        one pooled row per bag ("sum" or "mean" of weight x row)."""
-        ids = np.ascontiguousarray(ids, dtype=np.int64).ravel()
+        one pooled row per bag ("sum" or "mean" of weight x row, weights finite, one per
+        id). Ids as as_ids() takes them. TesseraError INVALID_ARGUMENT for a malformed
+        request (in both modes, before anything is sent), NOT_FOUND for an unknown table."""
+        ids = as_ids(ids)
+        offsets, weights = check_lookup(len(ids), offsets, weights, pooling)
         config = self._config(table)
-        if pooling not in _POOLING:
-            raise ValueError("pooling must be 'sum' or 'mean'")
         if self.mode == "coordinator":
             data = wire.encode_lookup_request(table, ids, 0, offsets, _POOLING[pooling], weights,
                                               read_only)
@@ -210,10 +283,17 @@ class Client:
     def push(self, table: str, ids, gradients, step: int = 0, request_id=None) -> int:
         """Applies gradients (len(ids), dim); repeated ids are summed and updated once.
         Returns the number of distinct rows updated. Applied exactly once however often it
-        is retried; pass the request_id of a push that raised to complete it."""
-        ids = np.ascontiguousarray(ids, dtype=np.int64).ravel()
+        is retried; pass the request_id of a push that raised to complete it.
+        TesseraError INVALID_ARGUMENT for gradients of another shape or not finite."""
+        ids = as_ids(ids)
         config = self._config(table)
-        gradients = np.ascontiguousarray(gradients, dtype=np.float32).reshape(len(ids), config.dim)
+        gradients = np.ascontiguousarray(gradients, dtype=np.float32)
+        if gradients.size != len(ids) * config.dim:
+            _invalid(f"table '{table}': gradients of {len(ids)} ids x dim {config.dim} "
+                     f"expected, got {gradients.size} values")
+        gradients = gradients.reshape(len(ids), config.dim)
+        if not np.all(np.isfinite(gradients)):
+            _invalid(f"table '{table}': gradients must be finite (NaN or Inf given)")
         if request_id is None:
             request_id = self.next_request_id()
         if self.mode == "coordinator":
@@ -321,9 +401,7 @@ class Client:
 
 
 def _pool(rows: np.ndarray, offsets: np.ndarray, weights, pooling: str) -> np.ndarray:
-    if len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(rows) or np.any(np.diff(offsets) < 0):
-        raise TesseraError(grpc.StatusCode.INVALID_ARGUMENT,
-                           "offsets must start at 0, never decrease and end at len(ids)")
+    offsets, weights = check_lookup(len(rows), offsets, weights, pooling)
     counts = np.diff(offsets)
     bag = np.repeat(np.arange(len(counts)), counts)
     if weights is not None:

@@ -11,6 +11,7 @@ import grpc
 import numpy as np
 
 import tessera
+from tessera.v1 import config_pb2
 
 
 def expect_error(code, call):
@@ -71,6 +72,37 @@ def main(address: str) -> int:
         error = expect_error(grpc.StatusCode.INVALID_ARGUMENT, lambda: client.push("pyc", [4, 5], bad))
         assert "NaN" in error.message or "nan" in error.message, error.message
     np.testing.assert_array_equal(via.lookup("pyc", ids), after)  # nothing changed
+
+    # Malformed lookups get the same refusal in both modes, before anything is sent.
+    for client in (smart, via):
+        for request in (dict(ids=[1, 2, 3], offsets=[0, 3], weights=[1.0, 2.0]),  # 2 for 3 ids
+                        dict(ids=[1, 2], offsets=[0, 2], weights=[1.0, np.nan]),
+                        dict(ids=[1, 2], weights=[1.0, 1.0]),                      # no offsets
+                        dict(ids=[1, 2], offsets=[0, 1, 3]),
+                        dict(ids=[1.5, 2.0])):                                     # float ids
+            expect_error(grpc.StatusCode.INVALID_ARGUMENT,
+                         lambda: client.lookup("pyc", **request))
+        expect_error(grpc.StatusCode.INVALID_ARGUMENT,
+                     lambda: client.push("pyc", [1, 2], np.ones((3, 6), np.float32)))
+    # Ids are 64-bit patterns: an unsigned hash is the int64 of the same bits in both modes.
+    top = via.lookup("pyc", [-1], read_only=True)
+    np.testing.assert_array_equal(smart.lookup("pyc", np.array([2**64 - 1], np.uint64),
+                                               read_only=True), top)
+    np.testing.assert_array_equal(via.lookup("pyc", [2**64 - 1], read_only=True), top)
+    expect_error(grpc.StatusCode.INVALID_ARGUMENT, lambda: smart.lookup("pyc", [2**64]))
+
+    # Durability names: both spellings, and nothing silently different.
+    made = smart.create_table("pyc_wt", dim=2, durability="write-through")
+    assert made.durability == config_pb2.WRITE_THROUGH, made
+    try:
+        smart.create_table("pyc_odd", dim=2, durability="sometimes")
+        raise AssertionError("an unknown durability was accepted")
+    except ValueError:
+        pass
+
+    # Pointed at a shard, the client says so.
+    error = expect_error(grpc.StatusCode.FAILED_PRECONDITION, lambda: tessera.connect(shards[0]))
+    assert "is it a tessera-shard?" in error.message, error.message
 
     smart.checkpoint(12)
     assert 12 in [c.step for c in smart.checkpoints().checkpoints]

@@ -4,7 +4,7 @@ import unittest
 import numpy as np
 
 from tessera import sharding, wire
-from tessera.client import TesseraError, _pool
+from tessera.client import TesseraError, _pool, as_ids, check_lookup
 from tessera.v1 import embedding_service_pb2 as api
 
 
@@ -65,6 +65,32 @@ class PoolTest(unittest.TestCase):
                                       [[2.5, 4], [0, 0], [10, 12]])
         with self.assertRaises(TesseraError):
             _pool(rows, np.array([0, 2]), None, "sum")
+
+
+class RequestCheckTest(unittest.TestCase):
+    def test_ids_are_64_bit_patterns_and_floats_are_refused(self):
+        self.assertEqual(as_ids(np.array([2**64 - 1, 5], np.uint64)).tolist(), [-1, 5])
+        self.assertEqual(as_ids([2**64 - 1]).tolist(), [-1])
+        self.assertEqual(as_ids(np.uint64(2**63)).tolist(), [-2**63])
+        self.assertEqual(as_ids([-3, 7]).tolist(), [-3, 7])
+        self.assertEqual(as_ids([]).dtype, np.int64)
+        for bad in ([1.5], np.array([1.0]), [2**64], [-2**63 - 1], ["7"], [True]):
+            with self.assertRaises(TesseraError, msg=repr(bad)):
+                as_ids(bad)
+
+    def test_lookup_checks_match_the_servers(self):
+        offsets, weights = check_lookup(3, [0, 1, 3], [1, 2, 3], "mean")
+        self.assertEqual(offsets.tolist(), [0, 1, 3])
+        self.assertEqual(weights.dtype, np.float32)
+        for offsets, weights, pooling in (([0, 1], None, "sum"),        # ends short of 3 ids
+                                          ([1, 3], None, "sum"),        # starts past 0
+                                          ([0, 2, 1, 3], None, "sum"),  # decreases
+                                          ([0, 3], [1, 2], "sum"),      # 2 weights, 3 ids
+                                          ([0, 3], [1, np.inf, 2], "sum"),
+                                          (None, [1, 1, 1], "sum"),     # weights, no bags
+                                          ([0, 3], None, "max")):
+            with self.assertRaises(TesseraError, msg=repr((offsets, weights, pooling))):
+                check_lookup(3, offsets, weights, pooling)
 
 
 if __name__ == "__main__":

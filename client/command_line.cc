@@ -1,0 +1,39 @@
+#include "client/command_line.h"
+
+#include <string>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+namespace tessera::client {
+namespace {
+
+// Flags defined in the project's own sources: the source tree's path is compiled in, and
+// each flag knows the file that defined it.
+// abseil hands the filter file names without their leading '/'.
+bool IsTesseraSource(absl::string_view file) {
+  const absl::string_view dir = absl::StripPrefix(TESSERA_SOURCE_DIR "/", "/");
+  return absl::StartsWith(absl::StripPrefix(file, "/"), dir);
+}
+
+}  // namespace
+
+absl::string_view TesseraVersion() { return TESSERA_VERSION; }
+
+std::vector<char*> ParseCommandLine(int argc, char** argv, absl::string_view program,
+                                    absl::string_view usage) {
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = IsTesseraSource;
+  config.contains_helpshort_flags = IsTesseraSource;
+  const std::string name(program);
+  config.version_string = [name] { return absl::StrCat(name, " ", TESSERA_VERSION, "\n"); };
+  absl::SetFlagsUsageConfig(config);
+  absl::SetProgramUsageMessage(usage);
+  return absl::ParseCommandLine(argc, argv);
+}
+
+}  // namespace tessera::client
