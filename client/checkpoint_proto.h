@@ -8,6 +8,7 @@ namespace tessera::client {
 
 // embedding::CheckpointInfo <-> its wire form.
 inline void ToProto(const embedding::CheckpointInfo& info, v1::CheckpointInfo* out) {
+  out->set_model(info.model);
   out->set_step(info.step);
   out->set_rows(info.rows);
   out->set_bytes(info.bytes);
@@ -17,12 +18,32 @@ inline void ToProto(const embedding::CheckpointInfo& info, v1::CheckpointInfo* o
 
 inline embedding::CheckpointInfo FromProto(const v1::CheckpointInfo& p) {
   embedding::CheckpointInfo info;
+  info.model = p.model();
   info.step = p.step();
   info.rows = p.rows();
   info.bytes = p.bytes();
   info.created_unix_ms = p.created_unix_ms();
   info.seconds = p.seconds();
   return info;
+}
+
+// A restore's checks <-> a RestoreRequest's fields (model, required and expected
+// attachments).
+inline void ToProto(const embedding::RestoreOptions& o, v1::RestoreRequest* out) {
+  out->set_model(o.model);
+  for (const auto& name : o.required_attachments) out->add_required_attachments(name);
+  for (const auto& [name, value] : o.expected_attachments) {
+    (*out->mutable_expected_attachments())[name] = value;
+  }
+}
+
+inline embedding::RestoreOptions RestoreOptionsOf(const v1::RestoreRequest& r) {
+  embedding::RestoreOptions o;
+  o.model = r.model();
+  o.required_attachments.assign(r.required_attachments().begin(),
+                                r.required_attachments().end());
+  for (const auto& [name, value] : r.expected_attachments()) o.expected_attachments[name] = value;
+  return o;
 }
 
 }  // namespace tessera::client

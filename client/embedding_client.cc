@@ -305,24 +305,53 @@ int EmbeddingClient::num_shards() const {
   return num_shards_;
 }
 
+absl::Status EmbeddingClient::DropTable(absl::string_view table) {
+  v1::DropTableRequest req;
+  req.set_table(std::string(table));
+  int attempts = 0;
+  absl::Status s = WithRetries([&] {
+    ++attempts;
+    v1::DropTableResponse resp;
+    auto ctx = NewContext();
+    return FromGrpcStatus(coordinator_.Get()->DropTable(ctx.get(), req, &resp));
+  });
+  // A retry of a drop whose answer was lost finds the table gone: that is the drop done.
+  if (absl::IsNotFound(s) && attempts > 1) return absl::OkStatus();
+  return s;
+}
+
 absl::StatusOr<embedding::CheckpointInfo> EmbeddingClient::Checkpoint(
-    int64_t step, const embedding::Attachments& attachments) {
+    int64_t step, const embedding::Attachments& attachments,
+    const embedding::CheckpointOptions& options) {
   v1::CheckpointRequest req;
   req.set_step(step);
+  req.set_model(options.model);
+  req.set_replace(options.replace);
   for (const auto& [name, blob] : attachments) (*req.mutable_attachments())[name] = blob;
   v1::CheckpointResponse resp;
-  // Retrying is safe: the caller is at a step barrier, and taking step k again replaces it.
-  TESSERA_RETURN_IF_ERROR(WithRetries([&] {
+  int attempts = 0;
+  // Retried: the caller is at a step barrier. A retry of one that completed but whose
+  // answer was lost is ALREADY_EXISTS: the checkpoint is there, so it is the answer.
+  absl::Status s = WithRetries([&] {
+    ++attempts;
     auto ctx = NewContext(options_.checkpoint_deadline);
     return FromGrpcStatus(coordinator_.Get()->Checkpoint(ctx.get(), req, &resp));
-  }));
+  });
+  if (absl::IsAlreadyExists(s) && attempts > 1) {
+    TESSERA_ASSIGN_OR_RETURN(std::vector<embedding::CheckpointInfo> all, ListCheckpoints());
+    for (const auto& c : all) {
+      if (c.model == options.model && c.step == step) return c;
+    }
+  }
+  TESSERA_RETURN_IF_ERROR(s);
   return FromProto(resp.checkpoint());
 }
 
 absl::StatusOr<embedding::CheckpointInfo> EmbeddingClient::Restore(
-    int64_t step, embedding::Attachments* attachments) {
+    int64_t step, embedding::Attachments* attachments, const embedding::RestoreOptions& options) {
   v1::RestoreRequest req;
   req.set_step(step);
+  ToProto(options, &req);
   v1::RestoreResponse resp;
   TESSERA_RETURN_IF_ERROR(WithRetries([&] {  // restoring a step twice gives the same state
     auto ctx = NewContext(options_.checkpoint_deadline);

@@ -63,11 +63,15 @@ class EmbeddingClient final : public embedding::EmbeddingCollection {
   // A fresh request id of this client's (random client id, next sequence), for callers
   // that want to repeat a push themselves after a failure.
   embedding::RequestId NextRequestId();
+  // Drops the table on every shard and from the coordinator's registry.
+  absl::Status DropTable(absl::string_view table) override;
   // Cluster checkpoints through the coordinator (which needs a --data_dir).
   absl::StatusOr<embedding::CheckpointInfo> Checkpoint(
-      int64_t step, const embedding::Attachments& attachments) override;
-  absl::StatusOr<embedding::CheckpointInfo> Restore(int64_t step,
-                                                    embedding::Attachments* attachments) override;
+      int64_t step, const embedding::Attachments& attachments,
+      const embedding::CheckpointOptions& options = {}) override;
+  absl::StatusOr<embedding::CheckpointInfo> Restore(
+      int64_t step, embedding::Attachments* attachments,
+      const embedding::RestoreOptions& options = {}) override;
   absl::StatusOr<std::vector<embedding::CheckpointInfo>> ListCheckpoints() const override;
 
  private:

@@ -211,6 +211,34 @@ absl::Status ShardRouter::CreateTable(const v1::TableConfig& config) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<v1::TableConfig>> ShardRouter::ListTablesOn(int k) {
+  auto ctx = NewContext();
+  v1::ListTablesResponse resp;
+  TESSERA_RETURN_IF_ERROR(
+      FromShardStatus(stubs_[k]->Get()->ListTables(ctx.get(), {}, &resp), k, addresses_[k]));
+  return std::vector<v1::TableConfig>(resp.tables().begin(), resp.tables().end());
+}
+
+absl::Status ShardRouter::DropTable(const std::string& table) {
+  std::vector<v1::DropTableRequest> reqs(num_shards());
+  for (auto& r : reqs) r.set_table(table);
+  std::vector<v1::DropTableResponse> resps(num_shards());
+  const std::vector<grpc::Status> statuses = CallShardsWithRetries(
+      std::vector<bool>(num_shards(), true),
+      [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
+        return stubs_[k]->Get()->PrepareAsyncDropTable(ctx, reqs[k], queue);
+      },
+      &resps, options_.deadline);
+  for (int k = 0; k < num_shards(); ++k) {
+    // A shard without the table has nothing to drop (a retry, or a shard that came back
+    // empty): done there.
+    if (!statuses[k].ok() && statuses[k].error_code() != grpc::StatusCode::NOT_FOUND) {
+      return FromShardStatus(statuses[k], k, addresses_[k]);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ShardRouter::CreateTableOn(int k, const v1::TableConfig& config) {
   auto ctx = NewContext();
   v1::CreateTableRequest req;
@@ -441,10 +469,10 @@ namespace {
 // returns each shard's CheckpointInfo, or the first failure naming its shard.
 template <typename Request, typename Response, typename CallShardsFn>
 absl::StatusOr<std::vector<v1::CheckpointInfo>> StepOnEveryShard(
-    int64_t step, const std::vector<std::string>& addresses, const CallShardsFn& call_shards) {
-  std::vector<Request> reqs(addresses.size());
+    const Request& request, const std::vector<std::string>& addresses,
+    const CallShardsFn& call_shards) {
+  std::vector<Request> reqs(addresses.size(), request);
   std::vector<Response> resps(addresses.size());
-  for (auto& r : reqs) r.set_step(step);
   const std::vector<grpc::Status> statuses = call_shards(reqs, &resps);
   std::vector<v1::CheckpointInfo> out;
   for (size_t k = 0; k < addresses.size(); ++k) {
@@ -456,9 +484,10 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> StepOnEveryShard(
 
 }  // namespace
 
-absl::StatusOr<std::vector<v1::CheckpointInfo>> ShardRouter::CheckpointShards(int64_t step) {
+absl::StatusOr<std::vector<v1::CheckpointInfo>> ShardRouter::CheckpointShards(
+    const v1::CheckpointRequest& request) {
   return StepOnEveryShard<v1::CheckpointRequest, v1::CheckpointResponse>(
-      step, addresses_, [&](const auto& reqs, auto* resps) {
+      request, addresses_, [&](const auto& reqs, auto* resps) {
         return CallShards([](int) { return true; },
                           [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
                             return stubs_[k]->Get()->PrepareAsyncCheckpoint(ctx, reqs[k], queue);
@@ -467,9 +496,10 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> ShardRouter::CheckpointShards(in
       });
 }
 
-absl::StatusOr<std::vector<v1::CheckpointInfo>> ShardRouter::RestoreShards(int64_t step) {
+absl::StatusOr<std::vector<v1::CheckpointInfo>> ShardRouter::RestoreShards(
+    const v1::RestoreRequest& request) {
   return StepOnEveryShard<v1::RestoreRequest, v1::RestoreResponse>(
-      step, addresses_, [&](const auto& reqs, auto* resps) {
+      request, addresses_, [&](const auto& reqs, auto* resps) {
         return CallShards([](int) { return true; },
                           [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
                             return stubs_[k]->Get()->PrepareAsyncRestore(ctx, reqs[k], queue);

@@ -72,6 +72,13 @@ class ShardRouter {
   // Creates `config` on shard k alone (idempotent).
   absl::Status CreateTableOn(int k, const v1::TableConfig& config);
 
+  // The tables shard k holds (its own configs: max_rows is its part of the budget).
+  absl::StatusOr<std::vector<v1::TableConfig>> ListTablesOn(int k);
+
+  // Drops `table` on every shard, in parallel, retrying shards that fail UNAVAILABLE; a
+  // shard that lacks it counts as done. The first other failure names its shard.
+  absl::Status DropTable(const std::string& table);
+
   // Makes every shard channel stuck in failure dial again (see ReconnectingStub); calls
   // that fail with UNAVAILABLE do this for their shard themselves.
   void Reconnect() const;
@@ -98,10 +105,11 @@ class ShardRouter {
   // A fresh request id of this router's (random client id, next sequence).
   embedding::RequestId NextRequestId();
 
-  // Every shard takes (or restores) checkpoint `step`, in parallel; each shard's result
-  // in shard order. The first failure names its shard.
-  absl::StatusOr<std::vector<v1::CheckpointInfo>> CheckpointShards(int64_t step);
-  absl::StatusOr<std::vector<v1::CheckpointInfo>> RestoreShards(int64_t step);
+  // Every shard takes (or restores) the checkpoint `request` names, in parallel; each
+  // shard's result in shard order. The first failure names its shard.
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> CheckpointShards(
+      const v1::CheckpointRequest& request);
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> RestoreShards(const v1::RestoreRequest& request);
 
   // Every shard's stats for `table` (empty = all).
   // Every serving shard's stats of `table` (empty: every table); shards failing their

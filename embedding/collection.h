@@ -29,8 +29,9 @@ struct TableUsage {
   int64_t expirations = 0;   // rows dropped by their TTL since the process started
 };
 
-// A durable snapshot of every table of a collection.
+// A durable snapshot of a model's tables (or of every table) of a collection.
 struct CheckpointInfo {
+  std::string model;            // "" = every table of the collection
   int64_t step = 0;
   int64_t rows = 0;             // rows stored in it
   int64_t bytes = 0;            // bytes on disk
@@ -78,6 +79,35 @@ struct PushOptions {
 
 // Named blobs stored with a checkpoint (the trainer's dense parameters and optimizer state).
 using Attachments = std::map<std::string, std::string>;
+
+// A model is a namespace of tables: model "ads" owns the tables named "ads.<anything>", and
+// its checkpoints hold those tables (and its attachments) only, so jobs that share a
+// collection cannot touch each other's rows. Model "" stands for every table (an
+// operator's checkpoint of the whole collection). A model name is 1-64 of [A-Za-z0-9_-].
+absl::Status ValidateModelName(absl::string_view model);
+// True when `table` belongs to `model` ("" owns every table).
+bool TableOfModel(absl::string_view table, absl::string_view model);
+
+struct CheckpointOptions {
+  std::string model;  // whose checkpoint, of which tables ("" = every table)
+  // Replace a complete checkpoint of the same step. For a coordinator whose cluster
+  // checkpoint never completed (the shards that finished theirs hold orphans); callers
+  // otherwise get AlreadyExists.
+  bool replace = false;
+};
+
+// What a restore must find in the checkpoint before it changes anything.
+struct RestoreOptions {
+  std::string model;  // whose checkpoint, and which tables it replaces ("" = every table)
+  // Attachments the checkpoint must hold, and ones whose content must equal the value
+  // given: otherwise FailedPrecondition, and nothing is restored.
+  std::vector<std::string> required_attachments;
+  Attachments expected_attachments;
+};
+
+// FailedPrecondition unless `attachments` (of checkpoint `step`) satisfies `options`.
+absl::Status CheckRestorable(int64_t step, const Attachments& attachments,
+                             const RestoreOptions& options);
 
 // A set of named embedding tables, each partitioned over shards by ShardOf(). The
 // trainer and tools program against this interface; the in-process implementation
@@ -144,14 +174,25 @@ class EmbeddingCollection {
 
   virtual int num_shards() const = 0;
 
+  // Removes `table` and every row of it. NotFound for an unknown table. Checkpoints that
+  // hold it keep it (restoring one brings it back).
+  virtual absl::Status DropTable(absl::string_view table) = 0;
+
   // Checkpoints, on collections with storage (others answer FailedPrecondition).
-  // Writes every table, as of now, and `attachments` as checkpoint `step`; callers stop
-  // pushing while it runs (a step barrier). The checkpoint exists once this returns OK.
-  virtual absl::StatusOr<CheckpointInfo> Checkpoint(int64_t step, const Attachments& attachments);
-  // Replaces every table with checkpoint `step` (-1: the newest complete one) and fills
-  // `attachments` (may be null) with what was stored with it. NotFound when there is none.
-  virtual absl::StatusOr<CheckpointInfo> Restore(int64_t step, Attachments* attachments);
-  // Complete checkpoints, oldest first.
+  // Writes the tables of options.model ("" = every table), as of now, and `attachments` as
+  // that model's checkpoint `step`; callers stop pushing to those tables while it runs (a
+  // step barrier). The checkpoint exists once this returns OK. AlreadyExists when the
+  // model has a complete checkpoint of that step (one is never overwritten, unless
+  // options.replace).
+  virtual absl::StatusOr<CheckpointInfo> Checkpoint(int64_t step, const Attachments& attachments,
+                                                    const CheckpointOptions& options = {});
+  // Replaces the tables of options.model with its checkpoint `step` (-1: its newest
+  // complete one): tables of the model created since are dropped, dropped ones come back,
+  // other tables are untouched. Fills `attachments` (may be null). NotFound when there is
+  // no such checkpoint, FailedPrecondition when it fails options' checks (nothing changed).
+  virtual absl::StatusOr<CheckpointInfo> Restore(int64_t step, Attachments* attachments,
+                                                 const RestoreOptions& options = {});
+  // Complete checkpoints of every model, oldest (first created) first.
   virtual absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints() const;
 };
 

@@ -1,5 +1,6 @@
 #include "server/cluster.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -100,6 +101,21 @@ absl::Status Cluster::CreateTable(const v1::TableConfig& config) {
   return absl::OkStatus();
 }
 
+absl::Status Cluster::DropTable(const std::string& table) {
+  absl::MutexLock create(&create_mu_);
+  TESSERA_RETURN_IF_ERROR(Config(table).status());
+  // Shards first: a drop that fails half-way is still registered, and repeating it
+  // finishes it (a shard without the table counts as done).
+  TESSERA_RETURN_IF_ERROR(Annotate(router_->DropTable(table),
+                                   absl::StrCat("drop of table '", table, "' not finished; retry")));
+  absl::MutexLock lock(&mu_);
+  configs_.erase(table);
+  if (store_ != nullptr) {
+    TESSERA_RETURN_IF_ERROR(Annotate(store_->Save(StateLocked()), "cannot record the drop"));
+  }
+  return absl::OkStatus();
+}
+
 void Cluster::Reprovision(int k) {
   const std::vector<v1::TableConfig> configs = Tables();
   absl::MutexLock create(&create_mu_);
@@ -135,18 +151,32 @@ absl::StatusOr<std::vector<v1::TableStats>> Cluster::Stats(const std::string& ta
 }
 
 absl::StatusOr<storage::CheckpointManifest> Cluster::Checkpoint(
-    int64_t step, const embedding::Attachments& attachments) {
+    int64_t step, const embedding::Attachments& attachments, const std::string& model) {
   TESSERA_RETURN_IF_ERROR(NeedStore());
   if (step < 0) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint step must be >= 0, got ", step));
   }
+  if (!model.empty()) TESSERA_RETURN_IF_ERROR(embedding::ValidateModelName(model));
   for (const auto& [name, blob] : attachments) {
     TESSERA_RETURN_IF_ERROR(storage::ValidateAttachmentName(name));
   }
+  const std::string of = model.empty() ? "" : absl::StrCat(" of model '", model, "'");
+  if (store_->FindCheckpoint(step, nullptr, model).ok()) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "checkpoint ", step, of, " exists already; checkpoints are never overwritten: pick "
+        "another step"));
+  }
   absl::MutexLock barrier(&barrier_mu_);
-  absl::StatusOr<std::vector<v1::CheckpointInfo>> shards = router_->CheckpointShards(step);
+  v1::CheckpointRequest request;
+  request.set_step(step);
+  request.set_model(model);
+  // This coordinator has no such checkpoint: what shards hold of that step is from one
+  // that never completed, and is replaced.
+  request.set_replace(true);
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> shards = router_->CheckpointShards(request);
   if (!shards.ok()) return Annotate(shards.status(), "checkpoint not taken");
   storage::CheckpointManifest m;
+  m.model = model;
   m.step = step;
   for (const auto& info : *shards) {
     m.rows += info.rows();
@@ -155,28 +185,67 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Checkpoint(
   m.shards = router_->addresses();
   {
     absl::ReaderMutexLock lock(&mu_);
-    for (const auto& [name, config] : configs_) m.tables.push_back(name);
+    for (const auto& [name, config] : configs_) {
+      if (embedding::TableOfModel(name, model)) m.tables.push_back(name);
+    }
   }
   return store_->CommitCheckpoint(m, attachments);
 }
 
-absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(int64_t step,
-                                                             embedding::Attachments* attachments) {
+absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(
+    int64_t step, embedding::Attachments* attachments, const embedding::RestoreOptions& options) {
   TESSERA_RETURN_IF_ERROR(NeedStore());
+  if (!options.model.empty()) TESSERA_RETURN_IF_ERROR(embedding::ValidateModelName(options.model));
+  embedding::Attachments blobs;
   TESSERA_ASSIGN_OR_RETURN(storage::CheckpointManifest m,
-                           store_->FindCheckpoint(step, attachments));
+                           store_->FindCheckpoint(step, &blobs, options.model));
+  // Checked here, before any shard changes.
+  TESSERA_RETURN_IF_ERROR(embedding::CheckRestorable(m.step, blobs, options));
   if (m.shards.size() != router_->addresses().size()) {
     return absl::FailedPreconditionError(absl::StrCat("checkpoint ", m.step, " spans ",
                                                       m.shards.size(), " shards, this cluster has ",
                                                       router_->addresses().size()));
   }
   absl::MutexLock barrier(&barrier_mu_);
-  absl::StatusOr<std::vector<v1::CheckpointInfo>> shards = router_->RestoreShards(m.step);
+  v1::RestoreRequest request;
+  request.set_step(m.step);
+  request.set_model(m.model);
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> shards = router_->RestoreShards(request);
+  const std::string which = m.model.empty()
+                                ? absl::StrCat("checkpoint ", m.step)
+                                : absl::StrCat("checkpoint ", m.step, " of model '", m.model, "'");
   if (!shards.ok()) {
-    return Annotate(shards.status(),
-                    absl::StrCat("restore of checkpoint ", m.step, " failed; retry it"));
+    return Annotate(shards.status(), absl::StrCat("restore of ", which, " failed; retry it"));
   }
+  TESSERA_RETURN_IF_ERROR(
+      Annotate(AdoptRestoredTables(m), absl::StrCat("restore of ", which, ": the shards are "
+                                                    "restored, the table registry is not; retry it")));
+  if (attachments != nullptr) *attachments = std::move(blobs);
   return m;
+}
+
+absl::Status Cluster::AdoptRestoredTables(const storage::CheckpointManifest& m) {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> held, router_->ListTablesOn(0));
+  absl::MutexLock create(&create_mu_);
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, v1::TableConfig> before;
+  before.swap(configs_);
+  for (auto& [name, config] : before) {
+    if (!embedding::TableOfModel(name, m.model)) configs_[name] = std::move(config);
+  }
+  for (v1::TableConfig config : held) {
+    if (!embedding::TableOfModel(config.name(), m.model)) continue;
+    if (std::find(m.tables.begin(), m.tables.end(), config.name()) == m.tables.end()) continue;
+    // A shard holds its part of the row budget; the registry keeps the whole table's.
+    auto registered = before.find(config.name());
+    if (registered != before.end()) {
+      config.set_max_rows(registered->second.max_rows());
+    } else {
+      config.set_max_rows(config.max_rows() * static_cast<int64_t>(router_->addresses().size()));
+    }
+    configs_[config.name()] = std::move(config);
+  }
+  return store_->Save(StateLocked());
 }
 
 absl::StatusOr<std::vector<storage::CheckpointManifest>> Cluster::ListCheckpoints() const {

@@ -37,6 +37,9 @@ class Cluster {
   // completes a create that failed on some shard); AlreadyExists for another config under
   // the name, InvalidArgument for a bad one, ResourceExhausted past max_tables.
   absl::Status CreateTable(const v1::TableConfig& config);
+  // Drops `table` on every shard, then from the registry. NotFound when it is not
+  // registered.
+  absl::Status DropTable(const std::string& table);
   // Every registered table, by name.
   std::vector<v1::TableConfig> Tables() const;
   // The config of `table`, or NotFound.
@@ -60,14 +63,20 @@ class Cluster {
   // table.
   absl::StatusOr<std::vector<v1::TableStats>> Stats(const std::string& table);
 
-  // Checkpoint `step` of every shard and its manifest, at the barrier. FailedPrecondition
-  // without a store, InvalidArgument for a negative step or bad attachment name.
+  // Checkpoint `step` of `model`'s tables ("" = every table) on every shard and its
+  // manifest, at the barrier. FailedPrecondition without a store, InvalidArgument for a
+  // negative step or a bad model or attachment name, AlreadyExists for a step the model
+  // has a checkpoint of.
   absl::StatusOr<storage::CheckpointManifest> Checkpoint(int64_t step,
-                                                         const embedding::Attachments& attachments);
-  // Every shard back to checkpoint `step` (-1: the newest), at the barrier; fills
-  // `attachments`. NotFound when there is none.
+                                                         const embedding::Attachments& attachments,
+                                                         const std::string& model = "");
+  // Every shard's tables of options.model back to its checkpoint `step` (-1: the newest),
+  // at the barrier; the registry follows (tables of the model created since are gone,
+  // dropped ones back). Fills `attachments`. NotFound when there is none,
+  // FailedPrecondition (nothing restored) when it fails options' checks.
   absl::StatusOr<storage::CheckpointManifest> Restore(int64_t step,
-                                                      embedding::Attachments* attachments);
+                                                      embedding::Attachments* attachments,
+                                                      const embedding::RestoreOptions& options = {});
   // Complete cluster checkpoints, oldest first; FailedPrecondition without a store.
   absl::StatusOr<std::vector<storage::CheckpointManifest>> ListCheckpoints() const;
 
@@ -79,6 +88,9 @@ class Cluster {
   absl::Status NeedStore() const;
   // The durable state with configs_ as they are now.
   v1::CoordinatorState StateLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // After shards restored `m`: the registry's tables of m.model become the checkpoint's
+  // (configs as shard 0 holds them, with the whole table's row budget), saved to the store.
+  absl::Status AdoptRestoredTables(const storage::CheckpointManifest& m);
 
   client::ShardRouter* router_;
   std::atomic<uint64_t> version_;

@@ -3,12 +3,14 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "client/checkpoint_proto.h"
 #include "embedding/status.h"
 
 namespace tessera::server {
 namespace {
 
 void ToProto(const storage::CheckpointManifest& m, double seconds, v1::CheckpointInfo* out) {
+  out->set_model(m.model);
   out->set_step(m.step);
   out->set_rows(m.rows);
   out->set_bytes(m.bytes);
@@ -53,6 +55,13 @@ grpc::Status CoordinatorService::ListTables(grpc::ServerContext* context,
     for (auto& config : cluster_.Tables()) *response->add_tables() = std::move(config);
     return absl::OkStatus();
   });
+}
+
+grpc::Status CoordinatorService::DropTable(grpc::ServerContext* context,
+                                           const v1::DropTableRequest* request,
+                                           v1::DropTableResponse*) {
+  return Serve(context, Access::kWrite,
+               [&]() -> absl::Status { return cluster_.DropTable(request->table()); });
 }
 
 grpc::Status CoordinatorService::GetShardMap(grpc::ServerContext* context,
@@ -159,7 +168,7 @@ grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext* context,
     const embedding::Attachments attachments(request->attachments().begin(),
                                              request->attachments().end());
     TESSERA_ASSIGN_OR_RETURN(storage::CheckpointManifest m,
-                             cluster_.Checkpoint(request->step(), attachments));
+                             cluster_.Checkpoint(request->step(), attachments, request->model()));
     ToProto(m, SecondsSince(start), response->mutable_checkpoint());
     return absl::OkStatus();
   });
@@ -172,7 +181,8 @@ grpc::Status CoordinatorService::Restore(grpc::ServerContext* context,
     const auto start = std::chrono::steady_clock::now();
     embedding::Attachments attachments;
     TESSERA_ASSIGN_OR_RETURN(storage::CheckpointManifest m,
-                             cluster_.Restore(request->step(), &attachments));
+                             cluster_.Restore(request->step(), &attachments,
+                                              client::RestoreOptionsOf(*request)));
     ToProto(m, SecondsSince(start), response->mutable_checkpoint());
     for (auto& [name, blob] : attachments) (*response->mutable_attachments())[name] = blob;
     return absl::OkStatus();

@@ -35,6 +35,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
                            v1::CreateTableResponse* response) override;
   grpc::Status ListTables(grpc::ServerContext* context, const v1::ListTablesRequest* request,
                           v1::ListTablesResponse* response) override;
+  grpc::Status DropTable(grpc::ServerContext* context, const v1::DropTableRequest* request,
+                         v1::DropTableResponse* response) override;
   grpc::Status GetShardMap(grpc::ServerContext* context, const v1::GetShardMapRequest* request,
                            v1::ShardMap* response) override;
   grpc::Status Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,

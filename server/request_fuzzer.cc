@@ -81,6 +81,20 @@ std::vector<float> Read(const std::string& table,
   return {resp.values().begin(), resp.values().end()};
 }
 
+// A push refused because some rows' updates would not be finite has updated the others
+// (embedding/status.h PartlyApplied); every row it left must still read finite.
+bool PartlyApplied(const grpc::Status& s) {
+  return s.error_message().find("would make weights or optimizer state non-finite") !=
+         std::string::npos;
+}
+
+bool AllFinite(const std::vector<float>& rows) {
+  for (const float v : rows) {
+    if (!std::isfinite(v)) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -109,7 +123,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const std::vector<float> before = Read(req.table(), req.ids());
       v1::PushGradientsResponse resp;
       const grpc::Status pushed = env.service->PushGradients(&ctx, &req, &resp);
-      if (!pushed.ok()) {
+      if (PartlyApplied(pushed)) {
+        if (!AllFinite(Read(req.table(), req.ids()))) std::abort();
+      } else if (!pushed.ok()) {
         // A refused push changes no row (rows of an evicting table may move to disk and
         // back, but keep their values).
         if (Read(req.table(), req.ids()) != before) {
@@ -177,7 +193,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       v1::BatchPushResponse resp;
       const grpc::Status pushed = env.service->BatchPush(&ctx, &req, &resp);
-      if (!pushed.ok()) {
+      if (PartlyApplied(pushed)) {
+        for (int i = 0; i < req.tables_size(); ++i) {
+          if (!AllFinite(Read(req.tables(i).table(), ids[i]))) std::abort();
+        }
+      } else if (!pushed.ok()) {
         // A refused batch changes no row of any of its tables.
         for (int i = 0; i < req.tables_size(); ++i) {
           if (Read(req.tables(i).table(), ids[i]) != before[i]) {

@@ -35,10 +35,12 @@ absl::Status ShardService::ReloadConfigs() {
   if (!tables.ok()) return tables.status();
   absl::MutexLock lock(&mu_);
   configs_.clear();
+  std::map<std::string, Counters> counters;
   for (const auto& c : *tables) {
     configs_[c.name()] = c;
-    counters_[c.name()];
+    counters[c.name()] = counters_[c.name()];  // tables no longer held leave the stats
   }
+  counters_ = std::move(counters);
   return absl::OkStatus();
 }
 
@@ -48,8 +50,11 @@ grpc::Status ShardService::Checkpoint(grpc::ServerContext* context,
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
     embedding::Attachments attachments(request->attachments().begin(),
                                        request->attachments().end());
+    embedding::CheckpointOptions options;
+    options.model = request->model();
+    options.replace = request->replace();
     absl::StatusOr<embedding::CheckpointInfo> info =
-        tables_->Checkpoint(request->step(), attachments);
+        tables_->Checkpoint(request->step(), attachments, options);
     if (!info.ok()) return Annotate(info.status(), absl::StrCat("shard ", options_.shard_index));
     ToProto(*info, response->mutable_checkpoint());
     return absl::OkStatus();
@@ -61,13 +66,31 @@ grpc::Status ShardService::Restore(grpc::ServerContext* context, const v1::Resto
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
     embedding::Attachments attachments;
     absl::StatusOr<embedding::CheckpointInfo> info =
-        tables_->Restore(request->step(), &attachments);
+        tables_->Restore(request->step(), &attachments, client::RestoreOptionsOf(*request));
     if (!info.ok()) return Annotate(info.status(), absl::StrCat("shard ", options_.shard_index));
-    // The rows are the checkpoint's now: pushes remembered as applied no longer are.
-    journal_.Clear();
+    // Every row is the checkpoint's now: pushes remembered as applied no longer are. (A
+    // model's restore leaves the other models' pushes on record: their rows stand.)
+    if (request->model().empty()) journal_.Clear();
     TESSERA_RETURN_IF_ERROR(ReloadConfigs());
     ToProto(*info, response->mutable_checkpoint());
     for (auto& [name, blob] : attachments) (*response->mutable_attachments())[name] = blob;
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status ShardService::DropTable(grpc::ServerContext* context,
+                                     const v1::DropTableRequest* request,
+                                     v1::DropTableResponse*) {
+  return Serve(context, Access::kWrite, [&]() -> absl::Status {
+    absl::Status s = tables_->DropTable(request->table());
+    if (absl::IsNotFound(s)) {
+      return absl::NotFoundError(absl::StrCat("table '", request->table(), "' not found on shard ",
+                                              options_.shard_index));
+    }
+    TESSERA_RETURN_IF_ERROR(s);
+    absl::MutexLock lock(&mu_);
+    configs_.erase(request->table());
+    counters_.erase(request->table());
     return absl::OkStatus();
   });
 }

@@ -48,6 +48,8 @@ class ShardService final : public v1::EmbeddingShard::Service {
                            v1::CreateTableResponse* response) override;
   grpc::Status ListTables(grpc::ServerContext* context, const v1::ListTablesRequest* request,
                           v1::ListTablesResponse* response) override;
+  grpc::Status DropTable(grpc::ServerContext* context, const v1::DropTableRequest* request,
+                         v1::DropTableResponse* response) override;
   grpc::Status Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
                       v1::LookupResponse* response) override;
   grpc::Status PushGradients(grpc::ServerContext* context, const v1::PushGradientsRequest* request,

@@ -27,6 +27,7 @@ const std::string& ScratchDir() {
 }
 
 using tessera::testing::ServerProcess;
+using tessera::testing::DurableCluster;
 using tessera::testing::ShardProcess;
 
 // A cluster of `n` shards and a coordinator.
@@ -128,45 +129,6 @@ TEST(DistributedTraining, PipelinedTrainingReplaysExactlyAndReachesTheSynchronou
   ASSERT_GT(auc_sync, 0.5) << sync;
   EXPECT_NEAR(auc_k1, auc_sync, 0.005) << pipelined;
 }
-
-// Servers on data directories that can all be stopped and started again on their ports.
-struct DurableCluster {
-  DurableCluster(int n, std::string root) : n(n), root(std::move(root)) {}
-
-  bool Start() {
-    shards.clear();
-    std::string list;
-    for (int k = 0; k < n; ++k) {
-      std::vector<std::string> args = {absl::StrCat("--shard_index=", k),
-                                       absl::StrCat("--num_shards=", n),
-                                       absl::StrCat("--data_dir=", root, "/shard-", k)};
-      if (ports.size() > static_cast<size_t>(k)) args.push_back("--port=" + ports[k]);
-      shards.push_back(std::make_unique<ServerProcess>(TESSERA_SHARD_BIN, args));
-      const std::string& a = shards[k]->address();
-      if (a.empty() || !tessera::testing::WaitHealthy(a)) return false;
-      if (ports.size() <= static_cast<size_t>(k)) ports.push_back(a.substr(a.rfind(':') + 1));
-      absl::StrAppend(&list, k ? "," : "", a);
-    }
-    std::vector<std::string> args = {"--shards=" + list, "--data_dir=" + root + "/coordinator"};
-    if (!coordinator_port.empty()) args.push_back("--port=" + coordinator_port);
-    coordinator = std::make_unique<ServerProcess>(TESSERA_COORDINATOR_BIN, args);
-    const std::string& a = coordinator->address();
-    if (a.empty() || !tessera::testing::WaitHealthy(a)) return false;
-    coordinator_port = a.substr(a.rfind(':') + 1);
-    return true;
-  }
-  void KillAll() {
-    coordinator.reset();
-    shards.clear();
-  }
-
-  const int n;
-  const std::string root;
-  std::vector<std::string> ports;
-  std::string coordinator_port;
-  std::vector<std::unique_ptr<ServerProcess>> shards;
-  std::unique_ptr<ServerProcess> coordinator;
-};
 
 // A distributed run checkpointed at step 100; every server is then killed and started
 // again on its data directory; the resumed run (dense state from the coordinator's

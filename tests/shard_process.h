@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,47 @@ inline bool WaitHealthy(const std::string& address, int seconds = 10) {
   return health->Check(&ctx, {}, &resp).ok() &&
          resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
 }
+
+#if defined(TESSERA_SHARD_BIN) && defined(TESSERA_COORDINATOR_BIN)
+// Servers on data directories that can all be stopped and started again on their ports.
+struct DurableCluster {
+  DurableCluster(int n, std::string root) : n(n), root(std::move(root)) {}
+
+  bool Start() {
+    shards.clear();
+    std::string list;
+    for (int k = 0; k < n; ++k) {
+      std::vector<std::string> args = {absl::StrCat("--shard_index=", k),
+                                       absl::StrCat("--num_shards=", n),
+                                       absl::StrCat("--data_dir=", root, "/shard-", k)};
+      if (ports.size() > static_cast<size_t>(k)) args.push_back("--port=" + ports[k]);
+      shards.push_back(std::make_unique<ServerProcess>(TESSERA_SHARD_BIN, args));
+      const std::string& a = shards[k]->address();
+      if (a.empty() || !WaitHealthy(a)) return false;
+      if (ports.size() <= static_cast<size_t>(k)) ports.push_back(a.substr(a.rfind(':') + 1));
+      absl::StrAppend(&list, k ? "," : "", a);
+    }
+    std::vector<std::string> args = {"--shards=" + list, "--data_dir=" + root + "/coordinator"};
+    if (!coordinator_port.empty()) args.push_back("--port=" + coordinator_port);
+    coordinator = std::make_unique<ServerProcess>(TESSERA_COORDINATOR_BIN, args);
+    const std::string& a = coordinator->address();
+    if (a.empty() || !WaitHealthy(a)) return false;
+    coordinator_port = a.substr(a.rfind(':') + 1);
+    return true;
+  }
+  void KillAll() {
+    coordinator.reset();
+    shards.clear();
+  }
+
+  const int n;
+  const std::string root;
+  std::vector<std::string> ports;
+  std::string coordinator_port;
+  std::vector<std::unique_ptr<ServerProcess>> shards;
+  std::unique_ptr<ServerProcess> coordinator;
+};
+#endif
 
 }  // namespace tessera::testing
 

@@ -7,6 +7,8 @@
 //   tessera-cli lookup --table=user --ids=1,2,3
 //   tessera-cli stats [--table=user]
 //   tessera-cli shardmap
+//   tessera-cli drop --table=user            (or --model=NAME: every table of the model)
+//   tessera-cli checkpoint --step=N [--model=NAME]; restore [--step=N] [--model=NAME]
 
 #include <cstdio>
 #include <fstream>
@@ -26,6 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/security_flags.h"
+#include "embedding/collection.h"
 #include "embedding/dtype.h"
 #include "embedding/optimizer.h"
 #include "google/protobuf/util/json_util.h"
@@ -45,6 +48,9 @@ ABSL_FLAG(int64_t, max_rows, 0, "create: row budget (0 = unlimited)");
 ABSL_FLAG(std::string, ids, "", "lookup: comma-separated ids");
 ABSL_FLAG(int, deadline_ms, 5000, "deadline of each call (checkpoint and restore: 30 min)");
 ABSL_FLAG(int64_t, step, -1, "checkpoint: its step (required); restore: which (-1 = newest)");
+ABSL_FLAG(std::string, model, "",
+          "checkpoint, restore: the model whose tables (MODEL.*) they cover; empty = every "
+          "table of the cluster; drop: drop every table of this model");
 ABSL_FLAG(std::string, durability, "checkpoint", "create: checkpoint or write_through");
 ABSL_FLAG(std::string, dtype, "fp32", "create: stored weights: fp32, fp16 or bf16");
 ABSL_FLAG(std::string, tables_file, "",
@@ -76,6 +82,7 @@ std::unique_ptr<grpc::ClientContext> Context(int deadline_ms = absl::GetFlag(FLA
 constexpr int kCheckpointDeadlineMs = 30 * 60 * 1000;
 
 void PrintCheckpoint(const tessera::v1::CheckpointInfo& c) {
+  if (!c.model().empty()) std::printf("model %s ", c.model().c_str());
   std::printf("step %lld: %lld rows, %lld bytes, %zu shard(s), created %lld ms after epoch",
               static_cast<long long>(c.step()), static_cast<long long>(c.rows()),
               static_cast<long long>(c.bytes()), static_cast<size_t>(c.shards_size()),
@@ -335,6 +342,7 @@ int Run(const std::string& command) {
     }
     tessera::v1::CheckpointRequest req;
     req.set_step(step);
+    req.set_model(absl::GetFlag(FLAGS_model));
     auto ctx = Context(kCheckpointDeadlineMs);
     tessera::v1::CheckpointResponse resp;
     grpc::Status s = stub->Checkpoint(ctx.get(), req, &resp);
@@ -346,6 +354,7 @@ int Run(const std::string& command) {
   if (command == "restore") {
     tessera::v1::RestoreRequest req;
     req.set_step(absl::GetFlag(FLAGS_step));
+    req.set_model(absl::GetFlag(FLAGS_model));
     auto ctx = Context(kCheckpointDeadlineMs);
     tessera::v1::RestoreResponse resp;
     grpc::Status s = stub->Restore(ctx.get(), req, &resp);
@@ -363,6 +372,35 @@ int Run(const std::string& command) {
     for (const auto& c : resp.checkpoints()) PrintCheckpoint(c);
     return 0;
   }
+  if (command == "drop") {
+    std::vector<std::string> names;
+    const std::string model = absl::GetFlag(FLAGS_model);
+    if (!table.empty()) {
+      names.push_back(table);
+    } else if (!model.empty()) {
+      auto ctx = Context();
+      tessera::v1::ListTablesResponse resp;
+      grpc::Status s = stub->ListTables(ctx.get(), {}, &resp);
+      if (!s.ok()) return Fail("drop", s);
+      for (const auto& t : resp.tables()) {
+        if (tessera::embedding::TableOfModel(t.name(), model)) names.push_back(t.name());
+      }
+      if (names.empty()) std::printf("model '%s' has no tables\n", model.c_str());
+    } else {
+      std::cerr << "tessera-cli: drop needs --table=NAME, or --model=NAME for all its tables\n";
+      return 1;
+    }
+    for (const std::string& name : names) {
+      tessera::v1::DropTableRequest req;
+      req.set_table(name);
+      tessera::v1::DropTableResponse resp;
+      auto ctx = Context();
+      grpc::Status s = stub->DropTable(ctx.get(), req, &resp);
+      if (!s.ok()) return Fail(absl::StrCat("drop ", name), s);
+      std::printf("dropped table '%s'\n", name.c_str());
+    }
+    return 0;
+  }
   if (command == "shardmap") {
     auto ctx = Context();
     tessera::v1::ShardMap map;
@@ -376,8 +414,8 @@ int Run(const std::string& command) {
     return 0;
   }
   std::cerr << "tessera-cli: unknown command '" << command
-            << "'; expected health, tables, create, lookup, stats, shardmap, checkpoint, restore "
-               "or checkpoints\n";
+            << "'; expected health, tables, apply, create, drop, lookup, stats, shardmap, "
+               "checkpoint, restore or checkpoints\n";
   return 1;
 }
 
@@ -386,10 +424,11 @@ int Run(const std::string& command) {
 int main(int argc, char** argv) {
   std::vector<char*> rest = tessera::client::ParseCommandLine(argc, argv, "tessera-cli",
       "tessera-cli [flags] "
-      "health|tables|apply|create|lookup|stats|shardmap|checkpoint|restore|checkpoints");
+      "health|tables|apply|create|drop|lookup|stats|shardmap|checkpoint|restore|checkpoints");
   if (rest.size() != 2) {
     std::cerr << "usage: tessera-cli [flags] "
-                 "health|tables|create|lookup|stats|shardmap|checkpoint|restore|checkpoints\n";
+                 "health|tables|apply|create|drop|lookup|stats|shardmap|checkpoint|restore|"
+                 "checkpoints\n";
     return 1;
   }
   absl::StatusOr<tessera::client::ClientSecurity> security =

@@ -77,8 +77,13 @@ ABSL_FLAG(int, max_staleness, 0,
 ABSL_FLAG(int64_t, checkpoint_every, 0,
           "steps between checkpoints of tables and dense state, and one at the end (0 = none); "
           "needs --data_dir, or a coordinator with one");
-ABSL_FLAG(bool, resume, false,
-          "continue from the newest complete checkpoint (start at step 0 when there is none)");
+ABSL_FLAG(std::string, model, "dlrm",
+          "the model's name: its tables are NAME.C1..NAME.Cn and its checkpoints and restores "
+          "touch those tables only, so several jobs share one cluster (1-64 of A-Za-z0-9_-)");
+ABSL_FLAG(std::string, resume, "false",
+          "'auto' (or a bare --resume): create the model's tables if they are missing and "
+          "continue from its newest complete checkpoint when there is one (step 0 when not); "
+          "'false': the tables must not exist yet");
 ABSL_FLAG(int, keep_checkpoints, 3, "with --data_dir: newest checkpoints kept (0 = all)");
 
 namespace tessera::trainer {
@@ -234,6 +239,8 @@ absl::Status Run() {
   table.mutable_initializer()->set_scale(static_cast<float>(absl::GetFlag(FLAGS_init_scale)));
 
   TrainerOptions options;
+  options.model = absl::GetFlag(FLAGS_model);
+  TESSERA_RETURN_IF_ERROR(Annotate(embedding::ValidateModelName(options.model), "--model"));
   options.log_every = absl::GetFlag(FLAGS_log_every);
   options.metrics_out = absl::GetFlag(FLAGS_metrics_out);
   options.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
@@ -241,10 +248,15 @@ absl::Status Run() {
   // What must match for a checkpoint to continue this run (not --steps: a resumed run may
   // go further).
   options.run_signature = absl::StrCat(
-      "data=", data, " seed=", seed, " batch_size=", batch_size, " dense=", model.num_dense,
+      "model=", options.model, " data=", data, " seed=", seed, " batch_size=", batch_size, " dense=", model.num_dense,
       " sparse=", model.num_sparse, " emb_dim=", model.emb_dim,
       " optimizer=", absl::GetFlag(FLAGS_optimizer), " dense_optimizer=", dense_opt);
-  const bool resume = absl::GetFlag(FLAGS_resume);
+  const std::string resume_flag = absl::GetFlag(FLAGS_resume);
+  if (resume_flag != "auto" && resume_flag != "true" && resume_flag != "false") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--resume must be auto (or true) or false, got '", resume_flag, "'"));
+  }
+  const bool resume = resume_flag != "false";
   if (options.checkpoint_every > 0 || resume) {
     // Fail now, not at the first checkpoint, when there is nowhere to keep them.
     TESSERA_RETURN_IF_ERROR(tables->ListCheckpoints().status());
@@ -288,26 +300,29 @@ absl::Status Run() {
   // CreateTable of an existing table with the same config is OK (creates are
   // idempotent), so existing tables are looked for first.
   TESSERA_ASSIGN_OR_RETURN(std::string existing, trainer.FirstExistingTable());
-  if (!existing.empty()) {
-    if (!resume) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("table '", existing,
-                       "' already exists: the tables exist already; pass --resume to continue "
-                       "that run, or start on an empty --data_dir"));
-    }
-    TESSERA_RETURN_IF_ERROR(trainer.CheckTables(table));
+  if (!existing.empty() && !resume) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "table '", existing, "' already exists: model '", options.model,
+        "' has tables; pass --resume=auto to continue it, --model=OTHER to train a new model, "
+        "or drop its tables first (tessera-cli drop --table=...)"));
+  }
+  // Creates what is missing (all of it on a first run) and checks what exists (tables an
+  // operator created with tessera-cli apply, or an earlier run).
+  TESSERA_RETURN_IF_ERROR(trainer.CreateTables(table));
+  if (resume) {
     absl::StatusOr<int64_t> resumed = trainer.Resume();
     if (resumed.ok()) {
       first_step = *resumed;
-      std::printf("resume: restored checkpoint %lld\n", static_cast<long long>(first_step));
+      std::printf("resume: restored checkpoint %lld of model '%s'\n",
+                  static_cast<long long>(first_step), options.model.c_str());
     } else if (absl::IsNotFound(resumed.status())) {
-      std::printf("resume: no complete checkpoint yet; starting at step 0\n");
+      std::printf("resume: model '%s' has no complete checkpoint yet; starting at step 0\n",
+                  options.model.c_str());
     } else {
-      return resumed.status();
+      return Annotate(resumed.status(),
+                      "resume refused (nothing was restored); pass the flags of the run that "
+                      "wrote the checkpoint, or train another --model");
     }
-  } else {
-    TESSERA_RETURN_IF_ERROR(trainer.CreateTables(table));
-    if (resume) std::printf("resume: no tables yet; starting at step 0\n");
   }
 
   int64_t steps = absl::GetFlag(FLAGS_steps);
@@ -448,10 +463,18 @@ absl::Status Run() {
 }  // namespace tessera::trainer
 
 int main(int argc, char** argv) {
-  tessera::client::ParseCommandLine(argc, argv, "tessera-train",
+  // A bare --resume (a string flag now: auto / false) means --resume=auto.
+  std::vector<std::string> args(argv, argv + argc);
+  std::vector<char*> argp;
+  for (std::string& a : args) {
+    if (a == "--resume" || a == "-resume") a = "--resume=auto";
+    argp.push_back(a.data());
+  }
+  tessera::client::ParseCommandLine(static_cast<int>(argp.size()), argp.data(), "tessera-train",
                                    "Trains a DLRM ranking model with Tessera embedding tables.\n"
       "  tessera-train                       synthetic data, 4 in-process shards\n"
-      "  tessera-train --data=train.tsv      Criteo-format TSV");
+      "  tessera-train --data=train.tsv      Criteo-format TSV\n"
+      "  tessera-train --coordinator=HOST:PORT --model=NAME --resume=auto");
   absl::Status s = tessera::server::ConfigureLoggingFromFlags("tessera-train");
   if (s.ok()) s = tessera::trainer::Run();
   if (!s.ok()) {

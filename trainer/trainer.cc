@@ -91,7 +91,7 @@ class Trainer::SparseWorker {
 Trainer::Trainer(embedding::EmbeddingCollection* tables, DenseBackend* dense,
                  TrainerOptions options)
     : tables_(tables), dense_(dense), options_(std::move(options)) {
-  names_ = TableNames(dense_->config().num_sparse);
+  names_ = TableNames(dense_->config().num_sparse, options_.model);
   if (!options_.metrics_out.empty()) {
     metrics_.open(options_.metrics_out, std::ios::out | std::ios::trunc);
     if (!metrics_.is_open()) {
@@ -102,9 +102,10 @@ Trainer::Trainer(embedding::EmbeddingCollection* tables, DenseBackend* dense,
 
 Trainer::~Trainer() = default;  // the worker (if any) finishes its queue first
 
-std::vector<std::string> Trainer::TableNames(int num_sparse) {
+std::vector<std::string> Trainer::TableNames(int num_sparse, const std::string& model) {
   std::vector<std::string> names;
-  for (int f = 0; f < num_sparse; ++f) names.push_back(absl::StrCat("C", f + 1));
+  const std::string prefix = model.empty() ? "" : absl::StrCat(model, ".");
+  for (int f = 0; f < num_sparse; ++f) names.push_back(absl::StrCat(prefix, "C", f + 1));
   return names;
 }
 
@@ -114,13 +115,17 @@ absl::Status Trainer::CreateTables(const v1::TableConfig& prototype) {
                                                    " differs from the model's emb_dim ",
                                                    dense_->config().emb_dim));
   }
+  TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> existing, tables_->ListTables());
   for (size_t f = 0; f < names_.size(); ++f) {
+    const bool exists = std::any_of(existing.begin(), existing.end(),
+                                    [&](const v1::TableConfig& t) { return t.name() == names_[f]; });
+    if (exists) continue;
     v1::TableConfig c = prototype;
     c.set_name(names_[f]);
     c.set_seed(prototype.seed() + f);
     TESSERA_RETURN_IF_ERROR(tables_->CreateTable(c));
   }
-  return absl::OkStatus();
+  return CheckTables(prototype);
 }
 
 absl::StatusOr<std::string> Trainer::FirstExistingTable() const {
@@ -158,7 +163,9 @@ absl::StatusOr<embedding::CheckpointInfo> Trainer::Checkpoint(int64_t steps) {
   embedding::Attachments attachments;
   attachments["dense"] = dense_->SaveState();
   attachments["run"] = options_.run_signature;
-  return tables_->Checkpoint(steps, attachments);
+  embedding::CheckpointOptions where;
+  where.model = options_.model;
+  return tables_->Checkpoint(steps, attachments, where);
 }
 
 absl::Status Trainer::CheckpointAndReport(int64_t steps) {
@@ -175,20 +182,17 @@ absl::Status Trainer::CheckpointAndReport(int64_t steps) {
 }
 
 absl::StatusOr<int64_t> Trainer::Resume() {
+  embedding::RestoreOptions checks;
+  checks.model = options_.model;
+  // Checked before anything is restored: a checkpoint without dense state (an operator's)
+  // or of another run is refused with every table as it was.
+  checks.required_attachments = {"dense"};
+  checks.expected_attachments["run"] = options_.run_signature;
   embedding::Attachments attachments;
-  TESSERA_ASSIGN_OR_RETURN(embedding::CheckpointInfo info, tables_->Restore(-1, &attachments));
-  auto dense = attachments.find("dense");
-  if (dense == attachments.end()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint ", info.step, " holds no dense state: not a tessera-train one"));
-  }
-  if (attachments["run"] != options_.run_signature) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint ", info.step, " is of another run (", attachments["run"],
-                     "), not of this one (", options_.run_signature, ")"));
-  }
-  TESSERA_RETURN_IF_ERROR(
-      Annotate(dense_->LoadState(dense->second), absl::StrCat("checkpoint ", info.step)));
+  TESSERA_ASSIGN_OR_RETURN(embedding::CheckpointInfo info,
+                           tables_->Restore(-1, &attachments, checks));
+  TESSERA_RETURN_IF_ERROR(Annotate(dense_->LoadState(attachments["dense"]),
+                                   absl::StrCat("checkpoint ", info.step)));
   return info.step;
 }
 

@@ -28,6 +28,10 @@ struct Progress {
 };
 
 struct TrainerOptions {
+  // The model's name: its tables are "<model>.C1".."<model>.Cn" and its checkpoints hold
+  // those tables only (embedding/collection.h). "" = tables C1..Cn, checkpoints of every
+  // table of the collection.
+  std::string model;
   int64_t log_every = 100;     // steps between progress lines and metric records; 0 = none
   std::string metrics_out;     // JSON Lines file for metrics; empty = none
   int eval_batch = 4096;       // samples per evaluation forward pass
@@ -67,16 +71,19 @@ struct TrainResult {
 // Trains DLRM synchronously: each step looks up the pooled embeddings of its batch (so it
 // sees every update of the step before), runs the dense forward and backward, pushes the
 // embedding gradients and then steps the dense optimizer. One table per sparse feature,
-// named C1..Cn. Not thread-safe; one thread drives a Trainer.
+// named <model>.C1..<model>.Cn. Not thread-safe; one thread drives a Trainer.
 class Trainer {
  public:
   Trainer(embedding::EmbeddingCollection* tables, DenseBackend* dense, TrainerOptions options);
   ~Trainer();
 
-  static std::vector<std::string> TableNames(int num_sparse);
+  // "<model>.C1".. ("C1".. for model "").
+  static std::vector<std::string> TableNames(int num_sparse, const std::string& model = "");
+  const std::vector<std::string>& table_names() const { return names_; }
 
   // Creates the tables from `prototype` (dim must equal the model's emb_dim); table f is
-  // named C(f+1) and seeded with prototype.seed() + f.
+  // named TableNames()[f] and seeded with prototype.seed() + f. Tables that exist already
+  // (created by an operator, or by an earlier run) are checked instead (CheckTables).
   absl::Status CreateTables(const v1::TableConfig& prototype);
 
   // The name of the first of this model's tables that exists already, or "" when none does.
@@ -110,9 +117,10 @@ class Trainer {
 
   // A checkpoint after `steps` completed steps: tables and the dense state.
   absl::StatusOr<embedding::CheckpointInfo> Checkpoint(int64_t steps);
-  // Restores the newest complete checkpoint, tables and dense state, and returns its step
-  // (the steps done, so the next is that one). NotFound when there is none,
-  // FailedPrecondition when it belongs to another run.
+  // Restores this model's newest complete checkpoint, its tables and dense state, and
+  // returns its step (the steps done, so the next is that one). NotFound when there is
+  // none; FailedPrecondition, with nothing restored, when it holds no dense state or
+  // belongs to another run (options.run_signature).
   absl::StatusOr<int64_t> Resume();
 
   // Logloss and exact AUC over `held_out`, without creating rows for unseen ids.

@@ -154,6 +154,10 @@ class RedisCollection final : public embedding::EmbeddingCollection {
     return embedding::TableUsage{};
   }
   int num_shards() const override { return 1; }
+  // The baseline measures lookups and pushes; its tables live as long as the run.
+  absl::Status DropTable(absl::string_view table) override {
+    return absl::UnimplementedError("the Redis baseline does not drop tables");
+  }
 
  private:
   struct Table {

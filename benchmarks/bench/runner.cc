@@ -74,6 +74,7 @@ class TimedCollection final : public embedding::EmbeddingCollection {
     return inner_->Usage(table);
   }
   int num_shards() const override { return inner_->num_shards(); }
+  absl::Status DropTable(absl::string_view table) override { return inner_->DropTable(table); }
 
   void set_recording(bool on) { recording_.store(on); }
   std::vector<double> TakeCallMs() {

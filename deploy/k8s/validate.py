@@ -6,7 +6,10 @@ Namespace) with the right types; selectors match pod labels; Services select pod
 exist and target ports they expose; probes hit declared ports; every container has an
 image and resource requests and runs as non-root; volume mounts name volumes or claim
 templates; the shard count agrees between the StatefulSet, --num_shards and the
-coordinator's --shards; tables.json parses and names each table with a dim.
+coordinator's --shards; tables.json parses and names each table with a dim; the training
+Job's tessera-train names a --model, resumes with --resume=auto (so a restarted pod goes
+on, and the tables the init container applied are taken, not refused) and every table of
+tables.json belongs to that model (MODEL.*).
 
     python3 deploy/k8s/validate.py [deploy/k8s]      # exit 1 and a list of problems
 """
@@ -85,6 +88,7 @@ def main(folder: str) -> int:
 
     pods = []  # (labels, ports, where)
     services, shard_replicas, num_shards_args, coordinator_shards = [], None, set(), None
+    train_model, table_names = None, None
     for name, obj in objects:
         kind = obj.get("kind")
         where = f"{name} {kind}/{obj.get('metadata', {}).get('name')}"
@@ -108,6 +112,18 @@ def main(folder: str) -> int:
             ports, containers = check_pod(problems, pod_spec, where, claims)
             pods.append((labels, ports, where))
             text = json.dumps(containers)
+            if kind == "Job":
+                for c in containers:
+                    args = c.get("args", []) + c.get("command", [])
+                    if "tessera-train" not in args:
+                        continue
+                    cw = f"{where} container {c.get('name')}"
+                    problems.need("--resume=auto" in args, cw,
+                                  "tessera-train must pass --resume=auto (tables exist after the "
+                                  "init container; a restarted pod must continue)")
+                    models = [a.split("=", 1)[1] for a in args if a.startswith("--model=")]
+                    if problems.need(len(models) == 1, cw, "tessera-train needs one --model"):
+                        train_model = models[0]
             if kind == "StatefulSet":
                 problems.need(isinstance(obj["spec"].get("serviceName"), str), where, "needs serviceName")
                 shard_replicas = obj["spec"].get("replicas")
@@ -129,8 +145,14 @@ def main(folder: str) -> int:
                                   f"table {t.get('name')!r} needs a dim > 0")
                 names = [t.get("name") for t in tables]
                 problems.need(len(names) == len(set(names)), where, "table names repeat")
+                table_names = names
             except (ValueError, KeyError, TypeError) as e:
                 problems.append(f"{where}: tables.json does not parse: {e}")
+
+    if train_model is not None and table_names is not None:
+        strays = [n for n in table_names if not str(n).startswith(train_model + ".")]
+        problems.need(not strays, "tables.json",
+                      f"tables {strays[:3]} are not of the Job's model '{train_model}' ({train_model}.*)")
 
     for svc, where in services:
         selector = svc.get("spec", {}).get("selector", {})

@@ -48,6 +48,10 @@ class ValidateTest(unittest.TestCase):
             (("shards.yaml", "mountPath: /data", "mountPath: /data\n            - name: scratch\n              mountPath: /tmp"),
              "unknown volume 'scratch'"),
             (("kustomization.yaml", "  - train-job.yaml", "  - missing.yaml"), "missing.yaml missing"),
+            (("train-job.yaml", "            - --resume=auto\n", ""), "must pass --resume=auto"),
+            (("train-job.yaml", "            - --model=criteo\n", ""), "needs one --model"),
+            (("configmap-tables.yaml", '"name": "criteo.C7"', '"name": "C7"'),
+             "are not of the Job's model 'criteo'"),
         ]
         for edit, message in cases:
             rc, out = self.run_on([edit])

@@ -1,6 +1,7 @@
 #include "embedding/internal/inprocess_collection.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <random>
 
@@ -56,7 +57,7 @@ void Route(absl::Span<const int64_t> ids, uint64_t seed, int num_shards, Request
 
 absl::Status InProcessCollection::CreateTable(const v1::TableConfig& config) {
   TESSERA_RETURN_IF_ERROR(embedding::ValidateTableConfig(config));
-  auto t = std::make_unique<ShardedTable>();
+  auto t = std::make_shared<ShardedTable>();
   t->config = config;
   int64_t budget = 0;
   if (config.max_rows() > 0) budget = (config.max_rows() + num_shards_ - 1) / num_shards_;
@@ -80,25 +81,37 @@ absl::StatusOr<std::vector<v1::TableConfig>> InProcessCollection::ListTables() c
   return out;
 }
 
-absl::StatusOr<InProcessCollection::ShardedTable*> InProcessCollection::Find(
+absl::StatusOr<InProcessCollection::TablePtr> InProcessCollection::Find(
     absl::string_view table) const {
   absl::ReaderMutexLock lock(&mu_);
   auto it = tables_.find(table);
   if (it == tables_.end()) {
     return absl::NotFoundError(absl::StrCat("table '", table, "' not found"));
   }
-  // Tables are never dropped, so the pointer outlives the lock.
-  return it->second.get();
+  return it->second;
+}
+
+absl::Status InProcessCollection::DropTable(absl::string_view table) {
+  TablePtr dropped;  // freed after the lock, once the calls that found it are done
+  absl::MutexLock lock(&mu_);
+  auto it = tables_.find(table);
+  if (it == tables_.end()) {
+    return absl::NotFoundError(absl::StrCat("table '", table, "' not found"));
+  }
+  dropped = std::move(it->second);
+  tables_.erase(it);
+  return absl::OkStatus();
 }
 
 const std::vector<std::unique_ptr<EmbeddingTable>>* InProcessCollection::ShardsOf(
     absl::string_view table) const {
-  absl::StatusOr<ShardedTable*> t = Find(table);
+  // The caller (DurableCollection) holds its own lock across drops.
+  absl::StatusOr<TablePtr> t = Find(table);
   return t.ok() ? &(*t)->shards : nullptr;
 }
 
 absl::StatusOr<embedding::TableUsage> InProcessCollection::Usage(absl::string_view table) const {
-  TESSERA_ASSIGN_OR_RETURN(ShardedTable * t, Find(table));
+  TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(table));
   embedding::TableUsage usage;
   for (const auto& shard : t->shards) {
     usage.rows += shard->num_rows();
@@ -135,7 +148,7 @@ absl::Status InProcessCollection::GatherUnique(ShardedTable& t,
 absl::Status InProcessCollection::Lookup(absl::string_view table, absl::Span<const int64_t> ids,
                                          absl::Span<float> out,
                                          const embedding::LookupOptions& options) {
-  TESSERA_ASSIGN_OR_RETURN(ShardedTable * t, Find(table));
+  TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(table));
   const int dim = t->config.dim();
   TESSERA_RETURN_IF_ERROR(
       embedding::CheckRowsSize(table, "output", out.size(), ids.size(), dim, "ids"));
@@ -157,7 +170,7 @@ absl::Status InProcessCollection::PooledLookup(absl::string_view table,
                                                absl::Span<const float> weights, v1::Pooling pooling,
                                                absl::Span<float> out,
                                                const embedding::LookupOptions& options) {
-  TESSERA_ASSIGN_OR_RETURN(ShardedTable * t, Find(table));
+  TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(table));
   const int dim = t->config.dim();
   TESSERA_RETURN_IF_ERROR(Annotate(embedding::ValidateBags(ids.size(), offsets, weights.size()),
                                    absl::StrCat("table '", table, "'")));
@@ -173,10 +186,10 @@ absl::Status InProcessCollection::PooledLookup(absl::string_view table,
   return absl::OkStatus();
 }
 
-absl::StatusOr<InProcessCollection::ShardedTable*> InProcessCollection::CheckedPush(
+absl::StatusOr<InProcessCollection::TablePtr> InProcessCollection::CheckedPush(
     absl::string_view table, absl::Span<const int64_t> ids,
     absl::Span<const float> gradients) const {
-  TESSERA_ASSIGN_OR_RETURN(ShardedTable * t, Find(table));
+  TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(table));
   const int dim = t->config.dim();
   TESSERA_RETURN_IF_ERROR(
       embedding::CheckRowsSize(table, "gradients", gradients.size(), ids.size(), dim, "ids"));
@@ -188,17 +201,17 @@ absl::StatusOr<InProcessCollection::ShardedTable*> InProcessCollection::CheckedP
 absl::Status InProcessCollection::PushGradients(absl::string_view table,
                                                 absl::Span<const int64_t> ids,
                                                 absl::Span<const float> gradients, int64_t step) {
-  TESSERA_ASSIGN_OR_RETURN(ShardedTable * t, CheckedPush(table, ids, gradients));
+  TESSERA_ASSIGN_OR_RETURN(TablePtr t, CheckedPush(table, ids, gradients));
   return ApplyPush(*t, ids, gradients, step);
 }
 
 absl::Status InProcessCollection::PushBatch(absl::Span<const embedding::TableGradients> tables,
                                             int64_t step, const embedding::PushOptions&) {
-  std::vector<ShardedTable*> found;
+  std::vector<TablePtr> found;
   found.reserve(tables.size());
   for (const auto& part : tables) {
-    TESSERA_ASSIGN_OR_RETURN(ShardedTable * t, CheckedPush(part.table, part.ids, part.gradients));
-    found.push_back(t);
+    TESSERA_ASSIGN_OR_RETURN(TablePtr t, CheckedPush(part.table, part.ids, part.gradients));
+    found.push_back(std::move(t));
   }
   absl::Status partly;  // the first part that kept some rows (non-finite results)
   for (size_t i = 0; i < tables.size(); ++i) {
@@ -322,12 +335,61 @@ std::optional<int64_t> EmbeddingCollection::RecordedPush(const PushTag&) const {
   return std::nullopt;
 }
 
-absl::StatusOr<CheckpointInfo> EmbeddingCollection::Checkpoint(int64_t, const Attachments&) {
+absl::StatusOr<CheckpointInfo> EmbeddingCollection::Checkpoint(int64_t, const Attachments&,
+                                                               const CheckpointOptions&) {
   return NoStorage();
 }
 
-absl::StatusOr<CheckpointInfo> EmbeddingCollection::Restore(int64_t, Attachments*) {
+absl::StatusOr<CheckpointInfo> EmbeddingCollection::Restore(int64_t, Attachments*,
+                                                            const RestoreOptions&) {
   return NoStorage();
+}
+
+absl::Status ValidateModelName(absl::string_view model) {
+  if (model.empty() || model.size() > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model name must be 1-64 characters, got '", model, "'"));
+  }
+  for (const char c : model) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model name '", model, "': use letters, digits, '_' and '-' (its tables are '",
+          model, ".<name>')"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool TableOfModel(absl::string_view table, absl::string_view model) {
+  return model.empty() ||
+         (table.size() > model.size() + 1 && table.substr(0, model.size()) == model &&
+          table[model.size()] == '.');
+}
+
+absl::Status CheckRestorable(int64_t step, const Attachments& attachments,
+                             const RestoreOptions& options) {
+  const std::string which = options.model.empty()
+                                ? absl::StrCat("checkpoint ", step)
+                                : absl::StrCat("checkpoint ", step, " of model '", options.model, "'");
+  for (const std::string& name : options.required_attachments) {
+    if (attachments.count(name) == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(which, " holds no '", name, "' attachment; nothing was restored"));
+    }
+  }
+  for (const auto& [name, want] : options.expected_attachments) {
+    auto it = attachments.find(name);
+    if (it == attachments.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(which, " holds no '", name, "' attachment; nothing was restored"));
+    }
+    if (it->second != want) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(which, " has '", name, "' = '", it->second, "', this run wants '", want,
+                       "'; nothing was restored"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<CheckpointInfo>> EmbeddingCollection::ListCheckpoints() const {

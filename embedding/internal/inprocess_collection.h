@@ -34,6 +34,7 @@ class InProcessCollection final : public embedding::EmbeddingCollection {
   absl::Status PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
                              absl::Span<const float> gradients, int64_t step) override;
   absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override;
+  absl::Status DropTable(absl::string_view table) override;
   int num_shards() const override { return num_shards_; }
 
   // The shard tables of `table`, for tests; null when the table is unknown.
@@ -46,9 +47,11 @@ class InProcessCollection final : public embedding::EmbeddingCollection {
     std::vector<std::unique_ptr<embedding::EmbeddingTable>> shards;
   };
 
-  absl::StatusOr<ShardedTable*> Find(absl::string_view table) const;
+  // Shared: a call that found a table keeps it alive while a DropTable removes it.
+  using TablePtr = std::shared_ptr<ShardedTable>;
+  absl::StatusOr<TablePtr> Find(absl::string_view table) const;
   // The table of `table`, with `gradients` checked against it (size, finite values).
-  absl::StatusOr<ShardedTable*> CheckedPush(absl::string_view table, absl::Span<const int64_t> ids,
+  absl::StatusOr<TablePtr> CheckedPush(absl::string_view table, absl::Span<const int64_t> ids,
                                             absl::Span<const float> gradients) const;
   // Applies checked gradients.
   absl::Status ApplyPush(ShardedTable& t, absl::Span<const int64_t> ids,
@@ -59,7 +62,7 @@ class InProcessCollection final : public embedding::EmbeddingCollection {
 
   const int num_shards_;
   mutable absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<ShardedTable>, std::less<>> tables_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, TablePtr, std::less<>> tables_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera::embedding_internal

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <tuple>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,8 @@ constexpr absl::string_view kHeader = "tessera-checkpoint 1\n";
 
 std::string EncodeManifest(const CheckpointManifest& m) {
   std::string out(kHeader);
+  if (!m.model.empty()) absl::StrAppend(&out, "model=", m.model, "\n");
+  if (m.sequence != 0) absl::StrAppend(&out, "sequence=", m.sequence, "\n");
   absl::StrAppend(&out, "step=", m.step, "\n", "created_unix_ms=", m.created_unix_ms, "\n",
                   "rows=", m.rows, "\n", "bytes=", m.bytes, "\n");
   for (const auto& t : m.tables) absl::StrAppend(&out, "table=", t, "\n");
@@ -49,6 +52,10 @@ absl::StatusOr<CheckpointManifest> DecodeManifest(absl::string_view text, const 
         absl::StrSplit(line, absl::MaxSplits('=', 1));
     if (kv.first == "step") {
       has_step = absl::SimpleAtoi(kv.second, &m.step);
+    } else if (kv.first == "model") {
+      m.model = std::string(kv.second);
+    } else if (kv.first == "sequence") {
+      (void)absl::SimpleAtoi(kv.second, &m.sequence);
     } else if (kv.first == "created_unix_ms") {
       (void)absl::SimpleAtoi(kv.second, &m.created_unix_ms);
     } else if (kv.first == "rows") {
@@ -86,49 +93,76 @@ absl::Status ValidateAttachmentName(absl::string_view name) {
   return absl::OkStatus();
 }
 
+std::string CheckpointDirName(const std::string& model, int64_t step) {
+  return model.empty() ? absl::StrCat(step) : absl::StrCat(model, ".", step);
+}
+
 std::vector<std::pair<std::string, CheckpointManifest>> ListCompleteCheckpoints(
     const std::string& root, const std::function<void(const std::string&)>& log) {
   namespace fs = std::filesystem;
-  std::vector<std::pair<int64_t, std::string>> dirs;
+  struct Dir {
+    std::string model;
+    int64_t step;
+    std::string path;
+  };
+  std::vector<Dir> dirs;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(root, ec)) {
-    int64_t step = 0;
-    if (entry.is_directory(ec) && absl::SimpleAtoi(entry.path().filename().string(), &step)) {
-      dirs.emplace_back(step, entry.path().string());
+    if (!entry.is_directory(ec)) continue;
+    const std::string name = entry.path().filename().string();
+    const size_t dot = name.rfind('.');
+    Dir d{dot == std::string::npos ? "" : name.substr(0, dot), 0, entry.path().string()};
+    if (absl::SimpleAtoi(dot == std::string::npos ? name : name.substr(dot + 1), &d.step) &&
+        d.step >= 0 && (dot == std::string::npos || dot > 0)) {
+      dirs.push_back(std::move(d));
     }
   }
-  std::sort(dirs.begin(), dirs.end());
   std::vector<std::pair<std::string, CheckpointManifest>> out;
-  for (const auto& [step, dir] : dirs) {
-    absl::StatusOr<CheckpointManifest> m = ReadManifest(absl::StrCat(dir, "/MANIFEST"));
+  for (const Dir& d : dirs) {
+    absl::StatusOr<CheckpointManifest> m = ReadManifest(absl::StrCat(d.path, "/MANIFEST"));
     if (!m.ok()) {
-      log(absl::StrCat("tessera: warning: skipping checkpoint ", dir, ": ",
+      log(absl::StrCat("tessera: warning: skipping checkpoint ", d.path, ": ",
                        m.status().code() == absl::StatusCode::kNotFound
                            ? "no manifest (incomplete)"
                            : std::string(m.status().message())));
       continue;
     }
-    if (m->step != step) {
-      log(absl::StrCat("tessera: warning: skipping checkpoint ", dir, ": its manifest is for step ",
+    if (m->step != d.step || m->model != d.model) {
+      log(absl::StrCat("tessera: warning: skipping checkpoint ", d.path, ": its manifest is for ",
+                       m->model.empty() ? "" : absl::StrCat("model '", m->model, "' "), "step ",
                        m->step));
       continue;
     }
-    out.emplace_back(dir, *std::move(m));
+    out.emplace_back(d.path, *std::move(m));
   }
+  // Creation order, not step order: a checkpoint of step 5 taken after one of step 2400 is
+  // the newer one.
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.second.sequence, a.second.created_unix_ms, a.first) <
+           std::tie(b.second.sequence, b.second.created_unix_ms, b.first);
+  });
   return out;
 }
 
 absl::StatusOr<const std::pair<std::string, CheckpointManifest>*> ChooseCheckpoint(
     const std::vector<std::pair<std::string, CheckpointManifest>>& complete, int64_t step,
-    const std::string& root) {
+    const std::string& root, const std::string& model) {
   const std::pair<std::string, CheckpointManifest>* chosen = nullptr;
   for (const auto& c : complete) {
-    if (step < 0 || c.second.step == step) chosen = &c;
+    if (c.second.model == model && (step < 0 || c.second.step == step)) chosen = &c;
   }
   if (chosen != nullptr) return chosen;
+  const std::string of = model.empty() ? "" : absl::StrCat(" of model '", model, "'");
   return absl::NotFoundError(
-      step < 0 ? absl::StrCat("no complete checkpoint in ", root)
-               : absl::StrCat("no complete checkpoint of step ", step, " in ", root));
+      step < 0 ? absl::StrCat("no complete checkpoint", of, " in ", root)
+               : absl::StrCat("no complete checkpoint", of, " of step ", step, " in ", root));
+}
+
+int64_t NextCheckpointSequence(
+    const std::vector<std::pair<std::string, CheckpointManifest>>& complete) {
+  int64_t next = 1;
+  for (const auto& c : complete) next = std::max(next, c.second.sequence + 1);
+  return next;
 }
 
 absl::Status ReadAttachments(const std::string& dir, const CheckpointManifest& m,

@@ -16,7 +16,9 @@ namespace tessera::storage {
 // What a complete checkpoint holds. A checkpoint directory without a valid manifest
 // does not exist: the manifest is written last, atomically.
 struct CheckpointManifest {
+  std::string model;      // "" = every table; else the tables "<model>.*"
   int64_t step = 0;
+  int64_t sequence = 0;   // order of creation among the checkpoints of one place
   int64_t created_unix_ms = 0;
   int64_t rows = 0;                      // rows stored (every table, every shard)
   int64_t bytes = 0;                     // bytes on disk
@@ -37,17 +39,27 @@ absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& path);
 // not starting with '.'.
 absl::Status ValidateAttachmentName(absl::string_view name);
 
-// Complete checkpoints under `root` (<root>/<step>/MANIFEST), oldest first, with their
-// directories. Each directory without a valid manifest for its own step is skipped and
-// `log` hears why (a missing manifest: incomplete; a bad one: torn or edited).
+// The directory name of checkpoint `step` of `model` under a checkpoints root: "<step>"
+// for the whole collection, "<model>.<step>" for a model.
+std::string CheckpointDirName(const std::string& model, int64_t step);
+
+// Complete checkpoints under `root` (<root>/<CheckpointDirName>/MANIFEST), oldest (first
+// created) first, with their directories. Each directory without a valid manifest for its
+// own model and step is skipped and `log` hears why (a missing manifest: incomplete; a bad
+// one: torn or edited).
 std::vector<std::pair<std::string, CheckpointManifest>> ListCompleteCheckpoints(
     const std::string& root, const std::function<void(const std::string&)>& log);
 
-// The checkpoint of `step` among `complete` (as ListCompleteCheckpoints returns them), or
-// the newest when step < 0; NotFound naming `root` when there is none.
+// The checkpoint of `model` and `step` among `complete` (as ListCompleteCheckpoints
+// returns them), or the model's newest when step < 0; NotFound naming `root` when there
+// is none.
 absl::StatusOr<const std::pair<std::string, CheckpointManifest>*> ChooseCheckpoint(
     const std::vector<std::pair<std::string, CheckpointManifest>>& complete, int64_t step,
-    const std::string& root);
+    const std::string& root, const std::string& model = "");
+
+// The next sequence number after those of `complete`.
+int64_t NextCheckpointSequence(
+    const std::vector<std::pair<std::string, CheckpointManifest>>& complete);
 
 // Reads the attachments `m` names from <dir>/attachments/ into `out` (replacing it).
 absl::Status ReadAttachments(const std::string& dir, const CheckpointManifest& m,

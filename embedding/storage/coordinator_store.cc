@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
@@ -99,7 +100,18 @@ absl::StatusOr<CheckpointManifest> CoordinatorStore::CommitCheckpoint(
   for (const auto& [name, blob] : attachments)
     TESSERA_RETURN_IF_ERROR(ValidateAttachmentName(name));
   absl::MutexLock lock(&mu_);
-  const std::string dir = absl::StrCat(dir_, "/checkpoints/", manifest.step);
+  const auto before = Complete();
+  for (const auto& c : before) {
+    if (c.second.model == manifest.model && c.second.step == manifest.step) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "checkpoint ", manifest.step,
+          manifest.model.empty() ? "" : absl::StrCat(" of model '", manifest.model, "'"),
+          " exists already; checkpoints are never overwritten: pick another step"));
+    }
+  }
+  manifest.sequence = NextCheckpointSequence(before);
+  const std::string dir =
+      absl::StrCat(dir_, "/checkpoints/", CheckpointDirName(manifest.model, manifest.step));
   TESSERA_RETURN_IF_ERROR(RemoveTree(dir));
   std::error_code ec;
   std::filesystem::create_directories(dir + "/attachments", ec);
@@ -115,9 +127,11 @@ absl::StatusOr<CheckpointManifest> CoordinatorStore::CommitCheckpoint(
                                  .count();
   TESSERA_RETURN_IF_ERROR(WriteFileAtomically(dir + "/MANIFEST", EncodeManifest(manifest)));
   if (keep_ > 0) {
-    const auto complete = Complete();
-    for (int i = 0; i + keep_ < static_cast<int>(complete.size()); ++i) {
-      absl::Status s = RemoveTree(complete[i].first);
+    const auto complete = Complete();  // oldest created first
+    std::map<std::string, int> kept;   // by model, counted from the newest
+    for (auto it = complete.rbegin(); it != complete.rend(); ++it) {
+      if (++kept[it->second.model] <= keep_) continue;
+      absl::Status s = RemoveTree(it->first);
       if (!s.ok()) Log(absl::StrCat("tessera: warning: ", s.message()));
     }
   }
@@ -125,11 +139,11 @@ absl::StatusOr<CheckpointManifest> CoordinatorStore::CommitCheckpoint(
 }
 
 absl::StatusOr<CheckpointManifest> CoordinatorStore::FindCheckpoint(
-    int64_t step, embedding::Attachments* attachments) const {
+    int64_t step, embedding::Attachments* attachments, const std::string& model) const {
   absl::MutexLock lock(&mu_);
   const auto complete = Complete();
   TESSERA_ASSIGN_OR_RETURN(const auto* chosen,
-                           ChooseCheckpoint(complete, step, dir_ + "/checkpoints"));
+                           ChooseCheckpoint(complete, step, dir_ + "/checkpoints", model));
   if (attachments != nullptr) {
     TESSERA_RETURN_IF_ERROR(ReadAttachments(chosen->first, chosen->second, attachments));
   }

@@ -20,6 +20,7 @@ namespace tessera::storage {
 //                                            replaced atomically, with a checksum
 //   <dir>/checkpoints/<step>/attachments/<name>
 //   <dir>/checkpoints/<step>/MANIFEST        the cluster checkpoint exists once this does
+//   <dir>/checkpoints/<model>.<step>/...     the same for a model's checkpoint
 //
 // The shards keep their rows; a cluster checkpoint is complete when every shard has
 // taken its own and this manifest, written last, names them. Thread-safe.
@@ -35,14 +36,18 @@ class CoordinatorStore {
   // Replaces the durable state; on error the old one stays.
   absl::Status Save(const v1::CoordinatorState& state);
 
-  // Records cluster checkpoint `step` (after every shard took its own): attachments,
-  // then the manifest; then drops checkpoints beyond the newest `keep_checkpoints`.
+  // Records checkpoint `manifest.step` of `manifest.model` (after every shard took its
+  // own): attachments, then the manifest; then drops that model's checkpoints beyond its
+  // newest `keep_checkpoints` (by creation). AlreadyExists when it is recorded already.
   absl::StatusOr<CheckpointManifest> CommitCheckpoint(CheckpointManifest manifest,
                                                       const embedding::Attachments& attachments);
-  // Checkpoint `step` (-1: the newest complete one) and its attachments; NotFound if none.
+  // Checkpoint `step` of `model` (-1: its newest complete one) and its attachments;
+  // NotFound if none.
   absl::StatusOr<CheckpointManifest> FindCheckpoint(int64_t step,
-                                                    embedding::Attachments* attachments) const;
-  // Complete checkpoints, oldest first; incomplete or torn ones are logged and skipped.
+                                                    embedding::Attachments* attachments,
+                                                    const std::string& model = "") const;
+  // Complete checkpoints of every model, oldest (first created) first; incomplete or torn
+  // ones are logged and skipped.
   std::vector<CheckpointManifest> ListCheckpoints() const;
 
  private:

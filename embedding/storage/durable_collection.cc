@@ -41,11 +41,65 @@ double SecondsSince(Clock::time_point start) {
 
 embedding::CheckpointInfo InfoOf(const CheckpointManifest& m) {
   embedding::CheckpointInfo info;
+  info.model = m.model;
   info.step = m.step;
   info.rows = m.rows;
   info.bytes = m.bytes;
   info.created_unix_ms = m.created_unix_ms;
   return info;
+}
+
+// The catalog of `store`: (table id, config) of every table.
+absl::StatusOr<std::vector<std::pair<uint32_t, v1::TableConfig>>> ReadCatalog(
+    const KvStore& store) {
+  std::vector<std::pair<uint32_t, v1::TableConfig>> catalog;
+  TESSERA_RETURN_IF_ERROR(Annotate(
+      store.Scan(CatalogPrefix(),
+                 [&](absl::string_view key, absl::string_view value) {
+                   if (key.size() != 5)
+                     return absl::DataLossError("malformed catalog key in the store");
+                   const uint32_t id =
+                       (static_cast<uint32_t>(static_cast<unsigned char>(key[1])) << 24) |
+                       (static_cast<uint32_t>(static_cast<unsigned char>(key[2])) << 16) |
+                       (static_cast<uint32_t>(static_cast<unsigned char>(key[3])) << 8) |
+                       static_cast<uint32_t>(static_cast<unsigned char>(key[4]));
+                   TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config,
+                                            DecodeCatalogEntry(id, value));
+                   catalog.emplace_back(id, std::move(config));
+                   return absl::OkStatus();
+                 }),
+      "reading the table catalog"));
+  return catalog;
+}
+
+// Appends puts of every row of table `from_id` in `source` under table id `to_id`.
+absl::Status CopyRows(const KvStore& source, uint32_t from_id, uint32_t to_id,
+                      std::vector<KvWrite>* writes) {
+  return source.Scan(RowPrefix(from_id), [&](absl::string_view key, absl::string_view value) {
+    uint32_t table_id = 0;
+    int64_t id = 0;
+    if (!ParseRowKey(key, &table_id, &id)) return absl::OkStatus();
+    writes->push_back(KvWrite{RowKey(to_id, id), std::string(value)});
+    return absl::OkStatus();
+  });
+}
+
+// Appends deletes of every key under `prefix`.
+absl::Status EraseAll(const KvStore& store, const std::string& prefix,
+                      std::vector<KvWrite>* writes) {
+  return store.Scan(prefix, [&](absl::string_view key, absl::string_view) {
+    writes->push_back(KvWrite{std::string(key), "", /*erase=*/true});
+    return absl::OkStatus();
+  });
+}
+
+// Opens the store of a checkpoint for reading, leaving its files as they are.
+absl::StatusOr<std::unique_ptr<KvStore>> OpenCheckpointStore(const KvStoreFactory& open,
+                                                             const std::string& dir) {
+  KvStoreOptions o;
+  o.create_if_missing = false;
+  o.read_only = true;
+  return open(dir + "/db", o);
 }
 
 }  // namespace
@@ -137,8 +191,12 @@ std::string DurableCollection::InProgressPath() const {
   return options_.data_dir + "/CHECKPOINT-IN-PROGRESS";
 }
 
-std::string DurableCollection::CheckpointDir(int64_t step) const {
-  return absl::StrCat(options_.data_dir, "/checkpoints/", step);
+std::string DurableCollection::RestoringPath() const {
+  return options_.data_dir + "/RESTORE-IN-PROGRESS";
+}
+
+std::string DurableCollection::CheckpointDir(int64_t step, const std::string& model) const {
+  return absl::StrCat(options_.data_dir, "/checkpoints/", CheckpointDirName(model, step));
 }
 
 absl::StatusOr<std::unique_ptr<DurableCollection>> DurableCollection::Open(
@@ -176,23 +234,7 @@ absl::Status DurableCollection::OpenAndLoad() {
   tables_.clear();
   next_table_id_ = 1;
   rows_loaded_ = 0;
-  std::vector<std::pair<uint32_t, v1::TableConfig>> catalog;
-  TESSERA_RETURN_IF_ERROR(Annotate(
-      store_->Scan(CatalogPrefix(),
-                   [&](absl::string_view key, absl::string_view value) {
-                     if (key.size() != 5)
-                       return absl::DataLossError("malformed catalog key in the store");
-                     const uint32_t id =
-                         (static_cast<uint32_t>(static_cast<unsigned char>(key[1])) << 24) |
-                         (static_cast<uint32_t>(static_cast<unsigned char>(key[2])) << 16) |
-                         (static_cast<uint32_t>(static_cast<unsigned char>(key[3])) << 8) |
-                         static_cast<uint32_t>(static_cast<unsigned char>(key[4]));
-                     TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config,
-                                              DecodeCatalogEntry(id, value));
-                     catalog.emplace_back(id, std::move(config));
-                     return absl::OkStatus();
-                   }),
-      "reading the table catalog"));
+  TESSERA_ASSIGN_OR_RETURN(auto catalog, ReadCatalog(*store_));
   for (const auto& [id, config] : catalog) {
     TESSERA_RETURN_IF_ERROR(memory_->CreateTable(config));
     tables_.emplace(config.name(), MakeTable(id, config));
@@ -200,60 +242,134 @@ absl::Status DurableCollection::OpenAndLoad() {
     // Rows evicted after the newest checkpoint are updates that checkpoint does not have:
     // a restart comes back as of the checkpoint, so they go.
     std::vector<KvWrite> spilled;
-    TESSERA_RETURN_IF_ERROR(
-        store_->Scan(SpillPrefix(id), [&](absl::string_view key, absl::string_view) {
-          spilled.push_back(KvWrite{std::string(key), "", /*erase=*/true});
-          return absl::OkStatus();
-        }));
+    TESSERA_RETURN_IF_ERROR(EraseAll(*store_, SpillPrefix(id), &spilled));
     if (!spilled.empty()) TESSERA_RETURN_IF_ERROR(store_->Write(spilled, /*sync=*/true));
   }
   TESSERA_RETURN_IF_ERROR(RecoverInterruptedCheckpoint());
   TESSERA_RETURN_IF_ERROR(LoadPushRecords());
-  DecodedRow row;
-  for (const auto& [name, t] : tables_) {
-    const auto& shards = *memory_->ShardsOf(name);
-    const int dim = t.config.dim();
-    const int state_floats = shards[0]->optimizer().StateFloats();
-    const bool evicting = t.config.eviction().policy() != v1::EVICTION_NONE;
-    int64_t last_id = 0;
-    bool any = false;
-    absl::Status scanned =
-        store_->Scan(RowPrefix(t.id), [&](absl::string_view key, absl::string_view value) {
-          uint32_t table_id = 0;
-          int64_t id = 0;
-          if (!ParseRowKey(key, &table_id, &id) || table_id != t.id) {
-            return absl::DataLossError(
-                absl::StrCat("table '", name, "': malformed row key in the store"));
-          }
-          TESSERA_RETURN_IF_ERROR(DecodeRow(name, id, value, dim, state_floats, &row));
-          const int shard = embedding::ShardOf(id, t.config.seed(), options_.num_shards);
-          absl::Status put = shards[shard]->PutRow(id, row.weights, row.state, row.meta);
-          // A table with eviction holds what fits; the rest is read from disk when used.
-          if (absl::IsResourceExhausted(put) && evicting) return absl::OkStatus();
-          TESSERA_RETURN_IF_ERROR(Annotate(put, "loading from disk"));
-          if (++rows_loaded_ % kProgressRows == 0) {
-            Log(absl::StrCat("tessera: loaded ", rows_loaded_, " rows from ", LivePath(), " (",
-                             absl::StrFormat("%.1f", SecondsSince(start)), " s)"));
-          }
-          last_id = id;
-          any = true;
-          return absl::OkStatus();
-        });
-    // The store's own checks (block checksums) fail below the row level: say where.
-    if (!scanned.ok() && !absl::StartsWith(scanned.message(), "table '")) {
-      scanned = absl::Status(scanned.code(), absl::StrCat("table '", name, "': stored rows ",
-                                                          any ? absl::StrCat("after row ", last_id)
-                                                              : std::string("from the first"),
-                                                          " are unreadable: ", scanned.message()));
-    }
-    TESSERA_RETURN_IF_ERROR(scanned);
-  }
+  for (const auto& [name, t] : tables_) TESSERA_RETURN_IF_ERROR(LoadRows(name, t, start));
   if (rows_loaded_ > 0 || !tables_.empty()) {
     Log(absl::StrCat("tessera: loaded ", tables_.size(), " tables and ", rows_loaded_,
                      " rows from ", LivePath(), " in ",
                      absl::StrFormat("%.2f", SecondsSince(start)), " s"));
   }
+  return FinishInterruptedRestore();
+}
+
+absl::Status DurableCollection::LoadRows(const std::string& name, const Table& t,
+                                         Clock::time_point start) {
+  DecodedRow row;
+  const auto& shards = *memory_->ShardsOf(name);
+  const int dim = t.config.dim();
+  const int state_floats = shards[0]->optimizer().StateFloats();
+  const bool evicting = t.config.eviction().policy() != v1::EVICTION_NONE;
+  int64_t last_id = 0;
+  bool any = false;
+  absl::Status scanned =
+      store_->Scan(RowPrefix(t.id), [&](absl::string_view key, absl::string_view value) {
+        uint32_t table_id = 0;
+        int64_t id = 0;
+        if (!ParseRowKey(key, &table_id, &id) || table_id != t.id) {
+          return absl::DataLossError(
+              absl::StrCat("table '", name, "': malformed row key in the store"));
+        }
+        TESSERA_RETURN_IF_ERROR(DecodeRow(name, id, value, dim, state_floats, &row));
+        const int shard = embedding::ShardOf(id, t.config.seed(), options_.num_shards);
+        absl::Status put = shards[shard]->PutRow(id, row.weights, row.state, row.meta);
+        // A table with eviction holds what fits; the rest is read from disk when used.
+        if (absl::IsResourceExhausted(put) && evicting) return absl::OkStatus();
+        TESSERA_RETURN_IF_ERROR(Annotate(put, "loading from disk"));
+        if (++rows_loaded_ % kProgressRows == 0) {
+          Log(absl::StrCat("tessera: loaded ", rows_loaded_, " rows from ", LivePath(), " (",
+                           absl::StrFormat("%.1f", SecondsSince(start)), " s)"));
+        }
+        last_id = id;
+        any = true;
+        return absl::OkStatus();
+      });
+  // The store's own checks (block checksums) fail below the row level: say where.
+  if (!scanned.ok() && !absl::StartsWith(scanned.message(), "table '")) {
+    scanned = absl::Status(scanned.code(), absl::StrCat("table '", name, "': stored rows ",
+                                                        any ? absl::StrCat("after row ", last_id)
+                                                            : std::string("from the first"),
+                                                        " are unreadable: ", scanned.message()));
+  }
+  return scanned;
+}
+
+absl::Status DurableCollection::ForgetTable(const std::string& name,
+                                            std::vector<KvWrite>* writes) {
+  auto it = tables_.find(name);
+  if (it == tables_.end()) return absl::NotFoundError(absl::StrCat("table '", name, "' not found"));
+  const uint32_t id = it->second.id;
+  writes->push_back(KvWrite{CatalogKey(id), "", /*erase=*/true});
+  TESSERA_RETURN_IF_ERROR(EraseAll(*store_, RowPrefix(id), writes));
+  TESSERA_RETURN_IF_ERROR(EraseAll(*store_, SpillPrefix(id), writes));
+  TESSERA_RETURN_IF_ERROR(memory_->DropTable(name));
+  tables_.erase(it);
   return absl::OkStatus();
+}
+
+absl::Status DurableCollection::DropTable(absl::string_view table) {
+  absl::MutexLock lock(&mu_);
+  TESSERA_RETURN_IF_ERROR(Usable());
+  if (tables_.find(table) == tables_.end()) {
+    return absl::NotFoundError(absl::StrCat("table '", table, "' not found"));
+  }
+  std::vector<KvWrite> writes;
+  const std::string name(table);
+  TESSERA_RETURN_IF_ERROR(ForgetTable(name, &writes));
+  // The catalog entry goes in the same synced write as the rows: a restart finds the
+  // table whole or not at all.
+  return Annotate(store_->Write(writes, /*sync=*/true),
+                  absl::StrCat("table '", name, "': dropped in memory, but the disk refused "
+                               "the delete (it comes back on a restart)"));
+}
+
+absl::Status DurableCollection::RestoreModel(const std::string& dir, const CheckpointManifest& m) {
+  const auto start = Clock::now();
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<KvStore> source,
+                           OpenCheckpointStore(options_.open_store, dir));
+  TESSERA_ASSIGN_OR_RETURN(auto catalog, ReadCatalog(*source));
+  // A marker first: a crash before the end redoes the whole restore on the next open.
+  TESSERA_RETURN_IF_ERROR(WriteFileAtomically(RestoringPath(), dir));
+  std::vector<KvWrite> writes;
+  std::vector<std::string> mine;
+  for (const auto& [name, t] : tables_) {
+    if (embedding::TableOfModel(name, m.model)) mine.push_back(name);
+  }
+  for (const std::string& name : mine) TESSERA_RETURN_IF_ERROR(ForgetTable(name, &writes));
+  std::vector<std::pair<uint32_t, v1::TableConfig>> restored;
+  for (const auto& [from_id, config] : catalog) {
+    if (std::find(m.tables.begin(), m.tables.end(), config.name()) == m.tables.end()) continue;
+    // Fresh ids: the checkpoint's may name another table here by now.
+    const uint32_t id = next_table_id_++;
+    writes.push_back(KvWrite{CatalogKey(id), EncodeCatalogEntry(config)});
+    TESSERA_RETURN_IF_ERROR(CopyRows(*source, from_id, id, &writes));
+    restored.emplace_back(id, config);
+  }
+  source.reset();
+  for (size_t begin = 0; begin < writes.size(); begin += kRowsPerBatch) {
+    const size_t n = std::min(writes.size() - begin, static_cast<size_t>(kRowsPerBatch));
+    TESSERA_RETURN_IF_ERROR(store_->Write(absl::MakeConstSpan(writes).subspan(begin, n),
+                                          /*sync=*/false));
+  }
+  TESSERA_RETURN_IF_ERROR(store_->Write({}, /*sync=*/true));
+  for (const auto& [id, config] : restored) {
+    TESSERA_RETURN_IF_ERROR(memory_->CreateTable(config));
+    auto [it, inserted] = tables_.emplace(config.name(), MakeTable(id, config));
+    TESSERA_RETURN_IF_ERROR(LoadRows(it->first, it->second, start));
+  }
+  return RemoveTree(RestoringPath());
+}
+
+absl::Status DurableCollection::FinishInterruptedRestore() {
+  absl::StatusOr<std::string> dir = ReadFile(RestoringPath());
+  if (absl::IsNotFound(dir.status())) return absl::OkStatus();
+  TESSERA_RETURN_IF_ERROR(dir.status());
+  TESSERA_ASSIGN_OR_RETURN(CheckpointManifest m, ReadManifest(absl::StrCat(*dir, "/", kManifest)));
+  Log(absl::StrCat("tessera: the restore of ", *dir, " was interrupted; finishing it"));
+  return RestoreModel(*dir, m);
 }
 
 absl::Status DurableCollection::RecoverInterruptedCheckpoint() {
@@ -261,42 +377,38 @@ absl::Status DurableCollection::RecoverInterruptedCheckpoint() {
   absl::StatusOr<std::string> marker = ReadFile(InProgressPath());
   if (absl::IsNotFound(marker.status())) return absl::OkStatus();
   TESSERA_RETURN_IF_ERROR(marker.status());
-  // The rows of CHECKPOINT tables in the live store may be a mix of two checkpoints:
-  // replace them with those of the newest complete one (none: initial rows).
+  // "<step>" or "<model> <step>": the checkpoint's tables were being flushed, so their rows
+  // in the live store may be a mix of two checkpoints. Each goes back to the newest
+  // complete checkpoint that holds it (none: its initial rows).
+  const size_t space = marker->find(' ');
+  const std::string model = space == std::string::npos ? "" : marker->substr(0, space);
   const auto complete = CompleteCheckpoints();
-  std::unique_ptr<KvStore> source;
-  const std::string copy = LivePath() + ".recover";
-  TESSERA_RETURN_IF_ERROR(RemoveTree(copy));
-  if (!complete.empty()) {
-    // A copy, so that opening it leaves the checkpoint itself untouched.
-    TESSERA_RETURN_IF_ERROR(CopyTree(complete.back().first + "/db", copy));
-    KvStoreOptions o;
-    o.create_if_missing = false;
-    TESSERA_ASSIGN_OR_RETURN(source, options_.open_store(copy, o));
-  }
-  Log(absl::StrCat("tessera: checkpoint ", *marker, " was interrupted; checkpoint tables in ",
-                   LivePath(), " go back to ",
-                   complete.empty() ? std::string("their initial rows")
-                                    : absl::StrCat("checkpoint ", complete.back().second.step)));
+  Log(absl::StrCat("tessera: checkpoint ", *marker, " was interrupted; its checkpoint tables in ",
+                   LivePath(), " go back to their newest complete checkpoint"));
+  std::map<std::string, std::unique_ptr<KvStore>> sources;  // by checkpoint directory
+  std::map<std::string, std::vector<std::pair<uint32_t, v1::TableConfig>>> catalogs;
   for (const auto& [name, t] : tables_) {
-    if (t.config.durability() != v1::CHECKPOINT) continue;
+    if (t.config.durability() != v1::CHECKPOINT || !embedding::TableOfModel(name, model)) continue;
     std::vector<KvWrite> writes;
-    TESSERA_RETURN_IF_ERROR(
-        store_->Scan(RowPrefix(t.id), [&](absl::string_view key, absl::string_view) {
-          writes.push_back(KvWrite{std::string(key), "", /*erase=*/true});
-          return absl::OkStatus();
-        }));
-    if (source != nullptr) {
-      TESSERA_RETURN_IF_ERROR(
-          source->Scan(RowPrefix(t.id), [&](absl::string_view key, absl::string_view value) {
-            writes.push_back(KvWrite{std::string(key), std::string(value)});
-            return absl::OkStatus();
-          }));
+    TESSERA_RETURN_IF_ERROR(EraseAll(*store_, RowPrefix(t.id), &writes));
+    const std::pair<std::string, CheckpointManifest>* newest = nullptr;
+    for (const auto& c : complete) {
+      const auto& names = c.second.tables;
+      if (std::find(names.begin(), names.end(), name) != names.end()) newest = &c;
+    }
+    if (newest != nullptr) {
+      const std::string& dir = newest->first;
+      if (sources.count(dir) == 0) {
+        TESSERA_ASSIGN_OR_RETURN(sources[dir], OpenCheckpointStore(options_.open_store, dir));
+        TESSERA_ASSIGN_OR_RETURN(catalogs[dir], ReadCatalog(*sources[dir]));
+      }
+      for (const auto& [from_id, config] : catalogs[dir]) {
+        if (config.name() == name) TESSERA_RETURN_IF_ERROR(CopyRows(*sources[dir], from_id, t.id, &writes));
+      }
     }
     TESSERA_RETURN_IF_ERROR(store_->Write(writes, /*sync=*/false));
   }
-  source.reset();
-  TESSERA_RETURN_IF_ERROR(RemoveTree(copy));
+  sources.clear();
   TESSERA_RETURN_IF_ERROR(store_->Write({}, /*sync=*/true));  // the rewrite is durable first
   return RemoveTree(InProgressPath());
 }
@@ -536,12 +648,13 @@ absl::Status DurableCollection::WriteThroughPush(const Table& t, absl::Span<cons
                                              s.message()));
 }
 
-absl::StatusOr<int64_t> DurableCollection::FlushDirtyRows() {
+absl::StatusOr<int64_t> DurableCollection::FlushDirtyRows(const std::string& model) {
   int64_t written = 0;
   std::vector<KvWrite> writes;
   // Rows evicted since the last checkpoint join the durable rows first; rows in memory,
   // newer where both exist, are written after them.
   for (const auto& [name, t] : tables_) {
+    if (!embedding::TableOfModel(name, model)) continue;
     TESSERA_RETURN_IF_ERROR(
         store_->Scan(SpillPrefix(t.id), [&](absl::string_view key, absl::string_view value) {
           uint32_t table_id = 0;
@@ -572,6 +685,7 @@ absl::StatusOr<int64_t> DurableCollection::FlushDirtyRows() {
   std::vector<Dirty> dirty;
   std::vector<float> widened;  // fp16 / bf16 tables: the weights the callbacks lent
   for (const auto& [name, t] : tables_) {
+    if (!embedding::TableOfModel(name, model)) continue;
     const auto& shards = *memory_->ShardsOf(name);
     const int dim = t.config.dim();
     const int sf = shards[0]->optimizer().StateFloats();
@@ -613,35 +727,52 @@ absl::StatusOr<int64_t> DurableCollection::FlushDirtyRows() {
   // to disk next; if that fails, the checkpoint fails and a restart comes back as of the
   // one before, which is what losing these rows means.)
   for (const auto& [name, t] : tables_) {
+    if (!embedding::TableOfModel(name, model)) continue;
     for (const auto& shard : *memory_->ShardsOf(name)) shard->ClearDirty();
   }
   return written;
 }
 
 absl::StatusOr<embedding::CheckpointInfo> DurableCollection::Checkpoint(
-    int64_t step, const embedding::Attachments& attachments) {
+    int64_t step, const embedding::Attachments& attachments,
+    const embedding::CheckpointOptions& options) {
+  const std::string& model = options.model;
   if (step < 0)
     return absl::InvalidArgumentError(absl::StrCat("checkpoint step must be >= 0, got ", step));
+  if (!model.empty()) TESSERA_RETURN_IF_ERROR(embedding::ValidateModelName(model));
   for (const auto& [name, blob] : attachments)
     TESSERA_RETURN_IF_ERROR(ValidateAttachmentName(name));
   const auto start = Clock::now();
   absl::MutexLock lock(&mu_);
   TESSERA_RETURN_IF_ERROR(Usable());
+  const auto complete = CompleteCheckpoints();
+  const std::string of = model.empty() ? "" : absl::StrCat(" of model '", model, "'");
+  for (const auto& c : complete) {
+    if (c.second.model == model && c.second.step == step && !options.replace) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "checkpoint ", step, of, " exists already (", c.first,
+          "); checkpoints are never overwritten: pick another step"));
+    }
+  }
   // Until the manifest is written the live store may hold part of this checkpoint's rows;
-  // a restart in between recovers the checkpoint tables from the previous checkpoint.
-  TESSERA_RETURN_IF_ERROR(WriteFileAtomically(InProgressPath(), absl::StrCat(step)));
-  TESSERA_ASSIGN_OR_RETURN(const int64_t flushed, FlushDirtyRows());
+  // a restart in between recovers those tables from their previous checkpoint.
+  TESSERA_RETURN_IF_ERROR(WriteFileAtomically(
+      InProgressPath(), model.empty() ? absl::StrCat(step) : absl::StrCat(model, " ", step)));
+  TESSERA_ASSIGN_OR_RETURN(const int64_t flushed, FlushDirtyRows(model));
   TESSERA_RETURN_IF_ERROR(store_->Write({KvWrite{MetaKey("checkpoint_step"), absl::StrCat(step)}},
                                         /*sync=*/true));
-  const std::string dir = CheckpointDir(step);
-  TESSERA_RETURN_IF_ERROR(RemoveTree(dir));  // an incomplete or older one of the same step
+  const std::string dir = CheckpointDir(step, model);
+  TESSERA_RETURN_IF_ERROR(RemoveTree(dir));  // an incomplete (or replaced) one of this step
   std::error_code ec;
   fs::create_directories(dir + "/attachments", ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
   TESSERA_RETURN_IF_ERROR(store_->Checkpoint(dir + "/db"));
   CheckpointManifest m;
+  m.model = model;
   m.step = step;
+  m.sequence = NextCheckpointSequence(complete);
   for (const auto& [name, t] : tables_) {
+    if (!embedding::TableOfModel(name, model)) continue;
     m.tables.push_back(name);
     TESSERA_ASSIGN_OR_RETURN(embedding::TableUsage u, memory_->Usage(name));
     m.rows += u.rows;
@@ -658,7 +789,7 @@ absl::StatusOr<embedding::CheckpointInfo> DurableCollection::Checkpoint(
   ApplyRetention();
   embedding::CheckpointInfo info = InfoOf(m);
   info.seconds = SecondsSince(start);
-  Log(absl::StrCat("tessera: checkpoint ", step, " written to ", dir, ": ", flushed,
+  Log(absl::StrCat("tessera: checkpoint ", step, of, " written to ", dir, ": ", flushed,
                    " dirty rows flushed, ", m.bytes, " bytes, ",
                    absl::StrFormat("%.2f", info.seconds), " s"));
   return info;
@@ -672,10 +803,11 @@ std::vector<std::pair<std::string, CheckpointManifest>> DurableCollection::Compl
 
 void DurableCollection::ApplyRetention() {
   if (options_.keep_checkpoints == 0) return;
-  const auto complete = CompleteCheckpoints();
-  const int excess = static_cast<int>(complete.size()) - options_.keep_checkpoints;
-  for (int i = 0; i < excess; ++i) {
-    absl::Status s = RemoveTree(complete[i].first);
+  const auto complete = CompleteCheckpoints();  // oldest created first
+  std::map<std::string, int> kept;              // by model, counted from the newest
+  for (auto it = complete.rbegin(); it != complete.rend(); ++it) {
+    if (++kept[it->second.model] <= options_.keep_checkpoints) continue;
+    absl::Status s = RemoveTree(it->first);
     if (!s.ok()) Log(absl::StrCat("tessera: warning: ", s.message()));
   }
 }
@@ -687,42 +819,57 @@ absl::StatusOr<std::vector<embedding::CheckpointInfo>> DurableCollection::ListCh
 }
 
 absl::StatusOr<embedding::CheckpointInfo> DurableCollection::Restore(
-    int64_t step, embedding::Attachments* attachments) {
+    int64_t step, embedding::Attachments* attachments, const embedding::RestoreOptions& options) {
   const auto start = Clock::now();
   absl::MutexLock lock(&mu_);
   const auto complete = CompleteCheckpoints();
-  TESSERA_ASSIGN_OR_RETURN(const auto* chosen,
-                           ChooseCheckpoint(complete, step, options_.data_dir + "/checkpoints"));
+  TESSERA_ASSIGN_OR_RETURN(
+      const auto* chosen,
+      ChooseCheckpoint(complete, step, options_.data_dir + "/checkpoints", options.model));
   const std::string& dir = chosen->first;
   embedding::Attachments blobs;
   TESSERA_RETURN_IF_ERROR(ReadAttachments(dir, chosen->second, &blobs));
-  // Copy first, while the live store is still whole; then swap directories.
-  const std::string live = LivePath();
-  TESSERA_RETURN_IF_ERROR(RemoveTree(live + ".restore"));
-  TESSERA_RETURN_IF_ERROR(CopyTree(dir + "/db", live + ".restore"));
-  store_.reset();
-  std::error_code ec;
-  fs::rename(live, live + ".old", ec);
-  if (!ec) fs::rename(live + ".restore", live, ec);
-  if (ec) {
-    broken_ = absl::InternalError(absl::StrCat("restore of ", dir, " failed swapping ", live, ": ",
-                                               ec.message(), "; restart the server"));
-    return broken_;
+  // Checked before anything changes.
+  TESSERA_RETURN_IF_ERROR(embedding::CheckRestorable(chosen->second.step, blobs, options));
+  if (!options.model.empty()) {
+    TESSERA_RETURN_IF_ERROR(Usable());
+    absl::Status s = RestoreModel(dir, chosen->second);
+    if (!s.ok()) {
+      broken_ = Annotate(s, absl::StrCat("restore of ", dir, " stopped half-way; restart the "
+                                         "server, which finishes it"));
+      return broken_;
+    }
+  } else {
+    // Copy first, while the live store is still whole; then swap directories.
+    const std::string live = LivePath();
+    TESSERA_RETURN_IF_ERROR(RemoveTree(live + ".restore"));
+    TESSERA_RETURN_IF_ERROR(CopyTree(dir + "/db", live + ".restore"));
+    store_.reset();
+    std::error_code ec;
+    fs::rename(live, live + ".old", ec);
+    if (!ec) fs::rename(live + ".restore", live, ec);
+    if (ec) {
+      broken_ = absl::InternalError(absl::StrCat("restore of ", dir, " failed swapping ", live,
+                                                 ": ", ec.message(), "; restart the server"));
+      return broken_;
+    }
+    (void)RemoveTree(live + ".old");
+    // The restored checkpoint is the state now, whatever was interrupted before.
+    (void)RemoveTree(InProgressPath());
+    (void)RemoveTree(RestoringPath());
+    absl::Status s = OpenAndLoad();
+    if (!s.ok()) {
+      broken_ = Annotate(s, absl::StrCat("restore of ", dir));
+      return broken_;
+    }
+    broken_ = absl::OkStatus();
   }
-  (void)RemoveTree(live + ".old");
-  // The restored checkpoint is the state now, whatever checkpoint was interrupted before.
-  (void)RemoveTree(InProgressPath());
-  absl::Status s = OpenAndLoad();
-  if (!s.ok()) {
-    broken_ = Annotate(s, absl::StrCat("restore of ", dir));
-    return broken_;
-  }
-  broken_ = absl::OkStatus();
   if (attachments != nullptr) *attachments = std::move(blobs);
   embedding::CheckpointInfo info = InfoOf(chosen->second);
   info.seconds = SecondsSince(start);
-  Log(absl::StrCat("tessera: restored checkpoint ", info.step, " from ", dir, ": ", rows_loaded_,
-                   " rows in ", absl::StrFormat("%.2f", info.seconds), " s"));
+  Log(absl::StrCat("tessera: restored checkpoint ", info.step,
+                   options.model.empty() ? "" : absl::StrCat(" of model '", options.model, "'"),
+                   " from ", dir, " in ", absl::StrFormat("%.2f", info.seconds), " s"));
   return info;
 }
 

@@ -1,6 +1,7 @@
 #ifndef TESSERA_EMBEDDING_STORAGE_DURABLE_COLLECTION_H_
 #define TESSERA_EMBEDDING_STORAGE_DURABLE_COLLECTION_H_
 
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <map>
@@ -39,6 +40,9 @@ struct DurableOptions {
 //   <data_dir>/checkpoints/<step>/db/    a copy of the store as of checkpoint <step>
 //   <data_dir>/checkpoints/<step>/attachments/<name>
 //   <data_dir>/checkpoints/<step>/MANIFEST  written last: without it there is no checkpoint
+//   <data_dir>/checkpoints/<model>.<step>/  the same for a model's checkpoint: its manifest
+//                                        lists the model's tables, and only they are
+//                                        written before it and restored from it
 //
 // Table configs are in the store's catalog; opening a data directory brings back every
 // table with every stored row, checking each row's checksum (DataLoss names the table
@@ -55,8 +59,14 @@ struct DurableOptions {
 // the next checkpoint folds in, so a restart still comes back as of that checkpoint) and
 // read back on their next lookup.
 //
-// Thread-safe. Lookups and pushes run concurrently; CreateTable, Checkpoint and Restore
-// run alone (they wait for calls in flight and hold new ones back: the step barrier).
+// Retention keeps the newest `keep_checkpoints` of each model by creation order. Restoring a
+// model replaces its tables only (rows copied from the checkpoint's store under fresh
+// table ids; a crash half-way redoes it on the next open); restoring the whole collection
+// swaps the live store.
+//
+// Thread-safe. Lookups and pushes run concurrently; CreateTable, DropTable, Checkpoint and
+// Restore run alone (they wait for calls in flight and hold new ones back: the step
+// barrier).
 // Write-through pushes to one table are serialized, so the disk sees them in order.
 class DurableCollection final : public embedding::EmbeddingCollection {
  public:
@@ -83,18 +93,22 @@ class DurableCollection final : public embedding::EmbeddingCollection {
                                      const embedding::PushTag& tag) override;
   std::optional<int64_t> RecordedPush(const embedding::PushTag& tag) const override;
   absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override;
+  absl::Status DropTable(absl::string_view table) override;
   int num_shards() const override { return options_.num_shards; }
 
-  absl::StatusOr<embedding::CheckpointInfo> Checkpoint(
-      int64_t step, const embedding::Attachments& attachments) override;
-  absl::StatusOr<embedding::CheckpointInfo> Restore(int64_t step,
-                                                    embedding::Attachments* attachments) override;
+  absl::StatusOr<embedding::CheckpointInfo> Checkpoint(int64_t step,
+                                                       const embedding::Attachments& attachments,
+                                                       const embedding::CheckpointOptions& options =
+                                                           {}) override;
+  absl::StatusOr<embedding::CheckpointInfo> Restore(
+      int64_t step, embedding::Attachments* attachments,
+      const embedding::RestoreOptions& options = {}) override;
   absl::StatusOr<std::vector<embedding::CheckpointInfo>> ListCheckpoints() const override;
 
   // Rows loaded from disk by the last Open or Restore.
   int64_t rows_loaded() const;
-  // The directory of checkpoint `step` (complete or not).
-  std::string CheckpointDir(int64_t step) const;
+  // The directory of checkpoint `step` of `model` (complete or not).
+  std::string CheckpointDir(int64_t step, const std::string& model = "") const;
 
  private:
   class Spill;
@@ -108,9 +122,22 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   Table MakeTable(uint32_t id, const v1::TableConfig& config) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   explicit DurableCollection(const DurableOptions& options);
+  using Clock = std::chrono::steady_clock;
 
   // Opens the live store and loads the catalog and every row into fresh memory.
   absl::Status OpenAndLoad() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Loads the stored rows of `t` into its (empty) memory tables.
+  absl::Status LoadRows(const std::string& name, const Table& t, Clock::time_point start)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets table `name` in memory and appends the deletes of its catalog entry, rows and
+  // spilled rows to `writes`.
+  absl::Status ForgetTable(const std::string& name, std::vector<KvWrite>* writes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Replaces the tables of `m.model` with those of the checkpoint in `dir`.
+  absl::Status RestoreModel(const std::string& dir, const CheckpointManifest& m)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Finishes a model restore that a crash interrupted (its marker names the checkpoint).
+  absl::Status FinishInterruptedRestore() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<const Table*> Find(absl::string_view table) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::Status Usable() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // After a crash during a checkpoint: CHECKPOINT tables' rows back to the newest complete
@@ -125,14 +152,17 @@ class DurableCollection final : public embedding::EmbeddingCollection {
                     const embedding::PushTag* tag);
   // Loads the push records of the live store (trimmed to options_.push_records).
   absl::Status LoadPushRecords() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes every dirty row to the live store and marks it clean; returns rows written.
-  absl::StatusOr<int64_t> FlushDirtyRows() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes every dirty row of `model`'s tables to the live store and marks it clean;
+  // returns rows written.
+  absl::StatusOr<int64_t> FlushDirtyRows(const std::string& model)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Complete checkpoints with their manifests, oldest first; torn ones are logged.
   std::vector<std::pair<std::string, CheckpointManifest>> CompleteCheckpoints() const;
   void ApplyRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Log(const std::string& line) const;
   std::string LivePath() const;
   std::string InProgressPath() const;  // exists while a checkpoint is being taken
+  std::string RestoringPath() const;   // exists while a model restore is being applied
 
   const DurableOptions options_;
   mutable absl::Mutex mu_;

@@ -431,6 +431,128 @@ TEST(DurableCollection, RestartAfterAnInterruptedCheckpointComesBackAsOfThePrevi
   EXPECT_THAT(all_log, HasSubstr("checkpoint 10 was interrupted"));
 }
 
+embedding::CheckpointOptions OfModel(const std::string& model) {
+  embedding::CheckpointOptions o;
+  o.model = model;
+  return o;
+}
+
+std::vector<std::string> Names(embedding::EmbeddingCollection& c) {
+  std::vector<std::string> names;
+  const auto tables = c.ListTables();
+  for (const auto& t : *tables) names.push_back(t.name());
+  return names;
+}
+
+TEST(DurableCollection, AModelsCheckpointAndRestoreTouchOnlyItsTablesAndSurviveAReopen) {
+  ScopedDir dir;
+  Harness h(dir.path, /*shards=*/2);
+  std::vector<float> x5, w5, y_after;
+  {
+    auto c = h.Open();
+    ASSERT_TRUE(c->CreateTable(Config("a.x", 4, v1::CHECKPOINT)).ok());
+    ASSERT_TRUE(c->CreateTable(Config("a.w", 4, v1::WRITE_THROUGH)).ok());
+    ASSERT_TRUE(c->CreateTable(Config("b.y", 4, v1::CHECKPOINT)).ok());
+    for (const char* t : {"a.x", "a.w", "b.y"}) Train(*c, t, 4, 0, 5, 30);
+    auto info = c->Checkpoint(5, {{"dense", "a5"}}, OfModel("a"));
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->model, "a");
+    x5 = Read(*c, "a.x", AllIds(), 4);
+    w5 = Read(*c, "a.w", AllIds(), 4);
+    for (const char* t : {"a.x", "a.w", "b.y"}) Train(*c, t, 4, 5, 5, 31);
+    y_after = Read(*c, "b.y", AllIds(), 4);
+    ASSERT_TRUE(c->CreateTable(Config("a.late", 4, v1::CHECKPOINT)).ok());
+    ASSERT_TRUE(c->DropTable("a.w").ok());
+
+    embedding::RestoreOptions restore;
+    restore.model = "a";
+    embedding::Attachments attachments;
+    ASSERT_TRUE(c->Restore(-1, &attachments, restore).ok());
+    EXPECT_EQ(attachments["dense"], "a5");
+    EXPECT_EQ(Names(*c), (std::vector<std::string>{"a.w", "a.x", "b.y"}));
+    EXPECT_EQ(Read(*c, "a.x", AllIds(), 4), x5);
+    EXPECT_EQ(Read(*c, "a.w", AllIds(), 4), w5);
+    EXPECT_EQ(Read(*c, "b.y", AllIds(), 4), y_after);  // another model: untouched
+    // Model b's own checkpoint flushes b's rows only.
+    ASSERT_TRUE(c->Checkpoint(6, {}, OfModel("b")).ok());
+    // A step a model has a checkpoint of is never written again.
+    EXPECT_EQ(c->Checkpoint(5, {}, OfModel("a")).status().code(),
+              absl::StatusCode::kAlreadyExists);
+    embedding::CheckpointOptions replace = OfModel("a");
+    replace.replace = true;  // what a coordinator asks for a cluster checkpoint never completed
+    EXPECT_TRUE(c->Checkpoint(5, {}, replace).ok());
+  }
+  auto c = h.Open();
+  EXPECT_EQ(Names(*c), (std::vector<std::string>{"a.w", "a.x", "b.y"}));
+  EXPECT_EQ(Read(*c, "a.x", AllIds(), 4), x5);
+  EXPECT_EQ(Read(*c, "a.w", AllIds(), 4), w5);
+  EXPECT_EQ(Read(*c, "b.y", AllIds(), 4), y_after);
+}
+
+TEST(DurableCollection, AModelRestoreCutShortIsFinishedOnTheNextOpen) {
+  ScopedDir dir;
+  Harness h(dir.path);
+  std::vector<float> at3;
+  {
+    auto c = h.Open();
+    ASSERT_TRUE(c->CreateTable(Config("m.t", 4, v1::CHECKPOINT)).ok());
+    Train(*c, "m.t", 4, 0, 3, 40);
+    ASSERT_TRUE(c->Checkpoint(3, {}, OfModel("m")).ok());
+    at3 = Read(*c, "m.t", AllIds(), 4);
+    Train(*c, "m.t", 4, 3, 3, 41);
+    ASSERT_TRUE(c->Checkpoint(6, {}, OfModel("m")).ok());
+    // A restore of checkpoint 3 that stopped after its marker, before any row moved.
+    std::ofstream(dir.path + "/RESTORE-IN-PROGRESS") << c->CheckpointDir(3, "m");
+  }
+  h.log.clear();
+  auto c = h.Open();
+  EXPECT_EQ(Read(*c, "m.t", AllIds(), 4), at3);
+  EXPECT_FALSE(fs::exists(dir.path + "/RESTORE-IN-PROGRESS"));
+  std::string all_log;
+  for (const auto& l : h.log) all_log += l + "\n";
+  EXPECT_THAT(all_log, HasSubstr("was interrupted; finishing it"));
+}
+
+TEST(DurableCollection, RetentionKeepsEachModelsNewestCreatedCheckpoints) {
+  ScopedDir dir;
+  Harness h(dir.path);
+  h.options.keep_checkpoints = 2;
+  auto c = h.Open();
+  ASSERT_TRUE(c->CreateTable(Config("a.t", 4, v1::CHECKPOINT)).ok());
+  ASSERT_TRUE(c->CreateTable(Config("b.t", 4, v1::CHECKPOINT)).ok());
+  ASSERT_TRUE(c->Checkpoint(2400, {}, OfModel("a")).ok());
+  ASSERT_TRUE(c->Checkpoint(2100, {}, OfModel("a")).ok());
+  ASSERT_TRUE(c->Checkpoint(1, {}, OfModel("b")).ok());
+  ASSERT_TRUE(c->Checkpoint(5, {}, OfModel("a")).ok());  // the newest of a, lowest step
+  std::vector<std::pair<std::string, int64_t>> kept;
+  const auto list = c->ListCheckpoints();
+  for (const auto& info : *list) kept.emplace_back(info.model, info.step);
+  EXPECT_EQ(kept, (std::vector<std::pair<std::string, int64_t>>{{"a", 2100}, {"b", 1}, {"a", 5}}));
+  embedding::RestoreOptions a;
+  a.model = "a";
+  EXPECT_EQ(c->Restore(-1, nullptr, a)->step, 5);
+}
+
+TEST(DurableCollection, ADroppedTableIsGoneAfterAReopenAndComesBackFresh) {
+  ScopedDir dir;
+  Harness h(dir.path);
+  {
+    auto c = h.Open();
+    ASSERT_TRUE(c->CreateTable(Config("t", 4, v1::WRITE_THROUGH)).ok());
+    ASSERT_TRUE(c->CreateTable(Config("keep", 4, v1::WRITE_THROUGH)).ok());
+    Train(*c, "t", 4, 0, 3, 50);
+    Train(*c, "keep", 4, 0, 3, 51);
+    ASSERT_TRUE(c->DropTable("t").ok());
+    EXPECT_EQ(c->DropTable("t").code(), absl::StatusCode::kNotFound);
+  }
+  auto c = h.Open();
+  EXPECT_EQ(Names(*c), std::vector<std::string>{"keep"});
+  ASSERT_TRUE(c->CreateTable(Config("t", 4, v1::WRITE_THROUGH)).ok());
+  auto fresh = embedding::NewInProcessCollection(1).value();
+  ASSERT_TRUE(fresh->CreateTable(Config("t", 4, v1::WRITE_THROUGH)).ok());
+  EXPECT_EQ(Read(*c, "t", AllIds(), 4), Read(*fresh, "t", AllIds(), 4));
+}
+
 TEST(DurableCollection, UnwritableDataDirectoryFailsAtStartUp) {
   ScopedDir dir;
   const std::string file = dir.path + "/not-a-dir";

@@ -57,6 +57,7 @@ class KvStore {
 
 struct KvStoreOptions {
   bool create_if_missing = true;  // create an empty store when `path` has none
+  bool read_only = false;         // open for reads only: the store's files are not changed
 };
 
 // Opens (or creates) a store in directory `path`.

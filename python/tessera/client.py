@@ -219,11 +219,29 @@ class Client:
     def stats(self, table: str = "") -> api.StatsResponse:
         return self._call(self._stub.Stats, api.StatsRequest(table=table))
 
-    def checkpoint(self, step: int) -> api.CheckpointResponse:
-        return self._call(self._stub.Checkpoint, api.CheckpointRequest(step=step), timeout=1800)
+    def drop_table(self, name: str):
+        """Removes table `name` and every row of it on every shard. TesseraError NOT_FOUND
+        for an unknown table. Checkpoints that hold it keep it."""
+        self._call(self._stub.DropTable, api.DropTableRequest(table=name))
+        self._configs.pop(name, None)
 
-    def restore(self, step: int = -1) -> api.RestoreResponse:
-        return self._call(self._stub.Restore, api.RestoreRequest(step=step), timeout=1800)
+    def checkpoint(self, step: int, model: str = "",
+                   attachments: Optional[Dict[str, bytes]] = None) -> api.CheckpointResponse:
+        """Checkpoint `step` of `model`'s tables ("<model>.*"; "" = every table), with named
+        byte `attachments`. TesseraError ALREADY_EXISTS for a step the model has one of
+        (checkpoints are never overwritten)."""
+        return self._call(self._stub.Checkpoint,
+                          api.CheckpointRequest(step=step, model=model,
+                                                attachments=attachments or {}),
+                          timeout=1800)
+
+    def restore(self, step: int = -1, model: str = "") -> api.RestoreResponse:
+        """Puts `model`'s tables back to its checkpoint `step` (-1: its newest); other
+        tables are untouched, the model's tables created since are dropped."""
+        response = self._call(self._stub.Restore, api.RestoreRequest(step=step, model=model),
+                              timeout=1800)
+        self._configs = {}
+        return response
 
     def checkpoints(self) -> api.ListCheckpointsResponse:
         return self._call(self._stub.ListCheckpoints, api.ListCheckpointsRequest())

@@ -105,7 +105,8 @@ absl::StatusOr<std::unique_ptr<KvStore>> OpenRocksDbStore(const std::string& pat
   o.compression = rocksdb::kNoCompression;
   for (auto& c : o.compression_per_level) c = rocksdb::kNoCompression;
   rocksdb::DB* raw = nullptr;
-  rocksdb::Status s = rocksdb::DB::Open(o, path, &raw);
+  rocksdb::Status s = options.read_only ? rocksdb::DB::OpenForReadOnly(o, path, &raw)
+                                        : rocksdb::DB::Open(o, path, &raw);
   if (!s.ok()) {
     absl::Status st = FromRocks(s, absl::StrCat("cannot open store ", path));
     // Opening fails on what the operator has to fix (permissions, a full or read-only

@@ -1,0 +1,294 @@
+// A cluster shared by several jobs (2 durable shards and a durable coordinator on
+// 127.0.0.1): models' tables and checkpoints that cannot hurt each other, checkpoints kept
+// by creation and never overwritten, dropped tables, restores that leave no zombie, and
+// the Kubernetes training Job's own flow.
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "client/embedding_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/shard_process.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::DurableCluster;
+
+const std::string& ScratchDir() {
+  static const std::string dir = [] {
+    std::string tmpl = absl::StrCat(::testing::TempDir(), "/tessera-shared-XXXXXX");
+    return std::string(::mkdtemp(tmpl.data()));
+  }();
+  return dir;
+}
+
+struct Result {
+  int exit_code = -1;
+  std::string output;
+};
+
+Result RunBinary(const std::string& binary, const std::string& args) {
+  Result r;
+  FILE* p = popen(absl::StrCat(binary, " ", args, " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+v1::TableConfig Table(const std::string& name) {
+  v1::TableConfig c;
+  c.set_name(name);
+  c.set_dim(4);
+  c.set_seed(11);
+  c.mutable_optimizer()->set_type(v1::SGD);
+  c.mutable_optimizer()->set_learning_rate(0.5f);
+  return c;
+}
+
+class SharedClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = absl::StrCat(ScratchDir(), "/",
+                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(root_);
+    cluster_ = std::make_unique<DurableCluster>(2, root_);
+    ASSERT_TRUE(cluster_->Start());
+    client::ClientOptions o;
+    o.mode = client::ClientOptions::Mode::kSmart;
+    auto c = client::EmbeddingClient::Connect(address(), o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    client_ = *std::move(c);
+  }
+  void TearDown() override {
+    client_.reset();
+    if (cluster_) cluster_->KillAll();
+    std::filesystem::remove_all(root_);
+  }
+  const std::string& address() const { return cluster_->coordinator->address(); }
+
+  std::vector<float> Rows(const std::string& table, const std::vector<int64_t>& ids,
+                          int dim = 4) {
+    std::vector<float> out(ids.size() * dim);
+    embedding::LookupOptions read_only;
+    read_only.insert_missing = false;
+    absl::Status s = client_->Lookup(table, ids, absl::MakeSpan(out), read_only);
+    EXPECT_TRUE(s.ok()) << s;
+    return out;
+  }
+  void Push(const std::string& table, const std::vector<int64_t>& ids, float g, int64_t step) {
+    std::vector<float> grads(ids.size() * 4, g);
+    ASSERT_TRUE(client_->PushGradients(table, ids, grads, step).ok());
+  }
+  std::vector<std::string> Names() {
+    std::vector<std::string> names;
+    const auto tables = client_->ListTables();
+    EXPECT_TRUE(tables.ok()) << tables.status();
+    if (tables.ok()) {
+      for (const auto& t : *tables) names.push_back(t.name());
+    }
+    return names;
+  }
+  Result Cli(const std::string& args) {
+    return RunBinary(TESSERA_CLI_BIN, absl::StrCat("--coordinator=", address(), " ", args));
+  }
+
+  std::string root_;
+  std::unique_ptr<DurableCluster> cluster_;
+  std::unique_ptr<client::EmbeddingClient> client_;
+  const std::vector<int64_t> ids_ = {1, 2, 3, 40, 500, -6};
+};
+
+// Items 3 and 4: a checkpoint of a lower step taken later is the newest (retention keeps
+// it), and a step that exists is refused, never overwritten.
+TEST_F(SharedClusterTest, RetentionKeepsTheNewestCreatedAndAStepIsNeverOverwritten) {
+  ASSERT_TRUE(client_->CreateTable(Table("job.t")).ok());
+  for (int64_t step : {1800, 2100, 2400}) {
+    Push("job.t", ids_, 0.1f, step);
+    ASSERT_TRUE(client_->Checkpoint(step, {{"dense", absl::StrCat("dense-", step)}}).ok());
+  }
+  Push("job.t", ids_, 0.1f, 2500);
+  Result taken = Cli("checkpoint --step=5");
+  ASSERT_EQ(taken.exit_code, 0) << taken.output;
+  std::vector<int64_t> steps;
+  for (const auto& c : client_->ListCheckpoints().value()) steps.push_back(c.step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{2100, 2400, 5}));  // oldest created first, 3 kept
+  const std::vector<float> at5 = Rows("job.t", ids_);
+
+  Result again = Cli("checkpoint --step=2400");
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_THAT(again.output, HasSubstr("ALREADY_EXISTS"));
+  embedding::Attachments attachments;
+  auto restored = client_->Restore(2400, &attachments);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(attachments["dense"], "dense-2400");  // the original, dense state and all
+  EXPECT_NE(Rows("job.t", ids_), at5);
+  // The newest (step 5) is what -1 restores.
+  ASSERT_TRUE(client_->Restore(-1, nullptr).ok());
+  EXPECT_EQ(Rows("job.t", ids_), at5);
+}
+
+// A model's checkpoint holds its tables only; restoring it leaves other models' tables
+// alone, drops its tables created since and brings back its dropped ones.
+TEST_F(SharedClusterTest, AModelsRestoreTouchesOnlyItsOwnTables) {
+  for (const char* name : {"ads.user", "ads.item", "feed.user"}) {
+    ASSERT_TRUE(client_->CreateTable(Table(name)).ok());
+    Push(name, ids_, 0.1f, 1);
+  }
+  embedding::CheckpointOptions ads;
+  ads.model = "ads";
+  auto taken = client_->Checkpoint(7, {{"dense", "ads-7"}}, ads);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(taken->model, "ads");
+  const auto user7 = Rows("ads.user", ids_), item7 = Rows("ads.item", ids_);
+  Push("ads.user", ids_, 1.0f, 8);
+  Push("feed.user", ids_, 1.0f, 8);
+  const auto feed8 = Rows("feed.user", ids_);
+  ASSERT_TRUE(client_->CreateTable(Table("ads.late")).ok());
+  ASSERT_TRUE(client_->DropTable("ads.item").ok());
+
+  embedding::RestoreOptions restore;
+  restore.model = "ads";
+  embedding::Attachments attachments;
+  auto restored = client_->Restore(-1, &attachments, restore);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->step, 7);
+  EXPECT_EQ(attachments["dense"], "ads-7");
+  EXPECT_EQ(Rows("ads.user", ids_), user7);
+  EXPECT_EQ(Rows("ads.item", ids_), item7);   // back from the checkpoint
+  EXPECT_EQ(Rows("feed.user", ids_), feed8);  // another model's rows: untouched
+  EXPECT_EQ(Names(), (std::vector<std::string>{"ads.item", "ads.user", "feed.user"}));
+  EXPECT_TRUE(client_->CreateTable(Table("ads.late")).ok());  // gone cleanly, so it can be again
+  EXPECT_EQ(Cli("stats").exit_code, 0);
+
+  // A restore that fails its checks changes nothing.
+  Push("ads.user", ids_, 1.0f, 9);
+  const auto user9 = Rows("ads.user", ids_);
+  restore.required_attachments = {"optimizer-state"};
+  auto refused = client_->Restore(-1, nullptr, restore);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_EQ(Rows("ads.user", ids_), user9);
+}
+
+// Item 6: a whole-cluster restore of a checkpoint older than a table leaves no zombie.
+TEST_F(SharedClusterTest, RestoringAnOlderCheckpointLeavesNoZombieTable) {
+  ASSERT_TRUE(client_->CreateTable(Table("old.t")).ok());
+  ASSERT_TRUE(client_->Checkpoint(1, {}).ok());
+  ASSERT_TRUE(client_->CreateTable(Table("new.t")).ok());
+  Push("new.t", ids_, 0.5f, 2);
+  Result restored = Cli("restore --step=1");
+  ASSERT_EQ(restored.exit_code, 0) << restored.output;
+  EXPECT_EQ(Names(), std::vector<std::string>{"old.t"});
+  Result stats = Cli("stats");
+  EXPECT_EQ(stats.exit_code, 0) << stats.output;
+  ASSERT_TRUE(client_->CreateTable(Table("new.t")).ok());
+  // Created anew: its rows are initial again, not the pushed ones.
+  auto fresh = embedding::NewInProcessCollection(1).value();
+  ASSERT_TRUE(fresh->CreateTable(Table("new.t")).ok());
+  std::vector<float> initial(ids_.size() * 4);
+  ASSERT_TRUE(fresh->Lookup("new.t", ids_, absl::MakeSpan(initial), {}).ok());
+  EXPECT_EQ(Rows("new.t", ids_), initial);
+}
+
+TEST_F(SharedClusterTest, DropTableRemovesItsRowsEverywhereAndForGood) {
+  ASSERT_TRUE(client_->CreateTable(Table("gone.t")).ok());
+  Push("gone.t", ids_, 0.5f, 1);
+  Result dropped = Cli("drop --model=gone");
+  ASSERT_EQ(dropped.exit_code, 0) << dropped.output;
+  EXPECT_THAT(dropped.output, HasSubstr("dropped table 'gone.t'"));
+  EXPECT_TRUE(Names().empty());
+  EXPECT_EQ(client_->DropTable("gone.t").code(), absl::StatusCode::kNotFound);
+  std::vector<float> out(ids_.size() * 4);
+  EXPECT_EQ(client_->Lookup("gone.t", ids_, absl::MakeSpan(out), {}).code(),
+            absl::StatusCode::kNotFound);
+  // Every server restarts on its data directory: the table stays dropped.
+  client_.reset();
+  cluster_->KillAll();
+  ASSERT_TRUE(cluster_->Start());
+  client_ = client::EmbeddingClient::Connect(address(), {}).value();
+  EXPECT_TRUE(Names().empty());
+  Result stats = Cli("stats");  // every shard's own tables: none
+  EXPECT_EQ(stats.exit_code, 0) << stats.output;
+  EXPECT_THAT(stats.output, ::testing::Not(HasSubstr("gone.t")));
+}
+
+// Item 5: a resume whose checkpoint fails its checks restores nothing, other jobs' tables
+// included; the message says what to do.
+TEST_F(SharedClusterTest, AResumeThatFailsItsChecksRestoresNothing) {
+  const std::string train = absl::StrCat("--coordinator=", address(),
+                                         " --steps=20 --log_every=0 --held_out=500 --model=m");
+  Result first = RunBinary(TESSERA_TRAIN_BIN, absl::StrCat(train, " --checkpoint_every=10"));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  ASSERT_TRUE(client_->CreateTable(Table("other.t")).ok());
+  ASSERT_TRUE(client_->Checkpoint(1, {}).ok());  // an operator's checkpoint of everything
+  Push("other.t", ids_, 1.0f, 2);
+  // An operator's checkpoint of model m: newer than the trainer's, without dense state.
+  Result operator_checkpoint = Cli("checkpoint --model=m --step=25");
+  ASSERT_EQ(operator_checkpoint.exit_code, 0) << operator_checkpoint.output;
+  const auto other = Rows("other.t", ids_), c1 = Rows("m.C1", ids_, 16);
+  Result resumed = RunBinary(TESSERA_TRAIN_BIN, absl::StrCat(train, " --steps=40 --resume"));
+  EXPECT_EQ(resumed.exit_code, 1) << resumed.output;
+  EXPECT_THAT(resumed.output, HasSubstr("holds no 'dense' attachment; nothing was restored"));
+  EXPECT_EQ(Rows("other.t", ids_), other);
+  EXPECT_EQ(Rows("m.C1", ids_, 16), c1);
+}
+
+// Item 8: the Kubernetes training Job: its init container applies the ConfigMap's tables,
+// then tessera-train runs with the Job's flags; a restarted pod resumes.
+TEST_F(SharedClusterTest, TheKubernetesTrainingJobRunsAndARestartedPodResumes) {
+  std::ifstream in(std::string(TESSERA_SOURCE_DIR) + "/deploy/k8s/configmap-tables.yaml");
+  std::string json;
+  bool inside = false;
+  for (std::string line; std::getline(in, line);) {
+    if (absl::StrContains(line, "tables.json: |")) {
+      inside = true;
+      continue;
+    }
+    if (inside) absl::StrAppend(&json, line, "\n");
+  }
+  ASSERT_FALSE(json.empty());
+  const std::string tables = absl::StrCat(root_, "/tables.json");
+  std::ofstream(tables) << json;
+  Result applied = Cli(absl::StrCat("--tables_file=", tables, " apply"));
+  ASSERT_EQ(applied.exit_code, 0) << applied.output;
+
+  // The Job's container arguments, from the manifest, with a short run.
+  std::ifstream job(std::string(TESSERA_SOURCE_DIR) + "/deploy/k8s/train-job.yaml");
+  std::string flags;
+  for (std::string line; std::getline(job, line);) {
+    absl::string_view l = absl::StripAsciiWhitespace(line);
+    if (!absl::ConsumePrefix(&l, "- --")) continue;
+    if (absl::StartsWith(l, "coordinator=") || absl::StartsWith(l, "steps=") ||
+        absl::StartsWith(l, "tables_file=") || absl::StartsWith(l, "checkpoint_every=")) {
+      continue;
+    }
+    absl::StrAppend(&flags, " --", l);
+  }
+  ASSERT_THAT(flags, HasSubstr("--resume=auto"));
+  const std::string run = absl::StrCat("--coordinator=", address(), flags,
+                                       " --steps=30 --checkpoint_every=10 --log_every=0 "
+                                       "--held_out=500");
+  Result first = RunBinary(TESSERA_TRAIN_BIN, run);
+  ASSERT_EQ(first.exit_code, 0) << flags << "\n" << first.output;
+  Result restarted = RunBinary(TESSERA_TRAIN_BIN, absl::StrCat(run, " --steps=40"));
+  ASSERT_EQ(restarted.exit_code, 0) << restarted.output;
+  EXPECT_THAT(restarted.output, HasSubstr("resume: restored checkpoint 30"));
+}
+
+}  // namespace
+}  // namespace tessera
