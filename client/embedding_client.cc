@@ -90,6 +90,7 @@ absl::Status EmbeddingClient::RefreshShardMap() {
     ro.max_retries = options_.max_retries;
     ro.initial_backoff = options_.initial_backoff;
     ro.max_backoff = options_.max_backoff;
+    if (router_ != nullptr) retired_router_restarts_ += router_->restarts();
     router_ = std::make_shared<ShardRouter>(addresses, ro);
   }
   return absl::OkStatus();
@@ -222,6 +223,7 @@ absl::Status EmbeddingClient::LookupBatch(absl::Span<const embedding::TableBags>
   return WithRetries([&] {
     auto ctx = NewContext();
     TESSERA_RETURN_IF_ERROR(FromGrpcStatus(coordinator_.Get()->BatchLookup(ctx.get(), req, &resp)));
+    NoteCoordinatorDigest(resp.incarnation());
     if (resp.tables_size() != static_cast<int>(tables.size())) {
       return absl::InternalError(absl::StrCat("coordinator answered ", resp.tables_size(),
                                               " tables, expected ", tables.size()));
@@ -279,7 +281,9 @@ absl::Status EmbeddingClient::PushBatch(absl::Span<const embedding::TableGradien
   return WithRetries([&] {
     auto ctx = NewContext();
     v1::BatchPushResponse resp;
-    return FromGrpcStatus(coordinator_.Get()->BatchPush(ctx.get(), req, &resp));
+    TESSERA_RETURN_IF_ERROR(FromGrpcStatus(coordinator_.Get()->BatchPush(ctx.get(), req, &resp)));
+    NoteCoordinatorDigest(resp.incarnation());
+    return absl::OkStatus();
   });
 }
 
@@ -298,6 +302,18 @@ absl::StatusOr<embedding::TableUsage> EmbeddingClient::Usage(absl::string_view t
     usage.memory_bytes += t.memory_bytes();
   }
   return usage;
+}
+
+void EmbeddingClient::NoteCoordinatorDigest(uint64_t digest) {
+  if (digest == 0) return;  // the coordinator has not heard from every shard yet
+  const uint64_t before = digest_.exchange(digest);
+  if (before != 0 && before != digest) coordinator_restarts_.fetch_add(1);
+}
+
+int64_t EmbeddingClient::ShardRestarts() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return coordinator_restarts_.load() + retired_router_restarts_ +
+         (router_ != nullptr ? router_->restarts() : 0);
 }
 
 int EmbeddingClient::num_shards() const {

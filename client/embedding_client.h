@@ -60,6 +60,9 @@ class EmbeddingClient final : public embedding::EmbeddingCollection {
                          const embedding::PushOptions& options = {}) override;
   absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override;
   int num_shards() const override;
+  // Smart mode: the shards' incarnations as the router sees them; coordinator mode: the
+  // coordinator's digest of them.
+  int64_t ShardRestarts() const override;
   // A fresh request id of this client's (random client id, next sequence), for callers
   // that want to repeat a push themselves after a failure.
   embedding::RequestId NextRequestId();
@@ -103,6 +106,11 @@ class EmbeddingClient final : public embedding::EmbeddingCollection {
   mutable std::map<std::string, v1::TableConfig, std::less<>> configs_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<ShardRouter> router_ ABSL_GUARDED_BY(mu_);  // smart mode
   int num_shards_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t retired_router_restarts_ ABSL_GUARDED_BY(mu_) = 0;  // of routers replaced
+  // Coordinator mode: its last incarnation digest, and how often it changed.
+  void NoteCoordinatorDigest(uint64_t digest);
+  std::atomic<uint64_t> digest_{0};
+  std::atomic<int64_t> coordinator_restarts_{0};
   const uint64_t client_id_;  // of this client's request ids: random
   std::atomic<uint64_t> next_sequence_{1};
   ObjectPool<LookupMessages> lookup_messages_{[] { return std::make_unique<LookupMessages>(); }};

@@ -1,6 +1,7 @@
 #include "client/shard_router.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 
@@ -46,6 +47,8 @@ ShardRouter::ShardRouter(std::vector<std::string> addresses, const RouterOptions
         address, std::move(args), std::move(credentials)));
   }
   serving_ = std::make_unique<std::atomic<bool>[]>(addresses_.size());
+  incarnations_ = std::make_unique<std::atomic<uint64_t>[]>(addresses_.size());
+  for (size_t k = 0; k < addresses_.size(); ++k) incarnations_[k].store(0);
   for (size_t k = 0; k < addresses_.size(); ++k) serving_[k] = true;
   if (options_.health_check_interval.count() > 0)
     monitor_ = std::thread([this] { MonitorHealth(); });
@@ -211,6 +214,29 @@ absl::Status ShardRouter::CreateTable(const v1::TableConfig& config) {
   return absl::OkStatus();
 }
 
+void ShardRouter::NoteIncarnation(int k, uint64_t incarnation) {
+  if (incarnation == 0) return;
+  const uint64_t before = incarnations_[k].exchange(incarnation);
+  if (before != 0 && before != incarnation) {
+    restarts_.fetch_add(1);
+    std::fprintf(stderr,
+                 "tessera: shard %d (%s) restarted (incarnation %016llx, was %016llx): its "
+                 "CHECKPOINT tables are back at their newest checkpoint\n",
+                 k, addresses_[k].c_str(), static_cast<unsigned long long>(incarnation),
+                 static_cast<unsigned long long>(before));
+  }
+}
+
+uint64_t ShardRouter::IncarnationDigest() const {
+  uint64_t digest = 0x74657373657261ULL;
+  for (size_t k = 0; k < addresses_.size(); ++k) {
+    const uint64_t inc = incarnations_[k].load();
+    if (inc == 0) return 0;
+    digest = embedding::Mix64(digest ^ inc);
+  }
+  return digest == 0 ? 1 : digest;
+}
+
 absl::StatusOr<std::vector<v1::TableConfig>> ShardRouter::ListTablesOn(int k) {
   auto ctx = NewContext();
   v1::ListTablesResponse resp;
@@ -322,6 +348,7 @@ absl::Status ShardRouter::LookupBatch(absl::Span<const v1::TableConfig> configs,
       &resps, options_.deadline);
   for (int k = 0; k < shards; ++k) {
     if (work[k] && !statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
+    if (work[k]) NoteIncarnation(k, resps[k].incarnation());
   }
   // The answer of shard k for part p, checked for its shape.
   auto answer = [&](int k, size_t p, size_t rows, int dim) -> absl::StatusOr<const char*> {
@@ -446,6 +473,7 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
       &resps, options_.deadline);
   for (int k = 0; k < shards; ++k) {
     if (work[k] && !statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
+    if (work[k]) NoteIncarnation(k, resps[k].incarnation());
   }
   std::vector<int64_t> updated(num_parts, 0);
   for (int k = 0; k < shards; ++k) {

@@ -111,7 +111,14 @@ class ShardRouter {
       const v1::CheckpointRequest& request);
   absl::StatusOr<std::vector<v1::CheckpointInfo>> RestoreShards(const v1::RestoreRequest& request);
 
-  // Every shard's stats for `table` (empty = all).
+  // Shards seen to come back with a new incarnation (a restart: their CHECKPOINT tables
+  // went back to their checkpoint, memory-only shards to initial rows), since this router
+  // first heard from each.
+  int64_t restarts() const { return restarts_.load(); }
+  // A digest of every shard's incarnation, 0 until each has answered once; it changes when
+  // any shard restarts. The coordinator sends it with its answers.
+  uint64_t IncarnationDigest() const;
+
   // Every serving shard's stats of `table` (empty: every table); shards failing their
   // health checks are left out.
   absl::StatusOr<std::vector<v1::TableStats>> Stats(const std::string& table);
@@ -174,6 +181,10 @@ class ShardRouter {
   std::atomic<uint64_t> version_;
   std::vector<std::unique_ptr<ReconnectingStub<v1::EmbeddingShard>>> stubs_;
   std::unique_ptr<std::atomic<bool>[]> serving_;
+  // Records shard k's incarnation from one of its answers (0: none sent).
+  void NoteIncarnation(int k, uint64_t incarnation);
+  std::unique_ptr<std::atomic<uint64_t>[]> incarnations_;  // per shard, 0 = not heard yet
+  std::atomic<int64_t> restarts_{0};
   // Health checking (options_.health_check_interval > 0).
   void MonitorHealth();
   absl::Mutex monitor_mu_;

@@ -174,6 +174,12 @@ class EmbeddingCollection {
 
   virtual int num_shards() const = 0;
 
+  // How many times a shard holding this collection's rows was seen to come back with a
+  // new incarnation (restarted: its CHECKPOINT tables went back to their newest
+  // checkpoint, a memory-only shard to initial rows). Collections in this process never
+  // restart: 0.
+  virtual int64_t ShardRestarts() const { return 0; }
+
   // Removes `table` and every row of it. NotFound for an unknown table. Checkpoints that
   // hold it keep it (restoring one brings it back).
   virtual absl::Status DropTable(absl::string_view table) = 0;

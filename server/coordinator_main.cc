@@ -38,6 +38,9 @@ ABSL_FLAG(std::string, data_dir, "",
           "directory for table configs and checkpoint manifests; empty = nothing survives "
           "a restart and Checkpoint is refused");
 ABSL_FLAG(int, keep_checkpoints, 3, "newest complete cluster checkpoints kept; 0 = all");
+ABSL_FLAG(int, shard_retries, 4,
+          "retries of a shard call that fails UNAVAILABLE or DEADLINE_EXCEEDED, with backoff, "
+          "before the coordinator answers with that error");
 
 int main(int argc, char** argv) {
   tessera::client::ParseCommandLine(argc, argv, "tessera-coordinator",
@@ -70,7 +73,12 @@ int main(int argc, char** argv) {
   ro.health_check_interval = std::chrono::milliseconds(absl::GetFlag(FLAGS_health_check_ms));
   // A shard that fails a call for a moment (a restart) is retried alone; clients see the
   // call fail only if it stays down.
-  ro.max_retries = 4;
+  ro.max_retries = absl::GetFlag(FLAGS_shard_retries);
+  if (ro.max_retries < 0 || ro.max_retries > 100) {
+    std::cerr << "tessera-coordinator: --shard_retries must be in [0, 100], got "
+              << ro.max_retries << "\n";
+    return 1;
+  }
   tessera::client::ShardRouter router(shards, ro);
   tessera::server::CoordinatorOptions co;
   co.max_batch_ids = absl::GetFlag(FLAGS_max_batch_ids);

@@ -105,6 +105,7 @@ grpc::Status CoordinatorService::BatchLookup(grpc::ServerContext* context,
     TESSERA_RETURN_IF_ERROR(CheckBatch("batched lookup", batch.total_ids));
     absl::Status s = cluster_.LookupBatch(batch.configs, batch.lookups, request->read_only());
     if (!s.ok()) response->Clear();
+    response->set_incarnation(cluster_.router().IncarnationDigest());
     return s;
   });
 }
@@ -125,6 +126,7 @@ grpc::Status CoordinatorService::PushGradients(grpc::ServerContext* context,
         cluster_.PushBatch({&config, 1}, {&part, 1}, request->step(),
                            {id.client_id(), id.sequence()}));
     response->set_rows_updated(updated[0]);
+    response->set_incarnation(cluster_.router().IncarnationDigest());
     return absl::OkStatus();
   });
 }
@@ -141,6 +143,7 @@ grpc::Status CoordinatorService::BatchPush(grpc::ServerContext* context,
                              cluster_.PushBatch(batch.configs, batch.pushes, request->step(),
                                                 {id.client_id(), id.sequence()}));
     for (const int64_t u : updated) response->add_rows_updated(u);
+    response->set_incarnation(cluster_.router().IncarnationDigest());
     return absl::OkStatus();
   });
 }

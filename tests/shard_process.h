@@ -110,15 +110,9 @@ struct DurableCluster {
     shards.clear();
     std::string list;
     for (int k = 0; k < n; ++k) {
-      std::vector<std::string> args = {absl::StrCat("--shard_index=", k),
-                                       absl::StrCat("--num_shards=", n),
-                                       absl::StrCat("--data_dir=", root, "/shard-", k)};
-      if (ports.size() > static_cast<size_t>(k)) args.push_back("--port=" + ports[k]);
-      shards.push_back(std::make_unique<ServerProcess>(TESSERA_SHARD_BIN, args));
-      const std::string& a = shards[k]->address();
-      if (a.empty() || !WaitHealthy(a)) return false;
-      if (ports.size() <= static_cast<size_t>(k)) ports.push_back(a.substr(a.rfind(':') + 1));
-      absl::StrAppend(&list, k ? "," : "", a);
+      shards.emplace_back();
+      if (!StartShard(k)) return false;
+      absl::StrAppend(&list, k ? "," : "", shards[k]->address());
     }
     std::vector<std::string> args = {"--shards=" + list, "--data_dir=" + root + "/coordinator"};
     if (!coordinator_port.empty()) args.push_back("--port=" + coordinator_port);
@@ -126,6 +120,22 @@ struct DurableCluster {
     const std::string& a = coordinator->address();
     if (a.empty() || !WaitHealthy(a)) return false;
     coordinator_port = a.substr(a.rfind(':') + 1);
+    return true;
+  }
+  // Kills shard k (SIGKILL) and starts it again on its port and data directory.
+  bool RestartShard(int k) {
+    shards[k].reset();
+    return StartShard(k);
+  }
+  bool StartShard(int k) {
+    std::vector<std::string> args = {absl::StrCat("--shard_index=", k),
+                                     absl::StrCat("--num_shards=", n),
+                                     absl::StrCat("--data_dir=", root, "/shard-", k)};
+    if (ports.size() > static_cast<size_t>(k)) args.push_back("--port=" + ports[k]);
+    shards[k] = std::make_unique<ServerProcess>(TESSERA_SHARD_BIN, args);
+    const std::string& a = shards[k]->address();
+    if (a.empty() || !WaitHealthy(a)) return false;
+    if (ports.size() <= static_cast<size_t>(k)) ports.push_back(a.substr(a.rfind(':') + 1));
     return true;
   }
   void KillAll() {

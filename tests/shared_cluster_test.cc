@@ -10,6 +10,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -288,6 +289,65 @@ TEST_F(SharedClusterTest, TheKubernetesTrainingJobRunsAndARestartedPodResumes) {
   Result restarted = RunBinary(TESSERA_TRAIN_BIN, absl::StrCat(run, " --steps=40"));
   ASSERT_EQ(restarted.exit_code, 0) << restarted.output;
   EXPECT_THAT(restarted.output, HasSubstr("resume: restored checkpoint 30"));
+}
+
+std::string EvalLine(const std::string& metrics) {
+  std::ifstream in(metrics);
+  for (std::string l; std::getline(in, l);) {
+    if (absl::StrContains(l, "\"event\":\"eval\"")) {
+      // Without the timing field.
+      return l.substr(0, l.find(",\"train_seconds\""));
+    }
+  }
+  return "";
+}
+
+bool FileHas(const std::string& path, const std::string& text) {
+  std::ifstream in(path);
+  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return absl::StrContains(all, text);
+}
+
+// Item 7: a shard killed and back within the client's retry window. Its CHECKPOINT tables
+// are back at the checkpoint: the run sees the new incarnation, restores the model to its
+// checkpoint and trains on from there, ending exactly where an uninterrupted run ends; with
+// --on_shard_restart=fail it stops saying what to do.
+TEST_F(SharedClusterTest, AShardRestartedMidRunSendsTheModelBackToItsCheckpoint) {
+  const std::string common = "--steps=1500 --batch_size=128 --log_every=100 --held_out=2000";
+  const std::string reference = absl::StrCat(root_, "/reference.jsonl");
+  Result straight = RunBinary(TESSERA_TRAIN_BIN, absl::StrCat(common, " --metrics_out=", reference));
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+
+  for (const std::string mode : {"resume", "fail"}) {
+    const std::string metrics = absl::StrCat(root_, "/", mode, ".jsonl");
+    Result run;
+    std::thread train([&] {
+      run = RunBinary(TESSERA_TRAIN_BIN,
+                      absl::StrCat(common, " --coordinator=", address(), " --model=", mode,
+                                   " --checkpoint_every=100 --on_shard_restart=", mode,
+                                   " --metrics_out=", metrics));
+    });
+    // Once the run has checkpointed step 300, shard 1 is killed and started again.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (!FileHas(metrics, "\"event\":\"checkpoint\",\"step\":300") &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    const bool restarted = cluster_->RestartShard(1);
+    train.join();
+    ASSERT_TRUE(restarted);
+    if (mode == "resume") {
+      ASSERT_EQ(run.exit_code, 0) << run.output;
+      EXPECT_THAT(run.output, HasSubstr("a shard restarted at step"));
+      EXPECT_THAT(run.output, HasSubstr("restored to its checkpoint"));
+      EXPECT_EQ(EvalLine(metrics), EvalLine(reference));
+      EXPECT_FALSE(EvalLine(metrics).empty());
+    } else {
+      EXPECT_EQ(run.exit_code, 1) << run.output;
+      EXPECT_THAT(run.output, HasSubstr("went back to their newest checkpoint"));
+      EXPECT_THAT(run.output, HasSubstr("run again with --resume=auto"));
+    }
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // runs on synthetic data with a planted teacher, on 4 in-process shards.
 
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <memory>
@@ -85,6 +86,13 @@ ABSL_FLAG(std::string, resume, "false",
           "continue from its newest complete checkpoint when there is one (step 0 when not); "
           "'false': the tables must not exist yet");
 ABSL_FLAG(int, keep_checkpoints, 3, "with --data_dir: newest checkpoints kept (0 = all)");
+ABSL_FLAG(std::string, on_shard_restart, "resume",
+          "when a shard restarts and its CHECKPOINT tables go back to their checkpoint: "
+          "'resume' restores the model's newest checkpoint and trains on from it, 'fail' ends "
+          "the run saying so");
+ABSL_FLAG(int, max_retries, 8,
+          "with --coordinator: retries of a call that finds a server unavailable (backoff "
+          "from 50 ms doubling to 1 s), so a restart within the budget goes unnoticed");
 
 namespace tessera::trainer {
 namespace {
@@ -155,6 +163,7 @@ absl::Status CheckFlagRanges() {
                                      int64_t{0}, kMax, " (0 = no checkpoints)"));
   TESSERA_RETURN_IF_ERROR(CheckRange("keep_checkpoints", absl::GetFlag(FLAGS_keep_checkpoints), 0,
                                      kMaxInt, " (0 = keep all)"));
+  TESSERA_RETURN_IF_ERROR(CheckRange("max_retries", absl::GetFlag(FLAGS_max_retries), 0, 100));
   return absl::OkStatus();
 }
 
@@ -218,6 +227,7 @@ absl::Status Run() {
       return absl::InvalidArgumentError("--client_mode must be smart or coordinator");
     }
     TESSERA_ASSIGN_OR_RETURN(co.security, client::ClientSecurityFromFlags());
+    co.max_retries = absl::GetFlag(FLAGS_max_retries);
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<client::EmbeddingClient> remote,
                              client::EmbeddingClient::Connect(coordinator, co));
     where = absl::StrCat(remote->num_shards(), " shards via ", coordinator, " (", mode, " client)");
@@ -245,6 +255,15 @@ absl::Status Run() {
   options.metrics_out = absl::GetFlag(FLAGS_metrics_out);
   options.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   options.max_staleness = absl::GetFlag(FLAGS_max_staleness);
+  const std::string on_restart = absl::GetFlag(FLAGS_on_shard_restart);
+  if (on_restart == "resume") {
+    options.on_shard_restart = TrainerOptions::OnShardRestart::kResume;
+  } else if (on_restart == "fail") {
+    options.on_shard_restart = TrainerOptions::OnShardRestart::kFail;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--on_shard_restart must be resume or fail, got '", on_restart, "'"));
+  }
   // What must match for a checkpoint to continue this run (not --steps: a resumed run may
   // go further).
   options.run_signature = absl::StrCat(
@@ -326,12 +345,17 @@ absl::Status Run() {
   }
 
   int64_t steps = absl::GetFlag(FLAGS_steps);
-  // Declared before the source that reads from them: the source's threads stop (when it is
+  // Declared before the sources that read from them: a source's threads stop (when it is
   // destroyed, on every return) before what they read goes away.
   std::unique_ptr<SyntheticGenerator> generator;
+  std::unique_ptr<CriteoReader> opened;  // the first TSV reader, checked at start-up
+  CriteoOptions co;
   CriteoReader* reader = nullptr;
   Batch held_out;
   std::unique_ptr<BatchSource> source;
+  // The batches from step `first` on: a resumed run, or one that went back to a checkpoint
+  // after a shard restart, reads what it read then.
+  std::function<absl::StatusOr<std::unique_ptr<BatchSource>>(int64_t)> make_source;
   if (synthetic) {
     SyntheticConfig sc;
     sc.num_dense = model.num_dense;
@@ -358,20 +382,22 @@ absl::Status Run() {
     TESSERA_ASSIGN_OR_RETURN(generator, SyntheticGenerator::Create(sc));
     if (steps == 0) steps = 10000;
     const SyntheticGenerator* gen = generator.get();
-    // Batch i is a pure function of i: a resumed run starts at its first step's batch.
-    source = std::make_unique<ParallelBatchPipeline>(
-        [gen, batch_size, first_step](int64_t index, Batch* b) {
-          gen->MakeBatch(first_step + index, batch_size, b);
-          return absl::OkStatus();
-        },
-        std::max<int64_t>(0, steps - first_step), absl::GetFlag(FLAGS_reader_threads),
-        absl::GetFlag(FLAGS_prefetch));
+    make_source = [gen, batch_size, steps](
+                      int64_t first) -> absl::StatusOr<std::unique_ptr<BatchSource>> {
+      // Batch i is a pure function of i: a resumed run starts at its first step's batch.
+      return std::unique_ptr<BatchSource>(std::make_unique<ParallelBatchPipeline>(
+          [gen, batch_size, first](int64_t index, Batch* b) {
+            gen->MakeBatch(first + index, batch_size, b);
+            return absl::OkStatus();
+          },
+          std::max<int64_t>(0, steps - first), absl::GetFlag(FLAGS_reader_threads),
+          absl::GetFlag(FLAGS_prefetch)));
+    };
     held_out = generator->MakeHeldOut(absl::GetFlag(FLAGS_held_out));
     std::printf("data: synthetic, %d dense + %d sparse features, %lld steps of %d, %d held out\n",
                 model.num_dense, model.num_sparse, static_cast<long long>(steps), batch_size,
                 held_out.size);
   } else {
-    CriteoOptions co;
     co.num_dense = model.num_dense;
     co.num_sparse = model.num_sparse;
     co.epochs = absl::GetFlag(FLAGS_epochs);
@@ -387,12 +413,10 @@ absl::Status Run() {
     // its, and with --on_bad_line=stop the first bad line of the file is the one named.
     HeldOutReport held_report;
     TESSERA_ASSIGN_OR_RETURN(held_out, CriteoReader::LoadHeldOut(data, co, &held_report));
-    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<CriteoReader> r,
-                             CriteoReader::Open(data, co, batch_size));
-    reader = r.get();
-    const std::string files =
-        r->paths().size() == 1 ? r->paths()[0] : absl::StrCat(r->paths().size(), " files");
-    source = std::make_unique<PrefetchingSource>(std::move(r), absl::GetFlag(FLAGS_prefetch));
+    TESSERA_ASSIGN_OR_RETURN(opened, CriteoReader::Open(data, co, batch_size));
+    const std::string files = opened->paths().size() == 1
+                                  ? opened->paths()[0]
+                                  : absl::StrCat(opened->paths().size(), " files");
     std::printf("data: %s, %d epoch(s), batches of %d, %d held out\n", files.c_str(), co.epochs,
                 batch_size, held_out.size);
     if (held_report.bad_lines > 0) {
@@ -400,22 +424,52 @@ absl::Status Run() {
                   static_cast<long long>(held_report.bad_lines),
                   static_cast<long long>(held_report.lines_read));
     }
-    if (first_step > 0) {
-      // The file is read in order: pass over the batches the checkpoint has seen.
-      Batch skipped;
-      for (int64_t i = 0; i < first_step; ++i) {
-        TESSERA_ASSIGN_OR_RETURN(bool more, source->Next(&skipped));
-        if (!more) break;
+    make_source = [&](int64_t first) -> absl::StatusOr<std::unique_ptr<BatchSource>> {
+      std::unique_ptr<CriteoReader> r = std::move(opened);
+      if (r == nullptr) {
+        TESSERA_ASSIGN_OR_RETURN(r, CriteoReader::Open(data, co, batch_size));
       }
-      std::printf("resume: skipped the %lld batches before step %lld\n",
-                  static_cast<long long>(first_step), static_cast<long long>(first_step));
-    }
+      reader = r.get();
+      auto prefetching =
+          std::make_unique<PrefetchingSource>(std::move(r), absl::GetFlag(FLAGS_prefetch));
+      if (first > 0) {
+        // The file is read in order: pass over the batches the checkpoint has seen.
+        Batch skipped;
+        for (int64_t i = 0; i < first; ++i) {
+          TESSERA_ASSIGN_OR_RETURN(bool more, prefetching->Next(&skipped));
+          if (!more) break;
+        }
+        std::printf("resume: skipped the %lld batches before step %lld\n",
+                    static_cast<long long>(first), static_cast<long long>(first));
+      }
+      return std::unique_ptr<BatchSource>(std::move(prefetching));
+    };
   }
   std::printf("model: dlrm on %s, emb_dim %d, tables on %s, optimizer %s\n", dense->name().c_str(),
               model.emb_dim, where.c_str(), embedding::OptimizerName(opt).c_str());
   std::fflush(stdout);
 
-  TESSERA_ASSIGN_OR_RETURN(TrainResult result, trainer.Train(source.get(), steps, first_step));
+  TrainResult result;
+  int64_t start = first_step;
+  int64_t last_step = first_step;  // the step the model is at when training ends
+  int64_t replayed = 0;            // steps trained again after a shard restart
+  for (int recoveries = 0;; ++recoveries) {
+    if (recoveries > 10) {
+      return absl::AbortedError(
+          "shards restarted more than 10 times in one run; fix them, then run again with "
+          "--resume=auto");
+    }
+    source.reset();
+    TESSERA_ASSIGN_OR_RETURN(source, make_source(start));
+    TESSERA_ASSIGN_OR_RETURN(TrainResult leg, trainer.Train(source.get(), steps, start));
+    result.steps += leg.steps;
+    result.samples += leg.samples;
+    result.seconds += leg.seconds;
+    last_step = start + leg.steps;
+    if (leg.resume_from < 0) break;
+    replayed += last_step - leg.resume_from;
+    start = leg.resume_from;  // a shard restarted: the model went back to this checkpoint
+  }
   if (reader != nullptr && reader->bad_lines() > 0) {
     std::printf("data: skipped %lld malformed line(s) of %lld read\n",
                 static_cast<long long>(reader->bad_lines()),
@@ -437,6 +491,11 @@ absl::Status Run() {
   std::printf("trained %lld steps, %lld samples in %.1fs (%.0f samples/s)\n",
               static_cast<long long>(result.steps), static_cast<long long>(result.samples),
               result.seconds, result.seconds > 0 ? result.samples / result.seconds : 0.0);
+  if (replayed > 0) {
+    std::printf("(%lld of them trained again after shard restarts sent the model back to its "
+                "checkpoint)\n",
+                static_cast<long long>(replayed));
+  }
 
   TESSERA_ASSIGN_OR_RETURN(EvalResult eval, trainer.Evaluate(held_out));
   if (eval.samples == 0) {
@@ -454,12 +513,37 @@ absl::Status Run() {
   }
   trainer.WriteMetrics(absl::StrFormat(
       R"({"event":"eval","step":%d,"samples":%d,"logloss":%.6f,"auc":%.6f%s,"train_seconds":%.3f})",
-      first_step + result.steps, eval.samples, eval.logloss, eval.auc, teacher_json,
+      last_step, eval.samples, eval.logloss, eval.auc, teacher_json,
       result.seconds));
   return absl::OkStatus();
 }
 
 }  // namespace
+
+// What to do after a failure that ends a run, where its message does not say already.
+std::string NextStepAfter(const absl::Status& s) {
+  const bool checkpoints =
+      absl::GetFlag(FLAGS_checkpoint_every) > 0 || absl::GetFlag(FLAGS_resume) != "false";
+  const std::string resume =
+      checkpoints ? "then run again with --resume=auto: it goes on from the newest checkpoint"
+                  : "then run again (with --checkpoint_every, a run can go on from its last "
+                    "checkpoint)";
+  switch (s.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+      return absl::StrCat(
+          "bring back the server named above (tessera-shard or tessera-coordinator; "
+          "--max_retries waits longer for one that restarts), ", resume);
+    case absl::StatusCode::kDataLoss:
+      return absl::StrCat("restore a checkpoint (tessera-cli restore --model=",
+                          absl::GetFlag(FLAGS_model), "), ", resume);
+    case absl::StatusCode::kInternal:
+      return absl::StrCat("see the message above, ", resume);
+    default:
+      return "";
+  }
+}
+
 }  // namespace tessera::trainer
 
 int main(int argc, char** argv) {
@@ -479,6 +563,8 @@ int main(int argc, char** argv) {
   if (s.ok()) s = tessera::trainer::Run();
   if (!s.ok()) {
     std::cerr << "tessera-train: " << s << "\n";
+    const std::string next = tessera::trainer::NextStepAfter(s);
+    if (!next.empty()) std::cerr << "tessera-train: next: " << next << "\n";
     return 1;
   }
   return 0;

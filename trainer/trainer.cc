@@ -92,6 +92,7 @@ Trainer::Trainer(embedding::EmbeddingCollection* tables, DenseBackend* dense,
                  TrainerOptions options)
     : tables_(tables), dense_(dense), options_(std::move(options)) {
   names_ = TableNames(dense_->config().num_sparse, options_.model);
+  restarts_seen_ = tables_->ShardRestarts();
   if (!options_.metrics_out.empty()) {
     metrics_.open(options_.metrics_out, std::ios::out | std::ios::trunc);
     if (!metrics_.is_open()) {
@@ -315,6 +316,62 @@ absl::StatusOr<std::optional<Trainer::StepOutcome>> Trainer::PipelinedStep(Batch
   return std::optional<StepOutcome>(StepOutcome{loss, s->batch.size});
 }
 
+void Trainer::ResetPipeline() {
+  ahead_.clear();
+  pushing_.clear();
+  worker_.reset();
+  source_done_ = false;
+}
+
+absl::Status Trainer::HandleShardRestart(int64_t step, int64_t* resume_from) {
+  *resume_from = -1;
+  const int64_t restarts = tables_->ShardRestarts();
+  if (restarts == restarts_seen_) return absl::OkStatus();
+  restarts_seen_ = restarts;
+  // Whatever is in flight finishes first (on the restarted shard too: it answers again).
+  TESSERA_RETURN_IF_ERROR(Drain());
+  TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> tables, tables_->ListTables());
+  bool lost = false;
+  for (const auto& t : tables) {
+    lost |= std::find(names_.begin(), names_.end(), t.name()) != names_.end() &&
+            t.durability() == v1::CHECKPOINT;
+  }
+  if (!lost) {
+    if (options_.print_progress) {
+      std::printf("step %lld: a shard restarted; this model's tables are write-through, so "
+                  "nothing acknowledged was lost\n",
+                  static_cast<long long>(step));
+    }
+    return absl::OkStatus();
+  }
+  const std::string what = absl::StrCat(
+      "a shard restarted at step ", step,
+      " and its CHECKPOINT tables went back to their newest checkpoint, losing this model's "
+      "updates since");
+  if (options_.on_shard_restart == TrainerOptions::OnShardRestart::kFail) {
+    return absl::AbortedError(absl::StrCat(
+        what, "; run again with --resume=auto to continue from the model's newest checkpoint"));
+  }
+  absl::StatusOr<int64_t> back = Resume();
+  if (absl::IsNotFound(back.status())) {
+    return absl::AbortedError(absl::StrCat(
+        what, ", and model '", options_.model,
+        "' has no checkpoint to go back to; drop its tables (tessera-cli drop --model=",
+        options_.model, ") and run again with --checkpoint_every"));
+  }
+  TESSERA_RETURN_IF_ERROR(Annotate(back.status(), what));
+  ResetPipeline();
+  WriteMetrics(absl::StrFormat(R"({"event":"shard_restart","step":%d,"resumed_from":%d})", step,
+                               *back));
+  if (options_.print_progress) {
+    std::printf("%s: model '%s' restored to its checkpoint %lld; training again from there\n",
+                what.c_str(), options_.model.c_str(), static_cast<long long>(*back));
+    std::fflush(stdout);
+  }
+  *resume_from = *back;
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::Drain() {
   if (worker_ == nullptr) return absl::OkStatus();
   absl::Status s;
@@ -379,13 +436,36 @@ absl::StatusOr<TrainResult> Trainer::Train(BatchSource* source, int64_t max_step
       window_loss = 0.0;
       window_steps = 0;
     }
+    int64_t resume_from = -1;
+    TESSERA_RETURN_IF_ERROR(HandleShardRestart(done, &resume_from));
+    if (resume_from >= 0) {
+      result.resume_from = resume_from;
+      result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      return result;
+    }
     if (options_.checkpoint_every > 0 && (done % options_.checkpoint_every == 0 || last)) {
       TESSERA_RETURN_IF_ERROR(Drain());  // every push of the steps done is applied
+      // A restart seen while draining: the checkpoint would hold the lost updates' gap.
+      TESSERA_RETURN_IF_ERROR(HandleShardRestart(done, &resume_from));
+      if (resume_from >= 0) {
+        result.resume_from = resume_from;
+        result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        return result;
+      }
       TESSERA_RETURN_IF_ERROR(CheckpointAndReport(done));
       checkpointed = done;
     }
   }
   TESSERA_RETURN_IF_ERROR(Drain());
+  {
+    int64_t resume_from = -1;
+    TESSERA_RETURN_IF_ERROR(HandleShardRestart(done, &resume_from));
+    if (resume_from >= 0) {
+      result.resume_from = resume_from;
+      result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      return result;
+    }
+  }
   // A source that ran out before max_steps: the last steps are checkpointed too.
   if (options_.checkpoint_every > 0 && result.steps > 0 && checkpointed != done) {
     TESSERA_RETURN_IF_ERROR(CheckpointAndReport(done));

@@ -50,6 +50,12 @@ struct TrainerOptions {
   int max_staleness = 0;
   // Called with every progress record (after the line is printed); may be empty.
   std::function<void(const Progress&)> on_progress;
+  // What a shard restart (EmbeddingCollection::ShardRestarts) does to a run whose model
+  // has CHECKPOINT tables, which went back to their checkpoint on that shard: kResume
+  // restores the model's newest checkpoint and Train returns so the caller continues from
+  // it (TrainResult::resume_from); kFail ends the run with an error saying so.
+  enum class OnShardRestart { kResume, kFail };
+  OnShardRestart on_shard_restart = OnShardRestart::kResume;
 };
 
 struct EvalResult {
@@ -66,6 +72,9 @@ struct TrainResult {
   int64_t steps = 0;
   int64_t samples = 0;
   double seconds = 0.0;
+  // >= 0: a shard restarted and the model was restored to its checkpoint of this step;
+  // call Train again with a source that starts at it.
+  int64_t resume_from = -1;
 };
 
 // Trains DLRM synchronously: each step looks up the pooled embeddings of its batch (so it
@@ -147,6 +156,11 @@ class Trainer {
                                                            int64_t max_steps);
   // Checkpoint(steps) with a progress line and a metrics record.
   absl::Status CheckpointAndReport(int64_t steps);
+  // After a shard restart seen at step `step`: OK with *resume_from set when the model was
+  // restored, OK and -1 when nothing was lost, or the error that ends the run.
+  absl::Status HandleShardRestart(int64_t step, int64_t* resume_from);
+  // Forgets the steps a pipelined run looked up ahead (after a restore).
+  void ResetPipeline();
 
   embedding::EmbeddingCollection* tables_;
   DenseBackend* dense_;
@@ -162,6 +176,7 @@ class Trainer {
   std::unique_ptr<SparseWorker> worker_;  // destroyed first: it finishes the calls queued
   int64_t next_lookup_step_ = 0;
   bool source_done_ = false;
+  int64_t restarts_seen_ = 0;  // tables_->ShardRestarts() handled so far
 };
 
 }  // namespace tessera::trainer
