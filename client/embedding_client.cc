@@ -9,6 +9,7 @@
 #include "client/checkpoint_proto.h"
 #include "client/grpc_status.h"
 #include "client/packed_bytes.h"
+#include "client/row_chunk.h"
 #include "embedding/batch_ops.h"
 #include "embedding/status.h"
 #include "grpcpp/grpcpp.h"
@@ -319,6 +320,41 @@ int64_t EmbeddingClient::ShardRestarts() const {
 int EmbeddingClient::num_shards() const {
   absl::ReaderMutexLock lock(&mu_);
   return num_shards_;
+}
+
+absl::Status EmbeddingClient::ExportRows(
+    absl::string_view table, const embedding::ExportOptions& options,
+    const std::function<absl::Status(const embedding::RowBlock&)>& sink) {
+  v1::ExportRowsRequest req;
+  req.set_table(std::string(table));
+  req.set_since_step(options.since_step);
+  req.set_with_state(options.with_state);
+  req.set_chunk_rows(static_cast<int32_t>(std::min<size_t>(options.chunk_rows, 1 << 24)));
+  auto ctx = NewContext(options_.checkpoint_deadline);
+  auto reader = coordinator_.Get()->ExportRows(ctx.get(), req);
+  v1::RowChunk chunk;
+  absl::Status sunk;
+  while (sunk.ok() && reader->Read(&chunk)) {
+    absl::StatusOr<embedding::RowBlock> block = FromChunk(chunk);
+    sunk = block.ok() ? sink(*block) : block.status();
+  }
+  if (!sunk.ok()) {
+    ctx->TryCancel();
+    (void)reader->Finish();
+    return sunk;
+  }
+  return FromGrpcStatus(reader->Finish());
+}
+
+absl::Status EmbeddingClient::ImportRows(absl::string_view table, const embedding::RowBlock& rows) {
+  v1::ImportRowsRequest req;
+  req.set_table(std::string(table));
+  ToChunk(rows, req.mutable_rows());
+  return WithRetries([&] {  // an import sets rows: repeating it stores the same
+    auto ctx = NewContext();
+    v1::ImportRowsResponse resp;
+    return FromGrpcStatus(coordinator_.Get()->ImportRows(ctx.get(), req, &resp));
+  });
 }
 
 absl::Status EmbeddingClient::DropTable(absl::string_view table) {

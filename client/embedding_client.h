@@ -66,6 +66,11 @@ class EmbeddingClient final : public embedding::EmbeddingCollection {
   // A fresh request id of this client's (random client id, next sequence), for callers
   // that want to repeat a push themselves after a failure.
   embedding::RequestId NextRequestId();
+  // Through the coordinator, shard after shard (not the hot path).
+  absl::Status ExportRows(absl::string_view table, const embedding::ExportOptions& options,
+                          const std::function<absl::Status(const embedding::RowBlock&)>& sink)
+      override;
+  absl::Status ImportRows(absl::string_view table, const embedding::RowBlock& rows) override;
   // Drops the table on every shard and from the coordinator's registry.
   absl::Status DropTable(absl::string_view table) override;
   // Cluster checkpoints through the coordinator (which needs a --data_dir).

@@ -9,6 +9,7 @@
 #include "absl/time/time.h"
 #include "client/grpc_status.h"
 #include "client/packed_bytes.h"
+#include "client/row_chunk.h"
 #include "embedding/batch_ops.h"
 #include "embedding/sharding.h"
 #include "embedding/status.h"
@@ -235,6 +236,68 @@ uint64_t ShardRouter::IncarnationDigest() const {
     digest = embedding::Mix64(digest ^ inc);
   }
   return digest == 0 ? 1 : digest;
+}
+
+absl::Status ShardRouter::ExportFrom(
+    int k, const v1::ExportRowsRequest& request,
+    const std::function<absl::Status(const v1::RowChunk&)>& sink) {
+  auto ctx = NewContext(options_.checkpoint_deadline);
+  std::unique_ptr<grpc::ClientReader<v1::RowChunk>> reader =
+      stubs_[k]->Get()->ExportRows(ctx.get(), request);
+  v1::RowChunk chunk;
+  absl::Status sunk;
+  while (sunk.ok() && reader->Read(&chunk)) sunk = sink(chunk);
+  if (!sunk.ok()) {
+    ctx->TryCancel();
+    (void)reader->Finish();
+    return sunk;
+  }
+  return FromShardStatus(reader->Finish(), k, addresses_[k]);
+}
+
+absl::Status ShardRouter::ImportRows(const v1::TableConfig& config,
+                                     const embedding::RowBlock& rows) {
+  const int shards = num_shards();
+  std::vector<embedding::RowBlock> parts(shards);
+  const int sf = rows.state.empty() ? 0 : rows.state_floats;
+  for (auto& p : parts) {
+    p.dim = rows.dim;
+    p.state_floats = sf;
+  }
+  for (size_t i = 0; i < rows.size(); ++i) {
+    embedding::RowBlock& p = parts[embedding::ShardOf(rows.ids[i], config.seed(), shards)];
+    p.ids.push_back(rows.ids[i]);
+    const size_t d = static_cast<size_t>(rows.dim);
+    if (rows.weights.size() >= (i + 1) * d) {
+      p.weights.insert(p.weights.end(), rows.weights.begin() + i * d,
+                       rows.weights.begin() + (i + 1) * d);
+    }
+    if (sf > 0 && rows.state.size() >= (i + 1) * sf) {
+      p.state.insert(p.state.end(), rows.state.begin() + i * sf, rows.state.begin() + (i + 1) * sf);
+    }
+    if (i < rows.last_steps.size()) p.last_steps.push_back(rows.last_steps[i]);
+    if (i < rows.update_counts.size()) p.update_counts.push_back(rows.update_counts[i]);
+  }
+  std::vector<v1::ImportRowsRequest> reqs(shards);
+  std::vector<bool> work(shards, false);
+  for (int k = 0; k < shards; ++k) {
+    if (parts[k].ids.empty()) continue;
+    work[k] = true;
+    reqs[k].set_table(config.name());
+    reqs[k].set_shard_map_version(version_.load());
+    ToChunk(parts[k], reqs[k].mutable_rows());
+  }
+  std::vector<v1::ImportRowsResponse> resps(shards);
+  const std::vector<grpc::Status> statuses = CallShardsWithRetries(
+      work,
+      [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
+        return stubs_[k]->Get()->PrepareAsyncImportRows(ctx, reqs[k], queue);
+      },
+      &resps, options_.deadline);
+  for (int k = 0; k < shards; ++k) {
+    if (work[k] && !statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<v1::TableConfig>> ShardRouter::ListTablesOn(int k) {

@@ -72,6 +72,13 @@ class ShardRouter {
   // Creates `config` on shard k alone (idempotent).
   absl::Status CreateTableOn(int k, const v1::TableConfig& config);
 
+  // Streams shard k's export of `request` into `sink` (one chunk at a time).
+  absl::Status ExportFrom(int k, const v1::ExportRowsRequest& request,
+                          const std::function<absl::Status(const v1::RowChunk&)>& sink);
+  // Stores `rows` of table `config` on the shards that own them, in parallel, retrying
+  // shards that fail UNAVAILABLE (an import is safe to repeat).
+  absl::Status ImportRows(const v1::TableConfig& config, const embedding::RowBlock& rows);
+
   // The tables shard k holds (its own configs: max_rows is its part of the budget).
   absl::StatusOr<std::vector<v1::TableConfig>> ListTablesOn(int k);
 

@@ -201,4 +201,39 @@ void PoolBagsBackward(const float* bag_grads, int dim, absl::Span<const int32_t>
   }
 }
 
+absl::Status CheckRowBlock(absl::string_view table, int dim, int state_floats,
+                           const RowBlock& rows) {
+  const std::string where = absl::StrCat("table '", table, "'");
+  const size_t n = rows.ids.size();
+  if (rows.dim != dim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": rows of dim ", rows.dim, ", the table's is ", dim));
+  }
+  if (rows.weights.size() != n * dim) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", rows.weights.size(),
+                                                   " weights for ", n, " rows of dim ", dim));
+  }
+  if (!rows.state.empty() &&
+      (rows.state_floats != state_floats || rows.state.size() != n * state_floats)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": optimizer state of ", rows.state_floats, " floats a row (", rows.state.size(),
+        " in all), the table's optimizer keeps ", state_floats, " a row"));
+  }
+  if ((!rows.last_steps.empty() && rows.last_steps.size() != n) ||
+      (!rows.update_counts.empty() && rows.update_counts.size() != n)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": last steps and update counts must be empty or one per row"));
+  }
+  for (const std::vector<float>* values : {&rows.weights, &rows.state}) {
+    for (size_t i = 0; i < values->size(); ++i) {
+      if (!std::isfinite((*values)[i])) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": row ", rows.ids[i / (values == &rows.weights ? dim : state_floats)],
+            values == &rows.weights ? " has a non-finite weight" : " has non-finite state"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace tessera::embedding

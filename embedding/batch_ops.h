@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "embedding/collection.h"
 #include "tessera/v1/config.pb.h"
 
 namespace tessera::embedding {
@@ -62,6 +63,12 @@ void PoolBags(const float* rows, int dim, absl::Span<const int32_t> inverse,
 void PoolBagsBackward(const float* bag_grads, int dim, absl::Span<const int32_t> inverse,
                       absl::Span<const int32_t> offsets, absl::Span<const float> weights,
                       v1::Pooling pooling, size_t num_unique, float* unique_grads);
+
+// InvalidArgument unless `rows` fits table `table` (`dim`, `state_floats` per row): dim
+// matches, weights are (ids, dim), state empty or (ids, state_floats), steps and counts
+// empty or one per id, every value finite.
+absl::Status CheckRowBlock(absl::string_view table, int dim, int state_floats,
+                           const RowBlock& rows);
 
 }  // namespace tessera::embedding
 

@@ -2,6 +2,7 @@
 #define TESSERA_EMBEDDING_COLLECTION_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -79,6 +80,24 @@ struct PushOptions {
 
 // Named blobs stored with a checkpoint (the trainer's dense parameters and optimizer state).
 using Attachments = std::map<std::string, std::string>;
+
+// Rows of one table as exported or imported (a chunk of them), in parallel arrays.
+struct RowBlock {
+  int dim = 0;
+  int state_floats = 0;  // per row in `state`; 0 when the block carries no optimizer state
+  std::vector<int64_t> ids;
+  std::vector<float> weights;  // (ids, dim)
+  std::vector<float> state;    // (ids, state_floats), or empty
+  std::vector<int64_t> last_steps;     // (ids): step of the last update, -1 = never
+  std::vector<int64_t> update_counts;  // (ids)
+  size_t size() const { return ids.size(); }
+};
+
+struct ExportOptions {
+  int64_t since_step = -1;  // rows updated at or after this step; -1: every stored row
+  bool with_state = false;  // include optimizer state (to resume training from an import)
+  size_t chunk_rows = 1 << 16;  // rows per block handed to the sink
+};
 
 // A model is a namespace of tables: model "ads" owns the tables named "ads.<anything>", and
 // its checkpoints hold those tables (and its attachments) only, so jobs that share a
@@ -179,6 +198,18 @@ class EmbeddingCollection {
   // checkpoint, a memory-only shard to initial rows). Collections in this process never
   // restart: 0.
   virtual int64_t ShardRestarts() const { return 0; }
+
+  // Hands every stored row of `table` (or those updated since options.since_step) to
+  // `sink`, options.chunk_rows at a time, in no particular order; a sink error stops the
+  // export and is returned. Rows never stored equal their initial weights and are not
+  // exported. NotFound for an unknown table.
+  virtual absl::Status ExportRows(absl::string_view table, const ExportOptions& options,
+                                  const std::function<absl::Status(const RowBlock&)>& sink);
+  // Stores `rows` in `table` exactly as given (creating or overwriting them; rows without
+  // state get the optimizer's initial state), durable as the table's pushes are.
+  // InvalidArgument for a dim or state size that is not the table's or a non-finite
+  // value (nothing stored), NotFound for an unknown table.
+  virtual absl::Status ImportRows(absl::string_view table, const RowBlock& rows);
 
   // Removes `table` and every row of it. NotFound for an unknown table. Checkpoints that
   // hold it keep it (restoring one brings it back).

@@ -833,7 +833,8 @@ void EmbeddingTable::ReadRows(absl::Span<const int64_t> ids, const RowFn& fn) co
 }
 
 absl::Status EmbeddingTable::PutRow(int64_t id, absl::Span<const float> weights,
-                                    absl::Span<const float> state, const RowMeta& meta) {
+                                    absl::Span<const float> state, const RowMeta& meta,
+                                    bool mark_dirty) {
   if (weights.size() != static_cast<size_t>(dim_) ||
       state.size() != static_cast<size_t>(state_floats_)) {
     return absl::InvalidArgumentError(
@@ -862,6 +863,7 @@ absl::Status EmbeddingTable::PutRow(int64_t id, absl::Span<const float> weights,
   StoreWeights(weights.data(), row);
   std::copy(state.begin(), state.end(), StateOf(row));
   StoredMetaOf(row)->meta = meta;
+  if (mark_dirty && StoredMetaOf(row)->dirty == 0) MarkDirtyLocked(stripe, id, row);
   return absl::OkStatus();
 }
 

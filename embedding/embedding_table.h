@@ -148,9 +148,9 @@ class EmbeddingTable {
   // Stores a row exactly as given (loading from disk, undoing an update): creates it or
   // overwrites it. `weights` (dim), `state` (optimizer StateFloats()). InvalidArgument on
   // a size mismatch, ResourceExhausted when a new row would pass the row budget. The row
-  // is not marked dirty.
+  // is marked dirty (for the next checkpoint) only when `mark_dirty` (an import).
   absl::Status PutRow(int64_t id, absl::Span<const float> weights, absl::Span<const float> state,
-                      const RowMeta& meta);
+                      const RowMeta& meta, bool mark_dirty = false);
 
   // Drops the in-memory row of `id`, if any, without handing it to the spill: its next
   // read finds what the spill keeps, or initial weights (undoing an update).

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "embedding/batch_ops.h"
 #include "embedding/embedding_table.h"
 #include "embedding/status.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -114,6 +115,24 @@ absl::Status Cluster::DropTable(const std::string& table) {
     TESSERA_RETURN_IF_ERROR(Annotate(store_->Save(StateLocked()), "cannot record the drop"));
   }
   return absl::OkStatus();
+}
+
+absl::Status Cluster::ExportRows(const v1::ExportRowsRequest& request,
+                                 const std::function<absl::Status(const v1::RowChunk&)>& sink) {
+  TESSERA_RETURN_IF_ERROR(Config(request.table()).status());
+  for (int k = 0; k < static_cast<int>(router_->addresses().size()); ++k) {
+    TESSERA_RETURN_IF_ERROR(router_->ExportFrom(k, request, sink));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::ImportRows(const std::string& table, const embedding::RowBlock& rows) {
+  TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(table));
+  // Checked whole here, so no shard stores part of a block another refuses.
+  TESSERA_RETURN_IF_ERROR(embedding::CheckRowBlock(
+      table, config.dim(), rows.state.empty() ? 0 : rows.state_floats, rows));
+  absl::ReaderMutexLock barrier(&barrier_mu_);
+  return router_->ImportRows(config, rows);
 }
 
 void Cluster::Reprovision(int k) {

@@ -2,6 +2,7 @@
 #define TESSERA_SERVER_CLUSTER_H_
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -40,6 +41,11 @@ class Cluster {
   // Drops `table` on every shard, then from the registry. NotFound when it is not
   // registered.
   absl::Status DropTable(const std::string& table);
+  // Streams every shard's export of request.table() into `sink`, shard after shard.
+  absl::Status ExportRows(const v1::ExportRowsRequest& request,
+                          const std::function<absl::Status(const v1::RowChunk&)>& sink);
+  // Stores `rows` of `table` on the shards that own them.
+  absl::Status ImportRows(const std::string& table, const embedding::RowBlock& rows);
   // Every registered table, by name.
   std::vector<v1::TableConfig> Tables() const;
   // The config of `table`, or NotFound.

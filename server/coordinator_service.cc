@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/checkpoint_proto.h"
+#include "client/row_chunk.h"
 #include "embedding/status.h"
 
 namespace tessera::server {
@@ -62,6 +63,30 @@ grpc::Status CoordinatorService::DropTable(grpc::ServerContext* context,
                                            v1::DropTableResponse*) {
   return Serve(context, Access::kWrite,
                [&]() -> absl::Status { return cluster_.DropTable(request->table()); });
+}
+
+grpc::Status CoordinatorService::ExportRows(grpc::ServerContext* context,
+                                            const v1::ExportRowsRequest* request,
+                                            grpc::ServerWriter<v1::RowChunk>* writer) {
+  return Serve(context, Access::kRead, [&]() -> absl::Status {
+    return cluster_.ExportRows(*request, [&](const v1::RowChunk& chunk) {
+      if (!writer->Write(chunk)) return absl::CancelledError("the caller went away");
+      return absl::OkStatus();
+    });
+  });
+}
+
+grpc::Status CoordinatorService::ImportRows(grpc::ServerContext* context,
+                                            const v1::ImportRowsRequest* request,
+                                            v1::ImportRowsResponse* response) {
+  return Serve(context, Access::kWrite, [&]() -> absl::Status {
+    TESSERA_ASSIGN_OR_RETURN(embedding::RowBlock rows, client::FromChunk(request->rows()));
+    TESSERA_RETURN_IF_ERROR(
+        CheckBatch(absl::StrCat("table '", request->table(), "'"), static_cast<int64_t>(rows.size())));
+    TESSERA_RETURN_IF_ERROR(cluster_.ImportRows(request->table(), rows));
+    response->set_rows(static_cast<int64_t>(rows.size()));
+    return absl::OkStatus();
+  });
 }
 
 grpc::Status CoordinatorService::GetShardMap(grpc::ServerContext* context,

@@ -37,6 +37,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
                           v1::ListTablesResponse* response) override;
   grpc::Status DropTable(grpc::ServerContext* context, const v1::DropTableRequest* request,
                          v1::DropTableResponse* response) override;
+  grpc::Status ExportRows(grpc::ServerContext* context, const v1::ExportRowsRequest* request,
+                          grpc::ServerWriter<v1::RowChunk>* writer) override;
+  grpc::Status ImportRows(grpc::ServerContext* context, const v1::ImportRowsRequest* request,
+                          v1::ImportRowsResponse* response) override;
   grpc::Status GetShardMap(grpc::ServerContext* context, const v1::GetShardMapRequest* request,
                            v1::ShardMap* response) override;
   grpc::Status Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/checkpoint_proto.h"
 #include "client/packed_bytes.h"
+#include "client/row_chunk.h"
 #include "embedding/batch_ops.h"
 #include "embedding/sharding.h"
 #include "embedding/status.h"
@@ -91,6 +92,40 @@ grpc::Status ShardService::DropTable(grpc::ServerContext* context,
     absl::MutexLock lock(&mu_);
     configs_.erase(request->table());
     counters_.erase(request->table());
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status ShardService::ExportRows(grpc::ServerContext* context,
+                                      const v1::ExportRowsRequest* request,
+                                      grpc::ServerWriter<v1::RowChunk>* writer) {
+  return Serve(context, Access::kRead, [&]() -> absl::Status {
+    TESSERA_RETURN_IF_ERROR(Config(request->table()).status());
+    embedding::ExportOptions options;
+    options.since_step = request->since_step();
+    options.with_state = request->with_state();
+    if (request->chunk_rows() > 0) options.chunk_rows = static_cast<size_t>(request->chunk_rows());
+    v1::RowChunk chunk;
+    return tables_->ExportRows(request->table(), options, [&](const embedding::RowBlock& b) {
+      client::ToChunk(b, &chunk);
+      if (!writer->Write(chunk)) return absl::CancelledError("the caller went away");
+      return absl::OkStatus();
+    });
+  });
+}
+
+grpc::Status ShardService::ImportRows(grpc::ServerContext* context,
+                                      const v1::ImportRowsRequest* request,
+                                      v1::ImportRowsResponse* response) {
+  return Serve(context, Access::kWrite, [&]() -> absl::Status {
+    TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(request->table()));
+    TESSERA_ASSIGN_OR_RETURN(embedding::RowBlock rows, client::FromChunk(request->rows()));
+    TESSERA_RETURN_IF_ERROR(CheckBatch(absl::StrCat("table '", request->table(), "'"),
+                                       static_cast<int64_t>(rows.size()),
+                                       request->shard_map_version()));
+    TESSERA_RETURN_IF_ERROR(CheckOwnership(config, rows.ids));
+    TESSERA_RETURN_IF_ERROR(tables_->ImportRows(request->table(), rows));
+    response->set_rows(static_cast<int64_t>(rows.size()));
     return absl::OkStatus();
   });
 }

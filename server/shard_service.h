@@ -50,6 +50,10 @@ class ShardService final : public v1::EmbeddingShard::Service {
                           v1::ListTablesResponse* response) override;
   grpc::Status DropTable(grpc::ServerContext* context, const v1::DropTableRequest* request,
                          v1::DropTableResponse* response) override;
+  grpc::Status ExportRows(grpc::ServerContext* context, const v1::ExportRowsRequest* request,
+                          grpc::ServerWriter<v1::RowChunk>* writer) override;
+  grpc::Status ImportRows(grpc::ServerContext* context, const v1::ImportRowsRequest* request,
+                          v1::ImportRowsResponse* response) override;
   grpc::Status Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
                       v1::LookupResponse* response) override;
   grpc::Status PushGradients(grpc::ServerContext* context, const v1::PushGradientsRequest* request,

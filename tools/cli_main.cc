@@ -9,8 +9,12 @@
 //   tessera-cli shardmap
 //   tessera-cli drop --table=user            (or --model=NAME: every table of the model)
 //   tessera-cli checkpoint --step=N [--model=NAME]; restore [--step=N] [--model=NAME]
+//   tessera-cli export --table=user [--since_step=S] [--with_state] --out=user.npz
+//   tessera-cli import --table=user --in=user.npz
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -32,6 +36,7 @@
 #include "embedding/dtype.h"
 #include "embedding/optimizer.h"
 #include "google/protobuf/util/json_util.h"
+#include "tools/npz.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -53,6 +58,12 @@ ABSL_FLAG(std::string, model, "",
           "table of the cluster; drop: drop every table of this model");
 ABSL_FLAG(std::string, durability, "checkpoint", "create: checkpoint or write_through");
 ABSL_FLAG(std::string, dtype, "fp32", "create: stored weights: fp32, fp16 or bf16");
+ABSL_FLAG(int64_t, since_step, -1,
+          "export: only rows updated at or after this step (-1 = every stored row)");
+ABSL_FLAG(bool, with_state, false, "export: include optimizer state (to train on after import)");
+ABSL_FLAG(std::string, out, "", "export: the .npz file to write");
+ABSL_FLAG(std::string, in, "", "import: the .npz file to read (tessera-cli export's, or np.savez's "
+          "with ids and weights)");
 ABSL_FLAG(std::string, tables_file, "",
           "apply: JSON file {\"tables\": [TableConfig, ...]} (proto3 JSON field names)");
 
@@ -99,6 +110,141 @@ int Fail(const std::string& what, const grpc::Status& s) {
   std::cerr << "tessera-cli: " << what << ": " << absl::StatusCodeToString(explained.code())
             << ": " << explained.message() << "\n";
   return 1;
+}
+
+// Array `name` of the .npz arrays.
+tessera::tools::NpyArray Array(const std::string& dtype, std::vector<int64_t> shape,
+                               const std::string& bytes) {
+  tessera::tools::NpyArray a;
+  a.dtype = dtype;
+  a.shape = std::move(shape);
+  a.data = bytes;
+  return a;
+}
+
+int Export(tessera::v1::Coordinator::Stub& stub, const std::string& table) {
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (table.empty() || out.empty()) {
+    std::cerr << "tessera-cli: export needs --table=NAME and --out=FILE.npz\n";
+    return 1;
+  }
+  tessera::v1::ExportRowsRequest req;
+  req.set_table(table);
+  req.set_since_step(absl::GetFlag(FLAGS_since_step));
+  req.set_with_state(absl::GetFlag(FLAGS_with_state));
+  auto ctx = Context(kCheckpointDeadlineMs);
+  auto reader = stub.ExportRows(ctx.get(), req);
+  std::string ids, weights, state, last_steps, update_counts;
+  int dim = 0, state_floats = 0;
+  tessera::v1::RowChunk chunk;
+  while (reader->Read(&chunk)) {
+    dim = chunk.dim();
+    state_floats = chunk.state_floats();
+    ids += chunk.ids();
+    weights += chunk.weights();
+    state += chunk.state();
+    last_steps += chunk.last_steps();
+    update_counts += chunk.update_counts();
+  }
+  grpc::Status s = reader->Finish();
+  if (!s.ok()) return Fail("export", s);
+  if (dim == 0) {  // no rows: the table's dim from its config
+    auto lctx = Context();
+    tessera::v1::ListTablesResponse tables;
+    if (stub.ListTables(lctx.get(), {}, &tables).ok()) {
+      for (const auto& t : tables.tables()) {
+        if (t.name() == table) dim = t.dim();
+      }
+    }
+  }
+  const int64_t n = static_cast<int64_t>(ids.size() / sizeof(int64_t));
+  std::map<std::string, tessera::tools::NpyArray> arrays = {
+      {"ids", Array("<i8", {n}, ids)},
+      {"weights", Array("<f4", {n, dim}, weights)},
+      {"last_step", Array("<i8", {n}, last_steps)},
+      {"update_count", Array("<i8", {n}, update_counts)}};
+  if (absl::GetFlag(FLAGS_with_state)) {
+    arrays["state"] = Array("<f4", {n, state_floats}, state);
+  }
+  absl::Status written = tessera::tools::WriteNpz(out, arrays);
+  if (!written.ok()) {
+    std::cerr << "tessera-cli: export: " << written.message() << "\n";
+    return 1;
+  }
+  std::printf("exported %lld rows of table '%s' (dim %d%s) to %s\n", static_cast<long long>(n),
+              table.c_str(), dim, absl::GetFlag(FLAGS_with_state) ? ", with optimizer state" : "",
+              out.c_str());
+  return 0;
+}
+
+int Import(tessera::v1::Coordinator::Stub& stub, const std::string& table) {
+  const std::string in = absl::GetFlag(FLAGS_in);
+  if (table.empty() || in.empty()) {
+    std::cerr << "tessera-cli: import needs --table=NAME and --in=FILE.npz\n";
+    return 1;
+  }
+  auto arrays = tessera::tools::ReadNpz(in);
+  if (!arrays.ok()) {
+    std::cerr << "tessera-cli: import: " << arrays.status().message() << "\n";
+    return 1;
+  }
+  auto need = [&](const std::string& name, const std::string& dtype,
+                  size_t rank) -> const tessera::tools::NpyArray* {
+    auto it = arrays->find(name);
+    if (it == arrays->end()) return nullptr;
+    if (it->second.dtype != dtype || it->second.shape.size() != rank) {
+      std::cerr << "tessera-cli: import: array '" << name << "' must be " << dtype << " of rank "
+                << rank << "\n";
+      std::exit(1);
+    }
+    return &it->second;
+  };
+  const auto* ids = need("ids", "<i8", 1);
+  const auto* weights = need("weights", "<f4", 2);
+  if (ids == nullptr || weights == nullptr) {
+    std::cerr << "tessera-cli: import: " << in << " needs arrays 'ids' and 'weights'\n";
+    return 1;
+  }
+  const auto* state = need("state", "<f4", 2);
+  const auto* last_steps = need("last_step", "<i8", 1);
+  const auto* update_counts = need("update_count", "<i8", 1);
+  const int64_t n = ids->shape[0];
+  if (weights->shape[0] != n || (state != nullptr && state->shape[0] != n) ||
+      (last_steps != nullptr && last_steps->shape[0] != n) ||
+      (update_counts != nullptr && update_counts->shape[0] != n)) {
+    std::cerr << "tessera-cli: import: every array must have one row per id (" << n << ")\n";
+    return 1;
+  }
+  const int64_t dim = weights->shape[1];
+  const int64_t sf = state != nullptr ? state->shape[1] : 0;
+  constexpr int64_t kRows = 1 << 16;  // rows per request
+  for (int64_t begin = 0; begin < n; begin += kRows) {
+    const int64_t count = std::min(kRows, n - begin);
+    tessera::v1::ImportRowsRequest req;
+    req.set_table(table);
+    auto* rows = req.mutable_rows();
+    rows->set_dim(static_cast<int32_t>(dim));
+    rows->set_ids(ids->data.substr(begin * 8, count * 8));
+    rows->set_weights(weights->data.substr(begin * dim * 4, count * dim * 4));
+    if (state != nullptr) {
+      rows->set_state_floats(static_cast<int32_t>(sf));
+      rows->set_state(state->data.substr(begin * sf * 4, count * sf * 4));
+    }
+    if (last_steps != nullptr) rows->set_last_steps(last_steps->data.substr(begin * 8, count * 8));
+    if (update_counts != nullptr) {
+      rows->set_update_counts(update_counts->data.substr(begin * 8, count * 8));
+    }
+    auto ctx = Context();
+    tessera::v1::ImportRowsResponse resp;
+    grpc::Status s = stub.ImportRows(ctx.get(), req, &resp);
+    if (!s.ok()) {
+      return Fail(absl::StrCat("import (", begin, " of ", n, " rows stored before this)"), s);
+    }
+  }
+  std::printf("imported %lld rows into table '%s' (dim %lld%s)\n", static_cast<long long>(n),
+              table.c_str(), static_cast<long long>(dim),
+              state != nullptr ? ", with optimizer state" : "");
+  return 0;
 }
 
 int Health() {
@@ -401,6 +547,8 @@ int Run(const std::string& command) {
     }
     return 0;
   }
+  if (command == "export") return Export(*stub, table);
+  if (command == "import") return Import(*stub, table);
   if (command == "shardmap") {
     auto ctx = Context();
     tessera::v1::ShardMap map;
@@ -415,7 +563,7 @@ int Run(const std::string& command) {
   }
   std::cerr << "tessera-cli: unknown command '" << command
             << "'; expected health, tables, apply, create, drop, lookup, stats, shardmap, "
-               "checkpoint, restore or checkpoints\n";
+               "checkpoint, restore, checkpoints, export or import\n";
   return 1;
 }
 
@@ -424,11 +572,12 @@ int Run(const std::string& command) {
 int main(int argc, char** argv) {
   std::vector<char*> rest = tessera::client::ParseCommandLine(argc, argv, "tessera-cli",
       "tessera-cli [flags] "
-      "health|tables|apply|create|drop|lookup|stats|shardmap|checkpoint|restore|checkpoints");
+      "health|tables|apply|create|drop|lookup|stats|shardmap|checkpoint|restore|checkpoints|"
+      "export|import");
   if (rest.size() != 2) {
     std::cerr << "usage: tessera-cli [flags] "
                  "health|tables|apply|create|drop|lookup|stats|shardmap|checkpoint|restore|"
-                 "checkpoints\n";
+                 "checkpoints|export|import\n";
     return 1;
   }
   absl::StatusOr<tessera::client::ClientSecurity> security =

@@ -11,7 +11,7 @@ Job's tessera-train names a --model, resumes with --resume=auto (so a restarted 
 on, and the tables the init container applied are taken, not refused) and every table of
 tables.json belongs to that model (MODEL.*).
 
-    python3 deploy/k8s/validate.py [deploy/k8s]      # exit 1 and a list of problems
+    /usr/bin/python3 deploy/k8s/validate.py [deploy/k8s]      # exit 1 and a list of problems
 """
 import json
 import os

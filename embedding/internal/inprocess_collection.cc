@@ -103,6 +103,65 @@ absl::Status InProcessCollection::DropTable(absl::string_view table) {
   return absl::OkStatus();
 }
 
+absl::Status InProcessCollection::ExportRows(
+    absl::string_view table, const embedding::ExportOptions& options,
+    const std::function<absl::Status(const embedding::RowBlock&)>& sink) {
+  TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(table));
+  const int dim = t->config.dim();
+  const int sf = t->shards[0]->optimizer().StateFloats();
+  embedding::RowBlock block;
+  block.dim = dim;
+  block.state_floats = options.with_state ? sf : 0;
+  const size_t chunk = std::max<size_t>(1, options.chunk_rows);
+  for (const auto& shard : t->shards) {
+    // Copied out under the table's locks, handed to the sink outside them.
+    std::vector<embedding::RowBlock> full;
+    shard->ForEachRow([&](int64_t id, const float* w, const float* st,
+                          const embedding::RowMeta& m) {
+      if (options.since_step >= 0 && m.last_step < options.since_step) return;
+      block.ids.push_back(id);
+      block.weights.insert(block.weights.end(), w, w + dim);
+      if (options.with_state) block.state.insert(block.state.end(), st, st + sf);
+      block.last_steps.push_back(m.last_step);
+      block.update_counts.push_back(m.update_count);
+      if (block.size() >= chunk) {
+        full.push_back(std::move(block));
+        block = embedding::RowBlock{};
+        block.dim = dim;
+        block.state_floats = options.with_state ? sf : 0;
+      }
+    });
+    for (const auto& b : full) TESSERA_RETURN_IF_ERROR(sink(b));
+  }
+  if (block.size() > 0) TESSERA_RETURN_IF_ERROR(sink(block));
+  return absl::OkStatus();
+}
+
+absl::Status InProcessCollection::ImportRows(absl::string_view table,
+                                             const embedding::RowBlock& rows) {
+  TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(table));
+  TESSERA_RETURN_IF_ERROR(embedding::CheckRowBlock(t->config.name(), t->config.dim(),
+                                                   t->shards[0]->optimizer().StateFloats(), rows));
+  const int dim = rows.dim;
+  const int sf = t->shards[0]->optimizer().StateFloats();
+  std::vector<float> initial(sf);
+  t->shards[0]->optimizer().InitState(initial.data());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int64_t id = rows.ids[i];
+    embedding::RowMeta meta;
+    if (!rows.last_steps.empty()) meta.last_step = rows.last_steps[i];
+    if (!rows.update_counts.empty()) meta.update_count = rows.update_counts[i];
+    const absl::Span<const float> state =
+        rows.state.empty() ? absl::MakeConstSpan(initial)
+                           : absl::MakeConstSpan(rows.state).subspan(i * sf, sf);
+    TESSERA_RETURN_IF_ERROR(
+        t->shards[embedding::ShardOf(id, t->config.seed(), num_shards_)]->PutRow(
+            id, absl::MakeConstSpan(rows.weights).subspan(i * dim, dim), state, meta,
+            /*mark_dirty=*/true));
+  }
+  return absl::OkStatus();
+}
+
 const std::vector<std::unique_ptr<EmbeddingTable>>* InProcessCollection::ShardsOf(
     absl::string_view table) const {
   // The caller (DurableCollection) holds its own lock across drops.
@@ -343,6 +402,15 @@ absl::StatusOr<CheckpointInfo> EmbeddingCollection::Checkpoint(int64_t, const At
 absl::StatusOr<CheckpointInfo> EmbeddingCollection::Restore(int64_t, Attachments*,
                                                             const RestoreOptions&) {
   return NoStorage();
+}
+
+absl::Status EmbeddingCollection::ExportRows(absl::string_view table, const ExportOptions&,
+                                             const std::function<absl::Status(const RowBlock&)>&) {
+  return absl::UnimplementedError(absl::StrCat("table '", table, "': this collection cannot export rows"));
+}
+
+absl::Status EmbeddingCollection::ImportRows(absl::string_view table, const RowBlock&) {
+  return absl::UnimplementedError(absl::StrCat("table '", table, "': this collection cannot import rows"));
 }
 
 absl::Status ValidateModelName(absl::string_view model) {

@@ -35,6 +35,11 @@ class InProcessCollection final : public embedding::EmbeddingCollection {
                              absl::Span<const float> gradients, int64_t step) override;
   absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override;
   absl::Status DropTable(absl::string_view table) override;
+  absl::Status ExportRows(absl::string_view table, const embedding::ExportOptions& options,
+                          const std::function<absl::Status(const embedding::RowBlock&)>& sink)
+      override;
+  // Imported rows are marked dirty: a durable collection's next checkpoint writes them.
+  absl::Status ImportRows(absl::string_view table, const embedding::RowBlock& rows) override;
   int num_shards() const override { return num_shards_; }
 
   // The shard tables of `table`, for tests; null when the table is unknown.

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <system_error>
 
 #include "absl/strings/match.h"
@@ -324,6 +325,80 @@ absl::Status DurableCollection::DropTable(absl::string_view table) {
   return Annotate(store_->Write(writes, /*sync=*/true),
                   absl::StrCat("table '", name, "': dropped in memory, but the disk refused "
                                "the delete (it comes back on a restart)"));
+}
+
+absl::Status DurableCollection::ExportRows(
+    absl::string_view table, const embedding::ExportOptions& options,
+    const std::function<absl::Status(const embedding::RowBlock&)>& sink) {
+  absl::ReaderMutexLock lock(&mu_);
+  TESSERA_ASSIGN_OR_RETURN(const Table* t, Find(table));
+  const bool evicting = t->config.eviction().policy() != v1::EVICTION_NONE;
+  std::set<int64_t> in_memory;
+  TESSERA_RETURN_IF_ERROR(memory_->ExportRows(table, options, [&](const embedding::RowBlock& b) {
+    if (evicting) in_memory.insert(b.ids.begin(), b.ids.end());
+    return sink(b);
+  }));
+  if (!evicting) return absl::OkStatus();
+  // Rows evicted to disk: spilled ones (CHECKPOINT tables, newer) before the durable ones.
+  const int dim = t->config.dim();
+  const int sf = (*memory_->ShardsOf(table))[0]->optimizer().StateFloats();
+  embedding::RowBlock block;
+  block.dim = dim;
+  block.state_floats = options.with_state ? sf : 0;
+  DecodedRow row;
+  auto add = [&](absl::string_view key, absl::string_view value) -> absl::Status {
+    uint32_t table_id = 0;
+    int64_t id = 0;
+    if (!ParseRowKey(key, &table_id, &id) || !in_memory.insert(id).second) {
+      return absl::OkStatus();
+    }
+    TESSERA_RETURN_IF_ERROR(DecodeRow(t->config.name(), id, value, dim, sf, &row));
+    if (options.since_step >= 0 && row.meta.last_step < options.since_step) return absl::OkStatus();
+    block.ids.push_back(id);
+    block.weights.insert(block.weights.end(), row.weights.begin(), row.weights.end());
+    if (options.with_state) block.state.insert(block.state.end(), row.state.begin(), row.state.end());
+    block.last_steps.push_back(row.meta.last_step);
+    block.update_counts.push_back(row.meta.update_count);
+    if (block.size() < std::max<size_t>(1, options.chunk_rows)) return absl::OkStatus();
+    TESSERA_RETURN_IF_ERROR(sink(block));
+    block.ids.clear();
+    block.weights.clear();
+    block.state.clear();
+    block.last_steps.clear();
+    block.update_counts.clear();
+    return absl::OkStatus();
+  };
+  if (t->config.durability() == v1::CHECKPOINT) {
+    TESSERA_RETURN_IF_ERROR(store_->Scan(SpillPrefix(t->id), add));
+  }
+  TESSERA_RETURN_IF_ERROR(store_->Scan(RowPrefix(t->id), add));
+  if (block.size() > 0) TESSERA_RETURN_IF_ERROR(sink(block));
+  return absl::OkStatus();
+}
+
+absl::Status DurableCollection::ImportRows(absl::string_view table,
+                                           const embedding::RowBlock& rows) {
+  absl::ReaderMutexLock lock(&mu_);
+  TESSERA_ASSIGN_OR_RETURN(const Table* t, Find(table));
+  if (t->config.durability() != v1::WRITE_THROUGH) return memory_->ImportRows(table, rows);
+  absl::MutexLock ordered(t->write_mu.get());
+  TESSERA_RETURN_IF_ERROR(memory_->ImportRows(table, rows));
+  const auto& shards = *memory_->ShardsOf(table);
+  const int sf = shards[0]->optimizer().StateFloats();
+  std::vector<KvWrite> writes;
+  writes.reserve(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    shards[embedding::ShardOf(rows.ids[i], t->config.seed(), options_.num_shards)]->ReadRows(
+        {&rows.ids[i], 1},
+        [&](int64_t id, const float* w, const float* st, const embedding::RowMeta& m) {
+          KvWrite kv;
+          kv.key = RowKey(t->id, id);
+          EncodeRow(w, t->config.dim(), st, sf, m, &kv.value);
+          writes.push_back(std::move(kv));
+        });
+  }
+  return Annotate(store_->Write(writes, /*sync=*/true),
+                  absl::StrCat("table '", table, "': imported rows not on disk"));
 }
 
 absl::Status DurableCollection::RestoreModel(const std::string& dir, const CheckpointManifest& m) {

@@ -94,6 +94,13 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   std::optional<int64_t> RecordedPush(const embedding::PushTag& tag) const override;
   absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override;
   absl::Status DropTable(absl::string_view table) override;
+  // Rows in memory, and for tables with eviction the rows kept on disk too.
+  absl::Status ExportRows(absl::string_view table, const embedding::ExportOptions& options,
+                          const std::function<absl::Status(const embedding::RowBlock&)>& sink)
+      override;
+  // WRITE_THROUGH tables write the rows (synced) before returning; CHECKPOINT tables at
+  // the next checkpoint.
+  absl::Status ImportRows(absl::string_view table, const embedding::RowBlock& rows) override;
   int num_shards() const override { return options_.num_shards; }
 
   absl::StatusOr<embedding::CheckpointInfo> Checkpoint(int64_t step,

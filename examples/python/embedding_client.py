@@ -2,7 +2,7 @@
 """Calls a Tessera coordinator from Python with stock gRPC and stubs generated from
 proto/: creates a table, looks rows up, pushes gradients and reads the update back.
 
-    python3 examples/python/embedding_client.py 127.0.0.1:7000
+    PYTHONPATH=build/python /usr/bin/python3 examples/python/embedding_client.py 127.0.0.1:7000
 
 The stubs (tessera/v1/*_pb2*.py) are generated into build/python by the build; put that
 folder on PYTHONPATH.

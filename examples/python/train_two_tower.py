@@ -3,7 +3,7 @@
 with NumPy: user and item embedding tables live on the shards (Adagrad), the dense part
 (a bias) lives here. Clicks come from a hidden teacher: p(click) = sigmoid(<u*, i*>).
 
-    python3 examples/python/train_two_tower.py 127.0.0.1:7000 [--mode smart|coordinator]
+    PYTHONPATH=build/python /usr/bin/python3 examples/python/train_two_tower.py 127.0.0.1:7000 [--mode smart|coordinator]
 
 Put build/python on PYTHONPATH (the `tessera` package and its generated stubs). Prints a
 progress line every 50 steps, then held-out logloss and AUC next to the teacher's.

@@ -225,6 +225,65 @@ class Client:
         self._call(self._stub.DropTable, api.DropTableRequest(table=name))
         self._configs.pop(name, None)
 
+    def export(self, table: str, since_step: int = -1,
+               with_state: bool = False) -> Dict[str, np.ndarray]:
+        """Every stored row of `table` (or those updated at or after `since_step`), for a
+        serving system's snapshot and deltas: a dict with "ids" (int64), "weights" (float32,
+        (n, dim)), "last_step" and "update_count" (int64), and "state" (float32, (n, state
+        floats)) when `with_state`. np.savez(path, **rows) writes what `tessera-cli import`
+        reads. TesseraError NOT_FOUND for an unknown table."""
+        dim = self._config(table).dim
+        parts = {"ids": [], "weights": [], "last_step": [], "update_count": [], "state": []}
+        state_floats = 0
+        request = api.ExportRowsRequest(table=table, since_step=since_step, with_state=with_state)
+        try:
+            for chunk in self._stub.ExportRows(request, timeout=1800, metadata=self._metadata):
+                dim, state_floats = chunk.dim or dim, chunk.state_floats or state_floats
+                parts["ids"].append(np.frombuffer(chunk.ids, dtype="<i8"))
+                parts["weights"].append(np.frombuffer(chunk.weights, dtype="<f4"))
+                parts["last_step"].append(np.frombuffer(chunk.last_steps, dtype="<i8"))
+                parts["update_count"].append(np.frombuffer(chunk.update_counts, dtype="<i8"))
+                parts["state"].append(np.frombuffer(chunk.state, dtype="<f4"))
+        except grpc.RpcError as error:
+            _raise(error)
+        join = lambda arrays, dtype: (np.concatenate(arrays) if arrays
+                                      else np.zeros(0, dtype=dtype))
+        rows = {"ids": join(parts["ids"], np.int64),
+                "weights": join(parts["weights"], np.float32).reshape(-1, dim),
+                "last_step": join(parts["last_step"], np.int64),
+                "update_count": join(parts["update_count"], np.int64)}
+        if with_state:
+            rows["state"] = join(parts["state"], np.float32).reshape(len(rows["ids"]),
+                                                                     state_floats)
+        return rows
+
+    def import_rows(self, table: str, ids, weights, state=None, last_step=None,
+                    update_count=None, chunk_rows: int = 1 << 16) -> int:
+        """Stores rows exactly as given (what export() returned, or your own): weights
+        (len(ids), dim), optionally optimizer state, last steps and update counts. Returns
+        the rows stored. Safe to repeat."""
+        ids = as_ids(ids)
+        dim = self._config(table).dim
+        weights = np.ascontiguousarray(weights, dtype="<f4").reshape(len(ids), dim)
+        state = None if state is None else np.ascontiguousarray(state, dtype="<f4")
+        if state is not None:
+            state = state.reshape(len(ids), -1)
+        steps = None if last_step is None else np.ascontiguousarray(last_step, dtype="<i8")
+        counts = None if update_count is None else np.ascontiguousarray(update_count, dtype="<i8")
+        for begin in range(0, len(ids), chunk_rows):
+            end = min(len(ids), begin + chunk_rows)
+            rows = api.RowChunk(dim=dim, ids=ids[begin:end].tobytes(),
+                                weights=weights[begin:end].tobytes())
+            if state is not None:
+                rows.state_floats = state.shape[1]
+                rows.state = state[begin:end].tobytes()
+            if steps is not None:
+                rows.last_steps = steps[begin:end].tobytes()
+            if counts is not None:
+                rows.update_counts = counts[begin:end].tobytes()
+            self._call(self._stub.ImportRows, api.ImportRowsRequest(table=table, rows=rows))
+        return len(ids)
+
     def checkpoint(self, step: int, model: str = "",
                    attachments: Optional[Dict[str, bytes]] = None) -> api.CheckpointResponse:
         """Checkpoint `step` of `model`'s tables ("<model>.*"; "" = every table), with named
