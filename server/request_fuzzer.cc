@@ -153,10 +153,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     }
     case 4: {
-      v1::ListTablesRequest req;
+      v1::ImportRowsRequest req;
       if (!req.ParseFromArray(body, n)) return 0;
-      v1::ListTablesResponse resp;
-      (void)env.service->ListTables(&ctx, &req, &resp);
+      const std::string& packed = req.rows().ids();
+      google::protobuf::RepeatedField<int64_t> ids;
+      ids.Resize(static_cast<int>(packed.size() / sizeof(int64_t)), 0);
+      if (!packed.empty() && ids.size() > 0) {
+        std::memcpy(ids.mutable_data(), packed.data(), ids.size() * sizeof(int64_t));
+      }
+      const std::vector<float> before = Read(req.table(), ids);
+      v1::ImportRowsResponse resp;
+      const grpc::Status imported = env.service->ImportRows(&ctx, &req, &resp);
+      const std::vector<float> after = Read(req.table(), ids);
+      // A refused import stores nothing; an accepted one stores finite rows only.
+      if (!imported.ok() ? after != before : !AllFinite(after)) {
+        std::fprintf(stderr, "import broke its contract: %s: %s\n", req.ShortDebugString().c_str(),
+                     imported.error_message().c_str());
+        std::abort();
+      }
       break;
     }
     case 6: {

@@ -144,6 +144,17 @@ absl::Status InProcessCollection::ImportRows(absl::string_view table,
                                                    t->shards[0]->optimizer().StateFloats(), rows));
   const int dim = rows.dim;
   const int sf = t->shards[0]->optimizer().StateFloats();
+  // A shard whose budget cannot take the new rows refuses the whole import first.
+  std::vector<std::vector<int64_t>> per_shard(num_shards_);
+  for (const int64_t id : rows.ids) {
+    per_shard[embedding::ShardOf(id, t->config.seed(), num_shards_)].push_back(id);
+  }
+  std::vector<int32_t> inverse;
+  std::vector<int64_t> distinct;
+  for (int k = 0; k < num_shards_; ++k) {
+    embedding::Unique(per_shard[k], &distinct, &inverse);
+    TESSERA_RETURN_IF_ERROR(t->shards[k]->CheckRoomFor(distinct));
+  }
   std::vector<float> initial(sf);
   t->shards[0]->optimizer().InitState(initial.data());
   for (size_t i = 0; i < rows.size(); ++i) {
