@@ -336,36 +336,57 @@ void EmbeddingTable::StoreWeights(const float* w, float* row) const {
   EncodeWeights(dtype_, w, dim_, row);
 }
 
+namespace {
+
+// True when every value of p[0, n) is finite: Inf and NaN have an exponent of all ones,
+// so ~bits & exponent is 0 for them alone. A min over integers, which vectorises (a float
+// reduction would be a serial chain).
+bool AllFinite(const float* p, size_t n) {
+  constexpr uint32_t kExponent = 0x7f800000u;
+  uint32_t least = kExponent;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, p + i, sizeof(bits));
+    least = std::min(least, ~bits & kExponent);
+  }
+  return least != 0;
+}
+
+}  // namespace
+
 bool EmbeddingTable::UpdateRowLocked(Stripe& stripe, int64_t id, float* row, const float* grad,
                                      int64_t step, float* scratch) {
   const size_t d = static_cast<size_t>(dim_);
+  const size_t sf = static_cast<size_t>(state_floats_);
   float* g = scratch;
-  float* w = scratch + d;
-  float* state = w + d;
+  float* saved = scratch + d;  // the row's values before the step, to put back
   std::memcpy(g, grad, d * sizeof(float));
-  std::memcpy(state, StateOf(row), static_cast<size_t>(state_floats_) * sizeof(float));
   StoredMeta* stored = StoredMetaOf(row);
   const int64_t prior = stored->meta.update_count;
+  float* state = StateOf(row);
   if (dtype_ == v1::FP32) {
-    std::memcpy(w, row, d * sizeof(float));
+    // Weights and state are contiguous in the row: one copy saves both.
+    std::memcpy(saved, row, (d + sf) * sizeof(float));
+    optimizer_->Update(row, state, g, prior);
+    // A weight or accumulator that overflowed would be stored, served and checkpointed;
+    // the row keeps its last finite values instead.
+    if (!AllFinite(row, d + sf)) {  // weights and state, contiguous
+      std::memcpy(row, saved, (d + sf) * sizeof(float));
+      return false;
+    }
   } else {
-    DecodeWeights(dtype_, row, dim_, w);
-  }
-  optimizer_->Update(w, state, g, prior);
-  // A weight or accumulator that overflowed would be stored, served and checkpointed; the
-  // row keeps its last finite values instead. (Finite: x - x == 0 fails for NaN and Inf.)
-  float check = 0.0f;
-  for (size_t i = 0; i < d; ++i) check += w[i] - w[i];
-  for (int i = 0; i < state_floats_; ++i) check += state[i] - state[i];
-  if (check != 0.0f) return false;
-  if (dtype_ == v1::FP32) {
-    std::memcpy(row, w, d * sizeof(float));
-  } else {
+    float* widened = saved + sf;
+    std::memcpy(saved, state, sf * sizeof(float));
+    DecodeWeights(dtype_, row, dim_, widened);
+    optimizer_->Update(widened, state, g, prior);
+    if (!AllFinite(widened, d) || !AllFinite(state, sf)) {
+      std::memcpy(state, saved, sf * sizeof(float));
+      return false;
+    }
     const uint64_t seed = Mix64(init_key_ ^ Mix64(static_cast<uint64_t>(id)) ^
                                 (static_cast<uint64_t>(prior) * kGolden));
-    EncodeWeightsStochastic(dtype_, w, dim_, seed, row);
+    EncodeWeightsStochastic(dtype_, widened, dim_, seed, row);
   }
-  std::memcpy(StateOf(row), state, static_cast<size_t>(state_floats_) * sizeof(float));
   stored->meta.update_count = prior + 1;
   stored->meta.last_step = step;
   if (stored->dirty == 0) MarkDirtyLocked(stripe, id, row);

@@ -350,6 +350,18 @@ TEST_F(SharedClusterTest, AnExportedDroppedRecreatedAndImportedTableServesTheSam
   EXPECT_THAT(refused.output, HasSubstr("dim"));
 }
 
+// Ids are 64-bit patterns in every client: the CLI takes an unsigned hash as the int64 of
+// the same bits, as the C++ and Python clients do.
+TEST_F(SharedClusterTest, TheCliTakesUnsignedIdsBitForBit) {
+  ASSERT_TRUE(client_->CreateTable(Table("ids.t")).ok());
+  Result unsigned_id = Cli("lookup --table=ids.t --ids=18446744073709551615");
+  Result signed_id = Cli("lookup --table=ids.t --ids=-1");
+  ASSERT_EQ(unsigned_id.exit_code, 0) << unsigned_id.output;
+  EXPECT_THAT(unsigned_id.output, HasSubstr("-1:"));
+  EXPECT_EQ(unsigned_id.output, signed_id.output);
+  EXPECT_EQ(Cli("lookup --table=ids.t --ids=18446744073709551616").exit_code, 1);
+}
+
 std::string EvalLine(const std::string& metrics) {
   std::ifstream in(metrics);
   for (std::string l; std::getline(in, l);) {

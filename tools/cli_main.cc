@@ -448,12 +448,17 @@ int Run(const std::string& command) {
     req.set_read_only(true);
     for (absl::string_view part :
          absl::StrSplit(absl::GetFlag(FLAGS_ids), ',', absl::SkipEmpty())) {
+      // Ids are 64-bit patterns: an unsigned hash names the int64 of the same bits.
       int64_t id = 0;
-      if (!absl::SimpleAtoi(part, &id)) {
+      uint64_t unsigned_id = 0;
+      if (absl::SimpleAtoi(part, &id)) {
+        req.add_ids(id);
+      } else if (absl::SimpleAtoi(part, &unsigned_id)) {
+        req.add_ids(static_cast<int64_t>(unsigned_id));
+      } else {
         std::cerr << "tessera-cli: --ids: bad id '" << part << "'\n";
         return 1;
       }
-      req.add_ids(id);
     }
     auto ctx = Context();
     tessera::v1::LookupResponse resp;
