@@ -302,6 +302,11 @@ absl::Status InProcessCollection::ApplyPush(ShardedTable& t, absl::Span<const in
   embedding::Unique(ids, &s.unique_ids, &s.inverse);
   s.rows.assign(s.unique_ids.size() * dim, 0.0f);
   embedding::SumRowsByInverse(gradients.data(), dim, s.inverse, s.rows.data());
+  // Finite gradients of a repeated id can sum to Inf: refused here, before any shard
+  // applies its part (each shard would only refuse its own).
+  TESSERA_RETURN_IF_ERROR(Annotate(
+      embedding::CheckFiniteGradients(t.config.name(), s.unique_ids, s.rows.data(), dim),
+      "summed over repeated ids"));
   if (num_shards_ == 1) {
     return t.shards[0]->ApplyUniqueGradients(s.unique_ids, s.rows.data(), step);
   }
