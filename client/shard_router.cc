@@ -527,6 +527,16 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
       const float* src = part.gradients.data() + i * dim;
       for (int j = 0; j < dim; ++j) dst[j] += src[j];
     }
+    // Finite gradients of a repeated id can sum to Inf: refused here, before any shard
+    // applies its part (the one shard holding the id would refuse only its own).
+    for (int k = 0; k < shards; ++k) {
+      if (plan.count[k] == 0) continue;
+      TESSERA_RETURN_IF_ERROR(Annotate(
+          embedding::CheckFiniteGradients(configs[p].name(),
+                                          absl::MakeConstSpan(s->ids_out[k], plan.count[k]),
+                                          grads[k], dim),
+          "summed over repeated ids"));
+    }
   }
   const std::vector<grpc::Status> statuses = CallShardsWithRetries(
       work,

@@ -350,6 +350,28 @@ TEST_F(SharedClusterTest, AnExportedDroppedRecreatedAndImportedTableServesTheSam
   EXPECT_THAT(refused.output, HasSubstr("dim"));
 }
 
+// Gradients of a repeated id that sum to Inf are refused before any shard applies its
+// part, through the smart client and through the coordinator.
+TEST_F(SharedClusterTest, GradientsThatSumToInfChangeNoShard) {
+  ASSERT_TRUE(client_->CreateTable(Table("inf.t")).ok());
+  client::ClientOptions routed;
+  routed.mode = client::ClientOptions::Mode::kCoordinator;
+  auto via = client::EmbeddingClient::Connect(address(), routed).value();
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < 40; ++i) ids.push_back(i);  // both shards
+  const auto before = Rows("inf.t", ids);
+  std::vector<int64_t> pushed = ids;
+  pushed.push_back(ids.back());
+  std::vector<float> g(pushed.size() * 4, 0.25f);
+  for (int j = 0; j < 4; ++j) g[39 * 4 + j] = g[40 * 4 + j] = -3e38f;
+  for (embedding::EmbeddingCollection* c : {static_cast<embedding::EmbeddingCollection*>(client_.get()),
+                                            static_cast<embedding::EmbeddingCollection*>(via.get())}) {
+    absl::Status s = c->PushGradients("inf.t", pushed, g, 1);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_EQ(Rows("inf.t", ids), before);
+  }
+}
+
 // Ids are 64-bit patterns in every client: the CLI takes an unsigned hash as the int64 of
 // the same bits, as the C++ and Python clients do.
 TEST_F(SharedClusterTest, TheCliTakesUnsignedIdsBitForBit) {

@@ -379,7 +379,10 @@ class Client:
         unique, inverse = np.unique(ids, return_inverse=True)
         order = np.argsort(inverse, kind="stable")
         starts = np.flatnonzero(np.r_[True, np.diff(inverse[order]) != 0])
-        summed = np.add.reduceat(gradients[order], starts, axis=0) if len(ids) else gradients
+        with np.errstate(over="ignore"):
+            summed = np.add.reduceat(gradients[order], starts, axis=0) if len(ids) else gradients
+        if not np.all(np.isfinite(summed)):  # refused before any shard applies its part
+            _invalid(f"table '{table}': gradients of a repeated id sum to Inf")
         return self._with_map_refresh(
             lambda: self._push_unique(config, unique, summed, step, request_id))
 

@@ -84,6 +84,14 @@ def main(address: str) -> int:
                          lambda: client.lookup("pyc", **request))
         expect_error(grpc.StatusCode.INVALID_ARGUMENT,
                      lambda: client.push("pyc", [1, 2], np.ones((3, 6), np.float32)))
+    # Gradients of a repeated id that sum to Inf: refused before any shard applies its part.
+    unchanged = via.lookup("pyc", np.arange(40), read_only=True)
+    huge = np.full((41, 6), 0.25, np.float32)
+    huge[39] = huge[40] = -3e38
+    for client in (smart, via):
+        expect_error(grpc.StatusCode.INVALID_ARGUMENT,
+                     lambda: client.push("pyc", np.r_[np.arange(40), 39], huge, step=1))
+        np.testing.assert_array_equal(via.lookup("pyc", np.arange(40), read_only=True), unchanged)
     # Ids are 64-bit patterns: an unsigned hash is the int64 of the same bits in both modes.
     top = via.lookup("pyc", [-1], read_only=True)
     np.testing.assert_array_equal(smart.lookup("pyc", np.array([2**64 - 1], np.uint64),
