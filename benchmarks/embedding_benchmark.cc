@@ -363,4 +363,11 @@ BENCHMARK(BM_Unique)
 }  // namespace
 }  // namespace tessera::embedding
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  tessera::embedding::DisableMutexDeadlockDetection();  // as every Tessera binary does
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

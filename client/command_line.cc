@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "embedding/embedding_table.h"
 
 namespace tessera::client {
 namespace {
@@ -33,6 +34,7 @@ std::vector<char*> ParseCommandLine(int argc, char** argv, absl::string_view pro
   config.version_string = [name] { return absl::StrCat(name, " ", TESSERA_VERSION, "\n"); };
   absl::SetFlagsUsageConfig(config);
   absl::SetProgramUsageMessage(usage);
+  embedding::DisableMutexDeadlockDetection();
   return absl::ParseCommandLine(argc, argv);
 }
 

@@ -14,7 +14,8 @@ absl::string_view TesseraVersion();
 // defined in Tessera's own sources (the binary's and those of the libraries it links, not
 // abseil's or gRPC's), --version prints "program version", and `usage` heads the help.
 // Exits on bad flags as absl::ParseCommandLine does; returns the positional arguments
-// (argv[0] first).
+// (argv[0] first). Also turns off abseil's mutex deadlock detection for the process
+// (embedding::DisableMutexDeadlockDetection): every binary's main() calls this first.
 std::vector<char*> ParseCommandLine(int argc, char** argv, absl::string_view program,
                                     absl::string_view usage);
 

@@ -70,15 +70,6 @@ class BlockArray {
   size_t size_ = 0;
 };
 
-// Debian's abseil is built with absl::Mutex deadlock detection on: every Lock() then
-// looks the mutex up in a global graph, about 2000 instructions, which a batch pays for
-// each of its 64 stripe locks. Lock order here is one stripe at a time (eviction only
-// TryLocks a second), so the detector has nothing to find; turn it off for the process.
-const bool kDeadlockDetectionOff = [] {
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  return true;
-}();
-
 uint64_t MapHash(int64_t id) { return Mix64(static_cast<uint64_t>(id) ^ kMapSalt); }
 
 // Uniform in [0, 1) from the top 24 bits.
@@ -941,6 +932,10 @@ int64_t EmbeddingTable::MemoryBytes() const {
         stripe.slab_bytes + static_cast<int64_t>(stripe.entries.size() * sizeof(Stripe::Entry));
   }
   return bytes;
+}
+
+void DisableMutexDeadlockDetection() {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 }
 
 }  // namespace tessera::embedding

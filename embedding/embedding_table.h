@@ -21,6 +21,13 @@ struct RowMeta {
   int64_t update_count = 0;  // optimizer steps applied to this row (Adam's t)
 };
 
+// Debian's abseil is built with absl::Mutex deadlock detection on: every Lock() then looks
+// the mutex up in a global graph, about 2000 instructions, which a batch pays for each of
+// its 64 stripe locks. Tables lock one stripe at a time (eviction only TryLocks a second),
+// so the detector has nothing to find. Binaries turn it off for their process in main()
+// (tests keep it on, where it can catch a mistake).
+void DisableMutexDeadlockDetection();
+
 // A copy of one stored row.
 struct RowSnapshot {
   std::vector<float> weights;  // (dim)

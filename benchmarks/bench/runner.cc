@@ -115,7 +115,22 @@ struct IdBatch {
   std::vector<std::vector<int32_t>> offsets;  // per table, when pooled
 };
 
-constexpr int kPoolBatches = 16;
+// Ids are drawn before the timed loop (drawing them, Zipf most of all, would be timed
+// otherwise), in enough batches that the pool covers the largest table kPoolCoverage times
+// over: a scenario's `rows` is then the working set it says, not the few rows a handful
+// of cycled batches touch (16 batches of 4096 touched at most 65,536 rows of a
+// "1,000,000-row" table, a set that fits in cache). Within kPoolIdBudget ids in all.
+constexpr int kMinPoolBatches = 16;
+constexpr int64_t kPoolCoverage = 3;
+constexpr int64_t kPoolIdBudget = int64_t{64} << 20;  // 512 MiB of ids
+
+int PoolBatches(int64_t max_rows, int64_t ids_per_table, size_t tables) {
+  if (ids_per_table <= 0 || tables == 0) return kMinPoolBatches;
+  const int64_t want = (kPoolCoverage * max_rows + ids_per_table - 1) / ids_per_table;
+  const int64_t cap =
+      std::max<int64_t>(kMinPoolBatches, kPoolIdBudget / (ids_per_table * static_cast<int64_t>(tables)));
+  return static_cast<int>(std::clamp<int64_t>(want, kMinPoolBatches, cap));
+}
 
 double MemcpyBytesPerSecond(int64_t table_bytes, int64_t step_bytes) {
   if (step_bytes <= 0) return 0;
@@ -355,8 +370,12 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
     sc.zipf_s = s.distribution() == "zipf" ? s.zipf_s() : 0.0;
     for (const auto& t : work) sc.cardinalities.push_back(t.rows);
     TESSERA_ASSIGN_OR_RETURN(auto gen, trainer::SyntheticGenerator::Create(sc));
-    train_batches.resize(kPoolBatches);
-    for (int b = 0; b < kPoolBatches; ++b) gen->MakeBatch(b, s.batch_size(), &train_batches[b]);
+    int64_t max_rows = 0;
+    for (const auto& t : work) max_rows = std::max(max_rows, t.rows);
+    train_batches.resize(PoolBatches(max_rows, s.batch_size(), work.size()));
+    for (size_t b = 0; b < train_batches.size(); ++b) {
+      gen->MakeBatch(static_cast<int64_t>(b), s.batch_size(), &train_batches[b]);
+    }
   } else {
     for (const auto& t : work) {
       v1::TableConfig c;
@@ -370,9 +389,11 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
   }
 
   // Ids for every step, drawn up front.
-  std::vector<IdBatch> pool(kPoolBatches);
   std::mt19937_64 rng(s.seed());
   const int ids_per_table = s.batch_size() * s.ids_per_sample();
+  int64_t max_rows = 0;
+  for (const auto& t : work) max_rows = std::max(max_rows, t.rows);
+  std::vector<IdBatch> pool(train ? 0 : PoolBatches(max_rows, ids_per_table, work.size()));
   if (!train) {
     for (auto& b : pool) {
       for (const auto& t : work) {
@@ -440,7 +461,7 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
       if (train) {
         st = dlrm->NextStep(&train_source, step).status();
       } else {
-        const IdBatch& b = pool[(step + index) % kPoolBatches];
+        const IdBatch& b = pool[(step + index) % pool.size()];
         for (size_t k = 0; k < work.size() && st.ok(); ++k) {
           if (lookups) {
             st = pooled ? timed.PooledLookup(work[k].name, b.ids[k], b.offsets[k], {}, v1::SUM,
