@@ -363,11 +363,4 @@ BENCHMARK(BM_Unique)
 }  // namespace
 }  // namespace tessera::embedding
 
-int main(int argc, char** argv) {
-  tessera::embedding::DisableMutexDeadlockDetection();  // as every Tessera binary does
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+// main() is benchmark_main.cc.

@@ -13,7 +13,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
-#include "embedding/embedding_table.h"
 #include "benchmarks/echo.grpc.pb.h"
 #include "client/embedding_client.h"
 #include "client/shard_router.h"
@@ -185,11 +184,4 @@ BENCHMARK(BM_CoordinatorLookup)->Apply(Args);
 }  // namespace
 }  // namespace tessera
 
-int main(int argc, char** argv) {
-  tessera::embedding::DisableMutexDeadlockDetection();  // as every Tessera binary does
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+// main() is benchmark_main.cc.

@@ -264,19 +264,17 @@ absl::Status ShardRouter::ImportRows(const v1::TableConfig& config,
     p.dim = rows.dim;
     p.state_floats = sf;
   }
+  const size_t d = static_cast<size_t>(rows.dim);
   for (size_t i = 0; i < rows.size(); ++i) {
     embedding::RowBlock& p = parts[embedding::ShardOf(rows.ids[i], config.seed(), shards)];
     p.ids.push_back(rows.ids[i]);
-    const size_t d = static_cast<size_t>(rows.dim);
-    if (rows.weights.size() >= (i + 1) * d) {
-      p.weights.insert(p.weights.end(), rows.weights.begin() + i * d,
-                       rows.weights.begin() + (i + 1) * d);
-    }
-    if (sf > 0 && rows.state.size() >= (i + 1) * sf) {
+    p.weights.insert(p.weights.end(), rows.weights.begin() + i * d,
+                     rows.weights.begin() + (i + 1) * d);
+    if (sf > 0) {
       p.state.insert(p.state.end(), rows.state.begin() + i * sf, rows.state.begin() + (i + 1) * sf);
     }
-    if (i < rows.last_steps.size()) p.last_steps.push_back(rows.last_steps[i]);
-    if (i < rows.update_counts.size()) p.update_counts.push_back(rows.update_counts[i]);
+    if (!rows.last_steps.empty()) p.last_steps.push_back(rows.last_steps[i]);
+    if (!rows.update_counts.empty()) p.update_counts.push_back(rows.update_counts[i]);
   }
   std::vector<v1::ImportRowsRequest> reqs(shards);
   std::vector<bool> work(shards, false);

@@ -76,7 +76,8 @@ class ShardRouter {
   absl::Status ExportFrom(int k, const v1::ExportRowsRequest& request,
                           const std::function<absl::Status(const v1::RowChunk&)>& sink);
   // Stores `rows` of table `config` on the shards that own them, in parallel, retrying
-  // shards that fail UNAVAILABLE (an import is safe to repeat).
+  // shards that fail UNAVAILABLE (an import is safe to repeat). `rows` must have passed
+  // embedding::CheckRowBlock (its arrays are split by row as they are).
   absl::Status ImportRows(const v1::TableConfig& config, const embedding::RowBlock& rows);
 
   // The tables shard k holds (its own configs: max_rows is its part of the budget).

@@ -91,6 +91,23 @@ struct RowBlock {
   std::vector<int64_t> last_steps;     // (ids): step of the last update, -1 = never
   std::vector<int64_t> update_counts;  // (ids)
   size_t size() const { return ids.size(); }
+  // Adds one row: weights (dim) and, when the block carries state, state (state_floats).
+  void Append(int64_t id, const float* w, const float* state, int64_t last_step,
+              int64_t update_count) {
+    ids.push_back(id);
+    weights.insert(weights.end(), w, w + dim);
+    if (state_floats > 0) this->state.insert(this->state.end(), state, state + state_floats);
+    last_steps.push_back(last_step);
+    update_counts.push_back(update_count);
+  }
+  // Empties it, keeping dim and state_floats.
+  void Clear() {
+    ids.clear();
+    weights.clear();
+    state.clear();
+    last_steps.clear();
+    update_counts.clear();
+  }
 };
 
 struct ExportOptions {
@@ -114,6 +131,9 @@ struct CheckpointOptions {
   // otherwise get AlreadyExists.
   bool replace = false;
 };
+
+// "checkpoint 5", or "checkpoint 5 of model 'ads'": how messages name one.
+std::string CheckpointName(absl::string_view model, int64_t step);
 
 // What a restore must find in the checkpoint before it changes anything.
 struct RestoreOptions {

@@ -31,6 +31,13 @@ inline absl::Status PartlyApplied(absl::Status status) {
 inline bool IsPartlyApplied(const absl::Status& status) {
   return status.GetPayload(kPartlyAppliedPayload).has_value();
 }
+// For callers that apply several parts and go on past a partly applied one: OK when
+// `status` is partly applied (kept in *first unless it holds one already), else `status`.
+inline absl::Status SetAsidePartlyApplied(absl::Status status, absl::Status* first) {
+  if (!IsPartlyApplied(status)) return status;
+  if (first->ok()) *first = std::move(status);
+  return absl::OkStatus();
+}
 
 }  // namespace tessera
 

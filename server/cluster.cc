@@ -179,11 +179,11 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Checkpoint(
   for (const auto& [name, blob] : attachments) {
     TESSERA_RETURN_IF_ERROR(storage::ValidateAttachmentName(name));
   }
-  const std::string of = model.empty() ? "" : absl::StrCat(" of model '", model, "'");
+  // Refused before any shard takes one (the store refuses it again when it commits).
   if (store_->FindCheckpoint(step, nullptr, model).ok()) {
     return absl::AlreadyExistsError(absl::StrCat(
-        "checkpoint ", step, of, " exists already; checkpoints are never overwritten: pick "
-        "another step"));
+        embedding::CheckpointName(model, step),
+        " exists already; checkpoints are never overwritten: pick another step"));
   }
   absl::MutexLock barrier(&barrier_mu_);
   v1::CheckpointRequest request;
@@ -230,9 +230,7 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(
   request.set_step(m.step);
   request.set_model(m.model);
   absl::StatusOr<std::vector<v1::CheckpointInfo>> shards = router_->RestoreShards(request);
-  const std::string which = m.model.empty()
-                                ? absl::StrCat("checkpoint ", m.step)
-                                : absl::StrCat("checkpoint ", m.step, " of model '", m.model, "'");
+  const std::string which = embedding::CheckpointName(m.model, m.step);
   if (!shards.ok()) {
     return Annotate(shards.status(), absl::StrCat("restore of ", which, " failed; retry it"));
   }

@@ -321,11 +321,7 @@ absl::StatusOr<std::vector<int64_t>> ShardService::ApplyPush(const DecodedBatch&
                                                           step, tag);
           // A part that kept some rows (their results were not finite) has updated the
           // others: it counts as applied, so a repeat does not apply them again.
-          if (tessera::IsPartlyApplied(applied)) {
-            if (partly.ok()) partly = applied;
-          } else {
-            TESSERA_RETURN_IF_ERROR(applied);
-          }
+          TESSERA_RETURN_IF_ERROR(tessera::SetAsidePartlyApplied(std::move(applied), &partly));
           embedding::Unique(part.ids, &unique, &inverse);
           done->push_back(static_cast<int64_t>(unique.size()));
           absl::MutexLock lock(&mu_);

@@ -323,10 +323,9 @@ void Trainer::ResetPipeline() {
   source_done_ = false;
 }
 
-absl::Status Trainer::HandleShardRestart(int64_t step, int64_t* resume_from) {
-  *resume_from = -1;
+absl::StatusOr<int64_t> Trainer::HandleShardRestart(int64_t step) {
   const int64_t restarts = tables_->ShardRestarts();
-  if (restarts == restarts_seen_) return absl::OkStatus();
+  if (restarts == restarts_seen_) return -1;
   restarts_seen_ = restarts;
   // Whatever is in flight finishes first (on the restarted shard too: it answers again).
   TESSERA_RETURN_IF_ERROR(Drain());
@@ -342,7 +341,7 @@ absl::Status Trainer::HandleShardRestart(int64_t step, int64_t* resume_from) {
                   "nothing acknowledged was lost\n",
                   static_cast<long long>(step));
     }
-    return absl::OkStatus();
+    return -1;
   }
   const std::string what = absl::StrCat(
       "a shard restarted at step ", step,
@@ -368,8 +367,7 @@ absl::Status Trainer::HandleShardRestart(int64_t step, int64_t* resume_from) {
                 what.c_str(), options_.model.c_str(), static_cast<long long>(*back));
     std::fflush(stdout);
   }
-  *resume_from = *back;
-  return absl::OkStatus();
+  return *back;
 }
 
 absl::Status Trainer::Drain() {
@@ -396,6 +394,14 @@ absl::StatusOr<TrainResult> Trainer::Train(BatchSource* source, int64_t max_step
   int64_t window_steps = 0;
   int64_t done = first_step;  // steps completed, counting those before a resume
   int64_t checkpointed = -1;
+  // True when a shard restart sent the model back to a checkpoint: `result` is then what
+  // Train returns, resume_from saying where to go on.
+  auto sent_back = [&]() -> absl::StatusOr<bool> {
+    TESSERA_ASSIGN_OR_RETURN(result.resume_from, HandleShardRestart(done));
+    if (result.resume_from < 0) return false;
+    result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    return true;
+  };
   while (true) {
     TESSERA_ASSIGN_OR_RETURN(std::optional<StepOutcome> next, NextStep(source, done, max_steps));
     if (!next.has_value()) break;
@@ -436,36 +442,20 @@ absl::StatusOr<TrainResult> Trainer::Train(BatchSource* source, int64_t max_step
       window_loss = 0.0;
       window_steps = 0;
     }
-    int64_t resume_from = -1;
-    TESSERA_RETURN_IF_ERROR(HandleShardRestart(done, &resume_from));
-    if (resume_from >= 0) {
-      result.resume_from = resume_from;
-      result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-      return result;
-    }
+    TESSERA_ASSIGN_OR_RETURN(bool back, sent_back());
+    if (back) return result;
     if (options_.checkpoint_every > 0 && (done % options_.checkpoint_every == 0 || last)) {
       TESSERA_RETURN_IF_ERROR(Drain());  // every push of the steps done is applied
       // A restart seen while draining: the checkpoint would hold the lost updates' gap.
-      TESSERA_RETURN_IF_ERROR(HandleShardRestart(done, &resume_from));
-      if (resume_from >= 0) {
-        result.resume_from = resume_from;
-        result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-        return result;
-      }
+      TESSERA_ASSIGN_OR_RETURN(bool drained_back, sent_back());
+      if (drained_back) return result;
       TESSERA_RETURN_IF_ERROR(CheckpointAndReport(done));
       checkpointed = done;
     }
   }
   TESSERA_RETURN_IF_ERROR(Drain());
-  {
-    int64_t resume_from = -1;
-    TESSERA_RETURN_IF_ERROR(HandleShardRestart(done, &resume_from));
-    if (resume_from >= 0) {
-      result.resume_from = resume_from;
-      result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-      return result;
-    }
-  }
+  TESSERA_ASSIGN_OR_RETURN(bool back, sent_back());
+  if (back) return result;
   // A source that ran out before max_steps: the last steps are checkpointed too.
   if (options_.checkpoint_every > 0 && result.steps > 0 && checkpointed != done) {
     TESSERA_RETURN_IF_ERROR(CheckpointAndReport(done));

@@ -156,9 +156,9 @@ class Trainer {
                                                            int64_t max_steps);
   // Checkpoint(steps) with a progress line and a metrics record.
   absl::Status CheckpointAndReport(int64_t steps);
-  // After a shard restart seen at step `step`: OK with *resume_from set when the model was
-  // restored, OK and -1 when nothing was lost, or the error that ends the run.
-  absl::Status HandleShardRestart(int64_t step, int64_t* resume_from);
+  // After a shard restart seen at step `step`: the checkpoint step the model was restored
+  // to, -1 when no shard restarted or nothing was lost, or the error that ends the run.
+  absl::StatusOr<int64_t> HandleShardRestart(int64_t step);
   // Forgets the steps a pipelined run looked up ahead (after a restore).
   void ResetPipeline();
 

@@ -119,16 +119,10 @@ absl::Status InProcessCollection::ExportRows(
     shard->ForEachRow([&](int64_t id, const float* w, const float* st,
                           const embedding::RowMeta& m) {
       if (options.since_step >= 0 && m.last_step < options.since_step) return;
-      block.ids.push_back(id);
-      block.weights.insert(block.weights.end(), w, w + dim);
-      if (options.with_state) block.state.insert(block.state.end(), st, st + sf);
-      block.last_steps.push_back(m.last_step);
-      block.update_counts.push_back(m.update_count);
+      block.Append(id, w, st, m.last_step, m.update_count);
       if (block.size() >= chunk) {
-        full.push_back(std::move(block));
-        block = embedding::RowBlock{};
-        block.dim = dim;
-        block.state_floats = options.with_state ? sf : 0;
+        full.push_back(block);
+        block.Clear();
       }
     });
     for (const auto& b : full) TESSERA_RETURN_IF_ERROR(sink(b));
@@ -285,12 +279,8 @@ absl::Status InProcessCollection::PushBatch(absl::Span<const embedding::TableGra
   }
   absl::Status partly;  // the first part that kept some rows (non-finite results)
   for (size_t i = 0; i < tables.size(); ++i) {
-    absl::Status applied = ApplyPush(*found[i], tables[i].ids, tables[i].gradients, step);
-    if (tessera::IsPartlyApplied(applied)) {
-      if (partly.ok()) partly = applied;
-      continue;
-    }
-    TESSERA_RETURN_IF_ERROR(applied);
+    TESSERA_RETURN_IF_ERROR(tessera::SetAsidePartlyApplied(
+        ApplyPush(*found[i], tables[i].ids, tables[i].gradients, step), &partly));
   }
   return partly;
 }
@@ -330,14 +320,11 @@ absl::Status InProcessCollection::ApplyPush(ShardedTable& t, absl::Span<const in
     const int32_t begin = s.shard_begin[k];
     const int32_t count = s.shard_begin[k + 1] - begin;
     if (count == 0) continue;
-    absl::Status applied = t.shards[k]->ApplyUniqueGradients(
-        absl::MakeConstSpan(s.routed_ids).subspan(begin, count),
-        s.routed_rows.data() + static_cast<size_t>(begin) * dim, step);
-    if (tessera::IsPartlyApplied(applied)) {
-      if (partly.ok()) partly = applied;
-      continue;
-    }
-    TESSERA_RETURN_IF_ERROR(applied);
+    TESSERA_RETURN_IF_ERROR(tessera::SetAsidePartlyApplied(
+        t.shards[k]->ApplyUniqueGradients(absl::MakeConstSpan(s.routed_ids).subspan(begin, count),
+                                          s.routed_rows.data() + static_cast<size_t>(begin) * dim,
+                                          step),
+        &partly));
   }
   return partly;
 }
@@ -389,12 +376,8 @@ absl::Status EmbeddingCollection::PushBatch(absl::Span<const TableGradients> tab
   }
   absl::Status partly;
   for (const TableGradients& t : tables) {
-    absl::Status applied = PushGradients(t.table, t.ids, t.gradients, step);
-    if (IsPartlyApplied(applied)) {
-      if (partly.ok()) partly = applied;
-      continue;
-    }
-    TESSERA_RETURN_IF_ERROR(applied);
+    TESSERA_RETURN_IF_ERROR(
+        SetAsidePartlyApplied(PushGradients(t.table, t.ids, t.gradients, step), &partly));
   }
   return partly;
 }
@@ -450,11 +433,14 @@ bool TableOfModel(absl::string_view table, absl::string_view model) {
           table[model.size()] == '.');
 }
 
+std::string CheckpointName(absl::string_view model, int64_t step) {
+  return model.empty() ? absl::StrCat("checkpoint ", step)
+                       : absl::StrCat("checkpoint ", step, " of model '", model, "'");
+}
+
 absl::Status CheckRestorable(int64_t step, const Attachments& attachments,
                              const RestoreOptions& options) {
-  const std::string which = options.model.empty()
-                                ? absl::StrCat("checkpoint ", step)
-                                : absl::StrCat("checkpoint ", step, " of model '", options.model, "'");
+  const std::string which = CheckpointName(options.model, step);
   for (const std::string& name : options.required_attachments) {
     if (attachments.count(name) == 0) {
       return absl::FailedPreconditionError(

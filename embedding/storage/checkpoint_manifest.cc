@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "embedding/collection.h"
 #include "embedding/storage/crc32c.h"
 #include "embedding/storage/files.h"
 
@@ -156,6 +157,29 @@ absl::StatusOr<const std::pair<std::string, CheckpointManifest>*> ChooseCheckpoi
   return absl::NotFoundError(
       step < 0 ? absl::StrCat("no complete checkpoint", of, " in ", root)
                : absl::StrCat("no complete checkpoint", of, " of step ", step, " in ", root));
+}
+
+absl::Status RefuseOverwrite(const std::vector<std::pair<std::string, CheckpointManifest>>& complete,
+                             const std::string& model, int64_t step) {
+  for (const auto& c : complete) {
+    if (c.second.model == model && c.second.step == step) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          embedding::CheckpointName(model, step), " exists already (", c.first,
+          "); checkpoints are never overwritten: pick another step"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> RetiredCheckpoints(
+    const std::vector<std::pair<std::string, CheckpointManifest>>& complete, int keep) {
+  std::vector<std::string> retired;
+  if (keep <= 0) return retired;
+  std::map<std::string, int> kept;  // by model, counted from the newest
+  for (auto it = complete.rbegin(); it != complete.rend(); ++it) {
+    if (++kept[it->second.model] > keep) retired.push_back(it->first);
+  }
+  return retired;
 }
 
 int64_t NextCheckpointSequence(

@@ -57,6 +57,16 @@ absl::StatusOr<const std::pair<std::string, CheckpointManifest>*> ChooseCheckpoi
     const std::vector<std::pair<std::string, CheckpointManifest>>& complete, int64_t step,
     const std::string& root, const std::string& model = "");
 
+// AlreadyExists when `complete` holds checkpoint `step` of `model`: one is never
+// overwritten.
+absl::Status RefuseOverwrite(const std::vector<std::pair<std::string, CheckpointManifest>>& complete,
+                             const std::string& model, int64_t step);
+
+// The directories of `complete` (oldest created first) beyond each model's newest `keep`
+// (0 = keep all): what retention removes.
+std::vector<std::string> RetiredCheckpoints(
+    const std::vector<std::pair<std::string, CheckpointManifest>>& complete, int keep);
+
 // The next sequence number after those of `complete`.
 int64_t NextCheckpointSequence(
     const std::vector<std::pair<std::string, CheckpointManifest>>& complete);

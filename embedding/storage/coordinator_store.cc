@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
@@ -101,14 +100,7 @@ absl::StatusOr<CheckpointManifest> CoordinatorStore::CommitCheckpoint(
     TESSERA_RETURN_IF_ERROR(ValidateAttachmentName(name));
   absl::MutexLock lock(&mu_);
   const auto before = Complete();
-  for (const auto& c : before) {
-    if (c.second.model == manifest.model && c.second.step == manifest.step) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "checkpoint ", manifest.step,
-          manifest.model.empty() ? "" : absl::StrCat(" of model '", manifest.model, "'"),
-          " exists already; checkpoints are never overwritten: pick another step"));
-    }
-  }
+  TESSERA_RETURN_IF_ERROR(RefuseOverwrite(before, manifest.model, manifest.step));
   manifest.sequence = NextCheckpointSequence(before);
   const std::string dir =
       absl::StrCat(dir_, "/checkpoints/", CheckpointDirName(manifest.model, manifest.step));
@@ -126,14 +118,9 @@ absl::StatusOr<CheckpointManifest> CoordinatorStore::CommitCheckpoint(
                                  std::chrono::system_clock::now().time_since_epoch())
                                  .count();
   TESSERA_RETURN_IF_ERROR(WriteFileAtomically(dir + "/MANIFEST", EncodeManifest(manifest)));
-  if (keep_ > 0) {
-    const auto complete = Complete();  // oldest created first
-    std::map<std::string, int> kept;   // by model, counted from the newest
-    for (auto it = complete.rbegin(); it != complete.rend(); ++it) {
-      if (++kept[it->second.model] <= keep_) continue;
-      absl::Status s = RemoveTree(it->first);
-      if (!s.ok()) Log(absl::StrCat("tessera: warning: ", s.message()));
-    }
+  for (const std::string& retired : RetiredCheckpoints(Complete(), keep_)) {
+    absl::Status s = RemoveTree(retired);
+    if (!s.ok()) Log(absl::StrCat("tessera: warning: ", s.message()));
   }
   return manifest;
 }

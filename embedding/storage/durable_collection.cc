@@ -354,18 +354,11 @@ absl::Status DurableCollection::ExportRows(
     }
     TESSERA_RETURN_IF_ERROR(DecodeRow(t->config.name(), id, value, dim, sf, &row));
     if (options.since_step >= 0 && row.meta.last_step < options.since_step) return absl::OkStatus();
-    block.ids.push_back(id);
-    block.weights.insert(block.weights.end(), row.weights.begin(), row.weights.end());
-    if (options.with_state) block.state.insert(block.state.end(), row.state.begin(), row.state.end());
-    block.last_steps.push_back(row.meta.last_step);
-    block.update_counts.push_back(row.meta.update_count);
+    block.Append(id, row.weights.data(), row.state.data(), row.meta.last_step,
+                 row.meta.update_count);
     if (block.size() < std::max<size_t>(1, options.chunk_rows)) return absl::OkStatus();
     TESSERA_RETURN_IF_ERROR(sink(block));
-    block.ids.clear();
-    block.weights.clear();
-    block.state.clear();
-    block.last_steps.clear();
-    block.update_counts.clear();
+    block.Clear();
     return absl::OkStatus();
   };
   if (t->config.durability() == v1::CHECKPOINT) {
@@ -821,14 +814,7 @@ absl::StatusOr<embedding::CheckpointInfo> DurableCollection::Checkpoint(
   absl::MutexLock lock(&mu_);
   TESSERA_RETURN_IF_ERROR(Usable());
   const auto complete = CompleteCheckpoints();
-  const std::string of = model.empty() ? "" : absl::StrCat(" of model '", model, "'");
-  for (const auto& c : complete) {
-    if (c.second.model == model && c.second.step == step && !options.replace) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "checkpoint ", step, of, " exists already (", c.first,
-          "); checkpoints are never overwritten: pick another step"));
-    }
-  }
+  if (!options.replace) TESSERA_RETURN_IF_ERROR(RefuseOverwrite(complete, model, step));
   // Until the manifest is written the live store may hold part of this checkpoint's rows;
   // a restart in between recovers those tables from their previous checkpoint.
   TESSERA_RETURN_IF_ERROR(WriteFileAtomically(
@@ -864,7 +850,8 @@ absl::StatusOr<embedding::CheckpointInfo> DurableCollection::Checkpoint(
   ApplyRetention();
   embedding::CheckpointInfo info = InfoOf(m);
   info.seconds = SecondsSince(start);
-  Log(absl::StrCat("tessera: checkpoint ", step, of, " written to ", dir, ": ", flushed,
+  Log(absl::StrCat("tessera: ", embedding::CheckpointName(model, step), " written to ", dir, ": ",
+                   flushed,
                    " dirty rows flushed, ", m.bytes, " bytes, ",
                    absl::StrFormat("%.2f", info.seconds), " s"));
   return info;
@@ -878,11 +865,8 @@ std::vector<std::pair<std::string, CheckpointManifest>> DurableCollection::Compl
 
 void DurableCollection::ApplyRetention() {
   if (options_.keep_checkpoints == 0) return;
-  const auto complete = CompleteCheckpoints();  // oldest created first
-  std::map<std::string, int> kept;              // by model, counted from the newest
-  for (auto it = complete.rbegin(); it != complete.rend(); ++it) {
-    if (++kept[it->second.model] <= options_.keep_checkpoints) continue;
-    absl::Status s = RemoveTree(it->first);
+  for (const std::string& dir : RetiredCheckpoints(CompleteCheckpoints(), options_.keep_checkpoints)) {
+    absl::Status s = RemoveTree(dir);
     if (!s.ok()) Log(absl::StrCat("tessera: warning: ", s.message()));
   }
 }
@@ -942,8 +926,7 @@ absl::StatusOr<embedding::CheckpointInfo> DurableCollection::Restore(
   if (attachments != nullptr) *attachments = std::move(blobs);
   embedding::CheckpointInfo info = InfoOf(chosen->second);
   info.seconds = SecondsSince(start);
-  Log(absl::StrCat("tessera: restored checkpoint ", info.step,
-                   options.model.empty() ? "" : absl::StrCat(" of model '", options.model, "'"),
+  Log(absl::StrCat("tessera: restored ", embedding::CheckpointName(options.model, info.step),
                    " from ", dir, " in ", absl::StrFormat("%.2f", info.seconds), " s"));
   return info;
 }

@@ -152,12 +152,13 @@ class Client:
         self._credentials = (grpc.ssl_channel_credentials(root_certs, private_key, cert_chain)
                              if root_certs else None)
         self._coordinator = _Endpoint(address, "Coordinator", self._credentials, self._options)
+        # What an UNAVAILABLE coordinator most often means here.
+        hint = (" (this client uses TLS: is the server plaintext?)" if root_certs else
+                " (this client is plaintext: if the server uses TLS, pass root_certs)")
         try:
             grpc.channel_ready_future(self._coordinator.channel).result(timeout=timeout)
         except grpc.FutureTimeoutError:
             self._coordinator.close()
-            hint = (" (this client uses TLS: is the server plaintext?)" if root_certs else
-                    " (this client is plaintext: if the server uses TLS, pass root_certs)")
             raise TesseraError(grpc.StatusCode.UNAVAILABLE,
                                f"coordinator {address} not reachable within {timeout} s"
                                + hint) from None
@@ -179,8 +180,6 @@ class Client:
                     f"{address} does not serve the tessera.v1.Coordinator API: is it a "
                     f"tessera-shard? connect() takes the coordinator's host:port") from None
             if error.code == grpc.StatusCode.UNAVAILABLE:
-                hint = (" (this client uses TLS: is the server plaintext?)" if root_certs else
-                        " (this client is plaintext: if the server uses TLS, pass root_certs)")
                 raise TesseraError(error.code, error.message + hint) from None
             raise
 
