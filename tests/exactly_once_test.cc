@@ -24,7 +24,8 @@ std::unique_ptr<grpc::Server> Serve(grpc::Service* service, int* port) {
   return b.BuildAndStart();
 }
 
-// A shard that applies pushes and then, `lose_answers` times, answers UNAVAILABLE as if the
+// A shard that applies pushes (and drops and imports) and then, `lose_answers` times,
+// answers UNAVAILABLE as if the
 // answer had been lost on the way; and fails `fail_creates` CreateTable calls before
 // applying them.
 class AnswerLosingShard final : public v1::EmbeddingShard::Service {
@@ -59,6 +60,14 @@ class AnswerLosingShard final : public v1::EmbeddingShard::Service {
                          v1::BatchPushResponse* r) override {
     return Lose(inner_->BatchPush(c, q, r));
   }
+  grpc::Status DropTable(grpc::ServerContext* c, const v1::DropTableRequest* q,
+                         v1::DropTableResponse* r) override {
+    return Lose(inner_->DropTable(c, q, r));
+  }
+  grpc::Status ImportRows(grpc::ServerContext* c, const v1::ImportRowsRequest* q,
+                          v1::ImportRowsResponse* r) override {
+    return Lose(inner_->ImportRows(c, q, r));
+  }
 
  private:
   grpc::Status Lose(grpc::Status applied) {
@@ -71,7 +80,8 @@ class AnswerLosingShard final : public v1::EmbeddingShard::Service {
   server::ShardService* inner_;
 };
 
-// The coordinator, losing the answers of `lose_answers` pushes it routed.
+// The coordinator, losing the answers of `lose_answers` pushes, drops or imports it
+// carried out.
 class AnswerLosingCoordinator final : public v1::Coordinator::Service {
  public:
   explicit AnswerLosingCoordinator(server::CoordinatorService* inner) : inner_(inner) {}
@@ -95,14 +105,24 @@ class AnswerLosingCoordinator final : public v1::Coordinator::Service {
   }
   grpc::Status BatchPush(grpc::ServerContext* c, const v1::BatchPushRequest* q,
                          v1::BatchPushResponse* r) override {
-    grpc::Status s = inner_->BatchPush(c, q, r);
-    if (s.ok() && lose_answers.fetch_sub(1) > 0) {
-      return {grpc::StatusCode::UNAVAILABLE, "injected: applied, answer lost"};
-    }
-    return s;
+    return Lose(inner_->BatchPush(c, q, r));
+  }
+  grpc::Status DropTable(grpc::ServerContext* c, const v1::DropTableRequest* q,
+                         v1::DropTableResponse* r) override {
+    return Lose(inner_->DropTable(c, q, r));
+  }
+  grpc::Status ImportRows(grpc::ServerContext* c, const v1::ImportRowsRequest* q,
+                          v1::ImportRowsResponse* r) override {
+    return Lose(inner_->ImportRows(c, q, r));
   }
 
  private:
+  grpc::Status Lose(grpc::Status applied) {
+    if (applied.ok() && lose_answers.fetch_sub(1) > 0) {
+      return {grpc::StatusCode::UNAVAILABLE, "injected: applied, answer lost"};
+    }
+    return applied;
+  }
   server::CoordinatorService* inner_;
 };
 
@@ -304,6 +324,37 @@ TEST_F(ExactlyOnceTest, AShardGoneInTheMiddleOfAFanOutIsRetriedAloneOnceItIsBack
       EXPECT_EQ(losing_[0]->pushes_seen - seen0, 1) << "the healthy shard was sent it again";
     }
   }
+}
+
+// Drops and imports whose answer is lost after they were carried out, by a shard and by
+// the coordinator: the retries end as one call (a drop found done is done; an import sets
+// the same rows again).
+TEST_F(ExactlyOnceTest, DropsAndImportsThatApplyAndLoseTheirAnswerEndAsOneCall) {
+  auto c = Connect(client::ClientOptions::Mode::kCoordinator);
+  CreateBoth(*c, Sgd("gone", 7));
+  losing_coordinator_->lose_answers = 1;
+  losing_[0]->lose_answers = 1;
+  ASSERT_TRUE(c->DropTable("gone").ok());
+  auto tables = c->ListTables();
+  ASSERT_TRUE(tables.ok());
+  EXPECT_TRUE(tables->empty());
+  for (auto& t : tables_) EXPECT_TRUE(t->ListTables()->empty());
+
+  CreateBoth(*c, Sgd("rows", 8));
+  embedding::RowBlock rows;
+  rows.dim = 4;
+  rows.ids = Ids(300, 2);
+  for (size_t i = 0; i < rows.ids.size() * 4; ++i) rows.weights.push_back(0.001f * i);
+  losing_coordinator_->lose_answers = 1;
+  losing_[1]->lose_answers = 1;
+  ASSERT_TRUE(c->ImportRows("rows", rows).ok());
+  ASSERT_TRUE(reference_->ImportRows("rows", rows).ok());
+  ExpectRowsEqualReference(*c, "rows", rows.ids);
+  // Trained on from there, the rows stay the reference's (state and counts as imported).
+  const std::vector<float> g(rows.ids.size() * 4, 0.5f);
+  ASSERT_TRUE(c->PushGradients("rows", rows.ids, g, 2).ok());
+  ASSERT_TRUE(reference_->PushGradients("rows", rows.ids, g, 2).ok());
+  ExpectRowsEqualReference(*c, "rows", rows.ids);
 }
 
 TEST_F(ExactlyOnceTest, AHalfFailedCreateTableRetriedSucceeds) {
