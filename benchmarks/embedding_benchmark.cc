@@ -3,7 +3,8 @@
 // memcpy moving the same bytes from a buffer of the same size as the table.
 //
 // Sizes: "llc" tables fit in a quarter of the last-level cache, "8xllc" tables are eight
-// times it (override the cache size with TESSERA_BENCH_LLC_BYTES). Ids are uniform or
+// times it and at least 1 GiB of rows (override the cache size with
+// TESSERA_BENCH_LLC_BYTES). Ids are uniform or
 // Zipf(1.05) over the table's rows.
 //
 // Gather and the Adagrad update also report `vs_flat`: their bytes/s over the same work
@@ -37,6 +38,9 @@ namespace tessera::embedding {
 namespace {
 
 constexpr int kBatch = 4096;
+// "8xllc" tables hold at least this many bytes of rows, so that machines reporting a
+// small and a large L3 both measure tables far out of cache.
+constexpr int64_t kMinBigBytes = int64_t{1} << 30;
 constexpr int kBagSize = 8;
 
 int64_t LlcBytes() {
@@ -45,13 +49,9 @@ int64_t LlcBytes() {
   return l3 > 0 ? l3 : 32LL << 20;
 }
 
-// Bytes a row of this shape occupies in the table (weights, state, meta of 6 floats,
-// padding to 64 bytes).
-int64_t RowBytes(int dim, int state_floats) {
-  int meta_at = dim + state_floats;
-  meta_at += meta_at & 1;
-  return (meta_at + 6 + 15) / 16 * 16 * 4;
-}
+// Bytes a row of this shape occupies in the table (a 32-byte header, weights, state,
+// padding to 64 bytes; embedding/internal/row_slots.h).
+int64_t RowBytes(int dim, int state_floats) { return (8 + dim + state_floats + 15) / 16 * 16 * 4; }
 
 int StateFloats(v1::OptimizerType opt, int dim) {
   switch (opt) {
@@ -81,7 +81,7 @@ Fixture& GetTable(v1::OptimizerType opt, int dim, bool big, bool want_collection
     return f;
   }
   f = Fixture();
-  const int64_t budget = big ? 8 * LlcBytes() : LlcBytes() / 4;
+  const int64_t budget = big ? std::max<int64_t>(8 * LlcBytes(), kMinBigBytes) : LlcBytes() / 4;
   f.opt = opt;
   f.dim = dim;
   f.big = big;

@@ -1,187 +1,87 @@
 #include "embedding/embedding_table.h"
 
-#include <sys/mman.h>
+#include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
-#include <numbers>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "embedding/batch_ops.h"
 #include "embedding/dtype.h"
+#include "embedding/internal/row_initializer.h"
+#include "embedding/internal/stripe.h"
+#include "embedding/internal/stripe_plan.h"
 #include "embedding/sharding.h"
 #include "embedding/status.h"
 
 namespace tessera::embedding {
+
+using embedding_internal::IdMap;
+using embedding_internal::kStripeShift;
+using embedding_internal::MapEntry;
+using embedding_internal::MapHash;
+using embedding_internal::ReaderScope;
+using embedding_internal::StripePlan;
+using embedding_internal::StripeWriter;
+
+static_assert(EmbeddingTable::kNumStripes == embedding_internal::kNumStripes);
+
 namespace {
 
-// What sits after a row's optimizer state: the public RowMeta and a dirty flag.
-struct StoredMetaLayout {
-  RowMeta meta;
-  uint32_t dirty = 0;  // 0: clean; else 1 + the row's place in its stripe's dirty list
-};
-constexpr int kMetaFloats = sizeof(StoredMetaLayout) / sizeof(float);
-constexpr uint64_t kMapSalt = 0x5be0cd19137e2179ULL;
-constexpr uint64_t kInitSalt = 0x6a09e667f3bcc908ULL;
 constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
-constexpr size_t kHugePage = size_t{2} << 20;
-constexpr size_t kMaxSlabBytes = size_t{4} << 20;
-constexpr int kStripeShift = 58;  // 64 - log2(kNumStripes)
+// Ids probed (and their rows prefetched) before the first of them is used; for lookups
+// also the unit read again when a writer got in the way.
+constexpr int kChunk = 32;
+// Optimistic reads of one chunk before a lookup takes the stripe's lock.
+constexpr int kOptimisticTries = 8;
 
-struct AlignedFree {
-  void operator()(void* p) const { std::free(p); }
-};
-
-size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
-
-// `bytes` of 64-byte-aligned memory. Blocks of 2 MiB or more are 2 MiB aligned and
-// advised for transparent huge pages: random rows over gigabytes would otherwise miss
-// the TLB on nearly every access. Null when out of memory.
-void* AllocateBlock(size_t bytes) {
-  if (bytes >= kHugePage) {
-    bytes = RoundUp(bytes, kHugePage);
-    void* p = std::aligned_alloc(kHugePage, bytes);
-    if (p != nullptr) madvise(p, bytes, MADV_HUGEPAGE);
-    return p;
+void PrefetchLines(const float* p, int lines, bool for_write) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int l = 0; l < lines; ++l) {
+    if (for_write) {
+      __builtin_prefetch(c + 64 * l, 1, 3);
+    } else {
+      __builtin_prefetch(c + 64 * l, 0, 3);
+    }
   }
-  return std::aligned_alloc(64, RoundUp(bytes, 64));
 }
 
-// A zero-filled array of trivially copyable T from AllocateBlock.
-template <typename T>
-class BlockArray {
- public:
-  BlockArray() = default;
-  explicit BlockArray(size_t n)
-      : data_(static_cast<T*>(AllocateBlock(n * sizeof(T)))), size_(data_ ? n : 0) {
-    if (data_) std::memset(static_cast<void*>(data_.get()), 0, n * sizeof(T));
+// Copies `n` floats with vector loads and stores in line: a row is a few of them, and
+// the library call a copy loop would otherwise become costs more than the copy.
+inline void CopyFloats(float* dst, const float* src, int n) {
+  int j = 0;
+#if defined(__AVX512F__)
+  for (; j + 16 <= n; j += 16) _mm512_storeu_ps(dst + j, _mm512_loadu_ps(src + j));
+  if (j < n) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (n - j)) - 1);
+    _mm512_mask_storeu_ps(dst + j, tail, _mm512_maskz_loadu_ps(tail, src + j));
   }
-  T* data() const { return data_.get(); }
-  size_t size() const { return size_; }
-  bool empty() const { return size_ == 0; }
-  T& operator[](size_t i) const { return data_.get()[i]; }
-  T* begin() const { return data_.get(); }
-  T* end() const { return data_.get() + size_; }
+#else
+#if defined(__AVX__)
+  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(dst + j, _mm256_loadu_ps(src + j));
+#endif
+  for (; j + 4 <= n; j += 4) _mm_storeu_ps(dst + j, _mm_loadu_ps(src + j));
+  for (; j < n; ++j) _mm_store_ss(dst + j, _mm_load_ss(src + j));
+#endif
+}
 
- private:
-  std::unique_ptr<T, AlignedFree> data_;
-  size_t size_ = 0;
-};
-
-uint64_t MapHash(int64_t id) { return Mix64(static_cast<uint64_t>(id) ^ kMapSalt); }
-
-// Uniform in [0, 1) from the top 24 bits.
-float UnitFloat(uint64_t bits) { return static_cast<float>(bits >> 40) * (1.0f / 16777216.0f); }
+// True when every value of p[0, n) is finite: Inf and NaN have an exponent of all ones,
+// so ~bits & exponent is 0 for them alone. A min over integers, which vectorises (a float
+// reduction would be a serial chain).
+bool AllFinite(const float* p, size_t n) {
+  constexpr uint32_t kExponent = 0x7f800000u;
+  uint32_t least = kExponent;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, p + i, sizeof(bits));
+    least = std::min(least, ~bits & kExponent);
+  }
+  return least != 0;
+}
 
 }  // namespace
-
-struct EmbeddingTable::Stripe {
-  struct Entry {
-    int64_t id;
-    float* row;  // nullptr: empty slot
-  };
-
-  mutable absl::Mutex mu;
-  BlockArray<Entry> entries ABSL_GUARDED_BY(mu);  // power-of-two size, linear probing
-  uint64_t mask ABSL_GUARDED_BY(mu) = 0;
-  int64_t size ABSL_GUARDED_BY(mu) = 0;
-  std::vector<std::unique_ptr<float, AlignedFree>> slabs ABSL_GUARDED_BY(mu);  // never move
-  float* bump ABSL_GUARDED_BY(mu) = nullptr;
-  int64_t bump_left ABSL_GUARDED_BY(mu) = 0;
-  int64_t next_slab_rows ABSL_GUARDED_BY(mu) = 16;
-  int64_t slab_bytes ABSL_GUARDED_BY(mu) = 0;
-  std::vector<Entry> dirty ABSL_GUARDED_BY(mu);       // rows updated since the last ClearDirty
-  std::vector<float*> free_rows ABSL_GUARDED_BY(mu);  // rows of erased entries, for reuse
-  uint64_t sample_state ABSL_GUARDED_BY(mu) = 0x9e3779b97f4a7c15ULL;  // eviction sampling
-
-  // The slot of `id`, or -1.
-  int64_t FindSlot(int64_t id, uint64_t h) const ABSL_SHARED_LOCKS_REQUIRED(mu) {
-    if (entries.empty()) return -1;
-    uint64_t pos = h & mask;
-    while (true) {
-      const Entry& e = entries[pos];
-      if (e.row == nullptr) return -1;
-      if (e.id == id) return static_cast<int64_t>(pos);
-      pos = (pos + 1) & mask;
-    }
-  }
-
-  // Empties slot `pos` and shifts later entries of its probe run back, so every entry
-  // stays reachable from its home slot without tombstones.
-  void EraseSlot(uint64_t pos) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    entries[pos] = Entry{0, nullptr};
-    uint64_t hole = pos;
-    for (uint64_t j = (pos + 1) & mask; entries[j].row != nullptr; j = (j + 1) & mask) {
-      const uint64_t home = MapHash(entries[j].id) & mask;
-      // Entry j may fill the hole unless its home lies cyclically in (hole, j].
-      const bool stays = hole <= j ? (home > hole && home <= j) : (home > hole || home <= j);
-      if (!stays) {
-        entries[hole] = entries[j];
-        entries[j] = Entry{0, nullptr};
-        hole = j;
-      }
-    }
-    --size;
-  }
-
-  float* Find(int64_t id, uint64_t h) const ABSL_SHARED_LOCKS_REQUIRED(mu) {
-    if (entries.empty()) return nullptr;
-    uint64_t pos = h & mask;
-    while (true) {
-      const Entry& e = entries[pos];
-      if (e.row == nullptr) return nullptr;
-      if (e.id == id) return e.row;
-      pos = (pos + 1) & mask;
-    }
-  }
-
-  void Place(int64_t id, uint64_t h, float* row) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    uint64_t pos = h & mask;
-    while (entries[pos].row != nullptr) pos = (pos + 1) & mask;
-    entries[pos] = Entry{id, row};
-  }
-
-  // Grows the map so one more entry keeps the load factor at or under 1/2. False when
-  // out of memory (the map is unchanged).
-  bool ReserveOne() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (static_cast<uint64_t>(size + 1) * 2 <= entries.size()) return true;
-    const size_t cap = entries.empty() ? 16 : entries.size() * 2;
-    BlockArray<Entry> grown(cap);
-    if (grown.empty()) return false;
-    BlockArray<Entry> old = std::move(entries);
-    entries = std::move(grown);
-    mask = cap - 1;
-    for (const Entry& e : old) {
-      if (e.row != nullptr) Place(e.id, MapHash(e.id), e.row);
-    }
-    return true;
-  }
-
-  float* AllocateRow(int stride_floats) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (!free_rows.empty()) {
-      float* row = free_rows.back();
-      free_rows.pop_back();
-      return row;
-    }
-    if (bump_left == 0) {
-      const int64_t rows = next_slab_rows;
-      const size_t bytes = static_cast<size_t>(rows) * stride_floats * sizeof(float);
-      float* slab = static_cast<float*>(AllocateBlock(bytes));
-      if (slab == nullptr) return nullptr;
-      slabs.emplace_back(slab);
-      slab_bytes += static_cast<int64_t>(bytes);
-      bump = slab;
-      bump_left = rows;
-      if (bytes < kMaxSlabBytes) next_slab_rows *= 2;
-    }
-    float* row = bump;
-    bump += stride_floats;
-    --bump_left;
-    return row;
-  }
-};
 
 absl::Status ValidateTableConfig(const v1::TableConfig& config) {
   if (config.name().empty()) return absl::InvalidArgumentError("table name must not be empty");
@@ -240,58 +140,21 @@ EmbeddingTable::EmbeddingTable(const v1::TableConfig& config, int64_t row_budget
     : config_(config),
       dim_(config.dim()),
       dtype_(config.dtype()),
-      weight_floats_((config.dim() * DtypeBytes(config.dtype()) + 3) / 4),
       state_floats_(optimizer->StateFloats()),
+      layout_((config.dim() * DtypeBytes(config.dtype()) + 3) / 4, optimizer->StateFloats()),
       row_budget_(row_budget),
       optimizer_(std::move(optimizer)),
+      initializer_(std::make_unique<embedding_internal::RowInitializer>(config)),
       policy_(config.eviction().policy()),
       ttl_steps_(config.eviction().ttl_steps()),
       stripes_(new Stripe[kNumStripes]) {
-  // Meta is 8-byte aligned: put it at an even float offset.
-  meta_at_ = weight_floats_ + state_floats_;
-  meta_at_ += meta_at_ & 1;
-  stride_floats_ = (meta_at_ + kMetaFloats + 15) / 16 * 16;
-  init_type_ = config.initializer().type() == v1::INITIALIZER_UNSPECIFIED
-                   ? v1::UNIFORM
-                   : config.initializer().type();
-  init_scale_ = config.initializer().has_scale() ? config.initializer().scale()
-                                                 : 1.0f / std::sqrt(static_cast<float>(dim_));
-  init_key_ = Mix64(config.seed() ^ kInitSalt);
+  for (int s = 0; s < kNumStripes; ++s) stripes_[s].set_readers(&readers_);
 }
 
 EmbeddingTable::~EmbeddingTable() = default;
 
-struct EmbeddingTable::StoredMeta : StoredMetaLayout {};
-
 void EmbeddingTable::InitialWeights(int64_t id, float* out) const {
-  const uint64_t base = Mix64(init_key_ ^ static_cast<uint64_t>(id));
-  auto bits = [base](int j) { return Mix64(base + static_cast<uint64_t>(j + 1) * kGolden); };
-  switch (init_type_) {
-    case v1::ZEROS:
-      std::fill(out, out + dim_, 0.0f);
-      break;
-    case v1::NORMAL:
-      // Box-Muller over pairs of columns; u1 is kept away from 0.
-      for (int j = 0; j < dim_; j += 2) {
-        const float u1 = UnitFloat(bits(j)) + 0.5f / 16777216.0f;
-        const float u2 = UnitFloat(bits(j + 1));
-        const float r = std::sqrt(-2.0f * std::log(u1)) * init_scale_;
-        const float theta = 2.0f * std::numbers::pi_v<float> * u2;
-        out[j] = r * std::cos(theta);
-        if (j + 1 < dim_) out[j + 1] = r * std::sin(theta);
-      }
-      break;
-    default:
-      for (int j = 0; j < dim_; ++j) out[j] = (2.0f * UnitFloat(bits(j)) - 1.0f) * init_scale_;
-      break;
-  }
-  if (dtype_ != v1::FP32) {
-    // What a stored row of this dtype holds.
-    thread_local std::vector<uint16_t> half;
-    half.resize(dim_);
-    EncodeWeights(dtype_, out, dim_, half.data());
-    DecodeWeights(dtype_, half.data(), dim_, out);
-  }
+  initializer_->InitialWeights(id, out);
 }
 
 void EmbeddingTable::InitRow(int64_t id, float* row) const {
@@ -304,12 +167,12 @@ void EmbeddingTable::InitRow(int64_t id, float* row) const {
     StoreWeights(w.data(), row);
   }
   optimizer_->InitState(StateOf(row));
-  *StoredMetaOf(row) = StoredMeta{};
+  *StoredMetaOf(row) = embedding_internal::StoredMeta{};
 }
 
 void EmbeddingTable::CopyWeightsOut(const float* row, float* out) const {
   if (dtype_ == v1::FP32) {
-    std::memcpy(out, row, static_cast<size_t>(dim_) * sizeof(float));
+    CopyFloats(out, row, dim_);
   } else {
     DecodeWeights(dtype_, row, dim_, out);
   }
@@ -327,24 +190,6 @@ void EmbeddingTable::StoreWeights(const float* w, float* row) const {
   EncodeWeights(dtype_, w, dim_, row);
 }
 
-namespace {
-
-// True when every value of p[0, n) is finite: Inf and NaN have an exponent of all ones,
-// so ~bits & exponent is 0 for them alone. A min over integers, which vectorises (a float
-// reduction would be a serial chain).
-bool AllFinite(const float* p, size_t n) {
-  constexpr uint32_t kExponent = 0x7f800000u;
-  uint32_t least = kExponent;
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, p + i, sizeof(bits));
-    least = std::min(least, ~bits & kExponent);
-  }
-  return least != 0;
-}
-
-}  // namespace
-
 bool EmbeddingTable::UpdateRowLocked(Stripe& stripe, int64_t id, float* row, const float* grad,
                                      int64_t step, float* scratch) {
   const size_t d = static_cast<size_t>(dim_);
@@ -352,7 +197,8 @@ bool EmbeddingTable::UpdateRowLocked(Stripe& stripe, int64_t id, float* row, con
   float* g = scratch;
   float* saved = scratch + d;  // the row's values before the step, to put back
   std::memcpy(g, grad, d * sizeof(float));
-  StoredMeta* stored = StoredMetaOf(row);
+  stripe.BeginChange();
+  embedding_internal::StoredMeta* stored = StoredMetaOf(row);
   const int64_t prior = stored->meta.update_count;
   float* state = StateOf(row);
   if (dtype_ == v1::FP32) {
@@ -374,7 +220,7 @@ bool EmbeddingTable::UpdateRowLocked(Stripe& stripe, int64_t id, float* row, con
       std::memcpy(state, saved, sf * sizeof(float));
       return false;
     }
-    const uint64_t seed = Mix64(init_key_ ^ Mix64(static_cast<uint64_t>(id)) ^
+    const uint64_t seed = Mix64(initializer_->key() ^ Mix64(static_cast<uint64_t>(id)) ^
                                 (static_cast<uint64_t>(prior) * kGolden));
     EncodeWeightsStochastic(dtype_, widened, dim_, seed, row);
   }
@@ -403,27 +249,43 @@ absl::Status EmbeddingTable::OutOfMemoryError() const {
       absl::StrCat("table '", name(), "': out of memory allocating rows"));
 }
 
-float* EmbeddingTable::FindOrInsertLocked(Stripe& stripe, int64_t id, uint64_t hash) {
+absl::Status EmbeddingTable::TakeRows(int64_t n) {
+  const int64_t before = num_rows_.fetch_add(n, std::memory_order_relaxed);
+  if (row_budget_ > 0 && before + n > row_budget_) {
+    num_rows_.fetch_sub(n, std::memory_order_relaxed);
+    return BudgetError();
+  }
+  return absl::OkStatus();
+}
+
+float* EmbeddingTable::InsertLocked(Stripe& stripe, int64_t id, uint64_t hash) {
+  float* row = stripe.Insert(id, hash, layout_.stride_floats);
+  if (row != nullptr) InitRow(id, row);
+  return row;
+}
+
+absl::StatusOr<float*> EmbeddingTable::FindOrInsertLocked(Stripe& stripe, int64_t id,
+                                                          uint64_t hash) {
   if (float* row = stripe.Find(id, hash)) return row;
-  if (!stripe.ReserveOne()) return nullptr;
-  float* row = stripe.AllocateRow(stride_floats_);
-  if (row == nullptr) return nullptr;
-  InitRow(id, row);
-  stripe.Place(id, hash, row);
-  ++stripe.size;
+  TESSERA_RETURN_IF_ERROR(TakeRows(1));
+  float* row = InsertLocked(stripe, id, hash);
+  if (row == nullptr) {
+    AdjustRows(-1);
+    return OutOfMemoryError();
+  }
   return row;
 }
 
 void EmbeddingTable::MarkDirtyLocked(Stripe& stripe, int64_t id, float* row) {
-  stripe.dirty.push_back(Stripe::Entry{id, row});
+  stripe.dirty.push_back(MapEntry{id, row});
   StoredMetaOf(row)->dirty = static_cast<uint32_t>(stripe.dirty.size());
 }
 
 void EmbeddingTable::EraseLocked(Stripe& stripe, int64_t id, uint64_t hash) {
-  const int64_t pos = stripe.FindSlot(id, hash);
+  const int64_t pos = stripe.current() ? stripe.current()->FindSlot(id, hash) : -1;
   if (pos < 0) return;
-  float* row = stripe.entries[pos].row;
-  StoredMeta* stored = StoredMetaOf(row);
+  float* row = stripe.current()->entries()[pos].row;
+  embedding_internal::StoredMeta* stored = StoredMetaOf(row);
   if (stored->dirty != 0) {  // swap-remove from the dirty list
     const size_t at = stored->dirty - 1;
     stripe.dirty[at] = stripe.dirty.back();
@@ -432,283 +294,115 @@ void EmbeddingTable::EraseLocked(Stripe& stripe, int64_t id, uint64_t hash) {
     stored->dirty = 0;
   }
   stripe.EraseSlot(static_cast<uint64_t>(pos));
-  stripe.free_rows.push_back(row);
-  num_rows_.fetch_sub(1, std::memory_order_relaxed);
-}
-
-absl::Status EmbeddingTable::EvictOneLocked(Stripe& stripe) {
-  if (stripe.size == 0) {
-    // Evict from another stripe whose lock is free right now (waiting could deadlock with
-    // a thread doing the same the other way round); if none is, go one row over budget.
-    for (int k = 1; k < kNumStripes; ++k) {
-      Stripe& other = stripes_[(&stripe - stripes_.get() + k) % kNumStripes];
-      if (!other.mu.TryLock()) continue;
-      const bool has_rows = other.size > 0;
-      absl::Status s = has_rows ? EvictOneLocked(other) : absl::OkStatus();
-      other.mu.Unlock();
-      if (!s.ok() || has_rows) return s;
-    }
-    return absl::OkStatus();
-  }
-  // Sample up to 8 rows from a random place in the map and evict the coldest of them.
-  constexpr int kSamples = 8;
-  uint64_t& x = stripe.sample_state;
-  x ^= x << 13;
-  x ^= x >> 7;
-  x ^= x << 17;
-  uint64_t pos = x & stripe.mask;
-  const Stripe::Entry* victim = nullptr;
-  auto colder = [this](const Stripe::Entry& a, const Stripe::Entry& b) {
-    const RowMeta& ma = *MetaOf(a.row);
-    const RowMeta& mb = *MetaOf(b.row);
-    if (policy_ == v1::EVICTION_LFU) {
-      return ma.update_count != mb.update_count ? ma.update_count < mb.update_count
-                                                : ma.last_step < mb.last_step;
-    }
-    return ma.last_step != mb.last_step ? ma.last_step < mb.last_step
-                                        : ma.update_count < mb.update_count;
-  };
-  for (int found = 0; found < kSamples && found < stripe.size; pos = (pos + 1) & stripe.mask) {
-    const Stripe::Entry& e = stripe.entries[pos];
-    if (e.row == nullptr) continue;
-    ++found;
-    if (victim == nullptr || colder(e, *victim)) victim = &e;
-  }
-  const int64_t id = victim->id;
-  float* row = victim->row;
-  if (spill_ != nullptr) {
-    TESSERA_RETURN_IF_ERROR(spill_->Evict(id, WeightsView(row), StateOf(row), *MetaOf(row),
-                                          StoredMetaOf(row)->dirty != 0));
-  }
-  EraseLocked(stripe, id, MapHash(id));
-  evictions_.fetch_add(1, std::memory_order_relaxed);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<float*> EmbeddingTable::InsertManagedLocked(Stripe& stripe, int64_t id,
-                                                           uint64_t hash) {
-  if (row_budget_ > 0 && num_rows_.load(std::memory_order_relaxed) >= row_budget_) {
-    TESSERA_RETURN_IF_ERROR(EvictOneLocked(stripe));
-  }
-  num_rows_.fetch_add(1, std::memory_order_relaxed);
-  float* row = FindOrInsertLocked(stripe, id, hash);
-  if (row == nullptr) {
-    num_rows_.fetch_sub(1, std::memory_order_relaxed);
-    return OutOfMemoryError();
-  }
-  if (spill_ != nullptr) {
-    RowMeta meta;
-    bool dirty = false;
-    thread_local std::vector<float> weights;
-    weights.resize(dim_);
-    absl::StatusOr<bool> kept = spill_->Fetch(id, weights.data(), StateOf(row), &meta, &dirty);
-    if (!kept.ok()) {
-      EraseLocked(stripe, id, hash);
-      return kept.status();
-    }
-    const int64_t latest = latest_step_.load(std::memory_order_relaxed);
-    if (*kept && ttl_steps_ > 0 && latest - meta.last_step > ttl_steps_) {
-      spill_->Drop(id);  // expired while on disk: starts afresh
-      InitRow(id, row);
-      expirations_.fetch_add(1, std::memory_order_relaxed);
-    } else if (*kept) {
-      StoreWeights(weights.data(), row);
-      StoredMetaOf(row)->meta = meta;
-      if (dirty) MarkDirtyLocked(stripe, id, row);
-    }
-  }
-  return row;
-}
-
-absl::Status EmbeddingTable::ApplyManaged(absl::Span<const int64_t> ids, const float* grads,
-                                          int64_t step) {
-  thread_local std::vector<float> scratch;
-  scratch.resize(ScratchFloats());
-  int64_t refused = 0, first_refused = 0;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const uint64_t h = MapHash(ids[i]);
-    Stripe& stripe = stripes_[h >> kStripeShift];
-    absl::MutexLock lock(&stripe.mu);
-    float* row = stripe.Find(ids[i], h);
-    if (row == nullptr) {
-      TESSERA_ASSIGN_OR_RETURN(row, InsertManagedLocked(stripe, ids[i], h));
-    }
-    if (!UpdateRowLocked(stripe, ids[i], row, grads + i * dim_, step, scratch.data()) &&
-        refused++ == 0) {
-      first_refused = ids[i];
-    }
-  }
-  return refused == 0 ? absl::OkStatus() : NonFiniteUpdateError(refused, first_refused);
-}
-
-void EmbeddingTable::ExpireRows(int64_t step) {
-  std::vector<int64_t> expired;
-  for (int s = 0; s < kNumStripes; ++s) {
-    Stripe& stripe = stripes_[s];
-    absl::MutexLock lock(&stripe.mu);
-    expired.clear();
-    for (const Stripe::Entry& e : stripe.entries) {
-      if (e.row != nullptr && step - MetaOf(e.row)->last_step > ttl_steps_) expired.push_back(e.id);
-    }
-    for (const int64_t id : expired) {
-      EraseLocked(stripe, id, MapHash(id));
-      if (spill_ != nullptr) spill_->Drop(id);
-    }
-    expirations_.fetch_add(static_cast<int64_t>(expired.size()), std::memory_order_relaxed);
-  }
+  AdjustRows(-1);
 }
 
 namespace {
 
-// Ids probed (and their rows prefetched) before the first of them is used.
-constexpr int kChunk = 32;
-
-// A batch's ids grouped by stripe, so each stripe's lock is taken once per batch and
-// the map and row loads of many ids are in flight together.
-struct StripePlan {
-  std::vector<uint64_t> hash;    // (ids) map hash of each id
-  std::vector<int32_t> order;    // positions of the ids, grouped by stripe
-  std::vector<int32_t> begin;    // (stripes + 1) group bounds in `order`
-  std::vector<float*> rows;      // (ids) row found for order[k], or null
-  std::vector<int32_t> missing;  // positions whose row does not exist
-  std::vector<int32_t> cursor;
-};
-
-StripePlan& PlanByStripe(absl::Span<const int64_t> ids) {
-  thread_local StripePlan plan;
-  const size_t n = ids.size();
-  plan.hash.resize(n);
-  plan.order.resize(n);
-  plan.rows.resize(n);
-  plan.missing.clear();
-  plan.begin.assign(EmbeddingTable::kNumStripes + 1, 0);
-  for (size_t i = 0; i < n; ++i) {
-    plan.hash[i] = MapHash(ids[i]);
-    ++plan.begin[(plan.hash[i] >> kStripeShift) + 1];
-  }
-  for (int s = 0; s < EmbeddingTable::kNumStripes; ++s) plan.begin[s + 1] += plan.begin[s];
-  plan.cursor.assign(plan.begin.begin(), plan.begin.end() - 1);
-  for (size_t i = 0; i < n; ++i) {
-    plan.order[plan.cursor[plan.hash[i] >> kStripeShift]++] = static_cast<int32_t>(i);
-  }
-  return plan;
-}
-
-void PrefetchLines(const float* p, int lines, bool for_write) {
-  const char* c = reinterpret_cast<const char*>(p);
-  for (int l = 0; l < lines; ++l) {
-    if (for_write) {
-      __builtin_prefetch(c + 64 * l, 1, 3);
-    } else {
-      __builtin_prefetch(c + 64 * l, 0, 3);
-    }
-  }
-}
-
-}  // namespace
-
-// Finds the rows of group [b, e) of `plan` in `stripe` (whose lock the caller holds) into
-// plan.rows[b..e): the map slot of id j is prefetched while id j - 8 is probed and its
-// first `row_lines` cache lines are prefetched, so the caller's pass over the rows that
+// Finds the rows of group [b, e) of `plan` in `map` (under its stripe's lock, or validated by
+// a lock-free reader afterwards)
+// into plan.rows[b..e): the map slot of id j is prefetched while id j - 8 is probed and
+// its `row_lines` cache lines are prefetched, so the caller's pass over the rows that
 // follows finds them on their way.
-template <typename Stripe>
-static void FindGroup(const Stripe& stripe, absl::Span<const int64_t> ids, StripePlan& plan, int b,
-                      int e, int row_lines, bool for_write) {
-  constexpr int kAhead = 8;
-  const auto* entries = stripe.entries.data();
-  const uint64_t mask = stripe.mask;
-  const bool empty = stripe.entries.empty();
-  for (int j = b; j < e + kAhead; ++j) {
-    if (j < e && !empty) __builtin_prefetch(&entries[plan.hash[plan.order[j]] & mask], 0, 3);
-    const int k = j - kAhead;
+void FindGroup(const IdMap* map, absl::Span<const int64_t> ids, StripePlan& plan, int b, int e,
+               int row_lines, bool for_write) {
+  constexpr int kProbeAhead = 8;
+  for (int j = b; j < e + kProbeAhead; ++j) {
+    if (j < e && map != nullptr) __builtin_prefetch(map->HomeOf(plan.hash[plan.order[j]]), 0, 3);
+    const int k = j - kProbeAhead;
     if (k >= b) {
       const int32_t pos = plan.order[k];
-      float* row = stripe.Find(ids[pos], plan.hash[pos]);
+      float* row = map != nullptr ? map->Find(ids[pos], plan.hash[pos]) : nullptr;
       plan.rows[k] = row;
       if (row != nullptr) PrefetchLines(row, row_lines, for_write);
     }
   }
 }
 
+}  // namespace
+
+void EmbeddingTable::CopyGroup(const StripePlan& plan, int b, int e, float* out) const {
+  for (int k = b; k < e; ++k) {
+    if (plan.rows[k] != nullptr) {
+      CopyWeightsOut(plan.rows[k], out + static_cast<size_t>(plan.order[k]) * dim_);
+    }
+  }
+}
+
 absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
                                     bool insert_missing) {
-  const size_t row_bytes = static_cast<size_t>(dim_) * sizeof(float);
-  const int row_lines = static_cast<int>((static_cast<size_t>(weight_floats_) * 4 + 63) / 64);
-  StripePlan& plan = PlanByStripe(ids);
-  for (int s = 0; s < kNumStripes; ++s) {
-    const int b = plan.begin[s];
-    const int e = plan.begin[s + 1];
-    if (b == e) continue;
-    Stripe& stripe = stripes_[s];
-    absl::ReaderMutexLock lock(&stripe.mu);
-    // Probe a chunk (its rows' loads overlap), then copy the chunk out.
-    for (int c = b; c < e; c += kChunk) {
-      const int ce = std::min(e, c + kChunk);
-      FindGroup(stripe, ids, plan, c, ce, row_lines, /*for_write=*/false);
-      for (int k = c; k < ce; ++k) {
-        const int32_t pos = plan.order[k];
-        if (plan.rows[k] != nullptr) {
-          CopyWeightsOut(plan.rows[k], out + static_cast<size_t>(pos) * dim_);
-        } else {
-          plan.missing.push_back(pos);
+  StripePlan& plan = embedding_internal::PlanByStripe(ids);
+  {
+    ReaderScope reading(readers_);
+    for (int s = 0; s < kNumStripes; ++s) {
+      const int b = plan.begin[s];
+      const int e = plan.begin[s + 1];
+      if (b == e) continue;
+      const Stripe& stripe = stripes_[s];
+      for (int c = b; c < e; c += kChunk) {
+        const int ce = std::min(e, c + kChunk);
+        // Probe a chunk (its rows' loads overlap), copy it out, and keep it when no
+        // writer changed the stripe meanwhile.
+        bool valid = false;
+        for (int attempt = 0; attempt < kOptimisticTries && !valid; ++attempt) {
+          const uint32_t begin = stripe.ReadBegin();
+          if (begin & 1) {  // a writer is changing this stripe right now
+            for (int spin = 0; spin < 32; ++spin) _mm_pause();
+            continue;
+          }
+          FindGroup(stripe.map(), ids, plan, c, ce, layout_.read_lines, /*for_write=*/false);
+          CopyGroup(plan, c, ce, out);
+          valid = stripe.ReadValid(begin);
+        }
+        if (!valid) {
+          // Writers kept getting in the way: read under the lock instead.
+          absl::ReaderMutexLock lock(&stripe.mu);
+          FindGroup(stripe.current(), ids, plan, c, ce, layout_.read_lines, false);
+          CopyGroup(plan, c, ce, out);
+        }
+        for (int k = c; k < ce; ++k) {
+          if (plan.rows[k] == nullptr) plan.missing.push_back(plan.order[k]);
         }
       }
     }
   }
+  std::vector<int32_t>& missing = plan.missing;
   const bool managed = policy_ != v1::EVICTION_NONE;
-  for (const int32_t pos : plan.missing) {
+  for (const int32_t pos : missing) {
     const int64_t id = ids[pos];
-    const uint64_t h = plan.hash[pos];
+    const uint64_t h = MapHash(id);
     float* dst = out + static_cast<size_t>(pos) * dim_;
-    if (managed) {
-      Stripe& stripe = stripes_[h >> kStripeShift];
-      absl::MutexLock lock(&stripe.mu);
-      if (const float* row = stripe.Find(id, h)) {
-        CopyWeightsOut(row, dst);
-        continue;
-      }
-      if (!insert_missing) {
-        // Read-only: a row kept on disk is read, not brought back.
-        thread_local std::vector<float> weights, state;
-        weights.resize(dim_);
-        state.resize(state_floats_);
-        RowMeta meta;
-        bool dirty = false;
-        bool kept = false;
-        if (spill_ != nullptr) {
-          TESSERA_ASSIGN_OR_RETURN(kept,
-                                   spill_->Fetch(id, weights.data(), state.data(), &meta, &dirty));
-        }
-        if (kept) {
-          std::memcpy(dst, weights.data(), row_bytes);
-        } else {
-          InitialWeights(id, dst);
-        }
-        continue;
-      }
-      TESSERA_ASSIGN_OR_RETURN(float* row, InsertManagedLocked(stripe, id, h));
-      CopyWeightsOut(row, dst);
-      continue;
-    }
-    if (!insert_missing) {
+    if (!insert_missing && !managed) {
       InitialWeights(id, dst);
       continue;
     }
     Stripe& stripe = stripes_[h >> kStripeShift];
-    absl::MutexLock lock(&stripe.mu);
+    StripeWriter lock(stripe);
     if (const float* row = stripe.Find(id, h)) {
       CopyWeightsOut(row, dst);
       continue;
     }
-    if (num_rows_.fetch_add(1, std::memory_order_relaxed) >= row_budget_ && row_budget_ > 0) {
-      num_rows_.fetch_sub(1, std::memory_order_relaxed);
-      return BudgetError();
+    if (!insert_missing) {
+      // Read-only on an evicting table: a row kept on disk is read, not brought back.
+      thread_local std::vector<float> weights, state;
+      weights.resize(dim_);
+      state.resize(state_floats_);
+      RowMeta meta;
+      bool dirty = false;
+      bool kept = false;
+      if (spill_ != nullptr) {
+        TESSERA_ASSIGN_OR_RETURN(kept,
+                                 spill_->Fetch(id, weights.data(), state.data(), &meta, &dirty));
+      }
+      if (kept) {
+        std::memcpy(dst, weights.data(), static_cast<size_t>(dim_) * sizeof(float));
+      } else {
+        InitialWeights(id, dst);
+      }
+      continue;
     }
-    float* row = FindOrInsertLocked(stripe, id, h);
-    if (row == nullptr) {
-      num_rows_.fetch_sub(1, std::memory_order_relaxed);
-      return OutOfMemoryError();
-    }
+    TESSERA_ASSIGN_OR_RETURN(float* row, managed ? InsertManagedLocked(stripe, id, h)
+                                                 : FindOrInsertLocked(stripe, id, h));
     CopyWeightsOut(row, dst);
   }
   return absl::OkStatus();
@@ -745,8 +439,8 @@ absl::Status EmbeddingTable::CheckRoomFor(absl::Span<const int64_t> ids) const {
 
 absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const float* grads,
                                         int64_t step) {
-  StripePlan& plan = PlanByStripe(ids);
-  // With a budget, reserve it for the rows this batch will create, so that a full table
+  StripePlan& plan = embedding_internal::PlanByStripe(ids);
+  // With a budget, take it for the rows this batch will create, so that a full table
   // rejects the whole batch before any row changes. Without one there is nothing to check
   // and rows are counted as they are created.
   int64_t reserved = 0;
@@ -754,48 +448,41 @@ absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const flo
     const int b = plan.begin[s];
     const int e = plan.begin[s + 1];
     if (b == e) continue;
-    Stripe& stripe = stripes_[s];
+    const Stripe& stripe = stripes_[s];
     absl::ReaderMutexLock lock(&stripe.mu);
-    FindGroup(stripe, ids, plan, b, e, 0, false);
+    FindGroup(stripe.current(), ids, plan, b, e, 0, false);
     for (int k = b; k < e; ++k) reserved += plan.rows[k] == nullptr;
   }
-  if (reserved > 0) {
-    const int64_t before = num_rows_.fetch_add(reserved, std::memory_order_relaxed);
-    if (before + reserved > row_budget_) {
-      num_rows_.fetch_sub(reserved, std::memory_order_relaxed);
-      return BudgetError();
-    }
-  }
+  if (reserved > 0) TESSERA_RETURN_IF_ERROR(TakeRows(reserved));
 
   thread_local std::vector<float> scratch;
   scratch.resize(ScratchFloats());
   int64_t refused = 0, first_refused = 0;
-  // The whole row: weights, state and the meta after them (update count, dirty flag),
-  // which every update reads and writes.
-  const int row_lines = stride_floats_ / 16;
   int64_t created = 0;
   for (int s = 0; s < kNumStripes; ++s) {
     const int b = plan.begin[s];
     const int e = plan.begin[s + 1];
     if (b == e) continue;
     Stripe& stripe = stripes_[s];
-    absl::MutexLock lock(&stripe.mu);
+    StripeWriter lock(stripe);
     for (int c = b; c < e; c += kChunk) {
       const int ce = std::min(e, c + kChunk);
-      FindGroup(stripe, ids, plan, c, ce, row_lines, /*for_write=*/true);
+      // The whole row: weights, state and the meta after them (update count, dirty flag),
+      // which every update reads and writes.
+      FindGroup(stripe.current(), ids, plan, c, ce, layout_.lines, /*for_write=*/true);
       for (int k = c; k < ce; ++k) {
         const int32_t pos = plan.order[k];
         float* row = plan.rows[k];
         if (row == nullptr) {
-          row = FindOrInsertLocked(stripe, ids[pos], plan.hash[pos]);
+          row = InsertLocked(stripe, ids[pos], plan.hash[pos]);
           if (row == nullptr) {
-            num_rows_.fetch_add(created - reserved, std::memory_order_relaxed);
+            AdjustRows(created - reserved);
             return OutOfMemoryError();
           }
           ++created;
         }
-        if (!UpdateRowLocked(stripe, ids[pos], row, grads + static_cast<size_t>(pos) * dim_,
-                             step, scratch.data()) &&
+        if (!UpdateRowLocked(stripe, ids[pos], row, grads + static_cast<size_t>(pos) * dim_, step,
+                             scratch.data()) &&
             refused++ == 0) {
           first_refused = ids[pos];
         }
@@ -804,7 +491,7 @@ absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const flo
   }
   // Another thread may have created some of the reserved rows meanwhile; without a budget
   // nothing was reserved and every created row is counted here.
-  if (created != reserved) num_rows_.fetch_add(created - reserved, std::memory_order_relaxed);
+  if (created != reserved) AdjustRows(created - reserved);
   return refused == 0 ? absl::OkStatus() : NonFiniteUpdateError(refused, first_refused);
 }
 
@@ -821,7 +508,7 @@ absl::Status EmbeddingTable::PushGradients(absl::Span<const int64_t> ids, const 
 
 absl::StatusOr<RowSnapshot> EmbeddingTable::ReadRow(int64_t id) const {
   const uint64_t h = MapHash(id);
-  Stripe& stripe = stripes_[h >> kStripeShift];
+  const Stripe& stripe = stripes_[h >> kStripeShift];
   absl::ReaderMutexLock lock(&stripe.mu);
   const float* row = stripe.Find(id, h);
   if (row == nullptr) {
@@ -831,16 +518,16 @@ absl::StatusOr<RowSnapshot> EmbeddingTable::ReadRow(int64_t id) const {
   snap.weights.resize(dim_);
   CopyWeightsOut(row, snap.weights.data());
   snap.state.assign(StateOf(row), StateOf(row) + state_floats_);
-  snap.meta = *MetaOf(row);
+  snap.meta = MetaOf(row);
   return snap;
 }
 
 void EmbeddingTable::ReadRows(absl::Span<const int64_t> ids, const RowFn& fn) const {
   for (const int64_t id : ids) {
     const uint64_t h = MapHash(id);
-    Stripe& stripe = stripes_[h >> kStripeShift];
+    const Stripe& stripe = stripes_[h >> kStripeShift];
     absl::ReaderMutexLock lock(&stripe.mu);
-    if (const float* row = stripe.Find(id, h)) fn(id, WeightsView(row), StateOf(row), *MetaOf(row));
+    if (const float* row = stripe.Find(id, h)) fn(id, WeightsView(row), StateOf(row), MetaOf(row));
   }
 }
 
@@ -855,23 +542,19 @@ absl::Status EmbeddingTable::PutRow(int64_t id, absl::Span<const float> weights,
   }
   const uint64_t h = MapHash(id);
   Stripe& stripe = stripes_[h >> kStripeShift];
-  absl::MutexLock lock(&stripe.mu);
+  StripeWriter lock(stripe);
   float* row = stripe.Find(id, h);
   if (row == nullptr) {
-    if (num_rows_.fetch_add(1, std::memory_order_relaxed) >= row_budget_ && row_budget_ > 0) {
-      num_rows_.fetch_sub(1, std::memory_order_relaxed);
-      return BudgetError();
-    }
+    TESSERA_RETURN_IF_ERROR(TakeRows(1));
     // Not initialised: every field is written below.
-    row = stripe.ReserveOne() ? stripe.AllocateRow(stride_floats_) : nullptr;
+    row = stripe.Insert(id, h, layout_.stride_floats);
     if (row == nullptr) {
-      num_rows_.fetch_sub(1, std::memory_order_relaxed);
+      AdjustRows(-1);
       return OutOfMemoryError();
     }
-    stripe.Place(id, h, row);
-    ++stripe.size;
-    *StoredMetaOf(row) = StoredMeta{};
+    *StoredMetaOf(row) = embedding_internal::StoredMeta{};
   }
+  stripe.BeginChange();
   StoreWeights(weights.data(), row);
   std::copy(state.begin(), state.end(), StateOf(row));
   StoredMetaOf(row)->meta = meta;
@@ -882,16 +565,16 @@ absl::Status EmbeddingTable::PutRow(int64_t id, absl::Span<const float> weights,
 void EmbeddingTable::Forget(int64_t id) {
   const uint64_t h = MapHash(id);
   Stripe& stripe = stripes_[h >> kStripeShift];
-  absl::MutexLock lock(&stripe.mu);
+  StripeWriter lock(stripe);
   EraseLocked(stripe, id, h);
 }
 
 void EmbeddingTable::ForEachDirtyRow(const RowFn& fn) const {
   for (int s = 0; s < kNumStripes; ++s) {
-    Stripe& stripe = stripes_[s];
+    const Stripe& stripe = stripes_[s];
     absl::ReaderMutexLock lock(&stripe.mu);
-    for (const Stripe::Entry& e : stripe.dirty)
-      fn(e.id, WeightsView(e.row), StateOf(e.row), *MetaOf(e.row));
+    for (const MapEntry& e : stripe.dirty)
+      fn(e.id, WeightsView(e.row), StateOf(e.row), MetaOf(e.row));
   }
 }
 
@@ -907,18 +590,20 @@ int64_t EmbeddingTable::DirtyRows() const {
 void EmbeddingTable::ClearDirty() {
   for (int s = 0; s < kNumStripes; ++s) {
     Stripe& stripe = stripes_[s];
-    absl::MutexLock lock(&stripe.mu);
-    for (const Stripe::Entry& e : stripe.dirty) StoredMetaOf(e.row)->dirty = 0;
+    StripeWriter lock(stripe);
+    for (const MapEntry& e : stripe.dirty) StoredMetaOf(e.row)->dirty = 0;
     stripe.dirty.clear();
   }
 }
 
 void EmbeddingTable::ForEachRow(const RowFn& fn) const {
   for (int s = 0; s < kNumStripes; ++s) {
-    Stripe& stripe = stripes_[s];
+    const Stripe& stripe = stripes_[s];
     absl::ReaderMutexLock lock(&stripe.mu);
-    for (const Stripe::Entry& e : stripe.entries) {
-      if (e.row != nullptr) fn(e.id, WeightsView(e.row), StateOf(e.row), *MetaOf(e.row));
+    const IdMap* map = stripe.current();
+    for (uint64_t pos = 0; map != nullptr && pos < map->capacity(); ++pos) {
+      const MapEntry& e = map->entries()[pos];
+      if (e.row != nullptr) fn(e.id, WeightsView(e.row), StateOf(e.row), MetaOf(e.row));
     }
   }
 }
@@ -926,10 +611,8 @@ void EmbeddingTable::ForEachRow(const RowFn& fn) const {
 int64_t EmbeddingTable::MemoryBytes() const {
   int64_t bytes = 0;
   for (int s = 0; s < kNumStripes; ++s) {
-    Stripe& stripe = stripes_[s];
-    absl::ReaderMutexLock lock(&stripe.mu);
-    bytes +=
-        stripe.slab_bytes + static_cast<int64_t>(stripe.entries.size() * sizeof(Stripe::Entry));
+    absl::ReaderMutexLock lock(&stripes_[s].mu);
+    bytes += stripes_[s].Bytes();
   }
   return bytes;
 }

@@ -10,16 +10,18 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "embedding/internal/row_layout.h"
 #include "embedding/optimizer.h"
+#include "embedding/row_meta.h"
 #include "tessera/v1/config.pb.h"
 
-namespace tessera::embedding {
+namespace tessera::embedding_internal {
+class RowInitializer;
+class Stripe;
+struct StripePlan;
+}  // namespace tessera::embedding_internal
 
-// Per-row bookkeeping kept next to the row (used by eviction and persistence).
-struct RowMeta {
-  int64_t last_step = -1;    // step of the last applied update, -1 if never updated
-  int64_t update_count = 0;  // optimizer steps applied to this row (Adam's t)
-};
+namespace tessera::embedding {
 
 // Debian's abseil is built with absl::Mutex deadlock detection on: every Lock() then looks
 // the mutex up in a global graph, about 2000 instructions, which a batch pays for each of
@@ -63,13 +65,16 @@ absl::Status ValidateTableConfig(const v1::TableConfig& config);
 // order or the process. Ids never collide: the id->row map stores the full id.
 //
 // Storage: each row is [weights (dim, in the config's dtype) | optimizer state (fp32) |
-// RowMeta] padded to a multiple of 64 bytes, carved from 64-byte-aligned slabs that never move, so
-// a row's address is stable for the table's lifetime.
+// RowMeta] padded to a multiple of 64 bytes (embedding/internal/row_layout.h), carved from
+// 64-byte-aligned slabs that never move, so a row's address is stable for the table's
+// lifetime.
 //
 // Thread safety: the id space is split into 64 stripes by a hash of the id, each with
-// its own absl::Mutex, open-addressing map and slabs. Lookups hold the stripe's reader
-// lock while copying a row out (so they never see a half-applied update); updates and
-// row creation hold its writer lock. Every method is safe to call concurrently.
+// its own absl::Mutex, open-addressing map and slabs (embedding/internal/stripe.h).
+// Updates, row creation and eviction hold the stripe's mutex. Lookups take no lock: they
+// read map and rows optimistically under the stripe's sequence number and read again
+// when an update was in flight, so they never see a half-applied update and never block
+// writers or each other. Every method is safe to call concurrently.
 //
 // fp16 / bf16 tables store half-size weights and widen them to fp32 at every boundary:
 // lookups, the optimizer (whose math is fp32) and the RowFn callbacks all see floats.
@@ -174,14 +179,25 @@ class EmbeddingTable {
   void ClearDirty();
 
  private:
-  struct Stripe;
+  using Stripe = embedding_internal::Stripe;
 
   EmbeddingTable(const v1::TableConfig& config, int64_t row_budget,
                  std::unique_ptr<Optimizer> optimizer);
 
-  // Returns the row of `id` in `stripe`, creating it; null when the budget is spent.
+  // The row budget, accounted here and nowhere else. TakeRows counts `n` new rows, or
+  // counts nothing and returns ResourceExhausted when they would pass the budget;
+  // AdjustRows corrects the count by `delta` (rows erased, reserved but not created, or
+  // created by tables that evict to stay within their budget).
+  absl::Status TakeRows(int64_t n);
+  void AdjustRows(int64_t delta) { num_rows_.fetch_add(delta, std::memory_order_relaxed); }
+
+  // The row of `id` in `stripe`, created and initialised when missing (budget taken);
+  // ResourceExhausted when the budget is spent or memory runs out. Requires the
+  // stripe's writer lock.
+  absl::StatusOr<float*> FindOrInsertLocked(Stripe& stripe, int64_t id, uint64_t hash);
+  // A new row of `id` (not present), budget already taken; null when out of memory.
   // Requires the stripe's writer lock.
-  float* FindOrInsertLocked(Stripe& stripe, int64_t id, uint64_t hash);
+  float* InsertLocked(Stripe& stripe, int64_t id, uint64_t hash);
   // Eviction tables: the row of `id` (not in memory), made room for by evicting another
   // when the table is full, read from the spill when kept there, else initialised.
   // Requires the stripe's writer lock.
@@ -196,12 +212,15 @@ class EmbeddingTable {
   absl::Status ApplyManaged(absl::Span<const int64_t> ids, const float* grads, int64_t step);
   // Updates for tables without eviction: the batch grouped by stripe, with prefetching.
   absl::Status ApplyBatch(absl::Span<const int64_t> ids, const float* grads, int64_t step);
+  // Copies the weights of the rows found for group [b, e) of `plan` into `out`.
+  void CopyGroup(const embedding_internal::StripePlan& plan, int b, int e, float* out) const;
   // TTL: drops every row not updated since step - ttl.
   void ExpireRows(int64_t step);
   void InitRow(int64_t id, float* row) const;
-  // The row's optimizer state, after its stored weights.
-  float* StateOf(float* row) const { return row + weight_floats_; }
-  const float* StateOf(const float* row) const { return row + weight_floats_; }
+  float* StateOf(float* row) const { return layout_.StateOf(row); }
+  const float* StateOf(const float* row) const { return layout_.StateOf(row); }
+  embedding_internal::StoredMeta* StoredMetaOf(float* row) const { return layout_.MetaOf(row); }
+  const RowMeta& MetaOf(const float* row) const { return layout_.MetaOf(row)->meta; }
   // Widens the row's stored weights into `out` (dim).
   void CopyWeightsOut(const float* row, float* out) const;
   // The row's weights as floats: the row itself for fp32, else widened into a
@@ -218,29 +237,17 @@ class EmbeddingTable {
   size_t ScratchFloats() const { return 2 * static_cast<size_t>(dim_) + state_floats_; }
   // InvalidArgument for `refused` rows whose update UpdateRowLocked refused.
   absl::Status NonFiniteUpdateError(int64_t refused, int64_t first_id) const;
-  struct StoredMeta;
-  RowMeta* MetaOf(float* row) const { return reinterpret_cast<RowMeta*>(row + meta_at_); }
-  const RowMeta* MetaOf(const float* row) const {
-    return reinterpret_cast<const RowMeta*>(row + meta_at_);
-  }
-  StoredMeta* StoredMetaOf(float* row) const {
-    return reinterpret_cast<StoredMeta*>(row + meta_at_);
-  }
   absl::Status BudgetError() const;
   absl::Status OutOfMemoryError() const;
 
   v1::TableConfig config_;
   int dim_;
   v1::Dtype dtype_;
-  int weight_floats_;  // floats the stored weights take: dim, or dim / 2 rounded up
   int state_floats_;
-  int meta_at_;        // floats before the row's meta (8-byte aligned)
-  int stride_floats_;  // weights + state + meta, rounded up to 16 floats (64 bytes)
+  embedding_internal::RowLayout layout_;
   int64_t row_budget_;
   std::unique_ptr<Optimizer> optimizer_;
-  v1::InitializerType init_type_;
-  float init_scale_;
-  uint64_t init_key_;
+  std::unique_ptr<embedding_internal::RowInitializer> initializer_;
   std::atomic<int64_t> num_rows_{0};
   v1::EvictionPolicy policy_ = v1::EVICTION_NONE;
   int64_t ttl_steps_ = 0;
@@ -249,6 +256,7 @@ class EmbeddingTable {
   std::atomic<int64_t> next_sweep_{0};    // step of the next TTL sweep
   std::atomic<int64_t> evictions_{0};
   std::atomic<int64_t> expirations_{0};
+  mutable std::atomic<int32_t> readers_{0};  // lock-free lookups in flight
   std::unique_ptr<Stripe[]> stripes_;
 };
 

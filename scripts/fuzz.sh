@@ -12,7 +12,8 @@ SECONDS_TO_RUN="${1:-60}"
 command -v clang++ > /dev/null || { echo "fuzz: clang++ not found (apt-get install clang)"; exit 1; }
 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
   -DTESSERA_FUZZ=ON -DTESSERA_SANITIZE=address,undefined -DTESSERA_BUILD_BENCHMARKS=OFF > /dev/null
-cmake --build build-fuzz -j"${JOBS:-2}" --target request_fuzzer
+# The table's lock-free lookup stress test too, for tests/sanitized_stress_test.sh.
+cmake --build build-fuzz -j"${JOBS:-2}" --target request_fuzzer embedding_table_stress_test
 [ "$SECONDS_TO_RUN" = build ] && exit 0
 mkdir -p build-fuzz/corpus build-fuzz/findings
 # -rss_limit_mb: the fixture's tables and a 512-id batch of dim 1024 fit well inside it.

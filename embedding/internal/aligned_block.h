@@ -1,0 +1,39 @@
+#ifndef TESSERA_EMBEDDING_INTERNAL_ALIGNED_BLOCK_H_
+#define TESSERA_EMBEDDING_INTERNAL_ALIGNED_BLOCK_H_
+
+// Zero-filled, 64-byte-aligned memory for a table's row slots. Blocks of 2 MiB or more
+// come from mmap, 2 MiB aligned and advised for transparent huge pages: random rows over
+// gigabytes would otherwise miss the TLB on nearly every access, and the kernel hands out
+// zeroed pages as they are first touched instead of a memset over the whole block.
+
+#include <cstddef>
+
+namespace tessera::embedding_internal {
+
+class AlignedBlock {
+ public:
+  AlignedBlock() = default;
+  // `bytes` zeroed bytes; empty() when out of memory.
+  explicit AlignedBlock(size_t bytes);
+  ~AlignedBlock();
+  AlignedBlock(AlignedBlock&& other) noexcept;
+  AlignedBlock& operator=(AlignedBlock&& other) noexcept;
+  AlignedBlock(const AlignedBlock&) = delete;
+  AlignedBlock& operator=(const AlignedBlock&) = delete;
+
+  void* data() const { return data_; }
+  // Bytes reserved (the request rounded up to the allocation's granule).
+  size_t bytes() const { return bytes_; }
+  bool empty() const { return data_ == nullptr; }
+
+ private:
+  void Release();
+
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  bool mapped_ = false;  // from mmap (else aligned_alloc)
+};
+
+}  // namespace tessera::embedding_internal
+
+#endif  // TESSERA_EMBEDDING_INTERNAL_ALIGNED_BLOCK_H_

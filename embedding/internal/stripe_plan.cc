@@ -1,0 +1,30 @@
+#include "embedding/internal/stripe_plan.h"
+
+#include "embedding/internal/stripe.h"
+
+namespace tessera::embedding_internal {
+
+StripePlan& PlanByStripe(absl::Span<const int64_t> ids) {
+  thread_local StripePlan plan;
+  const size_t n = ids.size();
+  plan.hash.resize(n);
+  plan.order.resize(n);
+  plan.rows.resize(n);
+  plan.missing.clear();
+  // Counts in begin[s + 1], then prefix sums, then a stable scatter with begin[s] as the
+  // cursor, which leaves begin[s] at the group's end: shifted back once at the end.
+  plan.begin.assign(kNumStripes + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    plan.hash[i] = MapHash(ids[i]);
+    ++plan.begin[(plan.hash[i] >> kStripeShift) + 1];
+  }
+  for (int s = 0; s < kNumStripes; ++s) plan.begin[s + 1] += plan.begin[s];
+  for (size_t i = 0; i < n; ++i) {
+    plan.order[plan.begin[plan.hash[i] >> kStripeShift]++] = static_cast<int32_t>(i);
+  }
+  for (int s = kNumStripes; s > 0; --s) plan.begin[s] = plan.begin[s - 1];
+  plan.begin[0] = 0;
+  return plan;
+}
+
+}  // namespace tessera::embedding_internal

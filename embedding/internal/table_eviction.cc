@@ -1,0 +1,146 @@
+// EmbeddingTable's row budget under an eviction policy (LRU by last update step, LFU by
+// update count, both sampled from the map) and TTL expiry: which row leaves, where it
+// goes (the table's RowSpill) and how a row comes back from there.
+
+#include <vector>
+
+#include "embedding/embedding_table.h"
+#include "embedding/internal/stripe.h"
+#include "embedding/status.h"
+
+namespace tessera::embedding {
+
+using embedding_internal::IdMap;
+using embedding_internal::kStripeShift;
+using embedding_internal::MapEntry;
+using embedding_internal::MapHash;
+using embedding_internal::StripeWriter;
+
+absl::Status EmbeddingTable::EvictOneLocked(Stripe& stripe) {
+  if (stripe.size() == 0) {
+    // Evict from another stripe whose lock is free right now (waiting could deadlock with
+    // a thread doing the same the other way round); if none is, go one row over budget.
+    for (int k = 1; k < kNumStripes; ++k) {
+      Stripe& other = stripes_[(&stripe - stripes_.get() + k) % kNumStripes];
+      if (!other.mu.TryLock()) continue;
+      const bool has_rows = other.size() > 0;
+      absl::Status s = has_rows ? EvictOneLocked(other) : absl::OkStatus();
+      StripeWriter::Release(other);
+      if (!s.ok() || has_rows) return s;
+    }
+    return absl::OkStatus();
+  }
+  // Sample up to 8 rows from a random place in the map and evict the coldest of them.
+  constexpr int kSamples = 8;
+  uint64_t& x = stripe.sample_state;
+  x ^= x << 13;
+  x ^= x >> 7;
+  x ^= x << 17;
+  const IdMap& map = *stripe.current();
+  uint64_t pos = x & map.mask();
+  const MapEntry* victim = nullptr;
+  auto colder = [this](const MapEntry& a, const MapEntry& b) {
+    const RowMeta& ma = MetaOf(a.row);
+    const RowMeta& mb = MetaOf(b.row);
+    if (policy_ == v1::EVICTION_LFU) {
+      return ma.update_count != mb.update_count ? ma.update_count < mb.update_count
+                                                : ma.last_step < mb.last_step;
+    }
+    return ma.last_step != mb.last_step ? ma.last_step < mb.last_step
+                                        : ma.update_count < mb.update_count;
+  };
+  for (int found = 0; found < kSamples && found < stripe.size(); pos = (pos + 1) & map.mask()) {
+    const MapEntry& e = map.entries()[pos];
+    if (e.row == nullptr) continue;
+    ++found;
+    if (victim == nullptr || colder(e, *victim)) victim = &e;
+  }
+  const int64_t id = victim->id;
+  float* row = victim->row;
+  if (spill_ != nullptr) {
+    TESSERA_RETURN_IF_ERROR(spill_->Evict(id, WeightsView(row), StateOf(row), MetaOf(row),
+                                          StoredMetaOf(row)->dirty != 0));
+  }
+  EraseLocked(stripe, id, MapHash(id));
+  evictions_.fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float*> EmbeddingTable::InsertManagedLocked(Stripe& stripe, int64_t id,
+                                                           uint64_t hash) {
+  if (row_budget_ > 0 && num_rows() >= row_budget_) {
+    TESSERA_RETURN_IF_ERROR(EvictOneLocked(stripe));
+  }
+  // Counted without a budget check: the eviction above made the room (a concurrent
+  // insert may take the table one row over for a moment).
+  AdjustRows(1);
+  float* row = InsertLocked(stripe, id, hash);
+  if (row == nullptr) {
+    AdjustRows(-1);
+    return OutOfMemoryError();
+  }
+  if (spill_ != nullptr) {
+    RowMeta meta;
+    bool dirty = false;
+    thread_local std::vector<float> weights;
+    weights.resize(dim_);
+    absl::StatusOr<bool> kept = spill_->Fetch(id, weights.data(), StateOf(row), &meta, &dirty);
+    if (!kept.ok()) {
+      EraseLocked(stripe, id, hash);
+      return kept.status();
+    }
+    const int64_t latest = latest_step_.load(std::memory_order_relaxed);
+    if (*kept && ttl_steps_ > 0 && latest - meta.last_step > ttl_steps_) {
+      spill_->Drop(id);  // expired while on disk: starts afresh
+      InitRow(id, row);
+      expirations_.fetch_add(1, std::memory_order_relaxed);
+    } else if (*kept) {
+      StoreWeights(weights.data(), row);
+      StoredMetaOf(row)->meta = meta;
+      if (dirty) MarkDirtyLocked(stripe, id, row);
+    }
+  }
+  return row;
+}
+
+absl::Status EmbeddingTable::ApplyManaged(absl::Span<const int64_t> ids, const float* grads,
+                                          int64_t step) {
+  thread_local std::vector<float> scratch;
+  scratch.resize(ScratchFloats());
+  int64_t refused = 0, first_refused = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const uint64_t h = MapHash(ids[i]);
+    Stripe& stripe = stripes_[h >> kStripeShift];
+    StripeWriter lock(stripe);
+    float* row = stripe.Find(ids[i], h);
+    if (row == nullptr) {
+      TESSERA_ASSIGN_OR_RETURN(row, InsertManagedLocked(stripe, ids[i], h));
+    }
+    if (!UpdateRowLocked(stripe, ids[i], row, grads + i * dim_, step, scratch.data()) &&
+        refused++ == 0) {
+      first_refused = ids[i];
+    }
+  }
+  return refused == 0 ? absl::OkStatus() : NonFiniteUpdateError(refused, first_refused);
+}
+
+void EmbeddingTable::ExpireRows(int64_t step) {
+  std::vector<int64_t> expired;
+  for (int s = 0; s < kNumStripes; ++s) {
+    Stripe& stripe = stripes_[s];
+    StripeWriter lock(stripe);
+    expired.clear();
+    const IdMap* map = stripe.current();
+    for (uint64_t pos = 0; map != nullptr && pos < map->capacity(); ++pos) {
+      const MapEntry& e = map->entries()[pos];
+      if (e.row != nullptr && step - MetaOf(e.row).last_step > ttl_steps_) expired.push_back(e.id);
+    }
+    for (const int64_t id : expired) {
+      EraseLocked(stripe, id, MapHash(id));
+      if (spill_ != nullptr) spill_->Drop(id);
+    }
+    expirations_.fetch_add(static_cast<int64_t>(expired.size()), std::memory_order_relaxed);
+  }
+}
+
+}  // namespace tessera::embedding
