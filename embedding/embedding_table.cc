@@ -531,18 +531,9 @@ void EmbeddingTable::ReadRows(absl::Span<const int64_t> ids, const RowFn& fn) co
   }
 }
 
-absl::Status EmbeddingTable::PutRow(int64_t id, absl::Span<const float> weights,
-                                    absl::Span<const float> state, const RowMeta& meta,
-                                    bool mark_dirty) {
-  if (weights.size() != static_cast<size_t>(dim_) ||
-      state.size() != static_cast<size_t>(state_floats_)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("table '", name(), "': row ", id, " has ", weights.size(), " weights and ",
-                     state.size(), " state floats, expected ", dim_, " and ", state_floats_));
-  }
-  const uint64_t h = MapHash(id);
-  Stripe& stripe = stripes_[h >> kStripeShift];
-  StripeWriter lock(stripe);
+absl::Status EmbeddingTable::PutRowLocked(Stripe& stripe, int64_t id, uint64_t h,
+                                          const float* weights, const float* state,
+                                          const RowMeta& meta, bool mark_dirty) {
   float* row = stripe.Find(id, h);
   if (row == nullptr) {
     TESSERA_RETURN_IF_ERROR(TakeRows(1));
@@ -555,10 +546,55 @@ absl::Status EmbeddingTable::PutRow(int64_t id, absl::Span<const float> weights,
     *StoredMetaOf(row) = embedding_internal::StoredMeta{};
   }
   stripe.BeginChange();
-  StoreWeights(weights.data(), row);
-  std::copy(state.begin(), state.end(), StateOf(row));
+  StoreWeights(weights, row);
+  std::copy(state, state + state_floats_, StateOf(row));
   StoredMetaOf(row)->meta = meta;
   if (mark_dirty && StoredMetaOf(row)->dirty == 0) MarkDirtyLocked(stripe, id, row);
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingTable::PutRow(int64_t id, absl::Span<const float> weights,
+                                    absl::Span<const float> state, const RowMeta& meta,
+                                    bool mark_dirty) {
+  if (weights.size() != static_cast<size_t>(dim_) ||
+      state.size() != static_cast<size_t>(state_floats_)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table '", name(), "': row ", id, " has ", weights.size(), " weights and ",
+                     state.size(), " state floats, expected ", dim_, " and ", state_floats_));
+  }
+  const uint64_t h = MapHash(id);
+  Stripe& stripe = stripes_[h >> kStripeShift];
+  StripeWriter lock(stripe);
+  return PutRowLocked(stripe, id, h, weights.data(), state.data(), meta, mark_dirty);
+}
+
+absl::Status EmbeddingTable::Reserve(int64_t rows) {
+  // Ids spread over the stripes evenly, give or take a few standard deviations.
+  const int64_t per_stripe = rows / kNumStripes;
+  const int64_t want = per_stripe + 4 * static_cast<int64_t>(std::sqrt(per_stripe)) + 16;
+  for (int s = 0; s < kNumStripes; ++s) {
+    StripeWriter lock(stripes_[s]);
+    if (!stripes_[s].Reserve(want)) return OutOfMemoryError();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingTable::PutRows(absl::Span<const int64_t> ids, const float* weights,
+                                     const float* state, absl::Span<const RowMeta> metas) {
+  StripePlan& plan = embedding_internal::PlanByStripe(ids);
+  for (int s = 0; s < kNumStripes; ++s) {
+    const int b = plan.begin[s];
+    const int e = plan.begin[s + 1];
+    if (b == e) continue;
+    Stripe& stripe = stripes_[s];
+    StripeWriter lock(stripe);
+    for (int k = b; k < e; ++k) {
+      const size_t pos = static_cast<size_t>(plan.order[k]);
+      TESSERA_RETURN_IF_ERROR(PutRowLocked(stripe, ids[pos], plan.hash[pos], weights + pos * dim_,
+                                           state + pos * state_floats_, metas[pos],
+                                           /*mark_dirty=*/false));
+    }
+  }
   return absl::OkStatus();
 }
 

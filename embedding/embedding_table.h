@@ -164,6 +164,18 @@ class EmbeddingTable {
   absl::Status PutRow(int64_t id, absl::Span<const float> weights, absl::Span<const float> state,
                       const RowMeta& meta, bool mark_dirty = false);
 
+  // Sizes the id maps for about `rows` rows in all, so that loading that many grows
+  // none of them; a hint (rows beyond it are still taken). ResourceExhausted when out of
+  // memory.
+  absl::Status Reserve(int64_t rows);
+
+  // PutRow (not marking dirty) for a batch: `weights` (ids.size(), dim), `state`
+  // (ids.size(), StateFloats()), `metas` (ids.size()); the rows of one stripe under one
+  // lock. ResourceExhausted when a new row would pass the row budget: rows of the batch
+  // may have been stored before it.
+  absl::Status PutRows(absl::Span<const int64_t> ids, const float* weights, const float* state,
+                       absl::Span<const RowMeta> metas);
+
   // Drops the in-memory row of `id`, if any, without handing it to the spill: its next
   // read finds what the spill keeps, or initial weights (undoing an update).
   void Forget(int64_t id);
@@ -204,6 +216,9 @@ class EmbeddingTable {
   absl::StatusOr<float*> InsertManagedLocked(Stripe& stripe, int64_t id, uint64_t hash);
   // Evicts one sampled row of `stripe`; OK without evicting when the stripe is empty.
   absl::Status EvictOneLocked(Stripe& stripe);
+  // PutRow under the stripe's writer lock; `weights` (dim), `state` (StateFloats()).
+  absl::Status PutRowLocked(Stripe& stripe, int64_t id, uint64_t h, const float* weights,
+                            const float* state, const RowMeta& meta, bool mark_dirty);
   // Removes `id`'s row from `stripe` and frees it. Requires the writer lock.
   void EraseLocked(Stripe& stripe, int64_t id, uint64_t hash);
   void MarkDirtyLocked(Stripe& stripe, int64_t id, float* row);

@@ -16,7 +16,7 @@ size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 }  // namespace
 
-AlignedBlock::AlignedBlock(size_t bytes) {
+AlignedBlock::AlignedBlock(size_t bytes, bool zeroed) {
   if (bytes == 0) return;
   if (bytes < kHugePage) {
     bytes_ = RoundUp(bytes, 64);
@@ -25,7 +25,7 @@ AlignedBlock::AlignedBlock(size_t bytes) {
       bytes_ = 0;
       return;
     }
-    std::memset(data_, 0, bytes_);
+    if (zeroed) std::memset(data_, 0, bytes_);
     return;
   }
   // Map one huge page more than needed and trim both ends to a 2 MiB boundary.

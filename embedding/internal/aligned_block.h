@@ -1,8 +1,8 @@
 #ifndef TESSERA_EMBEDDING_INTERNAL_ALIGNED_BLOCK_H_
 #define TESSERA_EMBEDDING_INTERNAL_ALIGNED_BLOCK_H_
 
-// Zero-filled, 64-byte-aligned memory for a table's row slots. Blocks of 2 MiB or more
-// come from mmap, 2 MiB aligned and advised for transparent huge pages: random rows over
+// 64-byte-aligned memory for a table's rows and id maps. Blocks of 2 MiB or more come
+// from mmap, 2 MiB aligned and advised for transparent huge pages: random rows over
 // gigabytes would otherwise miss the TLB on nearly every access, and the kernel hands out
 // zeroed pages as they are first touched instead of a memset over the whole block.
 
@@ -13,8 +13,10 @@ namespace tessera::embedding_internal {
 class AlignedBlock {
  public:
   AlignedBlock() = default;
-  // `bytes` zeroed bytes; empty() when out of memory.
-  explicit AlignedBlock(size_t bytes);
+  // `bytes` bytes, zero-filled unless `zeroed` is false (smaller blocks then hold
+  // whatever the allocator gives: for rows that are written before they are read);
+  // empty() when out of memory.
+  explicit AlignedBlock(size_t bytes, bool zeroed = true);
   ~AlignedBlock();
   AlignedBlock(AlignedBlock&& other) noexcept;
   AlignedBlock& operator=(AlignedBlock&& other) noexcept;

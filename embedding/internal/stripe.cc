@@ -48,10 +48,12 @@ int64_t Stripe::Bytes() const {
   return bytes;
 }
 
-bool Stripe::ReserveOne() {
+bool Stripe::Reserve(int64_t rows) {
   const uint64_t cap = current_ ? current_->capacity() : 0;
-  if (static_cast<uint64_t>(size_ + 1) * 2 <= cap) return true;
-  std::unique_ptr<IdMap> grown = IdMap::Create(cap == 0 ? 16 : cap * 2);
+  if (static_cast<uint64_t>(rows) * 2 <= cap) return true;
+  uint64_t grown_cap = cap == 0 ? 16 : cap * 2;
+  while (grown_cap < static_cast<uint64_t>(rows) * 2) grown_cap *= 2;
+  std::unique_ptr<IdMap> grown = IdMap::Create(grown_cap);
   if (!grown) return false;
   if (current_) {
     const MapEntry* old = current_->entries();
@@ -75,7 +77,7 @@ float* Stripe::AllocateRow(int stride_floats) {
   if (bump_left_ == 0) {
     const int64_t rows = next_slab_rows_;
     const size_t bytes = static_cast<size_t>(rows) * stride_floats * sizeof(float);
-    AlignedBlock slab(bytes);
+    AlignedBlock slab(bytes, /*zeroed=*/false);  // every row is written when it is made
     if (slab.empty()) return nullptr;
     bump_ = static_cast<float*>(slab.data());
     bump_left_ = rows;

@@ -128,6 +128,10 @@ class alignas(64) Stripe {
   // The row of `id`, or null. Requires mu (shared or exclusive).
   float* Find(int64_t id, uint64_t h) const { return current_ ? current_->Find(id, h) : nullptr; }
 
+  // Grows the map to hold `rows` rows at a load of at most 1/2 without growing again.
+  // False when out of memory (the map is unchanged).
+  bool Reserve(int64_t rows);
+
   // A new row of `id` (not present) in the map; its memory is the caller's to fill.
   // Null when out of memory (nothing changed).
   float* Insert(int64_t id, uint64_t h, int stride_floats);
@@ -142,9 +146,8 @@ class alignas(64) Stripe {
   void FreeRetiredIfIdle();
 
  private:
-  // Grows the map so one more entry keeps its load at or under 1/2. False when out of
-  // memory (the map is unchanged).
-  bool ReserveOne();
+  // Reserve(size + 1).
+  bool ReserveOne() { return Reserve(size_ + 1); }
   float* AllocateRow(int stride_floats);
 
   // What lock-free readers touch sits in one cache line with the mutex.

@@ -17,6 +17,7 @@
 #include "embedding/sharding.h"
 #include "embedding/status.h"
 #include "embedding/storage/files.h"
+#include "embedding/storage/internal/row_loader.h"
 #include "embedding/storage/row_codec.h"
 
 namespace tessera::storage {
@@ -250,20 +251,41 @@ absl::Status DurableCollection::OpenAndLoad() {
   TESSERA_RETURN_IF_ERROR(LoadPushRecords());
   for (const auto& [name, t] : tables_) TESSERA_RETURN_IF_ERROR(LoadRows(name, t, start));
   if (rows_loaded_ > 0 || !tables_.empty()) {
+    const double seconds = SecondsSince(start);
     Log(absl::StrCat("tessera: loaded ", tables_.size(), " tables and ", rows_loaded_,
-                     " rows from ", LivePath(), " in ",
-                     absl::StrFormat("%.2f", SecondsSince(start)), " s"));
+                     " rows from ", LivePath(), " in ", absl::StrFormat("%.2f", seconds), " s (",
+                     absl::StrFormat("%.0f", rows_loaded_ / std::max(seconds, 1e-9)),
+                     " rows/s)"));
   }
   return FinishInterruptedRestore();
 }
 
 absl::Status DurableCollection::LoadRows(const std::string& name, const Table& t,
                                          Clock::time_point start) {
-  DecodedRow row;
   const auto& shards = *memory_->ShardsOf(name);
+  const bool evicting = t.config.eviction().policy() != v1::EVICTION_NONE;
+  if (!evicting) {
+    // Every row goes to memory: on all cores.
+    RowLoad load;
+    load.table = name;
+    load.table_id = t.id;
+    load.seed = t.config.seed();
+    load.progress_every = kProgressRows;
+    const int64_t before = rows_loaded_;
+    load.progress = [&](int64_t rows) {
+      Log(absl::StrCat("tessera: loaded ", before + rows, " rows from ", LivePath(), " (",
+                       absl::StrFormat("%.1f", SecondsSince(start)), " s)"));
+    };
+    int64_t loaded = 0;
+    absl::Status status = LoadRowsInParallel(*store_, load, shards, &loaded);
+    rows_loaded_ += loaded;
+    return status;
+  }
+  // A table with eviction holds what fits, in key order, and reads the rest from disk
+  // when used.
+  DecodedRow row;
   const int dim = t.config.dim();
   const int state_floats = shards[0]->optimizer().StateFloats();
-  const bool evicting = t.config.eviction().policy() != v1::EVICTION_NONE;
   int64_t last_id = 0;
   bool any = false;
   absl::Status scanned =
@@ -277,8 +299,7 @@ absl::Status DurableCollection::LoadRows(const std::string& name, const Table& t
         TESSERA_RETURN_IF_ERROR(DecodeRow(name, id, value, dim, state_floats, &row));
         const int shard = embedding::ShardOf(id, t.config.seed(), options_.num_shards);
         absl::Status put = shards[shard]->PutRow(id, row.weights, row.state, row.meta);
-        // A table with eviction holds what fits; the rest is read from disk when used.
-        if (absl::IsResourceExhausted(put) && evicting) return absl::OkStatus();
+        if (absl::IsResourceExhausted(put)) return absl::OkStatus();
         TESSERA_RETURN_IF_ERROR(Annotate(put, "loading from disk"));
         if (++rows_loaded_ % kProgressRows == 0) {
           Log(absl::StrCat("tessera: loaded ", rows_loaded_, " rows from ", LivePath(), " (",

@@ -53,6 +53,10 @@ class KvStore {
 
   // Bytes on disk, approximately.
   virtual int64_t ApproximateBytes() const = 0;
+
+  // Bytes of the keys and values that start with `prefix`, approximately (0 when the
+  // store cannot tell). A hint for sizing memory before a scan.
+  virtual int64_t ApproximateBytesOf(absl::string_view prefix) const { return 0; }
 };
 
 struct KvStoreOptions {

@@ -1,5 +1,6 @@
 #include "embedding/storage/row_codec.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 
@@ -134,8 +135,9 @@ void EncodeRow(const float* weights, int dim, const float* state, int state_floa
   PutRaw(Crc32c(out->data(), out->size()), out);
 }
 
-absl::Status DecodeRow(absl::string_view table, int64_t id, absl::string_view value, int dim,
-                       int state_floats, DecodedRow* row) {
+absl::Status DecodeRowInto(absl::string_view table, int64_t id, absl::string_view value, int dim,
+                           int state_floats, float* weights, float* state,
+                           embedding::RowMeta* meta) {
   auto bad = [&](absl::string_view why) {
     return absl::DataLossError(
         absl::StrCat("table '", table, "': stored row ", id, " is corrupt: ", why));
@@ -155,15 +157,21 @@ absl::Status DecodeRow(absl::string_view table, int64_t id, absl::string_view va
   if (value.size() != kRowHeader + 4 * (static_cast<size_t>(d) + sf) + 4) {
     return bad(absl::StrCat("length ", value.size(), " does not match its shape"));
   }
-  row->meta.last_step = GetRaw<int64_t>(value.data() + 12);
-  row->meta.update_count = GetRaw<int64_t>(value.data() + 20);
+  meta->last_step = GetRaw<int64_t>(value.data() + 12);
+  meta->update_count = GetRaw<int64_t>(value.data() + 20);
   const char* p = value.data() + kRowHeader;
-  row->weights.resize(d);
-  std::memcpy(row->weights.data(), p, 4 * d);
-  row->state.resize(sf);
-  // SGD rows have no state: no copy (memcpy to an empty vector's null data is undefined).
-  if (sf > 0) std::memcpy(row->state.data(), p + 4 * d, 4 * sf);
+  std::memcpy(weights, p, 4 * d);
+  // SGD rows have no state: no copy (memcpy to a null pointer is undefined).
+  if (sf > 0) std::memcpy(state, p + 4 * d, 4 * sf);
   return absl::OkStatus();
+}
+
+absl::Status DecodeRow(absl::string_view table, int64_t id, absl::string_view value, int dim,
+                       int state_floats, DecodedRow* row) {
+  row->weights.resize(static_cast<size_t>(std::max(dim, 0)));
+  row->state.resize(static_cast<size_t>(std::max(state_floats, 0)));
+  return DecodeRowInto(table, id, value, dim, state_floats, row->weights.data(), row->state.data(),
+                       &row->meta);
 }
 
 std::string EncodeCatalogEntry(const v1::TableConfig& config) {

@@ -58,6 +58,11 @@ struct DecodedRow {
 absl::Status DecodeRow(absl::string_view table, int64_t id, absl::string_view value, int dim,
                        int state_floats, DecodedRow* row);
 
+// DecodeRow into caller buffers: `weights` (dim), `state` (state_floats), `meta`.
+absl::Status DecodeRowInto(absl::string_view table, int64_t id, absl::string_view value, int dim,
+                           int state_floats, float* weights, float* state,
+                           embedding::RowMeta* meta);
+
 // A catalog value: format version (u8 = 1), the serialized TableConfig, CRC-32C (u32).
 std::string EncodeCatalogEntry(const v1::TableConfig& config);
 absl::StatusOr<v1::TableConfig> DecodeCatalogEntry(uint32_t table_id, absl::string_view value);

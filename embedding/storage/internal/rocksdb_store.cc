@@ -50,7 +50,11 @@ class RocksDbStore final : public KvStore {
   absl::Status Scan(
       absl::string_view prefix,
       const std::function<absl::Status(absl::string_view, absl::string_view)>& fn) const override {
-    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read_));
+    // A scan reads each block once: read ahead, and keep it out of the block cache.
+    rocksdb::ReadOptions scan = read_;
+    scan.fill_cache = false;
+    scan.readahead_size = size_t{4} << 20;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(scan));
     const rocksdb::Slice p(prefix.data(), prefix.size());
     for (it->Seek(p); it->Valid() && it->key().starts_with(p); it->Next()) {
       absl::Status s = fn(absl::string_view(it->key().data(), it->key().size()),
@@ -68,6 +72,23 @@ class RocksDbStore final : public KvStore {
     // log_size_for_flush = 0: flush the memtable, so the copy needs no WAL replay.
     return FromRocks(cp->CreateCheckpoint(dir, /*log_size_for_flush=*/0),
                      absl::StrCat("store ", path_, ": checkpoint into ", dir));
+  }
+
+  int64_t ApproximateBytesOf(absl::string_view prefix) const override {
+    // [prefix, prefix with its last byte incremented): every key that starts with it.
+    std::string end(prefix);
+    while (!end.empty() && static_cast<unsigned char>(end.back()) == 0xff) end.pop_back();
+    if (end.empty()) return ApproximateBytes();
+    end.back() = static_cast<char>(static_cast<unsigned char>(end.back()) + 1);
+    const rocksdb::Range range(rocksdb::Slice(prefix.data(), prefix.size()), end);
+    uint64_t bytes = 0;
+    rocksdb::SizeApproximationOptions options;
+    options.include_memtables = true;
+    options.include_files = true;
+    if (!db_->GetApproximateSizes(options, db_->DefaultColumnFamily(), &range, 1, &bytes).ok()) {
+      return 0;
+    }
+    return static_cast<int64_t>(bytes);
   }
 
   int64_t ApproximateBytes() const override {

@@ -1,0 +1,41 @@
+#ifndef TESSERA_EMBEDDING_STORAGE_INTERNAL_ROW_LOADER_H_
+#define TESSERA_EMBEDDING_STORAGE_INTERNAL_ROW_LOADER_H_
+
+// Loads a table's stored rows into its in-memory shards on all cores: the calling thread
+// scans the store (RocksDB iterates in key order on one thread) and hands batches of raw
+// rows to worker threads, which check and decode them and insert them a stripe at a time
+// (EmbeddingTable::PutRows).
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "embedding/embedding_table.h"
+#include "embedding/storage/kv_store.h"
+
+namespace tessera::storage {
+
+struct RowLoad {
+  std::string table;      // the table's name, for errors
+  uint32_t table_id = 0;  // its id in the store's keys
+  uint64_t seed = 0;      // routes rows to shards (ShardOf)
+  int threads = 0;        // workers; 0 = one per core
+  // Called on the scanning thread after every `progress_every` rows handed out.
+  std::function<void(int64_t rows)> progress;
+  int64_t progress_every = 1'000'000;
+};
+
+// Loads every row of table `load.table_id` in `store` into `shards` (one table per
+// shard, ShardOf order). Returns the first error of any thread (a corrupt row names the
+// table and row, an unreadable store says after which row) and then stops; rows loaded
+// before it stay. `*loaded` counts the rows stored.
+absl::Status LoadRowsInParallel(
+    const KvStore& store, const RowLoad& load,
+    const std::vector<std::unique_ptr<embedding::EmbeddingTable>>& shards, int64_t* loaded);
+
+}  // namespace tessera::storage
+
+#endif  // TESSERA_EMBEDDING_STORAGE_INTERNAL_ROW_LOADER_H_
