@@ -72,6 +72,9 @@ class FaultyStore final : public KvStore {
   }
   static inline std::atomic<bool> fail_checkpoints{false};
   int64_t ApproximateBytes() const override { return inner_->ApproximateBytes(); }
+  int64_t ApproximateBytesOf(absl::string_view prefix) const override {
+    return inner_->ApproximateBytesOf(prefix);
+  }
 
  private:
   std::unique_ptr<KvStore> inner_;
@@ -327,6 +330,75 @@ TEST(DurableCollection, CorruptRowValueIsReportedWithTableAndRow) {
   EXPECT_THAT(c.status().message(), HasSubstr("checksum"));
 }
 
+// Pushes one gradient to each of `n` ids (batches of 4096), in order.
+void PushEach(embedding::EmbeddingCollection& c, const std::string& table, int dim, int64_t n,
+              int64_t step) {
+  for (int64_t begin = 0; begin < n; begin += 4096) {
+    std::vector<int64_t> ids;
+    for (int64_t id = begin; id < std::min(n, begin + 4096); ++id) ids.push_back(id * 7919);
+    std::vector<float> grads(ids.size() * dim);
+    for (size_t i = 0; i < grads.size(); ++i)
+      grads[i] = 0.001f * static_cast<float>(i % 97) - 0.05f;
+    ASSERT_TRUE(c.PushGradients(table, ids, grads, step).ok());
+  }
+}
+
+TEST(DurableCollection, ManyRowsLoadOnAllCoresBitIdenticalAndTrainOnTheSame) {
+  // Enough rows for many load batches on every worker, over three shards.
+  constexpr int64_t kRows = 30000;
+  constexpr int kDim = 8;
+  ScopedDir dir;
+  Harness h(dir.path, /*shards=*/3);
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < kRows; ++i) ids.push_back(i * 7919);
+  // The same pushes on a collection that never went to disk.
+  auto reference = embedding::NewInProcessCollection(3).value();
+  ASSERT_TRUE(reference->CreateTable(Config("many", kDim, v1::WRITE_THROUGH)).ok());
+  {
+    auto c = h.Open();
+    ASSERT_TRUE(c->CreateTable(Config("many", kDim, v1::WRITE_THROUGH)).ok());
+    for (int64_t step : {1, 2}) {
+      PushEach(*c, "many", kDim, kRows, step);
+      PushEach(*reference, "many", kDim, kRows, step);
+    }
+  }
+  auto c = h.Open();
+  EXPECT_EQ(c->rows_loaded(), kRows);
+  EXPECT_EQ(Read(*c, "many", ids, kDim), Read(*reference, "many", ids, kDim));
+  // Adagrad: the next step depends on the accumulators that came back with the rows.
+  PushEach(*c, "many", kDim, kRows, 3);
+  PushEach(*reference, "many", kDim, kRows, 3);
+  EXPECT_EQ(Read(*c, "many", ids, kDim), Read(*reference, "many", ids, kDim));
+  bool reported = false;
+  for (const std::string& line : h.log) reported |= line.find("rows/s)") != std::string::npos;
+  EXPECT_TRUE(reported);
+}
+
+TEST(DurableCollection, ACorruptRowAmongManyStopsTheLoadNamingIt) {
+  constexpr int64_t kRows = 20000;
+  ScopedDir dir;
+  Harness h(dir.path, /*shards=*/2);
+  {
+    auto c = h.Open();
+    ASSERT_TRUE(c->CreateTable(Config("many", 4, v1::WRITE_THROUGH)).ok());
+    PushEach(*c, "many", 4, kRows, 1);
+  }
+  const int64_t bad_id = 12345 * 7919;
+  {
+    auto store = OpenRocksDbStore(dir.path + "/db", {});
+    ASSERT_TRUE(store.ok());
+    auto v = (*store)->Get(RowKey(1, bad_id));
+    ASSERT_TRUE(v.ok() && v->has_value());
+    std::string bad = **v;
+    bad[30] ^= 0x01;
+    ASSERT_TRUE((*store)->Write({KvWrite{RowKey(1, bad_id), bad}}, true).ok());
+  }
+  auto c = DurableCollection::Open(h.options);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(c.status().message(), HasSubstr(absl::StrCat("row ", bad_id, " is corrupt")));
+}
+
 TEST(DurableCollection, ByteFlippedOnDiskIsDetectedOnLoad) {
   ScopedDir dir;
   Harness h(dir.path);
@@ -476,8 +548,7 @@ TEST(DurableCollection, AModelsCheckpointAndRestoreTouchOnlyItsTablesAndSurviveA
     // Model b's own checkpoint flushes b's rows only.
     ASSERT_TRUE(c->Checkpoint(6, {}, OfModel("b")).ok());
     // A step a model has a checkpoint of is never written again.
-    EXPECT_EQ(c->Checkpoint(5, {}, OfModel("a")).status().code(),
-              absl::StatusCode::kAlreadyExists);
+    EXPECT_EQ(c->Checkpoint(5, {}, OfModel("a")).status().code(), absl::StatusCode::kAlreadyExists);
     embedding::CheckpointOptions replace = OfModel("a");
     replace.replace = true;  // what a coordinator asks for a cluster checkpoint never completed
     EXPECT_TRUE(c->Checkpoint(5, {}, replace).ok());
