@@ -116,7 +116,13 @@ TEST(RunScenario, MeasuresAnInProcessScenarioAndItsCost) {
   EXPECT_THAT(json, HasSubstr("\"scenario\":\"q\""));
   EXPECT_THAT(json, HasSubstr("\"usd_per_million_samples\":"));
   const std::string md = ToMarkdown({*r, *r});
-  EXPECT_THAT(md, HasSubstr("| q | inproc | 1 | lookup_update | 256 | 2x5000x16 |"));
+  // The tables' weights: 2 x 5000 rows x 16 floats, next to the machine's LLC.
+  EXPECT_EQ(r->table_bytes, 2 * 5000 * 16 * 4);
+  EXPECT_THAT(json, HasSubstr("\"table_bytes\":640000,"));
+  EXPECT_THAT(md, HasSubstr("| q | inproc | 1 | lookup_update | 256 | 2x5000x16 (0.64 MB"));
+  if (r->llc_bytes > 0) {
+    EXPECT_THAT(md, HasSubstr("× LLC) |"));
+  }
   EXPECT_THAT(md, HasSubstr("1.00×"));
 }
 

@@ -19,6 +19,18 @@ std::string Tables(const Scenario& s) {
   return absl::StrJoin(parts, "+");
 }
 
+// The tables and how their weights compare with the last-level cache.
+std::string TablesAndSize(const ScenarioResult& r) {
+  std::string out = Tables(r.scenario);
+  if (r.table_bytes > 0) absl::StrAppend(&out, absl::StrFormat(" (%.3g MB", r.table_bytes / 1e6));
+  if (r.table_bytes > 0 && r.llc_bytes > 0) {
+    absl::StrAppend(&out, absl::StrFormat(", %.2g× LLC", static_cast<double>(r.table_bytes) /
+                                                             static_cast<double>(r.llc_bytes)));
+  }
+  if (r.table_bytes > 0) absl::StrAppend(&out, ")");
+  return out;
+}
+
 std::string JsonString(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
@@ -47,14 +59,16 @@ std::string ToJson(const ScenarioResult& r) {
       R"("cpu_us_per_sample":%.3f,"memcpy_bytes_per_s":%.1f,"vs_memcpy":%.4f,)"
       R"("echo_bytes_per_s":%.1f,"echo_stream_bytes_per_s":%.1f,"vs_echo":%.4f,)"
       R"("gemm_gflops":%.3f,"step_gflops":%.3f,"vs_gemm":%.4f,)"
-      R"("usd_per_hour":%.4f,"usd_per_million_samples":%.6f,"processes":[%s]})",
+      R"("usd_per_hour":%.4f,"usd_per_million_samples":%.6f,"table_bytes":%d,"llc_bytes":%d,)"
+      R"("processes":[%s]})",
       JsonString(s.name()), JsonString(s.mode()), s.shards(), s.batch_size(), s.ids_per_sample(),
       JsonString(Tables(s)), JsonString(s.distribution()), s.zipf_s(), JsonString(s.optimizer()),
       JsonString(s.workload()), s.max_staleness(), r.steps, r.samples, r.seconds, r.samples_per_s,
       r.lookups_per_s, r.updates_per_s, r.payload_bytes_per_s, r.step_ms[0], r.step_ms[1],
       r.step_ms[2], r.call_ms[0], r.call_ms[1], r.call_ms[2], r.cpu_us_per_sample,
       r.memcpy_bytes_per_s, r.vs_memcpy, r.echo_bytes_per_s, r.echo_stream_bytes_per_s, r.vs_echo,
-      r.gemm_gflops, r.step_gflops, r.vs_gemm, r.usd_per_hour, r.usd_per_million_samples, procs);
+      r.gemm_gflops, r.step_gflops, r.vs_gemm, r.usd_per_hour, r.usd_per_million_samples,
+      r.table_bytes, r.llc_bytes, procs);
 }
 
 std::string ToMarkdown(const std::vector<ScenarioResult>& results) {
@@ -80,7 +94,8 @@ std::string ToMarkdown(const std::vector<ScenarioResult>& results) {
         &md,
         absl::StrFormat("| %s | %s | %d | %s | %d | %s | %.0f | %.2f× | %.1f | %.2f | %s | %s | "
                         "%.2f / %.2f / %.2f | %.2f | %.2f | %.0f | %s | %s |\n",
-                        s.name(), s.mode(), s.shards(), s.workload(), s.batch_size(), Tables(s),
+                        s.name(), s.mode(), s.shards(), s.workload(), s.batch_size(),
+                        TablesAndSize(r),
                         r.samples_per_s,
                         first->samples_per_s > 0 ? r.samples_per_s / first->samples_per_s : 0,
                         r.payload_bytes_per_s / 1e6, r.vs_memcpy,

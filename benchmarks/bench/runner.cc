@@ -558,6 +558,8 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
     r.call_ms[i] = Percentile(calls, ps[i]);
   }
   r.memcpy_bytes_per_s = MemcpyBytesPerSecond(table_bytes, step_bytes);
+  r.table_bytes = table_bytes;
+  r.llc_bytes = std::max<int64_t>(0, sysconf(_SC_LEVEL3_CACHE_SIZE));
   r.vs_memcpy = r.memcpy_bytes_per_s > 0 ? r.payload_bytes_per_s / r.memcpy_bytes_per_s : 0;
   if (s.mode() == "coordinator" || s.mode() == "smart") {
     // One lookup call of the first table: its ids out, its rows back.
