@@ -22,7 +22,7 @@ std::string Tables(const Scenario& s) {
 // The tables and how their weights compare with the last-level cache.
 std::string TablesAndSize(const ScenarioResult& r) {
   std::string out = Tables(r.scenario);
-  if (r.table_bytes > 0) absl::StrAppend(&out, absl::StrFormat(" (%.3g MB", r.table_bytes / 1e6));
+  if (r.table_bytes > 0) absl::StrAppend(&out, absl::StrFormat(" (%.4g MB", r.table_bytes / 1e6));
   if (r.table_bytes > 0 && r.llc_bytes > 0) {
     absl::StrAppend(&out, absl::StrFormat(", %.2g× LLC", static_cast<double>(r.table_bytes) /
                                                              static_cast<double>(r.llc_bytes)));
