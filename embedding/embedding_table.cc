@@ -194,30 +194,29 @@ bool EmbeddingTable::UpdateRowLocked(Stripe& stripe, int64_t id, float* row, con
                                      int64_t step, float* scratch) {
   const size_t d = static_cast<size_t>(dim_);
   const size_t sf = static_cast<size_t>(state_floats_);
-  float* g = scratch;
-  float* saved = scratch + d;  // the row's values before the step, to put back
-  std::memcpy(g, grad, d * sizeof(float));
+  float* saved = scratch;       // (d + sf) the row's values before the step, to put back
+  float* g = scratch + d + sf;  // (d) the gradient, when the optimizer must change it
   stripe.BeginChange();
   embedding_internal::StoredMeta* stored = StoredMetaOf(row);
   const int64_t prior = stored->meta.update_count;
   float* state = StateOf(row);
   if (dtype_ == v1::FP32) {
     // Weights and state are contiguous in the row: one copy saves both.
-    std::memcpy(saved, row, (d + sf) * sizeof(float));
-    optimizer_->Update(row, state, g, prior);
+    CopyFloats(saved, row, static_cast<int>(d + sf));
+    optimizer_->Update(row, state, grad, g, prior);
     // A weight or accumulator that overflowed would be stored, served and checkpointed;
     // the row keeps its last finite values instead.
     if (!AllFinite(row, d + sf)) {  // weights and state, contiguous
-      std::memcpy(row, saved, (d + sf) * sizeof(float));
+      CopyFloats(row, saved, static_cast<int>(d + sf));
       return false;
     }
   } else {
     float* widened = saved + sf;
-    std::memcpy(saved, state, sf * sizeof(float));
+    CopyFloats(saved, state, static_cast<int>(sf));
     DecodeWeights(dtype_, row, dim_, widened);
-    optimizer_->Update(widened, state, g, prior);
+    optimizer_->Update(widened, state, grad, g, prior);
     if (!AllFinite(widened, d) || !AllFinite(state, sf)) {
-      std::memcpy(state, saved, sf * sizeof(float));
+      CopyFloats(state, saved, static_cast<int>(sf));
       return false;
     }
     const uint64_t seed = Mix64(initializer_->key() ^ Mix64(static_cast<uint64_t>(id)) ^

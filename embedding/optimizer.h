@@ -62,6 +62,10 @@ class Optimizer {
   // (dim) is the summed gradient and is used as scratch (overwritten).
   // `prior_updates` is how many updates this row has had before (Adam's t - 1).
   void Update(float* w, float* state, float* grad, int64_t prior_updates) const;
+  // The same step for a gradient the caller keeps: `grad` (dim) is only read, and copied
+  // into `scratch` (dim) first when clipping or weight decay must change it.
+  void Update(float* w, float* state, const float* grad, float* scratch,
+              int64_t prior_updates) const;
 
   const OptimizerParams& params() const { return params_; }
   int dim() const { return dim_; }

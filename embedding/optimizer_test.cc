@@ -173,6 +173,32 @@ TEST(Optimizer, WeightDecayAddsDecayTimesWeightToGradient) {
   EXPECT_NEAR(r.w[2], -0.1, 1e-6);
 }
 
+TEST(Optimizer, AKeptGradientStepsLikeTheInPlaceOneAndStaysAsItWas) {
+  for (const bool preprocess : {false, true}) {
+    v1::OptimizerConfig c;
+    c.set_type(v1::ADAGRAD);
+    c.set_learning_rate(0.1f);
+    if (preprocess) {
+      c.set_clip_value(0.5f);
+      c.set_weight_decay(0.25f);
+    }
+    auto opt = Make(c);
+    std::vector<float> w1 = {1.0f, -2.0f, 0.5f}, w2 = w1;
+    std::vector<float> s1(opt->StateFloats()), s2(opt->StateFloats());
+    opt->InitState(s1.data());
+    opt->InitState(s2.data());
+    const std::vector<float> grad = {0.75f, -0.25f, 2.0f};
+    std::vector<float> in_place = grad, scratch(kDim, -9.0f);
+    opt->Update(w1.data(), s1.data(), in_place.data(), 0);
+    opt->Update(w2.data(), s2.data(), grad.data(), scratch.data(), 0);
+    EXPECT_EQ(w1, w2) << preprocess;
+    EXPECT_EQ(s1, s2) << preprocess;
+    // Clipping and decay work on the scratch copy, never on the caller's gradient.
+    EXPECT_EQ(grad, (std::vector<float>{0.75f, -0.25f, 2.0f}));
+    EXPECT_EQ(scratch[0] != -9.0f, preprocess);
+  }
+}
+
 TEST(Optimizer, RejectsBadHyperParameters) {
   v1::OptimizerConfig c;
   c.set_learning_rate(-1.0f);
