@@ -116,10 +116,11 @@ TEST(RunScenario, MeasuresAnInProcessScenarioAndItsCost) {
   EXPECT_THAT(json, HasSubstr("\"scenario\":\"q\""));
   EXPECT_THAT(json, HasSubstr("\"usd_per_million_samples\":"));
   const std::string md = ToMarkdown({*r, *r});
-  // The tables' weights: 2 x 5000 rows x 16 floats, next to the machine's LLC.
-  EXPECT_EQ(r->table_bytes, 2 * 5000 * 16 * 4);
-  EXPECT_THAT(json, HasSubstr("\"table_bytes\":640000,"));
-  EXPECT_THAT(md, HasSubstr("| q | inproc | 1 | lookup_update | 256 | 2x5000x16 (0.64 MB"));
+  // The tables' rows: 2 x 5000 rows of 16 weights and 16 Adagrad accumulators (the default
+  // optimizer), next to the machine's LLC.
+  EXPECT_EQ(r->table_bytes, 2 * 5000 * (16 + 16) * 4);
+  EXPECT_THAT(json, HasSubstr("\"table_bytes\":1280000,"));
+  EXPECT_THAT(md, HasSubstr("| q | inproc | 1 | lookup_update | 256 | 2x5000x16 (1.28 MB"));
   if (r->llc_bytes > 0) {
     EXPECT_THAT(md, HasSubstr("× LLC) |"));
   }

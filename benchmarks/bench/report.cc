@@ -19,7 +19,8 @@ std::string Tables(const Scenario& s) {
   return absl::StrJoin(parts, "+");
 }
 
-// The tables and how their weights compare with the last-level cache.
+// The tables and how their rows (weights and optimizer state) compare with the last-level
+// cache.
 std::string TablesAndSize(const ScenarioResult& r) {
   std::string out = Tables(r.scenario);
   if (r.table_bytes > 0) absl::StrAppend(&out, absl::StrFormat(" (%.4g MB", r.table_bytes / 1e6));

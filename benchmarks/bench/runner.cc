@@ -331,8 +331,15 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
                                *embedding::ParseDtypeName(spec.dtype())});
     }
   }
+  // What the rows hold: weights in their dtype and the optimizer's fp32 state.
   int64_t table_bytes = 0;
-  for (const auto& t : work) table_bytes += t.rows * t.dim * embedding::DtypeBytes(t.dtype);
+  for (const auto& t : work) {
+    v1::OptimizerConfig oc;
+    oc.set_type(opt);
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<embedding::Optimizer> o,
+                             embedding::Optimizer::Create(oc, t.dim));
+    table_bytes += t.rows * (t.dim * embedding::DtypeBytes(t.dtype) + 4 * o->StateFloats());
+  }
 
   const bool train = s.workload() == "train";
   const bool lookups = s.workload() == "lookup" || s.workload() == "lookup_update";

@@ -28,8 +28,9 @@ struct ScenarioResult {
   double payload_bytes_per_s = 0;  // 8 per id sent, 4 x dim per row received or pushed
   double step_ms[3] = {0, 0, 0};   // p50, p99, p99.9 of a step
   double call_ms[3] = {0, 0, 0};   // p50, p99, p99.9 of one collection call (an RPC remotely)
-  // The tables' weights in bytes (rows x dim x dtype size, every table), and the last-level
-  // cache this machine reports, so a reader can tell whether the working set fits in it.
+  // The tables' rows in bytes (weights in their dtype and the optimizer's state, every
+  // table), and the last-level cache this machine reports, so a reader can tell whether
+  // the working set fits in it.
   int64_t table_bytes = 0;
   int64_t llc_bytes = 0;
   std::vector<ProcessFigures> processes;
