@@ -318,6 +318,17 @@ void FindGroup(const IdMap* map, absl::Span<const int64_t> ids, StripePlan& plan
   }
 }
 
+// Calls fn(stripe, begin, end) for every stripe with ids in `plan`, in stripe order, with
+// the ids' group [begin, end) of plan.order; stops at fn's first error and returns it.
+template <typename Fn>
+absl::Status ForEachGroup(const StripePlan& plan, Fn&& fn) {
+  for (int s = 0; s < embedding_internal::kNumStripes; ++s) {
+    if (plan.begin[s] == plan.begin[s + 1]) continue;
+    TESSERA_RETURN_IF_ERROR(fn(s, plan.begin[s], plan.begin[s + 1]));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void EmbeddingTable::CopyGroup(const StripePlan& plan, int b, int e, float* out) const {
@@ -333,10 +344,7 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
   StripePlan& plan = embedding_internal::PlanByStripe(ids);
   {
     ReaderScope reading(readers_);
-    for (int s = 0; s < kNumStripes; ++s) {
-      const int b = plan.begin[s];
-      const int e = plan.begin[s + 1];
-      if (b == e) continue;
+    (void)ForEachGroup(plan, [&](int s, int b, int e) {
       const Stripe& stripe = stripes_[s];
       for (int c = b; c < e; c += kChunk) {
         const int ce = std::min(e, c + kChunk);
@@ -363,7 +371,8 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
           if (plan.rows[k] == nullptr) plan.missing.push_back(plan.order[k]);
         }
       }
-    }
+      return absl::OkStatus();
+    });
   }
   std::vector<int32_t>& missing = plan.missing;
   const bool managed = policy_ != v1::EVICTION_NONE;
@@ -443,14 +452,14 @@ absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const flo
   // rejects the whole batch before any row changes. Without one there is nothing to check
   // and rows are counted as they are created.
   int64_t reserved = 0;
-  for (int s = 0; s < kNumStripes && row_budget_ > 0; ++s) {
-    const int b = plan.begin[s];
-    const int e = plan.begin[s + 1];
-    if (b == e) continue;
-    const Stripe& stripe = stripes_[s];
-    absl::ReaderMutexLock lock(&stripe.mu);
-    FindGroup(stripe.current(), ids, plan, b, e, 0, false);
-    for (int k = b; k < e; ++k) reserved += plan.rows[k] == nullptr;
+  if (row_budget_ > 0) {
+    (void)ForEachGroup(plan, [&](int s, int b, int e) {
+      const Stripe& stripe = stripes_[s];
+      absl::ReaderMutexLock lock(&stripe.mu);
+      FindGroup(stripe.current(), ids, plan, b, e, 0, false);
+      for (int k = b; k < e; ++k) reserved += plan.rows[k] == nullptr;
+      return absl::OkStatus();
+    });
   }
   if (reserved > 0) TESSERA_RETURN_IF_ERROR(TakeRows(reserved));
 
@@ -458,10 +467,7 @@ absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const flo
   scratch.resize(ScratchFloats());
   int64_t refused = 0, first_refused = 0;
   int64_t created = 0;
-  for (int s = 0; s < kNumStripes; ++s) {
-    const int b = plan.begin[s];
-    const int e = plan.begin[s + 1];
-    if (b == e) continue;
+  TESSERA_RETURN_IF_ERROR(ForEachGroup(plan, [&](int s, int b, int e) {
     Stripe& stripe = stripes_[s];
     StripeWriter lock(stripe);
     for (int c = b; c < e; c += kChunk) {
@@ -487,7 +493,8 @@ absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const flo
         }
       }
     }
-  }
+    return absl::OkStatus();
+  }));
   // Another thread may have created some of the reserved rows meanwhile; without a budget
   // nothing was reserved and every created row is counted here.
   if (created != reserved) AdjustRows(created - reserved);
@@ -581,10 +588,7 @@ absl::Status EmbeddingTable::Reserve(int64_t rows) {
 absl::Status EmbeddingTable::PutRows(absl::Span<const int64_t> ids, const float* weights,
                                      const float* state, absl::Span<const RowMeta> metas) {
   StripePlan& plan = embedding_internal::PlanByStripe(ids);
-  for (int s = 0; s < kNumStripes; ++s) {
-    const int b = plan.begin[s];
-    const int e = plan.begin[s + 1];
-    if (b == e) continue;
+  return ForEachGroup(plan, [&](int s, int b, int e) {
     Stripe& stripe = stripes_[s];
     StripeWriter lock(stripe);
     for (int k = b; k < e; ++k) {
@@ -593,8 +597,8 @@ absl::Status EmbeddingTable::PutRows(absl::Span<const int64_t> ids, const float*
                                            state + pos * state_floats_, metas[pos],
                                            /*mark_dirty=*/false));
     }
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
+  });
 }
 
 void EmbeddingTable::Forget(int64_t id) {
