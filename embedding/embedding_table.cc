@@ -1,6 +1,8 @@
 #include "embedding/embedding_table.h"
 
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -51,20 +53,32 @@ void PrefetchLines(const float* p, int lines, bool for_write) {
 // Copies `n` floats with vector loads and stores in line: a row is a few of them, and
 // the library call a copy loop would otherwise become costs more than the copy.
 inline void CopyFloats(float* dst, const float* src, int n) {
-  int j = 0;
 #if defined(__AVX512F__)
+  int j = 0;
   for (; j + 16 <= n; j += 16) _mm512_storeu_ps(dst + j, _mm512_loadu_ps(src + j));
   if (j < n) {
     const __mmask16 tail = static_cast<__mmask16>((1u << (n - j)) - 1);
     _mm512_mask_storeu_ps(dst + j, tail, _mm512_maskz_loadu_ps(tail, src + j));
   }
-#else
+#elif defined(__SSE2__)
+  int j = 0;
 #if defined(__AVX__)
   for (; j + 8 <= n; j += 8) _mm256_storeu_ps(dst + j, _mm256_loadu_ps(src + j));
 #endif
   for (; j + 4 <= n; j += 4) _mm_storeu_ps(dst + j, _mm_loadu_ps(src + j));
   for (; j < n; ++j) _mm_store_ss(dst + j, _mm_load_ss(src + j));
+#else
+  std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
 #endif
+}
+
+// A short wait while a writer holds a stripe.
+inline void SpinPause() {
+  for (int spin = 0; spin < 32; ++spin) {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#endif
+  }
 }
 
 // True when every value of p[0, n) is finite: Inf and NaN have an exponent of all ones,
@@ -354,7 +368,7 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
         for (int attempt = 0; attempt < kOptimisticTries && !valid; ++attempt) {
           const uint32_t begin = stripe.ReadBegin();
           if (begin & 1) {  // a writer is changing this stripe right now
-            for (int spin = 0; spin < 32; ++spin) _mm_pause();
+            SpinPause();
             continue;
           }
           FindGroup(stripe.map(), ids, plan, c, ce, layout_.read_lines, /*for_write=*/false);
@@ -374,9 +388,8 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
       return absl::OkStatus();
     });
   }
-  std::vector<int32_t>& missing = plan.missing;
   const bool managed = policy_ != v1::EVICTION_NONE;
-  for (const int32_t pos : missing) {
+  for (const int32_t pos : plan.missing) {
     const int64_t id = ids[pos];
     const uint64_t h = MapHash(id);
     float* dst = out + static_cast<size_t>(pos) * dim_;
