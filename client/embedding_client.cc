@@ -1,6 +1,8 @@
 #include "client/embedding_client.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -10,6 +12,7 @@
 #include "client/grpc_status.h"
 #include "client/packed_bytes.h"
 #include "client/row_chunk.h"
+#include "client/sync_group.h"
 #include "embedding/batch_ops.h"
 #include "embedding/status.h"
 #include "grpcpp/grpcpp.h"
@@ -262,7 +265,7 @@ absl::Status EmbeddingClient::PushBatch(absl::Span<const embedding::TableGradien
       options.request_id.empty() ? NextRequestId() : options.request_id;
   if (options_.mode == ClientOptions::Mode::kSmart) {
     return OnShards([&](ShardRouter& router) {
-      return router.PushBatch(configs, tables, step, id).status();
+      return router.PushBatch(configs, tables, step, id, options.sync).status();
     });
   }
   for (size_t i = 0; i < tables.size(); ++i) {
@@ -273,6 +276,9 @@ absl::Status EmbeddingClient::PushBatch(absl::Span<const embedding::TableGradien
   req.set_step(step);
   req.mutable_request_id()->set_client_id(id.client_id);
   req.mutable_request_id()->set_sequence(id.sequence);
+  if (options.sync.active()) SetSyncGroup(options.sync, req.mutable_sync());
+  const std::chrono::milliseconds deadline =
+      options.sync.active() ? SyncDeadline(options.sync, options_.deadline) : options_.deadline;
   for (const embedding::TableGradients& t : tables) {
     v1::TableGradients* part = req.add_tables();
     part->set_table(t.table);
@@ -280,7 +286,7 @@ absl::Status EmbeddingClient::PushBatch(absl::Span<const embedding::TableGradien
     SetPacked(t.gradients, part->mutable_gradients());
   }
   return WithRetries([&] {
-    auto ctx = NewContext();
+    auto ctx = NewContext(deadline);
     v1::BatchPushResponse resp;
     TESSERA_RETURN_IF_ERROR(FromGrpcStatus(coordinator_.Get()->BatchPush(ctx.get(), req, &resp)));
     NoteCoordinatorDigest(resp.incarnation());
@@ -426,6 +432,48 @@ absl::StatusOr<std::vector<embedding::CheckpointInfo>> EmbeddingClient::ListChec
   std::vector<embedding::CheckpointInfo> out;
   for (const auto& c : resp.checkpoints()) out.push_back(FromProto(c));
   return out;
+}
+
+absl::Status EmbeddingClient::StoreSet(const std::string& key, const std::string& value) {
+  v1::StoreSetRequest req;
+  req.set_key(key);
+  req.set_value(value);
+  return WithRetries([&] {
+    auto ctx = NewContext();
+    v1::StoreSetResponse resp;
+    return FromGrpcStatus(coordinator_.Get()->StoreSet(ctx.get(), req, &resp));
+  });
+}
+
+absl::StatusOr<std::vector<std::string>> EmbeddingClient::StoreGet(
+    const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  v1::StoreGetRequest req;
+  for (const auto& k : keys) req.add_keys(k);
+  req.set_timeout_ms(static_cast<int32_t>(
+      std::clamp<int64_t>(timeout.count(), 0, std::numeric_limits<int32_t>::max())));
+  v1::StoreGetResponse resp;
+  TESSERA_RETURN_IF_ERROR(WithRetries([&] {
+    // The coordinator waits up to `timeout` for the keys: the call may take that long.
+    auto ctx = NewContext(timeout + options_.deadline);
+    resp.Clear();
+    return FromGrpcStatus(coordinator_.Get()->StoreGet(ctx.get(), req, &resp));
+  }));
+  if (resp.values_size() != static_cast<int>(keys.size())) {
+    return absl::InternalError(absl::StrCat("coordinator answered ", resp.values_size(),
+                                            " values for ", keys.size(), " keys"));
+  }
+  return std::vector<std::string>(resp.values().begin(), resp.values().end());
+}
+
+absl::StatusOr<int64_t> EmbeddingClient::StoreAdd(const std::string& key, int64_t delta) {
+  v1::StoreAddRequest req;
+  req.set_key(key);
+  req.set_delta(delta);
+  auto ctx = NewContext();
+  v1::StoreAddResponse resp;
+  // Not retried: a repeat would add twice.
+  TESSERA_RETURN_IF_ERROR(FromGrpcStatus(coordinator_.Get()->StoreAdd(ctx.get(), req, &resp)));
+  return resp.value();
 }
 
 }  // namespace tessera::client

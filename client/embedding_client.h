@@ -82,6 +82,14 @@ class EmbeddingClient final : public embedding::EmbeddingCollection {
       const embedding::RestoreOptions& options = {}) override;
   absl::StatusOr<std::vector<embedding::CheckpointInfo>> ListCheckpoints() const override;
 
+  // The coordinator's rendezvous store (data-parallel trainers): sets `key`; returns the
+  // values of `keys` once all exist (DeadlineExceeded after `timeout`, naming those
+  // missing); adds to a counter and returns its new value.
+  absl::Status StoreSet(const std::string& key, const std::string& value);
+  absl::StatusOr<std::vector<std::string>> StoreGet(const std::vector<std::string>& keys,
+                                                    std::chrono::milliseconds timeout);
+  absl::StatusOr<int64_t> StoreAdd(const std::string& key, int64_t delta);
+
  private:
   EmbeddingClient(const std::string& address, grpc::ChannelArguments args,
                   std::shared_ptr<grpc::ChannelCredentials> credentials,

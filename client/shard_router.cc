@@ -10,6 +10,7 @@
 #include "client/grpc_status.h"
 #include "client/packed_bytes.h"
 #include "client/row_chunk.h"
+#include "client/sync_group.h"
 #include "embedding/batch_ops.h"
 #include "embedding/sharding.h"
 #include "embedding/status.h"
@@ -471,7 +472,7 @@ absl::Status ShardRouter::LookupBatch(absl::Span<const v1::TableConfig> configs,
 
 absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
     absl::Span<const v1::TableConfig> configs, absl::Span<const embedding::TableGradients> parts,
-    int64_t step, const embedding::RequestId& request_id) {
+    int64_t step, const embedding::RequestId& request_id, const embedding::PushSync& sync) {
   const int shards = num_shards();
   const size_t num_parts = parts.size();
   for (size_t p = 0; p < num_parts; ++p) {
@@ -494,8 +495,10 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
     reqs[k].set_shard_map_version(version_.load());
     reqs[k].mutable_request_id()->set_client_id(id.client_id);
     reqs[k].mutable_request_id()->set_sequence(id.sequence);
+    if (sync.active()) SetSyncGroup(sync, reqs[k].mutable_sync());
   }
-  std::vector<bool> work(shards, false);
+  // In a sync group every shard takes part in every step.
+  std::vector<bool> work(shards, sync.active());
   std::vector<float*> grads(shards);
   for (size_t p = 0; p < num_parts; ++p) {
     const embedding::TableGradients& part = parts[p];
@@ -541,7 +544,7 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
       [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
         return stubs_[k]->Get()->PrepareAsyncBatchPush(ctx, reqs[k], queue);
       },
-      &resps, options_.deadline);
+      &resps, sync.active() ? SyncDeadline(sync, options_.deadline) : options_.deadline);
   for (int k = 0; k < shards; ++k) {
     if (work[k] && !statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
     if (work[k]) NoteIncarnation(k, resps[k].incarnation());

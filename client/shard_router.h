@@ -105,10 +105,12 @@ class ShardRouter {
   // batch is refused before any shard is called), then pushes each shard its rows of every
   // part under request id `id` (one of the router's own when empty). Returns the distinct
   // rows updated per part. A failure may leave some shards applied; calling again with
-  // the same id completes the push.
+  // the same id completes the push. With an active `sync` every shard gets a push (empty
+  // where the worker has no rows of it), and the call waits for the other workers'.
   absl::StatusOr<std::vector<int64_t>> PushBatch(absl::Span<const v1::TableConfig> configs,
                                                  absl::Span<const embedding::TableGradients> parts,
-                                                 int64_t step, const embedding::RequestId& id);
+                                                 int64_t step, const embedding::RequestId& id,
+                                                 const embedding::PushSync& sync = {});
 
   // A fresh request id of this router's (random client id, next sequence).
   embedding::RequestId NextRequestId();

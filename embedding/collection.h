@@ -1,6 +1,7 @@
 #ifndef TESSERA_EMBEDDING_COLLECTION_H_
 #define TESSERA_EMBEDDING_COLLECTION_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -74,9 +75,24 @@ struct PushTag {
 // A random 64-bit id, never 0: a client's id in its RequestIds, a shard's incarnation.
 uint64_t RandomNonZeroId();
 
+// A data-parallel trainer's place in its job, for pushes through a cluster: each shard
+// applies a step once all `workers` have pushed it, their gradients summed in worker
+// order, and answers every worker then (SyncGroup in embedding_service.proto).
+struct PushSync {
+  std::string job;
+  int worker = 0;
+  int workers = 1;  // 1: no group, the push is applied at once
+  std::chrono::milliseconds timeout{30000};  // how long a shard waits for the others
+  bool active() const { return workers > 1; }
+};
+
 struct PushOptions {
   RequestId request_id;  // set by callers that retry (the remote client sets its own)
+  PushSync sync;         // collections in this process refuse an active one
 };
+
+// FailedPrecondition for an active options.sync: what a collection in this process says.
+absl::Status RefuseSync(const PushOptions& options);
 
 // Named blobs stored with a checkpoint (the trainer's dense parameters and optimizer state).
 using Attachments = std::map<std::string, std::string>;

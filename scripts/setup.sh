@@ -9,7 +9,7 @@ PACKAGES=(
   build-essential cmake pkg-config git
   protobuf-compiler libprotobuf-dev libprotoc-dev
   protobuf-compiler-grpc libgrpc++-dev libgrpc-dev
-  libabsl-dev libeigen3-dev librocksdb-dev zlib1g-dev
+  libabsl-dev libeigen3-dev librocksdb-dev zlib1g-dev libgloo-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3 python3-grpcio python3-protobuf python3-numpy python3-yaml
   gnuplot-nox redis-server libhiredis-dev

@@ -159,9 +159,9 @@ absl::Status Cluster::LookupBatch(absl::Span<const v1::TableConfig> configs,
 
 absl::StatusOr<std::vector<int64_t>> Cluster::PushBatch(
     absl::Span<const v1::TableConfig> configs, absl::Span<const embedding::TableGradients> parts,
-    int64_t step, const embedding::RequestId& id) {
+    int64_t step, const embedding::RequestId& id, const embedding::PushSync& sync) {
   absl::ReaderMutexLock barrier(&barrier_mu_);
-  return router_->PushBatch(configs, parts, step, id);
+  return router_->PushBatch(configs, parts, step, id, sync);
 }
 
 absl::StatusOr<std::vector<v1::TableStats>> Cluster::Stats(const std::string& table) {

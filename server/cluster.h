@@ -63,7 +63,8 @@ class Cluster {
   // or restore runs.
   absl::StatusOr<std::vector<int64_t>> PushBatch(absl::Span<const v1::TableConfig> configs,
                                                  absl::Span<const embedding::TableGradients> parts,
-                                                 int64_t step, const embedding::RequestId& id);
+                                                 int64_t step, const embedding::RequestId& id,
+                                                 const embedding::PushSync& sync = {});
 
   // Every serving shard's stats of `table` (empty: every table); NotFound for an unknown
   // table.

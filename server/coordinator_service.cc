@@ -164,9 +164,17 @@ grpc::Status CoordinatorService::BatchPush(grpc::ServerContext* context,
     TESSERA_RETURN_IF_ERROR(PrepareBatchPush(*request, Configs(), &batch));
     TESSERA_RETURN_IF_ERROR(CheckBatch("batched push", batch.total_ids));
     const v1::RequestId& id = request->request_id();
+    // A data-parallel worker's push goes on to every shard with its group.
+    embedding::PushSync sync;
+    if (request->has_sync()) {
+      sync.job = request->sync().job();
+      sync.worker = request->sync().worker();
+      sync.workers = request->sync().workers();
+      sync.timeout = std::chrono::milliseconds(request->sync().timeout_ms());
+    }
     TESSERA_ASSIGN_OR_RETURN(std::vector<int64_t> updated,
                              cluster_.PushBatch(batch.configs, batch.pushes, request->step(),
-                                                {id.client_id(), id.sequence()}));
+                                                {id.client_id(), id.sequence()}, sync));
     for (const int64_t u : updated) response->add_rows_updated(u);
     response->set_incarnation(cluster_.router().IncarnationDigest());
     return absl::OkStatus();
@@ -224,6 +232,38 @@ grpc::Status CoordinatorService::ListCheckpoints(grpc::ServerContext* context,
     TESSERA_ASSIGN_OR_RETURN(std::vector<storage::CheckpointManifest> list,
                              cluster_.ListCheckpoints());
     for (const auto& m : list) ToProto(m, 0, response->add_checkpoints());
+    return absl::OkStatus();
+  });
+}
+
+// The rendezvous store: trainers of a job write and read it (kWrite: with auth, a
+// read-only caller takes no part in training).
+grpc::Status CoordinatorService::StoreSet(grpc::ServerContext* context,
+                                          const v1::StoreSetRequest* request,
+                                          v1::StoreSetResponse*) {
+  return Serve(context, Access::kWrite,
+               [&]() { return rendezvous_.Set(request->key(), request->value()); });
+}
+
+grpc::Status CoordinatorService::StoreGet(grpc::ServerContext* context,
+                                          const v1::StoreGetRequest* request,
+                                          v1::StoreGetResponse* response) {
+  return Serve(context, Access::kWrite, [&]() -> absl::Status {
+    const std::vector<std::string> keys(request->keys().begin(), request->keys().end());
+    TESSERA_ASSIGN_OR_RETURN(
+        std::vector<std::string> values,
+        rendezvous_.Get(keys, std::chrono::milliseconds(request->timeout_ms())));
+    for (auto& v : values) response->add_values(std::move(v));
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status CoordinatorService::StoreAdd(grpc::ServerContext* context,
+                                          const v1::StoreAddRequest* request,
+                                          v1::StoreAddResponse* response) {
+  return Serve(context, Access::kWrite, [&]() -> absl::Status {
+    TESSERA_ASSIGN_OR_RETURN(int64_t value, rendezvous_.Add(request->key(), request->delta()));
+    response->set_value(value);
     return absl::OkStatus();
   });
 }

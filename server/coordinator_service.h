@@ -7,6 +7,7 @@
 #include "embedding/storage/coordinator_store.h"
 #include "server/auth.h"
 #include "server/cluster.h"
+#include "server/rendezvous_store.h"
 #include "server/lookup_request.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 
@@ -60,6 +61,12 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status ListCheckpoints(grpc::ServerContext* context,
                                const v1::ListCheckpointsRequest* request,
                                v1::ListCheckpointsResponse* response) override;
+  grpc::Status StoreSet(grpc::ServerContext* context, const v1::StoreSetRequest* request,
+                        v1::StoreSetResponse* response) override;
+  grpc::Status StoreGet(grpc::ServerContext* context, const v1::StoreGetRequest* request,
+                        v1::StoreGetResponse* response) override;
+  grpc::Status StoreAdd(grpc::ServerContext* context, const v1::StoreAddRequest* request,
+                        v1::StoreAddResponse* response) override;
 
  private:
   template <typename Handler>
@@ -73,6 +80,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
 
   const CoordinatorOptions options_;
   Cluster cluster_;
+  RendezvousStore rendezvous_;
 };
 
 }  // namespace tessera::server

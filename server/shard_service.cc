@@ -1,5 +1,7 @@
 #include "server/shard_service.h"
 
+#include <algorithm>
+#include <chrono>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -369,12 +371,63 @@ grpc::Status ShardService::BatchPush(grpc::ServerContext* context,
     for (size_t i = 0; i < batch.pushes.size(); ++i) {
       TESSERA_RETURN_IF_ERROR(CheckOwnership(batch.configs[i], batch.pushes[i].ids));
     }
-    TESSERA_ASSIGN_OR_RETURN(std::vector<int64_t> updated,
-                             ApplyPush(batch, request->step(), FromProto(request->request_id())));
+    const bool sync = request->has_sync() && request->sync().workers() > 1;
+    TESSERA_ASSIGN_OR_RETURN(
+        std::vector<int64_t> updated,
+        sync ? ApplySyncPush(batch, *request)
+             : ApplyPush(batch, request->step(), FromProto(request->request_id())));
     for (const int64_t u : updated) response->add_rows_updated(u);
     response->set_incarnation(incarnation_);
     return absl::OkStatus();
   });
+}
+
+absl::StatusOr<std::vector<int64_t>> ShardService::ApplySyncPush(
+    const DecodedBatch& batch, const v1::BatchPushRequest& request) {
+  const v1::SyncGroup& group = request.sync();
+  if (group.job().empty() || group.job().size() > 256) {
+    return absl::InvalidArgumentError("sync push: job must be 1-256 bytes");
+  }
+  SyncMember member;
+  member.job = group.job();
+  member.worker = group.worker();
+  member.workers = group.workers();
+  member.timeout = std::chrono::milliseconds(std::clamp(group.timeout_ms(), 1, 3600 * 1000));
+  member.where = absl::StrCat("shard ", options_.shard_index);
+  const embedding::RequestId id = FromProto(request.request_id());
+  const Contribution part{batch.pushes, id};
+  // The journal answers a repeat of this worker's push; one more part than the tables
+  // marks the contribution made (a worker with no ids here still takes part in the step).
+  const size_t parts = batch.pushes.size();
+  TESSERA_ASSIGN_OR_RETURN(
+      std::vector<int64_t> updated,
+      journal_.Run(id, parts + 1, [&](std::vector<int64_t>* done) -> absl::Status {
+        TESSERA_ASSIGN_OR_RETURN(
+            std::vector<int64_t> rows,
+            steps_.Contribute(member, request.step(), part,
+                              [&](absl::Span<const embedding::TableGradients> merged,
+                                  const embedding::RequestId& first) {
+                                return ApplyMergedPush(merged, request.step(), first);
+                              }));
+        *done = std::move(rows);
+        done->push_back(0);
+        return absl::OkStatus();
+      }));
+  updated.resize(parts);
+  return updated;
+}
+
+absl::StatusOr<std::vector<int64_t>> ShardService::ApplyMergedPush(
+    absl::Span<const embedding::TableGradients> merged, int64_t step,
+    const embedding::RequestId& first) {
+  // Under an id of its own, derived from the first worker's: a retry of the whole step
+  // (every worker's push again, after this shard restarted) finds it applied.
+  embedding::RequestId id = first;
+  if (!id.empty()) id.client_id ^= 0x5a17c0de5a17c0deULL;
+  if (id.client_id == 0) id.client_id = 1;
+  DecodedBatch batch;
+  batch.pushes.assign(merged.begin(), merged.end());
+  return ApplyPush(batch, step, id);
 }
 
 grpc::Status ShardService::Stats(grpc::ServerContext* context, const v1::StatsRequest* request,

@@ -11,6 +11,7 @@
 #include "server/auth.h"
 #include "server/lookup_request.h"
 #include "server/push_journal.h"
+#include "server/step_aggregator.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 
 namespace tessera::server {
@@ -91,6 +92,14 @@ class ShardService final : public v1::EmbeddingShard::Service {
   // Checks that every id belongs to this shard.
   absl::Status CheckOwnership(const v1::TableConfig& config, absl::Span<const int64_t> ids) const;
   // Applies the decoded parts `batch->pushes` of a push, exactly once per request id.
+  // A data-parallel worker's push (request.sync): its part of the step, applied with the
+  // other workers' once all have pushed. Deduplicated by the worker's request id.
+  absl::StatusOr<std::vector<int64_t>> ApplySyncPush(const DecodedBatch& batch,
+                                                     const v1::BatchPushRequest& request);
+  // A step's pushes of every worker, merged, applied as one push.
+  absl::StatusOr<std::vector<int64_t>> ApplyMergedPush(
+      absl::Span<const embedding::TableGradients> merged, int64_t step,
+      const embedding::RequestId& first);
   absl::StatusOr<std::vector<int64_t>> ApplyPush(const DecodedBatch& batch, int64_t step,
                                                  const embedding::RequestId& id);
 
@@ -102,6 +111,7 @@ class ShardService final : public v1::EmbeddingShard::Service {
   const uint64_t incarnation_;  // random at each start: answers carry it
   std::atomic<uint64_t> version_;
   PushJournal journal_;
+  StepAggregator steps_;  // synchronous pushes of data-parallel workers
   mutable absl::Mutex mu_;
   std::map<std::string, v1::TableConfig> configs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Counters> counters_ ABSL_GUARDED_BY(mu_);

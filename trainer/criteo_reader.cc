@@ -271,6 +271,11 @@ absl::StatusOr<bool> CriteoReader::ReadSample(bool held_out, float* dense, int64
     ++line_number_;
     ++lines_this_epoch_;
     const bool line_held_out = IsHeldOutLine(line_number_, options_, file_);
+    // Another data-parallel worker's training line.
+    if (!held_out && !line_held_out && options_.num_workers > 1 &&
+        (line_number_ - 1) % options_.num_workers != options_.worker_index) {
+      continue;
+    }
     // The held-out pass runs first; stopping at a bad line, it checks the training lines
     // it passes too, so the first bad line of the file is the one named.
     const bool check_only = line_held_out != held_out;

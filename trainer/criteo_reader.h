@@ -24,6 +24,10 @@ struct CriteoOptions {
   int64_t max_held_out = 200000;    // cap on held-out samples loaded for evaluation
   int epochs = 1;                   // passes over the file
   uint64_t seed = 1;                // picks the held-out lines
+  // Data-parallel workers: worker i of N trains on the lines whose (1-based) line number
+  // of their file is i + 1 modulo N; every worker holds out the same lines.
+  int num_workers = 1;
+  int worker_index = 0;
 };
 
 // Parses one line into `dense` (num_dense: log(1 + max(x, 0)), empty = 0), `ids`

@@ -64,6 +64,9 @@ class DenseBackend {
   // matching gradients. Writes to Parameters() take effect on the next Forward.
   virtual absl::Span<float> Parameters() = 0;
   virtual absl::Span<const float> Gradients() const = 0;
+  // The gradients of the last Backward, to change before ApplyGradients (data-parallel
+  // workers replace them by the workers' mean).
+  virtual absl::Span<float> MutableGradients() = 0;
 
   virtual const DlrmConfig& config() const = 0;
 

@@ -1,6 +1,7 @@
 // tessera-train: trains a DLRM ranking model against embedding tables. With no flags it
 // runs on synthetic data with a planted teacher, on 4 in-process shards.
 
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <iostream>
@@ -27,6 +28,7 @@
 #include "server/logging.h"
 #include "server/metrics.h"
 #include "trainer/criteo_reader.h"
+#include "trainer/data_parallel.h"
 #include "trainer/dense_backend.h"
 #include "trainer/input_pipeline.h"
 #include "trainer/synthetic.h"
@@ -94,8 +96,40 @@ ABSL_FLAG(int, max_retries, 8,
           "with --coordinator: retries of a call that finds a server unavailable (backoff "
           "from 50 ms doubling to 1 s), so a restart within the budget goes unnoticed");
 
+ABSL_FLAG(int, num_workers, 1,
+          "data-parallel trainers of this model (with --coordinator): each trains on its "
+          "share of the data and all keep one dense model");
+ABSL_FLAG(int, worker_index, 0, "with --num_workers: this trainer's index, 0 .. N-1");
+ABSL_FLAG(std::string, worker_host, "127.0.0.1",
+          "with --num_workers: the address this worker's gloo transport listens on (the "
+          "other workers must reach it; the port is the OS's choice)");
+ABSL_FLAG(int, worker_timeout_s, 20,
+          "with --num_workers: how long a step waits for the other workers before the run "
+          "fails naming those that did not come");
+ABSL_FLAG(int, rendezvous_timeout_s, 300,
+          "with --num_workers: how long to wait for every worker to join");
+
 namespace tessera::trainer {
 namespace {
+
+// The coordinator's rendezvous store, as the data-parallel workers see it.
+class CoordinatorKv final : public RendezvousKv {
+ public:
+  explicit CoordinatorKv(client::EmbeddingClient* client) : client_(client) {}
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    return client_->StoreSet(key, value);
+  }
+  absl::StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
+                                               std::chrono::milliseconds timeout) override {
+    return client_->StoreGet(keys, timeout);
+  }
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
+    return client_->StoreAdd(key, delta);
+  }
+
+ private:
+  client::EmbeddingClient* client_;
+};
 
 absl::StatusOr<std::vector<int>> ParseWidths(const std::string& s, const char* flag) {
   std::vector<int> out;
@@ -164,6 +198,14 @@ absl::Status CheckFlagRanges() {
   TESSERA_RETURN_IF_ERROR(CheckRange("keep_checkpoints", absl::GetFlag(FLAGS_keep_checkpoints), 0,
                                      kMaxInt, " (0 = keep all)"));
   TESSERA_RETURN_IF_ERROR(CheckRange("max_retries", absl::GetFlag(FLAGS_max_retries), 0, 100));
+  TESSERA_RETURN_IF_ERROR(CheckRange("num_workers", absl::GetFlag(FLAGS_num_workers), 1, 4096));
+  TESSERA_RETURN_IF_ERROR(CheckRange("worker_index", absl::GetFlag(FLAGS_worker_index), 0,
+                                     absl::GetFlag(FLAGS_num_workers) - 1,
+                                     " (workers are numbered 0 .. --num_workers - 1)"));
+  TESSERA_RETURN_IF_ERROR(
+      CheckRange("worker_timeout_s", absl::GetFlag(FLAGS_worker_timeout_s), 1, 3600));
+  TESSERA_RETURN_IF_ERROR(
+      CheckRange("rendezvous_timeout_s", absl::GetFlag(FLAGS_rendezvous_timeout_s), 1, 86400));
   return absl::OkStatus();
 }
 
@@ -197,6 +239,19 @@ absl::Status Run() {
   std::string where;
   const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
   const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
+  const int num_workers = absl::GetFlag(FLAGS_num_workers);
+  const int worker = absl::GetFlag(FLAGS_worker_index);
+  if (num_workers > 1 && coordinator.empty()) {
+    return absl::InvalidArgumentError(
+        "--num_workers > 1 needs --coordinator: the workers share their tables on a cluster "
+        "and meet through its coordinator");
+  }
+  if (num_workers > 1 &&
+      (absl::GetFlag(FLAGS_checkpoint_every) > 0 || absl::GetFlag(FLAGS_resume) != "false")) {
+    return absl::UnimplementedError(
+        "--checkpoint_every and --resume are not available with --num_workers > 1 yet");
+  }
+  client::EmbeddingClient* remote_client = nullptr;  // with --coordinator
   if (coordinator.empty()) {
     TESSERA_ASSIGN_OR_RETURN(int shards, ParseShards(absl::GetFlag(FLAGS_shards)));
     if (data_dir.empty()) {
@@ -231,6 +286,7 @@ absl::Status Run() {
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<client::EmbeddingClient> remote,
                              client::EmbeddingClient::Connect(coordinator, co));
     where = absl::StrCat(remote->num_shards(), " shards via ", coordinator, " (", mode, " client)");
+    remote_client = remote.get();
     tables = std::move(remote);
   }
 
@@ -269,7 +325,8 @@ absl::Status Run() {
   options.run_signature = absl::StrCat(
       "model=", options.model, " data=", data, " seed=", seed, " batch_size=", batch_size, " dense=", model.num_dense,
       " sparse=", model.num_sparse, " emb_dim=", model.emb_dim,
-      " optimizer=", absl::GetFlag(FLAGS_optimizer), " dense_optimizer=", dense_opt);
+      " optimizer=", absl::GetFlag(FLAGS_optimizer), " dense_optimizer=", dense_opt,
+      num_workers > 1 ? absl::StrCat(" workers=", num_workers) : "");
   const std::string resume_flag = absl::GetFlag(FLAGS_resume);
   if (resume_flag != "auto" && resume_flag != "true" && resume_flag != "false") {
     return absl::InvalidArgumentError(
@@ -314,20 +371,50 @@ absl::Status Run() {
     metrics->Watch([collection](server::Metrics& m) { m.ReadTables(collection); },
                    std::chrono::seconds(5));
   }
+  // Data-parallel workers meet through the coordinator before anything else.
+  std::unique_ptr<CoordinatorKv> kv;
+  std::unique_ptr<DataParallel> dp;
+  if (num_workers > 1) {
+    kv = std::make_unique<CoordinatorKv>(remote_client);
+    DataParallelOptions dpo;
+    dpo.job = options.model;
+    dpo.num_workers = num_workers;
+    dpo.worker_index = worker;
+    dpo.host = absl::GetFlag(FLAGS_worker_host);
+    dpo.timeout = std::chrono::seconds(absl::GetFlag(FLAGS_worker_timeout_s));
+    dpo.rendezvous_timeout = std::chrono::seconds(absl::GetFlag(FLAGS_rendezvous_timeout_s));
+    std::printf("data-parallel: worker %d of %d of model '%s' joining through %s\n", worker,
+                num_workers, options.model.c_str(), coordinator.c_str());
+    std::fflush(stdout);
+    TESSERA_ASSIGN_OR_RETURN(dp, DataParallel::Join(kv.get(), dpo));
+    std::printf("data-parallel: all %d workers connected (generation %lld)\n", num_workers,
+                static_cast<long long>(dp->generation()));
+    options.data_parallel = dp.get();
+    options.sync_timeout = dpo.timeout;
+  }
   Trainer trainer(tables.get(), dense.get(), options);
   int64_t first_step = 0;
-  // CreateTable of an existing table with the same config is OK (creates are
-  // idempotent), so existing tables are looked for first.
-  TESSERA_ASSIGN_OR_RETURN(std::string existing, trainer.FirstExistingTable());
-  if (!existing.empty() && !resume) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "table '", existing, "' already exists: model '", options.model,
-        "' has tables; pass --resume=auto to continue it, --model=OTHER to train a new model, "
-        "or drop its tables first (tessera-cli drop --table=...)"));
+  if (worker == 0) {
+    // CreateTable of an existing table with the same config is OK (creates are
+    // idempotent), so existing tables are looked for first.
+    TESSERA_ASSIGN_OR_RETURN(std::string existing, trainer.FirstExistingTable());
+    if (!existing.empty() && !resume) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "table '", existing, "' already exists: model '", options.model,
+          "' has tables; pass --resume=auto to continue it, --model=OTHER to train a new "
+          "model, or drop its tables first (tessera-cli drop --table=...)"));
+    }
+    // Creates what is missing (all of it on a first run) and checks what exists (tables
+    // an operator created with tessera-cli apply, or an earlier run).
+    TESSERA_RETURN_IF_ERROR(trainer.CreateTables(table));
   }
-  // Creates what is missing (all of it on a first run) and checks what exists (tables an
-  // operator created with tessera-cli apply, or an earlier run).
-  TESSERA_RETURN_IF_ERROR(trainer.CreateTables(table));
+  if (dp != nullptr) {
+    // Worker 0 made the tables; the others check them once it has.
+    TESSERA_RETURN_IF_ERROR(Annotate(
+        dp->Barrier(std::chrono::seconds(absl::GetFlag(FLAGS_rendezvous_timeout_s))),
+        "waiting for worker 0 to create the model's tables"));
+    if (worker != 0) TESSERA_RETURN_IF_ERROR(trainer.CheckTables(table));
+  }
   if (resume) {
     absl::StatusOr<int64_t> resumed = trainer.Resume();
     if (resumed.ok()) {
@@ -382,12 +469,13 @@ absl::Status Run() {
     TESSERA_ASSIGN_OR_RETURN(generator, SyntheticGenerator::Create(sc));
     if (steps == 0) steps = 10000;
     const SyntheticGenerator* gen = generator.get();
-    make_source = [gen, batch_size, steps](
+    make_source = [gen, batch_size, steps, num_workers, worker](
                       int64_t first) -> absl::StatusOr<std::unique_ptr<BatchSource>> {
       // Batch i is a pure function of i: a resumed run starts at its first step's batch.
+      // Data-parallel worker w trains batches w, w + N, w + 2N, ...
       return std::unique_ptr<BatchSource>(std::make_unique<ParallelBatchPipeline>(
-          [gen, batch_size, first](int64_t index, Batch* b) {
-            gen->MakeBatch(first + index, batch_size, b);
+          [gen, batch_size, first, num_workers, worker](int64_t index, Batch* b) {
+            gen->MakeBatch((first + index) * num_workers + worker, batch_size, b);
             return absl::OkStatus();
           },
           std::max<int64_t>(0, steps - first), absl::GetFlag(FLAGS_reader_threads),
@@ -403,6 +491,8 @@ absl::Status Run() {
     co.epochs = absl::GetFlag(FLAGS_epochs);
     co.seed = seed;
     co.held_out_fraction = absl::GetFlag(FLAGS_held_out_fraction);
+    co.num_workers = num_workers;
+    co.worker_index = worker;
     co.max_held_out = absl::GetFlag(FLAGS_max_held_out);
     const std::string bad = absl::GetFlag(FLAGS_on_bad_line);
     if (bad != "skip" && bad != "stop") {
@@ -441,6 +531,11 @@ absl::Status Run() {
         }
         std::printf("resume: skipped the %lld batches before step %lld\n",
                     static_cast<long long>(first), static_cast<long long>(first));
+      }
+      if (dp != nullptr) {
+        // The workers' shares of a file differ by a line or so: they stop together.
+        return std::unique_ptr<BatchSource>(
+            std::make_unique<AgreedEndSource>(std::move(prefetching), dp.get()));
       }
       return std::unique_ptr<BatchSource>(std::move(prefetching));
     };
@@ -497,6 +592,26 @@ absl::Status Run() {
                 static_cast<long long>(replayed));
   }
 
+  if (dp != nullptr) {
+    // Every worker's dense model must be the same bits: say so, and check it.
+    const uint64_t mine = Fingerprint(dense->Parameters());
+    TESSERA_ASSIGN_OR_RETURN(std::vector<std::string> all,
+                             dp->AllGather(std::string(reinterpret_cast<const char*>(&mine),
+                                                       sizeof(mine))));
+    for (int w = 0; w < num_workers; ++w) {
+      if (all[w] != all[0]) {
+        return absl::InternalError(absl::StrCat(
+            "data-parallel: worker ", w, "'s dense parameters differ from worker 0's"));
+      }
+    }
+    const double per_step = dp->allreduces() > 0
+                                ? 1e3 * dp->allreduce_seconds() / dp->allreduces()
+                                : 0.0;
+    std::printf("data-parallel: worker %d of %d, dense parameters %016llx on every worker, "
+                "allreduce %.3f ms per step (%lld steps)\n",
+                worker, num_workers, static_cast<unsigned long long>(mine), per_step,
+                static_cast<long long>(dp->allreduces()));
+  }
   TESSERA_ASSIGN_OR_RETURN(EvalResult eval, trainer.Evaluate(held_out));
   if (eval.samples == 0) {
     std::printf("held-out: 0 samples (none held out: no logloss or auc)\n");

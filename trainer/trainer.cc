@@ -238,6 +238,13 @@ absl::StatusOr<double> Trainer::ForwardBackward(const Batch& batch, const float*
   const size_t block = static_cast<size_t>(batch.size) * d;
   emb_grad_.resize(block * nf);
   TESSERA_ASSIGN_OR_RETURN(double loss, dense_->Backward(batch.labels.data(), emb_grad_.data()));
+  if (DataParallel* dp = options_.data_parallel; dp != nullptr && dp->size() > 1) {
+    // The mean over the workers' batches: dense gradients averaged here, embedding
+    // gradients scaled so that the shards' sum over workers is their mean.
+    TESSERA_RETURN_IF_ERROR(dp->AllreduceMean(dense_->MutableGradients()));
+    const float scale = 1.0f / static_cast<float>(dp->size());
+    for (float& g : emb_grad_) g *= scale;
+  }
   step->unique_ids.resize(nf);
   step->unique_grads.resize(nf);
   step->pushes.resize(nf);
@@ -251,11 +258,23 @@ absl::StatusOr<double> Trainer::ForwardBackward(const Batch& batch, const float*
   return loss;
 }
 
+embedding::PushOptions Trainer::StepPushOptions() const {
+  embedding::PushOptions push;
+  if (const DataParallel* dp = options_.data_parallel; dp != nullptr && dp->size() > 1) {
+    // The generation keeps a restarted job's steps apart from those of its last attempt.
+    push.sync.job = absl::StrCat(options_.model, "#", dp->generation());
+    push.sync.worker = dp->rank();
+    push.sync.workers = dp->size();
+    push.sync.timeout = options_.sync_timeout;
+  }
+  return push;
+}
+
 absl::StatusOr<double> Trainer::TrainStep(const Batch& batch, int64_t step) {
   if (sync_step_ == nullptr) sync_step_ = std::make_unique<Step>();
   TESSERA_RETURN_IF_ERROR(LookupAll(batch, /*insert_missing=*/true));
   TESSERA_ASSIGN_OR_RETURN(double loss, ForwardBackward(batch, emb_.data(), sync_step_.get()));
-  TESSERA_RETURN_IF_ERROR(tables_->PushBatch(sync_step_->pushes, step));
+  TESSERA_RETURN_IF_ERROR(tables_->PushBatch(sync_step_->pushes, step, StepPushOptions()));
   dense_->ApplyGradients();
   return loss;
 }
@@ -305,7 +324,8 @@ absl::StatusOr<std::optional<Trainer::StepOutcome>> Trainer::PipelinedStep(Batch
   Step* s = ahead_.front().get();
   TESSERA_RETURN_IF_ERROR(worker_->Wait(s->lookup_ticket));
   TESSERA_ASSIGN_OR_RETURN(double loss, ForwardBackward(s->batch, s->emb.data(), s));
-  s->push_ticket = worker_->Submit([this, s, step] { return tables_->PushBatch(s->pushes, step); });
+  s->push_ticket = worker_->Submit(
+      [this, s, step] { return tables_->PushBatch(s->pushes, step, StepPushOptions()); });
   dense_->ApplyGradients();  // while the push is on its way
   pushing_.push_back(std::move(ahead_.front()));
   ahead_.pop_front();

@@ -2,6 +2,7 @@
 #define TESSERA_TRAINER_TRAINER_H_
 
 #include <cstdint>
+#include <chrono>
 #include <deque>
 #include <fstream>
 #include <functional>
@@ -14,6 +15,7 @@
 #include "embedding/collection.h"
 #include "tessera/v1/config.pb.h"
 #include "trainer/batch.h"
+#include "trainer/data_parallel.h"
 #include "trainer/dense_backend.h"
 
 namespace tessera::trainer {
@@ -56,6 +58,15 @@ struct TrainerOptions {
   // it (TrainResult::resume_from); kFail ends the run with an error saying so.
   enum class OnShardRestart { kResume, kFail };
   OnShardRestart on_shard_restart = OnShardRestart::kResume;
+  // Data-parallel: this trainer is worker data_parallel->rank() of data_parallel->size()
+  // training one model (null: it trains alone). Every step, the workers' dense gradients
+  // are replaced by their mean before the optimizer step, and each worker's embedding
+  // gradients (scaled by 1/N, so N workers at batch B take the step one worker takes at
+  // batch N*B) are pushed in a sync group: each shard applies the step once all workers
+  // have pushed it. Needs tables on a cluster.
+  DataParallel* data_parallel = nullptr;
+  // How long a shard waits for the other workers' pushes of a step.
+  std::chrono::milliseconds sync_timeout{std::chrono::seconds(20)};
 };
 
 struct EvalResult {
@@ -151,6 +162,8 @@ class Trainer {
   // Dense forward and backward on `batch` with embeddings `emb`, then the gradients of
   // each feature's distinct rows into `step`'s buffers (unique ids, grads, pushes).
   absl::StatusOr<double> ForwardBackward(const Batch& batch, const float* emb, Step* step);
+  // How this trainer pushes its steps (in its sync group when data-parallel).
+  embedding::PushOptions StepPushOptions() const;
   // NextStep with max_staleness > 0.
   absl::StatusOr<std::optional<StepOutcome>> PipelinedStep(BatchSource* source, int64_t step,
                                                            int64_t max_steps);

@@ -270,7 +270,8 @@ absl::Status InProcessCollection::PushGradients(absl::string_view table,
 }
 
 absl::Status InProcessCollection::PushBatch(absl::Span<const embedding::TableGradients> tables,
-                                            int64_t step, const embedding::PushOptions&) {
+                                            int64_t step, const embedding::PushOptions& options) {
+  TESSERA_RETURN_IF_ERROR(embedding::RefuseSync(options));
   std::vector<TablePtr> found;
   found.reserve(tables.size());
   for (const auto& part : tables) {
@@ -360,8 +361,16 @@ absl::Status EmbeddingCollection::LookupBatch(absl::Span<const TableBags> tables
   return absl::OkStatus();
 }
 
+absl::Status RefuseSync(const PushOptions& options) {
+  if (!options.sync.active()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "synchronous pushes of data-parallel workers need tables on a cluster (shards and a "
+      "coordinator); these are in this process");
+}
+
 absl::Status EmbeddingCollection::PushBatch(absl::Span<const TableGradients> tables, int64_t step,
-                                            const PushOptions&) {
+                                            const PushOptions& options) {
+  TESSERA_RETURN_IF_ERROR(RefuseSync(options));
   if (tables.empty()) return absl::OkStatus();
   TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> configs, ListTables());
   for (const TableGradients& t : tables) {

@@ -79,6 +79,7 @@ class CpuDenseBackend final : public trainer::DenseBackend {
   const DlrmConfig& config() const override { return config_; }
   absl::Span<float> Parameters() override { return absl::MakeSpan(params_); }
   absl::Span<const float> Gradients() const override { return absl::MakeConstSpan(grads_); }
+  absl::Span<float> MutableGradients() override { return absl::MakeSpan(grads_); }
 
   absl::Status Forward(int batch, const float* dense, const float* embeddings,
                        float* logits) override {

@@ -1,0 +1,132 @@
+#include "server/step_aggregator.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace tessera::server {
+namespace {
+
+// The step's tables merged in worker order: one part per table, its ids and gradients
+// the workers' concatenated (worker 0's first).
+struct Merged {
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> ids;
+  std::vector<std::vector<float>> grads;
+  std::vector<embedding::TableGradients> parts;
+};
+
+void Merge(const std::vector<const Contribution*>& workers, Merged* m) {
+  for (const Contribution* c : workers) {
+    for (const embedding::TableGradients& t : c->tables) {
+      auto it = std::find(m->names.begin(), m->names.end(), t.table);
+      size_t at = static_cast<size_t>(it - m->names.begin());
+      if (it == m->names.end()) {
+        m->names.push_back(t.table);
+        m->ids.emplace_back();
+        m->grads.emplace_back();
+      }
+      m->ids[at].insert(m->ids[at].end(), t.ids.begin(), t.ids.end());
+      m->grads[at].insert(m->grads[at].end(), t.gradients.begin(), t.gradients.end());
+    }
+  }
+  for (size_t p = 0; p < m->names.size(); ++p) {
+    m->parts.push_back({m->names[p], m->ids[p], m->grads[p]});
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int64_t>> StepAggregator::Contribute(const SyncMember& member,
+                                                                int64_t step,
+                                                                const Contribution& part,
+                                                                const ApplyFn& apply) {
+  if (member.workers < 2 || member.worker < 0 || member.worker >= member.workers) {
+    return absl::InvalidArgumentError(absl::StrCat("job '", member.job, "': worker ", member.worker,
+                                                   " of ", member.workers,
+                                                   " is not a worker of a group of 2 or more"));
+  }
+  const Key key{member.job, step};
+  std::shared_ptr<Step> s;
+  bool last = false;
+  {
+    absl::MutexLock lock(&mu_);
+    std::shared_ptr<Step>& slot = steps_[key];
+    if (slot == nullptr) {
+      slot = std::make_shared<Step>();
+      slot->workers = member.workers;
+      slot->parts.assign(member.workers, nullptr);
+    }
+    s = slot;
+    if (s->workers != member.workers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job '", member.job, "' step ", step, ": worker ", member.worker, " says ",
+                       member.workers, " workers, others said ", s->workers));
+    }
+    if (!s->done) {
+      if (s->parts[member.worker] == nullptr) ++s->arrived;
+      s->parts[member.worker] = &part;  // a repeat of a worker's push replaces it
+      last = s->arrived == s->workers;
+      if (last) steps_.erase(key);  // a later push of this step starts a new one
+    }
+  }
+  if (last) {
+    // Outside the lock: the others wait on `done`, their parts stay valid until then.
+    Merged merged;
+    Merge(s->parts, &merged);
+    absl::StatusOr<std::vector<int64_t>> rows = apply(merged.parts, s->parts[0]->request_id);
+    absl::MutexLock lock(&mu_);
+    s->status = rows.status();
+    if (rows.ok()) s->rows = *std::move(rows);
+    s->tables = std::move(merged.names);
+    s->done = true;
+  } else {
+    absl::MutexLock lock(&mu_);
+    struct AllIn {
+      const Step* s;
+      bool operator()() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return s->done || s->arrived == s->workers;
+      }
+    } all_in{s.get()};
+    if (!mu_.AwaitWithTimeout(absl::Condition(&all_in), absl::FromChrono(member.timeout))) {
+      std::vector<int> missing;
+      for (int w = 0; w < s->workers; ++w) {
+        if (s->parts[w] == nullptr) missing.push_back(w);
+      }
+      // Gone from the step: a retry of this push arrives as new.
+      if (s->parts[member.worker] == &part) {
+        s->parts[member.worker] = nullptr;
+        --s->arrived;
+      }
+      if (s->arrived == 0) {
+        auto it = steps_.find(key);
+        if (it != steps_.end() && it->second == s) steps_.erase(it);
+      }
+      return absl::AbortedError(absl::StrCat(
+          "job '", member.job, "' step ", step, ": worker(s) ", absl::StrJoin(missing, ", "),
+          " of ", s->workers, " did not push to ", member.where, " within ", member.timeout.count(),
+          " ms (stopped, or slower than the timeout)"));
+    }
+    // Everyone is in: the last one is applying the step, however long that takes.
+    mu_.Await(absl::Condition(&s->done));
+  }
+  absl::MutexLock lock(&mu_);
+  if (!s->status.ok()) return s->status;
+  std::vector<int64_t> mine;
+  for (const embedding::TableGradients& t : part.tables) {
+    auto it = std::find(s->tables.begin(), s->tables.end(), t.table);
+    const size_t at = static_cast<size_t>(it - s->tables.begin());
+    mine.push_back(at < s->rows.size() ? s->rows[at] : 0);
+  }
+  return mine;
+}
+
+size_t StepAggregator::pending() const {
+  absl::MutexLock lock(&mu_);
+  return steps_.size();
+}
+
+}  // namespace tessera::server

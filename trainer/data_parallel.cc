@@ -1,0 +1,221 @@
+#include "trainer/data_parallel.h"
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "embedding/status.h"
+#include "gloo/allgather.h"
+#include "gloo/allreduce.h"
+#include "gloo/barrier.h"
+#include "gloo/math.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/store.h"
+#include "gloo/transport/tcp/device.h"
+
+namespace tessera::trainer {
+namespace {
+
+// gloo's rendezvous store over a RendezvousKv, under a prefix of the job's generation.
+// gloo reports a store failure as an exception; Join turns it into a status.
+class GlooStore final : public gloo::rendezvous::Store {
+ public:
+  GlooStore(RendezvousKv* kv, std::string prefix, std::chrono::milliseconds timeout)
+      : kv_(kv), prefix_(std::move(prefix)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    Check(kv_->Set(prefix_ + key, std::string(data.begin(), data.end())));
+  }
+  std::vector<char> get(const std::string& key) override {
+    absl::StatusOr<std::vector<std::string>> v = kv_->Get({prefix_ + key}, timeout_);
+    Check(v.status());
+    return std::vector<char>((*v)[0].begin(), (*v)[0].end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    std::vector<std::string> full;
+    for (const auto& k : keys) full.push_back(prefix_ + k);
+    Check(kv_->Get(full, timeout).status());
+  }
+
+ private:
+  static void Check(const absl::Status& s) {
+    if (!s.ok()) throw std::runtime_error(s.ToString());
+  }
+  RendezvousKv* kv_;
+  const std::string prefix_;
+  const std::chrono::milliseconds timeout_;
+};
+
+}  // namespace
+
+DataParallel::~DataParallel() = default;
+
+std::string DataParallel::Key(const std::string& name) const {
+  return absl::StrCat("tessera/job/", options_.job, "/", generation_, "/", name);
+}
+
+absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Join(
+    RendezvousKv* kv, const DataParallelOptions& options) {
+  const int n = options.num_workers;
+  if (n < 1 || options.worker_index < 0 || options.worker_index >= n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker index ", options.worker_index, " is not in [0, ", n, ")"));
+  }
+  if (options.job.empty()) return absl::InvalidArgumentError("a data-parallel job needs a name");
+  TESSERA_ASSIGN_OR_RETURN(int64_t joined,
+                           kv->Add(absl::StrCat("tessera/job/", options.job, "/joined"), 1));
+  std::unique_ptr<DataParallel> dp(new DataParallel(kv, options, (joined - 1) / n));
+  TESSERA_ASSIGN_OR_RETURN(int64_t claims,
+                           kv->Add(dp->Key(absl::StrCat("claim/", options.worker_index)), 1));
+  if (claims > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job '", options.job, "': two workers say --worker_index=", options.worker_index,
+        " (generation ", dp->generation_, "); give each worker its own index in [0, ", n, ")"));
+  }
+  // Every worker's arrival first, so that one that never comes is named.
+  TESSERA_RETURN_IF_ERROR(
+      kv->Set(dp->Key(absl::StrCat("member/", options.worker_index)), options.host));
+  std::vector<std::string> members;
+  for (int w = 0; w < n; ++w) members.push_back(dp->Key(absl::StrCat("member/", w)));
+  absl::StatusOr<std::vector<std::string>> hosts = kv->Get(members, options.rendezvous_timeout);
+  if (!hosts.ok()) {
+    std::vector<int> missing;
+    for (int w = 0; w < n; ++w) {
+      if (!kv->Get({members[w]}, std::chrono::milliseconds(0)).ok()) missing.push_back(w);
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "job '", options.job, "': worker(s) ", absl::StrJoin(missing, ", "), " of ", n,
+        " did not join within ", options.rendezvous_timeout.count() / 1000,
+        " s; start every worker with the same --coordinator, --model and --num_workers"));
+  }
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.host;
+    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(options.worker_index, n);
+    context->setTimeout(std::max(options.timeout, std::chrono::milliseconds(1000)));
+    GlooStore store(kv, dp->Key("gloo/"), options.rendezvous_timeout);
+    context->connectFullMesh(store, device);
+    dp->context_ = std::move(context);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("job '", options.job, "': worker ",
+                                               options.worker_index,
+                                               " could not connect to the "
+                                               "other workers (listening on ",
+                                               options.host, "): ", e.what()));
+  }
+  return dp;
+}
+
+absl::Status DataParallel::Failed(const std::string& what, const std::string& detail) {
+  // Every worker that is still running sees the collective fail soon: each says so in the
+  // store, and those that do not within a few seconds are the ones that stopped.
+  const std::string failed = absl::StrCat("failed/", next_tag_, "/");
+  (void)kv_->Set(Key(absl::StrCat(failed, rank())), detail);
+  std::vector<int> silent;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  for (int w = 0; w < size(); ++w) {
+    if (w == rank()) continue;
+    const auto left = std::max(std::chrono::milliseconds(0),
+                               std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   until - std::chrono::steady_clock::now()));
+    if (!kv_->Get({Key(absl::StrCat(failed, w))}, left).ok()) silent.push_back(w);
+  }
+  const std::string who =
+      silent.empty()
+          ? "every worker saw it fail"
+          : absl::StrCat("worker ", absl::StrJoin(silent, ", worker "),
+                         silent.size() == 1 ? " has" : " have", " stopped or cannot be reached");
+  return absl::AbortedError(absl::StrCat("job '", options_.job, "': ", what, " failed on worker ",
+                                         rank(), ": ", who, " (", detail, ")"));
+}
+
+absl::Status DataParallel::AllreduceMean(absl::Span<float> values) {
+  if (size() == 1 || values.empty()) return absl::OkStatus();
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    gloo::AllreduceOptions opts(context_);
+    opts.setOutput(values.data(), values.size());
+    opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+    void (*sum)(void*, const void*, const void*, size_t) = &gloo::sum<float>;
+    opts.setReduceFunction(sum);
+    opts.setTag(next_tag_);
+    opts.setTimeout(options_.timeout);
+    gloo::allreduce(opts);
+  } catch (const std::exception& e) {
+    return Failed("the allreduce of the dense gradients", e.what());
+  }
+  ++next_tag_;
+  const float n = static_cast<float>(size());
+  for (float& v : values) v /= n;
+  allreduce_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ++allreduces_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> DataParallel::AllGather(const std::string& mine) {
+  std::vector<char> out(mine.size() * size());
+  if (size() > 1) {
+    try {
+      std::vector<char> in(mine.begin(), mine.end());
+      gloo::AllgatherOptions opts(context_);
+      opts.setInput(in.data(), in.size());
+      opts.setOutput(out.data(), out.size());
+      opts.setTag(next_tag_);
+      opts.setTimeout(options_.timeout);
+      gloo::allgather(opts);
+    } catch (const std::exception& e) {
+      return Failed("an allgather", e.what());
+    }
+    ++next_tag_;
+  } else {
+    std::copy(mine.begin(), mine.end(), out.begin());
+  }
+  std::vector<std::string> each;
+  for (int w = 0; w < size(); ++w) {
+    each.emplace_back(out.begin() + w * mine.size(), out.begin() + (w + 1) * mine.size());
+  }
+  return each;
+}
+
+absl::Status DataParallel::Barrier(std::chrono::milliseconds timeout) {
+  if (size() == 1) return absl::OkStatus();
+  try {
+    gloo::BarrierOptions opts(context_);
+    opts.setTag(next_tag_);
+    opts.setTimeout(timeout.count() > 0 ? timeout : options_.timeout);
+    gloo::barrier(opts);
+  } catch (const std::exception& e) {
+    return Failed("a barrier", e.what());
+  }
+  ++next_tag_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> AgreedEndSource::Next(Batch* batch) {
+  if (ended_) return false;
+  TESSERA_ASSIGN_OR_RETURN(bool more, inner_->Next(batch));
+  TESSERA_ASSIGN_OR_RETURN(std::vector<std::string> all, dp_->AllGather(more ? "1" : "0"));
+  const bool everyone = std::all_of(all.begin(), all.end(), [](const auto& a) { return a == "1"; });
+  if (!everyone) {
+    ended_ = true;
+    dropped_ += more;
+  }
+  return everyone;
+}
+
+uint64_t Fingerprint(absl::Span<const float> values) {
+  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a over the bytes
+  const auto* p = reinterpret_cast<const unsigned char*>(values.data());
+  for (size_t i = 0; i < values.size() * sizeof(float); ++i) {
+    h = (h ^ p[i]) * 0x100000001b3ULL;
+  }
+  return h;
+}
+
+}  // namespace tessera::trainer
