@@ -13,63 +13,18 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/shard_process.h"
+#include "tests/train_process.h"
 
 namespace {
 
-// A directory of this process's own: two suites running at once must not share files.
-const std::string& ScratchDir() {
-  static const std::string dir = [] {
-    std::string tmpl = absl::StrCat(testing::TempDir(), "/tessera-dist-XXXXXX");
-    return std::string(::mkdtemp(tmpl.data()));
-  }();
-  return dir;
-}
-
-using tessera::testing::ServerProcess;
+using tessera::testing::Cluster;
 using tessera::testing::DurableCluster;
+using tessera::testing::HeldOutAuc;
+using tessera::testing::RunTrain;
+using tessera::testing::ScratchDir;
+using tessera::testing::ServerProcess;
 using tessera::testing::ShardProcess;
-
-// A cluster of `n` shards and a coordinator.
-struct Cluster {
-  explicit Cluster(int n) {
-    std::string list;
-    for (int k = 0; k < n; ++k) {
-      shards.push_back(std::make_unique<ShardProcess>(k, n));
-      if (!shards[k]->address().empty() && tessera::testing::WaitHealthy(shards[k]->address())) {
-        absl::StrAppend(&list, k ? "," : "", shards[k]->address());
-      }
-    }
-    coordinator = std::make_unique<ServerProcess>(
-        TESSERA_COORDINATOR_BIN, std::vector<std::string>{absl::StrCat("--shards=", list)});
-    ok = !coordinator->address().empty() && tessera::testing::WaitHealthy(coordinator->address());
-  }
-  bool ok = false;
-  std::vector<std::unique_ptr<ShardProcess>> shards;
-  std::unique_ptr<ServerProcess> coordinator;
-};
-
-int RunTrain(const std::string& args, std::string* output) {
-  FILE* p = popen(absl::StrCat(TESSERA_TRAIN_BIN, " ", args, " 2>&1").c_str(), "r");
-  if (p == nullptr) return -1;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) output->append(buf, n);
-  const int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-std::vector<std::string> TrainRecords(const std::string& path) {
-  // The loss trajectory: train records without their timing fields.
-  std::vector<std::string> out;
-  std::ifstream in(path);
-  for (std::string l; std::getline(in, l);) {
-    if (l.find("\"event\":\"train\"") == std::string::npos) continue;
-    const size_t loss = l.find("\"loss\":");
-    out.push_back(l.substr(loss, l.find(',', loss) - loss));
-  }
-  return out;
-}
+using tessera::testing::TrainRecords;
 
 TEST(DistributedTraining, LossTrajectoryEqualsTheInProcessRunBitForBit) {
   const std::string common = "--steps=200 --log_every=10 --held_out=2000 --batch_size=128";
@@ -84,21 +39,16 @@ TEST(DistributedTraining, LossTrajectoryEqualsTheInProcessRunBitForBit) {
     ASSERT_TRUE(cluster.ok) << "cluster did not come up";
     const std::string remote = absl::StrCat(ScratchDir(), "/", mode, ".jsonl");
     out.clear();
+    // One data-parallel worker is the run without any.
     ASSERT_EQ(RunTrain(absl::StrCat(common, " --coordinator=", cluster.coordinator->address(),
-                                    " --client_mode=", mode, " --metrics_out=", remote),
+                                    " --client_mode=", mode, " --num_workers=1",
+                                    " --metrics_out=", remote),
                        &out),
               0)
         << out;
     EXPECT_THAT(out, testing::HasSubstr("2 shards via"));
     EXPECT_EQ(TrainRecords(remote), want) << mode << " client";
   }
-}
-
-double HeldOutAuc(const std::string& out) {
-  const size_t at = out.find("held-out:");
-  const size_t auc = out.find("auc ", at);
-  if (at == std::string::npos || auc == std::string::npos) return -1;
-  return std::stod(out.substr(auc + 4));
 }
 
 TEST(DistributedTraining, PipelinedTrainingReplaysExactlyAndReachesTheSynchronousAuc) {

@@ -185,6 +185,44 @@ TEST(CriteoReader, ReadsGzipFilesLikeThePlainOnes) {
   EXPECT_EQ(CriteoReader::LoadHeldOut(gz, o)->labels, CriteoReader::LoadHeldOut(plain, o)->labels);
 }
 
+TEST(CriteoReader, DataParallelWorkersSplitTheTrainingLinesByLineNumber) {
+  std::vector<std::string> lines;
+  for (int i = 0; i < 301; ++i) lines.push_back(Line(i % 2, i));
+  const std::string path = WriteFile("workers.tsv", lines);
+  CriteoOptions o;
+  o.held_out_fraction = 0.2;
+  const std::vector<int64_t> all = ReadAll(path, o);  // (label, first id) per sample
+  std::vector<std::vector<int64_t>> parts(3);
+  for (int w = 0; w < 3; ++w) {
+    CriteoOptions ow = o;
+    ow.num_workers = 3;
+    ow.worker_index = w;
+    parts[w] = ReadAll(path, ow);
+    // Every worker holds out the same lines.
+    auto held = CriteoReader::LoadHeldOut(path, ow);
+    ASSERT_TRUE(held.ok());
+    EXPECT_EQ(held->labels, CriteoReader::LoadHeldOut(path, o)->labels);
+  }
+  // Worker w has the training lines whose line number is w + 1 modulo 3, in file order:
+  // sample k of the whole goes to the worker of its line.
+  std::vector<int64_t> merged;
+  std::vector<size_t> at(3, 0);
+  int line = 0;
+  for (size_t k = 0; k < all.size(); k += 2) {
+    // The line of training sample k/2: the next line that is not held out.
+    while (IsHeldOutLine(line + 1, o)) ++line;
+    const int w = line % 3;
+    ASSERT_LT(at[w] + 1, parts[w].size() + 1);
+    EXPECT_EQ(parts[w][at[w]], all[k]);
+    EXPECT_EQ(parts[w][at[w] + 1], all[k + 1]);
+    at[w] += 2;
+    ++line;
+  }
+  for (int w = 0; w < 3; ++w) EXPECT_EQ(at[w], parts[w].size()) << "worker " << w;
+  EXPECT_GT(parts[0].size(), 0u);
+  EXPECT_GT(parts[2].size(), 0u);
+}
+
 TEST(CriteoReader, ReadsSeveralFilesInOrderNamingEachFilesOwnLines) {
   std::vector<std::string> first, second;
   for (int i = 0; i < 40; ++i) first.push_back(Line(1, i));

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
+#include <cstring>
 #include <exception>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +12,7 @@
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/barrier.h"
+#include "gloo/broadcast.h"
 #include "gloo/math.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/store.h"
@@ -66,6 +69,9 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Join(
         absl::StrCat("worker index ", options.worker_index, " is not in [0, ", n, ")"));
   }
   if (options.job.empty()) return absl::InvalidArgumentError("a data-parallel job needs a name");
+  // gloo writes to its sockets without MSG_NOSIGNAL: a worker that stops would otherwise
+  // kill the others with SIGPIPE instead of failing their next collective with an error.
+  std::signal(SIGPIPE, SIG_IGN);
   TESSERA_ASSIGN_OR_RETURN(int64_t joined,
                            kv->Add(absl::StrCat("tessera/job/", options.job, "/joined"), 1));
   std::unique_ptr<DataParallel> dp(new DataParallel(kv, options, (joined - 1) / n));
@@ -181,6 +187,30 @@ absl::StatusOr<std::vector<std::string>> DataParallel::AllGather(const std::stri
     each.emplace_back(out.begin() + w * mine.size(), out.begin() + (w + 1) * mine.size());
   }
   return each;
+}
+
+absl::Status DataParallel::Broadcast(std::string* bytes, int root,
+                                     std::chrono::milliseconds timeout) {
+  if (size() == 1) return absl::OkStatus();
+  // The size first (every worker's, of which the root's counts), then the bytes.
+  uint64_t n = bytes->size();
+  TESSERA_ASSIGN_OR_RETURN(std::vector<std::string> sizes,
+                           AllGather(std::string(reinterpret_cast<const char*>(&n), sizeof(n))));
+  std::memcpy(&n, sizes[root].data(), sizeof(n));
+  bytes->resize(n);
+  if (n == 0) return absl::OkStatus();
+  try {
+    gloo::BroadcastOptions opts(context_);
+    opts.setRoot(root);
+    opts.setOutput(bytes->data(), bytes->size());
+    opts.setTag(next_tag_);
+    opts.setTimeout(timeout.count() > 0 ? timeout : options_.timeout);
+    gloo::broadcast(opts);
+  } catch (const std::exception& e) {
+    return Failed("a broadcast", e.what());
+  }
+  ++next_tag_;
+  return absl::OkStatus();
 }
 
 absl::Status DataParallel::Barrier(std::chrono::milliseconds timeout) {

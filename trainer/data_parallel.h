@@ -55,7 +55,8 @@ class DataParallel {
  public:
   // Joins the job: publishes this worker's address in `kv`, waits for every other
   // worker's and connects to each. InvalidArgument for a bad index or count or a worker
-  // index taken twice; DeadlineExceeded naming the workers that did not come.
+  // index taken twice; DeadlineExceeded naming the workers that did not come. Ignores
+  // SIGPIPE in this process from then on (a peer's closed socket is an error, not a kill).
   static absl::StatusOr<std::unique_ptr<DataParallel>> Join(RendezvousKv* kv,
                                                             const DataParallelOptions& options);
   ~DataParallel();
@@ -70,6 +71,9 @@ class DataParallel {
   absl::Status AllreduceMean(absl::Span<float> values);
   // Every worker's `mine` (same size on each), in worker order.
   absl::StatusOr<std::vector<std::string>> AllGather(const std::string& mine);
+  // Worker `root`'s `bytes` on every worker (any size; the others' are replaced).
+  absl::Status Broadcast(std::string* bytes, int root = 0,
+                         std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
   // Waits until every worker gets here, at most `timeout` (default: the options' timeout).
   absl::Status Barrier(std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 

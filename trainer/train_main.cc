@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <iostream>
 #include <limits>
@@ -209,6 +210,75 @@ absl::Status CheckFlagRanges() {
   return absl::OkStatus();
 }
 
+// --resume: restores the model's newest checkpoint and returns its step (0 when there
+// is none). Data-parallel, worker 0 restores the tables and its dense state and sends that
+// state to the others; every worker then checks that they all hold the same step and
+// the same dense parameters.
+absl::StatusOr<int64_t> ResumeWorkers(Trainer& trainer, DenseBackend* dense, DataParallel* dp,
+                                      const TrainerOptions& options) {
+  const int worker = dp != nullptr ? dp->rank() : 0;
+  int64_t step = 0;
+  // What worker 0 found: "S" + the step + dense state, "N" (no checkpoint) or "E" + why not.
+  std::string found;
+  absl::Status refused;
+  if (worker == 0) {
+    absl::StatusOr<int64_t> resumed = trainer.Resume();
+    if (resumed.ok()) {
+      step = *resumed;
+      std::printf("resume: restored checkpoint %lld of model '%s'\n",
+                  static_cast<long long>(step), options.model.c_str());
+      found = absl::StrCat("S", std::string(reinterpret_cast<const char*>(&step), sizeof(step)),
+                           dense->SaveState());
+    } else if (absl::IsNotFound(resumed.status())) {
+      std::printf("resume: model '%s' has no complete checkpoint yet; starting at step 0\n",
+                  options.model.c_str());
+      found = "N";
+    } else {
+      refused = Annotate(resumed.status(),
+                         "resume refused (nothing was restored); pass the flags of the run that "
+                         "wrote the checkpoint, or train another --model");
+      found = absl::StrCat("E", refused.ToString());
+    }
+  }
+  if (dp == nullptr || dp->size() == 1) {
+    if (!refused.ok()) return refused;
+    return step;
+  }
+  TESSERA_RETURN_IF_ERROR(Annotate(dp->Broadcast(&found, 0, std::chrono::minutes(30)),
+                                   "waiting for worker 0 to restore the checkpoint"));
+  if (!refused.ok()) return refused;
+  if (found.empty() || (found[0] == 'S' && found.size() < 1 + sizeof(step))) {
+    return absl::InternalError("resume: worker 0 sent a malformed checkpoint state");
+  }
+  if (found[0] == 'E') {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker 0 could not resume: ", found.substr(1)));
+  }
+  if (worker != 0 && found[0] == 'S') {
+    std::memcpy(&step, found.data() + 1, sizeof(step));
+    TESSERA_RETURN_IF_ERROR(
+        Annotate(dense->LoadState(absl::string_view(found).substr(1 + sizeof(step))),
+                 absl::StrCat("the dense state of checkpoint ", step, " from worker 0")));
+    std::printf("resume: took checkpoint %lld of model '%s' from worker 0\n",
+                static_cast<long long>(step), options.model.c_str());
+  }
+  // Every worker must now hold the same step and dense model.
+  struct Held {
+    int64_t step;
+    uint64_t fingerprint;
+  } held{step, Fingerprint(dense->Parameters())};
+  TESSERA_ASSIGN_OR_RETURN(
+      std::vector<std::string> all,
+      dp->AllGather(std::string(reinterpret_cast<const char*>(&held), sizeof(held))));
+  for (int w = 0; w < dp->size(); ++w) {
+    if (all[w] != all[0]) {
+      return absl::InternalError(absl::StrCat(
+          "resume: worker ", w, " holds another step or dense state than worker 0"));
+    }
+  }
+  return step;
+}
+
 absl::Status Run() {
   TESSERA_RETURN_IF_ERROR(CheckFlagRanges());
   const std::string data = absl::GetFlag(FLAGS_data);
@@ -245,11 +315,6 @@ absl::Status Run() {
     return absl::InvalidArgumentError(
         "--num_workers > 1 needs --coordinator: the workers share their tables on a cluster "
         "and meet through its coordinator");
-  }
-  if (num_workers > 1 &&
-      (absl::GetFlag(FLAGS_checkpoint_every) > 0 || absl::GetFlag(FLAGS_resume) != "false")) {
-    return absl::UnimplementedError(
-        "--checkpoint_every and --resume are not available with --num_workers > 1 yet");
   }
   client::EmbeddingClient* remote_client = nullptr;  // with --coordinator
   if (coordinator.empty()) {
@@ -416,19 +481,7 @@ absl::Status Run() {
     if (worker != 0) TESSERA_RETURN_IF_ERROR(trainer.CheckTables(table));
   }
   if (resume) {
-    absl::StatusOr<int64_t> resumed = trainer.Resume();
-    if (resumed.ok()) {
-      first_step = *resumed;
-      std::printf("resume: restored checkpoint %lld of model '%s'\n",
-                  static_cast<long long>(first_step), options.model.c_str());
-    } else if (absl::IsNotFound(resumed.status())) {
-      std::printf("resume: model '%s' has no complete checkpoint yet; starting at step 0\n",
-                  options.model.c_str());
-    } else {
-      return Annotate(resumed.status(),
-                      "resume refused (nothing was restored); pass the flags of the run that "
-                      "wrote the checkpoint, or train another --model");
-    }
+    TESSERA_ASSIGN_OR_RETURN(first_step, ResumeWorkers(trainer, dense.get(), dp.get(), options));
   }
 
   int64_t steps = absl::GetFlag(FLAGS_steps);

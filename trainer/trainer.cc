@@ -14,6 +14,13 @@
 #include "trainer/metrics.h"
 
 namespace tessera::trainer {
+namespace {
+
+// How long data-parallel workers wait for worker 0's checkpoint (as long as a client
+// waits for a cluster checkpoint).
+constexpr std::chrono::milliseconds kCheckpointWait = std::chrono::minutes(30);
+
+}  // namespace
 
 struct Trainer::Step {
   Batch batch;
@@ -170,6 +177,12 @@ absl::StatusOr<embedding::CheckpointInfo> Trainer::Checkpoint(int64_t steps) {
 }
 
 absl::Status Trainer::CheckpointAndReport(int64_t steps) {
+  DataParallel* dp = options_.data_parallel;
+  if (dp != nullptr && dp->rank() != 0) {
+    // Worker 0 checkpoints the tables and the dense state (the same on every worker);
+    // the others wait for it before their next step.
+    return Annotate(dp->Barrier(kCheckpointWait), "waiting for worker 0's checkpoint");
+  }
   TESSERA_ASSIGN_OR_RETURN(embedding::CheckpointInfo info, Checkpoint(steps));
   if (options_.print_progress) {
     std::printf("checkpoint %lld: %lld rows, %.1f MB, %.2fs\n", static_cast<long long>(steps),
@@ -179,6 +192,7 @@ absl::Status Trainer::CheckpointAndReport(int64_t steps) {
   WriteMetrics(
       absl::StrFormat(R"({"event":"checkpoint","step":%d,"rows":%d,"bytes":%d,"seconds":%.3f})",
                       steps, info.rows, info.bytes, info.seconds));
+  if (dp != nullptr) TESSERA_RETURN_IF_ERROR(dp->Barrier(kCheckpointWait));
   return absl::OkStatus();
 }
 
@@ -367,6 +381,12 @@ absl::StatusOr<int64_t> Trainer::HandleShardRestart(int64_t step) {
       "a shard restarted at step ", step,
       " and its CHECKPOINT tables went back to their newest checkpoint, losing this model's "
       "updates since");
+  if (options_.data_parallel != nullptr && options_.data_parallel->size() > 1) {
+    // Going back alone would leave the other workers' copies of the model behind.
+    return absl::AbortedError(absl::StrCat(
+        what, "; run every worker again with --resume=auto to continue from the model's "
+              "newest checkpoint"));
+  }
   if (options_.on_shard_restart == TrainerOptions::OnShardRestart::kFail) {
     return absl::AbortedError(absl::StrCat(
         what, "; run again with --resume=auto to continue from the model's newest checkpoint"));

@@ -1,0 +1,153 @@
+#include "server/step_aggregator.h"
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace tessera::server {
+namespace {
+
+using embedding::RequestId;
+using embedding::TableGradients;
+
+SyncMember Member(int worker, int workers, int timeout_ms = 10000) {
+  SyncMember m;
+  m.job = "job#0";
+  m.worker = worker;
+  m.workers = workers;
+  m.timeout = std::chrono::milliseconds(timeout_ms);
+  m.where = "shard 0";
+  return m;
+}
+
+// What a step's apply saw.
+struct Applied {
+  std::atomic<int> calls{0};
+  std::vector<std::string> tables;
+  std::vector<std::vector<int64_t>> ids;
+  std::vector<std::vector<float>> grads;
+  RequestId id;
+};
+
+StepAggregator::ApplyFn Recorder(Applied* a) {
+  return [a](absl::Span<const TableGradients> merged,
+             const RequestId& id) -> absl::StatusOr<std::vector<int64_t>> {
+    ++a->calls;
+    a->id = id;
+    std::vector<int64_t> rows;
+    for (const auto& t : merged) {
+      a->tables.push_back(t.table);
+      a->ids.emplace_back(t.ids.begin(), t.ids.end());
+      a->grads.emplace_back(t.gradients.begin(), t.gradients.end());
+      rows.push_back(static_cast<int64_t>(t.ids.size()));
+    }
+    return rows;
+  };
+}
+
+TEST(StepAggregator, AppliesAStepOnceWithTheWorkersGradientsInWorkerOrder) {
+  StepAggregator agg;
+  Applied applied;
+  // Worker 1 arrives first; the merged push still lists worker 0's rows first.
+  const std::vector<int64_t> ids0 = {5, 6}, ids1 = {6};
+  const std::vector<float> g0 = {1, 2}, g1 = {3};
+  const std::vector<TableGradients> t0 = {{"a", ids0, g0}};
+  const std::vector<TableGradients> t1 = {{"b", ids1, g1}, {"a", ids1, g1}};
+  const Contribution c0{t0, RequestId{11, 1}}, c1{t1, RequestId{22, 1}};
+  absl::StatusOr<std::vector<int64_t>> r1;
+  std::thread second([&] { r1 = agg.Contribute(Member(1, 2), 7, c1, Recorder(&applied)); });
+  while (agg.pending() == 0) std::this_thread::yield();
+  EXPECT_EQ(applied.calls.load(), 0);  // nothing applied before every worker is in
+  absl::StatusOr<std::vector<int64_t>> r0 = agg.Contribute(Member(0, 2), 7, c0, Recorder(&applied));
+  second.join();
+  ASSERT_TRUE(r0.ok()) << r0.status();
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  EXPECT_EQ(applied.calls.load(), 1);
+  // Tables in order of first appearance in worker order: worker 0's "a", then "b".
+  ASSERT_EQ(applied.tables, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(applied.ids[0], (std::vector<int64_t>{5, 6, 6}));
+  EXPECT_EQ(applied.grads[0], (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(applied.ids[1], (std::vector<int64_t>{6}));
+  EXPECT_EQ(applied.id.client_id, 11u);  // worker 0's request id
+  // Each worker hears the rows of its own tables, in its order.
+  EXPECT_EQ(*r0, (std::vector<int64_t>{3}));
+  EXPECT_EQ(*r1, (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(agg.pending(), 0u);
+}
+
+TEST(StepAggregator, AWorkerThatDoesNotComeFailsTheOthersNamingIt) {
+  StepAggregator agg;
+  Applied applied;
+  const std::vector<TableGradients> none;
+  const Contribution c{none, RequestId{1, 1}};
+  absl::StatusOr<std::vector<int64_t>> r =
+      agg.Contribute(Member(0, 3, 30), 4, c, Recorder(&applied));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(r.status().message().find("worker(s) 1, 2 of 3 did not push to shard 0"),
+            std::string::npos)
+      << r.status();
+  EXPECT_EQ(applied.calls.load(), 0);
+  EXPECT_EQ(agg.pending(), 0u);  // the abandoned step is gone
+}
+
+TEST(StepAggregator, ARetriedPushAfterATimeoutJoinsTheStepAsNew) {
+  StepAggregator agg;
+  Applied applied;
+  const std::vector<int64_t> ids = {1};
+  const std::vector<float> g = {1};
+  const std::vector<TableGradients> t = {{"a", ids, g}};
+  const Contribution c0{t, RequestId{1, 1}}, c1{t, RequestId{2, 1}};
+  ASSERT_EQ(agg.Contribute(Member(0, 2, 10), 1, c0, Recorder(&applied)).status().code(),
+            absl::StatusCode::kAborted);
+  absl::StatusOr<std::vector<int64_t>> r0;
+  std::thread retry([&] { r0 = agg.Contribute(Member(0, 2), 1, c0, Recorder(&applied)); });
+  while (agg.pending() == 0) std::this_thread::yield();
+  ASSERT_TRUE(agg.Contribute(Member(1, 2), 1, c1, Recorder(&applied)).ok());
+  retry.join();
+  ASSERT_TRUE(r0.ok()) << r0.status();
+  EXPECT_EQ(applied.calls.load(), 1);
+  EXPECT_EQ(applied.ids[0], (std::vector<int64_t>{1, 1}));  // worker 0's rows counted once
+}
+
+TEST(StepAggregator, RefusesAWorkerOutOfRangeOrAGroupSizeThatDiffers) {
+  StepAggregator agg;
+  Applied applied;
+  const std::vector<TableGradients> none;
+  const Contribution c{none, RequestId{}};
+  EXPECT_EQ(agg.Contribute(Member(2, 2), 0, c, Recorder(&applied)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(agg.Contribute(Member(0, 1), 0, c, Recorder(&applied)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<std::vector<int64_t>> first;
+  std::thread t([&] { first = agg.Contribute(Member(0, 2, 200), 3, c, Recorder(&applied)); });
+  while (agg.pending() == 0) std::this_thread::yield();
+  absl::StatusOr<std::vector<int64_t>> other =
+      agg.Contribute(Member(1, 3), 3, c, Recorder(&applied));
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(other.status().message().find("says 3 workers, others said 2"), std::string::npos)
+      << other.status();
+  t.join();
+  EXPECT_EQ(applied.calls.load(), 0);
+}
+
+TEST(StepAggregator, AFailedApplyFailsEveryWorkerOfTheStep) {
+  StepAggregator agg;
+  const std::vector<TableGradients> none;
+  const Contribution c0{none, RequestId{1, 1}}, c1{none, RequestId{2, 1}};
+  auto failing = [](absl::Span<const TableGradients>,
+                    const RequestId&) -> absl::StatusOr<std::vector<int64_t>> {
+    return absl::InvalidArgumentError("summed gradient is not finite");
+  };
+  absl::StatusOr<std::vector<int64_t>> r0;
+  std::thread t([&] { r0 = agg.Contribute(Member(0, 2), 9, c0, failing); });
+  while (agg.pending() == 0) std::this_thread::yield();
+  absl::StatusOr<std::vector<int64_t>> r1 = agg.Contribute(Member(1, 2), 9, c1, failing);
+  t.join();
+  EXPECT_EQ(r0.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r1.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tessera::server

@@ -1,0 +1,139 @@
+#ifndef TESSERA_TESTS_TRAIN_PROCESS_H_
+#define TESSERA_TESTS_TRAIN_PROCESS_H_
+
+// tessera-train runs for the tests that train through a real cluster: a cluster of shard
+// processes and a coordinator on 127.0.0.1, tessera-train run to its end or in the
+// background, and what its output says.
+
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "tests/shard_process.h"
+
+namespace tessera::testing {
+
+// A directory of this process's own: two suites running at once must not share files.
+inline const std::string& ScratchDir() {
+  static const std::string dir = [] {
+    std::string tmpl = absl::StrCat(::testing::TempDir(), "/tessera-dist-XXXXXX");
+    return std::string(::mkdtemp(tmpl.data()));
+  }();
+  return dir;
+}
+
+// A cluster of `n` shards and a coordinator.
+struct Cluster {
+  explicit Cluster(int n) {
+    std::string list;
+    for (int k = 0; k < n; ++k) {
+      shards.push_back(std::make_unique<ShardProcess>(k, n));
+      if (!shards[k]->address().empty() && WaitHealthy(shards[k]->address())) {
+        absl::StrAppend(&list, k ? "," : "", shards[k]->address());
+      }
+    }
+    coordinator = std::make_unique<ServerProcess>(
+        TESSERA_COORDINATOR_BIN, std::vector<std::string>{absl::StrCat("--shards=", list)});
+    ok = !coordinator->address().empty() && WaitHealthy(coordinator->address());
+  }
+  bool ok = false;
+  std::vector<std::unique_ptr<ShardProcess>> shards;
+  std::unique_ptr<ServerProcess> coordinator;
+};
+
+// Runs tessera-train with `args` to its end; its exit code, with stdout and stderr in
+// *output.
+inline int RunTrain(const std::string& args, std::string* output) {
+  FILE* p = popen(absl::StrCat(TESSERA_TRAIN_BIN, " ", args, " 2>&1").c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) output->append(buf, n);
+  const int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// tessera-train in the background, its stdout and stderr in a file of its own. Killed
+// and reaped on destruction.
+class TrainProcess {
+ public:
+  TrainProcess(const std::string& args, const std::string& log) : log_(log) {
+    std::vector<std::string> argv_s = {TESSERA_TRAIN_BIN};
+    for (absl::string_view a : absl::StrSplit(args, ' ', absl::SkipEmpty())) {
+      argv_s.emplace_back(a);
+    }
+    std::vector<char*> argv;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_ = fork();
+    if (pid_ == 0) {
+      FILE* f = freopen(log_.c_str(), "w", stdout);
+      if (f == nullptr) _exit(126);
+      dup2(STDOUT_FILENO, STDERR_FILENO);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+  }
+  ~TrainProcess() { Kill(); }
+
+  void Kill() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+  }
+  // Waits for the end; the exit code (-1 when a signal ended it).
+  int Wait() {
+    int status = 0;
+    if (pid_ <= 0 || waitpid(pid_, &status, 0) != pid_) return -1;
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  // What it printed so far.
+  std::string Output() const {
+    std::ifstream in(log_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+ private:
+  const std::string log_;
+  pid_t pid_ = -1;
+};
+
+// The loss trajectory of a metrics file: its train records without their timing fields.
+inline std::vector<std::string> TrainRecords(const std::string& path) {
+  std::vector<std::string> out;
+  std::ifstream in(path);
+  for (std::string l; std::getline(in, l);) {
+    if (l.find("\"event\":\"train\"") == std::string::npos) continue;
+    const size_t loss = l.find("\"loss\":");
+    out.push_back(l.substr(loss, l.find(',', loss) - loss));
+  }
+  return out;
+}
+
+// The held-out AUC a run printed, or -1.
+inline double HeldOutAuc(const std::string& out) {
+  const size_t at = out.find("held-out:");
+  const size_t auc = out.find("auc ", at);
+  if (at == std::string::npos || auc == std::string::npos) return -1;
+  return std::stod(out.substr(auc + 4));
+}
+
+}  // namespace tessera::testing
+
+#endif  // TESSERA_TESTS_TRAIN_PROCESS_H_
