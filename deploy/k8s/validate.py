@@ -9,7 +9,10 @@ templates; the shard count agrees between the StatefulSet, --num_shards and the
 coordinator's --shards; tables.json parses and names each table with a dim; the training
 Job's tessera-train names a --model, resumes with --resume=auto (so a restarted pod goes
 on, and the tables the init container applied are taken, not refused) and every table of
-tables.json belongs to that model (MODEL.*).
+tables.json belongs to that model (MODEL.*); a training Job of --num_workers=N > 1 is an
+Indexed Job of N completions run N at a time, each pod passing its completion index as
+--worker_index (through JOB_COMPLETION_INDEX or the job-completion-index annotation) and
+checkpointing (--checkpoint_every), so its workers can resume together.
 
     /usr/bin/python3 deploy/k8s/validate.py [deploy/k8s]      # exit 1 and a list of problems
 """
@@ -73,6 +76,34 @@ def check_pod(problems, pod_spec, where, claim_templates=()):
     return ports, containers
 
 
+def check_workers(problems, job_spec, container, args, where):
+    """A data-parallel training Job: N indexed pods, each worker its completion index."""
+    workers = [a.split("=", 1)[1] for a in args if a.startswith("--num_workers=")]
+    n = int(workers[-1]) if workers and workers[-1].isdigit() else 1
+    if n <= 1:
+        return
+    problems.need(job_spec.get("completionMode") == "Indexed", where,
+                  f"--num_workers={n} needs completionMode: Indexed (one pod per worker index)")
+    problems.need(job_spec.get("completions") == n and job_spec.get("parallelism") == n, where,
+                  f"--num_workers={n} needs completions and parallelism of {n} (every worker at once)")
+    index = [a.split("=", 1)[1] for a in args if a.startswith("--worker_index=")]
+    env = {e.get("name"): e for e in container.get("env", [])}
+    from_index = False
+    if index:
+        m = re.fullmatch(r"\$\((\w+)\)", index[0])
+        if m and m.group(1) == "JOB_COMPLETION_INDEX":
+            from_index = True
+        elif m and m.group(1) in env:
+            path = env[m.group(1)].get("valueFrom", {}).get("fieldRef", {}).get("fieldPath", "")
+            from_index = "job-completion-index" in path
+    problems.need(from_index, where,
+                  "--worker_index must be the pod's completion index ($(JOB_COMPLETION_INDEX) or an "
+                  "env var from the batch.kubernetes.io/job-completion-index annotation)")
+    problems.need(any(a.startswith("--checkpoint_every=") for a in args), where,
+                  f"--num_workers={n} needs --checkpoint_every: a restarted worker resumes with the "
+                  "others from the newest checkpoint")
+
+
 def main(folder: str) -> int:
     problems = Problems()
     kustomization = yaml.safe_load(open(os.path.join(folder, "kustomization.yaml")))
@@ -124,6 +155,7 @@ def main(folder: str) -> int:
                     models = [a.split("=", 1)[1] for a in args if a.startswith("--model=")]
                     if problems.need(len(models) == 1, cw, "tessera-train needs one --model"):
                         train_model = models[0]
+                    check_workers(problems, obj["spec"], c, args, cw)
             if kind == "StatefulSet":
                 problems.need(isinstance(obj["spec"].get("serviceName"), str), where, "needs serviceName")
                 shard_replicas = obj["spec"].get("replicas")

@@ -52,6 +52,15 @@ class ValidateTest(unittest.TestCase):
             (("train-job.yaml", "            - --model=criteo\n", ""), "needs one --model"),
             (("configmap-tables.yaml", '"name": "criteo.C7"', '"name": "C7"'),
              "are not of the Job's model 'criteo'"),
+            (("train-job.yaml", "  completionMode: Indexed\n", ""), "needs completionMode: Indexed"),
+            (("train-job.yaml", "  parallelism: 2\n", "  parallelism: 1\n"),
+             "needs completions and parallelism of 2"),
+            (("train-job.yaml", "--worker_index=$(WORKER_INDEX)", "--worker_index=0"),
+             "--worker_index must be the pod's completion index"),
+            (("train-job.yaml", "metadata.annotations['batch.kubernetes.io/job-completion-index']",
+              "metadata.name"), "--worker_index must be the pod's completion index"),
+            (("train-job.yaml", "            - --checkpoint_every=5000\n", ""),
+             "needs --checkpoint_every"),
         ]
         for edit, message in cases:
             rc, out = self.run_on([edit])
