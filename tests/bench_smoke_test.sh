@@ -11,7 +11,10 @@ fail() { echo "FAIL: $*"; exit 1; }
 "$BIN/tessera-bench" --scenarios="$ROOT/benchmarks/scenarios/smoke.json" --out="$OUT" > "$OUT/log" \
   || { cat "$OUT/log"; fail "tessera-bench failed"; }
 grep -q "smoke-smart: starting 2 shard(s) and a coordinator" "$OUT/log" || fail "no progress lines"
-[ "$(wc -l < "$OUT/results.jsonl")" = 4 ] || fail "expected 4 JSON records"
+[ "$(wc -l < "$OUT/results.jsonl")" = 5 ] || fail "expected 5 JSON records"
+grep -Eq '"scenario":"smoke-train-2-workers".*"workers":2,.*"allreduce_ms":[0-9.]*[1-9]' "$OUT/results.jsonl" \
+  || fail "data-parallel training without its allreduce time"
+grep -q "^| smoke-train-2-workers | 2 |" "$OUT/report.md" || fail "no training-steps row for 2 workers"
 grep -q '"scenario":"smoke-redis","mode":"redis"' "$OUT/results.jsonl" || fail "redis baseline missing"
 # Any positive ratio: the ceiling is measured on shared cores, so a noisy run can pass 1.
 grep -Eq '"scenario":"smoke-train".*"vs_gemm":(0\.[0-9]*[1-9]|[1-9])' "$OUT/results.jsonl" \

@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/embedding_client.h"
@@ -268,11 +270,14 @@ TEST_F(SharedClusterTest, TheKubernetesTrainingJobRunsAndARestartedPodResumes) {
   Result applied = Cli(absl::StrCat("--tables_file=", tables, " apply"));
   ASSERT_EQ(applied.exit_code, 0) << applied.output;
 
-  // The Job's container arguments, from the manifest, with a short run.
+  // The Job's container arguments, from the manifest, with a short run; its pods (one per
+  // completion index) get their index and the pod IP as Kubernetes would substitute them.
   std::ifstream job(std::string(TESSERA_SOURCE_DIR) + "/deploy/k8s/train-job.yaml");
   std::string flags;
+  int pods = 1;
   for (std::string line; std::getline(job, line);) {
     absl::string_view l = absl::StripAsciiWhitespace(line);
+    if (absl::ConsumePrefix(&l, "completions: ")) ASSERT_TRUE(absl::SimpleAtoi(l, &pods));
     if (!absl::ConsumePrefix(&l, "- --")) continue;
     if (absl::StartsWith(l, "coordinator=") || absl::StartsWith(l, "steps=") ||
         absl::StartsWith(l, "tables_file=") || absl::StartsWith(l, "checkpoint_every=")) {
@@ -281,14 +286,38 @@ TEST_F(SharedClusterTest, TheKubernetesTrainingJobRunsAndARestartedPodResumes) {
     absl::StrAppend(&flags, " --", l);
   }
   ASSERT_THAT(flags, HasSubstr("--resume=auto"));
+  ASSERT_THAT(flags, HasSubstr(absl::StrCat("--num_workers=", pods)));
   const std::string run = absl::StrCat("--coordinator=", address(), flags,
                                        " --steps=30 --checkpoint_every=10 --log_every=0 "
                                        "--held_out=500");
-  Result first = RunBinary(TESSERA_TRAIN_BIN, run);
-  ASSERT_EQ(first.exit_code, 0) << flags << "\n" << first.output;
-  Result restarted = RunBinary(TESSERA_TRAIN_BIN, absl::StrCat(run, " --steps=40"));
-  ASSERT_EQ(restarted.exit_code, 0) << restarted.output;
-  EXPECT_THAT(restarted.output, HasSubstr("resume: restored checkpoint 30"));
+  // Every pod of the Job at once, with `extra` flags; their results by index.
+  auto run_pods = [&](const std::string& extra) {
+    std::vector<Result> results(pods);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < pods; ++i) {
+      threads.emplace_back([&, i] {
+        results[i] = RunBinary(
+            TESSERA_TRAIN_BIN,
+            absl::StrReplaceAll(absl::StrCat(run, extra), {{"$(WORKER_INDEX)", absl::StrCat(i)},
+                                                           {"$(POD_IP)", "127.0.0.1"}}));
+      });
+    }
+    for (auto& t : threads) t.join();
+    return results;
+  };
+  std::vector<Result> first = run_pods("");
+  for (int i = 0; i < pods; ++i) {
+    ASSERT_EQ(first[i].exit_code, 0) << flags << "\npod " << i << ":\n" << first[i].output;
+  }
+  // The pods restart (all of them: a failed worker fails the others) and go on.
+  std::vector<Result> restarted = run_pods(" --steps=40");
+  for (int i = 0; i < pods; ++i) {
+    ASSERT_EQ(restarted[i].exit_code, 0) << "pod " << i << ":\n" << restarted[i].output;
+  }
+  EXPECT_THAT(restarted[0].output, HasSubstr("resume: restored checkpoint 30"));
+  for (int i = 1; i < pods; ++i) {
+    EXPECT_THAT(restarted[i].output, HasSubstr("resume: took checkpoint 30"));
+  }
 }
 
 // Export round trip: a table exported (with optimizer state), dropped, created again and

@@ -5,9 +5,13 @@
 #include <csignal>
 #include <cstring>
 #include <exception>
+#include <map>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "embedding/status.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
@@ -54,6 +58,49 @@ class GlooStore final : public gloo::rendezvous::Store {
 };
 
 }  // namespace
+
+struct InProcessRendezvous::State {
+  absl::Mutex mu;
+  std::map<std::string, std::string> values ABSL_GUARDED_BY(mu);
+};
+
+InProcessRendezvous::InProcessRendezvous() : state_(std::make_unique<State>()) {}
+InProcessRendezvous::~InProcessRendezvous() = default;
+
+absl::Status InProcessRendezvous::Set(const std::string& key, const std::string& value) {
+  absl::MutexLock lock(&state_->mu);
+  state_->values[key] = value;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> InProcessRendezvous::Get(
+    const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  State& st = *state_;
+  absl::MutexLock lock(&st.mu);
+  auto all_there = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return std::all_of(keys.begin(), keys.end(),
+                       [&](const std::string& k) { return st.values.count(k) > 0; });
+  };
+  if (!st.mu.AwaitWithTimeout(absl::Condition(&all_there), absl::FromChrono(timeout))) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("rendezvous: keys missing after ", timeout.count(), " ms"));
+  }
+  std::vector<std::string> out;
+  for (const auto& k : keys) out.push_back(st.values[k]);
+  return out;
+}
+
+absl::StatusOr<int64_t> InProcessRendezvous::Add(const std::string& key, int64_t delta) {
+  absl::MutexLock lock(&state_->mu);
+  int64_t value = 0;
+  auto it = state_->values.find(key);
+  if (it != state_->values.end() && !absl::SimpleAtoi(it->second, &value)) {
+    return absl::FailedPreconditionError(absl::StrCat("key '", key, "' is not a counter"));
+  }
+  value += delta;
+  state_->values[key] = absl::StrCat(value);
+  return value;
+}
 
 DataParallel::~DataParallel() = default;
 

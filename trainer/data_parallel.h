@@ -38,6 +38,22 @@ class RendezvousKv {
   virtual absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) = 0;
 };
 
+// A rendezvous store in this process, for workers that are threads of one process
+// (benchmarks, tests).
+class InProcessRendezvous final : public RendezvousKv {
+ public:
+  InProcessRendezvous();
+  ~InProcessRendezvous() override;
+  absl::Status Set(const std::string& key, const std::string& value) override;
+  absl::StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
+                                               std::chrono::milliseconds timeout) override;
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
 struct DataParallelOptions {
   std::string job;  // every worker of a run says the same (the model's name)
   int num_workers = 1;

@@ -16,41 +16,7 @@ namespace {
 
 using std::chrono::milliseconds;
 
-// The coordinator's store, in this process.
-class MemoryKv final : public RendezvousKv {
- public:
-  absl::Status Set(const std::string& key, const std::string& value) override {
-    absl::MutexLock lock(&mu_);
-    values_[key] = value;
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
-                                               milliseconds timeout) override {
-    absl::MutexLock lock(&mu_);
-    auto all = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      for (const auto& k : keys) {
-        if (values_.count(k) == 0) return false;
-      }
-      return true;
-    };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&all), absl::FromChrono(timeout))) {
-      return absl::DeadlineExceededError("missing keys");
-    }
-    std::vector<std::string> out;
-    for (const auto& k : keys) out.push_back(values_[k]);
-    return out;
-  }
-  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
-    absl::MutexLock lock(&mu_);
-    const int64_t v = (values_.count(key) ? std::stoll(values_[key]) : 0) + delta;
-    values_[key] = absl::StrCat(v);
-    return v;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
-};
+using MemoryKv = InProcessRendezvous;
 
 DataParallelOptions Options(int rank, int n) {
   DataParallelOptions o;

@@ -28,6 +28,7 @@
 #include "embedding/storage/durable_collection.h"
 #include "server/logging.h"
 #include "server/metrics.h"
+#include "trainer/coordinator_rendezvous.h"
 #include "trainer/criteo_reader.h"
 #include "trainer/data_parallel.h"
 #include "trainer/dense_backend.h"
@@ -112,25 +113,6 @@ ABSL_FLAG(int, rendezvous_timeout_s, 300,
 
 namespace tessera::trainer {
 namespace {
-
-// The coordinator's rendezvous store, as the data-parallel workers see it.
-class CoordinatorKv final : public RendezvousKv {
- public:
-  explicit CoordinatorKv(client::EmbeddingClient* client) : client_(client) {}
-  absl::Status Set(const std::string& key, const std::string& value) override {
-    return client_->StoreSet(key, value);
-  }
-  absl::StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
-                                               std::chrono::milliseconds timeout) override {
-    return client_->StoreGet(keys, timeout);
-  }
-  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
-    return client_->StoreAdd(key, delta);
-  }
-
- private:
-  client::EmbeddingClient* client_;
-};
 
 absl::StatusOr<std::vector<int>> ParseWidths(const std::string& s, const char* flag) {
   std::vector<int> out;
@@ -437,10 +419,10 @@ absl::Status Run() {
                    std::chrono::seconds(5));
   }
   // Data-parallel workers meet through the coordinator before anything else.
-  std::unique_ptr<CoordinatorKv> kv;
+  std::unique_ptr<CoordinatorRendezvous> kv;
   std::unique_ptr<DataParallel> dp;
   if (num_workers > 1) {
-    kv = std::make_unique<CoordinatorKv>(remote_client);
+    kv = std::make_unique<CoordinatorRendezvous>(remote_client);
     DataParallelOptions dpo;
     dpo.job = options.model;
     dpo.num_workers = num_workers;
@@ -639,6 +621,12 @@ absl::Status Run() {
   std::printf("trained %lld steps, %lld samples in %.1fs (%.0f samples/s)\n",
               static_cast<long long>(result.steps), static_cast<long long>(result.samples),
               result.seconds, result.seconds > 0 ? result.samples / result.seconds : 0.0);
+  if (const StepTimes& t = trainer.step_times(); t.steps > 0) {
+    const double ms = 1e3 / static_cast<double>(t.steps);
+    std::printf("per step: lookup %.2f ms, dense %.2f ms, allreduce %.2f ms, push %.2f ms, "
+                "optimizer %.2f ms\n",
+                t.lookup * ms, t.dense * ms, t.allreduce * ms, t.push * ms, t.optimizer * ms);
+  }
   if (replayed > 0) {
     std::printf("(%lld of them trained again after shard restarts sent the model back to its "
                 "checkpoint)\n",

@@ -16,6 +16,20 @@
 namespace tessera::trainer {
 namespace {
 
+// Adds the seconds from its construction (or the last Lap) to a total at each Lap.
+class Stopwatch {
+ public:
+  Stopwatch() : last_(std::chrono::steady_clock::now()) {}
+  void Lap(double* total) {
+    const auto now = std::chrono::steady_clock::now();
+    *total += std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point last_;
+};
+
 // How long data-parallel workers wait for worker 0's checkpoint (as long as a client
 // waits for a cluster checkpoint).
 constexpr std::chrono::milliseconds kCheckpointWait = std::chrono::minutes(30);
@@ -255,7 +269,9 @@ absl::StatusOr<double> Trainer::ForwardBackward(const Batch& batch, const float*
   if (DataParallel* dp = options_.data_parallel; dp != nullptr && dp->size() > 1) {
     // The mean over the workers' batches: dense gradients averaged here, embedding
     // gradients scaled so that the shards' sum over workers is their mean.
+    const double before = dp->allreduce_seconds();
     TESSERA_RETURN_IF_ERROR(dp->AllreduceMean(dense_->MutableGradients()));
+    times_.allreduce += dp->allreduce_seconds() - before;
     const float scale = 1.0f / static_cast<float>(dp->size());
     for (float& g : emb_grad_) g *= scale;
   }
@@ -286,10 +302,18 @@ embedding::PushOptions Trainer::StepPushOptions() const {
 
 absl::StatusOr<double> Trainer::TrainStep(const Batch& batch, int64_t step) {
   if (sync_step_ == nullptr) sync_step_ = std::make_unique<Step>();
+  Stopwatch clock;
   TESSERA_RETURN_IF_ERROR(LookupAll(batch, /*insert_missing=*/true));
+  clock.Lap(&times_.lookup);
+  const double allreduce = times_.allreduce;
   TESSERA_ASSIGN_OR_RETURN(double loss, ForwardBackward(batch, emb_.data(), sync_step_.get()));
+  clock.Lap(&times_.dense);
+  times_.dense -= times_.allreduce - allreduce;  // counted apart
   TESSERA_RETURN_IF_ERROR(tables_->PushBatch(sync_step_->pushes, step, StepPushOptions()));
+  clock.Lap(&times_.push);
   dense_->ApplyGradients();
+  clock.Lap(&times_.optimizer);
+  ++times_.steps;
   return loss;
 }
 
@@ -336,17 +360,25 @@ absl::StatusOr<std::optional<Trainer::StepOutcome>> Trainer::PipelinedStep(Batch
   }
   if (ahead_.empty()) return std::optional<StepOutcome>();
   Step* s = ahead_.front().get();
+  Stopwatch clock;
   TESSERA_RETURN_IF_ERROR(worker_->Wait(s->lookup_ticket));
+  clock.Lap(&times_.lookup);
+  const double allreduce = times_.allreduce;
   TESSERA_ASSIGN_OR_RETURN(double loss, ForwardBackward(s->batch, s->emb.data(), s));
+  clock.Lap(&times_.dense);
+  times_.dense -= times_.allreduce - allreduce;  // counted apart
   s->push_ticket = worker_->Submit(
       [this, s, step] { return tables_->PushBatch(s->pushes, step, StepPushOptions()); });
   dense_->ApplyGradients();  // while the push is on its way
+  clock.Lap(&times_.optimizer);
   pushing_.push_back(std::move(ahead_.front()));
   ahead_.pop_front();
   while (pushing_.size() > static_cast<size_t>(options_.max_staleness)) {
     TESSERA_RETURN_IF_ERROR(worker_->Wait(pushing_.front()->push_ticket));
     pushing_.pop_front();
   }
+  clock.Lap(&times_.push);
+  ++times_.steps;
   return std::optional<StepOutcome>(StepOutcome{loss, s->batch.size});
 }
 

@@ -78,6 +78,16 @@ struct EvalResult {
   double teacher_auc = 0.5;
 };
 
+// Where a trainer's steps spent their time, in seconds summed over the steps, as the
+// training thread sees it: pipelined (max_staleness > 0), lookups and pushes count only
+// the time spent waiting for them. `dense` is the forward and backward passes and the
+// gradients' preparation for the push; `allreduce` the data-parallel mean of the dense
+// gradients (waiting for the slowest worker included); `optimizer` the dense step.
+struct StepTimes {
+  int64_t steps = 0;
+  double lookup = 0, dense = 0, allreduce = 0, push = 0, optimizer = 0;
+};
+
 struct TrainResult {
   std::vector<double> losses;  // training loss of every step
   int64_t steps = 0;
@@ -146,6 +156,8 @@ class Trainer {
   // Logloss and exact AUC over `held_out`, without creating rows for unseen ids.
   absl::StatusOr<EvalResult> Evaluate(const Batch& held_out);
 
+  const StepTimes& step_times() const { return times_; }
+
   // Appends one JSON object (already formatted, without newline) to the metrics file.
   void WriteMetrics(const std::string& json);
 
@@ -190,6 +202,7 @@ class Trainer {
   int64_t next_lookup_step_ = 0;
   bool source_done_ = false;
   int64_t restarts_seen_ = 0;  // tables_->ShardRestarts() handled so far
+  StepTimes times_;
 };
 
 }  // namespace tessera::trainer

@@ -70,6 +70,17 @@ TEST(Normalize, FillsDefaultsAndNamesBadFields) {
   bad = s;
   bad.set_optimizer("lamb");
   EXPECT_FALSE(Normalize(&bad).ok());
+  EXPECT_EQ(s.workers(), 1);
+  // Data-parallel workers train through a cluster.
+  Scenario workers = s;
+  workers.set_workload("train");
+  workers.set_workers(2);
+  EXPECT_THAT(Normalize(&workers).message(),
+              HasSubstr("workers > 1 needs workload train through a cluster"));
+  workers.set_mode("smart");
+  EXPECT_TRUE(Normalize(&workers).ok());
+  workers.set_workload("lookup");
+  EXPECT_FALSE(Normalize(&workers).ok());
 }
 
 Scenario Quick(const std::string& name, const std::string& workload) {

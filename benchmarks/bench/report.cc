@@ -1,5 +1,6 @@
 #include "benchmarks/bench/report.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -59,7 +60,8 @@ std::string ToJson(const ScenarioResult& r) {
       R"("step_ms_p999":%.4f,"call_ms_p50":%.4f,"call_ms_p99":%.4f,"call_ms_p999":%.4f,)"
       R"("cpu_us_per_sample":%.3f,"memcpy_bytes_per_s":%.1f,"vs_memcpy":%.4f,)"
       R"("echo_bytes_per_s":%.1f,"echo_stream_bytes_per_s":%.1f,"vs_echo":%.4f,)"
-      R"("gemm_gflops":%.3f,"step_gflops":%.3f,"vs_gemm":%.4f,)"
+      R"("gemm_gflops":%.3f,"step_gflops":%.3f,"vs_gemm":%.4f,"workers":%d,"lookup_ms":%.4f,)"
+      R"("dense_ms":%.4f,"allreduce_ms":%.4f,"push_ms":%.4f,)"
       R"("usd_per_hour":%.4f,"usd_per_million_samples":%.6f,"table_bytes":%d,"llc_bytes":%d,)"
       R"("processes":[%s]})",
       JsonString(s.name()), JsonString(s.mode()), s.shards(), s.batch_size(), s.ids_per_sample(),
@@ -68,7 +70,8 @@ std::string ToJson(const ScenarioResult& r) {
       r.lookups_per_s, r.updates_per_s, r.payload_bytes_per_s, r.step_ms[0], r.step_ms[1],
       r.step_ms[2], r.call_ms[0], r.call_ms[1], r.call_ms[2], r.cpu_us_per_sample,
       r.memcpy_bytes_per_s, r.vs_memcpy, r.echo_bytes_per_s, r.echo_stream_bytes_per_s, r.vs_echo,
-      r.gemm_gflops, r.step_gflops, r.vs_gemm, r.usd_per_hour, r.usd_per_million_samples,
+      r.gemm_gflops, r.step_gflops, r.vs_gemm, s.workers(), r.lookup_ms, r.dense_ms,
+      r.allreduce_ms, r.push_ms, r.usd_per_hour, r.usd_per_million_samples,
       r.table_bytes, r.llc_bytes, procs);
 }
 
@@ -95,7 +98,10 @@ std::string ToMarkdown(const std::vector<ScenarioResult>& results) {
         &md,
         absl::StrFormat("| %s | %s | %d | %s | %d | %s | %.0f | %.2f× | %.1f | %.2f | %s | %s | "
                         "%.2f / %.2f / %.2f | %.2f | %.2f | %.0f | %s | %s |\n",
-                        s.name(), s.mode(), s.shards(), s.workload(), s.batch_size(),
+                        s.name(), s.mode(), s.shards(),
+                        s.workers() > 1 ? absl::StrCat(s.workload(), " ×", s.workers(), " workers")
+                                        : s.workload(),
+                        s.batch_size(),
                         TablesAndSize(r),
                         r.samples_per_s,
                         first->samples_per_s > 0 ? r.samples_per_s / first->samples_per_s : 0,
@@ -104,6 +110,26 @@ std::string ToMarkdown(const std::vector<ScenarioResult>& results) {
                         r.gemm_gflops > 0 ? absl::StrFormat("%.2f", r.vs_gemm) : "-", r.step_ms[0],
                         r.step_ms[1], r.step_ms[2], r.call_ms[1], r.cpu_us_per_sample, rss / 1e6,
                         cost, cost_ratio));
+  }
+  // Training scenarios: where a step's time goes, per worker.
+  std::string steps;
+  for (const auto& r : results) {
+    const Scenario& s = r.scenario;
+    if (s.workload() != "train") continue;
+    const int n = std::max(1, s.workers());
+    absl::StrAppend(&steps, absl::StrFormat("| %s | %d | %d | %.0f | %.0f | %.2f | %.2f | %.2f | "
+                                            "%.2f |\n",
+                                            s.name(), n, s.batch_size(), r.samples_per_s,
+                                            r.samples_per_s / n, r.lookup_ms, r.dense_ms,
+                                            r.allreduce_ms, r.push_ms));
+  }
+  if (!steps.empty()) {
+    absl::StrAppend(&md,
+                    "\nTraining steps, ms per step and worker (lookup and push: waiting for them "
+                    "when pipelined; allreduce: the workers' mean of the dense gradients):\n\n"
+                    "| scenario | workers | batch per worker | samples/s | per worker | lookup | "
+                    "dense | allreduce | push |\n|---|---|---|---|---|---|---|---|---|\n",
+                    steps);
   }
   return md;
 }

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -29,6 +30,8 @@
 #include "embedding/status.h"
 #include "trainer/dense_backend.h"
 #include "trainer/synthetic.h"
+#include "trainer/coordinator_rendezvous.h"
+#include "trainer/data_parallel.h"
 #include "trainer/trainer.h"
 
 namespace tessera::bench {
@@ -268,6 +271,11 @@ absl::Status Normalize(Scenario* s) {
   for (int width : s->top_mlp()) {
     if (width < 1) return bad("top_mlp widths must be >= 1");
   }
+  if (s->workers() == 0) s->set_workers(1);
+  if (s->workers() < 1 || s->workers() > 64) return bad("workers must be in [1, 64]");
+  if (s->workers() > 1 && (w != "train" || (s->mode() != "smart" && s->mode() != "coordinator"))) {
+    return bad("workers > 1 needs workload train through a cluster (mode smart or coordinator)");
+  }
   if (s->warmup_seconds() == 0) s->set_warmup_seconds(1);
   if (s->seconds() == 0) s->set_seconds(5);
   if (s->warmup_seconds() < 0 || s->seconds() <= 0) return bad("seconds must be > 0");
@@ -297,6 +305,7 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
   std::unique_ptr<LocalCluster> cluster;
   std::unique_ptr<embedding::EmbeddingCollection> tables;
   std::vector<std::pair<std::string, pid_t>> servers;  // processes besides this one
+  client::ClientOptions co;  // cluster modes
 #if TESSERA_HAVE_HIREDIS
   std::unique_ptr<RedisServer> redis;
 #endif
@@ -314,7 +323,6 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
   } else {
     progress(absl::StrCat("starting ", s.shards(), " shard(s) and a coordinator"));
     TESSERA_ASSIGN_OR_RETURN(cluster, LocalCluster::Start(options.bin_dir, s.shards()));
-    client::ClientOptions co;
     co.mode = s.mode() == "smart" ? client::ClientOptions::Mode::kSmart
                                   : client::ClientOptions::Mode::kCoordinator;
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<client::EmbeddingClient> remote,
@@ -351,6 +359,15 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
 
   // The dense half, for training steps.
   trainer::DlrmConfig model;
+  // Data-parallel workers (workers > 1): worker 0's trainer is `dlrm`, on `timed`.
+  struct Worker {
+    std::unique_ptr<client::EmbeddingClient> client;  // workers 1..
+    std::unique_ptr<trainer::DenseBackend> dense;     // workers 1..
+    std::unique_ptr<trainer::DataParallel> dp;
+    std::unique_ptr<trainer::Trainer> trainer;  // workers 1..
+  };
+  std::vector<Worker> workers;
+  std::unique_ptr<trainer::CoordinatorRendezvous> rendezvous;
   std::unique_ptr<trainer::DenseBackend> dense;
   std::unique_ptr<trainer::Trainer> dlrm;
   std::vector<trainer::Batch> train_batches;
@@ -365,6 +382,43 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
     to.print_progress = false;
     to.log_every = 0;
     to.max_staleness = s.max_staleness();
+    if (s.workers() > 1) {
+      // Worker 0 is this trainer on `timed`; workers 1.. get clients of their own. All
+      // join the job through the cluster's coordinator.
+      progress(absl::StrFormat("connecting %d data-parallel workers", s.workers()));
+      workers.resize(s.workers());
+      for (int w = 1; w < s.workers(); ++w) {
+        TESSERA_ASSIGN_OR_RETURN(workers[w].client,
+                                 client::EmbeddingClient::Connect(cluster->coordinator(), co));
+        TESSERA_ASSIGN_OR_RETURN(workers[w].dense, trainer::NewCpuDenseBackend(model));
+      }
+      rendezvous = std::make_unique<trainer::CoordinatorRendezvous>(
+          static_cast<client::EmbeddingClient*>(tables.get()));
+      std::vector<absl::Status> joined(s.workers());
+      std::vector<std::thread> joining;
+      for (int w = 0; w < s.workers(); ++w) {
+        joining.emplace_back([&, w] {
+          trainer::DataParallelOptions o;
+          o.job = absl::StrCat("bench-", s.name());
+          o.num_workers = s.workers();
+          o.worker_index = w;
+          o.rendezvous_timeout = std::chrono::seconds(60);
+          absl::StatusOr<std::unique_ptr<trainer::DataParallel>> dp =
+              trainer::DataParallel::Join(rendezvous.get(), o);
+          joined[w] = dp.status();
+          if (dp.ok()) workers[w].dp = *std::move(dp);
+        });
+      }
+      for (auto& t : joining) t.join();
+      for (const auto& j : joined) TESSERA_RETURN_IF_ERROR(j);
+      for (int w = 1; w < s.workers(); ++w) {
+        trainer::TrainerOptions wo = to;
+        wo.data_parallel = workers[w].dp.get();
+        workers[w].trainer = std::make_unique<trainer::Trainer>(workers[w].client.get(),
+                                                                workers[w].dense.get(), wo);
+      }
+      to.data_parallel = workers[0].dp.get();
+    }
     dlrm = std::make_unique<trainer::Trainer>(&timed, dense.get(), to);
     v1::TableConfig proto;
     proto.set_dim(model.emb_dim);
@@ -437,18 +491,27 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
   }
 
   // Training batches, round the pool for as long as the scenario runs.
+  // Data-parallel worker w of N takes batches w, w + N, ...
   class PoolSource final : public trainer::BatchSource {
    public:
-    explicit PoolSource(const std::vector<trainer::Batch>* pool) : pool_(pool) {}
+    PoolSource(const std::vector<trainer::Batch>* pool, size_t first, size_t stride)
+        : pool_(pool), next_(first), stride_(stride) {}
     absl::StatusOr<bool> Next(trainer::Batch* batch) override {
-      *batch = (*pool_)[next_++ % pool_->size()];
+      *batch = (*pool_)[next_ % pool_->size()];
+      next_ += stride_;
       return true;
     }
 
    private:
     const std::vector<trainer::Batch>* pool_;
-    size_t next_ = 0;
-  } train_source(&train_batches);
+    size_t next_;
+    const size_t stride_;
+  };
+  std::vector<PoolSource> train_sources;
+  for (int w = 0; w < s.workers(); ++w) train_sources.emplace_back(&train_batches, w, s.workers());
+  PoolSource& train_source = train_sources[0];
+  // Each trainer's StepTimes when the measured phase starts and ends (train workload).
+  std::vector<trainer::StepTimes> times_start(s.workers()), times_end(s.workers());
 
   std::atomic<bool> measuring{false}, stop{false};
   std::atomic<int64_t> steps{0}, next_step{0};
@@ -467,7 +530,9 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
       const auto start = Clock::now();
       absl::Status st;
       if (train) {
+        if (measuring.load() && times_start[0].steps == 0) times_start[0] = dlrm->step_times();
         st = dlrm->NextStep(&train_source, step).status();
+        if (measuring.load()) times_end[0] = dlrm->step_times();
       } else {
         const IdBatch& b = pool[(step + index) % pool.size()];
         for (size_t k = 0; k < work.size() && st.ok(); ++k) {
@@ -489,6 +554,37 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
         mine.push_back(Seconds(Clock::now() - start) * 1e3);
         const int64_t done = steps.fetch_add(1) + 1;
         if (s.max_steps() > 0 && done >= s.max_steps()) stop = true;
+      }
+    }
+    absl::MutexLock lock(&mu);
+    step_ms.insert(step_ms.end(), mine.begin(), mine.end());
+  };
+
+  // Data-parallel training: worker w's loop. Collectives need every worker to take the
+  // same steps: they run until `stop_at`, which the main thread sets a few steps past the
+  // furthest worker (sync pushes keep the workers within a step of each other).
+  std::atomic<int64_t> stop_at{std::numeric_limits<int64_t>::max()}, furthest{0};
+  auto dp_worker = [&](int w) {
+    trainer::Trainer* t = w == 0 ? dlrm.get() : workers[w].trainer.get();
+    std::vector<double> mine;
+    for (int64_t step = 0; step < stop_at.load(); ++step) {
+      const bool measured = measuring.load();
+      if (measured && times_start[w].steps == 0) times_start[w] = t->step_times();
+      const auto start = Clock::now();
+      absl::Status st = t->NextStep(&train_sources[w], step).status();
+      if (!st.ok()) {
+        absl::MutexLock lock(&mu);
+        if (failure.ok()) failure = Annotate(st, absl::StrCat("worker ", w));
+        stop = true;
+        break;
+      }
+      int64_t f = furthest.load();
+      while (step + 1 > f && !furthest.compare_exchange_weak(f, step + 1)) {
+      }
+      if (measured && measuring.load()) {
+        times_end[w] = t->step_times();
+        if (w == 0) mine.push_back(Seconds(Clock::now() - start) * 1e3);
+        steps.fetch_add(1);
       }
     }
     absl::MutexLock lock(&mu);
@@ -526,7 +622,11 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
     names.push_back(name);
   }
   std::vector<std::thread> pool_threads;
-  for (int i = 0; i < threads; ++i) pool_threads.emplace_back(worker, i);
+  if (s.workers() > 1) {
+    for (int w = 0; w < s.workers(); ++w) pool_threads.emplace_back(dp_worker, w);
+  } else {
+    for (int i = 0; i < threads; ++i) pool_threads.emplace_back(worker, i);
+  }
   progress(absl::StrFormat("warming up %.1f s", s.warmup_seconds()));
   const auto warm_start = Clock::now();
   while (!stop.load() && Seconds(Clock::now() - warm_start) < s.warmup_seconds()) {
@@ -556,9 +656,11 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
   r.seconds = Seconds(Clock::now() - start);
   r.steps = steps.load();
   stop = true;
+  stop_at = furthest.load() + 4;
   for (auto& t : pool_threads) t.join();
   if (train) {  // the pushes still in flight of a pipelined run
     absl::Status drained = dlrm->Drain();
+    for (int w = 1; w < s.workers() && drained.ok(); ++w) drained = workers[w].trainer->Drain();
     if (failure.ok() && !drained.ok()) failure = drained;
   }
   timed.set_recording(false);
@@ -597,6 +699,24 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
     r.echo_bytes_per_s = echo.unary_bytes_per_s;
     r.echo_stream_bytes_per_s = echo.stream_bytes_per_s;
     r.vs_echo = r.echo_bytes_per_s > 0 ? r.payload_bytes_per_s / r.echo_bytes_per_s : 0;
+  }
+  if (train) {
+    // Per step, the mean over the workers of what their measured steps spent.
+    trainer::StepTimes d;
+    for (int w = 0; w < s.workers(); ++w) {
+      d.steps += times_end[w].steps - times_start[w].steps;
+      d.lookup += times_end[w].lookup - times_start[w].lookup;
+      d.dense += times_end[w].dense - times_start[w].dense;
+      d.allreduce += times_end[w].allreduce - times_start[w].allreduce;
+      d.push += times_end[w].push - times_start[w].push;
+    }
+    if (d.steps > 0) {
+      const double ms = 1e3 / static_cast<double>(d.steps);
+      r.lookup_ms = d.lookup * ms;
+      r.dense_ms = d.dense * ms;
+      r.allreduce_ms = d.allreduce * ms;
+      r.push_ms = d.push * ms;
+    }
   }
   if (train && r.steps > 0) {
     r.gemm_gflops = GemmGflops(model, s.batch_size());

@@ -51,6 +51,10 @@ struct ScenarioResult {
   double gemm_gflops = 0;
   double step_gflops = 0;
   double vs_gemm = 0;
+  // Train workload: where a step's time goes (ms per step, mean over the workers and the
+  // measured steps; trainer::StepTimes), and with workers > 1 the dense gradients'
+  // allreduce among them (waiting for the slowest included).
+  double lookup_ms = 0, dense_ms = 0, allreduce_ms = 0, push_ms = 0;
   double usd_per_hour = 0;  // of the scenario's nodes
   double usd_per_million_samples = 0;
 };
