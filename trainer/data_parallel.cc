@@ -203,8 +203,10 @@ absl::Status DataParallel::AllreduceMean(absl::Span<float> values) {
     return Failed("the allreduce of the dense gradients", e.what());
   }
   ++next_tag_;
-  const float n = static_cast<float>(size());
-  for (float& v : values) v /= n;
+  // × 1/N, a multiply the loop vectorises at full rate (a divide's throughput is far
+  // lower); exact for N a power of two, and the same bits on every worker whatever N.
+  const float inverse = 1.0f / static_cast<float>(size());
+  for (float& v : values) v *= inverse;
   allreduce_seconds_ +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ++allreduces_;

@@ -82,7 +82,7 @@ class DataParallel {
   int64_t generation() const { return generation_; }
 
   // Replaces `values` on every worker by the mean of the workers' values (a ring
-  // allreduce of the sums, then / N): the same bits on every worker. Aborted, naming the
+  // allreduce of the sums, then × 1/N): the same bits on every worker. Aborted, naming the
   // workers that stopped answering, when one fails.
   absl::Status AllreduceMean(absl::Span<float> values);
   // Every worker's `mine` (same size on each), in worker order.
