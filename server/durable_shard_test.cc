@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <thread>
 
 #include "embedding/storage/durable_collection.h"
 #include "gmock/gmock.h"
@@ -217,6 +218,59 @@ TEST_F(DurableShardTest, APushAppliedBeforeARestartIsAnsweredNotAppliedWhenRepea
   EXPECT_EQ(rows("wt"), wt_after);
   push(2);
   EXPECT_NE(rows("wt"), wt_after);
+}
+
+// Data-parallel workers' step: applied and persisted once both workers pushed it; the
+// shard goes down before its answers leave; both workers repeat their pushes to the
+// restarted shard, which finds the merged step on record and applies nothing again.
+TEST_F(DurableShardTest, ASyncStepAppliedBeforeARestartIsNotAppliedAgainWhenRepeated) {
+  Start(/*durable=*/true);
+  CreateSgd("wt", v1::WRITE_THROUGH);
+  auto part = [](int worker, std::vector<int64_t> ids, uint64_t client) {
+    v1::BatchPushRequest req;
+    req.set_step(5);
+    req.mutable_request_id()->set_client_id(client);
+    req.mutable_request_id()->set_sequence(9);
+    req.mutable_sync()->set_job("job#0");
+    req.mutable_sync()->set_worker(worker);
+    req.mutable_sync()->set_workers(2);
+    req.mutable_sync()->set_timeout_ms(20000);
+    const std::vector<float> grads(ids.size() * 4, 1.0f);
+    v1::TableGradients* t = req.add_tables();
+    t->set_table("wt");
+    t->set_ids(std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 8));
+    t->set_gradients(std::string(reinterpret_cast<const char*>(grads.data()), grads.size() * 4));
+    return req;
+  };
+  auto step = [&] {
+    grpc::Status s1;
+    std::thread w1([&] {
+      grpc::ClientContext ctx;
+      v1::BatchPushResponse resp;
+      s1 = stub_->BatchPush(&ctx, part(1, {2, 3}, 22), &resp);
+    });
+    grpc::ClientContext ctx;
+    v1::BatchPushResponse resp;
+    grpc::Status s0 = stub_->BatchPush(&ctx, part(0, {1, 2}, 11), &resp);
+    w1.join();
+    EXPECT_TRUE(s0.ok()) << s0.error_message();
+    EXPECT_TRUE(s1.ok()) << s1.error_message();
+  };
+  const std::vector<int64_t> ids = {1, 2, 3};
+  const auto before = Rows(ids);
+  step();
+  const auto after = Rows(ids);
+  // SGD at 0.5 with gradients of 1: ids 1 and 3 once, id 2 from both workers.
+  for (int j = 0; j < 4; ++j) {
+    EXPECT_FLOAT_EQ(after[j], before[j] - 0.5f);
+    EXPECT_FLOAT_EQ(after[4 + j], before[4 + j] - 1.0f);
+    EXPECT_FLOAT_EQ(after[8 + j], before[8 + j] - 0.5f);
+  }
+  Stop();
+  Start(/*durable=*/true);
+  EXPECT_EQ(Rows(ids), after);
+  step();  // both workers' repeats, under their first request ids
+  EXPECT_EQ(Rows(ids), after) << "the step was applied twice";
 }
 
 TEST_F(DurableShardTest, APushTheDiskRefusedLeavesNoRecordAndAppliesWhenRepeated) {

@@ -3,6 +3,7 @@
 #include "server/shard_service.h"
 
 #include <cmath>
+#include <thread>
 
 #include "embedding/collection.h"
 #include "embedding/sharding.h"
@@ -215,7 +216,7 @@ TEST_F(ShardServiceTest, AnOverflowingUpdateIsRefusedForItsRowAndARepeatAppliesN
   ASSERT_TRUE(Lookup(LookupOf({1, 2}), &after).ok());
   for (int i = 0; i < 4; ++i) {
     EXPECT_NEAR(after.values(i), before.values(i) - 1.0f, 1e-5f);  // id 1 moved
-    EXPECT_EQ(after.values(4 + i), before.values(4 + i));         // id 2 kept its value
+    EXPECT_EQ(after.values(4 + i), before.values(4 + i));          // id 2 kept its value
   }
   EXPECT_TRUE(Push(push).ok());  // the repeat: answered, not applied again
   ASSERT_TRUE(Lookup(LookupOf({1, 2}), &again).ok());
@@ -243,6 +244,106 @@ TEST_F(ShardServiceTest, ServesGrpcHealth) {
   grpc::health::v1::HealthCheckResponse resp;
   ASSERT_TRUE(health->Check(&ctx, req, &resp).ok());
   EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
+}  // namespace
+}  // namespace tessera::server
+
+namespace tessera::server {
+namespace {
+
+// A worker's part of a synchronous step: `ids` of table "user" (dim 4), every gradient
+// `g`, under request id (client, 1).
+v1::BatchPushRequest SyncPart(int worker, std::vector<int64_t> ids, float g, uint64_t client) {
+  v1::BatchPushRequest r;
+  r.set_step(3);
+  r.mutable_request_id()->set_client_id(client);
+  r.mutable_request_id()->set_sequence(1);
+  r.mutable_sync()->set_job("job#0");
+  r.mutable_sync()->set_worker(worker);
+  r.mutable_sync()->set_workers(2);
+  r.mutable_sync()->set_timeout_ms(20000);
+  if (!ids.empty()) {
+    v1::TableGradients* t = r.add_tables();
+    t->set_table("user");
+    std::vector<float> grads(ids.size() * 4, g);
+    t->set_ids(std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 8));
+    t->set_gradients(std::string(reinterpret_cast<const char*>(grads.data()), grads.size() * 4));
+  }
+  return r;
+}
+
+TEST_F(ShardServiceTest, ASyncStepIsAppliedOnceWhenEveryWorkerHasPushedAndRepeatsChangeNothing) {
+  Start(0, 1);
+  ASSERT_TRUE(Create(Config()).ok());
+  v1::LookupResponse before;
+  ASSERT_TRUE(Lookup(LookupOf({1, 2}), &before).ok());
+  auto push = [&](const v1::BatchPushRequest& r, v1::BatchPushResponse* resp) {
+    grpc::ClientContext ctx;
+    return stub_->BatchPush(&ctx, r, resp);
+  };
+  // Worker 1 pushes id 1 and waits; worker 0 pushes ids 1 and 2 and completes the step.
+  v1::BatchPushResponse r1;
+  grpc::Status s1;
+  std::thread w1([&] { s1 = push(SyncPart(1, {1}, 1.0f, 22), &r1); });
+  v1::BatchPushResponse r0;
+  grpc::Status s0 = push(SyncPart(0, {1, 2}, 3.0f, 11), &r0);
+  w1.join();
+  ASSERT_TRUE(s0.ok()) << s0.error_message();
+  ASSERT_TRUE(s1.ok()) << s1.error_message();
+  v1::LookupResponse after;
+  ASSERT_TRUE(Lookup(LookupOf({1, 2}), &after).ok());
+  // SGD at 0.5: id 1 moved by 0.5 * (3 + 1), id 2 by 0.5 * 3, in every column.
+  for (int j = 0; j < 4; ++j) {
+    EXPECT_FLOAT_EQ(after.values(j), before.values(j) - 2.0f);
+    EXPECT_FLOAT_EQ(after.values(4 + j), before.values(4 + j) - 1.5f);
+  }
+  // Each worker's retry (the answer lost) is answered from its request id: nothing moves,
+  // and it does not wait for the other worker again.
+  v1::BatchPushResponse again;
+  ASSERT_TRUE(push(SyncPart(0, {1, 2}, 3.0f, 11), &again).ok());
+  ASSERT_TRUE(push(SyncPart(1, {1}, 1.0f, 22), &again).ok());
+  v1::LookupResponse repeated;
+  ASSERT_TRUE(Lookup(LookupOf({1, 2}), &repeated).ok());
+  for (int j = 0; j < 8; ++j) EXPECT_EQ(repeated.values(j), after.values(j));
+}
+
+TEST_F(ShardServiceTest, AWorkerWithNoRowsOnAShardStillCompletesTheStepThere) {
+  Start(0, 1);
+  ASSERT_TRUE(Create(Config()).ok());
+  v1::LookupResponse before;
+  ASSERT_TRUE(Lookup(LookupOf({5}), &before).ok());
+  grpc::Status s1;
+  std::thread w1([&] {
+    grpc::ClientContext ctx;
+    v1::BatchPushResponse resp;
+    s1 = stub_->BatchPush(&ctx, SyncPart(1, {}, 0.0f, 22), &resp);  // no tables at all
+  });
+  grpc::ClientContext ctx;
+  v1::BatchPushResponse resp;
+  ASSERT_TRUE(stub_->BatchPush(&ctx, SyncPart(0, {5}, 2.0f, 11), &resp).ok());
+  w1.join();
+  ASSERT_TRUE(s1.ok()) << s1.error_message();
+  v1::LookupResponse after;
+  ASSERT_TRUE(Lookup(LookupOf({5}), &after).ok());
+  EXPECT_FLOAT_EQ(after.values(0), before.values(0) - 1.0f);
+}
+
+TEST_F(ShardServiceTest, ASyncStepMissingAWorkerIsAbortedNamingItAndChangesNothing) {
+  Start(0, 1);
+  ASSERT_TRUE(Create(Config()).ok());
+  v1::LookupResponse before;
+  ASSERT_TRUE(Lookup(LookupOf({1}), &before).ok());
+  v1::BatchPushRequest alone = SyncPart(0, {1}, 1.0f, 11);
+  alone.mutable_sync()->set_timeout_ms(50);
+  grpc::ClientContext ctx;
+  v1::BatchPushResponse resp;
+  grpc::Status s = stub_->BatchPush(&ctx, alone, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(s.error_message(), testing::HasSubstr("worker(s) 1 of 2 did not push to shard 0"));
+  v1::LookupResponse after;
+  ASSERT_TRUE(Lookup(LookupOf({1}), &after).ok());
+  EXPECT_EQ(after.values(0), before.values(0));
 }
 
 }  // namespace
