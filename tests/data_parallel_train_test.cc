@@ -79,6 +79,55 @@ TEST(DataParallelTraining, TwoWorkersAtHalfTheBatchTrainTheModelOfOneWorker) {
   }
 }
 
+// Bounded staleness on top: lookups run a step ahead of the sync pushes on every worker;
+// the workers still end with one dense model and train it.
+TEST(DataParallelTraining, PipelinedWorkersKeepOneModel) {
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.ok) << "cluster did not come up";
+  std::vector<std::string> out;
+  ASSERT_TRUE(RunWorkers(
+      2,
+      [&](int) {
+        return absl::StrCat("--coordinator=", cluster.coordinator->address(),
+                            " --model=k1 --steps=300 --log_every=100 --held_out=2000 "
+                            "--batch_size=128 --max_staleness=1");
+      },
+      &out))
+      << out[0] << "\n----\n"
+      << out[1];
+  ASSERT_EQ(DenseFingerprint(out[0]).size(), 16u) << out[0];
+  EXPECT_EQ(DenseFingerprint(out[0]), DenseFingerprint(out[1]));
+  EXPECT_GT(HeldOutAuc(out[0]), 0.75) << out[0];
+}
+
+// scripts/train_workers.sh: N workers of one model, their lines marked; a failing worker
+// fails the run.
+TEST(DataParallelTraining, TheLocalLauncherRunsTheWorkersAndFailsWithThem) {
+  Cluster cluster(2);
+  ASSERT_TRUE(cluster.ok) << "cluster did not come up";
+  const std::string script = absl::StrCat("TESSERA_BIN=", TESSERA_BIN_DIR, " bash ",
+                                          TESSERA_SOURCE_DIR, "/scripts/train_workers.sh");
+  auto run = [&](const std::string& args, std::string* out) {
+    return tessera::testing::RunCommand(absl::StrCat(script, " ", args), out);
+  };
+  const std::string at = absl::StrCat("--coordinator=", cluster.coordinator->address());
+  std::string out;
+  ASSERT_EQ(run(absl::StrCat("2 ", at, " --model=launched --steps=50 --log_every=0 --held_out=500"),
+                &out),
+            0)
+      << out;
+  EXPECT_THAT(out, HasSubstr("[worker 0] data-parallel: all 2 workers connected"));
+  EXPECT_THAT(out, HasSubstr("[worker 1] held-out:"));
+  // The model's tables exist now: worker 0 refuses to start over them, and the launcher
+  // stops worker 1 and exits non-zero.
+  out.clear();
+  EXPECT_NE(run(absl::StrCat("2 ", at, " --model=launched --steps=50"), &out), 0);
+  EXPECT_THAT(out, HasSubstr("[worker 0] tessera-train: FAILED_PRECONDITION"));
+  out.clear();
+  EXPECT_NE(run("2 --model=x", &out), 0);
+  EXPECT_THAT(out, HasSubstr("the workers need --coordinator"));
+}
+
 TEST(DataParallelTraining, AKilledWorkerMakesTheOtherFailNamingIt) {
   Cluster cluster(2);
   ASSERT_TRUE(cluster.ok) << "cluster did not come up";

@@ -52,16 +52,21 @@ struct Cluster {
   std::unique_ptr<ServerProcess> coordinator;
 };
 
-// Runs tessera-train with `args` to its end; its exit code, with stdout and stderr in
+// Runs shell command `command` to its end; its exit code, with stdout and stderr in
 // *output.
-inline int RunTrain(const std::string& args, std::string* output) {
-  FILE* p = popen(absl::StrCat(TESSERA_TRAIN_BIN, " ", args, " 2>&1").c_str(), "r");
+inline int RunCommand(const std::string& command, std::string* output) {
+  FILE* p = popen(absl::StrCat(command, " 2>&1").c_str(), "r");
   if (p == nullptr) return -1;
   char buf[4096];
   size_t n;
   while ((n = fread(buf, 1, sizeof(buf), p)) > 0) output->append(buf, n);
   const int status = pclose(p);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Runs tessera-train with `args` to its end, as RunCommand.
+inline int RunTrain(const std::string& args, std::string* output) {
+  return RunCommand(absl::StrCat(TESSERA_TRAIN_BIN, " ", args), output);
 }
 
 // tessera-train in the background, its stdout and stderr in a file of its own. Killed
