@@ -11,7 +11,7 @@ PACKAGES=(
   protobuf-compiler-grpc libgrpc++-dev libgrpc-dev
   libabsl-dev libeigen3-dev librocksdb-dev zlib1g-dev libgloo-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
-  python3 python3-grpcio python3-protobuf python3-numpy python3-yaml
+  python3 python3-grpcio python3-protobuf python3-numpy python3-yaml python3-torch
   gnuplot-nox redis-server libhiredis-dev
   openssl prometheus-cpp-dev libspdlog-dev iproute2 clang libclang-rt-14-dev
 )

@@ -25,6 +25,9 @@ cat "$TESSERA_CLUSTER_DIR/smart.log"
 diff <(grep held-out "$TESSERA_CLUSTER_DIR/smart.log") \
      <(grep held-out "$TESSERA_CLUSTER_DIR/coordinator.log") \
   || { echo "FAIL: smart and coordinator modes trained differently"; exit 1; }
+# tessera.torch: the module's gradients and 200 training steps against EmbeddingBag
+# tables and the same row-wise optimizers in torch (Debian's python3-torch).
+PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/python/tests/torch_check.py" "127.0.0.1:$base"
 # Exactly-once across a shard restart (kill -9, push, restart while the client retries).
 PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/python/tests/restart_check.py" \
   "127.0.0.1:$base" "$TESSERA_CLUSTER_DIR" "$BIN"

@@ -1,0 +1,196 @@
+"""PyTorch modules over Tessera tables: the sparse half of a model lives on the shards,
+the dense half is an ordinary torch model wherever PyTorch runs it.
+
+    import tessera, tessera.torch
+    client = tessera.connect("127.0.0.1:7000")
+    emb = tessera.torch.EmbeddingCollection(client, [
+        {"name": "ctr.user", "dim": 16, "optimizer": "adagrad", "learning_rate": 0.05},
+        {"name": "ctr.item", "dim": 16, "optimizer": "adagrad", "learning_rate": 0.05},
+    ])
+    pooled = emb({"ctr.user": (ids, offsets), "ctr.item": (ids2, offsets2)})  # (B, 2, 16)
+    loss = model(dense, pooled).mean()
+    loss.backward()        # pushes each table's gradients, summed per unique id
+    optimizer.step()       # the torch optimizer sees only the dense parameters
+
+Forward looks up each table's distinct ids through the client (the smart client: one
+request per shard) and pools them into bags in torch, so autograd sums the gradients of a
+repeated id; backward sends each table's gradients as one push of its distinct ids, at the
+module's step, and the shards apply the table's row-wise optimizer. In eval mode lookups
+create no rows and nothing is pushed.
+"""
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from tessera.client import Client, TesseraError, as_ids, check_lookup
+
+__all__ = ["EmbeddingCollection", "TesseraError"]
+
+# create_table's keyword arguments a table spec may carry.
+_CREATE_ARGS = ("optimizer", "learning_rate", "dtype", "seed", "max_rows", "init_scale",
+                "durability")
+
+
+def _features(features, names: Sequence[str]) -> Dict[str, Tuple[np.ndarray, np.ndarray,
+                                                                     Optional[np.ndarray]]]:
+    """Per table: (ids, CSR offsets, weights or None) from a mapping of name -> (ids,
+    offsets[, weights]) or a KeyedJaggedTensor-like object (keys(), values(), lengths(),
+    optionally weights())."""
+    out = {}
+    if hasattr(features, "keys") and hasattr(features, "values") and hasattr(
+            features, "lengths") and callable(features.lengths):
+        keys = list(features.keys())
+        values = np.asarray(_numpy(features.values()))
+        lengths = np.asarray(_numpy(features.lengths()), dtype=np.int64)
+        weights = features.weights() if hasattr(features, "weights") else None
+        weights = None if weights is None else np.asarray(_numpy(weights), dtype=np.float32)
+        if len(lengths) % max(1, len(keys)) != 0:
+            raise ValueError(f"lengths ({len(lengths)}) is not a multiple of the "
+                             f"{len(keys)} keys")
+        per_key = len(lengths) // max(1, len(keys))
+        start = 0
+        for k, key in enumerate(keys):
+            lens = lengths[k * per_key:(k + 1) * per_key]
+            n = int(lens.sum())
+            offsets = np.concatenate([[0], np.cumsum(lens)])
+            out[key] = (values[start:start + n], offsets,
+                        None if weights is None else weights[start:start + n])
+            start += n
+    elif isinstance(features, Mapping):
+        for key, value in features.items():
+            if not isinstance(value, (tuple, list)) or len(value) not in (2, 3):
+                raise ValueError(f"feature {key!r}: expected (ids, offsets) or "
+                                 f"(ids, offsets, weights)")
+            weights = value[2] if len(value) == 3 else None
+            out[key] = (_numpy(value[0]), np.asarray(_numpy(value[1]), dtype=np.int64),
+                        None if weights is None else np.asarray(_numpy(weights),
+                                                                dtype=np.float32))
+    else:
+        raise TypeError("features must be a mapping of table name -> (ids, offsets[, weights]) "
+                        "or a KeyedJaggedTensor-like object (keys, values, lengths)")
+    missing = [n for n in names if n not in out]
+    extra = [k for k in out if k not in names]
+    if missing or extra:
+        raise ValueError(f"features name tables {sorted(out)}; this collection has "
+                         f"{list(names)} (missing {missing}, unknown {extra})")
+    return out
+
+
+def _numpy(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+class EmbeddingCollection(torch.nn.Module):
+    """Tessera tables as a torch module (see the module's docstring).
+
+    `tables`: each a table name (the table must exist) or a dict with "name", "dim" and
+    any of create_table's keyword arguments (optimizer, learning_rate, dtype, seed,
+    max_rows, init_scale, durability): created when missing, else checked against the
+    existing table's dim and optimizer (ValueError naming the difference).
+    `pooling`: "sum" or "mean" (of weight x row over a bag's ids). `device`: where the
+    pooled embeddings go (default: the CPU). `step`: the step of the first training
+    forward; each training forward takes the next one unless forward(step=) says.
+    """
+
+    def __init__(self, client: Client, tables: Sequence[Union[str, Mapping]],
+                 pooling: str = "sum", device: Optional[Union[str, torch.device]] = None,
+                 step: int = 0):
+        super().__init__()
+        if pooling not in ("sum", "mean"):
+            raise ValueError(f"pooling must be 'sum' or 'mean', got {pooling!r}")
+        if not tables:
+            raise ValueError("an EmbeddingCollection needs at least one table")
+        self.client = client
+        self.pooling = pooling
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.step = int(step)
+        existing = client.tables()
+        self.names: List[str] = []
+        self.dims: Dict[str, int] = {}
+        for spec in tables:
+            spec = {"name": spec} if isinstance(spec, str) else dict(spec)
+            name = spec.get("name")
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"a table spec needs a name: {spec!r}")
+            unknown = set(spec) - {"name", "dim", *_CREATE_ARGS}
+            if unknown:
+                raise ValueError(f"table {name!r}: unknown spec keys {sorted(unknown)}")
+            if name in existing:
+                config = existing[name]
+                if "dim" in spec and spec["dim"] != config.dim:
+                    raise ValueError(f"table {name!r} exists with dim {config.dim}, the spec "
+                                     f"says {spec['dim']}")
+                if "optimizer" in spec:
+                    from tessera.client import _OPTIMIZERS
+                    if _OPTIMIZERS.get(spec["optimizer"]) != config.optimizer.type:
+                        raise ValueError(f"table {name!r} exists with another optimizer than "
+                                         f"{spec['optimizer']!r}")
+            elif "dim" in spec:
+                config = client.create_table(name, spec["dim"], **{
+                    k: spec[k] for k in _CREATE_ARGS if k in spec})
+            else:
+                raise ValueError(f"table {name!r} does not exist; give its dim to create it")
+            if name in self.dims:
+                raise ValueError(f"table {name!r} is named twice")
+            self.names.append(name)
+            self.dims[name] = config.dim
+        self.pushed_rows = 0  # distinct rows pushed so far (all tables)
+
+    def forward(self, features, step: Optional[int] = None,
+                as_dict: bool = False) -> Union[torch.Tensor, Dict[str, torch.Tensor]]:
+        """Pooled embeddings of every table's bags: a (batch, tables, dim) tensor in table
+        order when all tables have one dim and the same number of bags (else pass
+        as_dict=True), or {table: (bags, dim)}. `features`: {table: (ids, offsets)} or
+        {table: (ids, offsets, weights)} (CSR offsets, bags + 1 entries; arrays or tensors),
+        or a KeyedJaggedTensor-like object. Training: the rows' gradients are pushed at
+        step `step` (default: the module's next step) during backward. TesseraError as the
+        client raises it (unknown table, bad ids or offsets)."""
+        parts = _features(features, self.names)
+        training = self.training and torch.is_grad_enabled()
+        if training:
+            if step is None:
+                step = self.step
+                self.step += 1
+        pooled: Dict[str, torch.Tensor] = {}
+        for name in self.names:
+            ids, offsets, weights = parts[name]
+            ids = as_ids(ids)
+            offsets, weights = check_lookup(len(ids), list(offsets), weights, self.pooling)
+            unique, inverse = np.unique(ids, return_inverse=True)
+            rows = self.client.lookup(name, unique, read_only=not training)
+            rows = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32)).to(self.device)
+            if training:
+                rows.requires_grad_(True)
+                rows.register_hook(self._pusher(name, unique, step))
+            pooled[name] = self._pool(rows, inverse, offsets, weights)
+        if as_dict:
+            return pooled
+        shapes = {tuple(p.shape) for p in pooled.values()}
+        if len(shapes) != 1:
+            raise ValueError(f"tables give pooled shapes {sorted(shapes)}: pass as_dict=True")
+        return torch.stack([pooled[n] for n in self.names], dim=1)
+
+    def _pool(self, rows: torch.Tensor, inverse: np.ndarray, offsets, weights) -> torch.Tensor:
+        offsets = np.asarray(offsets, dtype=np.int64)
+        counts = np.diff(offsets)
+        bag = torch.from_numpy(np.repeat(np.arange(len(counts)), counts)).to(self.device)
+        gathered = rows[torch.from_numpy(inverse.astype(np.int64)).to(self.device)]
+        if weights is not None:
+            gathered = gathered * torch.from_numpy(
+                np.asarray(weights, dtype=np.float32)).to(self.device)[:, None]
+        out = torch.zeros(len(counts), rows.shape[1], dtype=rows.dtype, device=self.device)
+        out = out.index_add(0, bag, gathered)
+        if self.pooling == "mean":
+            scale = torch.from_numpy(1.0 / np.maximum(counts, 1).astype(np.float32))
+            out = out * scale.to(self.device)[:, None]
+        return out
+
+    def _pusher(self, name: str, unique: np.ndarray, step: int):
+        def push(grad: torch.Tensor):
+            self.pushed_rows += self.client.push(name, unique, grad.detach().cpu().numpy(),
+                                                 step=step)
+            return grad
+        return push

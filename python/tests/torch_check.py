@@ -1,0 +1,206 @@
+"""tessera.torch against a running cluster: the gradients the module pushes equal those
+torch.nn.EmbeddingBag computes for the same model and batch (sum and mean pooling,
+per-id weights, repeated ids); 200 training steps through the module equal the same
+model trained with EmbeddingBag tables and the same row-wise optimizer written in torch
+(SGD and Adagrad) within 1e-5; eval mode creates no rows and pushes nothing.
+
+    PYTHONPATH=build/python /usr/bin/python3 python/tests/torch_check.py HOST:PORT
+"""
+import sys
+
+import numpy as np
+import torch
+
+import tessera
+import tessera.torch as ttorch
+
+DIM = 4
+VOCAB = 40
+EPS = 1e-10  # Tessera's Adagrad epsilon
+
+
+class Spy:
+    """The client, recording every push."""
+
+    def __init__(self, client):
+        self.client = client
+        self.pushes = []
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+    def push(self, table, ids, gradients, step=0, request_id=None):
+        self.pushes.append((table, np.array(ids), np.array(gradients), step))
+        return self.client.push(table, ids, gradients, step=step, request_id=request_id)
+
+
+def batch(rng, bags=16, max_len=4):
+    """ids (Zipf-ish over the vocabulary: repeats within a batch), CSR offsets, weights."""
+    lengths = rng.integers(1, max_len + 1, size=bags)
+    ids = np.minimum(rng.zipf(1.3, size=int(lengths.sum())) - 1, VOCAB - 1).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    weights = rng.uniform(0.5, 1.5, size=len(ids)).astype(np.float32)
+    return ids, offsets, weights
+
+
+def reference_tables(client, names, mode):
+    """EmbeddingBag tables starting from the Tessera tables' initial rows."""
+    tables = {}
+    for name in names:
+        initial = client.lookup(name, np.arange(VOCAB), read_only=True)
+        bag = torch.nn.EmbeddingBag(VOCAB, DIM, mode=mode)
+        with torch.no_grad():
+            bag.weight.copy_(torch.from_numpy(initial))
+        tables[name] = bag
+    return tables
+
+
+def check_gradients(client, prefix):
+    rng = np.random.default_rng(7)
+    for mode, weighted in (("sum", False), ("mean", False), ("sum", True)):
+        names = [f"{prefix}.{mode}{int(weighted)}.a", f"{prefix}.{mode}{int(weighted)}.b"]
+        spy = Spy(client)
+        module = ttorch.EmbeddingCollection(
+            spy, [{"name": n, "dim": DIM, "optimizer": "sgd", "learning_rate": 1e-3}
+                  for n in names], pooling=mode)
+        ref = reference_tables(client, names, mode)
+        feats, ref_out = {}, []
+        for n in names:
+            ids, offsets, weights = batch(rng)
+            feats[n] = (ids, offsets, weights) if weighted else (ids, offsets)
+            ref_out.append(ref[n](torch.from_numpy(ids), torch.from_numpy(offsets[:-1]),
+                                  per_sample_weights=torch.from_numpy(weights) if weighted
+                                  else None))
+        out = module(feats)
+        want = torch.stack(ref_out, dim=1)
+        assert out.shape == want.shape, (out.shape, want.shape)
+        assert torch.allclose(out, want, atol=1e-6), f"{mode} weighted={weighted}: forward differs"
+        # Any loss that weighs every output differently.
+        coef = torch.from_numpy(rng.normal(size=tuple(out.shape)).astype(np.float32))
+        (out * coef).sum().backward()
+        (want * coef).sum().backward()
+        assert len(spy.pushes) == 2, f"expected one push per table, got {len(spy.pushes)}"
+        for table, ids, grads, step in spy.pushes:
+            assert step == 0, step
+            assert len(np.unique(ids)) == len(ids), "a push repeats an id"
+            expected = ref[table].weight.grad[torch.from_numpy(ids)].numpy()
+            # The same sums in another order: equal to float rounding.
+            err = np.abs(grads - expected).max() / max(1.0, np.abs(expected).max())
+            assert err < 1e-6, f"{table} ({mode}, weighted={weighted}): gradients differ by {err}"
+            untouched = np.setdiff1d(np.arange(VOCAB), ids)
+            assert not ref[table].weight.grad[torch.from_numpy(untouched)].any(), \
+                "the reference touched rows the module did not push"
+    print("gradients: equal to EmbeddingBag's (sum, mean, weighted; repeated ids)")
+
+
+def train(client, prefix, optimizer, steps=200, lr=0.1):
+    names = [f"{prefix}.{optimizer}.a", f"{prefix}.{optimizer}.b"]
+    module = ttorch.EmbeddingCollection(
+        client, [{"name": n, "dim": DIM, "optimizer": optimizer, "learning_rate": lr}
+                 for n in names])
+    ref = reference_tables(client, names, "sum")
+    acc = {n: torch.zeros(VOCAB, DIM) for n in names}
+    torch.manual_seed(3)
+    dense = torch.nn.Sequential(torch.nn.Linear(2 * DIM, 8), torch.nn.ReLU(),
+                                torch.nn.Linear(8, 1))
+    dense_ref = torch.nn.Sequential(torch.nn.Linear(2 * DIM, 8), torch.nn.ReLU(),
+                                    torch.nn.Linear(8, 1))
+    dense_ref.load_state_dict(dense.state_dict())
+    opt = torch.optim.SGD(dense.parameters(), lr=0.05)
+    opt_ref = torch.optim.SGD(dense_ref.parameters(), lr=0.05)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    rng = np.random.default_rng(11)
+    for _ in range(steps):
+        feats = {n: batch(rng)[:2] for n in names}
+        labels = torch.from_numpy(rng.integers(0, 2, size=16).astype(np.float32))
+        # Through Tessera.
+        opt.zero_grad()
+        pooled = module(feats)
+        loss = loss_fn(dense(pooled.flatten(1)).squeeze(1), labels)
+        loss.backward()
+        opt.step()
+        # The same model in torch, its row-wise optimizer by hand.
+        opt_ref.zero_grad()
+        for n in names:
+            ref[n].weight.grad = None
+        pooled_ref = torch.stack([ref[n](torch.from_numpy(feats[n][0]),
+                                         torch.from_numpy(feats[n][1][:-1])) for n in names], 1)
+        loss_ref = loss_fn(dense_ref(pooled_ref.flatten(1)).squeeze(1), labels)
+        loss_ref.backward()
+        opt_ref.step()
+        with torch.no_grad():
+            for n in names:
+                g = ref[n].weight.grad
+                if optimizer == "sgd":
+                    ref[n].weight -= lr * g
+                else:
+                    acc[n] += g * g
+                    ref[n].weight -= lr * g / (torch.sqrt(acc[n]) + EPS)
+    worst = 0.0
+    for n in names:
+        rows = client.lookup(n, np.arange(VOCAB), read_only=True)
+        worst = max(worst, float(np.abs(rows - ref[n].weight.detach().numpy()).max()))
+    for p, q in zip(dense.parameters(), dense_ref.parameters()):
+        worst = max(worst, float((p - q).abs().max()))
+    assert worst < 1e-5, f"{optimizer}: after {steps} steps the models differ by {worst}"
+    assert module.step == steps, module.step
+    print(f"{optimizer}: {steps} steps equal to EmbeddingBag + torch {optimizer} "
+          f"(largest difference {worst:.2e}, loss {loss.item():.4f})")
+
+
+def check_eval(client, prefix):
+    name = f"{prefix}.eval"
+    spy = Spy(client)
+    module = ttorch.EmbeddingCollection(spy, [{"name": name, "dim": DIM, "optimizer": "sgd",
+                                               "learning_rate": 0.1}])
+    before = sum(t.rows for t in client.stats(name).tables)
+    module.eval()
+    ids = np.arange(1000, 1032, dtype=np.int64)
+    offsets = np.arange(0, 33, 4, dtype=np.int64)
+    out = module({name: (ids, offsets)})
+    assert out.shape == (8, 1, DIM), out.shape
+    assert not out.requires_grad
+    after = sum(t.rows for t in client.stats(name).tables)
+    assert after == before, f"eval mode created {after - before} rows"
+    assert not spy.pushes and module.step == 0
+    # Training mode creates them (and counts a step).
+    module.train()
+    module({name: (ids, offsets)}).sum().backward()
+    assert sum(t.rows for t in client.stats(name).tables) == before + len(ids)
+    assert len(spy.pushes) == 1 and module.step == 1
+    print("eval mode: no rows created, nothing pushed")
+
+
+def check_errors(client, prefix):
+    name = f"{prefix}.err"
+    module = ttorch.EmbeddingCollection(client, [{"name": name, "dim": DIM}])
+    for bad, words in (({"other": ([1], [0, 1])}, "unknown"),
+                       ({name: ([1, 2], [0, 3])}, "offsets")):
+        try:
+            module(bad)
+        except (ValueError, tessera.TesseraError) as e:
+            assert words in str(e), (words, str(e))
+        else:
+            raise AssertionError(f"{bad} accepted")
+    try:
+        ttorch.EmbeddingCollection(client, [{"name": name, "dim": DIM + 1}])
+    except ValueError as e:
+        assert "exists with dim" in str(e), str(e)
+    else:
+        raise AssertionError("a dim mismatch accepted")
+    print("errors: named")
+
+
+def main():
+    client = tessera.connect(sys.argv[1])
+    prefix = "torchcheck"
+    check_gradients(client, prefix)
+    train(client, prefix, "sgd")
+    train(client, prefix, "adagrad")
+    check_eval(client, prefix)
+    check_errors(client, prefix)
+    print("tessera.torch: ok")
+
+
+if __name__ == "__main__":
+    main()
