@@ -28,6 +28,8 @@ diff <(grep held-out "$TESSERA_CLUSTER_DIR/smart.log") \
 # tessera.torch: the module's gradients and 200 training steps against EmbeddingBag
 # tables and the same row-wise optimizers in torch (Debian's python3-torch).
 PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/python/tests/torch_check.py" "127.0.0.1:$base"
+# ... and under DistributedDataParallel: 2 processes on the gloo backend, one dense model.
+PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/python/tests/torch_ddp_check.py" "127.0.0.1:$base"
 # Exactly-once across a shard restart (kill -9, push, restart while the client retries).
 PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/python/tests/restart_check.py" \
   "127.0.0.1:$base" "$TESSERA_CLUSTER_DIR" "$BIN"

@@ -18,14 +18,16 @@ repeated id; backward sends each table's gradients as one push of its distinct i
 module's step, and the shards apply the table's row-wise optimizer. In eval mode lookups
 create no rows and nothing is pushed.
 """
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
 from tessera.client import Client, TesseraError, as_ids, check_lookup
 
-__all__ = ["EmbeddingCollection", "TesseraError"]
+__all__ = ["EmbeddingCollection", "Fetched", "prefetch", "TesseraError"]
 
 # create_table's keyword arguments a table spec may carry.
 _CREATE_ARGS = ("optimizer", "learning_rate", "dtype", "seed", "max_rows", "init_scale",
@@ -93,12 +95,18 @@ class EmbeddingCollection(torch.nn.Module):
     `pooling`: "sum" or "mean" (of weight x row over a bag's ids). `device`: where the
     pooled embeddings go (default: the CPU). `step`: the step of the first training
     forward; each training forward takes the next one unless forward(step=) says.
+    `grad_scale`: multiplies the gradients pushed (1 / world size under
+    DistributedDataParallel, so that the processes' pushes add up to the mean over the
+    global batch).
     """
 
     def __init__(self, client: Client, tables: Sequence[Union[str, Mapping]],
                  pooling: str = "sum", device: Optional[Union[str, torch.device]] = None,
-                 step: int = 0):
+                 step: int = 0, grad_scale: float = 1.0):
         super().__init__()
+        if not (grad_scale > 0 and np.isfinite(grad_scale)):
+            raise ValueError(f"grad_scale must be a finite number > 0, got {grad_scale!r}")
+        self.grad_scale = float(grad_scale)
         if pooling not in ("sum", "mean"):
             raise ValueError(f"pooling must be 'sum' or 'mean', got {pooling!r}")
         if not tables:
@@ -139,28 +147,40 @@ class EmbeddingCollection(torch.nn.Module):
             self.dims[name] = config.dim
         self.pushed_rows = 0  # distinct rows pushed so far (all tables)
 
-    def forward(self, features, step: Optional[int] = None,
-                as_dict: bool = False) -> Union[torch.Tensor, Dict[str, torch.Tensor]]:
-        """Pooled embeddings of every table's bags: a (batch, tables, dim) tensor in table
-        order when all tables have one dim and the same number of bags (else pass
-        as_dict=True), or {table: (bags, dim)}. `features`: {table: (ids, offsets)} or
-        {table: (ids, offsets, weights)} (CSR offsets, bags + 1 entries; arrays or tensors),
-        or a KeyedJaggedTensor-like object. Training: the rows' gradients are pushed at
-        step `step` (default: the module's next step) during backward. TesseraError as the
-        client raises it (unknown table, bad ids or offsets)."""
+    def fetch(self, features) -> "Fetched":
+        """Looks up the rows `features` needs (each table's distinct ids), for a later
+        forward(): what prefetch() runs ahead on a background thread. Read-only unless the
+        module is in training mode."""
         parts = _features(features, self.names)
-        training = self.training and torch.is_grad_enabled()
-        if training:
-            if step is None:
-                step = self.step
-                self.step += 1
-        pooled: Dict[str, torch.Tensor] = {}
+        training = self.training
+        tables = {}
         for name in self.names:
             ids, offsets, weights = parts[name]
             ids = as_ids(ids)
             offsets, weights = check_lookup(len(ids), list(offsets), weights, self.pooling)
             unique, inverse = np.unique(ids, return_inverse=True)
             rows = self.client.lookup(name, unique, read_only=not training)
+            tables[name] = (unique, inverse, offsets, weights, rows)
+        return Fetched(tables)
+
+    def forward(self, features, step: Optional[int] = None,
+                as_dict: bool = False) -> Union[torch.Tensor, Dict[str, torch.Tensor]]:
+        """Pooled embeddings of every table's bags: a (batch, tables, dim) tensor in table
+        order when all tables have one dim and the same number of bags (else pass
+        as_dict=True), or {table: (bags, dim)}. `features`: {table: (ids, offsets)} or
+        {table: (ids, offsets, weights)} (CSR offsets, bags + 1 entries; arrays or tensors),
+        a KeyedJaggedTensor-like object, or what fetch() returned for them. Training: the
+        rows' gradients are pushed at step `step` (default: the module's next step) during
+        backward. TesseraError as the client raises it (unknown table, bad ids or
+        offsets)."""
+        fetched = features if isinstance(features, Fetched) else self.fetch(features)
+        training = self.training and torch.is_grad_enabled()
+        if training and step is None:
+            step = self.step
+            self.step += 1
+        pooled: Dict[str, torch.Tensor] = {}
+        for name in self.names:
+            unique, inverse, offsets, weights, rows = fetched.tables[name]
             rows = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32)).to(self.device)
             if training:
                 rows.requires_grad_(True)
@@ -190,7 +210,39 @@ class EmbeddingCollection(torch.nn.Module):
 
     def _pusher(self, name: str, unique: np.ndarray, step: int):
         def push(grad: torch.Tensor):
-            self.pushed_rows += self.client.push(name, unique, grad.detach().cpu().numpy(),
-                                                 step=step)
+            g = grad.detach().cpu().numpy()
+            if self.grad_scale != 1.0:
+                g = g * np.float32(self.grad_scale)
+            self.pushed_rows += self.client.push(name, unique, g, step=step)
             return grad
         return push
+
+
+class Fetched:
+    """A batch's rows looked up ahead (EmbeddingCollection.fetch): per table, its
+    distinct ids, each id's place among them, offsets, weights and rows."""
+
+    def __init__(self, tables):
+        self.tables = tables
+
+
+def prefetch(collection: EmbeddingCollection, batches: Iterable,
+             features: Callable = lambda batch: batch[0], depth: int = 1) -> Iterator:
+    """Yields (batch, fetched) for each batch of `batches` (a DataLoader, say), looking up
+    the rows of the next `depth` batches on a background thread while the caller trains
+    on the current one: pass `fetched` to the collection instead of the features.
+    `features(batch)` gives a batch's features (default: its first element). The rows of
+    batch t+1 are read before batch t's push: they miss at most `depth` steps of updates
+    (bounded staleness, as tessera-train's --max_staleness)."""
+    if depth < 1:
+        raise ValueError(f"depth must be >= 1, got {depth}")
+    pending: deque = deque()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        for batch in batches:
+            pending.append((batch, pool.submit(collection.fetch, features(batch))))
+            if len(pending) > depth:
+                done, rows = pending.popleft()
+                yield done, rows.result()
+        while pending:
+            done, rows = pending.popleft()
+            yield done, rows.result()

@@ -171,6 +171,28 @@ def check_eval(client, prefix):
     print("eval mode: no rows created, nothing pushed")
 
 
+def check_prefetch(client, prefix):
+    name = f"{prefix}.prefetch"
+    spy = Spy(client)
+    module = ttorch.EmbeddingCollection(spy, [{"name": name, "dim": DIM, "optimizer": "sgd",
+                                               "learning_rate": 0.1}])
+    rng = np.random.default_rng(5)
+    batches = [({name: batch(rng)[:2]}, i) for i in range(20)]
+    # Read-only: rows fetched ahead are the rows a forward would read.
+    module.eval()
+    for (feats, i), fetched in ttorch.prefetch(module, batches, depth=2):
+        assert torch.equal(module(fetched), module(feats)), f"batch {i} differs"
+    # Training: every batch trained once, in order, each step pushed.
+    module.train()
+    seen = []
+    for (feats, i), fetched in ttorch.prefetch(module, batches):
+        module(fetched).sum().backward()
+        seen.append(i)
+    assert seen == list(range(20)), seen
+    assert module.step == 20 and [p[3] for p in spy.pushes] == list(range(20))
+    print("prefetch: batches in order, rows as a forward reads them")
+
+
 def check_errors(client, prefix):
     name = f"{prefix}.err"
     module = ttorch.EmbeddingCollection(client, [{"name": name, "dim": DIM}])
@@ -198,6 +220,7 @@ def main():
     train(client, prefix, "sgd")
     train(client, prefix, "adagrad")
     check_eval(client, prefix)
+    check_prefetch(client, prefix)
     check_errors(client, prefix)
     print("tessera.torch: ok")
 
