@@ -30,6 +30,21 @@ diff <(grep held-out "$TESSERA_CLUSTER_DIR/smart.log") \
 PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/python/tests/torch_check.py" "127.0.0.1:$base"
 # ... and under DistributedDataParallel: 2 processes on the gloo backend, one dense model.
 PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/python/tests/torch_ddp_check.py" "127.0.0.1:$base"
+# examples/python/torch_dlrm.py on a small generated Criteo-format TSV: DLRM in PyTorch
+# with its tables on Tessera, and the same model on torch.nn.EmbeddingBag tables; both
+# must learn (the AUC comparison on a larger file is in BENCHMARKS.md).
+PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/examples/python/torch_dlrm.py" \
+  --make_data=20000 --data="$TESSERA_CLUSTER_DIR/clicks.tsv" > /dev/null
+for tables in tessera torch; do
+  PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/examples/python/torch_dlrm.py" \
+    --coordinator="127.0.0.1:$base" --data="$TESSERA_CLUSTER_DIR/clicks.tsv" --tables="$tables" \
+    --model="dlrm_$tables" > "$TESSERA_CLUSTER_DIR/dlrm-$tables.log" 2>&1 \
+    || { cat "$TESSERA_CLUSTER_DIR/dlrm-$tables.log"; echo "FAIL: torch_dlrm.py ($tables)"; exit 1; }
+  grep held-out "$TESSERA_CLUSTER_DIR/dlrm-$tables.log"
+  grep -Eq "held-out: 2000 samples  logloss [0-9.]+  auc 0\.(6[5-9]|[7-9])" \
+    "$TESSERA_CLUSTER_DIR/dlrm-$tables.log" \
+    || { cat "$TESSERA_CLUSTER_DIR/dlrm-$tables.log"; echo "FAIL: torch_dlrm.py ($tables) did not learn"; exit 1; }
+done
 # Exactly-once across a shard restart (kill -9, push, restart while the client retries).
 PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/python/tests/restart_check.py" \
   "127.0.0.1:$base" "$TESSERA_CLUSTER_DIR" "$BIN"
