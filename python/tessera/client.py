@@ -122,6 +122,9 @@ class _Endpoint:
         self.push = self.channel.unary_unary(
             prefix + "PushGradients", request_serializer=_identity,
             response_deserializer=api.PushGradientsResponse.FromString)
+        self.batch_lookup = self.channel.unary_unary(
+            prefix + "BatchLookup", request_serializer=_identity,
+            response_deserializer=api.BatchLookupResponse.FromString)
 
     def close(self):
         self.channel.close()
@@ -351,6 +354,18 @@ class Client:
             return rows
         return _pool(rows, np.asarray(offsets, dtype=np.int64), weights, pooling)
 
+    def lookup_many(self, tables: Dict[str, object], read_only: bool = False
+                    ) -> Dict[str, np.ndarray]:
+        """Rows of several tables at once: {table: ids} -> {table: (len(ids), dim) float32},
+        in one request per shard (smart mode) or one to the coordinator (the batched
+        BatchLookup RPC), where lookup() sends one per table. Ids and errors as lookup()."""
+        configs = {name: self._config(name) for name in tables}
+        unique, inverse = {}, {}
+        for name, ids in tables.items():
+            unique[name], inverse[name] = np.unique(as_ids(ids), return_inverse=True)
+        rows = self._with_map_refresh(lambda: self._lookup_many_unique(configs, unique, read_only))
+        return {name: rows[name][inverse[name]] for name in tables}
+
     def next_request_id(self):
         """A fresh (client id, sequence) request id of this client's."""
         with self._sequence_lock:
@@ -468,6 +483,37 @@ class Client:
         for (k, at), answer in zip(parts, self._fan_out(requests)):
             _, values = wire.decode_lookup_response(answer)
             rows[at] = values.reshape(len(at), config.dim)
+        return rows
+
+    def _lookup_many_unique(self, configs, unique, read_only: bool):
+        """{table: distinct ids} -> {table: rows}, one BatchLookup per shard (or one to the
+        coordinator) carrying every table's ids there."""
+        rows = {name: np.empty((len(u), configs[name].dim), dtype=np.float32)
+                for name, u in unique.items()}
+        if self.mode == "coordinator":
+            places = {None: [(name, np.arange(len(u))) for name, u in unique.items()]}
+        else:
+            places = {}
+            for name, u in unique.items():
+                for k, at in self._split(configs[name], u):
+                    places.setdefault(k, []).append((name, at))
+        requests = []
+        for k, parts in places.items():
+            request = api.BatchLookupRequest(shard_map_version=0 if k is None else self._version,
+                                             read_only=read_only)
+            for name, at in parts:
+                request.tables.add(table=name,
+                                   ids=np.ascontiguousarray(unique[name][at], dtype="<i8").tobytes())
+            requests.append((k, request))
+        if self.mode == "coordinator":
+            answers = [self._call(self._stub.BatchLookup, requests[0][1])]
+        else:
+            answers = self._fan_out([(k, "batch_lookup", r.SerializeToString())
+                                     for k, r in requests])
+        for (k, _), answer in zip(requests, answers):
+            for (name, at), values in zip(places[k], answer.tables):
+                rows[name][at] = np.frombuffer(values.values, dtype="<f4").reshape(
+                    len(at), configs[name].dim)
         return rows
 
     def _push_unique(self, config, unique: np.ndarray, summed: np.ndarray, step: int,

@@ -12,8 +12,8 @@ the dense half is an ordinary torch model wherever PyTorch runs it.
     loss.backward()        # pushes each table's gradients, summed per unique id
     optimizer.step()       # the torch optimizer sees only the dense parameters
 
-Forward looks up each table's distinct ids through the client (the smart client: one
-request per shard) and pools them into bags in torch, so autograd sums the gradients of a
+Forward looks up every table's distinct ids through the client in one batched request
+per shard and pools them into bags in torch, so autograd sums the gradients of a
 repeated id; backward sends each table's gradients as one push of its distinct ids, at the
 module's step, and the shards apply the table's row-wise optimizer. In eval mode lookups
 create no rows and nothing is pushed.
@@ -153,15 +153,17 @@ class EmbeddingCollection(torch.nn.Module):
         module is in training mode."""
         parts = _features(features, self.names)
         training = self.training
-        tables = {}
+        checked = {}
         for name in self.names:
             ids, offsets, weights = parts[name]
             ids = as_ids(ids)
             offsets, weights = check_lookup(len(ids), list(offsets), weights, self.pooling)
             unique, inverse = np.unique(ids, return_inverse=True)
-            rows = self.client.lookup(name, unique, read_only=not training)
-            tables[name] = (unique, inverse, offsets, weights, rows)
-        return Fetched(tables)
+            checked[name] = (unique, inverse, offsets, weights)
+        # Every table's distinct ids in one request per shard.
+        rows = self.client.lookup_many({name: c[0] for name, c in checked.items()},
+                                       read_only=not training)
+        return Fetched({name: (*c, rows[name]) for name, c in checked.items()})
 
     def forward(self, features, step: Optional[int] = None,
                 as_dict: bool = False) -> Union[torch.Tensor, Dict[str, torch.Tensor]]:

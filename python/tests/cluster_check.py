@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The Python client against a running cluster (tests/python_client_test.sh starts one):
 smart and coordinator modes agree, pooling, errors as TesseraError with gRPC codes,
-read-only lookups, checkpoints.
+read-only lookups, several tables in one lookup, checkpoints.
 
     PYTHONPATH=build/python /usr/bin/python3 python/tests/cluster_check.py 127.0.0.1:7000
 """
@@ -126,6 +126,21 @@ def main(address: str) -> int:
     np.testing.assert_array_equal(via.lookup("pyc_copy", ids), via.lookup("pyc", ids))
     smart.drop_table("pyc_copy")
     expect_error(grpc.StatusCode.NOT_FOUND, lambda: via.lookup("pyc_copy", [1]))
+
+    # Several tables in one request per shard: the rows one lookup per table reads, in
+    # both modes; read-only creates nothing.
+    smart.create_table("pyc_b", dim=3, optimizer="sgd", learning_rate=0.5, seed=5)
+    other = rng.integers(0, 50, 400)
+    for client in (smart, via):
+        many = client.lookup_many({"pyc": ids, "pyc_b": other})
+        np.testing.assert_array_equal(many["pyc"], client.lookup("pyc", ids))
+        np.testing.assert_array_equal(many["pyc_b"], client.lookup("pyc_b", other))
+    rows_before = sum(t.rows for t in smart.stats("pyc_b").tables)
+    fresh = np.arange(10**6, 10**6 + 20)
+    np.testing.assert_array_equal(via.lookup_many({"pyc_b": fresh}, read_only=True)["pyc_b"],
+                                  smart.lookup_many({"pyc_b": fresh}, read_only=True)["pyc_b"])
+    assert sum(t.rows for t in smart.stats("pyc_b").tables) == rows_before
+    expect_error(grpc.StatusCode.NOT_FOUND, lambda: smart.lookup_many({"nope": [1]}))
 
     smart.checkpoint(12)
     assert 12 in [c.step for c in smart.checkpoints().checkpoints]
