@@ -122,6 +122,9 @@ class _Endpoint:
         self.push = self.channel.unary_unary(
             prefix + "PushGradients", request_serializer=_identity,
             response_deserializer=api.PushGradientsResponse.FromString)
+        self.batch_push = self.channel.unary_unary(
+            prefix + "BatchPush", request_serializer=_identity,
+            response_deserializer=api.BatchPushResponse.FromString)
         self.batch_lookup = self.channel.unary_unary(
             prefix + "BatchLookup", request_serializer=_identity,
             response_deserializer=api.BatchLookupResponse.FromString)
@@ -390,15 +393,32 @@ class Client:
         if self.mode == "coordinator":
             data = wire.encode_push_request(table, ids, gradients, step, 0, request_id)
             return self._call(self._coordinator.push, data).rows_updated
-        unique, inverse = np.unique(ids, return_inverse=True)
-        order = np.argsort(inverse, kind="stable")
-        starts = np.flatnonzero(np.r_[True, np.diff(inverse[order]) != 0])
-        with np.errstate(over="ignore"):
-            summed = np.add.reduceat(gradients[order], starts, axis=0) if len(ids) else gradients
-        if not np.all(np.isfinite(summed)):  # refused before any shard applies its part
-            _invalid(f"table '{table}': gradients of a repeated id sum to Inf")
+        unique, summed = _sum_repeats(table, ids, gradients)
         return self._with_map_refresh(
             lambda: self._push_unique(config, unique, summed, step, request_id))
+
+    def push_many(self, pushes: Dict[str, tuple], step: int = 0,
+                  request_id=None) -> Dict[str, int]:
+        """Several tables' gradients at once: {table: (ids, gradients)}, in one request per
+        shard (smart mode) or one to the coordinator (the batched BatchPush RPC), under one
+        request id; every table is checked as push() checks it before anything is sent.
+        Returns {table: distinct rows updated}."""
+        configs, unique, summed = {}, {}, {}
+        for table, (ids, gradients) in pushes.items():
+            ids = as_ids(ids)
+            configs[table] = config = self._config(table)
+            gradients = np.ascontiguousarray(gradients, dtype=np.float32)
+            if gradients.size != len(ids) * config.dim:
+                _invalid(f"table '{table}': gradients of {len(ids)} ids x dim {config.dim} "
+                         f"expected, got {gradients.size} values")
+            gradients = gradients.reshape(len(ids), config.dim)
+            if not np.all(np.isfinite(gradients)):
+                _invalid(f"table '{table}': gradients must be finite (NaN or Inf given)")
+            unique[table], summed[table] = _sum_repeats(table, ids, gradients)
+        if request_id is None:
+            request_id = self.next_request_id()
+        return self._with_map_refresh(
+            lambda: self._push_many_unique(configs, unique, summed, step, request_id))
 
     # -- internals -------------------------------------------------------------------------
 
@@ -490,13 +510,7 @@ class Client:
         coordinator) carrying every table's ids there."""
         rows = {name: np.empty((len(u), configs[name].dim), dtype=np.float32)
                 for name, u in unique.items()}
-        if self.mode == "coordinator":
-            places = {None: [(name, np.arange(len(u))) for name, u in unique.items()]}
-        else:
-            places = {}
-            for name, u in unique.items():
-                for k, at in self._split(configs[name], u):
-                    places.setdefault(k, []).append((name, at))
+        places = self._places(configs, unique)
         requests = []
         for k, parts in places.items():
             request = api.BatchLookupRequest(shard_map_version=0 if k is None else self._version,
@@ -506,7 +520,7 @@ class Client:
                                    ids=np.ascontiguousarray(unique[name][at], dtype="<i8").tobytes())
             requests.append((k, request))
         if self.mode == "coordinator":
-            answers = [self._call(self._stub.BatchLookup, requests[0][1])]
+            answers = [self._call(self._stub.BatchLookup, requests[0][1])] if requests else []
         else:
             answers = self._fan_out([(k, "batch_lookup", r.SerializeToString())
                                      for k, r in requests])
@@ -516,6 +530,39 @@ class Client:
                     len(at), configs[name].dim)
         return rows
 
+    def _places(self, configs, unique):
+        """{shard (None: the coordinator): [(table, positions of its distinct ids there)]}."""
+        if self.mode == "coordinator":
+            return {None: [(name, np.arange(len(u))) for name, u in unique.items()]}
+        places = {}
+        for name, u in unique.items():
+            for k, at in self._split(configs[name], u):
+                places.setdefault(k, []).append((name, at))
+        return places
+
+    def _push_many_unique(self, configs, unique, summed, step: int, request_id):
+        places = self._places(configs, unique)
+        requests = []
+        for k, parts in places.items():
+            request = api.BatchPushRequest(step=step,
+                                           shard_map_version=0 if k is None else self._version)
+            request.request_id.client_id, request.request_id.sequence = request_id
+            for name, at in parts:
+                request.tables.add(
+                    table=name, ids=np.ascontiguousarray(unique[name][at], dtype="<i8").tobytes(),
+                    gradients=np.ascontiguousarray(summed[name][at], dtype="<f4").tobytes())
+            requests.append((k, request))
+        if self.mode == "coordinator":
+            answers = [self._call(self._stub.BatchPush, requests[0][1])] if requests else []
+        else:
+            answers = self._fan_out([(k, "batch_push", r.SerializeToString())
+                                     for k, r in requests])
+        updated = {name: 0 for name in unique}
+        for (k, _), answer in zip(requests, answers):
+            for (name, _), rows in zip(places[k], answer.rows_updated):
+                updated[name] += rows
+        return updated
+
     def _push_unique(self, config, unique: np.ndarray, summed: np.ndarray, step: int,
                      request_id) -> int:
         parts = self._split(config, unique)
@@ -523,6 +570,19 @@ class Client:
                                                           self._version, request_id))
                     for k, at in parts]
         return sum(answer.rows_updated for answer in self._fan_out(requests))
+
+
+def _sum_repeats(table: str, ids: np.ndarray, gradients: np.ndarray):
+    """(distinct ids, their gradients summed in the caller's order); INVALID_ARGUMENT when
+    a sum is not finite (refused before any shard applies its part)."""
+    unique, inverse = np.unique(ids, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")
+    starts = np.flatnonzero(np.r_[True, np.diff(inverse[order]) != 0])
+    with np.errstate(over="ignore"):
+        summed = np.add.reduceat(gradients[order], starts, axis=0) if len(ids) else gradients
+    if not np.all(np.isfinite(summed)):
+        _invalid(f"table '{table}': gradients of a repeated id sum to Inf")
+    return unique, summed
 
 
 def _pool(rows: np.ndarray, offsets: np.ndarray, weights, pooling: str) -> np.ndarray:

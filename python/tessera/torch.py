@@ -14,8 +14,8 @@ the dense half is an ordinary torch model wherever PyTorch runs it.
 
 Forward looks up every table's distinct ids through the client in one batched request
 per shard and pools them into bags in torch, so autograd sums the gradients of a
-repeated id; backward sends each table's gradients as one push of its distinct ids, at the
-module's step, and the shards apply the table's row-wise optimizer. In eval mode lookups
+repeated id; backward sends every table's gradients (each table's distinct ids) in one
+batched push at the module's step, and the shards apply each table's row-wise optimizer. In eval mode lookups
 create no rows and nothing is pushed.
 """
 from collections import deque
@@ -180,14 +180,17 @@ class EmbeddingCollection(torch.nn.Module):
         if training and step is None:
             step = self.step
             self.step += 1
+        self.flush()  # a step whose backward left some table without a gradient
+        pending = _PendingPush(step, len(self.names)) if training else None
         pooled: Dict[str, torch.Tensor] = {}
         for name in self.names:
             unique, inverse, offsets, weights, rows = fetched.tables[name]
             rows = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32)).to(self.device)
             if training:
                 rows.requires_grad_(True)
-                rows.register_hook(self._pusher(name, unique, step))
+                rows.register_hook(self._collector(pending, name, unique))
             pooled[name] = self._pool(rows, inverse, offsets, weights)
+        self._pending = pending
         if as_dict:
             return pooled
         shapes = {tuple(p.shape) for p in pooled.values()}
@@ -210,14 +213,42 @@ class EmbeddingCollection(torch.nn.Module):
             out = out * scale.to(self.device)[:, None]
         return out
 
-    def _pusher(self, name: str, unique: np.ndarray, step: int):
-        def push(grad: torch.Tensor):
+    def _collector(self, pending: "_PendingPush", name: str, unique: np.ndarray):
+        """The hook of a table's rows: keeps their gradient for the step's push, and sends
+        the push once every table's gradient is in."""
+        def collect(grad: torch.Tensor):
+            if name in pending.grads:  # a second backward through the same step
+                self._push(pending)
             g = grad.detach().cpu().numpy()
             if self.grad_scale != 1.0:
                 g = g * np.float32(self.grad_scale)
-            self.pushed_rows += self.client.push(name, unique, g, step=step)
+            pending.grads[name] = (unique, g)
+            if len(pending.grads) == pending.tables:
+                self._push(pending)
             return grad
-        return push
+        return collect
+
+    def _push(self, pending: "_PendingPush"):
+        if pending.grads:
+            updated = self.client.push_many(pending.grads, step=pending.step)
+            self.pushed_rows += sum(updated.values())
+            pending.grads = {}
+
+    def flush(self):
+        """Pushes the gradients a backward left waiting: those of a step in which some
+        table's output took no part in the loss (its other tables' gradients wait for it
+        until the next forward, which flushes them, or this call)."""
+        pending = getattr(self, "_pending", None)
+        if pending is not None:
+            self._push(pending)
+
+class _PendingPush:
+    """One training step's table gradients on their way to one push."""
+
+    def __init__(self, step: int, tables: int):
+        self.step = step
+        self.tables = tables
+        self.grads: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
 
 
 class Fetched:

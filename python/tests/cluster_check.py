@@ -141,6 +141,29 @@ def main(address: str) -> int:
                                   smart.lookup_many({"pyc_b": fresh}, read_only=True)["pyc_b"])
     assert sum(t.rows for t in smart.stats("pyc_b").tables) == rows_before
     expect_error(grpc.StatusCode.NOT_FOUND, lambda: smart.lookup_many({"nope": [1]}))
+    # ... and several tables' pushes in one request per shard: the rows move as one push
+    # per table moves them, under one request id (a repeat applies nothing).
+    g1 = rng.standard_normal((len(ids), 6)).astype(np.float32)
+    g2 = rng.standard_normal((len(other), 3)).astype(np.float32)
+    for client in (smart, via):
+        a0, b0 = client.lookup("pyc", ids), client.lookup("pyc_b", other)
+        rid = client.next_request_id()
+        updated = client.push_many({"pyc": (ids, g1), "pyc_b": (other, g2)}, step=3,
+                                   request_id=rid)
+        assert updated == {"pyc": len(np.unique(ids)), "pyc_b": len(np.unique(other))}, updated
+        a1, b1 = client.lookup("pyc", ids), client.lookup("pyc_b", other)
+        client.push_many({"pyc": (ids, g1), "pyc_b": (other, g2)}, step=3, request_id=rid)
+        np.testing.assert_array_equal(client.lookup("pyc", ids), a1)
+        np.testing.assert_array_equal(client.lookup("pyc_b", other), b1)
+        client.push("pyc", ids, -g1, step=4)  # undone table by table: back where it was
+        client.push("pyc_b", other, -g2, step=4)
+        np.testing.assert_allclose(client.lookup("pyc", ids), a0, atol=1e-5)
+        np.testing.assert_allclose(client.lookup("pyc_b", other), b0, atol=1e-5)
+    bad = np.full((len(other), 3), np.nan, dtype=np.float32)
+    before_bad = smart.lookup("pyc", ids)
+    expect_error(grpc.StatusCode.INVALID_ARGUMENT,
+                 lambda: smart.push_many({"pyc": (ids, g1), "pyc_b": (other, bad)}))
+    np.testing.assert_array_equal(smart.lookup("pyc", ids), before_bad)  # nothing applied
 
     smart.checkpoint(12)
     assert 12 in [c.step for c in smart.checkpoints().checkpoints]

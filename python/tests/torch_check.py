@@ -25,13 +25,21 @@ class Spy:
     def __init__(self, client):
         self.client = client
         self.pushes = []
+        self.batches = 0  # push calls (one per step when batched)
 
     def __getattr__(self, name):
         return getattr(self.client, name)
 
     def push(self, table, ids, gradients, step=0, request_id=None):
         self.pushes.append((table, np.array(ids), np.array(gradients), step))
+        self.batches += 1
         return self.client.push(table, ids, gradients, step=step, request_id=request_id)
+
+    def push_many(self, pushes, step=0, request_id=None):
+        for table, (ids, gradients) in pushes.items():
+            self.pushes.append((table, np.array(ids), np.array(gradients), step))
+        self.batches += 1
+        return self.client.push_many(pushes, step=step, request_id=request_id)
 
 
 def batch(rng, bags=16, max_len=4):
@@ -79,7 +87,8 @@ def check_gradients(client, prefix):
         coef = torch.from_numpy(rng.normal(size=tuple(out.shape)).astype(np.float32))
         (out * coef).sum().backward()
         (want * coef).sum().backward()
-        assert len(spy.pushes) == 2, f"expected one push per table, got {len(spy.pushes)}"
+        assert len(spy.pushes) == 2 and spy.batches == 1, \
+            f"expected one batched push of both tables, got {spy.batches} of {len(spy.pushes)}"
         for table, ids, grads, step in spy.pushes:
             assert step == 0, step
             assert len(np.unique(ids)) == len(ids), "a push repeats an id"
