@@ -202,6 +202,43 @@ def check_prefetch(client, prefix):
     print("prefetch: batches in order, rows as a forward reads them")
 
 
+class KeyedJagged:
+    """The shape of TorchRec's KeyedJaggedTensor: keys, values, lengths (key-major)."""
+
+    def __init__(self, keys, values, lengths, weights=None):
+        self._keys, self._values, self._lengths, self._weights = keys, values, lengths, weights
+
+    def keys(self):
+        return self._keys
+
+    def values(self):
+        return self._values
+
+    def lengths(self):
+        return self._lengths
+
+    def weights(self):
+        return self._weights
+
+
+def check_keyed_jagged(client, prefix):
+    names = [f"{prefix}.kjt.a", f"{prefix}.kjt.b"]
+    module = ttorch.EmbeddingCollection(client, [{"name": n, "dim": DIM} for n in names])
+    module.eval()
+    rng = np.random.default_rng(9)
+    parts = {n: batch(rng) for n in names}
+    values = torch.from_numpy(np.concatenate([parts[n][0] for n in names]))
+    lengths = torch.from_numpy(np.concatenate([np.diff(parts[n][1]) for n in names]))
+    weights = torch.from_numpy(np.concatenate([parts[n][2] for n in names]))
+    got = module(KeyedJagged(names, values, lengths))
+    want = module({n: parts[n][:2] for n in names})
+    assert torch.equal(got, want), "a KeyedJaggedTensor reads other bags than the dict form"
+    got = module(KeyedJagged(names, values, lengths, weights), as_dict=True)
+    want = module(parts, as_dict=True)
+    assert all(torch.equal(got[n], want[n]) for n in names), "weighted KJT differs"
+    print("KeyedJaggedTensor input: the bags of the dict form")
+
+
 def check_errors(client, prefix):
     name = f"{prefix}.err"
     module = ttorch.EmbeddingCollection(client, [{"name": name, "dim": DIM}])
@@ -230,6 +267,7 @@ def main():
     train(client, prefix, "adagrad")
     check_eval(client, prefix)
     check_prefetch(client, prefix)
+    check_keyed_jagged(client, prefix)
     check_errors(client, prefix)
     print("tessera.torch: ok")
 
