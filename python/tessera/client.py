@@ -381,13 +381,7 @@ class Client:
         TesseraError INVALID_ARGUMENT for gradients of another shape or not finite."""
         ids = as_ids(ids)
         config = self._config(table)
-        gradients = np.ascontiguousarray(gradients, dtype=np.float32)
-        if gradients.size != len(ids) * config.dim:
-            _invalid(f"table '{table}': gradients of {len(ids)} ids x dim {config.dim} "
-                     f"expected, got {gradients.size} values")
-        gradients = gradients.reshape(len(ids), config.dim)
-        if not np.all(np.isfinite(gradients)):
-            _invalid(f"table '{table}': gradients must be finite (NaN or Inf given)")
+        gradients = _check_gradients(config, ids, gradients)
         if request_id is None:
             request_id = self.next_request_id()
         if self.mode == "coordinator":
@@ -406,14 +400,8 @@ class Client:
         configs, unique, summed = {}, {}, {}
         for table, (ids, gradients) in pushes.items():
             ids = as_ids(ids)
-            configs[table] = config = self._config(table)
-            gradients = np.ascontiguousarray(gradients, dtype=np.float32)
-            if gradients.size != len(ids) * config.dim:
-                _invalid(f"table '{table}': gradients of {len(ids)} ids x dim {config.dim} "
-                         f"expected, got {gradients.size} values")
-            gradients = gradients.reshape(len(ids), config.dim)
-            if not np.all(np.isfinite(gradients)):
-                _invalid(f"table '{table}': gradients must be finite (NaN or Inf given)")
+            configs[table] = self._config(table)
+            gradients = _check_gradients(configs[table], ids, gradients)
             unique[table], summed[table] = _sum_repeats(table, ids, gradients)
         if request_id is None:
             request_id = self.next_request_id()
@@ -570,6 +558,20 @@ class Client:
                                                           self._version, request_id))
                     for k, at in parts]
         return sum(answer.rows_updated for answer in self._fan_out(requests))
+
+
+def _check_gradients(config, ids: np.ndarray, gradients) -> np.ndarray:
+    """`gradients` as a (len(ids), dim) float32 array; INVALID_ARGUMENT for another size
+    or a value that is not finite."""
+    table = config.name
+    gradients = np.ascontiguousarray(gradients, dtype=np.float32)
+    if gradients.size != len(ids) * config.dim:
+        _invalid(f"table '{table}': gradients of {len(ids)} ids x dim {config.dim} "
+                 f"expected, got {gradients.size} values")
+    gradients = gradients.reshape(len(ids), config.dim)
+    if not np.all(np.isfinite(gradients)):
+        _invalid(f"table '{table}': gradients must be finite (NaN or Inf given)")
+    return gradients
 
 
 def _sum_repeats(table: str, ids: np.ndarray, gradients: np.ndarray):
