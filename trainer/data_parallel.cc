@@ -187,22 +187,30 @@ absl::Status DataParallel::Failed(const std::string& what, const std::string& de
                                          rank(), ": ", who, " (", detail, ")"));
 }
 
+template <typename Fn>
+absl::Status DataParallel::Collective(const char* what, Fn&& run) {
+  try {
+    run(next_tag_);
+  } catch (const std::exception& e) {
+    return Failed(what, e.what());
+  }
+  ++next_tag_;
+  return absl::OkStatus();
+}
+
 absl::Status DataParallel::AllreduceMean(absl::Span<float> values) {
   if (size() == 1 || values.empty()) return absl::OkStatus();
   const auto start = std::chrono::steady_clock::now();
-  try {
+  TESSERA_RETURN_IF_ERROR(Collective("the allreduce of the dense gradients", [&](uint32_t tag) {
     gloo::AllreduceOptions opts(context_);
     opts.setOutput(values.data(), values.size());
     opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
     void (*sum)(void*, const void*, const void*, size_t) = &gloo::sum<float>;
     opts.setReduceFunction(sum);
-    opts.setTag(next_tag_);
+    opts.setTag(tag);
     opts.setTimeout(options_.timeout);
     gloo::allreduce(opts);
-  } catch (const std::exception& e) {
-    return Failed("the allreduce of the dense gradients", e.what());
-  }
-  ++next_tag_;
+  }));
   // × 1/N, a multiply the loop vectorises at full rate (a divide's throughput is far
   // lower); exact for N a power of two, and the same bits on every worker whatever N.
   const float inverse = 1.0f / static_cast<float>(size());
@@ -216,18 +224,15 @@ absl::Status DataParallel::AllreduceMean(absl::Span<float> values) {
 absl::StatusOr<std::vector<std::string>> DataParallel::AllGather(const std::string& mine) {
   std::vector<char> out(mine.size() * size());
   if (size() > 1) {
-    try {
-      std::vector<char> in(mine.begin(), mine.end());
+    std::vector<char> in(mine.begin(), mine.end());
+    TESSERA_RETURN_IF_ERROR(Collective("an allgather", [&](uint32_t tag) {
       gloo::AllgatherOptions opts(context_);
       opts.setInput(in.data(), in.size());
       opts.setOutput(out.data(), out.size());
-      opts.setTag(next_tag_);
+      opts.setTag(tag);
       opts.setTimeout(options_.timeout);
       gloo::allgather(opts);
-    } catch (const std::exception& e) {
-      return Failed("an allgather", e.what());
-    }
-    ++next_tag_;
+    }));
   } else {
     std::copy(mine.begin(), mine.end(), out.begin());
   }
@@ -248,32 +253,24 @@ absl::Status DataParallel::Broadcast(std::string* bytes, int root,
   std::memcpy(&n, sizes[root].data(), sizeof(n));
   bytes->resize(n);
   if (n == 0) return absl::OkStatus();
-  try {
+  return Collective("a broadcast", [&](uint32_t tag) {
     gloo::BroadcastOptions opts(context_);
     opts.setRoot(root);
     opts.setOutput(bytes->data(), bytes->size());
-    opts.setTag(next_tag_);
+    opts.setTag(tag);
     opts.setTimeout(timeout.count() > 0 ? timeout : options_.timeout);
     gloo::broadcast(opts);
-  } catch (const std::exception& e) {
-    return Failed("a broadcast", e.what());
-  }
-  ++next_tag_;
-  return absl::OkStatus();
+  });
 }
 
 absl::Status DataParallel::Barrier(std::chrono::milliseconds timeout) {
   if (size() == 1) return absl::OkStatus();
-  try {
+  return Collective("a barrier", [&](uint32_t tag) {
     gloo::BarrierOptions opts(context_);
-    opts.setTag(next_tag_);
+    opts.setTag(tag);
     opts.setTimeout(timeout.count() > 0 ? timeout : options_.timeout);
     gloo::barrier(opts);
-  } catch (const std::exception& e) {
-    return Failed("a barrier", e.what());
-  }
-  ++next_tag_;
-  return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<bool> AgreedEndSource::Next(Batch* batch) {
@@ -281,10 +278,7 @@ absl::StatusOr<bool> AgreedEndSource::Next(Batch* batch) {
   TESSERA_ASSIGN_OR_RETURN(bool more, inner_->Next(batch));
   TESSERA_ASSIGN_OR_RETURN(std::vector<std::string> all, dp_->AllGather(more ? "1" : "0"));
   const bool everyone = std::all_of(all.begin(), all.end(), [](const auto& a) { return a == "1"; });
-  if (!everyone) {
-    ended_ = true;
-    dropped_ += more;
-  }
+  ended_ = !everyone;
   return everyone;
 }
 

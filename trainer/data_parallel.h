@@ -104,6 +104,11 @@ class DataParallel {
   // The error for a failed collective `what`: names the workers that did not report the
   // failure through the store within a few seconds (stopped or cut off).
   absl::Status Failed(const std::string& what, const std::string& detail);
+  // Runs collective `what` as run(tag) with the next tag: gloo's exception becomes
+  // Failed's error, success moves the tag on (every worker runs the same collectives in
+  // the same order, so their tags agree).
+  template <typename Fn>
+  absl::Status Collective(const char* what, Fn&& run);
 
   RendezvousKv* kv_;
   const DataParallelOptions options_;
@@ -123,14 +128,11 @@ class AgreedEndSource final : public BatchSource {
   AgreedEndSource(std::unique_ptr<BatchSource> inner, DataParallel* dp)
       : inner_(std::move(inner)), dp_(dp) {}
   absl::StatusOr<bool> Next(Batch* batch) override;
-  // Batches read but not trained because another worker's data had ended.
-  int64_t dropped() const { return dropped_; }
 
  private:
   std::unique_ptr<BatchSource> inner_;
   DataParallel* dp_;
   bool ended_ = false;
-  int64_t dropped_ = 0;
 };
 
 // A digest of `values`' bits, to check that workers hold the same parameters.
