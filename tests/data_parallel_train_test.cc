@@ -143,7 +143,7 @@ TEST(DataParallelTraining, AKilledWorkerMakesTheOtherFailNamingIt) {
   }
   ASSERT_THAT(w1.Output(), HasSubstr("step 20/")) << w0.Output() << "\n----\n" << w1.Output();
   w1.Kill();
-  EXPECT_NE(w0.Wait(), 0);
+  EXPECT_NE(w0.WaitForExit(), 0);
   const std::string out = w0.Output();
   // Named whichever way worker 0 learns it: its allreduce, or a shard's wait for the push.
   EXPECT_THAT(out, testing::AnyOf(HasSubstr("worker 1 has stopped"),

@@ -18,10 +18,36 @@
 
 namespace tessera::testing {
 
+// A child process of the test: killed (SIGKILL) and reaped on destruction.
+class ChildProcess {
+ public:
+  ChildProcess() = default;
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+  ~ChildProcess() { Kill(); }
+
+  void Kill() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+  }
+  // Waits for the process to end; its exit code (-1 when a signal ended it).
+  int WaitForExit() {
+    int status = 0;
+    if (pid_ <= 0 || waitpid(pid_, &status, 0) != pid_) return -1;
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+ protected:
+  pid_t pid_ = -1;
+};
+
 // A child server process (tessera-shard, tessera-coordinator) started with --port=0
 // unless `args` names a port; its first stdout line ends in the port it listens on.
-// Killed and reaped on destruction.
-class ServerProcess {
+class ServerProcess : public ChildProcess {
  public:
   ServerProcess(const std::string& binary, std::vector<std::string> args) {
     // Everything is built before fork: the child of a threaded process may only exec.
@@ -55,27 +81,10 @@ class ServerProcess {
     }
     if (out != nullptr) fclose(out);
   }
-  ~ServerProcess() { Kill(); }
-
-  void Kill() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-      pid_ = -1;
-    }
-  }
-  // Waits for the process to end; its exit code (-1 when a signal ended it).
-  int WaitForExit() {
-    int status = 0;
-    if (pid_ <= 0 || waitpid(pid_, &status, 0) != pid_) return -1;
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
   // 127.0.0.1:PORT, or empty when the process did not start.
   const std::string& address() const { return address_; }
 
  private:
-  pid_t pid_ = -1;
   std::string address_;
 };
 

@@ -69,9 +69,8 @@ inline int RunTrain(const std::string& args, std::string* output) {
   return RunCommand(absl::StrCat(TESSERA_TRAIN_BIN, " ", args), output);
 }
 
-// tessera-train in the background, its stdout and stderr in a file of its own. Killed
-// and reaped on destruction.
-class TrainProcess {
+// tessera-train in the background, its stdout and stderr in a file of its own.
+class TrainProcess : public ChildProcess {
  public:
   TrainProcess(const std::string& args, const std::string& log) : log_(log) {
     std::vector<std::string> argv_s = {TESSERA_TRAIN_BIN};
@@ -90,22 +89,6 @@ class TrainProcess {
       _exit(127);
     }
   }
-  ~TrainProcess() { Kill(); }
-
-  void Kill() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-      pid_ = -1;
-    }
-  }
-  // Waits for the end; the exit code (-1 when a signal ended it).
-  int Wait() {
-    int status = 0;
-    if (pid_ <= 0 || waitpid(pid_, &status, 0) != pid_) return -1;
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
   // What it printed so far.
   std::string Output() const {
     std::ifstream in(log_);
@@ -116,7 +99,6 @@ class TrainProcess {
 
  private:
   const std::string log_;
-  pid_t pid_ = -1;
 };
 
 // The loss trajectory of a metrics file: its train records without their timing fields.
