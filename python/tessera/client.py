@@ -507,16 +507,19 @@ class Client:
                 request.tables.add(table=name,
                                    ids=np.ascontiguousarray(unique[name][at], dtype="<i8").tobytes())
             requests.append((k, request))
-        if self.mode == "coordinator":
-            answers = [self._call(self._stub.BatchLookup, requests[0][1])] if requests else []
-        else:
-            answers = self._fan_out([(k, "batch_lookup", r.SerializeToString())
-                                     for k, r in requests])
+        answers = self._send_batches(requests, self._stub.BatchLookup, "batch_lookup")
         for (k, _), answer in zip(requests, answers):
             for (name, at), values in zip(places[k], answer.tables):
                 rows[name][at] = np.frombuffer(values.values, dtype="<f4").reshape(
                     len(at), configs[name].dim)
         return rows
+
+    def _send_batches(self, requests, coordinator_method, shard_method: str):
+        """[(shard or None, request)] -> answers: the one request to the coordinator, or
+        every shard's at once (_fan_out)."""
+        if self.mode == "coordinator":
+            return [self._call(coordinator_method, request) for _, request in requests]
+        return self._fan_out([(k, shard_method, r.SerializeToString()) for k, r in requests])
 
     def _places(self, configs, unique):
         """{shard (None: the coordinator): [(table, positions of its distinct ids there)]}."""
@@ -540,11 +543,7 @@ class Client:
                     table=name, ids=np.ascontiguousarray(unique[name][at], dtype="<i8").tobytes(),
                     gradients=np.ascontiguousarray(summed[name][at], dtype="<f4").tobytes())
             requests.append((k, request))
-        if self.mode == "coordinator":
-            answers = [self._call(self._stub.BatchPush, requests[0][1])] if requests else []
-        else:
-            answers = self._fan_out([(k, "batch_push", r.SerializeToString())
-                                     for k, r in requests])
+        answers = self._send_batches(requests, self._stub.BatchPush, "batch_push")
         updated = {name: 0 for name in unique}
         for (k, _), answer in zip(requests, answers):
             for (name, _), rows in zip(places[k], answer.rows_updated):
