@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "trainer/criteo_reader.h"
+#include "trainer/dense_backend.h"
 
 namespace {
 
@@ -225,6 +226,56 @@ TEST(TesseraTrain, BadFlagsGiveClearErrors) {
   EXPECT_THAT(r.output, testing::HasSubstr("cannot open"));
 }
 
+TEST(TesseraTrain, DenseBackendFlagRefusesWhatCannotRunHere) {
+  Result r = RunTrain("--dense_backend=tpu --steps=1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, testing::HasSubstr("dense backend must be cpu or cuda, got 'tpu'"));
+  const absl::Status usable = tessera::trainer::CudaBackendUsable();
+  if (usable.ok()) GTEST_SKIP() << "a GPU is here: TesseraTrainCuda (ctest label gpu) runs it";
+  // No GPU, no driver or no CUDA in the build: a clear failure at start-up naming what is
+  // missing, before any data is read.
+  r = RunTrain("--dense_backend=cuda --steps=5");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, testing::HasSubstr("--dense_backend=cuda"));
+  EXPECT_THAT(r.output, testing::HasSubstr(std::string(usable.message())));
+  EXPECT_THAT(r.output, testing::HasSubstr("--dense_backend=cpu runs without a GPU"));
+  EXPECT_THAT(r.output, testing::Not(testing::HasSubstr("step 1")));
+}
+
+// Run by `train_e2e_test --gpu` (ctest: train_cuda_test, label gpu) where a GPU is.
+// The default run with the dense network on the GPU reaches the CPU backend's AUC.
+TEST(TesseraTrainCuda, DefaultRunReachesTheCpuBackendsAuc) {
+  const std::string cpu = TempPath("cpu.jsonl"), gpu = TempPath("gpu.jsonl");
+  Result a = RunTrain(absl::StrCat("--dense_backend=cpu --metrics_out=", cpu));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  Result b = RunTrain(absl::StrCat("--dense_backend=cuda --metrics_out=", gpu));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_THAT(b.output, testing::HasSubstr("model: dlrm on cuda:0"));
+  const double auc_cpu = JsonNumber(ReadLines(cpu).back(), "auc");
+  const double auc_gpu = JsonNumber(ReadLines(gpu).back(), "auc");
+  std::printf("held-out AUC: cpu %.5f, cuda %.5f\n", auc_cpu, auc_gpu);
+  EXPECT_NEAR(auc_gpu, auc_cpu, 0.002);
+  const std::vector<double> lc = TrainLosses(cpu), lg = TrainLosses(gpu);
+  ASSERT_EQ(lc.size(), lg.size());
+  // The first logged loss (step 100) is before the two runs' small differences compound.
+  EXPECT_NEAR(lg[0], lc[0], 1e-3 * lc[0]);
+}
+
+// A checkpoint written with one backend resumes with the other.
+TEST(TesseraTrainCuda, CheckpointsResumeOnTheOtherBackend) {
+  const std::string common = "--log_every=50 --held_out=5000";
+  for (const auto& [first, second] : {std::pair{"cuda", "cpu"}, std::pair{"cpu", "cuda"}}) {
+    const std::string dir = TempPath(absl::StrCat("resume-", first));
+    Result a = RunTrain(absl::StrCat(common, " --steps=200 --checkpoint_every=100 --data_dir=", dir,
+                                     " --dense_backend=", first));
+    ASSERT_EQ(a.exit_code, 0) << a.output;
+    Result b = RunTrain(absl::StrCat(common, " --steps=400 --resume --data_dir=", dir,
+                                     " --dense_backend=", second));
+    ASSERT_EQ(b.exit_code, 0) << b.output;
+    EXPECT_THAT(b.output, testing::HasSubstr("resume: restored checkpoint 200"));
+  }
+}
+
 std::string WriteCriteo(const std::string& name, int lines, uint32_t seed) {
   const std::string path = TempPath(name);
   std::ofstream out(path);
@@ -361,3 +412,22 @@ TEST(TesseraBinaries, HelpListsEachBinarysOwnFlagsAndVersionPrintsIt) {
 }
 
 }  // namespace
+
+// `train_e2e_test` runs every suite but TesseraTrainCuda; `train_e2e_test --gpu` runs only
+// that one, and exits 77 (CTest: skipped) where the CUDA backend cannot run.
+int main(int argc, char** argv) {
+  bool gpu = false;
+  for (int i = 1; i < argc; ++i) gpu |= std::string(argv[i]) == "--gpu";
+  testing::InitGoogleTest(&argc, argv);
+  if (gpu) {
+    if (absl::Status usable = tessera::trainer::CudaBackendUsable(); !usable.ok()) {
+      std::printf("skipped: the CUDA dense backend cannot run here: %s\n",
+                  std::string(usable.message()).c_str());
+      return 77;
+    }
+    testing::GTEST_FLAG(filter) = "TesseraTrainCuda.*";
+  } else if (testing::GTEST_FLAG(filter) == "*") {
+    testing::GTEST_FLAG(filter) = "-TesseraTrainCuda.*";
+  }
+  return RUN_ALL_TESTS();
+}

@@ -81,6 +81,30 @@ class DenseBackend {
 // The CPU backend on Eigen.
 absl::StatusOr<std::unique_ptr<DenseBackend>> NewCpuDenseBackend(const DlrmConfig& config);
 
+// The CUDA backend on GPU `device` (cuBLAS): parameters, optimizer state and activations
+// on the device, the same initial weights as the CPU backend for the same config, and a
+// state either backend loads. FailedPrecondition naming what is missing when it cannot
+// run here: a build without it (TESSERA_CUDA=OFF or no nvcc), no NVIDIA driver, a driver
+// older than the build's CUDA, no device.
+absl::StatusOr<std::unique_ptr<DenseBackend>> NewCudaDenseBackend(const DlrmConfig& config,
+                                                                  int device = 0);
+
+// Whether this build has the CUDA backend, and why it cannot run on GPU `device` here (OK
+// when it can), as NewCudaDenseBackend would say.
+bool HaveCudaBackend();
+absl::Status CudaBackendUsable(int device = 0);
+
+// The backend named `kind`: "cpu" or "cuda" (device 0). InvalidArgument for another name.
+absl::StatusOr<std::unique_ptr<DenseBackend>> NewDenseBackend(absl::string_view kind,
+                                                              const DlrmConfig& config);
+
+// Seconds one training step's GEMMs take with cuBLAS alone at `batch` on GPU `device`
+// (every layer's forward GEMM and both backward GEMMs, the interaction's two batched
+// GEMMs), the mean over `repeats` steps: the ceiling of the CUDA backend's step. Errors as
+// NewCudaDenseBackend.
+absl::StatusOr<double> CudaDlrmGemmSeconds(const DlrmConfig& config, int batch, int repeats,
+                                           int device = 0);
+
 }  // namespace tessera::trainer
 
 #endif  // TESSERA_TRAINER_DENSE_BACKEND_H_

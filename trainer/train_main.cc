@@ -54,6 +54,9 @@ ABSL_FLAG(double, lr, 0.05, "embedding learning rate");
 ABSL_FLAG(std::string, emb_dtype, "fp32", "how tables store weights: fp32, fp16 or bf16");
 ABSL_FLAG(std::string, dense_optimizer, "adam", "dense optimizer: adam or sgd");
 ABSL_FLAG(double, dense_lr, 2e-3, "dense learning rate");
+ABSL_FLAG(std::string, dense_backend, "cpu",
+          "where the dense network runs: cpu (Eigen) or cuda (GPU 0 with cuBLAS; pick it with "
+          "CUDA_VISIBLE_DEVICES)");
 ABSL_FLAG(double, init_scale, 0.05, "embedding rows start U(-init_scale, init_scale)");
 ABSL_FLAG(int64_t, max_rows, 0, "row budget per table (0 = unlimited)");
 ABSL_FLAG(std::string, shards, "inproc:4", "where the tables live: inproc:N");
@@ -285,7 +288,14 @@ absl::Status Run() {
   }
   model.learning_rate = static_cast<float>(absl::GetFlag(FLAGS_dense_lr));
   model.seed = seed;
-  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<DenseBackend> dense, NewCpuDenseBackend(model));
+  const std::string backend = absl::GetFlag(FLAGS_dense_backend);
+  absl::StatusOr<std::unique_ptr<DenseBackend>> made = NewDenseBackend(backend, model);
+  if (!made.ok()) {
+    std::string context = "--dense_backend=" + backend;
+    if (backend == "cuda") context += " (--dense_backend=cpu runs without a GPU)";
+    return Annotate(made.status(), context);
+  }
+  std::unique_ptr<DenseBackend> dense = *std::move(made);
 
   std::unique_ptr<embedding::EmbeddingCollection> tables;
   std::string where;

@@ -3,12 +3,11 @@
 
 #include <cmath>
 #include <cstring>
-#include <random>
 
 #include "Eigen/Dense"
 #include "absl/strings/str_cat.h"
-#include "embedding/storage/crc32c.h"
 #include "trainer/dense_backend.h"
+#include "trainer/internal/dlrm_layout.h"
 
 namespace tessera::trainer_internal {
 namespace {
@@ -20,59 +19,18 @@ using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMa
 using MatMap = Eigen::Map<Mat>;
 using ConstMatMap = Eigen::Map<const Mat>;
 using VecMap = Eigen::Map<Eigen::VectorXf>;
-
-constexpr absl::string_view kStateMagic = "tessera-dense-cpu 1\n";
-
-struct Layer {
-  int in = 0;
-  int out = 0;
-  size_t w_at = 0;  // offset of W (out, in) column-major in the flat parameters
-  size_t b_at = 0;  // offset of b (out)
-  bool relu = true;
-};
+using Layer = DenseLayer;
 
 class CpuDenseBackend final : public trainer::DenseBackend {
  public:
-  explicit CpuDenseBackend(const DlrmConfig& config) : config_(config) {
-    const int d = config.emb_dim;
-    const int f1 = config.num_sparse + 1;
-    num_pairs_ = f1 * (f1 - 1) / 2;
-    // Every weight matrix and bias starts on a 64-byte boundary, so Eigen's vectorised
-    // loops split the same way every run and results are bit-reproducible.
-    size_t at = 0;
-    auto pad = [](size_t n) { return (n + 15) / 16 * 16; };
-    auto add = [&](std::vector<Layer>& layers, int in, int out, bool relu) {
-      Layer l{in, out, at, at + pad(static_cast<size_t>(in) * out), relu};
-      at = l.b_at + pad(out);
-      layers.push_back(l);
-    };
-    int in = config.num_dense;
-    for (int w : config.bottom_mlp) {
-      add(bottom_, in, w, true);
-      in = w;
-    }
-    add(bottom_, in, d, true);
-    in = d + num_pairs_;
-    for (int w : config.top_mlp) {
-      add(top_, in, w, true);
-      in = w;
-    }
-    add(top_, in, 1, false);
-    params_.assign(at, 0.0f);
-    grads_.assign(at, 0.0f);
-    m_.assign(at, 0.0f);
-    v_.assign(at, 0.0f);
-
-    // Normal(0, sqrt(2 / (in + out))) weights and Normal(0, sqrt(1 / out)) biases, as DLRM.
-    std::mt19937_64 rng(config.seed);
-    for (const std::vector<Layer>* layers : {&bottom_, &top_}) {
-      for (const Layer& l : *layers) {
-        std::normal_distribution<float> w(0.0f, std::sqrt(2.0f / (l.in + l.out)));
-        std::normal_distribution<float> b(0.0f, std::sqrt(1.0f / l.out));
-        for (size_t i = 0; i < static_cast<size_t>(l.in) * l.out; ++i) params_[l.w_at + i] = w(rng);
-        for (int i = 0; i < l.out; ++i) params_[l.b_at + i] = b(rng);
-      }
-    }
+  explicit CpuDenseBackend(const DlrmConfig& config)
+      : config_(config), layout_(config), bottom_(layout_.bottom), top_(layout_.top) {
+    num_pairs_ = layout_.num_pairs;
+    const std::vector<float> initial = InitialDlrmParameters(config, layout_);
+    params_.assign(initial.begin(), initial.end());
+    grads_.assign(layout_.num_params, 0.0f);
+    m_.assign(layout_.num_params, 0.0f);
+    v_.assign(layout_.num_params, 0.0f);
   }
 
   std::string name() const override { return "cpu-eigen"; }
@@ -177,44 +135,19 @@ class CpuDenseBackend final : public trainer::DenseBackend {
     return loss;
   }
 
-  // Magic, parameter count (u64), Adam step (i64), params, m, v (f32 each), CRC-32C (u32).
-  std::string SaveState() const override {
-    std::string out(kStateMagic);
-    const uint64_t n = params_.size();
-    out.append(reinterpret_cast<const char*>(&n), 8);
-    out.append(reinterpret_cast<const char*>(&adam_t_), 8);
-    for (const AlignedFloats* a : {&params_, &m_, &v_}) {
-      out.append(reinterpret_cast<const char*>(a->data()), a->size() * sizeof(float));
-    }
-    const uint32_t crc = storage::Crc32c(out.data(), out.size());
-    out.append(reinterpret_cast<const char*>(&crc), 4);
-    return out;
-  }
+  std::string SaveState() const override { return EncodeDenseState(params_, m_, v_, adam_t_); }
 
   absl::Status LoadState(absl::string_view state) override {
-    const size_t header = kStateMagic.size() + 16;
-    if (state.size() < header + 4 || state.substr(0, kStateMagic.size()) != kStateMagic) {
-      return absl::DataLossError("dense state: not a CPU backend state (bad header)");
-    }
-    uint32_t crc = 0;
-    std::memcpy(&crc, state.data() + state.size() - 4, 4);
-    if (crc != storage::Crc32c(state.data(), state.size() - 4)) {
-      return absl::DataLossError("dense state: checksum mismatch (truncated or corrupt)");
-    }
-    uint64_t n = 0;
+    AlignedFloats p(params_.size()), m(params_.size()), v(params_.size());
     int64_t t = 0;
-    std::memcpy(&n, state.data() + kStateMagic.size(), 8);
-    std::memcpy(&t, state.data() + kStateMagic.size() + 8, 8);
-    if (n != params_.size() || state.size() != header + 3 * n * sizeof(float) + 4) {
-      return absl::InvalidArgumentError(absl::StrCat("dense state has ", n,
-                                                     " parameters, this model has ", params_.size(),
-                                                     "; same flags as the saved run?"));
+    if (absl::Status s = DecodeDenseState(state, absl::MakeSpan(p), absl::MakeSpan(m),
+                                          absl::MakeSpan(v), &t);
+        !s.ok()) {
+      return s;
     }
-    const char* p = state.data() + header;
-    for (AlignedFloats* a : {&params_, &m_, &v_}) {
-      std::memcpy(a->data(), p, n * sizeof(float));
-      p += n * sizeof(float);
-    }
+    params_.swap(p);
+    m_.swap(m);
+    v_.swap(v);
     adam_t_ = t;
     forward_done_ = false;
     return absl::OkStatus();
@@ -285,8 +218,10 @@ class CpuDenseBackend final : public trainer::DenseBackend {
   }
 
   DlrmConfig config_;
+  DlrmLayout layout_;
+  const std::vector<Layer>& bottom_;
+  const std::vector<Layer>& top_;
   int num_pairs_ = 0;
-  std::vector<Layer> bottom_, top_;
   using AlignedFloats = std::vector<float, Eigen::aligned_allocator<float>>;
   AlignedFloats params_, grads_, m_, v_;
   AlignedFloats back_[2];  // BackLayers' layer gradients, ping-pong
@@ -306,25 +241,6 @@ class CpuDenseBackend final : public trainer::DenseBackend {
 }  // namespace tessera::trainer_internal
 
 namespace tessera::trainer {
-
-absl::Status ValidateDlrmConfig(const DlrmConfig& c) {
-  if (c.num_dense <= 0 || c.num_sparse < 0 || c.emb_dim <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model needs num_dense > 0, num_sparse >= 0 and emb_dim > 0; got ",
-                     c.num_dense, ", ", c.num_sparse, ", ", c.emb_dim));
-  }
-  for (int w : c.bottom_mlp) {
-    if (w <= 0) return absl::InvalidArgumentError(absl::StrCat("bottom_mlp width ", w, " <= 0"));
-  }
-  for (int w : c.top_mlp) {
-    if (w <= 0) return absl::InvalidArgumentError(absl::StrCat("top_mlp width ", w, " <= 0"));
-  }
-  if (!(c.learning_rate > 0.0f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dense learning rate must be > 0, got ", c.learning_rate));
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<std::unique_ptr<DenseBackend>> NewCpuDenseBackend(const DlrmConfig& config) {
   if (absl::Status s = ValidateDlrmConfig(config); !s.ok()) return s;
