@@ -11,7 +11,8 @@ cd "$(dirname "$0")/.."
 SECONDS_TO_RUN="${1:-60}"
 command -v clang++ > /dev/null || { echo "fuzz: clang++ not found (apt-get install clang)"; exit 1; }
 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
-  -DTESSERA_FUZZ=ON -DTESSERA_SANITIZE=address,undefined -DTESSERA_BUILD_BENCHMARKS=OFF > /dev/null
+  -DTESSERA_FUZZ=ON -DTESSERA_SANITIZE=address,undefined -DTESSERA_BUILD_BENCHMARKS=OFF \
+  -DTESSERA_CUDA=OFF > /dev/null
 # The table's lock-free lookup stress test too, for tests/sanitized_stress_test.sh.
 cmake --build build-fuzz -j"${JOBS:-2}" --target request_fuzzer embedding_table_stress_test
 [ "$SECONDS_TO_RUN" = build ] && exit 0

@@ -8,6 +8,7 @@
 #include "benchmarks/bench/runner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "trainer/dense_backend.h"
 
 namespace tessera::bench {
 namespace {
@@ -81,6 +82,15 @@ TEST(Normalize, FillsDefaultsAndNamesBadFields) {
   EXPECT_TRUE(Normalize(&workers).ok());
   workers.set_workload("lookup");
   EXPECT_FALSE(Normalize(&workers).ok());
+  // The dense network's backend: cpu by default, cuda only for training.
+  EXPECT_EQ(s.dense_backend(), "cpu");
+  Scenario gpu = s;
+  gpu.set_dense_backend("cuda");
+  EXPECT_THAT(Normalize(&gpu).message(), HasSubstr("dense_backend cuda needs workload train"));
+  gpu.set_workload("train");
+  EXPECT_TRUE(Normalize(&gpu).ok());
+  gpu.set_dense_backend("tpu");
+  EXPECT_THAT(Normalize(&gpu).message(), HasSubstr("dense_backend must be cpu or cuda"));
 }
 
 Scenario Quick(const std::string& name, const std::string& workload) {
@@ -146,6 +156,22 @@ TEST(RunScenario, TrainsDlrmStepsAndRefusesUnknownNodeTypes) {
   auto r = RunScenario(Quick("t", "train"), o);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_GT(r->steps, 0);
+  EXPECT_GT(r->dense_ms, 0);
+  EXPECT_GT(r->dense_samples_per_s, 0);
+  EXPECT_GT(r->dense_vs_gemm, 0);
+  // On the GPU where there is one; else the scenario fails saying why.
+  Scenario gpu = Quick("g", "train");
+  gpu.set_dense_backend("cuda");
+  auto on_gpu = RunScenario(gpu, o);
+  if (trainer::CudaBackendUsable().ok()) {
+    ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
+    EXPECT_GT(on_gpu->dense_vs_gemm, 0);
+  } else {
+    EXPECT_EQ(on_gpu.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(on_gpu.status().message(),
+                HasSubstr(std::string(trainer::CudaBackendUsable().message())));
+    EXPECT_THAT(on_gpu.status().message(), HasSubstr("scenario 'g': dense_backend cuda"));
+  }
   Scenario unknown = Quick("u", "lookup");
   unknown.mutable_nodes(0)->set_type("no-such-node");
   auto bad = RunScenario(unknown, o);

@@ -271,6 +271,11 @@ absl::Status Normalize(Scenario* s) {
   for (int width : s->top_mlp()) {
     if (width < 1) return bad("top_mlp widths must be >= 1");
   }
+  if (s->dense_backend().empty()) s->set_dense_backend("cpu");
+  if (s->dense_backend() != "cpu" && s->dense_backend() != "cuda") {
+    return bad("dense_backend must be cpu or cuda");
+  }
+  if (s->dense_backend() == "cuda" && w != "train") return bad("dense_backend cuda needs workload train");
   if (s->workers() == 0) s->set_workers(1);
   if (s->workers() < 1 || s->workers() > 64) return bad("workers must be in [1, 64]");
   if (s->workers() > 1 && (w != "train" || (s->mode() != "smart" && s->mode() != "coordinator"))) {
@@ -377,7 +382,13 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
     model.num_sparse = static_cast<int>(work.size());
     model.emb_dim = work[0].dim;
     model.seed = s.seed();
-    TESSERA_ASSIGN_OR_RETURN(dense, trainer::NewCpuDenseBackend(model));
+    absl::StatusOr<std::unique_ptr<trainer::DenseBackend>> made =
+        trainer::NewDenseBackend(s.dense_backend(), model);
+    if (!made.ok()) {
+      return Annotate(made.status(), absl::StrCat("scenario '", s.name(), "': dense_backend ",
+                                                  s.dense_backend()));
+    }
+    dense = *std::move(made);
     trainer::TrainerOptions to;
     to.print_progress = false;
     to.log_every = 0;
@@ -390,7 +401,8 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
       for (int w = 1; w < s.workers(); ++w) {
         TESSERA_ASSIGN_OR_RETURN(workers[w].client,
                                  client::EmbeddingClient::Connect(cluster->coordinator(), co));
-        TESSERA_ASSIGN_OR_RETURN(workers[w].dense, trainer::NewCpuDenseBackend(model));
+        TESSERA_ASSIGN_OR_RETURN(workers[w].dense,
+                                 trainer::NewDenseBackend(s.dense_backend(), model));
       }
       rendezvous = std::make_unique<trainer::CoordinatorRendezvous>(
           static_cast<client::EmbeddingClient*>(tables.get()));
@@ -719,9 +731,20 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
     }
   }
   if (train && r.steps > 0) {
-    r.gemm_gflops = GemmGflops(model, s.batch_size());
-    r.step_gflops = StepFlops(model, s.batch_size()) * r.steps / r.seconds / 1e9;
+    const int batch = s.batch_size();  // per worker
+    if (s.dense_backend() == "cuda") {
+      TESSERA_ASSIGN_OR_RETURN(const double gemm_s,
+                               trainer::CudaDlrmGemmSeconds(model, batch, /*repeats=*/50));
+      r.gemm_gflops = StepFlops(model, batch) / gemm_s / 1e9;
+    } else {
+      r.gemm_gflops = GemmGflops(model, batch);
+    }
+    r.step_gflops = StepFlops(model, batch) * r.steps / r.seconds / 1e9;
     r.vs_gemm = r.step_gflops / r.gemm_gflops;
+    if (r.dense_ms > 0) {
+      r.dense_samples_per_s = batch / (r.dense_ms / 1e3);
+      r.dense_vs_gemm = StepFlops(model, batch) / (r.dense_ms / 1e3) / 1e9 / r.gemm_gflops;
+    }
   }
   if (r.usd_per_hour > 0 && r.samples_per_s > 0) {
     r.usd_per_million_samples = r.usd_per_hour / 3600.0 / r.samples_per_s * 1e6;

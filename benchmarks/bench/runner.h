@@ -46,7 +46,8 @@ struct ScenarioResult {
   double echo_stream_bytes_per_s = 0;
   double vs_echo = 0;
   // Dense compute ceiling, same run (train workload): Eigen GEMM GFLOP/s at the model's
-  // layer shapes and batch, one thread as the CPU backend; step_gflops counts the step's
+  // layer shapes and batch, one thread as the CPU backend (cuBLAS over all the step's GEMMs
+  // with dense_backend cuda); step_gflops counts the step's
   // matrix FLOPs (forward and backward) over its time; vs_gemm = step over ceiling.
   double gemm_gflops = 0;
   double step_gflops = 0;
@@ -55,6 +56,12 @@ struct ScenarioResult {
   // measured steps; trainer::StepTimes), and with workers > 1 the dense gradients'
   // allreduce among them (waiting for the slowest included).
   double lookup_ms = 0, dense_ms = 0, allreduce_ms = 0, push_ms = 0;
+  // Train workload: the dense step alone (forward, backward and optimizer, with the
+  // CUDA backend's copies), samples/s at the batch per worker, and its matrix GFLOP/s over
+  // the GEMM ceiling of its backend at the same shapes (gemm_gflops: Eigen for cpu, cuBLAS
+  // for cuda, where every GEMM of the step is timed).
+  double dense_samples_per_s = 0;
+  double dense_vs_gemm = 0;
   double usd_per_hour = 0;  // of the scenario's nodes
   double usd_per_million_samples = 0;
 };
