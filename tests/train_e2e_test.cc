@@ -43,7 +43,14 @@ Result RunBinary(const std::string& binary, const std::string& args) {
   return r;
 }
 
-Result RunTrain(const std::string& args) { return RunBinary(TESSERA_TRAIN_BIN, args); }
+// tessera-train: the build's, or $TESSERA_TRAIN_BIN (a command prefix) where the binaries
+// run from elsewhere (scripts/gpu_check.sh).
+std::string TrainBin() {
+  const char* env = std::getenv("TESSERA_TRAIN_BIN");
+  return env != nullptr && *env != '\0' ? env : TESSERA_TRAIN_BIN;
+}
+
+Result RunTrain(const std::string& args) { return RunBinary(TrainBin(), args); }
 
 // A path in a directory of this process's own: two suites running at once on one machine
 // must not write each other's files.

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The CUDA dense backend's GPU checks, for a machine with an NVIDIA GPU, its driver and
+# CUDA 13's cuBLAS, but none of this project's Debian libraries (gRPC, protobuf, abseil,
+# RocksDB, gloo): the `device` machine.
+#
+#   scripts/gpu_check.sh pack   # here, after scripts/setup.sh: the test binaries,
+#                               # tessera-train, tessera-bench and every library they load
+#                               # (glibc and its loader included) into gpu-check/bundle.tar.gz
+#   scripts/gpu_check.sh run    # there, from the repository root: unpacks the bundle and
+#                               # runs the checks; results go to $OUT (else gpu-check/results)
+#
+# `run` starts every binary through the bundle's own loader, so they run on the glibc they
+# were built against whatever the machine has; cuBLAS and the driver come from the machine.
+# It runs cuda_dense_backend_test (the backend against the CPU backend: forward, backward,
+# 100 steps, state both ways), train_cuda_test (the default run on each backend: the same
+# AUC within 0.002; checkpoints resumed across backends) and tessera-bench on
+# benchmarks/scenarios/cuda.json (the dense step at batch 2048 against cuBLAS's GEMM
+# ceiling). Exits non-zero when any fails or skips.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BINS="build/tessera-train build/tessera-bench build/trainer/cuda_dense_backend_test
+  build/tests/train_e2e_test"
+
+case "${1:-}" in
+  pack)
+    for b in $BINS; do
+      [ -x "$b" ] || { echo "gpu_check: $b is missing; run scripts/setup.sh first" >&2; exit 1; }
+    done
+    if ./build/trainer/cuda_dense_backend_test 2>&1 | grep -q "this build has no CUDA backend"; then
+      echo "gpu_check: build/ has no CUDA backend (configure with -DTESSERA_CUDA=AUTO where nvcc is)" >&2
+      exit 1
+    fi
+    stage=$(mktemp -d)
+    trap 'rm -rf "$stage"' EXIT
+    mkdir -p "$stage/bin" "$stage/lib" gpu-check
+    cp $BINS "$stage/bin/"
+    for b in $BINS; do ldd "$b"; done |
+      awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\/.*ld-linux/ {print $1}' | sort -u |
+      while read -r lib; do cp -L "$lib" "$stage/lib/"; done
+    tar -C "$stage" -czf gpu-check/bundle.tar.gz .
+    echo "gpu_check: gpu-check/bundle.tar.gz, $(du -h gpu-check/bundle.tar.gz | cut -f1)," \
+      "$(ls "$stage/lib" | wc -l) libraries"
+    ;;
+  run)
+    [ -f gpu-check/bundle.tar.gz ] || { echo "gpu_check: no gpu-check/bundle.tar.gz; run 'pack' first" >&2; exit 1; }
+    out="${OUT:-gpu-check/results}"
+    mkdir -p "$out"
+    dir=$(mktemp -d)
+    trap 'rm -rf "$dir"' EXIT
+    tar -C "$dir" -xzf gpu-check/bundle.tar.gz
+    loader=$(ls "$dir"/lib/ld-linux*.so.* | head -1)
+    # The bundle first; cuBLAS from the machine's CUDA.
+    libpath="$dir/lib"
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+      $(ldconfig -p 2>/dev/null | awk '/libcublas\.so\.13/ {print $NF}' | xargs -r -n1 dirname); do
+      [ -d "$d" ] && libpath="$libpath:$d"
+    done
+    on_bundle() { "$loader" --library-path "$libpath" "$@"; }
+    export TESSERA_TRAIN_BIN="$loader --library-path $libpath $dir/bin/tessera-train"
+    (nvidia-smi || true) > "$out/nvidia-smi.txt" 2>&1
+    failed=""
+    on_bundle "$dir/bin/cuda_dense_backend_test" 2>&1 | tee "$out/cuda_dense_backend_test.txt" ||
+      failed="$failed cuda_dense_backend_test"
+    on_bundle "$dir/bin/train_e2e_test" --gpu 2>&1 | tee "$out/train_cuda_test.txt" ||
+      failed="$failed train_cuda_test"
+    on_bundle "$dir/bin/tessera-bench" --scenarios=benchmarks/scenarios/cuda.json \
+      --prices=benchmarks/prices.json --out="$out/bench" 2>&1 | tee "$out/bench.txt" ||
+      failed="$failed tessera-bench"
+    if [ -n "$failed" ]; then
+      echo "gpu_check: FAILED (or skipped):$failed" >&2
+      exit 1
+    fi
+    echo "gpu_check: all passed; results in $out"
+    ;;
+  *)
+    echo "usage: scripts/gpu_check.sh pack|run" >&2
+    exit 2
+    ;;
+esac
