@@ -14,7 +14,9 @@ grep -q "smoke-smart: starting 2 shard(s) and a coordinator" "$OUT/log" || fail 
 [ "$(wc -l < "$OUT/results.jsonl")" = 5 ] || fail "expected 5 JSON records"
 grep -Eq '"scenario":"smoke-train-2-workers".*"workers":2,.*"allreduce_ms":[0-9.]*[1-9]' "$OUT/results.jsonl" \
   || fail "data-parallel training without its allreduce time"
-grep -q "^| smoke-train-2-workers | 2 |" "$OUT/report.md" || fail "no training-steps row for 2 workers"
+grep -q "^| smoke-train-2-workers | cpu | 2 |" "$OUT/report.md" || fail "no training-steps row for 2 workers"
+grep -Eq '"scenario":"smoke-train".*"dense_backend":"cpu","dense_samples_per_s":[0-9.]*[1-9]' "$OUT/results.jsonl" \
+  || fail "training without its dense step's samples/s"
 grep -q '"scenario":"smoke-redis","mode":"redis"' "$OUT/results.jsonl" || fail "redis baseline missing"
 # Any positive ratio: the ceiling is measured on shared cores, so a noisy run can pass 1.
 grep -Eq '"scenario":"smoke-train".*"vs_gemm":(0\.[0-9]*[1-9]|[1-9])' "$OUT/results.jsonl" \
