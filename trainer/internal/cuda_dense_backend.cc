@@ -110,60 +110,46 @@ absl::Status CublasError(cublasStatus_t e, const char* what) {
     }                                         \
   } while (0)
 
-// Device memory for `n` floats, zero-filled when (re)allocated.
-class DeviceFloats {
+// `n` floats of device memory (zero-filled when allocated) or, with kPinned, of pinned
+// host memory; grown, never shrunk.
+template <bool kPinned>
+class CudaFloats {
  public:
-  DeviceFloats() = default;
-  DeviceFloats(const DeviceFloats&) = delete;
-  DeviceFloats& operator=(const DeviceFloats&) = delete;
-  DeviceFloats(DeviceFloats&& o) noexcept : p_(o.p_), n_(o.n_) {
+  CudaFloats() = default;
+  CudaFloats(const CudaFloats&) = delete;
+  CudaFloats& operator=(const CudaFloats&) = delete;
+  CudaFloats(CudaFloats&& o) noexcept : p_(o.p_), n_(o.n_) {
     o.p_ = nullptr;
     o.n_ = 0;
   }
-  ~DeviceFloats() {
-    if (p_ != nullptr) cudaFree(p_);
-  }
+  ~CudaFloats() { Free(); }
   absl::Status Resize(size_t n) {
     if (n <= n_) return absl::OkStatus();
-    if (p_ != nullptr) cudaFree(p_);
-    p_ = nullptr;
-    n_ = 0;
-    TESSERA_CUDA_RETURN(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(float)));
-    TESSERA_CUDA_RETURN(cudaMemset(p_, 0, std::max<size_t>(n, 1) * sizeof(float)));
+    Free();
+    const size_t bytes = std::max<size_t>(n, 1) * sizeof(float);
+    if constexpr (kPinned) {
+      TESSERA_CUDA_RETURN(cudaMallocHost(&p_, bytes));
+    } else {
+      TESSERA_CUDA_RETURN(cudaMalloc(&p_, bytes));
+      TESSERA_CUDA_RETURN(cudaMemset(p_, 0, bytes));
+    }
     n_ = n;
     return absl::OkStatus();
   }
   float* get() const { return p_; }
 
  private:
-  float* p_ = nullptr;
-  size_t n_ = 0;
-};
-
-// Pinned host memory for `n` floats.
-class PinnedFloats {
- public:
-  PinnedFloats() = default;
-  PinnedFloats(const PinnedFloats&) = delete;
-  PinnedFloats& operator=(const PinnedFloats&) = delete;
-  ~PinnedFloats() {
-    if (p_ != nullptr) cudaFreeHost(p_);
-  }
-  absl::Status Resize(size_t n) {
-    if (n <= n_) return absl::OkStatus();
-    if (p_ != nullptr) cudaFreeHost(p_);
+  void Free() {
+    if (p_ != nullptr) kPinned ? cudaFreeHost(p_) : cudaFree(p_);
     p_ = nullptr;
     n_ = 0;
-    TESSERA_CUDA_RETURN(cudaMallocHost(&p_, std::max<size_t>(n, 1) * sizeof(float)));
-    n_ = n;
-    return absl::OkStatus();
   }
-  float* get() const { return p_; }
 
- private:
   float* p_ = nullptr;
   size_t n_ = 0;
 };
+using DeviceFloats = CudaFloats<false>;
+using PinnedFloats = CudaFloats<true>;
 
 std::string DeviceName(int device) {
   cudaDeviceProp prop;
