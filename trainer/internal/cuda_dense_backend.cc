@@ -245,7 +245,7 @@ class CudaDenseBackend final : public trainer::DenseBackend {
     TESSERA_CUDA_RETURN(cudaMemcpyAsync(dense_in_.get(), pinned_dense_.get(),
                                         dense_floats * sizeof(float), cudaMemcpyHostToDevice,
                                         compute_));
-    TESSERA_STATUS_RETURN(RunLayers(layout_.bottom, dense_in_.get(), bottom_h_, batch, true));
+    TESSERA_STATUS_RETURN(RunLayers(layout_.bottom, dense_in_.get(), bottom_h_, batch));
     const float* z0 = bottom_h_.back().get();
 
     TESSERA_CUDA_RETURN(cudaStreamWaitEvent(compute_, emb_ready_, 0));
@@ -254,7 +254,7 @@ class CudaDenseBackend final : public trainer::DenseBackend {
     TESSERA_STATUS_RETURN(InteractionGemm(batch));
     TESSERA_CUDA_RETURN(
         cuda::BuildTopInput(z0, gram_.get(), top_in_.get(), d, layout_.f1, batch, compute_));
-    TESSERA_STATUS_RETURN(RunLayers(layout_.top, top_in_.get(), top_h_, batch, true));
+    TESSERA_STATUS_RETURN(RunLayers(layout_.top, top_in_.get(), top_h_, batch));
     TESSERA_CUDA_RETURN(cudaMemcpyAsync(pinned_logits_.get(), top_h_.back().get(),
                                         batch * sizeof(float), cudaMemcpyDeviceToHost, compute_));
     TESSERA_CUDA_RETURN(cudaStreamSynchronize(compute_));
@@ -314,15 +314,22 @@ class CudaDenseBackend final : public trainer::DenseBackend {
 
   std::string SaveState() const override {
     const size_t n = layout_.num_params;
-    std::vector<float> p(n), m(n), v(n);
-    absl::Status s = Download({{params_.get(), &p}, {m_.get(), &m}, {v_.get(), &v}});
+    std::vector<float> p, m(n), v(n);
+    std::vector<std::pair<const float*, std::vector<float>*>> what = {{m_.get(), &m},
+                                                                      {v_.get(), &v}};
+    if (host_params_dirty_) {
+      p = host_params_;  // newer than the device's until the next step
+    } else {
+      p.resize(n);
+      what.push_back({params_.get(), &p});
+    }
+    absl::Status s = Download(std::move(what));
     if (!s.ok()) {
       // SaveState cannot fail by its signature: keep the error for the next step and hand
       // back bytes that no LoadState accepts.
       Note(s);
       return "";
     }
-    if (host_params_dirty_) p = host_params_;
     return EncodeDenseState(p, m, v, adam_t_);
   }
 
@@ -352,10 +359,17 @@ class CudaDenseBackend final : public trainer::DenseBackend {
     TESSERA_STATUS_RETURN(EnsureBatch(batch));
     for (int r = -1; r < repeats; ++r) {
       if (r == 0) TESSERA_CUDA_RETURN(cudaEventRecord(start_, compute_));
-      TESSERA_STATUS_RETURN(LayerGemms(layout_.bottom, dense_in_.get(), bottom_h_, batch));
+      // Both backward GEMMs of every layer (need_input_grad), as StepFlops counts them.
+      TESSERA_STATUS_RETURN(RunLayers(layout_.bottom, dense_in_.get(), bottom_h_, batch, true));
       TESSERA_STATUS_RETURN(InteractionGemm(batch));
+      TESSERA_STATUS_RETURN(RunLayers(layout_.top, top_in_.get(), top_h_, batch, true));
+      TESSERA_STATUS_RETURN(
+          BackLayers(layout_.top, top_in_.get(), top_h_, back_[0].get(), batch, true, true)
+              .status());
       TESSERA_STATUS_RETURN(InteractionBackwardGemm(batch));
-      TESSERA_STATUS_RETURN(LayerGemms(layout_.top, top_in_.get(), top_h_, batch));
+      TESSERA_STATUS_RETURN(
+          BackLayers(layout_.bottom, dense_in_.get(), bottom_h_, d_z0_.get(), batch, true, true)
+              .status());
     }
     TESSERA_CUDA_RETURN(cudaEventRecord(stop_, compute_));
     TESSERA_CUDA_RETURN(cudaEventSynchronize(stop_));
@@ -481,9 +495,9 @@ class CudaDenseBackend final : public trainer::DenseBackend {
     return absl::OkStatus();
   }
 
-  // h[l] = act(W_l h[l-1] + b_l); h[-1] = input.
+  // h[l] = act(W_l h[l-1] + b_l); h[-1] = input. `gemms_only` (TimeGemms): W_l h[l-1].
   absl::Status RunLayers(const std::vector<DenseLayer>& layers, const float* input,
-                         std::vector<DeviceFloats>& h, int batch, bool bias_and_relu) {
+                         std::vector<DeviceFloats>& h, int batch, bool gemms_only = false) {
     const float one = 1.0f, zero = 0.0f;
     const float* prev = input;
     for (size_t l = 0; l < layers.size(); ++l) {
@@ -491,7 +505,7 @@ class CudaDenseBackend final : public trainer::DenseBackend {
       TESSERA_CUBLAS_RETURN(cublas->sgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_N, L.out, batch, L.in, &one,
                                           params_.get() + L.w_at, L.out, prev, L.in, &zero,
                                           h[l].get(), L.out));
-      if (bias_and_relu) {
+      if (!gemms_only) {
         TESSERA_CUDA_RETURN(
             cuda::BiasRelu(h[l].get(), params_.get() + L.b_at, L.out, batch, L.relu, compute_));
       }
@@ -502,22 +516,26 @@ class CudaDenseBackend final : public trainer::DenseBackend {
 
   // Backward through `layers` from dL/d(last output) in `delta` (scratch: one of back_ or
   // d_z0_); fills the layers' gradients and returns dL/d input when asked (in back_).
+  // `gemms_only` (TimeGemms): the weight and input gradients' GEMMs, without the ReLU mask
+  // and the bias gradients.
   absl::StatusOr<float*> BackLayers(const std::vector<DenseLayer>& layers, const float* input,
                                     const std::vector<DeviceFloats>& h, float* delta, int batch,
-                                    bool need_input_grad) {
+                                    bool need_input_grad, bool gemms_only = false) {
     const float one = 1.0f, zero = 0.0f;
     int next_buffer = delta == back_[0].get() ? 1 : 0;
     for (int l = static_cast<int>(layers.size()) - 1; l >= 0; --l) {
       const DenseLayer& L = layers[l];
-      if (L.relu) {
+      if (L.relu && !gemms_only) {
         TESSERA_CUDA_RETURN(cuda::ReluBackward(delta, h[l].get(), L.out * batch, compute_));
       }
       const float* prev = l == 0 ? input : h[l - 1].get();
       TESSERA_CUBLAS_RETURN(cublas->sgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_T, L.out, L.in, batch, &one,
                                           delta, L.out, prev, L.in, &zero, grads_.get() + L.w_at,
                                           L.out));
-      TESSERA_CUBLAS_RETURN(cublas->sgemv(blas_, CUBLAS_OP_N, L.out, batch, &one, delta, L.out,
-                                          ones_.get(), 1, &zero, grads_.get() + L.b_at, 1));
+      if (!gemms_only) {
+        TESSERA_CUBLAS_RETURN(cublas->sgemv(blas_, CUBLAS_OP_N, L.out, batch, &one, delta, L.out,
+                                            ones_.get(), 1, &zero, grads_.get() + L.b_at, 1));
+      }
       if (l > 0 || need_input_grad) {
         float* next = back_[next_buffer].get();
         TESSERA_CUBLAS_RETURN(cublas->sgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, L.in, batch, L.out,
@@ -528,24 +546,6 @@ class CudaDenseBackend final : public trainer::DenseBackend {
       }
     }
     return need_input_grad ? delta : nullptr;
-  }
-
-  // The GEMMs of RunLayers and BackLayers alone, for TimeGemms.
-  absl::Status LayerGemms(const std::vector<DenseLayer>& layers, const float* input,
-                          std::vector<DeviceFloats>& h, int batch) {
-    TESSERA_STATUS_RETURN(RunLayers(layers, input, h, batch, /*bias_and_relu=*/false));
-    const float one = 1.0f, zero = 0.0f;
-    for (int l = static_cast<int>(layers.size()) - 1; l >= 0; --l) {
-      const DenseLayer& L = layers[l];
-      const float* prev = l == 0 ? input : h[l - 1].get();
-      TESSERA_CUBLAS_RETURN(cublas->sgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_T, L.out, L.in, batch, &one,
-                                          h[l].get(), L.out, prev, L.in, &zero,
-                                          grads_.get() + L.w_at, L.out));
-      TESSERA_CUBLAS_RETURN(cublas->sgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, L.in, batch, L.out, &one,
-                                          params_.get() + L.w_at, L.out, h[l].get(), L.out, &zero,
-                                          back_[0].get(), L.in));
-    }
-    return absl::OkStatus();
   }
 
   // gram_b = T_b^T T_b (f1, f1) for every sample.
