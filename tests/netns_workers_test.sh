@@ -9,32 +9,11 @@
 set -euo pipefail
 ROOT="$1"
 BIN="$2"
-fail() { echo "FAIL: $*"; exit 1; }
-if [ "$(id -u)" != 0 ] || ! command -v ip > /dev/null; then
-  echo "netns workers test: needs root and iproute2, skipped"; exit 77
-fi
+NAME="netns workers test"
 TAG="tw$$"
 NET="10.214.0"
-WORK="$(mktemp -d)"
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  sleep 0.3
-  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-  for k in 0 1; do
-    ip link del "${TAG}h$k" 2>/dev/null || true
-    ip netns del "${TAG}n$k" 2>/dev/null || true
-  done
-  ip link del "${TAG}br" 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-if ! ip netns add "${TAG}n0" 2>/dev/null; then
-  echo "netns workers test: cannot create network namespaces here, skipped"; exit 77
-fi
-if ! ip link add "${TAG}br" type bridge 2>/dev/null; then
-  echo "netns workers test: cannot create a bridge here, skipped"; exit 77
-fi
+source "$(dirname "$0")/netns_common.sh"
+ip link add "${TAG}br" type bridge 2>/dev/null || skip "cannot create a bridge here"
 ip netns add "${TAG}n1"
 ip addr add "$NET.1/24" dev "${TAG}br"
 ip link set "${TAG}br" up
