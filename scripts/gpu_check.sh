@@ -52,20 +52,43 @@ case "${1:-}" in
     # The bundle first; cuBLAS from the machine's CUDA.
     libpath="$dir/lib"
     for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+      /usr/local/cuda-13*/lib64 /usr/local/cuda-13*/targets/x86_64-linux/lib \
       $(ldconfig -p 2>/dev/null | awk '/libcublas\.so\.13/ {print $NF}' | xargs -r -n1 dirname); do
       [ -d "$d" ] && libpath="$libpath:$d"
     done
-    on_bundle() { "$loader" --library-path "$libpath" "$@"; }
+    # Where no system cuBLAS 13 is, a Python wheel's (nvidia-cublas) will do.
+    have_cublas=""
+    for d in ${libpath//:/ }; do [ -e "$d/libcublas.so.13" ] && have_cublas=1; done
+    if [ -z "$have_cublas" ]; then
+      for f in $(find /usr /opt -name 'libcublas.so.13' 2>/dev/null | head -3); do
+        libpath="$libpath:$(dirname "$f")"
+      done
+    fi
+    echo "gpu_check: library path $libpath" | tee "$out/env.txt"
     export TESSERA_TRAIN_BIN="$loader --library-path $libpath $dir/bin/tessera-train"
     (nvidia-smi || true) > "$out/nvidia-smi.txt" 2>&1
+    # Each step is bounded, so one that hangs leaves time and results for the others.
+    on_bundle() { timeout "$1" "$loader" --library-path "$libpath" "${@:2}"; }
     failed=""
-    on_bundle "$dir/bin/cuda_dense_backend_test" 2>&1 | tee "$out/cuda_dense_backend_test.txt" ||
+    on_bundle 150 "$dir/bin/cuda_dense_backend_test" 2>&1 | tee "$out/cuda_dense_backend_test.txt" ||
       failed="$failed cuda_dense_backend_test"
-    on_bundle "$dir/bin/train_e2e_test" --gpu 2>&1 | tee "$out/train_cuda_test.txt" ||
+    on_bundle 200 "$dir/bin/train_e2e_test" --gpu 2>&1 | tee "$out/train_cuda_test.txt" ||
       failed="$failed train_cuda_test"
-    on_bundle "$dir/bin/tessera-bench" --scenarios=benchmarks/scenarios/cuda.json \
+    on_bundle 150 "$dir/bin/tessera-bench" --scenarios=benchmarks/scenarios/cuda.json \
       --prices=benchmarks/prices.json --out="$out/bench" 2>&1 | tee "$out/bench.txt" ||
       failed="$failed tessera-bench"
+    # The default run on the GPU, for its figures (train_cuda_test checked its AUC).
+    on_bundle 120 "$dir/bin/tessera-train" --dense_backend=cuda > "$out/train_default_cuda.txt" 2>&1 ||
+      failed="$failed tessera-train"
+    tail -4 "$out/train_default_cuda.txt"
+    # Where the machine has Nsight Systems: the Criteo step's kernels and copies, for
+    # finding where a step's time goes (best effort: it does not decide the check).
+    if command -v nsys > /dev/null; then
+      (cd "$out" && timeout 150 nsys profile --stats=true -o criteo_step --force-overwrite true \
+        "$loader" --library-path "$libpath" "$dir/bin/cuda_dense_backend_test" \
+        --gtest_filter='*CriteoStepAgainstTheGemmCeiling*') > "$out/nsys.txt" 2>&1 || true
+      rm -f "$out"/criteo_step.nsys-rep "$out"/criteo_step.sqlite
+    fi
     if [ -n "$failed" ]; then
       echo "gpu_check: FAILED (or skipped):$failed" >&2
       exit 1

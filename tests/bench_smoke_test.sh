@@ -17,6 +17,8 @@ grep -Eq '"scenario":"smoke-train-2-workers".*"workers":2,.*"allreduce_ms":[0-9.
 grep -q "^| smoke-train-2-workers | cpu | 2 |" "$OUT/report.md" || fail "no training-steps row for 2 workers"
 grep -Eq '"scenario":"smoke-train".*"dense_backend":"cpu","dense_samples_per_s":[0-9.]*[1-9]' "$OUT/results.jsonl" \
   || fail "training without its dense step's samples/s"
+grep -Eq '"scenario":"smoke-train".*"grads_ms":[0-9.]*[1-9]' "$OUT/results.jsonl" \
+  || fail "training without its embedding gradients' time"
 grep -q '"scenario":"smoke-redis","mode":"redis"' "$OUT/results.jsonl" || fail "redis baseline missing"
 # Any positive ratio: the ceiling is measured on shared cores, so a noisy run can pass 1.
 grep -Eq '"scenario":"smoke-train".*"vs_gemm":(0\.[0-9]*[1-9]|[1-9])' "$OUT/results.jsonl" \

@@ -32,6 +32,49 @@ struct DlrmConfig {
 // Checks widths and rates; InvalidArgument names the bad field.
 absl::Status ValidateDlrmConfig(const DlrmConfig& config);
 
+// Floats in host memory for the embeddings a DenseBackend's Forward reads and the
+// gradients its Backward writes, allocated the way that backend moves them fastest
+// (DenseBackend::NewHostFloats): page-locked for the CUDA backend, which then copies them to
+// and from the device directly instead of through a staging buffer; ordinary memory
+// otherwise. Grown by resize, which keeps the contents as std::vector does; move-only.
+class HostFloats {
+ public:
+  // How its memory is allocated and freed; alloc returns nullptr when it cannot, and
+  // HostFloats then falls back to ordinary memory.
+  struct Allocator {
+    void* (*alloc)(size_t bytes) = nullptr;
+    void (*free)(void* p) = nullptr;
+  };
+
+  HostFloats() = default;  // ordinary memory
+  explicit HostFloats(Allocator allocator) : allocator_(allocator) {}
+  HostFloats(HostFloats&& other) noexcept;
+  HostFloats& operator=(HostFloats&& other) noexcept;
+  HostFloats(const HostFloats&) = delete;
+  HostFloats& operator=(const HostFloats&) = delete;
+  ~HostFloats();
+
+  void resize(size_t n);  // new floats are zero
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  float* data() { return data_; }
+  const float* data() const { return data_; }
+  float* begin() { return data_; }
+  float* end() { return data_ + size_; }
+  const float* begin() const { return data_; }
+  const float* end() const { return data_ + size_; }
+  float& operator[](size_t i) { return data_[i]; }
+  const float& operator[](size_t i) const { return data_[i]; }
+
+ private:
+  void Release();
+
+  Allocator allocator_;
+  float* data_ = nullptr;
+  size_t size_ = 0, capacity_ = 0;
+  void (*free_)(void*) = nullptr;  // how data_ goes back
+};
+
 // The dense half of DLRM on some device: bottom MLP over dense features, pairwise dot
 // interaction of its output with the pooled embeddings, top MLP to one logit, sigmoid
 // and binary cross-entropy (mean over the batch). The sparse half (embedding tables)
@@ -69,6 +112,11 @@ class DenseBackend {
   virtual absl::Span<float> MutableGradients() = 0;
 
   virtual const DlrmConfig& config() const = 0;
+
+  // An empty buffer for Forward's embeddings or Backward's embedding gradients in the host
+  // memory this backend moves fastest (see HostFloats). Any memory works for those
+  // arguments; this saves the CUDA backend a copy of each.
+  virtual HostFloats NewHostFloats() const { return HostFloats(); }
 
   // Parameters and optimizer state (Adam's moments and step count) as bytes, and back:
   // a backend loaded from the state saved after step k continues bit for bit as the one

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <random>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -203,6 +205,65 @@ TEST(CpuDenseBackend, RejectsStateOfAnotherShapeOrCorrupt) {
   EXPECT_EQ(a->LoadState(state).code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(a->LoadState("garbage").code(), absl::StatusCode::kDataLoss);
   EXPECT_TRUE(std::equal(before.begin(), before.end(), b->Parameters().begin()));
+}
+
+// Counts what a HostFloats allocates through its allocator; `refuse` makes alloc fail.
+int allocs = 0, frees = 0;
+bool refuse = false;
+void* CountingAlloc(size_t bytes) {
+  if (refuse) return nullptr;
+  ++allocs;
+  return std::malloc(bytes);
+}
+void CountingFree(void* p) {
+  ++frees;
+  std::free(p);
+}
+
+TEST(HostFloats, GrowsKeepingItsContents) {
+  allocs = frees = 0;
+  refuse = false;
+  {
+    HostFloats f({CountingAlloc, CountingFree});
+    EXPECT_TRUE(f.empty());
+    f.resize(3);
+    EXPECT_EQ(std::vector<float>(f.begin(), f.end()), std::vector<float>({0, 0, 0}));
+    f[0] = 1;
+    f[2] = 3;
+    f.resize(1000);  // grows: a new block, the old contents copied, the rest zero
+    ASSERT_EQ(f.size(), 1000u);
+    EXPECT_EQ(f[0], 1);
+    EXPECT_EQ(f[2], 3);
+    EXPECT_EQ(f[999], 0);
+    f.resize(2);  // shrinks in place
+    EXPECT_EQ(f.size(), 2u);
+    f.resize(3);  // the float past the old size is zero again
+    EXPECT_EQ(f[2], 0);
+    EXPECT_EQ(allocs, 2);
+    EXPECT_EQ(frees, 1);
+    HostFloats g = std::move(f);  // moves the block
+    EXPECT_TRUE(f.empty());
+    EXPECT_EQ(g[0], 1);
+    EXPECT_EQ(allocs, 2);
+  }
+  EXPECT_EQ(frees, 2);  // each block back through its own free
+}
+
+TEST(HostFloats, FallsBackToOrdinaryMemory) {
+  allocs = frees = 0;
+  refuse = true;
+  {
+    HostFloats f({CountingAlloc, CountingFree});
+    f.resize(100);
+    f[99] = 5;
+    EXPECT_EQ(f[99], 5);
+  }
+  EXPECT_EQ(frees, 0);  // malloc'd memory goes back to free, not to the allocator's
+  refuse = false;
+  // A CPU backend hands out ordinary memory.
+  HostFloats g = NewCpuDenseBackend(DlrmConfig()).value()->NewHostFloats();
+  g.resize(10);
+  EXPECT_EQ(g.size(), 10u);
 }
 
 }  // namespace

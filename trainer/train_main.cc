@@ -633,9 +633,10 @@ absl::Status Run() {
               result.seconds, result.seconds > 0 ? result.samples / result.seconds : 0.0);
   if (const StepTimes& t = trainer.step_times(); t.steps > 0) {
     const double ms = 1e3 / static_cast<double>(t.steps);
-    std::printf("per step: lookup %.2f ms, dense %.2f ms, allreduce %.2f ms, push %.2f ms, "
-                "optimizer %.2f ms\n",
-                t.lookup * ms, t.dense * ms, t.allreduce * ms, t.push * ms, t.optimizer * ms);
+    std::printf("per step: lookup %.2f ms, dense %.2f ms, embedding grads %.2f ms, "
+                "allreduce %.2f ms, push %.2f ms, optimizer %.2f ms\n",
+                t.lookup * ms, t.dense * ms, t.grads * ms, t.allreduce * ms, t.push * ms,
+                t.optimizer * ms);
   }
   if (replayed > 0) {
     std::printf("(%lld of them trained again after shard restarts sent the model back to its "

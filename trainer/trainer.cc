@@ -38,7 +38,7 @@ constexpr std::chrono::milliseconds kCheckpointWait = std::chrono::minutes(30);
 
 struct Trainer::Step {
   Batch batch;
-  std::vector<float> emb;                         // (features, size, dim)
+  HostFloats emb;                                 // (features, size, dim)
   std::vector<embedding::TableBags> lookups;      // per feature
   std::vector<std::vector<int64_t>> unique_ids;   // per feature
   std::vector<std::vector<float>> unique_grads;   // per feature: (unique, dim)
@@ -111,7 +111,11 @@ class Trainer::SparseWorker {
 
 Trainer::Trainer(embedding::EmbeddingCollection* tables, DenseBackend* dense,
                  TrainerOptions options)
-    : tables_(tables), dense_(dense), options_(std::move(options)) {
+    : tables_(tables),
+      dense_(dense),
+      options_(std::move(options)),
+      emb_(dense_->NewHostFloats()),
+      emb_grad_(dense_->NewHostFloats()) {
   names_ = TableNames(dense_->config().num_sparse, options_.model);
   restarts_seen_ = tables_->ShardRestarts();
   if (!options_.metrics_out.empty()) {
@@ -139,8 +143,9 @@ absl::Status Trainer::CreateTables(const v1::TableConfig& prototype) {
   }
   TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> existing, tables_->ListTables());
   for (size_t f = 0; f < names_.size(); ++f) {
-    const bool exists = std::any_of(existing.begin(), existing.end(),
-                                    [&](const v1::TableConfig& t) { return t.name() == names_[f]; });
+    const bool exists =
+        std::any_of(existing.begin(), existing.end(),
+                    [&](const v1::TableConfig& t) { return t.name() == names_[f]; });
     if (exists) continue;
     v1::TableConfig c = prototype;
     c.set_name(names_[f]);
@@ -220,8 +225,8 @@ absl::StatusOr<int64_t> Trainer::Resume() {
   embedding::Attachments attachments;
   TESSERA_ASSIGN_OR_RETURN(embedding::CheckpointInfo info,
                            tables_->Restore(-1, &attachments, checks));
-  TESSERA_RETURN_IF_ERROR(Annotate(dense_->LoadState(attachments["dense"]),
-                                   absl::StrCat("checkpoint ", info.step)));
+  TESSERA_RETURN_IF_ERROR(
+      Annotate(dense_->LoadState(attachments["dense"]), absl::StrCat("checkpoint ", info.step)));
   return info.step;
 }
 
@@ -233,7 +238,13 @@ absl::Status Trainer::LookupAll(const Batch& batch, bool insert_missing) {
   return LookupInto(batch, insert_missing, &emb_, &lookups_);
 }
 
-absl::Status Trainer::LookupInto(const Batch& batch, bool insert_missing, std::vector<float>* emb,
+std::unique_ptr<Trainer::Step> Trainer::NewStep() const {
+  auto step = std::make_unique<Step>();
+  step->emb = dense_->NewHostFloats();
+  return step;
+}
+
+absl::Status Trainer::LookupInto(const Batch& batch, bool insert_missing, HostFloats* emb,
                                  std::vector<embedding::TableBags>* parts) {
   const int d = dense_->config().emb_dim;
   const int nf = static_cast<int>(names_.size());
@@ -275,6 +286,7 @@ absl::StatusOr<double> Trainer::ForwardBackward(const Batch& batch, const float*
     const float scale = 1.0f / static_cast<float>(dp->size());
     for (float& g : emb_grad_) g *= scale;
   }
+  Stopwatch grads;
   step->unique_ids.resize(nf);
   step->unique_grads.resize(nf);
   step->pushes.resize(nf);
@@ -285,6 +297,7 @@ absl::StatusOr<double> Trainer::ForwardBackward(const Batch& batch, const float*
                                 v1::SUM, step->unique_ids[f].size(), step->unique_grads[f].data());
     step->pushes[f] = {names_[f], step->unique_ids[f], step->unique_grads[f]};
   }
+  grads.Lap(&times_.grads);
   return loss;
 }
 
@@ -301,14 +314,14 @@ embedding::PushOptions Trainer::StepPushOptions() const {
 }
 
 absl::StatusOr<double> Trainer::TrainStep(const Batch& batch, int64_t step) {
-  if (sync_step_ == nullptr) sync_step_ = std::make_unique<Step>();
+  if (sync_step_ == nullptr) sync_step_ = NewStep();
   Stopwatch clock;
   TESSERA_RETURN_IF_ERROR(LookupAll(batch, /*insert_missing=*/true));
   clock.Lap(&times_.lookup);
-  const double allreduce = times_.allreduce;
+  const double apart = times_.allreduce + times_.grads;
   TESSERA_ASSIGN_OR_RETURN(double loss, ForwardBackward(batch, emb_.data(), sync_step_.get()));
   clock.Lap(&times_.dense);
-  times_.dense -= times_.allreduce - allreduce;  // counted apart
+  times_.dense -= times_.allreduce + times_.grads - apart;  // counted apart
   TESSERA_RETURN_IF_ERROR(tables_->PushBatch(sync_step_->pushes, step, StepPushOptions()));
   clock.Lap(&times_.push);
   dense_->ApplyGradients();
@@ -326,7 +339,7 @@ absl::StatusOr<std::optional<Trainer::StepOutcome>> Trainer::NextStep(BatchSourc
   }
   if (options_.max_staleness > 0) return PipelinedStep(source, step, max_steps);
   if (max_steps > 0 && step >= max_steps) return std::optional<StepOutcome>();
-  if (sync_step_ == nullptr) sync_step_ = std::make_unique<Step>();
+  if (sync_step_ == nullptr) sync_step_ = NewStep();
   Batch& batch = sync_step_->batch;
   TESSERA_ASSIGN_OR_RETURN(bool more, source->Next(&batch));
   if (!more) return std::optional<StepOutcome>();
@@ -346,7 +359,7 @@ absl::StatusOr<std::optional<Trainer::StepOutcome>> Trainer::PipelinedStep(Batch
   // updates of the K steps before them.
   while (ahead_.size() < depth && !source_done_ &&
          (max_steps == 0 || next_lookup_step_ < max_steps)) {
-    auto next = std::make_unique<Step>();
+    auto next = NewStep();
     TESSERA_ASSIGN_OR_RETURN(bool more, source->Next(&next->batch));
     if (!more) {
       source_done_ = true;
@@ -363,10 +376,10 @@ absl::StatusOr<std::optional<Trainer::StepOutcome>> Trainer::PipelinedStep(Batch
   Stopwatch clock;
   TESSERA_RETURN_IF_ERROR(worker_->Wait(s->lookup_ticket));
   clock.Lap(&times_.lookup);
-  const double allreduce = times_.allreduce;
+  const double apart = times_.allreduce + times_.grads;
   TESSERA_ASSIGN_OR_RETURN(double loss, ForwardBackward(s->batch, s->emb.data(), s));
   clock.Lap(&times_.dense);
-  times_.dense -= times_.allreduce - allreduce;  // counted apart
+  times_.dense -= times_.allreduce + times_.grads - apart;  // counted apart
   s->push_ticket = worker_->Submit(
       [this, s, step] { return tables_->PushBatch(s->pushes, step, StepPushOptions()); });
   dense_->ApplyGradients();  // while the push is on its way
@@ -403,9 +416,10 @@ absl::StatusOr<int64_t> Trainer::HandleShardRestart(int64_t step) {
   }
   if (!lost) {
     if (options_.print_progress) {
-      std::printf("step %lld: a shard restarted; this model's tables are write-through, so "
-                  "nothing acknowledged was lost\n",
-                  static_cast<long long>(step));
+      std::printf(
+          "step %lld: a shard restarted; this model's tables are write-through, so "
+          "nothing acknowledged was lost\n",
+          static_cast<long long>(step));
     }
     return -1;
   }
@@ -415,9 +429,10 @@ absl::StatusOr<int64_t> Trainer::HandleShardRestart(int64_t step) {
       "updates since");
   if (options_.data_parallel != nullptr && options_.data_parallel->size() > 1) {
     // Going back alone would leave the other workers' copies of the model behind.
-    return absl::AbortedError(absl::StrCat(
-        what, "; run every worker again with --resume=auto to continue from the model's "
-              "newest checkpoint"));
+    return absl::AbortedError(
+        absl::StrCat(what,
+                     "; run every worker again with --resume=auto to continue from the model's "
+                     "newest checkpoint"));
   }
   if (options_.on_shard_restart == TrainerOptions::OnShardRestart::kFail) {
     return absl::AbortedError(absl::StrCat(
@@ -432,8 +447,8 @@ absl::StatusOr<int64_t> Trainer::HandleShardRestart(int64_t step) {
   }
   TESSERA_RETURN_IF_ERROR(Annotate(back.status(), what));
   ResetPipeline();
-  WriteMetrics(absl::StrFormat(R"({"event":"shard_restart","step":%d,"resumed_from":%d})", step,
-                               *back));
+  WriteMetrics(
+      absl::StrFormat(R"({"event":"shard_restart","step":%d,"resumed_from":%d})", step, *back));
   if (options_.print_progress) {
     std::printf("%s: model '%s' restored to its checkpoint %lld; training again from there\n",
                 what.c_str(), options_.model.c_str(), static_cast<long long>(*back));

@@ -1,8 +1,8 @@
 #ifndef TESSERA_TRAINER_TRAINER_H_
 #define TESSERA_TRAINER_TRAINER_H_
 
-#include <cstdint>
 #include <chrono>
+#include <cstdint>
 #include <deque>
 #include <fstream>
 #include <functional>
@@ -80,12 +80,15 @@ struct EvalResult {
 
 // Where a trainer's steps spent their time, in seconds summed over the steps, as the
 // training thread sees it: pipelined (max_staleness > 0), lookups and pushes count only
-// the time spent waiting for them. `dense` is the forward and backward passes and the
-// gradients' preparation for the push; `allreduce` the data-parallel mean of the dense
-// gradients (waiting for the slowest worker included); `optimizer` the dense step.
+// the time spent waiting for them. `dense` is the dense network's forward and backward
+// passes; `grads` the embedding gradients' preparation for the push (deduplicated ids,
+// pooling's backward); `allreduce` the data-parallel mean of the dense gradients (waiting
+// for the slowest worker included); `optimizer` the dense network's update (on a GPU, only
+// queued: it runs on the device while the next step's lookups do, and any wait for it
+// lands in the next `dense`).
 struct StepTimes {
   int64_t steps = 0;
-  double lookup = 0, dense = 0, allreduce = 0, push = 0, optimizer = 0;
+  double lookup = 0, dense = 0, grads = 0, allreduce = 0, push = 0, optimizer = 0;
 };
 
 struct TrainResult {
@@ -132,7 +135,7 @@ class Trainer {
   // (0 = no limit) steps have been taken. Pipelined, its push may still be in flight:
   // Drain() before reading the tables as of this step.
   absl::StatusOr<std::optional<StepOutcome>> NextStep(BatchSource* source, int64_t step,
-                                                       int64_t max_steps = 0);
+                                                      int64_t max_steps = 0);
   // Waits until every lookup and push sent has finished; returns the first failure.
   absl::Status Drain();
 
@@ -169,7 +172,9 @@ class Trainer {
 
   absl::Status LookupAll(const Batch& batch, bool insert_missing);
   // Looks up `batch`'s pooled embeddings into *emb (features, size, dim) through `parts`.
-  absl::Status LookupInto(const Batch& batch, bool insert_missing, std::vector<float>* emb,
+  // A step's buffers, its embeddings in the dense backend's host memory.
+  std::unique_ptr<Step> NewStep() const;
+  absl::Status LookupInto(const Batch& batch, bool insert_missing, HostFloats* emb,
                           std::vector<embedding::TableBags>* parts);
   // Dense forward and backward on `batch` with embeddings `emb`, then the gradients of
   // each feature's distinct rows into `step`'s buffers (unique ids, grads, pushes).
@@ -192,7 +197,9 @@ class Trainer {
   TrainerOptions options_;
   std::vector<std::string> names_;
   std::ofstream metrics_;
-  std::vector<float> emb_, emb_grad_, logits_;
+  // Pooled embeddings and their gradients in the dense backend's host memory.
+  HostFloats emb_, emb_grad_;
+  std::vector<float> logits_;
   std::vector<int32_t> inverse_;
   std::vector<embedding::TableBags> lookups_;
   std::unique_ptr<Step> sync_step_;  // the synchronous path's buffers and batch

@@ -61,7 +61,7 @@ std::string ToJson(const ScenarioResult& r) {
       R"("cpu_us_per_sample":%.3f,"memcpy_bytes_per_s":%.1f,"vs_memcpy":%.4f,)"
       R"("echo_bytes_per_s":%.1f,"echo_stream_bytes_per_s":%.1f,"vs_echo":%.4f,)"
       R"("gemm_gflops":%.3f,"step_gflops":%.3f,"vs_gemm":%.4f,"workers":%d,"lookup_ms":%.4f,)"
-      R"("dense_ms":%.4f,"allreduce_ms":%.4f,"push_ms":%.4f,"dense_backend":%s,)"
+      R"("dense_ms":%.4f,"grads_ms":%.4f,"allreduce_ms":%.4f,"push_ms":%.4f,"dense_backend":%s,)"
       R"("dense_samples_per_s":%.1f,"dense_vs_gemm":%.4f,)"
       R"("usd_per_hour":%.4f,"usd_per_million_samples":%.6f,"table_bytes":%d,"llc_bytes":%d,)"
       R"("processes":[%s]})",
@@ -71,10 +71,10 @@ std::string ToJson(const ScenarioResult& r) {
       r.lookups_per_s, r.updates_per_s, r.payload_bytes_per_s, r.step_ms[0], r.step_ms[1],
       r.step_ms[2], r.call_ms[0], r.call_ms[1], r.call_ms[2], r.cpu_us_per_sample,
       r.memcpy_bytes_per_s, r.vs_memcpy, r.echo_bytes_per_s, r.echo_stream_bytes_per_s, r.vs_echo,
-      r.gemm_gflops, r.step_gflops, r.vs_gemm, s.workers(), r.lookup_ms, r.dense_ms,
+      r.gemm_gflops, r.step_gflops, r.vs_gemm, s.workers(), r.lookup_ms, r.dense_ms, r.grads_ms,
       r.allreduce_ms, r.push_ms, JsonString(s.dense_backend()), r.dense_samples_per_s,
-      r.dense_vs_gemm, r.usd_per_hour, r.usd_per_million_samples,
-      r.table_bytes, r.llc_bytes, procs);
+      r.dense_vs_gemm, r.usd_per_hour, r.usd_per_million_samples, r.table_bytes, r.llc_bytes,
+      procs);
 }
 
 std::string ToMarkdown(const std::vector<ScenarioResult>& results) {
@@ -103,9 +103,7 @@ std::string ToMarkdown(const std::vector<ScenarioResult>& results) {
                         s.name(), s.mode(), s.shards(),
                         s.workers() > 1 ? absl::StrCat(s.workload(), " ×", s.workers(), " workers")
                                         : s.workload(),
-                        s.batch_size(),
-                        TablesAndSize(r),
-                        r.samples_per_s,
+                        s.batch_size(), TablesAndSize(r), r.samples_per_s,
                         first->samples_per_s > 0 ? r.samples_per_s / first->samples_per_s : 0,
                         r.payload_bytes_per_s / 1e6, r.vs_memcpy,
                         r.echo_bytes_per_s > 0 ? absl::StrFormat("%.2f", r.vs_echo) : "-",
@@ -119,20 +117,22 @@ std::string ToMarkdown(const std::vector<ScenarioResult>& results) {
     const Scenario& s = r.scenario;
     if (s.workload() != "train") continue;
     const int n = std::max(1, s.workers());
-    absl::StrAppend(&steps, absl::StrFormat("| %s | %s | %d | %d | %.0f | %.0f | %.2f | %.2f | "
-                                            "%.2f | %.2f | %.0f | %.2f |\n",
-                                            s.name(), s.dense_backend(), n, s.batch_size(),
-                                            r.samples_per_s, r.samples_per_s / n, r.lookup_ms,
-                                            r.dense_ms, r.allreduce_ms, r.push_ms,
-                                            r.dense_samples_per_s, r.dense_vs_gemm));
+    absl::StrAppend(
+        &steps, absl::StrFormat("| %s | %s | %d | %d | %.0f | %.0f | %.2f | %.2f | "
+                                "%.2f | %.2f | %.2f | %.0f | %.2f |\n",
+                                s.name(), s.dense_backend(), n, s.batch_size(), r.samples_per_s,
+                                r.samples_per_s / n, r.lookup_ms, r.dense_ms, r.grads_ms,
+                                r.allreduce_ms, r.push_ms, r.dense_samples_per_s, r.dense_vs_gemm));
   }
   if (!steps.empty()) {
     absl::StrAppend(&md,
                     "\nTraining steps, ms per step and worker (lookup and push: waiting for them "
-                    "when pipelined; allreduce: the workers' mean of the dense gradients):\n\n"
+                    "when pipelined; dense: the dense network's forward, backward and "
+                    "optimizer; emb grads: the embedding gradients' deduplication for the push; "
+                    "allreduce: the workers' mean of the dense gradients):\n\n"
                     "| scenario | dense on | workers | batch per worker | samples/s | per worker | "
-                    "lookup | dense | allreduce | push | dense step samples/s | dense vs GEMM "
-                    "|\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+                    "lookup | dense | emb grads | allreduce | push | dense step samples/s | "
+                    "dense vs GEMM |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
                     steps);
   }
   return md;

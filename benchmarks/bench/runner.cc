@@ -28,10 +28,10 @@
 #include "embedding/dtype.h"
 #include "embedding/optimizer.h"
 #include "embedding/status.h"
-#include "trainer/dense_backend.h"
-#include "trainer/synthetic.h"
 #include "trainer/coordinator_rendezvous.h"
 #include "trainer/data_parallel.h"
+#include "trainer/dense_backend.h"
+#include "trainer/synthetic.h"
 #include "trainer/trainer.h"
 
 namespace tessera::bench {
@@ -131,8 +131,8 @@ constexpr int64_t kPoolIdBudget = int64_t{64} << 20;  // 512 MiB of ids
 int PoolBatches(int64_t max_rows, int64_t ids_per_table, size_t tables) {
   if (ids_per_table <= 0 || tables == 0) return kMinPoolBatches;
   const int64_t want = (kPoolCoverage * max_rows + ids_per_table - 1) / ids_per_table;
-  const int64_t cap =
-      std::max<int64_t>(kMinPoolBatches, kPoolIdBudget / (ids_per_table * static_cast<int64_t>(tables)));
+  const int64_t cap = std::max<int64_t>(
+      kMinPoolBatches, kPoolIdBudget / (ids_per_table * static_cast<int64_t>(tables)));
   return static_cast<int>(std::clamp<int64_t>(want, kMinPoolBatches, cap));
 }
 
@@ -275,7 +275,9 @@ absl::Status Normalize(Scenario* s) {
   if (s->dense_backend() != "cpu" && s->dense_backend() != "cuda") {
     return bad("dense_backend must be cpu or cuda");
   }
-  if (s->dense_backend() == "cuda" && w != "train") return bad("dense_backend cuda needs workload train");
+  if (s->dense_backend() == "cuda" && w != "train") {
+    return bad("dense_backend cuda needs workload train");
+  }
   if (s->workers() == 0) s->set_workers(1);
   if (s->workers() < 1 || s->workers() > 64) return bad("workers must be in [1, 64]");
   if (s->workers() > 1 && (w != "train" || (s->mode() != "smart" && s->mode() != "coordinator"))) {
@@ -310,7 +312,7 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
   std::unique_ptr<LocalCluster> cluster;
   std::unique_ptr<embedding::EmbeddingCollection> tables;
   std::vector<std::pair<std::string, pid_t>> servers;  // processes besides this one
-  client::ClientOptions co;  // cluster modes
+  client::ClientOptions co;                            // cluster modes
 #if TESSERA_HAVE_HIREDIS
   std::unique_ptr<RedisServer> redis;
 #endif
@@ -385,8 +387,8 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
     absl::StatusOr<std::unique_ptr<trainer::DenseBackend>> made =
         trainer::NewDenseBackend(s.dense_backend(), model);
     if (!made.ok()) {
-      return Annotate(made.status(), absl::StrCat("scenario '", s.name(), "': dense_backend ",
-                                                  s.dense_backend()));
+      return Annotate(made.status(),
+                      absl::StrCat("scenario '", s.name(), "': dense_backend ", s.dense_backend()));
     }
     dense = *std::move(made);
     trainer::TrainerOptions to;
@@ -426,8 +428,8 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
       for (int w = 1; w < s.workers(); ++w) {
         trainer::TrainerOptions wo = to;
         wo.data_parallel = workers[w].dp.get();
-        workers[w].trainer = std::make_unique<trainer::Trainer>(workers[w].client.get(),
-                                                                workers[w].dense.get(), wo);
+        workers[w].trainer =
+            std::make_unique<trainer::Trainer>(workers[w].client.get(), workers[w].dense.get(), wo);
       }
       to.data_parallel = workers[0].dp.get();
     }
@@ -719,13 +721,16 @@ absl::StatusOr<ScenarioResult> RunScenario(const Scenario& input, const RunOptio
       d.steps += times_end[w].steps - times_start[w].steps;
       d.lookup += times_end[w].lookup - times_start[w].lookup;
       d.dense += times_end[w].dense - times_start[w].dense;
+      d.grads += times_end[w].grads - times_start[w].grads;
+      d.optimizer += times_end[w].optimizer - times_start[w].optimizer;
       d.allreduce += times_end[w].allreduce - times_start[w].allreduce;
       d.push += times_end[w].push - times_start[w].push;
     }
     if (d.steps > 0) {
       const double ms = 1e3 / static_cast<double>(d.steps);
       r.lookup_ms = d.lookup * ms;
-      r.dense_ms = d.dense * ms;
+      r.dense_ms = (d.dense + d.optimizer) * ms;
+      r.grads_ms = d.grads * ms;
       r.allreduce_ms = d.allreduce * ms;
       r.push_ms = d.push * ms;
     }

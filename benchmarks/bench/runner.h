@@ -54,10 +54,12 @@ struct ScenarioResult {
   double vs_gemm = 0;
   // Train workload: where a step's time goes (ms per step, mean over the workers and the
   // measured steps; trainer::StepTimes), and with workers > 1 the dense gradients'
-  // allreduce among them (waiting for the slowest included).
-  double lookup_ms = 0, dense_ms = 0, allreduce_ms = 0, push_ms = 0;
-  // Train workload: the dense step alone (forward, backward and optimizer, with the
-  // CUDA backend's copies), samples/s at the batch per worker, and its matrix GFLOP/s over
+  // allreduce among them (waiting for the slowest included). dense_ms is the dense
+  // network's forward, backward and optimizer; grads_ms the embedding gradients'
+  // preparation for the push (deduplication and pooling's backward, on the CPU).
+  double lookup_ms = 0, dense_ms = 0, grads_ms = 0, allreduce_ms = 0, push_ms = 0;
+  // Train workload: the dense step alone (dense_ms: forward, backward and optimizer, with
+  // the CUDA backend's copies), samples/s at the batch per worker, and its matrix GFLOP/s over
   // the GEMM ceiling of its backend at the same shapes (gemm_gflops: Eigen for cpu, cuBLAS
   // for cuda, where every GEMM of the step is timed).
   double dense_samples_per_s = 0;

@@ -4,16 +4,26 @@
 //
 // Two streams: `compute_` runs the step, `copy_` moves the pooled embeddings in and their
 // gradients out, so the embeddings' copy overlaps the bottom MLP and the gradients' copy
-// the bottom MLP's backward. ApplyGradients only queues the optimizer, which then runs
-// while the caller gathers the next batch's embeddings. Host-side staging is pinned.
+// the bottom MLP's backward. They move straight from and to the caller's memory when it
+// is page-locked (NewHostFloats), else through pinned staging buffers. ApplyGradients only
+// queues the optimizer, which then runs while the caller gathers the next batch's
+// embeddings.
+//
+// The step's kernels and GEMMs (about 60 launches at the default depth) run as four CUDA
+// graphs per batch size, captured the first time that size is seen: the bottom MLP, the
+// rest of the forward pass, the backward pass down to the embeddings' gradients, and the
+// bottom MLP's backward. The copies between them stay outside. TESSERA_CUDA_GRAPHS=0 in
+// the environment launches everything one by one instead (same results, bit for bit).
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -36,6 +46,7 @@ struct CublasApi {
   decltype(&cublasDestroy_v2) destroy;
   decltype(&cublasSetStream_v2) set_stream;
   decltype(&cublasSetMathMode) set_math_mode;
+  decltype(&cublasSetWorkspace_v2) set_workspace;
   decltype(&cublasSgemm_v2) sgemm;
   decltype(&cublasSgemv_v2) sgemv;
   decltype(&cublasSgemmStridedBatched) sgemm_strided_batched;
@@ -64,6 +75,7 @@ absl::Status LoadCublas() {
     bind(api->destroy, "cublasDestroy_v2");
     bind(api->set_stream, "cublasSetStream_v2");
     bind(api->set_math_mode, "cublasSetMathMode");
+    bind(api->set_workspace, "cublasSetWorkspace_v2");
     bind(api->sgemm, "cublasSgemm_v2");
     bind(api->sgemv, "cublasSgemv_v2");
     bind(api->sgemm_strided_batched, "cublasSgemmStridedBatched");
@@ -151,6 +163,35 @@ class CudaFloats {
 using DeviceFloats = CudaFloats<false>;
 using PinnedFloats = CudaFloats<true>;
 
+// Whether `p` is page-locked host memory (cudaMallocHost or registered), which copies
+// move without staging.
+bool IsPageLocked(const void* p) {
+  cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();  // not an error worth keeping: the pointer is just unknown to CUDA
+    return false;
+  }
+  return a.type == cudaMemoryTypeHost;
+}
+
+void* AllocPageLocked(size_t bytes) {
+  void* p = nullptr;
+  if (cudaMallocHost(&p, bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;  // HostFloats falls back to ordinary memory
+  }
+  return p;
+}
+
+void FreePageLocked(void* p) { cudaFreeHost(p); }
+
+// cuBLAS's workspace, set explicitly so that graph capture allocates nothing (the size
+// NVIDIA recommends for Hopper).
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
+// Batch sizes with captured graphs; others (beyond a run's first few) launch one by one.
+constexpr size_t kMaxGraphBatches = 4;
+
 std::string DeviceName(int device) {
   cudaDeviceProp prop;
   if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return absl::StrCat("cuda:", device);
@@ -166,6 +207,7 @@ class CudaDenseBackend final : public trainer::DenseBackend {
     cudaSetDevice(device_);
     if (compute_ != nullptr) cudaStreamSynchronize(compute_);
     if (copy_ != nullptr) cudaStreamSynchronize(copy_);
+    DropGraphs();
     for (cudaEvent_t e : {emb_ready_, emb_grad_ready_, start_, stop_}) {
       if (e != nullptr) cudaEventDestroy(e);
     }
@@ -189,6 +231,11 @@ class CudaDenseBackend final : public trainer::DenseBackend {
     // Plain FP32 GEMMs: TF32 tensor cores (CUBLAS_TF32_TENSOR_OP_MATH) would move the loss
     // further from the CPU backend's than its 1e-4 check allows.
     TESSERA_CUBLAS_RETURN(cublas->set_math_mode(blas_, CUBLAS_DEFAULT_MATH));
+    TESSERA_STATUS_RETURN(workspace_.Resize(kCublasWorkspaceBytes / sizeof(float)));
+    TESSERA_CUBLAS_RETURN(cublas->set_workspace(blas_, workspace_.get(), kCublasWorkspaceBytes));
+    const char* graphs = std::getenv("TESSERA_CUDA_GRAPHS");
+    use_graphs_ = graphs == nullptr || std::string_view(graphs) != "0";
+    if (!use_graphs_) graphs_off_ = "CUDA graphs off (TESSERA_CUDA_GRAPHS=0)";
 
     const size_t n = layout_.num_params;
     for (DeviceFloats* d : {&params_, &grads_, &m_, &v_}) TESSERA_STATUS_RETURN(d->Resize(n));
@@ -201,8 +248,13 @@ class CudaDenseBackend final : public trainer::DenseBackend {
     return absl::OkStatus();
   }
 
-  std::string name() const override { return name_; }
+  std::string name() const override {
+    return graphs_off_.empty() ? name_ : absl::StrCat(name_, ", ", graphs_off_);
+  }
   const DlrmConfig& config() const override { return config_; }
+  trainer::HostFloats NewHostFloats() const override {
+    return trainer::HostFloats({AllocPageLocked, FreePageLocked});
+  }
 
   // The host copies: fetched when the device has moved on; a caller may write them, so
   // they go back up before the device next reads them.
@@ -237,26 +289,35 @@ class CudaDenseBackend final : public trainer::DenseBackend {
     const size_t dense_floats = static_cast<size_t>(config_.num_dense) * batch;
 
     // The embeddings go up on the copy stream while the bottom MLP runs.
-    std::memcpy(pinned_emb_.get(), embeddings, emb_floats * sizeof(float));
-    TESSERA_CUDA_RETURN(cudaMemcpyAsync(emb_.get(), pinned_emb_.get(), emb_floats * sizeof(float),
+    const float* emb_from = embeddings;
+    if (!IsPageLocked(embeddings)) {
+      std::memcpy(pinned_emb_.get(), embeddings, emb_floats * sizeof(float));
+      emb_from = pinned_emb_.get();
+    }
+    TESSERA_CUDA_RETURN(cudaMemcpyAsync(emb_.get(), emb_from, emb_floats * sizeof(float),
                                         cudaMemcpyHostToDevice, copy_));
     TESSERA_CUDA_RETURN(cudaEventRecord(emb_ready_, copy_));
     std::memcpy(pinned_dense_.get(), dense, dense_floats * sizeof(float));
     TESSERA_CUDA_RETURN(cudaMemcpyAsync(dense_in_.get(), pinned_dense_.get(),
                                         dense_floats * sizeof(float), cudaMemcpyHostToDevice,
                                         compute_));
-    TESSERA_STATUS_RETURN(RunLayers(layout_.bottom, dense_in_.get(), bottom_h_, batch));
     const float* z0 = bottom_h_.back().get();
+    TESSERA_STATUS_RETURN(Run(kBottomForward, batch, [&]() -> absl::Status {
+      return RunLayers(layout_.bottom, dense_in_.get(), bottom_h_, batch);
+    }));
 
     TESSERA_CUDA_RETURN(cudaStreamWaitEvent(compute_, emb_ready_, 0));
-    TESSERA_CUDA_RETURN(
-        cuda::GatherInteraction(z0, emb_.get(), t_.get(), d, config_.num_sparse, batch, compute_));
-    TESSERA_STATUS_RETURN(InteractionGemm(batch));
-    TESSERA_CUDA_RETURN(
-        cuda::BuildTopInput(z0, gram_.get(), top_in_.get(), d, layout_.f1, batch, compute_));
-    TESSERA_STATUS_RETURN(RunLayers(layout_.top, top_in_.get(), top_h_, batch));
-    TESSERA_CUDA_RETURN(cudaMemcpyAsync(pinned_logits_.get(), top_h_.back().get(),
-                                        batch * sizeof(float), cudaMemcpyDeviceToHost, compute_));
+    TESSERA_STATUS_RETURN(Run(kTopForward, batch, [&]() -> absl::Status {
+      TESSERA_CUDA_RETURN(cuda::GatherInteraction(z0, emb_.get(), t_.get(), d, config_.num_sparse,
+                                                  batch, compute_));
+      TESSERA_STATUS_RETURN(InteractionGemm(batch));
+      TESSERA_CUDA_RETURN(
+          cuda::BuildTopInput(z0, gram_.get(), top_in_.get(), d, layout_.f1, batch, compute_));
+      TESSERA_STATUS_RETURN(RunLayers(layout_.top, top_in_.get(), top_h_, batch));
+      TESSERA_CUDA_RETURN(cudaMemcpyAsync(pinned_logits_.get(), top_h_.back().get(),
+                                          batch * sizeof(float), cudaMemcpyDeviceToHost, compute_));
+      return absl::OkStatus();
+    }));
     TESSERA_CUDA_RETURN(cudaStreamSynchronize(compute_));
     std::memcpy(logits, pinned_logits_.get(), batch * sizeof(float));
     forward_done_ = true;
@@ -278,32 +339,41 @@ class CudaDenseBackend final : public trainer::DenseBackend {
     std::memcpy(pinned_labels_.get(), labels, batch * sizeof(float));
     TESSERA_CUDA_RETURN(cudaMemcpyAsync(labels_.get(), pinned_labels_.get(), batch * sizeof(float),
                                         cudaMemcpyHostToDevice, compute_));
-    TESSERA_CUDA_RETURN(cuda::LossAndDelta(top_h_.back().get(), labels_.get(), loss_.get(),
-                                           back_[0].get(), batch, compute_));
-    TESSERA_CUDA_RETURN(cudaMemcpyAsync(pinned_loss_.get(), loss_.get(), batch * sizeof(float),
-                                        cudaMemcpyDeviceToHost, compute_));
-    absl::StatusOr<float*> top_back = BackLayers(layout_.top, top_in_.get(), top_h_, back_[0].get(),
-                                                 batch, /*need_input_grad=*/true);
-    if (!top_back.ok()) return top_back.status();
-    const float* d_top_in = *top_back;
-
-    // Interaction: dT_b = T_b S_b; the embeddings' part goes down on the copy stream while
-    // the bottom MLP's backward runs.
-    TESSERA_CUDA_RETURN(cuda::PairGradToSymmetric(d_top_in, gram_.get(), d, f1, batch, compute_));
-    TESSERA_STATUS_RETURN(InteractionBackwardGemm(batch));
-    TESSERA_CUDA_RETURN(cuda::ScatterInteractionGrad(d_top_in, dt_.get(), d_z0_.get(),
-                                                     emb_grad_.get(), d, f1, batch, compute_));
+    TESSERA_STATUS_RETURN(Run(kTopBackward, batch, [&]() -> absl::Status {
+      TESSERA_CUDA_RETURN(cuda::LossAndDelta(top_h_.back().get(), labels_.get(), loss_.get(),
+                                             back_[0].get(), batch, compute_));
+      TESSERA_CUDA_RETURN(cudaMemcpyAsync(pinned_loss_.get(), loss_.get(), batch * sizeof(float),
+                                          cudaMemcpyDeviceToHost, compute_));
+      absl::StatusOr<float*> top_back = BackLayers(layout_.top, top_in_.get(), top_h_,
+                                                   back_[0].get(), batch, /*need_input_grad=*/true);
+      if (!top_back.ok()) return top_back.status();
+      const float* d_top_in = *top_back;
+      // Interaction: dT_b = T_b S_b.
+      TESSERA_CUDA_RETURN(cuda::PairGradToSymmetric(d_top_in, gram_.get(), d, f1, batch, compute_));
+      TESSERA_STATUS_RETURN(InteractionBackwardGemm(batch));
+      TESSERA_CUDA_RETURN(cuda::ScatterInteractionGrad(d_top_in, dt_.get(), d_z0_.get(),
+                                                       emb_grad_.get(), d, f1, batch, compute_));
+      return absl::OkStatus();
+    }));
+    // The embeddings' gradients go down on the copy stream while the bottom MLP's backward
+    // runs.
+    const bool direct = IsPageLocked(embedding_grads);
     TESSERA_CUDA_RETURN(cudaEventRecord(emb_grad_ready_, compute_));
     TESSERA_CUDA_RETURN(cudaStreamWaitEvent(copy_, emb_grad_ready_, 0));
-    TESSERA_CUDA_RETURN(cudaMemcpyAsync(pinned_emb_grad_.get(), emb_grad_.get(),
-                                        emb_floats * sizeof(float), cudaMemcpyDeviceToHost, copy_));
-    TESSERA_STATUS_RETURN(BackLayers(layout_.bottom, dense_in_.get(), bottom_h_, d_z0_.get(), batch,
-                                     /*need_input_grad=*/false)
-                              .status());
+    TESSERA_CUDA_RETURN(cudaMemcpyAsync(direct ? embedding_grads : pinned_emb_grad_.get(),
+                                        emb_grad_.get(), emb_floats * sizeof(float),
+                                        cudaMemcpyDeviceToHost, copy_));
+    TESSERA_STATUS_RETURN(Run(kBottomBackward, batch, [&]() -> absl::Status {
+      return BackLayers(layout_.bottom, dense_in_.get(), bottom_h_, d_z0_.get(), batch,
+                        /*need_input_grad=*/false)
+          .status();
+    }));
     host_grads_valid_ = false;
     host_grads_dirty_ = false;
     TESSERA_CUDA_RETURN(cudaStreamSynchronize(copy_));
-    std::memcpy(embedding_grads, pinned_emb_grad_.get(), emb_floats * sizeof(float));
+    if (!direct) {
+      std::memcpy(embedding_grads, pinned_emb_grad_.get(), emb_floats * sizeof(float));
+    }
     TESSERA_CUDA_RETURN(cudaStreamSynchronize(compute_));
     double loss = 0.0;
     for (int b = 0; b < batch; ++b) loss += pinned_loss_.get()[b];
@@ -451,11 +521,75 @@ class CudaDenseBackend final : public trainer::DenseBackend {
     return absl::OkStatus();
   }
 
+  // The step's segments that run as CUDA graphs.
+  enum Segment { kBottomForward, kTopForward, kTopBackward, kBottomBackward, kSegments };
+  struct Graphs {
+    int batch = 0;
+    cudaGraphExec_t exec[kSegments] = {};
+  };
+
+  // Runs `launch` (which queues segment `segment` of a step at `batch` on compute_) as a
+  // graph: captured from `launch` the first time, replayed after. Launches directly where
+  // graphs are off or every graph slot holds another batch size. A capture that fails
+  // turns graphs off for good and launches directly: graphs only save launch time.
+  template <typename Launch>
+  absl::Status Run(Segment segment, int batch, Launch&& launch) {
+    if (!use_graphs_) return launch();
+    Graphs* g = nullptr;
+    for (Graphs& have : graphs_) {
+      if (have.batch == batch) g = &have;
+    }
+    if (g == nullptr) {
+      if (graphs_.size() >= kMaxGraphBatches) return launch();
+      g = &graphs_.emplace_back();
+      g->batch = batch;
+    }
+    if (g->exec[segment] == nullptr) {
+      cudaGraph_t graph = nullptr;
+      if (cudaError_t e = cudaStreamBeginCapture(compute_, cudaStreamCaptureModeThreadLocal);
+          e != cudaSuccess) {
+        return GraphsFailed(launch, absl::StrCat("begin capture: ", cudaGetErrorName(e)));
+      }
+      const absl::Status queued = launch();
+      const cudaError_t ended = cudaStreamEndCapture(compute_, &graph);
+      cudaError_t made = ended;
+      if (queued.ok() && ended == cudaSuccess) {
+        made = cudaGraphInstantiate(&g->exec[segment], graph, 0);
+      }
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      if (!queued.ok() || made != cudaSuccess) {
+        g->exec[segment] = nullptr;
+        return GraphsFailed(launch, queued.ok() ? cudaGetErrorName(made) : queued.ToString());
+      }
+    }
+    TESSERA_CUDA_RETURN(cudaGraphLaunch(g->exec[segment], compute_));
+    return absl::OkStatus();
+  }
+
+  template <typename Launch>
+  absl::Status GraphsFailed(Launch&& launch, const std::string& why) {
+    cudaGetLastError();  // the capture's error, not the step's
+    DropGraphs();
+    use_graphs_ = false;
+    graphs_off_ = absl::StrCat("CUDA graphs off (capture failed: ", why, ")");
+    return launch();  // a real error (bad arguments, a dead device) shows here
+  }
+
+  void DropGraphs() {
+    for (Graphs& g : graphs_) {
+      for (cudaGraphExec_t e : g.exec) {
+        if (e != nullptr) cudaGraphExecDestroy(e);
+      }
+    }
+    graphs_.clear();
+  }
+
   // Buffers for `batch` samples (grown, never shrunk).
   absl::Status EnsureBatch(int batch) {
     if (batch <= capacity_) return absl::OkStatus();
     TESSERA_CUDA_RETURN(cudaStreamSynchronize(compute_));
     TESSERA_CUDA_RETURN(cudaStreamSynchronize(copy_));
+    DropGraphs();  // they hold the old buffers' addresses
     const size_t b = batch;
     const size_t d = config_.emb_dim;
     const size_t f1 = layout_.f1;
@@ -579,7 +713,11 @@ class CudaDenseBackend final : public trainer::DenseBackend {
   cublasHandle_t blas_ = nullptr;
 
   DeviceFloats params_, grads_, m_, v_;
+  DeviceFloats workspace_;  // cuBLAS's
   int64_t adam_t_ = 0;
+  bool use_graphs_ = true;
+  std::string graphs_off_;  // why not, for name()
+  std::vector<Graphs> graphs_;
   // Host copies of the parameters and gradients (see Parameters()).
   std::vector<float> host_params_;
   mutable std::vector<float> host_grads_;
