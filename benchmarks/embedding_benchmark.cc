@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -64,6 +65,15 @@ int StateFloats(v1::OptimizerType opt, int dim) {
   }
 }
 
+// Stops the benchmark on a failed table call: figures from calls that returned early
+// would say nothing.
+void CheckOk(const absl::Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
+    std::abort();
+  }
+}
+
 // One table at a time stays alive: building the 8xllc ones takes seconds and gigabytes.
 struct Fixture {
   v1::OptimizerType opt = v1::OPTIMIZER_UNSPECIFIED;
@@ -97,7 +107,12 @@ Fixture& GetTable(v1::OptimizerType opt, int dim, bool big, bool want_collection
   for (int64_t begin = 0; begin < f.rows; begin += ids.size()) {
     const int64_t n = std::min<int64_t>(ids.size(), f.rows - begin);
     for (int64_t i = 0; i < n; ++i) ids[i] = begin + i;
-    (void)f.table->Lookup(absl::MakeConstSpan(ids).first(n), out.data());
+    CheckOk(f.table->Lookup(absl::MakeConstSpan(ids).first(n), out.data()), "filling the table");
+  }
+  if (f.table->num_rows() != f.rows) {
+    std::fprintf(stderr, "the table holds %lld rows, not %lld\n",
+                 static_cast<long long>(f.table->num_rows()), static_cast<long long>(f.rows));
+    std::abort();
   }
   if (want_collection) {
     f.collection = NewInProcessCollection(1).value();
