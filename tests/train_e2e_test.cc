@@ -237,6 +237,9 @@ TEST(TesseraTrain, DenseBackendFlagRefusesWhatCannotRunHere) {
   Result r = RunTrain("--dense_backend=tpu --steps=1");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, testing::HasSubstr("dense backend must be cpu or cuda, got 'tpu'"));
+  r = RunTrain("--cuda_device=1 --steps=1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, testing::HasSubstr("--cuda_device=1 needs --dense_backend=cuda"));
   const absl::Status usable = tessera::trainer::CudaBackendUsable();
   if (usable.ok()) GTEST_SKIP() << "a GPU is here: TesseraTrainCuda (ctest label gpu) runs it";
   // No GPU, no driver or no CUDA in the build: a clear failure at start-up naming what is

@@ -55,8 +55,11 @@ ABSL_FLAG(std::string, emb_dtype, "fp32", "how tables store weights: fp32, fp16 
 ABSL_FLAG(std::string, dense_optimizer, "adam", "dense optimizer: adam or sgd");
 ABSL_FLAG(double, dense_lr, 2e-3, "dense learning rate");
 ABSL_FLAG(std::string, dense_backend, "cpu",
-          "where the dense network runs: cpu (Eigen) or cuda (GPU 0 with cuBLAS; pick it with "
-          "CUDA_VISIBLE_DEVICES)");
+          "where the dense network runs: cpu (Eigen) or cuda (a GPU with cuBLAS: "
+          "--cuda_device)");
+ABSL_FLAG(int, cuda_device, 0,
+          "with --dense_backend=cuda: the GPU, an index among those CUDA_VISIBLE_DEVICES leaves "
+          "visible (data-parallel workers on one host: one each)");
 ABSL_FLAG(double, init_scale, 0.05, "embedding rows start U(-init_scale, init_scale)");
 ABSL_FLAG(int64_t, max_rows, 0, "row budget per table (0 = unlimited)");
 ABSL_FLAG(std::string, shards, "inproc:4", "where the tables live: inproc:N");
@@ -289,7 +292,13 @@ absl::Status Run() {
   model.learning_rate = static_cast<float>(absl::GetFlag(FLAGS_dense_lr));
   model.seed = seed;
   const std::string backend = absl::GetFlag(FLAGS_dense_backend);
-  absl::StatusOr<std::unique_ptr<DenseBackend>> made = NewDenseBackend(backend, model);
+  const int cuda_device = absl::GetFlag(FLAGS_cuda_device);
+  if (cuda_device != 0 && backend != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cuda_device=", cuda_device, " needs --dense_backend=cuda"));
+  }
+  absl::StatusOr<std::unique_ptr<DenseBackend>> made =
+      backend == "cuda" ? NewCudaDenseBackend(model, cuda_device) : NewDenseBackend(backend, model);
   if (!made.ok()) {
     std::string context = "--dense_backend=" + backend;
     if (backend == "cuda") context += " (--dense_backend=cpu runs without a GPU)";
