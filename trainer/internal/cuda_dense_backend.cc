@@ -29,6 +29,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "embedding/status.h"
 #include "trainer/dense_backend.h"
 #include "trainer/internal/cuda_dense_kernels.h"
 #include "trainer/internal/dlrm_layout.h"
@@ -113,13 +114,6 @@ absl::Status CublasError(cublasStatus_t e, const char* what) {
     if (cublasStatus_t e_ = (expr); e_ != CUBLAS_STATUS_SUCCESS) { \
       return CublasError(e_, #expr);                               \
     }                                                              \
-  } while (0)
-
-#define TESSERA_STATUS_RETURN(expr)           \
-  do {                                        \
-    if (absl::Status s_ = (expr); !s_.ok()) { \
-      return s_;                              \
-    }                                         \
   } while (0)
 
 // `n` floats of device memory (zero-filled when allocated) or, with kPinned, of pinned
@@ -231,14 +225,14 @@ class CudaDenseBackend final : public trainer::DenseBackend {
     // Plain FP32 GEMMs: TF32 tensor cores (CUBLAS_TF32_TENSOR_OP_MATH) would move the loss
     // further from the CPU backend's than its 1e-4 check allows.
     TESSERA_CUBLAS_RETURN(cublas->set_math_mode(blas_, CUBLAS_DEFAULT_MATH));
-    TESSERA_STATUS_RETURN(workspace_.Resize(kCublasWorkspaceBytes / sizeof(float)));
+    TESSERA_RETURN_IF_ERROR(workspace_.Resize(kCublasWorkspaceBytes / sizeof(float)));
     TESSERA_CUBLAS_RETURN(cublas->set_workspace(blas_, workspace_.get(), kCublasWorkspaceBytes));
     const char* graphs = std::getenv("TESSERA_CUDA_GRAPHS");
     use_graphs_ = graphs == nullptr || std::string_view(graphs) != "0";
     if (!use_graphs_) graphs_off_ = "CUDA graphs off (TESSERA_CUDA_GRAPHS=0)";
 
     const size_t n = layout_.num_params;
-    for (DeviceFloats* d : {&params_, &grads_, &m_, &v_}) TESSERA_STATUS_RETURN(d->Resize(n));
+    for (DeviceFloats* d : {&params_, &grads_, &m_, &v_}) TESSERA_RETURN_IF_ERROR(d->Resize(n));
     host_params_ = InitialDlrmParameters(config_, layout_);
     host_grads_.assign(n, 0.0f);
     TESSERA_CUDA_RETURN(
@@ -278,10 +272,10 @@ class CudaDenseBackend final : public trainer::DenseBackend {
     if (batch <= 0) {
       return absl::InvalidArgumentError(absl::StrCat("batch must be > 0, got ", batch));
     }
-    TESSERA_STATUS_RETURN(TakeError());
+    TESSERA_RETURN_IF_ERROR(TakeError());
     TESSERA_CUDA_RETURN(cudaSetDevice(device_));
-    TESSERA_STATUS_RETURN(PushHostParameters());
-    TESSERA_STATUS_RETURN(EnsureBatch(batch));
+    TESSERA_RETURN_IF_ERROR(PushHostParameters());
+    TESSERA_RETURN_IF_ERROR(EnsureBatch(batch));
     forward_done_ = false;
     batch_ = batch;
     const int d = config_.emb_dim;
@@ -302,18 +296,18 @@ class CudaDenseBackend final : public trainer::DenseBackend {
                                         dense_floats * sizeof(float), cudaMemcpyHostToDevice,
                                         compute_));
     const float* z0 = bottom_h_.back().get();
-    TESSERA_STATUS_RETURN(Run(kBottomForward, batch, [&]() -> absl::Status {
+    TESSERA_RETURN_IF_ERROR(Run(kBottomForward, batch, [&]() -> absl::Status {
       return RunLayers(layout_.bottom, dense_in_.get(), bottom_h_, batch);
     }));
 
     TESSERA_CUDA_RETURN(cudaStreamWaitEvent(compute_, emb_ready_, 0));
-    TESSERA_STATUS_RETURN(Run(kTopForward, batch, [&]() -> absl::Status {
+    TESSERA_RETURN_IF_ERROR(Run(kTopForward, batch, [&]() -> absl::Status {
       TESSERA_CUDA_RETURN(cuda::GatherInteraction(z0, emb_.get(), t_.get(), d, config_.num_sparse,
                                                   batch, compute_));
-      TESSERA_STATUS_RETURN(InteractionGemm(batch));
+      TESSERA_RETURN_IF_ERROR(InteractionGemm(batch));
       TESSERA_CUDA_RETURN(
           cuda::BuildTopInput(z0, gram_.get(), top_in_.get(), d, layout_.f1, batch, compute_));
-      TESSERA_STATUS_RETURN(RunLayers(layout_.top, top_in_.get(), top_h_, batch));
+      TESSERA_RETURN_IF_ERROR(RunLayers(layout_.top, top_in_.get(), top_h_, batch));
       TESSERA_CUDA_RETURN(cudaMemcpyAsync(pinned_logits_.get(), top_h_.back().get(),
                                           batch * sizeof(float), cudaMemcpyDeviceToHost, compute_));
       return absl::OkStatus();
@@ -329,7 +323,7 @@ class CudaDenseBackend final : public trainer::DenseBackend {
       return absl::FailedPreconditionError("Backward called without a Forward");
     }
     forward_done_ = false;
-    TESSERA_STATUS_RETURN(TakeError());
+    TESSERA_RETURN_IF_ERROR(TakeError());
     TESSERA_CUDA_RETURN(cudaSetDevice(device_));
     const int batch = batch_;
     const int d = config_.emb_dim;
@@ -339,18 +333,17 @@ class CudaDenseBackend final : public trainer::DenseBackend {
     std::memcpy(pinned_labels_.get(), labels, batch * sizeof(float));
     TESSERA_CUDA_RETURN(cudaMemcpyAsync(labels_.get(), pinned_labels_.get(), batch * sizeof(float),
                                         cudaMemcpyHostToDevice, compute_));
-    TESSERA_STATUS_RETURN(Run(kTopBackward, batch, [&]() -> absl::Status {
+    TESSERA_RETURN_IF_ERROR(Run(kTopBackward, batch, [&]() -> absl::Status {
       TESSERA_CUDA_RETURN(cuda::LossAndDelta(top_h_.back().get(), labels_.get(), loss_.get(),
                                              back_[0].get(), batch, compute_));
       TESSERA_CUDA_RETURN(cudaMemcpyAsync(pinned_loss_.get(), loss_.get(), batch * sizeof(float),
                                           cudaMemcpyDeviceToHost, compute_));
-      absl::StatusOr<float*> top_back = BackLayers(layout_.top, top_in_.get(), top_h_,
-                                                   back_[0].get(), batch, /*need_input_grad=*/true);
-      if (!top_back.ok()) return top_back.status();
-      const float* d_top_in = *top_back;
+      TESSERA_ASSIGN_OR_RETURN(const float* d_top_in,
+                               BackLayers(layout_.top, top_in_.get(), top_h_, back_[0].get(), batch,
+                                          /*need_input_grad=*/true));
       // Interaction: dT_b = T_b S_b.
       TESSERA_CUDA_RETURN(cuda::PairGradToSymmetric(d_top_in, gram_.get(), d, f1, batch, compute_));
-      TESSERA_STATUS_RETURN(InteractionBackwardGemm(batch));
+      TESSERA_RETURN_IF_ERROR(InteractionBackwardGemm(batch));
       TESSERA_CUDA_RETURN(cuda::ScatterInteractionGrad(d_top_in, dt_.get(), d_z0_.get(),
                                                        emb_grad_.get(), d, f1, batch, compute_));
       return absl::OkStatus();
@@ -363,7 +356,7 @@ class CudaDenseBackend final : public trainer::DenseBackend {
     TESSERA_CUDA_RETURN(cudaMemcpyAsync(direct ? embedding_grads : pinned_emb_grad_.get(),
                                         emb_grad_.get(), emb_floats * sizeof(float),
                                         cudaMemcpyDeviceToHost, copy_));
-    TESSERA_STATUS_RETURN(Run(kBottomBackward, batch, [&]() -> absl::Status {
+    TESSERA_RETURN_IF_ERROR(Run(kBottomBackward, batch, [&]() -> absl::Status {
       return BackLayers(layout_.bottom, dense_in_.get(), bottom_h_, d_z0_.get(), batch,
                         /*need_input_grad=*/false)
           .status();
@@ -407,7 +400,7 @@ class CudaDenseBackend final : public trainer::DenseBackend {
     const size_t n = layout_.num_params;
     std::vector<float> p(n), m(n), v(n);
     int64_t t = 0;
-    TESSERA_STATUS_RETURN(
+    TESSERA_RETURN_IF_ERROR(
         DecodeDenseState(state, absl::MakeSpan(p), absl::MakeSpan(m), absl::MakeSpan(v), &t));
     TESSERA_CUDA_RETURN(cudaSetDevice(device_));
     TESSERA_CUDA_RETURN(cudaStreamSynchronize(compute_));
@@ -426,18 +419,18 @@ class CudaDenseBackend final : public trainer::DenseBackend {
   // backward GEMMs of every layer), over `repeats` steps after one warm-up step.
   absl::StatusOr<double> TimeGemms(int batch, int repeats) {
     TESSERA_CUDA_RETURN(cudaSetDevice(device_));
-    TESSERA_STATUS_RETURN(EnsureBatch(batch));
+    TESSERA_RETURN_IF_ERROR(EnsureBatch(batch));
     for (int r = -1; r < repeats; ++r) {
       if (r == 0) TESSERA_CUDA_RETURN(cudaEventRecord(start_, compute_));
       // Both backward GEMMs of every layer (need_input_grad), as StepFlops counts them.
-      TESSERA_STATUS_RETURN(RunLayers(layout_.bottom, dense_in_.get(), bottom_h_, batch, true));
-      TESSERA_STATUS_RETURN(InteractionGemm(batch));
-      TESSERA_STATUS_RETURN(RunLayers(layout_.top, top_in_.get(), top_h_, batch, true));
-      TESSERA_STATUS_RETURN(
+      TESSERA_RETURN_IF_ERROR(RunLayers(layout_.bottom, dense_in_.get(), bottom_h_, batch, true));
+      TESSERA_RETURN_IF_ERROR(InteractionGemm(batch));
+      TESSERA_RETURN_IF_ERROR(RunLayers(layout_.top, top_in_.get(), top_h_, batch, true));
+      TESSERA_RETURN_IF_ERROR(
           BackLayers(layout_.top, top_in_.get(), top_h_, back_[0].get(), batch, true, true)
               .status());
-      TESSERA_STATUS_RETURN(InteractionBackwardGemm(batch));
-      TESSERA_STATUS_RETURN(
+      TESSERA_RETURN_IF_ERROR(InteractionBackwardGemm(batch));
+      TESSERA_RETURN_IF_ERROR(
           BackLayers(layout_.bottom, dense_in_.get(), bottom_h_, d_z0_.get(), batch, true, true)
               .status());
     }
@@ -471,14 +464,14 @@ class CudaDenseBackend final : public trainer::DenseBackend {
 
   absl::Status FetchParameters() {
     if (host_params_valid_ || host_params_dirty_) return absl::OkStatus();
-    TESSERA_STATUS_RETURN(Download({{params_.get(), &host_params_}}));
+    TESSERA_RETURN_IF_ERROR(Download({{params_.get(), &host_params_}}));
     host_params_valid_ = true;
     return absl::OkStatus();
   }
 
   absl::Status FetchGradients() const {
     if (host_grads_valid_ || host_grads_dirty_) return absl::OkStatus();
-    TESSERA_STATUS_RETURN(Download({{grads_.get(), &host_grads_}}));
+    TESSERA_RETURN_IF_ERROR(Download({{grads_.get(), &host_grads_}}));
     host_grads_valid_ = true;
     return absl::OkStatus();
   }
@@ -495,9 +488,9 @@ class CudaDenseBackend final : public trainer::DenseBackend {
   }
 
   absl::Status QueueOptimizer() {
-    TESSERA_STATUS_RETURN(error_);
+    TESSERA_RETURN_IF_ERROR(error_);
     TESSERA_CUDA_RETURN(cudaSetDevice(device_));
-    TESSERA_STATUS_RETURN(PushHostParameters());
+    TESSERA_RETURN_IF_ERROR(PushHostParameters());
     const size_t n = layout_.num_params;
     if (host_grads_dirty_) {
       TESSERA_CUDA_RETURN(cudaMemcpyAsync(grads_.get(), host_grads_.data(), n * sizeof(float),
@@ -598,33 +591,33 @@ class CudaDenseBackend final : public trainer::DenseBackend {
     bottom_h_.resize(layout_.bottom.size());
     top_h_.resize(layout_.top.size());
     for (size_t l = 0; l < layout_.bottom.size(); ++l) {
-      TESSERA_STATUS_RETURN(bottom_h_[l].Resize(layout_.bottom[l].out * b));
+      TESSERA_RETURN_IF_ERROR(bottom_h_[l].Resize(layout_.bottom[l].out * b));
       widest = std::max<size_t>(widest, std::max(layout_.bottom[l].in, layout_.bottom[l].out));
     }
     for (size_t l = 0; l < layout_.top.size(); ++l) {
-      TESSERA_STATUS_RETURN(top_h_[l].Resize(layout_.top[l].out * b));
+      TESSERA_RETURN_IF_ERROR(top_h_[l].Resize(layout_.top[l].out * b));
       widest = std::max<size_t>(widest, std::max(layout_.top[l].in, layout_.top[l].out));
     }
-    TESSERA_STATUS_RETURN(dense_in_.Resize(config_.num_dense * b));
-    TESSERA_STATUS_RETURN(emb_.Resize(emb));
-    TESSERA_STATUS_RETURN(emb_grad_.Resize(emb));
-    TESSERA_STATUS_RETURN(t_.Resize(b * f1 * d));
-    TESSERA_STATUS_RETURN(dt_.Resize(b * f1 * d));
-    TESSERA_STATUS_RETURN(gram_.Resize(b * f1 * f1));
-    TESSERA_STATUS_RETURN(top_in_.Resize(layout_.top_in * b));
-    TESSERA_STATUS_RETURN(d_z0_.Resize(d * b));
-    TESSERA_STATUS_RETURN(labels_.Resize(b));
-    TESSERA_STATUS_RETURN(loss_.Resize(b));
-    TESSERA_STATUS_RETURN(back_[0].Resize(widest * b));
-    TESSERA_STATUS_RETURN(back_[1].Resize(widest * b));
-    TESSERA_STATUS_RETURN(ones_.Resize(b));
+    TESSERA_RETURN_IF_ERROR(dense_in_.Resize(config_.num_dense * b));
+    TESSERA_RETURN_IF_ERROR(emb_.Resize(emb));
+    TESSERA_RETURN_IF_ERROR(emb_grad_.Resize(emb));
+    TESSERA_RETURN_IF_ERROR(t_.Resize(b * f1 * d));
+    TESSERA_RETURN_IF_ERROR(dt_.Resize(b * f1 * d));
+    TESSERA_RETURN_IF_ERROR(gram_.Resize(b * f1 * f1));
+    TESSERA_RETURN_IF_ERROR(top_in_.Resize(layout_.top_in * b));
+    TESSERA_RETURN_IF_ERROR(d_z0_.Resize(d * b));
+    TESSERA_RETURN_IF_ERROR(labels_.Resize(b));
+    TESSERA_RETURN_IF_ERROR(loss_.Resize(b));
+    TESSERA_RETURN_IF_ERROR(back_[0].Resize(widest * b));
+    TESSERA_RETURN_IF_ERROR(back_[1].Resize(widest * b));
+    TESSERA_RETURN_IF_ERROR(ones_.Resize(b));
     TESSERA_CUDA_RETURN(cuda::Fill(ones_.get(), b, 1.0f, compute_));
-    TESSERA_STATUS_RETURN(pinned_emb_.Resize(emb));
-    TESSERA_STATUS_RETURN(pinned_emb_grad_.Resize(emb));
-    TESSERA_STATUS_RETURN(pinned_dense_.Resize(config_.num_dense * b));
-    TESSERA_STATUS_RETURN(pinned_labels_.Resize(b));
-    TESSERA_STATUS_RETURN(pinned_logits_.Resize(b));
-    TESSERA_STATUS_RETURN(pinned_loss_.Resize(b));
+    TESSERA_RETURN_IF_ERROR(pinned_emb_.Resize(emb));
+    TESSERA_RETURN_IF_ERROR(pinned_emb_grad_.Resize(emb));
+    TESSERA_RETURN_IF_ERROR(pinned_dense_.Resize(config_.num_dense * b));
+    TESSERA_RETURN_IF_ERROR(pinned_labels_.Resize(b));
+    TESSERA_RETURN_IF_ERROR(pinned_logits_.Resize(b));
+    TESSERA_RETURN_IF_ERROR(pinned_loss_.Resize(b));
     capacity_ = batch;
     return absl::OkStatus();
   }
@@ -767,10 +760,10 @@ absl::Status CudaUsable(int device) {
 
 absl::StatusOr<std::unique_ptr<CudaDenseBackend>> MakeCudaBackend(const DlrmConfig& config,
                                                                   int device) {
-  TESSERA_STATUS_RETURN(trainer::ValidateDlrmConfig(config));
-  TESSERA_STATUS_RETURN(CudaUsable(device));
+  TESSERA_RETURN_IF_ERROR(trainer::ValidateDlrmConfig(config));
+  TESSERA_RETURN_IF_ERROR(CudaUsable(device));
   auto backend = std::make_unique<CudaDenseBackend>(config, device);
-  TESSERA_STATUS_RETURN(backend->Init());
+  TESSERA_RETURN_IF_ERROR(backend->Init());
   return backend;
 }
 
