@@ -31,6 +31,7 @@ inline embedding::CheckpointInfo FromProto(const v1::CheckpointInfo& p) {
 // attachments).
 inline void ToProto(const embedding::RestoreOptions& o, v1::RestoreRequest* out) {
   out->set_model(o.model);
+  out->set_all_models(o.all_models);
   for (const auto& name : o.required_attachments) out->add_required_attachments(name);
   for (const auto& [name, value] : o.expected_attachments) {
     (*out->mutable_expected_attachments())[name] = value;
@@ -40,6 +41,7 @@ inline void ToProto(const embedding::RestoreOptions& o, v1::RestoreRequest* out)
 inline embedding::RestoreOptions RestoreOptionsOf(const v1::RestoreRequest& r) {
   embedding::RestoreOptions o;
   o.model = r.model();
+  o.all_models = r.all_models();
   o.required_attachments.assign(r.required_attachments().begin(),
                                 r.required_attachments().end());
   for (const auto& [name, value] : r.expected_attachments()) o.expected_attachments[name] = value;

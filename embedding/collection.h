@@ -158,6 +158,10 @@ struct RestoreOptions {
   // given: otherwise FailedPrecondition, and nothing is restored.
   std::vector<std::string> required_attachments;
   Attachments expected_attachments;
+  // With model "": confirms that every model is to be rolled back. A coordinator refuses
+  // a whole-cluster restore without it (InvalidArgument), so that one call with no model
+  // cannot roll back the other jobs of a shared cluster.
+  bool all_models = false;
 };
 
 // FailedPrecondition unless `attachments` (of checkpoint `step`) satisfies `options`.

@@ -2,26 +2,45 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "embedding/batch_ops.h"
 #include "embedding/embedding_table.h"
 #include "embedding/status.h"
+#include "embedding/table_config.h"
 #include "google/protobuf/util/message_differencer.h"
 
 namespace tessera::server {
 
 Cluster::Cluster(client::ShardRouter* router, uint64_t shard_map_version,
                  const ClusterOptions& options, storage::CoordinatorStore* store)
-    : router_(router), version_(shard_map_version), options_(options), store_(store) {
-  router_->SetReadmitCallback([this](int k) { Reprovision(k); });
+    : router_(router),
+      version_(shard_map_version),
+      options_(options),
+      store_(store),
+      readmit_target_(std::make_shared<ReadmitTarget>()) {
+  {
+    absl::MutexLock lock(&readmit_target_->mu);
+    readmit_target_->cluster = this;
+  }
+  router_->SetReadmitCallback([target = readmit_target_](int k) {
+    absl::MutexLock lock(&target->mu);
+    if (target->cluster != nullptr) target->cluster->Reprovision(k);
+  });
   if (store_ == nullptr) return;
   const v1::CoordinatorState state = store_->state();
   absl::MutexLock lock(&mu_);
   for (const auto& t : state.tables()) configs_[t.name()] = t;
 }
 
-Cluster::~Cluster() { router_->SetReadmitCallback(nullptr); }
+// The router may be gone already (it is not the cluster's): leave it alone, and make a
+// callback it still runs find no cluster.
+Cluster::~Cluster() {
+  absl::MutexLock lock(&readmit_target_->mu);
+  readmit_target_->cluster = nullptr;
+}
 
 absl::Status Cluster::NeedStore() const {
   if (store_ != nullptr) return absl::OkStatus();
@@ -63,8 +82,9 @@ absl::Status Cluster::CreateTable(const v1::TableConfig& config) {
   absl::MutexLock create(&create_mu_);
   if (absl::StatusOr<v1::TableConfig> held = Config(config.name()); held.ok()) {
     if (!google::protobuf::util::MessageDifferencer::Equals(*held, config)) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("table '", config.name(), "' already exists with another config"));
+      return absl::AlreadyExistsError(absl::StrCat(
+          "table '", config.name(), "' already exists with another config: ",
+          absl::StrJoin(embedding::TableConfigDifferences(*held, config), "; ")));
     }
     // The same table again (a retry, or a create that failed on some shard): make sure
     // every shard has it; shards answer OK for a table they hold with this config.
@@ -179,6 +199,16 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Checkpoint(
   for (const auto& [name, blob] : attachments) {
     TESSERA_RETURN_IF_ERROR(storage::ValidateAttachmentName(name));
   }
+  if (!model.empty()) {
+    absl::ReaderMutexLock lock(&mu_);
+    const bool any = std::any_of(configs_.begin(), configs_.end(), [&](const auto& entry) {
+      return embedding::TableOfModel(entry.first, model);
+    });
+    if (!any) {
+      return absl::NotFoundError(absl::StrCat("model '", model, "' has no tables (its tables are "
+                                              "named '", model, ".*'): nothing to checkpoint"));
+    }
+  }
   // Refused before any shard takes one (the store refuses it again when it commits).
   if (store_->FindCheckpoint(step, nullptr, model).ok()) {
     return absl::AlreadyExistsError(absl::StrCat(
@@ -211,10 +241,45 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Checkpoint(
   return store_->CommitCheckpoint(m, attachments);
 }
 
+absl::Status Cluster::CheckWholeClusterRestore(const embedding::RestoreOptions& options) const {
+  if (!options.model.empty() || options.all_models) return absl::OkStatus();
+  std::set<std::string> models;
+  absl::ReaderMutexLock lock(&mu_);
+  for (const auto& [name, config] : configs_) {
+    models.insert(name.substr(0, std::min(name.find('.'), name.size())));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "a restore without a model rolls back every model of the cluster (", configs_.size(),
+      " tables of ", models.size(), " models: ", absl::StrJoin(models, ", "),
+      "); name the model to restore (tessera-cli restore --model=NAME), or confirm a "
+      "whole-cluster restore with all_models (tessera-cli restore --all_models)"));
+}
+
+RestoredTables Cluster::RestoreOutcome(const storage::CheckpointManifest& m) const {
+  RestoredTables out;
+  std::set<std::string> before;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const auto& [name, config] : configs_) {
+      if (embedding::TableOfModel(name, m.model)) before.insert(name);
+    }
+  }
+  const std::set<std::string> after(m.tables.begin(), m.tables.end());
+  for (const std::string& name : after) {
+    (before.count(name) > 0 ? out.rolled_back : out.brought_back).push_back(name);
+  }
+  for (const std::string& name : before) {
+    if (after.count(name) == 0) out.dropped.push_back(name);
+  }
+  return out;
+}
+
 absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(
-    int64_t step, embedding::Attachments* attachments, const embedding::RestoreOptions& options) {
+    int64_t step, embedding::Attachments* attachments, const embedding::RestoreOptions& options,
+    RestoredTables* outcome) {
   TESSERA_RETURN_IF_ERROR(NeedStore());
   if (!options.model.empty()) TESSERA_RETURN_IF_ERROR(embedding::ValidateModelName(options.model));
+  TESSERA_RETURN_IF_ERROR(CheckWholeClusterRestore(options));
   embedding::Attachments blobs;
   TESSERA_ASSIGN_OR_RETURN(storage::CheckpointManifest m,
                            store_->FindCheckpoint(step, &blobs, options.model));
@@ -226,9 +291,11 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(
                                                       router_->addresses().size()));
   }
   absl::MutexLock barrier(&barrier_mu_);
+  const RestoredTables changes = RestoreOutcome(m);
   v1::RestoreRequest request;
   request.set_step(m.step);
   request.set_model(m.model);
+  request.set_all_models(m.model.empty());
   absl::StatusOr<std::vector<v1::CheckpointInfo>> shards = router_->RestoreShards(request);
   const std::string which = embedding::CheckpointName(m.model, m.step);
   if (!shards.ok()) {
@@ -238,6 +305,7 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(
       Annotate(AdoptRestoredTables(m), absl::StrCat("restore of ", which, ": the shards are "
                                                     "restored, the table registry is not; retry it")));
   if (attachments != nullptr) *attachments = std::move(blobs);
+  if (outcome != nullptr) *outcome = changes;
   return m;
 }
 

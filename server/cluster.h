@@ -5,6 +5,7 @@
 #include <functional>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,13 @@ namespace tessera::server {
 
 struct ClusterOptions {
   int32_t max_tables = 1024;  // tables held; creating one more is ResourceExhausted
+};
+
+// What a restore did to the registry's tables (of its model, or of every model).
+struct RestoredTables {
+  std::vector<std::string> rolled_back;   // there before and after: rows as checkpointed
+  std::vector<std::string> brought_back;  // dropped since the checkpoint, there again
+  std::vector<std::string> dropped;       // created since the checkpoint, gone
 };
 
 // What the coordinator knows and decides about the cluster: the table registry (durable
@@ -72,8 +80,8 @@ class Cluster {
 
   // Checkpoint `step` of `model`'s tables ("" = every table) on every shard and its
   // manifest, at the barrier. FailedPrecondition without a store, InvalidArgument for a
-  // negative step or a bad model or attachment name, AlreadyExists for a step the model
-  // has a checkpoint of.
+  // negative step or a bad model or attachment name, NotFound for a model with no tables,
+  // AlreadyExists for a step the model has a checkpoint of.
   absl::StatusOr<storage::CheckpointManifest> Checkpoint(int64_t step,
                                                          const embedding::Attachments& attachments,
                                                          const std::string& model = "");
@@ -81,9 +89,13 @@ class Cluster {
   // at the barrier; the registry follows (tables of the model created since are gone,
   // dropped ones back). Fills `attachments`. NotFound when there is none,
   // FailedPrecondition (nothing restored) when it fails options' checks.
+  // InvalidArgument, with nothing restored, for options.model "" without
+  // options.all_models. Fills `outcome` (when given) with the tables it rolled back,
+  // brought back and dropped.
   absl::StatusOr<storage::CheckpointManifest> Restore(int64_t step,
                                                       embedding::Attachments* attachments,
-                                                      const embedding::RestoreOptions& options = {});
+                                                      const embedding::RestoreOptions& options = {},
+                                                      RestoredTables* outcome = nullptr);
   // Complete cluster checkpoints, oldest first; FailedPrecondition without a store.
   absl::StatusOr<std::vector<storage::CheckpointManifest>> ListCheckpoints() const;
 
@@ -93,11 +105,24 @@ class Cluster {
 
  private:
   absl::Status NeedStore() const;
+  // InvalidArgument for a restore of every model that does not say so (options.all_models),
+  // naming the models it would roll back.
+  absl::Status CheckWholeClusterRestore(const embedding::RestoreOptions& options) const;
+  // What restoring `m` does to the registry as it is now.
+  RestoredTables RestoreOutcome(const storage::CheckpointManifest& m) const;
   // The durable state with configs_ as they are now.
   v1::CoordinatorState StateLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // After shards restored `m`: the registry's tables of m.model become the checkpoint's
   // (configs as shard 0 holds them, with the whole table's row budget), saved to the store.
   absl::Status AdoptRestoredTables(const storage::CheckpointManifest& m);
+
+  // What the router's readmit callback reaches this cluster through: the callback may
+  // outlive the cluster, and then finds none. Its mutex is held while Reprovision runs,
+  // so the destructor waits for one in flight.
+  struct ReadmitTarget {
+    absl::Mutex mu;
+    Cluster* cluster ABSL_GUARDED_BY(mu) = nullptr;
+  };
 
   client::ShardRouter* router_;
   std::atomic<uint64_t> version_;
@@ -107,6 +132,7 @@ class Cluster {
   absl::Mutex create_mu_;   // one CreateTable (or re-provisioning) at a time
   absl::Mutex barrier_mu_;  // shared: routed pushes; exclusive: checkpoint and restore
   std::map<std::string, v1::TableConfig> configs_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<ReadmitTarget> readmit_target_;
 };
 
 }  // namespace tessera::server

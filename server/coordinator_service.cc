@@ -216,10 +216,14 @@ grpc::Status CoordinatorService::Restore(grpc::ServerContext* context,
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
     const auto start = std::chrono::steady_clock::now();
     embedding::Attachments attachments;
+    RestoredTables outcome;
     TESSERA_ASSIGN_OR_RETURN(storage::CheckpointManifest m,
                              cluster_.Restore(request->step(), &attachments,
-                                              client::RestoreOptionsOf(*request)));
+                                              client::RestoreOptionsOf(*request), &outcome));
     ToProto(m, SecondsSince(start), response->mutable_checkpoint());
+    for (auto& name : outcome.rolled_back) response->add_rolled_back(std::move(name));
+    for (auto& name : outcome.brought_back) response->add_brought_back(std::move(name));
+    for (auto& name : outcome.dropped) response->add_dropped(std::move(name));
     for (auto& [name, blob] : attachments) (*response->mutable_attachments())[name] = blob;
     return absl::OkStatus();
   });

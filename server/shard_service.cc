@@ -5,12 +5,14 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/checkpoint_proto.h"
 #include "client/packed_bytes.h"
 #include "client/row_chunk.h"
 #include "embedding/batch_ops.h"
 #include "embedding/sharding.h"
 #include "embedding/status.h"
+#include "embedding/table_config.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "server/status.h"
 
@@ -204,9 +206,10 @@ grpc::Status ShardService::CreateTable(grpc::ServerContext* context,
           MessageDifferencer::Equals(it->second, local)) {
         return true;
       }
-      return absl::AlreadyExistsError(absl::StrCat("table '", config.name(),
-                                                   "' already exists on shard ",
-                                                   options_.shard_index, " with another config"));
+      return absl::AlreadyExistsError(absl::StrCat(
+          "table '", config.name(), "' already exists on shard ", options_.shard_index,
+          " with another config: ",
+          absl::StrJoin(embedding::TableConfigDifferences(it->second, local), "; ")));
     };
     TESSERA_ASSIGN_OR_RETURN(bool exists, held());
     if (!exists) {

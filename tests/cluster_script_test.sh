@@ -47,7 +47,26 @@ $CLI stats | grep -A4 "^table user (dim 8, fp32, adam)" | grep -cE "^  [0-9]+ +1
 { $CLI lookup --table=nope --ids=1 2>&1 || true; } | grep -q NOT_FOUND \
   || fail "unknown table must say NOT_FOUND"
 
+# Tables in the order people read them (C2 before C10), of one model with --model.
+[ "$($CLI tables | awk 'NR > 1 {print $1}' | head -3 | tr '\n' ' ')" = "criteo.C1 criteo.C2 criteo.C3 " ] \
+  || fail "tables not in natural order: $($CLI tables | head -4)"
+[ "$($CLI tables --model=criteo | tail -n +2 | wc -l)" = 26 ] || fail "tables --model=criteo"
+$CLI stats --model=criteo | grep -q "^table user" && fail "stats --model=criteo listed table user"
+[ "$($CLI stats --model=criteo | grep -c "^table criteo")" = 26 ] || fail "stats --model=criteo"
+# Mistakes get errors that say what is wrong, not silence.
+$CLI lookup --table=user >/dev/null 2>&1 && fail "lookup without --ids must fail"
+{ $CLI checkpoint --step=-3 2>&1 || true; } | grep -q "must be >= 0, got -3" \
+  || fail "a negative step must be named"
+{ $CLI create --table=user --dim=8 --optimizer=adam --lr=0.5 2>&1 || true; } \
+  | grep -q "optimizer.learning_rate 0.05 (the table's) vs 0.5" \
+  || fail "create over another config must name the field"
+{ $CLI checkpoint --model=nosuch --step=3 2>&1 || true; } | grep -q "NOT_FOUND: model 'nosuch' has no tables" \
+  || fail "a checkpoint of a model without tables must be NOT_FOUND"
+$CLI checkpoints | grep -q "nosuch" && fail "a checkpoint of no tables was listed"
+
 $CLI checkpoint --step=7 | grep -q "checkpoint taken: step 7" || fail "checkpoint not taken"
+$CLI checkpoints | grep -Eq "^step 7: .* created 20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-9:.]+Z" \
+  || fail "checkpoint time not in UTC ISO-8601: $($CLI checkpoints)"
 $CLI checkpoints | grep -q "^step 7: .* 3 shard(s)" || fail "checkpoint 7 not listed"
 before="$($CLI lookup --table=user --ids=1,2,3)"
 
@@ -66,6 +85,11 @@ $CLI tables | grep -q "^user  *8 fp32  *adam" || fail "table lost across a resta
 $CLI tables | grep -q "^half  *8 bf16" || fail "bf16 table lost across a restart"
 [ "$($CLI lookup --table=user --ids=1,2,3)" = "$before" ] || fail "rows changed across a restart"
 $CLI checkpoints | grep -q "^step 7:" || fail "checkpoint lost across a restart"
-$CLI restore | grep -q "restored: step 7" || fail "restore failed"
+if $CLI restore >/dev/null 2>&1; then fail "restore without --model or --all_models must refuse"; fi
+$CLI restore --all_models > "$TESSERA_CLUSTER_DIR/restore.out" || fail "restore failed"
+grep -q "restored: step 7" "$TESSERA_CLUSTER_DIR/restore.out" || fail "restore printed no step"
+grep -q "rolled back (28): criteo.C1, criteo.C2, criteo.C3, .*criteo.C26, half, user" \
+  "$TESSERA_CLUSTER_DIR/restore.out" \
+  || { cat "$TESSERA_CLUSTER_DIR/restore.out"; fail "restore did not list the tables it rolled back"; }
 "$CLUSTER" stop >/dev/null
 echo "cluster script: ok"

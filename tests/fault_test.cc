@@ -336,7 +336,9 @@ TEST(FaultTest, ClusterCheckpointRestoreAndRestarts) {
   }
 
   embedding::Attachments attachments;
-  auto restored = c->Restore(-1, &attachments);
+  embedding::RestoreOptions whole_cluster;
+  whole_cluster.all_models = true;
+  auto restored = c->Restore(-1, &attachments, whole_cluster);
   ASSERT_TRUE(restored.ok()) << restored.status();
   EXPECT_EQ(restored->step, 5);
   EXPECT_EQ(attachments["dense"], "dense-state-at-5");

@@ -2,6 +2,8 @@
 #define TESSERA_TESTS_SHARD_PROCESS_H_
 
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,6 +27,22 @@ class ChildProcess {
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;
   ~ChildProcess() { Kill(); }
+
+  // The parent's side of DieWithParent, before fork: its pid, or 0 when the caller is not
+  // the main thread. The kernel sends the death signal when the thread that forked exits,
+  // so a child forked by a short-lived thread (a restart from a helper thread) must not
+  // ask for it.
+  static pid_t ParentToDieWith() {
+    return static_cast<pid_t>(syscall(SYS_gettid)) == getpid() ? getpid() : 0;
+  }
+  // In a forked child, before exec: the kernel kills it (SIGKILL) when the test process
+  // dies, however it dies (an abort, a sanitizer report, ctest's timeout), so no server
+  // outlives its test and holds ctest's pipe open. `parent`: ParentToDieWith().
+  static void DieWithParent(pid_t parent) {
+    if (parent == 0) return;
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(125);  // the parent died before prctl took effect
+  }
 
   void Kill() {
     if (pid_ > 0) {
@@ -60,8 +78,10 @@ class ServerProcess : public ChildProcess {
     argv.push_back(nullptr);
     int fds[2];
     if (pipe(fds) != 0) return;
+    const pid_t parent = ParentToDieWith();
     pid_ = fork();
     if (pid_ == 0) {
+      DieWithParent(parent);
       dup2(fds[1], STDOUT_FILENO);
       close(fds[0]);
       close(fds[1]);

@@ -129,7 +129,9 @@ TEST_F(SharedClusterTest, RetentionKeepsTheNewestCreatedAndAStepIsNeverOverwritt
   Result taken = Cli("checkpoint --step=5");
   ASSERT_EQ(taken.exit_code, 0) << taken.output;
   std::vector<int64_t> steps;
-  for (const auto& c : client_->ListCheckpoints().value()) steps.push_back(c.step);
+  const auto listed = client_->ListCheckpoints();  // held: .value() of a temporary dangles
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  for (const auto& c : *listed) steps.push_back(c.step);
   EXPECT_EQ(steps, (std::vector<int64_t>{2100, 2400, 5}));  // oldest created first, 3 kept
   const std::vector<float> at5 = Rows("job.t", ids_);
 
@@ -137,12 +139,14 @@ TEST_F(SharedClusterTest, RetentionKeepsTheNewestCreatedAndAStepIsNeverOverwritt
   EXPECT_EQ(again.exit_code, 1);
   EXPECT_THAT(again.output, HasSubstr("ALREADY_EXISTS"));
   embedding::Attachments attachments;
-  auto restored = client_->Restore(2400, &attachments);
+  embedding::RestoreOptions whole_cluster;
+  whole_cluster.all_models = true;
+  auto restored = client_->Restore(2400, &attachments, whole_cluster);
   ASSERT_TRUE(restored.ok()) << restored.status();
   EXPECT_EQ(attachments["dense"], "dense-2400");  // the original, dense state and all
   EXPECT_NE(Rows("job.t", ids_), at5);
   // The newest (step 5) is what -1 restores.
-  ASSERT_TRUE(client_->Restore(-1, nullptr).ok());
+  ASSERT_TRUE(client_->Restore(-1, nullptr, whole_cluster).ok());
   EXPECT_EQ(Rows("job.t", ids_), at5);
 }
 
@@ -194,8 +198,10 @@ TEST_F(SharedClusterTest, RestoringAnOlderCheckpointLeavesNoZombieTable) {
   ASSERT_TRUE(client_->Checkpoint(1, {}).ok());
   ASSERT_TRUE(client_->CreateTable(Table("new.t")).ok());
   Push("new.t", ids_, 0.5f, 2);
-  Result restored = Cli("restore --step=1");
+  Result restored = Cli("restore --step=1 --all_models");
   ASSERT_EQ(restored.exit_code, 0) << restored.output;
+  EXPECT_THAT(restored.output, HasSubstr("rolled back (1): old.t"));
+  EXPECT_THAT(restored.output, HasSubstr("dropped (1): new.t"));
   EXPECT_EQ(Names(), std::vector<std::string>{"old.t"});
   Result stats = Cli("stats");
   EXPECT_EQ(stats.exit_code, 0) << stats.output;
@@ -206,6 +212,56 @@ TEST_F(SharedClusterTest, RestoringAnOlderCheckpointLeavesNoZombieTable) {
   std::vector<float> initial(ids_.size() * 4);
   ASSERT_TRUE(fresh->Lookup("new.t", ids_, absl::MakeSpan(initial), {}).ok());
   EXPECT_EQ(Rows("new.t", ids_), initial);
+}
+
+// Issue 25, item 6: one command without a model must not roll back every job of a shared
+// cluster; a restore says what it rolled back, brought back and dropped.
+TEST_F(SharedClusterTest, ARestoreOfEveryModelMustBeAskedForAndSaysWhatItDid) {
+  for (const char* name : {"ads.user", "ads.item", "feed.user"}) {
+    ASSERT_TRUE(client_->CreateTable(Table(name)).ok());
+    Push(name, ids_, 0.1f, 1);
+  }
+  ASSERT_TRUE(client_->Checkpoint(1, {}).ok());
+  embedding::CheckpointOptions ads;
+  ads.model = "ads";
+  ASSERT_TRUE(client_->Checkpoint(2, {}, ads).ok());
+  Push("ads.user", ids_, 1.0f, 3);
+  Push("feed.user", ids_, 1.0f, 3);
+  ASSERT_TRUE(client_->CreateTable(Table("ads.late")).ok());
+  ASSERT_TRUE(client_->DropTable("ads.item").ok());
+  const auto ads3 = Rows("ads.user", ids_), feed3 = Rows("feed.user", ids_);
+
+  Result bare = Cli("restore");
+  EXPECT_EQ(bare.exit_code, 1);
+  EXPECT_THAT(bare.output, HasSubstr("restore needs --model=NAME"));
+  // The coordinator refuses it too, naming the models it would roll back.
+  auto refused = client_->Restore(1, nullptr);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("2 models: ads, feed"));
+  EXPECT_EQ(Rows("ads.user", ids_), ads3);
+  EXPECT_EQ(Rows("feed.user", ids_), feed3);
+  EXPECT_EQ(Names(), (std::vector<std::string>{"ads.late", "ads.user", "feed.user"}));
+
+  Result restored = Cli("restore --model=ads");
+  ASSERT_EQ(restored.exit_code, 0) << restored.output;
+  EXPECT_THAT(restored.output, HasSubstr("restored: model ads step 2"));
+  EXPECT_THAT(restored.output, HasSubstr("rolled back (1): ads.user"));
+  EXPECT_THAT(restored.output, HasSubstr("brought back (1): ads.item"));
+  EXPECT_THAT(restored.output, HasSubstr("dropped (1): ads.late"));
+  EXPECT_EQ(Rows("feed.user", ids_), feed3);
+  EXPECT_EQ(Names(), (std::vector<std::string>{"ads.item", "ads.user", "feed.user"}));
+}
+
+// Item 7: a checkpoint of a model with no tables is NOT_FOUND and is not listed.
+TEST_F(SharedClusterTest, ACheckpointOfAModelWithoutTablesIsNotFound) {
+  ASSERT_TRUE(client_->CreateTable(Table("ads.user")).ok());
+  Result nosuch = Cli("checkpoint --model=nosuch --step=4");
+  EXPECT_EQ(nosuch.exit_code, 1);
+  EXPECT_THAT(nosuch.output, HasSubstr("NOT_FOUND: model 'nosuch' has no tables"));
+  embedding::CheckpointOptions other;
+  other.model = "ad";  // a prefix of "ads" is another model
+  EXPECT_EQ(client_->Checkpoint(4, {}, other).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(client_->ListCheckpoints().value().empty());
 }
 
 TEST_F(SharedClusterTest, DropTableRemovesItsRowsEverywhereAndForGood) {
@@ -249,6 +305,39 @@ TEST_F(SharedClusterTest, AResumeThatFailsItsChecksRestoresNothing) {
   EXPECT_THAT(resumed.output, HasSubstr("holds no 'dense' attachment; nothing was restored"));
   EXPECT_EQ(Rows("other.t", ids_), other);
   EXPECT_EQ(Rows("m.C1", ids_, 16), c1);
+}
+
+// Issue 25, items 3 and 4: a resumed run with another learning rate, and a resume of
+// trained tables that have no checkpoint, are refused naming why; nothing is trained.
+TEST_F(SharedClusterTest, AResumeWithOtherSettingsOrOfTrainedTablesWithoutACheckpointIsRefused) {
+  const std::string train = absl::StrCat("--coordinator=", address(),
+                                         " --steps=20 --log_every=0 --held_out=500");
+  Result first = RunBinary(TESSERA_TRAIN_BIN, absl::StrCat(train, " --model=lr --checkpoint_every=10"));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const auto c1 = Rows("lr.C1", ids_, 16);
+  Result changed = RunBinary(TESSERA_TRAIN_BIN,
+                             absl::StrCat(train, " --model=lr --steps=40 --resume=auto --lr=0.5"));
+  EXPECT_EQ(changed.exit_code, 1) << changed.output;
+  EXPECT_THAT(changed.output, HasSubstr("exists with another config than this run's: "
+                                        "optimizer.learning_rate 0.05 (the table's) vs 0.5"));
+  EXPECT_EQ(Rows("lr.C1", ids_, 16), c1);
+
+  // A run that ends without a checkpoint leaves trained tables; resuming them would pair
+  // them with a new dense network.
+  Result uncheckpointed = RunBinary(TESSERA_TRAIN_BIN, absl::StrCat(train, " --model=nock"));
+  ASSERT_EQ(uncheckpointed.exit_code, 0) << uncheckpointed.output;
+  const auto nock = Rows("nock.C1", ids_, 16);
+  Result resumed = RunBinary(TESSERA_TRAIN_BIN, absl::StrCat(train, " --model=nock --resume=auto"));
+  EXPECT_EQ(resumed.exit_code, 1) << resumed.output;
+  EXPECT_THAT(resumed.output, HasSubstr("model 'nock' has no complete checkpoint, but its tables "
+                                        "hold trained rows: nock.C1 ("));
+  EXPECT_THAT(resumed.output, HasSubstr("tessera-cli drop --model=nock"));
+  EXPECT_EQ(Rows("nock.C1", ids_, 16), nock);
+  // Dropped as the refusal says, the model starts over.
+  ASSERT_EQ(Cli("drop --model=nock").exit_code, 0);
+  Result fresh = RunBinary(TESSERA_TRAIN_BIN, absl::StrCat(train, " --model=nock --resume=auto"));
+  EXPECT_EQ(fresh.exit_code, 0) << fresh.output;
+  EXPECT_THAT(fresh.output, HasSubstr("its tables are untouched; starting at step 0"));
 }
 
 // Item 8: the Kubernetes training Job: its init container applies the ConfigMap's tables,

@@ -80,8 +80,10 @@ class TrainProcess : public ChildProcess {
     std::vector<char*> argv;
     for (auto& a : argv_s) argv.push_back(a.data());
     argv.push_back(nullptr);
+    const pid_t parent = ParentToDieWith();
     pid_ = fork();
     if (pid_ == 0) {
+      DieWithParent(parent);
       FILE* f = freopen(log_.c_str(), "w", stdout);
       if (f == nullptr) _exit(126);
       dup2(STDOUT_FILENO, STDERR_FILENO);

@@ -8,7 +8,8 @@
 //   tessera-cli stats [--table=user]
 //   tessera-cli shardmap
 //   tessera-cli drop --table=user            (or --model=NAME: every table of the model)
-//   tessera-cli checkpoint --step=N [--model=NAME]; restore [--step=N] [--model=NAME]
+//   tessera-cli checkpoint --step=N [--model=NAME]
+//   tessera-cli restore [--step=N] --model=NAME   (or --all_models: every model)
 //   tessera-cli export --table=user [--since_step=S] [--with_state] --out=user.npz
 //   tessera-cli import --table=user --in=user.npz
 
@@ -30,6 +31,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/ascii.h"
+#include "absl/time/time.h"
 #include "absl/strings/str_split.h"
 #include "client/security_flags.h"
 #include "embedding/collection.h"
@@ -56,6 +60,9 @@ ABSL_FLAG(int64_t, step, -1, "checkpoint: its step (required); restore: which (-
 ABSL_FLAG(std::string, model, "",
           "checkpoint, restore: the model whose tables (MODEL.*) they cover; empty = every "
           "table of the cluster; drop: drop every table of this model");
+ABSL_FLAG(bool, all_models, false,
+          "restore: without --model, restore every model of the cluster (rolls back every job "
+          "sharing it)");
 ABSL_FLAG(std::string, durability, "checkpoint", "create: checkpoint or write_through");
 ABSL_FLAG(std::string, dtype, "fp32", "create: stored weights: fp32, fp16 or bf16");
 ABSL_FLAG(int64_t, since_step, -1,
@@ -94,12 +101,53 @@ constexpr int kCheckpointDeadlineMs = 30 * 60 * 1000;
 
 void PrintCheckpoint(const tessera::v1::CheckpointInfo& c) {
   if (!c.model().empty()) std::printf("model %s ", c.model().c_str());
-  std::printf("step %lld: %lld rows, %lld bytes, %zu shard(s), created %lld ms after epoch",
+  const std::string created = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ",
+                                               absl::FromUnixMillis(c.created_unix_ms()),
+                                               absl::UTCTimeZone());
+  std::printf("step %lld: %lld rows, %lld bytes, %zu shard(s), created %s",
               static_cast<long long>(c.step()), static_cast<long long>(c.rows()),
               static_cast<long long>(c.bytes()), static_cast<size_t>(c.shards_size()),
-              static_cast<long long>(c.created_unix_ms()));
+              created.c_str());
   if (c.seconds() > 0) std::printf(", took %.2f s", c.seconds());
   std::printf("\n");
+}
+
+// Orders names as people read them: "C2" before "C10" (digit runs compare as numbers).
+bool NaturalLess(const std::string& a, const std::string& b) {
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (absl::ascii_isdigit(a[i]) && absl::ascii_isdigit(b[j])) {
+      size_t i_end = i, j_end = j;
+      while (i_end < a.size() && absl::ascii_isdigit(a[i_end])) ++i_end;
+      while (j_end < b.size() && absl::ascii_isdigit(b[j_end])) ++j_end;
+      // Without leading zeros, a longer run is a larger number.
+      absl::string_view x = absl::string_view(a).substr(i, i_end - i);
+      absl::string_view y = absl::string_view(b).substr(j, j_end - j);
+      while (x.size() > 1 && x[0] == '0') x.remove_prefix(1);
+      while (y.size() > 1 && y[0] == '0') y.remove_prefix(1);
+      if (x.size() != y.size()) return x.size() < y.size();
+      if (x != y) return x < y;
+      i = i_end;
+      j = j_end;
+    } else {
+      if (a[i] != b[j]) return a[i] < b[j];
+      ++i;
+      ++j;
+    }
+  }
+  return a.size() - i < b.size() - j;
+}
+
+// The tables of --model (every table without it), in natural order of their names.
+std::vector<tessera::v1::TableConfig> TablesOfModel(const tessera::v1::ListTablesResponse& resp) {
+  const std::string model = absl::GetFlag(FLAGS_model);
+  std::vector<tessera::v1::TableConfig> out;
+  for (const auto& t : resp.tables()) {
+    if (tessera::embedding::TableOfModel(t.name(), model)) out.push_back(t);
+  }
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return NaturalLess(a.name(), b.name()); });
+  return out;
 }
 
 int Fail(const std::string& what, const grpc::Status& s) {
@@ -291,15 +339,14 @@ void PrintStats(Coordinator::Stub& stub, const tessera::v1::StatsResponse& resp)
   (void)stub.GetShardMap(Context().get(), {}, &map);
   std::map<std::string, std::vector<const tessera::v1::TableStats*>> by_table;
   for (const auto& t : resp.tables()) by_table[t.table()].push_back(&t);
-  for (const auto& [name, shards] : by_table) {
-    std::string about;
-    for (const auto& c : tables.tables()) {
-      if (c.name() != name) continue;
-      about = absl::StrCat(
-          "dim ", c.dim(), ", ", tessera::embedding::DtypeName(c.dtype()), ", ",
-          tessera::embedding::OptimizerName(c.optimizer().type()),
-          c.max_rows() > 0 ? absl::StrCat(", max_rows ", Thousands(c.max_rows())) : "");
-    }
+  for (const tessera::v1::TableConfig& c : TablesOfModel(tables)) {
+    const std::string& name = c.name();
+    if (by_table.count(name) == 0) continue;  // not asked for (--table)
+    const auto& shards = by_table[name];
+    const std::string about = absl::StrCat(
+        "dim ", c.dim(), ", ", tessera::embedding::DtypeName(c.dtype()), ", ",
+        tessera::embedding::OptimizerName(c.optimizer().type()),
+        c.max_rows() > 0 ? absl::StrCat(", max_rows ", Thousands(c.max_rows())) : "");
     std::printf("table %s (%s)\n", name.c_str(), about.c_str());
     std::printf("  %-5s %-22s %-8s %15s %6s %11s %15s %15s %11s\n", "shard", "address", "state",
                 "rows", "share", "memory", "lookups", "updates", "evictions");
@@ -389,6 +436,40 @@ int Apply(Coordinator::Stub& stub) {
   return failures == 0 ? 0 : 1;
 }
 
+void PrintTableList(const char* what, const google::protobuf::RepeatedPtrField<std::string>& names) {
+  std::vector<std::string> sorted(names.begin(), names.end());
+  std::sort(sorted.begin(), sorted.end(), NaturalLess);
+  std::printf("  %s (%zu): %s\n", what, sorted.size(),
+              sorted.empty() ? "none" : absl::StrJoin(sorted, ", ").c_str());
+}
+
+// One model's checkpoint, or with --all_models every model's: a restore rolls tables back,
+// so one without a model must say so.
+int Restore(Coordinator::Stub& stub) {
+  const std::string model = absl::GetFlag(FLAGS_model);
+  const bool all_models = absl::GetFlag(FLAGS_all_models);
+  if (model.empty() == !all_models) {
+    std::cerr << "tessera-cli: restore needs --model=NAME (that model's tables only) or "
+                 "--all_models (every model of the cluster back to an operator's whole-cluster "
+                 "checkpoint), not both\n";
+    return 1;
+  }
+  tessera::v1::RestoreRequest req;
+  req.set_step(absl::GetFlag(FLAGS_step));
+  req.set_model(model);
+  req.set_all_models(all_models);
+  auto ctx = Context(kCheckpointDeadlineMs);
+  tessera::v1::RestoreResponse resp;
+  grpc::Status s = stub.Restore(ctx.get(), req, &resp);
+  if (!s.ok()) return Fail("restore", s);
+  std::printf("restored: ");
+  PrintCheckpoint(resp.checkpoint());
+  PrintTableList("rolled back", resp.rolled_back());
+  PrintTableList("brought back", resp.brought_back());
+  PrintTableList("dropped", resp.dropped());
+  return 0;
+}
+
 int Run(const std::string& command) {
   if (command == "health") return Health();
   auto stub = Coordinator::NewStub(Channel(absl::GetFlag(FLAGS_coordinator)));
@@ -400,7 +481,7 @@ int Run(const std::string& command) {
     if (!s.ok()) return Fail("tables", s);
     std::printf("%-20s %6s %-5s %-16s %10s %12s\n", "table", "dim", "dtype", "optimizer", "lr",
                 "max_rows");
-    for (const auto& t : resp.tables()) {
+    for (const auto& t : TablesOfModel(resp)) {
       std::printf("%-20s %6d %-5s %-16s %10g %12lld\n", t.name().c_str(), t.dim(),
                   tessera::embedding::DtypeName(t.dtype()).c_str(),
                   tessera::embedding::OptimizerName(t.optimizer().type()).c_str(),
@@ -443,6 +524,11 @@ int Run(const std::string& command) {
     return 0;
   }
   if (command == "lookup") {
+    if (table.empty() || absl::GetFlag(FLAGS_ids).empty()) {
+      std::cerr << "tessera-cli: lookup needs --table=NAME and --ids=ID,ID,... (read only: "
+                   "ids never stored show their initial weights)\n";
+      return 1;
+    }
     tessera::v1::LookupRequest req;
     req.set_table(table);
     req.set_read_only(true);
@@ -488,7 +574,10 @@ int Run(const std::string& command) {
   if (command == "checkpoint") {
     const int64_t step = absl::GetFlag(FLAGS_step);
     if (step < 0) {
-      std::cerr << "tessera-cli: checkpoint needs --step (the training step it is taken at)\n";
+      std::cerr << (step == -1 ? "tessera-cli: checkpoint needs --step (the training step it is "
+                                 "taken at)\n"
+                               : absl::StrCat("tessera-cli: checkpoint --step must be >= 0, got ",
+                                              step, "\n"));
       return 1;
     }
     tessera::v1::CheckpointRequest req;
@@ -502,18 +591,7 @@ int Run(const std::string& command) {
     PrintCheckpoint(resp.checkpoint());
     return 0;
   }
-  if (command == "restore") {
-    tessera::v1::RestoreRequest req;
-    req.set_step(absl::GetFlag(FLAGS_step));
-    req.set_model(absl::GetFlag(FLAGS_model));
-    auto ctx = Context(kCheckpointDeadlineMs);
-    tessera::v1::RestoreResponse resp;
-    grpc::Status s = stub->Restore(ctx.get(), req, &resp);
-    if (!s.ok()) return Fail("restore", s);
-    std::printf("restored: ");
-    PrintCheckpoint(resp.checkpoint());
-    return 0;
-  }
+  if (command == "restore") return Restore(*stub);
   if (command == "checkpoints") {
     auto ctx = Context();
     tessera::v1::ListCheckpointsResponse resp;

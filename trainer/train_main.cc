@@ -218,9 +218,24 @@ absl::StatusOr<int64_t> ResumeWorkers(Trainer& trainer, DenseBackend* dense, Dat
       found = absl::StrCat("S", std::string(reinterpret_cast<const char*>(&step), sizeof(step)),
                            dense->SaveState());
     } else if (absl::IsNotFound(resumed.status())) {
-      std::printf("resume: model '%s' has no complete checkpoint yet; starting at step 0\n",
-                  options.model.c_str());
-      found = "N";
+      // Without a checkpoint there is no dense network to go with trained rows: refuse
+      // rather than train a fresh one over them.
+      absl::StatusOr<std::string> trained = trainer.TrainedTables();
+      if (!trained.ok()) {
+        refused = trained.status();
+      } else if (!trained->empty()) {
+        refused = absl::FailedPreconditionError(absl::StrCat(
+            "model '", options.model, "' has no complete checkpoint, but its tables hold "
+            "trained rows: ", *trained, ". Resuming would train a new dense network over "
+            "them. To start over, drop the model's tables (tessera-cli drop --model=",
+            options.model, ", or delete the --data_dir of an in-process run) and run again; or "
+            "train another --model"));
+      } else {
+        std::printf("resume: model '%s' has no complete checkpoint yet and its tables are "
+                    "untouched; starting at step 0\n", options.model.c_str());
+        found = "N";
+      }
+      if (!refused.ok()) found = absl::StrCat("E", refused.ToString());
     } else {
       refused = Annotate(resumed.status(),
                          "resume refused (nothing was restored); pass the flags of the run that "
@@ -619,18 +634,27 @@ absl::Status Run() {
     replayed += last_step - leg.resume_from;
     start = leg.resume_from;  // a shard restarted: the model went back to this checkpoint
   }
-  if (reader != nullptr && reader->bad_lines() > 0) {
-    std::printf("data: skipped %lld malformed line(s) of %lld read\n",
-                static_cast<long long>(reader->bad_lines()),
-                static_cast<long long>(reader->lines_read()));
-  }
+  // The reader belongs to the source: what it counted is read before the source goes.
+  const int64_t lines_read = reader != nullptr ? reader->lines_read() : 0;
+  const int64_t bad_lines = reader != nullptr ? reader->bad_lines() : 0;
+  const bool from_file = reader != nullptr;
+  reader = nullptr;
   source.reset();
+  if (bad_lines > 0) {
+    std::printf("data: skipped %lld malformed line(s) of %lld read\n",
+                static_cast<long long>(bad_lines), static_cast<long long>(lines_read));
+  }
+  if (from_file && steps > 0 && last_step < steps) {
+    std::printf("data: the input ran out at step %lld of --steps=%lld (%lld lines read, "
+                "%d epoch(s)); pass --epochs to go over it again\n",
+                static_cast<long long>(last_step), static_cast<long long>(steps),
+                static_cast<long long>(lines_read), co.epochs);
+  }
   if (result.steps == 0) {
-    if (reader != nullptr) {
+    if (from_file) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "no training step: ", data, " has no valid training line (", reader->lines_read(),
-          " read, ", reader->bad_lines(),
-          " malformed); check the format (label, ", model.num_dense, " integers, ",
+          "no training step: ", data, " has no valid training line (", lines_read, " read, ",
+          bad_lines, " malformed); check the format (label, ", model.num_dense, " integers, ",
           model.num_sparse, " hex categoricals, tab-separated; plain or gzip)"));
     }
     return absl::InvalidArgumentError(absl::StrCat(

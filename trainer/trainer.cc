@@ -9,8 +9,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "embedding/batch_ops.h"
+#include "embedding/optimizer.h"
 #include "embedding/status.h"
+#include "embedding/table_config.h"
 #include "trainer/metrics.h"
 
 namespace tessera::trainer {
@@ -165,6 +168,17 @@ absl::StatusOr<std::string> Trainer::FirstExistingTable() const {
   return std::string();
 }
 
+absl::StatusOr<std::string> Trainer::TrainedTables() const {
+  std::vector<std::string> trained;
+  for (const std::string& name : names_) {
+    absl::StatusOr<embedding::TableUsage> usage = tables_->Usage(name);
+    if (absl::IsNotFound(usage.status())) continue;
+    TESSERA_RETURN_IF_ERROR(usage.status());
+    if (usage->rows > 0) trained.push_back(absl::StrCat(name, " (", usage->rows, " rows)"));
+  }
+  return absl::StrJoin(trained, ", ");
+}
+
 absl::Status Trainer::CheckTables(const v1::TableConfig& prototype) const {
   TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> tables, tables_->ListTables());
   for (const std::string& name : names_) {
@@ -173,14 +187,29 @@ absl::Status Trainer::CheckTables(const v1::TableConfig& prototype) const {
     if (it == tables.end()) {
       return absl::FailedPreconditionError(absl::StrCat("table '", name, "' is missing"));
     }
-    if (it->dim() != prototype.dim() || it->optimizer().type() != prototype.optimizer().type() ||
-        it->dtype() != prototype.dtype()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("table '", name, "' has dim ", it->dim(), ", optimizer ",
-                       v1::OptimizerType_Name(it->optimizer().type()), " and dtype ",
-                       v1::Dtype_Name(it->dtype()), ", this run wants dim ", prototype.dim(), ", ",
-                       v1::OptimizerType_Name(prototype.optimizer().type()), " and ",
-                       v1::Dtype_Name(prototype.dtype())));
+    // What this run's flags set; the rest (seeds, row budgets, eviction, durability) is the
+    // table creator's to choose.
+    auto run_settings = [](const v1::TableConfig& c) {
+      v1::TableConfig out;
+      out.set_dim(c.dim());
+      out.set_dtype(c.dtype());
+      out.mutable_optimizer()->set_type(c.optimizer().type());
+      out.mutable_optimizer()->set_learning_rate(c.optimizer().has_learning_rate()
+                                                     ? c.optimizer().learning_rate()
+                                                     : embedding::OptimizerParams{}.learning_rate);
+      if (c.initializer().has_scale()) {
+        out.mutable_initializer()->set_scale(c.initializer().scale());
+      }
+      return out;
+    };
+    const std::vector<std::string> differences =
+        embedding::TableConfigDifferences(run_settings(*it), run_settings(prototype));
+    if (!differences.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "table '", name, "' exists with another config than this run's: ",
+          absl::StrJoin(differences, "; "),
+          ". Pass the table's settings to train on with it as it is, or train another "
+          "--model"));
     }
   }
   return absl::OkStatus();

@@ -121,6 +121,9 @@ class Trainer {
 
   // The name of the first of this model's tables that exists already, or "" when none does.
   absl::StatusOr<std::string> FirstExistingTable() const;
+  // The model's tables that hold rows, as "NAME (N rows)" joined by ", "; empty when every
+  // table is untouched (new, or created by an operator and never trained).
+  absl::StatusOr<std::string> TrainedTables() const;
 
   // One training step on `batch`; returns its mean loss.
   absl::StatusOr<double> TrainStep(const Batch& batch, int64_t step);

@@ -33,9 +33,75 @@ _OPTIMIZERS = {"sgd": config_pb2.SGD, "adagrad": config_pb2.ADAGRAD,
                "ftrl": config_pb2.FTRL}
 _DTYPES = {"fp32": config_pb2.FP32, "fp16": config_pb2.FP16, "bf16": config_pb2.BF16}
 _POOLING = {"sum": config_pb2.SUM, "mean": config_pb2.MEAN}
-_DURABILITY = {"checkpoint": config_pb2.CHECKPOINT, "write_through": config_pb2.WRITE_THROUGH,
-               "write-through": config_pb2.WRITE_THROUGH}
+_DURABILITY = {"checkpoint": config_pb2.CHECKPOINT, "write_through": config_pb2.WRITE_THROUGH}
+_EVICTION = {"none": config_pb2.EVICTION_NONE, "lru": config_pb2.EVICTION_LRU,
+             "lfu": config_pb2.EVICTION_LFU}
+_INITIALIZERS = {"uniform": config_pb2.UNIFORM, "normal": config_pb2.NORMAL,
+                 "zeros": config_pb2.ZEROS}
 _MAX_MESSAGE = 256 << 20
+
+# The optimizer settings create_table takes as keyword arguments (OptimizerConfig fields).
+OPTIMIZER_SETTINGS = ("learning_rate", "epsilon", "beta1", "beta2", "initial_accumulator", "l1",
+                      "l2", "learning_rate_power", "clip_norm", "clip_value", "weight_decay")
+# Every keyword argument of create_table and table_config (besides name and dim).
+TABLE_SETTINGS = ("optimizer", *OPTIMIZER_SETTINGS, "dtype", "seed", "max_rows", "initializer",
+                  "init_scale", "durability", "eviction", "ttl_steps")
+
+
+def parse_enum(kind: str, value, names: Dict[str, int], prefix: str = "") -> int:
+    """An enum value from its name as the README, the CLI or the proto spell it, in any case
+    ("write_through", "WRITE_THROUGH", "write-through"; "lru" or "EVICTION_LRU"), or the
+    proto's number. ValueError naming the choices otherwise."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        if int(value) in names.values():
+            return int(value)
+    elif isinstance(value, str):
+        key = value.strip().lower().replace("-", "_")
+        if prefix and key.startswith(prefix):
+            key = key[len(prefix):]
+        if key in names:
+            return names[key]
+    raise ValueError(f"unknown {kind} {value!r}: one of {sorted(names)}")
+
+
+def _initializer_type(value: int) -> int:
+    """UNIFORM is what the proto's unspecified initializer means, and is sent as that, so a
+    table made here has the config of one made without an initializer."""
+    return config_pb2.INITIALIZER_UNSPECIFIED if value == config_pb2.UNIFORM else value
+
+
+def table_config(name: str, dim: int, optimizer: str = "adagrad", learning_rate: float = 0.05,
+                 dtype: str = "fp32", seed: int = 1, max_rows: int = 0,
+                 initializer: str = "uniform", init_scale: Optional[float] = 0.05,
+                 durability: str = "checkpoint", eviction: str = "none", ttl_steps: int = 0,
+                 **optimizer_settings) -> config_pb2.TableConfig:
+    """The TableConfig create_table sends, with tessera-train's and tessera-cli create's
+    defaults (Adagrad at 0.05, seed 1, rows U(-0.05, 0.05), fp32). Optimizer settings
+    (OPTIMIZER_SETTINGS: epsilon, beta1, beta2, initial_accumulator, l1, l2,
+    learning_rate_power, clip_norm, clip_value, weight_decay) left out keep the server's
+    defaults; init_scale=None is 1/sqrt(dim). Enum names in any case. ValueError for an
+    unknown name or setting."""
+    unknown = set(optimizer_settings) - set(OPTIMIZER_SETTINGS)
+    if unknown:
+        raise ValueError(f"table {name!r}: unknown settings {sorted(unknown)}; "
+                         f"create_table takes {list(TABLE_SETTINGS)}")
+    config = config_pb2.TableConfig(
+        name=name, dim=dim, seed=seed, max_rows=max_rows,
+        dtype=parse_enum("dtype", dtype, _DTYPES),
+        durability=parse_enum("durability", durability, _DURABILITY),
+        optimizer=config_pb2.OptimizerConfig(
+            type=parse_enum("optimizer", optimizer, _OPTIMIZERS), learning_rate=learning_rate),
+        initializer=config_pb2.InitializerConfig(
+            type=_initializer_type(parse_enum("initializer", initializer, _INITIALIZERS))),
+        eviction=config_pb2.EvictionConfig(
+            policy=parse_enum("eviction", eviction, _EVICTION, prefix="eviction_"),
+            ttl_steps=ttl_steps))
+    for key, value in optimizer_settings.items():
+        if value is not None:
+            setattr(config.optimizer, key, value)
+    if init_scale is not None:
+        config.initializer.scale = init_scale
+    return config
 
 
 class TesseraError(Exception):
@@ -59,8 +125,13 @@ def as_ids(ids) -> np.ndarray:
     """`ids` as the int64 array the wire carries. Ids are 64-bit patterns: int64 values as
     they are, uint64 values (feature hashes) bit for bit, as the C++ client's static_cast
     does (2**64 - 1 and -1 are the same id). Python ints must lie in [-2**63, 2**64);
-    floats, booleans and other types are refused (TesseraError INVALID_ARGUMENT)."""
+    floats, booleans and other types are refused (TesseraError INVALID_ARGUMENT), and so
+    are ids of more than one dimension (flatten them yourself: the rows come back in that
+    order)."""
     array = ids if isinstance(ids, np.ndarray) else np.asarray(ids)
+    if array.ndim > 1:
+        _invalid(f"ids must be one-dimensional, got shape {array.shape} (pass ids.ravel() "
+                 f"and reshape the rows)")
     if array.size == 0:
         return np.zeros(0, dtype=np.int64)
     if array.dtype == np.uint64:
@@ -191,29 +262,21 @@ class Client:
 
     # -- admin ---------------------------------------------------------------------------
 
-    def create_table(self, name: str, dim: int, optimizer: str = "adagrad",
-                     learning_rate: float = 0.01, dtype: str = "fp32", seed: int = 0,
-                     max_rows: int = 0, init_scale: Optional[float] = None,
-                     durability: str = "checkpoint") -> config_pb2.TableConfig:
-        """Creates a table on every shard. The same config again is OK (a retry completes a
-        create that failed on some shard); TesseraError ALREADY_EXISTS if the name is taken
-        by another config."""
-        if optimizer not in _OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {optimizer!r}: one of {sorted(_OPTIMIZERS)}")
-        if dtype not in _DTYPES:
-            raise ValueError(f"unknown dtype {dtype!r}: one of {sorted(_DTYPES)}")
-        if durability not in _DURABILITY:
-            raise ValueError(f"unknown durability {durability!r}: 'checkpoint' or "
-                             f"'write_through'")
-        config = config_pb2.TableConfig(
-            name=name, dim=dim, seed=seed, max_rows=max_rows, dtype=_DTYPES[dtype],
-            durability=_DURABILITY[durability],
-            optimizer=config_pb2.OptimizerConfig(type=_OPTIMIZERS[optimizer],
-                                                 learning_rate=learning_rate))
-        if init_scale is not None:
-            config.initializer.scale = init_scale
+    def create_table(self, name: str = "", dim: int = 0, config: Optional[config_pb2.TableConfig] = None,
+                     **settings) -> config_pb2.TableConfig:
+        """Creates a table on every shard: from `config` (a TableConfig), or from `name`,
+        `dim` and keyword settings as table_config() takes them (every TableConfig field:
+        optimizer and its settings, dtype, seed, max_rows, initializer, init_scale,
+        durability, eviction, ttl_steps; tessera-train's defaults). The same config again is
+        OK (a retry completes a create that failed on some shard); TesseraError
+        ALREADY_EXISTS, naming the fields that differ, if the name is taken by another
+        config. ValueError for an unknown setting or name."""
+        if config is None:
+            config = table_config(name, dim, **settings)
+        elif settings or dim:
+            raise ValueError("create_table takes a config or settings, not both")
         response = self._call(self._stub.CreateTable, api.CreateTableRequest(config=config))
-        self._configs[name] = response.config
+        self._configs[config.name] = response.config
         return response.config
 
     def tables(self) -> Dict[str, config_pb2.TableConfig]:
@@ -269,10 +332,19 @@ class Client:
         the rows stored. Safe to repeat."""
         ids = as_ids(ids)
         dim = self._config(table).dim
-        weights = np.ascontiguousarray(weights, dtype="<f4").reshape(len(ids), dim)
+        weights = np.ascontiguousarray(weights, dtype="<f4")
+        if weights.shape != (len(ids), dim):
+            _invalid(f"table '{table}': weights of shape ({len(ids)}, {dim}) expected "
+                     f"({len(ids)} ids x dim {dim}), got {weights.shape}")
         state = None if state is None else np.ascontiguousarray(state, dtype="<f4")
         if state is not None:
-            state = state.reshape(len(ids), -1)
+            if state.ndim != 2 or state.shape[0] != len(ids):
+                _invalid(f"table '{table}': state of shape ({len(ids)}, state floats) expected, "
+                         f"got {state.shape}")
+        for what, values in (("last_step", last_step), ("update_count", update_count)):
+            if values is not None and np.shape(values) != (len(ids),):
+                _invalid(f"table '{table}': {what} of shape ({len(ids)},) expected, got "
+                         f"{np.shape(values)}")
         steps = None if last_step is None else np.ascontiguousarray(last_step, dtype="<i8")
         counts = None if update_count is None else np.ascontiguousarray(update_count, dtype="<i8")
         for begin in range(0, len(ids), chunk_rows):
@@ -299,10 +371,18 @@ class Client:
                                                 attachments=attachments or {}),
                           timeout=1800)
 
-    def restore(self, step: int = -1, model: str = "") -> api.RestoreResponse:
+    def restore(self, step: int = -1, model: str = "",
+                all_models: bool = False) -> api.RestoreResponse:
         """Puts `model`'s tables back to its checkpoint `step` (-1: its newest); other
-        tables are untouched, the model's tables created since are dropped."""
-        response = self._call(self._stub.Restore, api.RestoreRequest(step=step, model=model),
+        tables are untouched, the model's tables created since are dropped. Without a model,
+        every model of the cluster goes back to a whole-cluster checkpoint: that needs
+        all_models=True (TesseraError INVALID_ARGUMENT otherwise, nothing restored). The
+        response lists the tables rolled_back, brought_back and dropped."""
+        if not model and not all_models:
+            _invalid("restore() without a model rolls back every model of the cluster: name "
+                     "the model, or pass all_models=True")
+        response = self._call(self._stub.Restore,
+                              api.RestoreRequest(step=step, model=model, all_models=all_models),
                               timeout=1800)
         self._configs = {}
         return response
@@ -560,14 +640,14 @@ class Client:
 
 
 def _check_gradients(config, ids: np.ndarray, gradients) -> np.ndarray:
-    """`gradients` as a (len(ids), dim) float32 array; INVALID_ARGUMENT for another size
-    or a value that is not finite."""
+    """`gradients` as a (len(ids), dim) float32 array; INVALID_ARGUMENT for another shape
+    (a transposed or flattened array is not read row-major into the rows) or a value that
+    is not finite."""
     table = config.name
     gradients = np.ascontiguousarray(gradients, dtype=np.float32)
-    if gradients.size != len(ids) * config.dim:
-        _invalid(f"table '{table}': gradients of {len(ids)} ids x dim {config.dim} "
-                 f"expected, got {gradients.size} values")
-    gradients = gradients.reshape(len(ids), config.dim)
+    if gradients.shape != (len(ids), config.dim):
+        _invalid(f"table '{table}': gradients of shape ({len(ids)}, {config.dim}) expected "
+                 f"({len(ids)} ids x dim {config.dim}), got {gradients.shape}")
     if not np.all(np.isfinite(gradients)):
         _invalid(f"table '{table}': gradients must be finite (NaN or Inf given)")
     return gradients

@@ -25,13 +25,41 @@ from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, 
 import numpy as np
 import torch
 
-from tessera.client import Client, TesseraError, as_ids, check_lookup
+from tessera.client import (OPTIMIZER_SETTINGS, TABLE_SETTINGS, Client, TesseraError, as_ids,
+                            check_lookup, table_config)
 
 __all__ = ["EmbeddingCollection", "Fetched", "prefetch", "TesseraError"]
 
 # create_table's keyword arguments a table spec may carry.
-_CREATE_ARGS = ("optimizer", "learning_rate", "dtype", "seed", "max_rows", "init_scale",
-                "durability")
+_CREATE_ARGS = TABLE_SETTINGS
+
+
+def _spec_differences(config, spec: Mapping) -> List[str]:
+    """The settings of `spec` that the existing table's `config` does not have, each as
+    "learning_rate: the table has 0.05, the spec says 0.5"."""
+    want = table_config(config.name, spec.get("dim", config.dim),
+                        **{k: spec[k] for k in _CREATE_ARGS if k in spec})
+    fields = {"dim": ("dim",), "optimizer": ("optimizer", "type"), "dtype": ("dtype",),
+              "seed": ("seed",), "max_rows": ("max_rows",), "durability": ("durability",),
+              "initializer": ("initializer", "type"), "init_scale": ("initializer", "scale"),
+              "eviction": ("eviction", "policy"), "ttl_steps": ("eviction", "ttl_steps"),
+              **{k: ("optimizer", k) for k in OPTIMIZER_SETTINGS}}
+    out = []
+    for key in spec:
+        if key == "name":
+            continue
+        have, wanted = config, want
+        for part in fields[key]:
+            field = have.DESCRIPTOR.fields_by_name[part]
+            have, wanted = getattr(have, part), getattr(wanted, part)
+        if have == wanted or (isinstance(have, float) and np.float32(have) == np.float32(wanted)):
+            continue
+        if field.enum_type is not None:
+            shown = field.enum_type.values_by_number[have].name
+        else:
+            shown = str(np.float32(have)) if isinstance(have, float) else repr(have)
+        out.append(f"{key}: the table has {shown}, the spec says {spec[key]!r}")
+    return out
 
 
 def _features(features, names: Sequence[str]) -> Dict[str, Tuple[np.ndarray, np.ndarray,
@@ -89,9 +117,10 @@ class EmbeddingCollection(torch.nn.Module):
     """Tessera tables as a torch module (see the module's docstring).
 
     `tables`: each a table name (the table must exist) or a dict with "name", "dim" and
-    any of create_table's keyword arguments (optimizer, learning_rate, dtype, seed,
-    max_rows, init_scale, durability): created when missing, else checked against the
-    existing table's dim and optimizer (ValueError naming the difference).
+    any of create_table's keyword arguments (TABLE_SETTINGS: optimizer and its settings,
+    dtype, seed, max_rows, initializer, init_scale, durability, eviction, ttl_steps):
+    created when missing, else every setting the spec gives is checked against the
+    existing table (ValueError naming each field that differs and both values).
     `pooling`: "sum" or "mean" (of weight x row over a bag's ids). `device`: where the
     pooled embeddings go (default: the CPU). `step`: the step of the first training
     forward; each training forward takes the next one unless forward(step=) says.
@@ -128,14 +157,12 @@ class EmbeddingCollection(torch.nn.Module):
                 raise ValueError(f"table {name!r}: unknown spec keys {sorted(unknown)}")
             if name in existing:
                 config = existing[name]
-                if "dim" in spec and spec["dim"] != config.dim:
-                    raise ValueError(f"table {name!r} exists with dim {config.dim}, the spec "
-                                     f"says {spec['dim']}")
-                if "optimizer" in spec:
-                    from tessera.client import _OPTIMIZERS
-                    if _OPTIMIZERS.get(spec["optimizer"]) != config.optimizer.type:
-                        raise ValueError(f"table {name!r} exists with another optimizer than "
-                                         f"{spec['optimizer']!r}")
+                differences = _spec_differences(config, spec)
+                if differences:
+                    raise ValueError(
+                        f"table {name!r} exists with other settings than the spec's: "
+                        f"{'; '.join(differences)}. Give the table's settings (or leave them "
+                        f"out of the spec), or use another table name")
             elif "dim" in spec:
                 config = client.create_table(name, spec["dim"], **{
                     k: spec[k] for k in _CREATE_ARGS if k in spec})
@@ -146,6 +173,8 @@ class EmbeddingCollection(torch.nn.Module):
             self.names.append(name)
             self.dims[name] = config.dim
         self.pushed_rows = 0  # distinct rows pushed so far (all tables)
+        # The newest push that raised (dropped from the steps that follow), or None.
+        self.failed_push: Optional[_FailedPush] = None
 
     def fetch(self, features) -> "Fetched":
         """Looks up the rows `features` needs (each table's distinct ids), for a later
@@ -229,10 +258,34 @@ class EmbeddingCollection(torch.nn.Module):
         return collect
 
     def _push(self, pending: "_PendingPush"):
-        if pending.grads:
-            updated = self.client.push_many(pending.grads, step=pending.step)
-            self.pushed_rows += sum(updated.values())
-            pending.grads = {}
+        """Sends the step's gradients once: they leave `pending` before the push, so a
+        refused push (TesseraError, raised from backward, flush or the next forward) is
+        not sent again by later steps. It is kept in `failed_push` for retry_failed_push()."""
+        if not pending.grads:
+            return
+        grads, pending.grads = pending.grads, {}
+        request_id = self.client.next_request_id()
+        try:
+            updated = self.client.push_many(grads, step=pending.step, request_id=request_id)
+        except TesseraError as error:
+            self.failed_push = _FailedPush(pending.step, grads, request_id, error)
+            raise
+        self.pushed_rows += sum(updated.values())
+
+    def retry_failed_push(self) -> int:
+        """Sends the newest refused or failed push again, under its request id (so parts a
+        shard applied before the failure are not applied twice), and forgets it. Returns the
+        distinct rows updated; raises as the push does (a push refused for its content, such
+        as non-finite gradients, is refused again: drop it with `failed_push = None`).
+        ValueError when there is none."""
+        failed = self.failed_push
+        if failed is None:
+            raise ValueError("no failed push to retry")
+        updated = self.client.push_many(failed.grads, step=failed.step,
+                                        request_id=failed.request_id)
+        self.failed_push = None
+        self.pushed_rows += sum(updated.values())
+        return sum(updated.values())
 
     def flush(self):
         """Pushes the gradients a backward left waiting: those of a step in which some
@@ -249,6 +302,16 @@ class _PendingPush:
         self.step = step
         self.tables = tables
         self.grads: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
+
+
+class _FailedPush:
+    """A step's push that raised: its gradients, request id and the error."""
+
+    def __init__(self, step: int, grads, request_id, error: TesseraError):
+        self.step = step
+        self.grads = grads
+        self.request_id = request_id
+        self.error = error
 
 
 class Fetched:

@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 
 import tessera
-from tessera.v1 import config_pb2
+from tessera.v1 import config_pb2, embedding_service_pb2 as api
 
 
 def expect_error(code, call):
@@ -99,6 +99,32 @@ def main(address: str) -> int:
     np.testing.assert_array_equal(via.lookup("pyc", [2**64 - 1], read_only=True), top)
     expect_error(grpc.StatusCode.INVALID_ARGUMENT, lambda: smart.lookup("pyc", [2**64]))
 
+    # Shapes are checked, not element counts only, in both modes: a (6, 3) array for 3 ids
+    # of dim 6 would otherwise be read row-major into the rows.
+    three = np.array([7, 8, 9])
+    before = via.lookup("pyc", three, read_only=True)
+    for client in (smart, via):
+        for bad in (np.ones((6, 3), np.float32), np.ones((3, 2, 3), np.float32),
+                    np.ones(18, np.float32)):
+            error = expect_error(grpc.StatusCode.INVALID_ARGUMENT,
+                                 lambda: client.push("pyc", three, bad))
+            assert "shape (3, 6) expected" in error.message, error.message
+        expect_error(grpc.StatusCode.INVALID_ARGUMENT,
+                     lambda: client.push("pyc", three.reshape(3, 1), np.ones((3, 6), np.float32)))
+        error = expect_error(grpc.StatusCode.INVALID_ARGUMENT,
+                             lambda: client.lookup("pyc", np.array([[1, 2], [3, 4]])))
+        assert "one-dimensional" in error.message, error.message
+        error = expect_error(grpc.StatusCode.INVALID_ARGUMENT,
+                             lambda: client.import_rows("pyc", three, np.ones((3, 5), np.float32)))
+        assert "weights of shape (3, 6) expected" in error.message, error.message
+    np.testing.assert_array_equal(via.lookup("pyc", three, read_only=True), before)
+
+    # Another config under a taken name: the refusal names each field and both values.
+    error = expect_error(grpc.StatusCode.ALREADY_EXISTS,
+                         lambda: via.create_table("pyc", dim=6, optimizer="sgd",
+                                                  learning_rate=0.25, seed=99))
+    assert "optimizer.learning_rate 0.5 (the table's) vs 0.25" in error.message, error.message
+
     # Durability names: both spellings, and nothing silently different.
     made = smart.create_table("pyc_wt", dim=2, durability="write-through")
     assert made.durability == config_pb2.WRITE_THROUGH, made
@@ -167,6 +193,18 @@ def main(address: str) -> int:
 
     smart.checkpoint(12)
     assert 12 in [c.step for c in smart.checkpoints().checkpoints]
+    # A restore of every model needs all_models: in the client and on the coordinator.
+    expect_error(grpc.StatusCode.INVALID_ARGUMENT, lambda: smart.restore(12))
+    error = expect_error(grpc.StatusCode.INVALID_ARGUMENT,
+                         lambda: smart._call(smart._stub.Restore, api.RestoreRequest(step=12)))
+    assert "--all_models" in error.message, error.message
+    smart.create_table("pyc_late", dim=2)
+    smart.drop_table("pyc_b")
+    restored = smart.restore(12, all_models=True)
+    assert restored.checkpoint.step == 12, restored
+    assert "pyc_late" in restored.dropped and "pyc_b" in restored.brought_back, restored
+    assert "pyc" in restored.rolled_back and "pyc" not in restored.dropped, restored
+    assert "pyc_late" not in smart.tables() and "pyc_b" in smart.tables()
     smart.close()
     via.close()
     print("python cluster check: ok")

@@ -4,7 +4,9 @@ import unittest
 import numpy as np
 
 from tessera import sharding, wire
-from tessera.client import TesseraError, _pool, as_ids, check_lookup
+from tessera.client import (TesseraError, _check_gradients, _pool, as_ids, check_lookup,
+                            parse_enum, table_config)
+from tessera.v1 import config_pb2
 from tessera.v1 import embedding_service_pb2 as api
 
 
@@ -78,6 +80,23 @@ class RequestCheckTest(unittest.TestCase):
             with self.assertRaises(TesseraError, msg=repr(bad)):
                 as_ids(bad)
 
+    def test_ids_of_more_than_one_dimension_are_refused(self):
+        for bad in (np.array([[1, 2], [3, 4]]), [[1], [2]], np.zeros((2, 1, 1), np.uint64)):
+            with self.assertRaises(TesseraError, msg=repr(bad)) as raised:
+                as_ids(bad)
+            self.assertIn("one-dimensional", raised.exception.message)
+
+    def test_gradients_must_have_the_shape_of_the_rows(self):
+        config = config_pb2.TableConfig(name="t", dim=4)
+        ids = np.array([1, 2, 3])
+        grads = np.arange(12, dtype=np.float32).reshape(3, 4)
+        np.testing.assert_array_equal(_check_gradients(config, ids, grads), grads)
+        # Same element count, other shapes: a transposed array is not read row-major.
+        for bad in (grads.reshape(4, 3), grads.reshape(3, 2, 2), grads.ravel(), grads[:2]):
+            with self.assertRaises(TesseraError, msg=repr(bad.shape)) as raised:
+                _check_gradients(config, ids, bad)
+            self.assertIn("shape (3, 4) expected", raised.exception.message)
+
     def test_lookup_checks_match_the_servers(self):
         offsets, weights = check_lookup(3, [0, 1, 3], [1, 2, 3], "mean")
         self.assertEqual(offsets.tolist(), [0, 1, 3])
@@ -91,6 +110,35 @@ class RequestCheckTest(unittest.TestCase):
                                           ([0, 3], None, "max")):
             with self.assertRaises(TesseraError, msg=repr((offsets, weights, pooling))):
                 check_lookup(3, offsets, weights, pooling)
+
+
+
+class TableConfigTest(unittest.TestCase):
+    def test_enum_names_in_any_case_and_the_trainers_defaults(self):
+        for name in ("write_through", "WRITE_THROUGH", "write-through", "Write_Through"):
+            self.assertEqual(parse_enum("durability", name, {"write_through": 1}), 1)
+        with self.assertRaises(ValueError):
+            parse_enum("durability", "sometimes", {"write_through": 1})
+        config = table_config("t", 8, durability="WRITE_THROUGH", eviction="EVICTION_LRU",
+                              optimizer="ADAM", dtype="BF16", beta1=0.8, clip_norm=1.5,
+                              ttl_steps=100, initializer="normal", init_scale=0.1)
+        self.assertEqual(config.durability, config_pb2.WRITE_THROUGH)
+        self.assertEqual(config.eviction.policy, config_pb2.EVICTION_LRU)
+        self.assertEqual(config.eviction.ttl_steps, 100)
+        self.assertEqual(config.optimizer.type, config_pb2.ADAM)
+        self.assertEqual(config.dtype, config_pb2.BF16)
+        self.assertAlmostEqual(config.optimizer.beta1, 0.8, places=6)
+        self.assertAlmostEqual(config.optimizer.clip_norm, 1.5)
+        self.assertFalse(config.optimizer.HasField("beta2"))  # the server's default
+        self.assertEqual(config.initializer.type, config_pb2.NORMAL)
+        # tessera-train's and tessera-cli create's defaults.
+        default = table_config("t", 8)
+        self.assertEqual(default.optimizer.type, config_pb2.ADAGRAD)
+        self.assertAlmostEqual(default.optimizer.learning_rate, 0.05)
+        self.assertEqual(default.seed, 1)
+        self.assertAlmostEqual(default.initializer.scale, 0.05)
+        with self.assertRaises(ValueError):
+            table_config("t", 8, momentum=0.9)
 
 
 if __name__ == "__main__":

@@ -250,13 +250,52 @@ def check_errors(client, prefix):
             assert words in str(e), (words, str(e))
         else:
             raise AssertionError(f"{bad} accepted")
-    try:
-        ttorch.EmbeddingCollection(client, [{"name": name, "dim": DIM + 1}])
-    except ValueError as e:
-        assert "exists with dim" in str(e), str(e)
-    else:
-        raise AssertionError("a dim mismatch accepted")
+    for spec, words in (({"dim": DIM + 1}, f"dim: the table has {DIM}, the spec says {DIM + 1}"),
+                        ({"learning_rate": 0.5}, "learning_rate: the table has 0.05"),
+                        ({"optimizer": "sgd"}, "optimizer: the table has ADAGRAD, the spec says 'sgd'")):
+        try:
+            ttorch.EmbeddingCollection(client, [{"name": name, **spec}])
+        except ValueError as e:
+            assert words in str(e), (words, str(e))
+        else:
+            raise AssertionError(f"a mismatch accepted: {spec}")
+    # The table's own settings, spelt as the proto spells them, are accepted.
+    ttorch.EmbeddingCollection(client, [{"name": name, "dim": DIM, "learning_rate": 0.05,
+                                         "optimizer": "ADAGRAD"}])
     print("errors: named")
+
+
+def check_refused_push_is_dropped(client, prefix):
+    """A backward whose gradient holds a NaN raises once; the module goes on training,
+    and retry_failed_push() sends a failed push again under its request id."""
+    name = f"{prefix}.nan"
+    module = ttorch.EmbeddingCollection(client, [{"name": name, "dim": DIM, "optimizer": "sgd",
+                                                  "learning_rate": 1.0}])
+    ids, offsets = np.array([1, 2, 3]), np.array([0, 1, 3])
+    before = client.lookup(name, ids, read_only=True)
+    out = module({name: (ids, offsets)})
+    try:
+        (out * torch.tensor(float("nan"))).sum().backward()
+    except tessera.TesseraError as e:
+        assert "finite" in e.message, e.message
+    else:
+        raise AssertionError("a NaN gradient was pushed")
+    assert module.failed_push is not None and module.failed_push.step == 0
+    np.testing.assert_array_equal(client.lookup(name, ids, read_only=True), before)
+    # The next steps train: the refused gradients are not sent again.
+    for _ in range(2):
+        module({name: (ids, offsets)}).sum().backward()
+    module.flush()
+    after = client.lookup(name, ids, read_only=True)
+    np.testing.assert_allclose(after, before - 2.0, rtol=1e-6, atol=1e-6)
+    try:
+        module.retry_failed_push()  # refused again for its content
+    except tessera.TesseraError:
+        pass
+    else:
+        raise AssertionError("a NaN push was accepted on retry")
+    module.failed_push = None
+    print("refused push: dropped, the module trains on")
 
 
 def main():
@@ -269,6 +308,7 @@ def main():
     check_prefetch(client, prefix)
     check_keyed_jagged(client, prefix)
     check_errors(client, prefix)
+    check_refused_push_is_dropped(client, prefix)
     print("tessera.torch: ok")
 
 
