@@ -29,16 +29,16 @@ absl::StatusOr<std::unique_ptr<EmbeddingClient>> EmbeddingClient::Connect(
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto credentials = MakeChannelCredentials(options.security, &args);
   auto channel = grpc::CreateCustomChannel(address, credentials, args);
-  const bool tls = options.security.tls();
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + options.deadline)) {
     return ExplainCoordinatorFailure(
         absl::UnavailableError(absl::StrCat("coordinator ", address, " not reachable within ",
                                             options.deadline.count(), " ms")),
-        address, tls);
+        address, options.security);
   }
   std::unique_ptr<EmbeddingClient> c(
       new EmbeddingClient(address, args, std::move(credentials), options));
-  TESSERA_RETURN_IF_ERROR(ExplainCoordinatorFailure(c->RefreshShardMap(), address, tls));
+  TESSERA_RETURN_IF_ERROR(
+      ExplainCoordinatorFailure(c->RefreshShardMap(), address, options.security));
   return c;
 }
 

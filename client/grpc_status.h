@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "client/security.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "grpcpp/support/status.h"
@@ -21,19 +22,26 @@ inline absl::Status FromGrpcStatus(const grpc::Status& status) {
 // are: UNIMPLEMENTED from a server that is not a coordinator (a shard), UNAVAILABLE from
 // a TLS server called in plaintext or the other way round.
 inline absl::Status ExplainCoordinatorFailure(const absl::Status& status,
-                                              absl::string_view address, bool tls) {
+                                              absl::string_view address,
+                                              const ClientSecurity& security) {
   if (absl::IsUnimplemented(status)) {
     return absl::FailedPreconditionError(absl::StrCat(
         address, " does not serve the tessera.v1.Coordinator API: is it a tessera-shard? "
         "--coordinator takes the coordinator's host:port"));
   }
   if (absl::IsUnavailable(status)) {
-    return absl::Status(
-        status.code(),
-        absl::StrCat(status.message(),
-                     tls ? " (this client uses TLS: is the server plaintext?)"
-                         : " (this client is plaintext: if the server uses TLS, pass "
-                           "--tls_ca_file)"));
+    const char* hint =
+        !security.tls()
+            ? " (this client is plaintext: if the server uses TLS, pass --tls_ca_file)"
+        : security.cert_chain.empty()
+            ? " (this client uses TLS without a client certificate: a server started with "
+              "--tls_require_client_cert refuses it, pass --tls_cert_file and "
+              "--tls_key_file; else check that --tls_ca_file signed the server's certificate "
+              "and that the server uses TLS)"
+            : " (this client uses TLS: check that --tls_ca_file signed the server's "
+              "certificate, that the server trusts this client's, and that the server uses "
+              "TLS)";
+    return absl::Status(status.code(), absl::StrCat(status.message(), hint));
   }
   return status;
 }

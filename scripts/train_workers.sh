@@ -31,30 +31,49 @@ done
 [ -x "$BIN/tessera-train" ] || die "no $BIN/tessera-train: build first (scripts/setup.sh)"
 
 pids=()
-stop_all() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+stopping=0
+signal_workers() {
+  for p in "${pids[@]}"; do kill -"$1" "$p" 2>/dev/null; done
 }
-trap 'stop_all; exit 130' INT TERM
+# Interrupted or terminated: the workers stop together at the end of a step (each takes
+# its checkpoint with --checkpoint_every and says how to resume); a second signal kills
+# them at once. Either way none is left running.
+on_signal() {
+  if [ "$stopping" -eq 1 ]; then
+    signal_workers KILL
+    exit 130
+  fi
+  stopping=1
+  echo "train_workers: stopping the workers at the end of their step (again: at once)" >&2
+  signal_workers TERM
+}
+trap on_signal INT TERM
 
 for ((i = 0; i < N; i++)); do
-  # Each worker's lines carry its index; the subshell's exit code is the worker's.
-  ( "$BIN/tessera-train" "$@" --num_workers="$N" --worker_index="$i" 2>&1 \
-      | sed -u "s/^/[worker $i] /"; exit "${PIPESTATUS[0]}" ) &
+  # The worker itself is the background job (its pid is what is signalled and waited for);
+  # its lines carry its index.
+  "$BIN/tessera-train" "$@" --num_workers="$N" --worker_index="$i" \
+    > >(sed -u "s/^/[worker $i] /") 2>&1 &
   pids+=("$!")
 done
 
 status=0
 running=("${pids[@]}")
 while [ "${#running[@]}" -gt 0 ]; do
+  done_pid=""
   wait -n -p done_pid "${running[@]}"
   code=$?
+  [ -n "${done_pid:-}" ] || continue  # a signal interrupted the wait; its trap ran
   left=()
   for p in "${running[@]}"; do [ "$p" != "$done_pid" ] && left+=("$p"); done
   running=("${left[@]}")
   if [ "$code" -ne 0 ] && [ "$status" -eq 0 ]; then
     status=$code
-    echo "train_workers: a worker (pid $done_pid) exited with $code; stopping the others" >&2
-    stop_all
+    if [ "$stopping" -eq 0 ]; then
+      echo "train_workers: a worker (pid $done_pid) exited with $code; stopping the others" >&2
+      signal_workers KILL
+    fi
   fi
 done
+wait  # the output filters
 exit "$status"

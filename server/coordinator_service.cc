@@ -34,7 +34,8 @@ CoordinatorService::CoordinatorService(client::ShardRouter* router, uint64_t sha
 absl::Status CoordinatorService::CheckBatch(const std::string& what, int64_t ids) const {
   if (ids > options_.max_batch_ids) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        what, ": batch of ", ids, " ids is over the limit of ", options_.max_batch_ids));
+        what, ": batch of ", ids, " ids is over the limit of ", options_.max_batch_ids,
+        " (tessera-coordinator --max_batch_ids): send smaller batches, or raise the limit"));
   }
   return absl::OkStatus();
 }

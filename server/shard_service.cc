@@ -158,9 +158,10 @@ absl::StatusOr<v1::TableConfig> ShardService::Config(const std::string& table) c
 absl::Status ShardService::CheckBatch(const std::string& table, int64_t ids,
                                       uint64_t version) const {
   if (ids > options_.max_batch_ids) {
-    return absl::ResourceExhaustedError(absl::StrCat(table, ": batch of ", ids,
-                                                     " ids is over the limit of ",
-                                                     options_.max_batch_ids));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        table, ": batch of ", ids, " ids is over shard ", options_.shard_index, "'s limit of ",
+        options_.max_batch_ids, " (tessera-shard --max_batch_ids): send smaller batches, or "
+        "raise the limit"));
   }
   const uint64_t serving = version_.load();
   if (version != 0 && version != serving) {

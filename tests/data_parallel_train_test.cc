@@ -2,6 +2,8 @@
 // of shard and coordinator processes on 127.0.0.1.
 
 #include <algorithm>
+#include <csignal>
+#include <cstdlib>
 #include <chrono>
 #include <filesystem>
 #include <functional>
@@ -128,6 +130,39 @@ TEST(DataParallelTraining, TheLocalLauncherRunsTheWorkersAndFailsWithThem) {
   EXPECT_THAT(out, HasSubstr("the workers need --coordinator"));
 }
 
+// Issue 25, item 8: the launcher terminated stops its workers together at the end of a
+// step, each checkpointed and saying how to go on; no worker is left running.
+TEST(DataParallelTraining, ATerminatedLauncherStopsItsWorkersTogetherAtACheckpoint) {
+  const std::string root = absl::StrCat(ScratchDir(), "/stop-cluster");
+  DurableCluster cluster(2, root);
+  ASSERT_TRUE(cluster.Start());
+  setenv("TESSERA_BIN", TESSERA_BIN_DIR, 1);
+  tessera::testing::LoggedProcess launcher(
+      {"/bin/bash", absl::StrCat(TESSERA_SOURCE_DIR, "/scripts/train_workers.sh"), "2",
+       absl::StrCat("--coordinator=", cluster.coordinator->address()), "--model=stopped",
+       "--steps=1000000", "--log_every=10", "--held_out=100", "--checkpoint_every=1000000"},
+      ScratchDir() + "/stopped.log");
+  for (int i = 0; i < 600 && launcher.Output().find("[worker 1] step 20/") == std::string::npos;
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_THAT(launcher.Output(), HasSubstr("[worker 1] step 20/")) << launcher.Output();
+  launcher.Signal(SIGTERM);
+  EXPECT_EQ(launcher.WaitForExit(), 128 + SIGTERM);
+  const std::string out = launcher.Output();
+  // Both at the same step, which the checkpoint holds.
+  const size_t at = out.find("[worker 0] stopped by SIGTERM at step ");
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string step = out.substr(at + 38, out.find(' ', at + 38) - at - 38);
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("[worker 1] stopped by SIGTERM at step ", step, " ")));
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("[worker 0] newest checkpoint: step ", step,
+                                          " of model 'stopped'")));
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("[worker 1] newest checkpoint: step ", step, " ")));
+  EXPECT_THAT(out, HasSubstr("--resume=auto"));
+  std::string left;
+  EXPECT_EQ(tessera::testing::RunCommand("pgrep -f -- '--model=[s]topped '", &left), 1) << left;
+}
+
 TEST(DataParallelTraining, AKilledWorkerMakesTheOtherFailNamingIt) {
   Cluster cluster(2);
   ASSERT_TRUE(cluster.ok) << "cluster did not come up";
@@ -149,6 +184,9 @@ TEST(DataParallelTraining, AKilledWorkerMakesTheOtherFailNamingIt) {
   EXPECT_THAT(out, testing::AnyOf(HasSubstr("worker 1 has stopped"),
                                   HasSubstr("worker(s) 1 of 2 did not push")))
       << out;
+  // The hint points at the worker, not at a server.
+  EXPECT_THAT(out, HasSubstr("next: start (or restart) the worker(s) named above")) << out;
+  EXPECT_THAT(out, testing::Not(HasSubstr("bring back the server"))) << out;
 }
 
 // Two workers checkpoint at step 100, every server is killed and started again on its

@@ -56,8 +56,18 @@ expect_refused UNAVAILABLE "a CA that signed nothing here" --tls_ca_file="$D/oth
   --tls_cert_file="$D/node.pem" --tls_key_file="$D/node.key" --token_file="$D/token"
 # shellcheck disable=SC2086
 expect_refused UNAVAILABLE "no client certificate" --tls_ca_file="$D/ca.pem" --token_file="$D/token"
+out="$($CLI --tls_ca_file="$D/ca.pem" --token_file="$D/token" tables 2>&1 || true)"
+echo "$out" | grep -q "without a client certificate.*pass --tls_cert_file" \
+  || fail "no client certificate: the hint must name it, got: $out"
+echo "$out" | grep -q "is the server plaintext" && fail "no client certificate: hint blames plaintext"
 # shellcheck disable=SC2086
 expect_refused UNAUTHENTICATED "no token" $TLS
+# Status without the client's TLS flags: the servers run, and it says why it cannot tell.
+out="$(TESSERA_CLIENT_FLAGS= "$CLUSTER" status || true)"
+[ "$(echo "$out" | grep -c "UNREACHABLE (running, .*set TESSERA_CLIENT_FLAGS")" = 3 ] \
+  || fail "status without client flags must name TLS, got: $out"
+echo "$out" | grep -q "DOWN" && fail "status called live servers DOWN: $out"
+"$CLUSTER" status | grep -c SERVING | grep -qx 3 || fail "status with client flags"
 
 # The read-only token looks up and lists, and cannot create.
 RO="$TLS --token_file=$D/read-only-token"

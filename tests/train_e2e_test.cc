@@ -2,6 +2,10 @@
 
 #include <sys/wait.h>
 
+#include <chrono>
+#include <csignal>
+#include <thread>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "trainer/criteo_reader.h"
 #include "trainer/dense_backend.h"
+#include "tests/train_process.h"
 
 namespace {
 
@@ -216,6 +221,14 @@ TEST(TesseraTrain, TrainsOnCriteoTsvAndReportsMalformedLines) {
   EXPECT_EQ(stop.exit_code, 1);
   EXPECT_THAT(stop.output, testing::HasSubstr(absl::StrCat(path, ":42:")));
   EXPECT_THAT(stop.output, testing::HasSubstr("INVALID_ARGUMENT"));
+
+  // More steps than the file holds: trained what there is, and said so.
+  Result short_file = RunTrain(
+      absl::StrCat("--data=", path, " --batch_size=64 --steps=100 --log_every=10 --model=tsv"));
+  ASSERT_EQ(short_file.exit_code, 0) << short_file.output;
+  EXPECT_THAT(short_file.output, testing::HasSubstr("data: the input ran out at step "));
+  EXPECT_THAT(short_file.output, testing::HasSubstr("of --steps=100"));
+  EXPECT_THAT(short_file.output, testing::HasSubstr("model: 'tsv' (DLRM) on cpu"));
 }
 
 TEST(TesseraTrain, BadFlagsGiveClearErrors) {
@@ -260,7 +273,7 @@ TEST(TesseraTrainCuda, DefaultRunReachesTheCpuBackendsAuc) {
   ASSERT_EQ(a.exit_code, 0) << a.output;
   Result b = RunTrain(absl::StrCat("--dense_backend=cuda --metrics_out=", gpu));
   ASSERT_EQ(b.exit_code, 0) << b.output;
-  EXPECT_THAT(b.output, testing::HasSubstr("model: dlrm on cuda:0"));
+  EXPECT_THAT(b.output, testing::HasSubstr("model: 'dlrm' (DLRM) on cuda:0"));
   const double auc_cpu = JsonNumber(ReadLines(cpu).back(), "auc");
   const double auc_gpu = JsonNumber(ReadLines(gpu).back(), "auc");
   std::printf("held-out AUC: cpu %.5f, cuda %.5f\n", auc_cpu, auc_gpu);
@@ -342,6 +355,8 @@ TEST(TesseraTrain, InputWithoutOneTrainableLineFailsAndGzipTrainsLikeThePlainFil
   Result c = RunTrain(absl::StrCat("--data=", cut, " --batch_size=64"));
   EXPECT_EQ(c.exit_code, 1);
   EXPECT_THAT(c.output, testing::HasSubstr("corrupt or truncated"));
+  EXPECT_THAT(c.output, testing::HasSubstr("copy or compress the input file named above again"));
+  EXPECT_THAT(c.output, testing::Not(testing::HasSubstr("restore a checkpoint")));
 }
 
 TEST(TesseraTrain, FlagsOutsideTheirRangeAreRefusedNamingTheFlag) {
@@ -401,7 +416,39 @@ TEST(TesseraTrain, BadLinesAreNamedFirstInFileOrderAndReportedOnceEach) {
   EXPECT_THAT(reported[1], testing::HasSubstr(absl::StrCat(":", later1, ":")));
   EXPECT_THAT(reported[2], testing::HasSubstr(absl::StrCat(":", later2, ":")));
   EXPECT_THAT(skip.output, testing::HasSubstr("skipped 1 malformed held-out line(s)"));
+  EXPECT_THAT(skip.output, testing::HasSubstr(absl::StrCat(
+                               "criteo: skipping malformed held-out line ", path, ":", held, ":")));
   EXPECT_THAT(skip.output, testing::HasSubstr("skipped 9 malformed line(s)"));  // 3 epochs
+}
+
+// Issue 25, item 8: Ctrl-C stops at the end of the step, checkpointed, and says how to go
+// on; the command it prints resumes from that step.
+TEST(TesseraTrain, ASignalStopsAtTheEndOfAStepWithACheckpointAndSaysHowToGoOn) {
+  const std::string dir = TempPath("stop-data");
+  std::filesystem::remove_all(dir);
+  const std::string args = absl::StrCat("--data_dir=", dir, " --checkpoint_every=100000 ",
+                                        "--steps=100000 --log_every=50 --held_out=500");
+  tessera::testing::TrainProcess run(args, TempPath("stop.log"));
+  for (int i = 0; i < 600 && run.Output().find("step 100/") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_THAT(run.Output(), testing::HasSubstr("step 100/")) << run.Output();
+  run.Signal(SIGINT);
+  EXPECT_EQ(run.WaitForExit(), 128 + SIGINT);
+  const std::string out = run.Output();
+  const size_t at = out.find("stopped by SIGINT at step ");
+  ASSERT_NE(at, std::string::npos) << out;
+  int64_t step = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(out.substr(at + 26, out.find(' ', at + 26) - at - 26), &step))
+      << out;
+  EXPECT_THAT(out, testing::HasSubstr(absl::StrCat("newest checkpoint: step ", step, " of model 'dlrm'")));
+  EXPECT_THAT(out, testing::HasSubstr(absl::StrCat("to go on from it: ", TESSERA_TRAIN_BIN, " ",
+                                                   args, " --resume=auto")));
+  EXPECT_THAT(out, testing::Not(testing::HasSubstr("held-out:")));  // stopped, not finished
+  Result resumed = RunTrain(absl::StrCat(args, " --resume=auto --steps=", step + 20));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_THAT(resumed.output, testing::HasSubstr(absl::StrCat("resume: restored checkpoint ", step)));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TesseraBinaries, HelpListsEachBinarysOwnFlagsAndVersionPrintsIt) {

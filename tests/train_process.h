@@ -69,14 +69,11 @@ inline int RunTrain(const std::string& args, std::string* output) {
   return RunCommand(absl::StrCat(TESSERA_TRAIN_BIN, " ", args), output);
 }
 
-// tessera-train in the background, its stdout and stderr in a file of its own.
-class TrainProcess : public ChildProcess {
+// A program in the background (`argv[0]`: its path), its stdout and stderr in a file of
+// its own.
+class LoggedProcess : public ChildProcess {
  public:
-  TrainProcess(const std::string& args, const std::string& log) : log_(log) {
-    std::vector<std::string> argv_s = {TESSERA_TRAIN_BIN};
-    for (absl::string_view a : absl::StrSplit(args, ' ', absl::SkipEmpty())) {
-      argv_s.emplace_back(a);
-    }
+  LoggedProcess(std::vector<std::string> argv_s, const std::string& log) : log_(log) {
     std::vector<char*> argv;
     for (auto& a : argv_s) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -98,9 +95,27 @@ class TrainProcess : public ChildProcess {
     ss << in.rdbuf();
     return ss.str();
   }
+  // Sends `sig` to it (while it runs).
+  void Signal(int sig) {
+    if (pid_ > 0) kill(pid_, sig);
+  }
 
  private:
   const std::string log_;
+};
+
+// tessera-train in the background with `args` (space-separated).
+class TrainProcess : public LoggedProcess {
+ public:
+  TrainProcess(const std::string& args, const std::string& log)
+      : LoggedProcess(Argv(args), log) {}
+
+ private:
+  static std::vector<std::string> Argv(const std::string& args) {
+    std::vector<std::string> argv = {TESSERA_TRAIN_BIN};
+    for (absl::string_view a : absl::StrSplit(args, ' ', absl::SkipEmpty())) argv.emplace_back(a);
+    return argv;
+  }
 };
 
 // The loss trajectory of a metrics file: its train records without their timing fields.

@@ -3,7 +3,8 @@
 //   tessera-cli [--coordinator=host:port] health [--address=host:port]
 //   tessera-cli tables
 //   tessera-cli apply --tables_file=tables.json
-//   tessera-cli create --table=user --dim=16 [--optimizer=adagrad --lr=0.05 --seed=1 --dtype=bf16]
+//   tessera-cli create --table=user --dim=16 [--optimizer=adagrad --lr=0.05 --seed=1 --dtype=bf16
+//                      --eviction=lru --max_rows=N --ttl_steps=N --clip_norm=X ...: every field]
 //   tessera-cli lookup --table=user --ids=1,2,3
 //   tessera-cli stats [--table=user]
 //   tessera-cli shardmap
@@ -19,6 +20,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +30,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -39,6 +42,7 @@
 #include "embedding/collection.h"
 #include "embedding/dtype.h"
 #include "embedding/optimizer.h"
+#include "embedding/status.h"
 #include "google/protobuf/util/json_util.h"
 #include "tools/npz.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -64,6 +68,29 @@ ABSL_FLAG(bool, all_models, false,
           "restore: without --model, restore every model of the cluster (rolls back every job "
           "sharing it)");
 ABSL_FLAG(std::string, durability, "checkpoint", "create: checkpoint or write_through");
+ABSL_FLAG(std::string, initializer, "uniform", "create: how new rows start: uniform, normal or zeros");
+ABSL_FLAG(double, init_scale, 0.05,
+          "create: rows start U(-s, s) (normal: N(0, s^2)), as tessera-train's --init_scale; "
+          "0 = 1/sqrt(dim)");
+ABSL_FLAG(std::string, eviction, "none",
+          "create: what a table full at --max_rows does: none (refuses new rows), lru or lfu");
+ABSL_FLAG(int64_t, ttl_steps, 0, "create: rows not updated for this many steps are dropped (0 = never)");
+ABSL_FLAG(std::optional<double>, epsilon, std::nullopt,
+          "create: optimizer epsilon (default 1e-8 for Adam, 1e-10 for the Adagrads)");
+ABSL_FLAG(std::optional<double>, beta1, std::nullopt, "create: Adam beta1 (default 0.9)");
+ABSL_FLAG(std::optional<double>, beta2, std::nullopt, "create: Adam beta2 (default 0.999)");
+ABSL_FLAG(std::optional<double>, initial_accumulator, std::nullopt,
+          "create: Adagrad's and FTRL's initial accumulator (default 0)");
+ABSL_FLAG(std::optional<double>, l1, std::nullopt, "create: FTRL l1 (default 0)");
+ABSL_FLAG(std::optional<double>, l2, std::nullopt, "create: FTRL l2 (default 0)");
+ABSL_FLAG(std::optional<double>, lr_power, std::nullopt,
+          "create: FTRL learning rate power (default -0.5)");
+ABSL_FLAG(std::optional<double>, clip_norm, std::nullopt,
+          "create: clip each row's summed gradient to this L2 norm (default 0: off)");
+ABSL_FLAG(std::optional<double>, clip_value, std::nullopt,
+          "create: clip each gradient element to +-this (default 0: off)");
+ABSL_FLAG(std::optional<double>, weight_decay, std::nullopt,
+          "create: adds weight_decay * w to the gradient (default 0)");
 ABSL_FLAG(std::string, dtype, "fp32", "create: stored weights: fp32, fp16 or bf16");
 ABSL_FLAG(int64_t, since_step, -1,
           "export: only rows updated at or after this step (-1 = every stored row)");
@@ -154,7 +181,7 @@ int Fail(const std::string& what, const grpc::Status& s) {
   // Calls go to the coordinator but for `health --address`: say what a shard or a TLS
   // mismatch looks like.
   absl::Status explained = tessera::client::ExplainCoordinatorFailure(
-      tessera::client::FromGrpcStatus(s), absl::GetFlag(FLAGS_coordinator), Security().tls());
+      tessera::client::FromGrpcStatus(s), absl::GetFlag(FLAGS_coordinator), Security());
   std::cerr << "tessera-cli: " << what << ": " << absl::StatusCodeToString(explained.code())
             << ": " << explained.message() << "\n";
   return 1;
@@ -470,6 +497,100 @@ int Restore(Coordinator::Stub& stub) {
   return 0;
 }
 
+// `value` of enum flag `flag` in any case, '-' for '_', with or without the proto's
+// `prefix` ("lru", "EVICTION_LRU"); InvalidArgument naming the choices.
+absl::StatusOr<int> ParseEnumFlag(const std::string& flag, const std::string& value,
+                                  const google::protobuf::EnumDescriptor* type,
+                                  const std::string& prefix = "") {
+  std::string name = absl::AsciiStrToUpper(value);
+  std::replace(name.begin(), name.end(), '-', '_');
+  for (const std::string& candidate : {name, prefix + name}) {
+    if (const auto* v = type->FindValueByName(candidate); v != nullptr) return v->number();
+  }
+  std::vector<std::string> choices;
+  for (int i = 0; i < type->value_count(); ++i) {
+    std::string choice = type->value(i)->name();
+    if (absl::StartsWith(choice, prefix)) choice = choice.substr(prefix.size());
+    if (!absl::StrContains(choice, "UNSPECIFIED")) choices.push_back(absl::AsciiStrToLower(choice));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, ": unknown value '", value,
+                                                 "'; expected ", absl::StrJoin(choices, ", ")));
+}
+
+// The TableConfig of `create`'s flags: every field, with tessera-train's defaults; the
+// optimizer settings left out keep the servers' defaults.
+absl::StatusOr<tessera::v1::TableConfig> CreateConfig(const std::string& table) {
+  tessera::v1::TableConfig c;
+  c.set_name(table);
+  c.set_dim(absl::GetFlag(FLAGS_dim));
+  c.set_seed(absl::GetFlag(FLAGS_seed));
+  c.set_max_rows(absl::GetFlag(FLAGS_max_rows));
+  TESSERA_ASSIGN_OR_RETURN(tessera::v1::Dtype dtype,
+                           tessera::embedding::ParseDtypeName(absl::GetFlag(FLAGS_dtype)));
+  c.set_dtype(dtype);
+  TESSERA_ASSIGN_OR_RETURN(tessera::v1::OptimizerType type,
+                           tessera::embedding::ParseOptimizerName(absl::GetFlag(FLAGS_optimizer)));
+  auto* o = c.mutable_optimizer();
+  o->set_type(type);
+  o->set_learning_rate(static_cast<float>(absl::GetFlag(FLAGS_lr)));
+  const std::pair<std::optional<double>, void (tessera::v1::OptimizerConfig::*)(float)>
+      settings[] = {
+          {absl::GetFlag(FLAGS_epsilon), &tessera::v1::OptimizerConfig::set_epsilon},
+          {absl::GetFlag(FLAGS_beta1), &tessera::v1::OptimizerConfig::set_beta1},
+          {absl::GetFlag(FLAGS_beta2), &tessera::v1::OptimizerConfig::set_beta2},
+          {absl::GetFlag(FLAGS_initial_accumulator),
+           &tessera::v1::OptimizerConfig::set_initial_accumulator},
+          {absl::GetFlag(FLAGS_l1), &tessera::v1::OptimizerConfig::set_l1},
+          {absl::GetFlag(FLAGS_l2), &tessera::v1::OptimizerConfig::set_l2},
+          {absl::GetFlag(FLAGS_lr_power), &tessera::v1::OptimizerConfig::set_learning_rate_power},
+          {absl::GetFlag(FLAGS_clip_norm), &tessera::v1::OptimizerConfig::set_clip_norm},
+          {absl::GetFlag(FLAGS_clip_value), &tessera::v1::OptimizerConfig::set_clip_value},
+          {absl::GetFlag(FLAGS_weight_decay), &tessera::v1::OptimizerConfig::set_weight_decay},
+      };
+  for (const auto& [value, set] : settings) {
+    if (value.has_value()) (o->*set)(static_cast<float>(*value));
+  }
+  TESSERA_ASSIGN_OR_RETURN(int initializer,
+                           ParseEnumFlag("initializer", absl::GetFlag(FLAGS_initializer),
+                                         tessera::v1::InitializerType_descriptor()));
+  // UNIFORM is what an unspecified initializer means, and is sent as that.
+  if (initializer != tessera::v1::UNIFORM) {
+    c.mutable_initializer()->set_type(static_cast<tessera::v1::InitializerType>(initializer));
+  }
+  if (const double scale = absl::GetFlag(FLAGS_init_scale); scale > 0) {
+    c.mutable_initializer()->set_scale(static_cast<float>(scale));
+  }
+  TESSERA_ASSIGN_OR_RETURN(int durability,
+                           ParseEnumFlag("durability", absl::GetFlag(FLAGS_durability),
+                                         tessera::v1::Durability_descriptor()));
+  c.set_durability(static_cast<tessera::v1::Durability>(durability));
+  TESSERA_ASSIGN_OR_RETURN(int eviction,
+                           ParseEnumFlag("eviction", absl::GetFlag(FLAGS_eviction),
+                                         tessera::v1::EvictionPolicy_descriptor(), "EVICTION_"));
+  c.mutable_eviction()->set_policy(static_cast<tessera::v1::EvictionPolicy>(eviction));
+  c.mutable_eviction()->set_ttl_steps(absl::GetFlag(FLAGS_ttl_steps));
+  return c;
+}
+
+int Create(Coordinator::Stub& stub, const std::string& table) {
+  if (table.empty()) {
+    std::cerr << "tessera-cli: create needs --table=NAME (and --dim)\n";
+    return 1;
+  }
+  absl::StatusOr<tessera::v1::TableConfig> config = CreateConfig(table);
+  if (!config.ok()) {
+    std::cerr << "tessera-cli: " << config.status().message() << "\n";
+    return 1;
+  }
+  tessera::v1::CreateTableRequest req;
+  *req.mutable_config() = *config;
+  tessera::v1::CreateTableResponse resp;
+  grpc::Status s = stub.CreateTable(Context().get(), req, &resp);
+  if (!s.ok()) return Fail("create", s);
+  std::printf("created table '%s' (dim %d)\n", table.c_str(), config->dim());
+  return 0;
+}
+
 int Run(const std::string& command) {
   if (command == "health") return Health();
   auto stub = Coordinator::NewStub(Channel(absl::GetFlag(FLAGS_coordinator)));
@@ -490,39 +611,7 @@ int Run(const std::string& command) {
     return 0;
   }
   if (command == "apply") return Apply(*stub);
-  if (command == "create") {
-    auto opt = tessera::embedding::ParseOptimizerName(absl::GetFlag(FLAGS_optimizer));
-    auto dtype = tessera::embedding::ParseDtypeName(absl::GetFlag(FLAGS_dtype));
-    for (const absl::Status& bad : {opt.status(), dtype.status()}) {
-      if (!bad.ok()) {
-        std::cerr << "tessera-cli: " << bad.message() << "\n";
-        return 1;
-      }
-    }
-    tessera::v1::CreateTableRequest req;
-    auto* c = req.mutable_config();
-    c->set_name(table);
-    c->set_dim(absl::GetFlag(FLAGS_dim));
-    c->set_dtype(*dtype);
-    c->set_seed(absl::GetFlag(FLAGS_seed));
-    c->set_max_rows(absl::GetFlag(FLAGS_max_rows));
-    c->mutable_optimizer()->set_type(*opt);
-    c->mutable_optimizer()->set_learning_rate(static_cast<float>(absl::GetFlag(FLAGS_lr)));
-    const std::string durability = absl::GetFlag(FLAGS_durability);
-    if (durability == "write_through") {
-      c->set_durability(tessera::v1::WRITE_THROUGH);
-    } else if (durability != "checkpoint") {
-      std::cerr << "tessera-cli: --durability must be checkpoint or write_through, got '"
-                << durability << "'\n";
-      return 1;
-    }
-    auto ctx = Context();
-    tessera::v1::CreateTableResponse resp;
-    grpc::Status s = stub->CreateTable(ctx.get(), req, &resp);
-    if (!s.ok()) return Fail("create", s);
-    std::printf("created table '%s' (dim %d)\n", table.c_str(), c->dim());
-    return 0;
-  }
+  if (command == "create") return Create(*stub, table);
   if (command == "lookup") {
     if (table.empty() || absl::GetFlag(FLAGS_ids).empty()) {
       std::cerr << "tessera-cli: lookup needs --table=NAME and --ids=ID,ID,... (read only: "

@@ -59,6 +59,85 @@ std::string Npy(const NpyArray& a) {
   return out;
 }
 
+// A dtype a .npy file may store, read as int64 (ids: integers of any width; uint64 as
+// the same 64 bits, as the Python client takes them) or float32 (weights: float16, 32 or
+// 64, as np.ascontiguousarray(..., np.float32) takes them).
+struct StoredDtype {
+  const char* descr;
+  size_t size;
+  bool floating;
+  bool is_signed;
+};
+constexpr StoredDtype kStoredDtypes[] = {
+    {"<i8", 8, false, true},  {"<u8", 8, false, false}, {"<i4", 4, false, true},
+    {"<u4", 4, false, false}, {"<i2", 2, false, true},  {"<u2", 2, false, false},
+    {"|i1", 1, false, true},  {"|u1", 1, false, false}, {"<f4", 4, true, true},
+    {"<f8", 8, true, true},   {"<f2", 2, true, true},
+};
+
+const StoredDtype* FindStoredDtype(absl::string_view descr) {
+  for (const auto& d : kStoredDtypes) {
+    if (descr == d.descr) return &d;
+  }
+  return nullptr;
+}
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const int exponent = (h >> 10) & 0x1f;
+  uint32_t mantissa = h & 0x3ff;
+  uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | (static_cast<uint32_t>(exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {  // subnormal: normalise
+    int e = 113;
+    while ((mantissa & 0x400) == 0) {
+      mantissa <<= 1;
+      --e;
+    }
+    bits = sign | (static_cast<uint32_t>(e) << 23) | ((mantissa & 0x3ff) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// `n` values of `kind` as little-endian int64 or float32 bytes.
+std::string Widen(const StoredDtype& kind, absl::string_view data, int64_t n) {
+  if (kind.size == (kind.floating ? 4u : 8u)) return std::string(data);  // as stored
+  std::string out(static_cast<size_t>(n) * (kind.floating ? 4 : 8), '\0');
+  for (int64_t i = 0; i < n; ++i) {
+    const char* v = data.data() + i * kind.size;
+    if (kind.floating) {
+      float f = 0;
+      if (kind.size == 8) {
+        double d;
+        std::memcpy(&d, v, 8);
+        f = static_cast<float>(d);
+      } else {
+        uint16_t h;
+        std::memcpy(&h, v, 2);
+        f = HalfToFloat(h);
+      }
+      std::memcpy(out.data() + i * 4, &f, 4);
+      continue;
+    }
+    uint64_t raw = 0;
+    std::memcpy(&raw, v, kind.size);
+    int64_t x = static_cast<int64_t>(raw);
+    if (kind.is_signed && kind.size < 8) {  // sign-extend
+      const int shift = 64 - 8 * static_cast<int>(kind.size);
+      x = static_cast<int64_t>(raw << shift) >> shift;
+    }
+    std::memcpy(out.data() + i * 8, &x, 8);
+  }
+  return out;
+}
+
 absl::StatusOr<NpyArray> ParseNpy(const std::string& name, const std::string& bytes) {
   auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat("npz entry '", name, "': ", why));
@@ -88,10 +167,11 @@ absl::StatusOr<NpyArray> ParseNpy(const std::string& name, const std::string& by
     if (header[v] == '(') return header.substr(v + 1, header.find(')', v) - v - 1);
     return header.substr(v, header.find_first_of(",}", v) - v);
   };
-  a.dtype = field("descr");
-  if (a.dtype == "<u8") a.dtype = "<i8";  // ids as unsigned: the same 64 bits
-  if (a.dtype != "<i8" && a.dtype != "<f4") {
-    return bad(absl::StrCat("dtype '", a.dtype, "' (int64, uint64 or float32 expected)"));
+  const std::string stored = field("descr");
+  const auto* kind = FindStoredDtype(stored);
+  if (kind == nullptr) {
+    return bad(absl::StrCat("dtype '", stored,
+                            "' (little-endian integers or float16/32/64 expected)"));
   }
   if (field("fortran_order") != "False") return bad("Fortran order is not supported");
   for (absl::string_view d : absl::StrSplit(field("shape"), ',', absl::SkipWhitespace())) {
@@ -99,11 +179,13 @@ absl::StatusOr<NpyArray> ParseNpy(const std::string& name, const std::string& by
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(d), &n) || n < 0) return bad("bad shape");
     a.shape.push_back(n);
   }
-  a.data = bytes.substr(at + header_len);
-  if (a.data.size() != static_cast<size_t>(a.elements()) * ItemSize(a.dtype)) {
-    return bad(absl::StrCat(a.data.size(), " data bytes for shape (",
+  const absl::string_view data = absl::string_view(bytes).substr(at + header_len);
+  if (data.size() != static_cast<size_t>(a.elements()) * kind->size) {
+    return bad(absl::StrCat(data.size(), " data bytes for shape (",
                             absl::StrJoin(a.shape, ", "), ")"));
   }
+  a.dtype = kind->floating ? "<f4" : "<i8";
+  a.data = Widen(*kind, data, a.elements());
   return a;
 }
 

@@ -72,6 +72,48 @@ TEST(Npz, NumpyReadsOursAndWeReadNumpys) {
   EXPECT_EQ((*read)["weights"].shape, (std::vector<int64_t>{3, 2}));
 }
 
+// What the Python client accepts, the CLI's import reads: ids of any integer width and
+// float64 or float16 weights (issue 25, item 14).
+TEST(Npz, IntegersOfAnyWidthReadAsInt64AndFloatsAsFloat32) {
+  if (std::system("/usr/bin/python3 -c 'import numpy' 2>/dev/null") != 0) {
+    GTEST_SKIP() << "no numpy for /usr/bin/python3";
+  }
+  const std::string path = absl::StrCat(testing::TempDir(), "/widths.npz");
+  const std::string script = absl::StrCat(
+      "/usr/bin/python3 -c \"import numpy as np; np.savez('", path, "', "
+      "i32=np.array([-3, 2**31 - 1], np.int32), u16=np.array([65535, 1], np.uint16), "
+      "i8=np.array([-128, 5], np.int8), "
+      "f64=np.array([[0.1, -2.5e38], [1e-3, 3]], np.float64), "
+      "f16=np.array([1.5, -3e-5, 65504], np.float16))\"");
+  ASSERT_EQ(std::system(script.c_str()), 0);
+  auto read = ReadNpz(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  auto ints = [&](const std::string& name) {
+    const NpyArray& a = (*read)[name];
+    EXPECT_EQ(a.dtype, "<i8") << name;
+    std::vector<int64_t> v(a.data.size() / 8);
+    std::memcpy(v.data(), a.data.data(), a.data.size());
+    return v;
+  };
+  auto floats = [&](const std::string& name) {
+    const NpyArray& a = (*read)[name];
+    EXPECT_EQ(a.dtype, "<f4") << name;
+    std::vector<float> v(a.data.size() / 4);
+    std::memcpy(v.data(), a.data.data(), a.data.size());
+    return v;
+  };
+  EXPECT_EQ(ints("i32"), (std::vector<int64_t>{-3, 2147483647}));
+  EXPECT_EQ(ints("u16"), (std::vector<int64_t>{65535, 1}));
+  EXPECT_EQ(ints("i8"), (std::vector<int64_t>{-128, 5}));
+  EXPECT_EQ(floats("f64"), (std::vector<float>{0.1f, -2.5e38f, 1e-3f, 3.0f}));
+  EXPECT_EQ((*read)["f64"].shape, (std::vector<int64_t>{2, 2}));
+  const std::vector<float> half = floats("f16");
+  ASSERT_EQ(half.size(), 3u);
+  EXPECT_EQ(half[0], 1.5f);
+  EXPECT_NEAR(half[1], -3e-5f, 6e-8f);  // a subnormal float16
+  EXPECT_EQ(half[2], 65504.0f);
+}
+
 TEST(Npz, CompressedTruncatedOrMissingFilesAreClearErrors) {
   EXPECT_EQ(ReadNpz("/nonexistent.npz").status().code(), absl::StatusCode::kNotFound);
   const std::string path = absl::StrCat(testing::TempDir(), "/cut.npz");

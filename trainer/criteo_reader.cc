@@ -13,6 +13,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_split.h"
 #include "embedding/sharding.h"
 #include "embedding/status.h"
@@ -149,7 +150,14 @@ bool IsHeldOutLine(int64_t line_number, const CriteoOptions& options, int file) 
 absl::Status ParseCriteoLine(absl::string_view line, const CriteoOptions& options, float* dense,
                              int64_t* ids, float* label) {
   if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  // A UTF-8 byte order mark (an editor's, at the start of a file) is not part of the label.
+  absl::ConsumePrefix(&line, "\xEF\xBB\xBF");
   const int expected = 1 + options.num_dense + options.num_sparse;
+  // A tab after the last column (an exporter's habit) adds no column.
+  if (!line.empty() && line.back() == '\t' &&
+      std::count(line.begin(), line.end(), '\t') == expected) {
+    line.remove_suffix(1);
+  }
   int column = 0;
   size_t start = 0;
   while (true) {
@@ -300,7 +308,11 @@ absl::StatusOr<bool> CriteoReader::ReadSample(bool held_out, float* dense, int64
         absl::StrCat(paths_[file_], ":", line_number_, ": ", s.message());
     if (options_.stop_on_bad_line) return absl::InvalidArgumentError(where);
     if (held_out) {
-      if (held_out_report_ != nullptr) ++held_out_report_->bad_lines;
+      if (held_out_report_ == nullptr) continue;
+      // Named like the training lines: the first few, with file and line number.
+      if (++held_out_report_->bad_lines <= options_.max_reported_bad_lines) {
+        std::cerr << "criteo: skipping malformed held-out line " << where << "\n";
+      }
       continue;
     }
     const int64_t bad = bad_lines_.fetch_add(1, std::memory_order_relaxed) + 1;

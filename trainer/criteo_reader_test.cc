@@ -82,6 +82,23 @@ TEST(ParseCriteoLine, ExplainsMalformedLines) {
   EXPECT_THAT(why(""), testing::HasSubstr("label"));
 }
 
+TEST(ParseCriteoLine, AByteOrderMarkAndATrailingTabDoNotDropAValidLine) {
+  CriteoOptions o;
+  std::vector<float> dense(13), dense2(13);
+  std::vector<int64_t> ids(26), ids2(26);
+  float label = -1, label2 = -1;
+  const std::string good = Line(1, 7);
+  ASSERT_TRUE(ParseCriteoLine(good, o, dense.data(), ids.data(), &label).ok());
+  for (const std::string& variant : {"\xEF\xBB\xBF" + good, good + "\t", good + "\t\r"}) {
+    ASSERT_TRUE(ParseCriteoLine(variant, o, dense2.data(), ids2.data(), &label2).ok());
+    EXPECT_EQ(label2, label);
+    EXPECT_EQ(dense2, dense);
+    EXPECT_EQ(ids2, ids);
+  }
+  // One empty column more is a trailing tab; two are a malformed line.
+  EXPECT_FALSE(ParseCriteoLine(good + "\t\t", o, dense2.data(), ids2.data(), &label2).ok());
+}
+
 TEST(CriteoReader, SkipsAndCountsBadLinesOrStopsNamingTheLine) {
   std::vector<std::string> lines;
   for (int i = 0; i < 30; ++i) lines.push_back(Line(i % 2, i));

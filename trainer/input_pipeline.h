@@ -1,6 +1,7 @@
 #ifndef TESSERA_TRAINER_INPUT_PIPELINE_H_
 #define TESSERA_TRAINER_INPUT_PIPELINE_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -58,6 +59,24 @@ class PrefetchingSource final : public BatchSource {
   BoundedQueue<Item> queue_;
   bool done_ = false;
   std::thread thread_;
+};
+
+// A source that ends early once `*stop` is set (a stop a signal asked for): the batches
+// already handed out are trained, and Next answers false from then on. Under
+// data-parallel training it goes beneath the AgreedEndSource, so that every worker ends
+// at the same step.
+class StoppableSource final : public BatchSource {
+ public:
+  StoppableSource(std::unique_ptr<BatchSource> inner, const std::atomic<bool>* stop)
+      : inner_(std::move(inner)), stop_(stop) {}
+  absl::StatusOr<bool> Next(Batch* batch) override {
+    if (stop_->load(std::memory_order_relaxed)) return false;
+    return inner_->Next(batch);
+  }
+
+ private:
+  std::unique_ptr<BatchSource> inner_;
+  const std::atomic<bool>* stop_;
 };
 
 }  // namespace tessera::trainer

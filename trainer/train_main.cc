@@ -1,6 +1,10 @@
 // tessera-train: trains a DLRM ranking model against embedding tables. With no flags it
 // runs on synthetic data with a planted teacher, on 4 in-process shards.
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -15,9 +19,11 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/embedding_client.h"
 #include "client/security_flags.h"
@@ -119,6 +125,55 @@ ABSL_FLAG(int, rendezvous_timeout_s, 300,
 
 namespace tessera::trainer {
 namespace {
+
+// SIGINT and SIGTERM: the first stops training at the end of the step in flight (with a
+// checkpoint when --checkpoint_every is set), the second ends the process at once.
+std::atomic<bool> stop_requested{false};
+volatile sig_atomic_t stop_signal = 0;
+std::vector<std::string> command_line;  // as given, for the command that resumes
+
+void OnStopSignal(int sig) {
+  if (stop_signal != 0) {
+    signal(sig, SIG_DFL);
+    raise(sig);
+    return;
+  }
+  stop_signal = sig;
+  stop_requested.store(true);
+  static const char kMessage[] =
+      "tessera-train: stopping at the end of this step (a second signal stops at once)\n";
+  (void)!write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
+}
+
+void InstallStopHandlers() {
+  struct sigaction action = {};
+  action.sa_handler = OnStopSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
+// After a stop by signal: where the model is and how to go on from there.
+void ReportStop(int64_t step, int64_t steps, const Trainer& trainer, const std::string& model) {
+  std::printf("stopped by %s at step %lld%s\n", stop_signal == SIGINT ? "SIGINT" : "SIGTERM",
+              static_cast<long long>(step),
+              steps > 0 ? absl::StrCat(" of ", steps).c_str() : "");
+  if (trainer.last_checkpoint() < 0) {
+    std::printf("no checkpoint was taken: this run cannot be resumed (train with "
+                "--checkpoint_every=N and --data_dir=DIR or --coordinator=HOST:PORT to be "
+                "able to)\n");
+    return;
+  }
+  std::vector<std::string> args;
+  for (const std::string& a : command_line) {
+    if (a.rfind("--resume", 0) != 0 && a.rfind("-resume", 0) != 0) args.push_back(a);
+  }
+  args.push_back("--resume=auto");
+  std::printf("newest checkpoint: step %lld of model '%s'\nto go on from it: %s\n",
+              static_cast<long long>(trainer.last_checkpoint()), model.c_str(),
+              absl::StrJoin(args, " ").c_str());
+}
 
 absl::StatusOr<std::vector<int>> ParseWidths(const std::string& s, const char* flag) {
   std::vector<int> out;
@@ -601,16 +656,12 @@ absl::Status Run() {
         std::printf("resume: skipped the %lld batches before step %lld\n",
                     static_cast<long long>(first), static_cast<long long>(first));
       }
-      if (dp != nullptr) {
-        // The workers' shares of a file differ by a line or so: they stop together.
-        return std::unique_ptr<BatchSource>(
-            std::make_unique<AgreedEndSource>(std::move(prefetching), dp.get()));
-      }
       return std::unique_ptr<BatchSource>(std::move(prefetching));
     };
   }
-  std::printf("model: dlrm on %s, emb_dim %d, tables on %s, optimizer %s\n", dense->name().c_str(),
-              model.emb_dim, where.c_str(), embedding::OptimizerName(opt).c_str());
+  std::printf("model: '%s' (DLRM) on %s, emb_dim %d, tables %s.C1-C%d on %s, optimizer %s\n",
+              options.model.c_str(), dense->name().c_str(), model.emb_dim, options.model.c_str(),
+              model.num_sparse, where.c_str(), embedding::OptimizerName(opt).c_str());
   std::fflush(stdout);
 
   TrainResult result;
@@ -624,7 +675,11 @@ absl::Status Run() {
           "--resume=auto");
     }
     source.reset();
-    TESSERA_ASSIGN_OR_RETURN(source, make_source(start));
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> data, make_source(start));
+    source = std::make_unique<StoppableSource>(std::move(data), &stop_requested);
+    // The workers' shares of a file differ by a line or so, and a signal reaches them at
+    // different steps: they end together.
+    if (dp != nullptr) source = std::make_unique<AgreedEndSource>(std::move(source), dp.get());
     TESSERA_ASSIGN_OR_RETURN(TrainResult leg, trainer.Train(source.get(), steps, start));
     result.steps += leg.steps;
     result.samples += leg.samples;
@@ -643,6 +698,10 @@ absl::Status Run() {
   if (bad_lines > 0) {
     std::printf("data: skipped %lld malformed line(s) of %lld read\n",
                 static_cast<long long>(bad_lines), static_cast<long long>(lines_read));
+  }
+  if (stop_requested.load()) {
+    ReportStop(last_step, steps, trainer, options.model);
+    return absl::OkStatus();
   }
   if (from_file && steps > 0 && last_step < steps) {
     std::printf("data: the input ran out at step %lld of --steps=%lld (%lld lines read, "
@@ -728,13 +787,28 @@ std::string NextStepAfter(const absl::Status& s) {
       checkpoints ? "then run again with --resume=auto: it goes on from the newest checkpoint"
                   : "then run again (with --checkpoint_every, a run can go on from its last "
                     "checkpoint)";
+  const absl::string_view message = s.message();
   switch (s.code()) {
     case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kAborted:
+      // A data-parallel partner, not a server, is what is missing.
+      if (absl::StrContains(message, "worker")) {
+        return absl::StrCat(
+            "start (or restart) the worker(s) named above with the same --coordinator, "
+            "--model and --num_workers (--worker_timeout_s and --rendezvous_timeout_s wait "
+            "longer), ", resume);
+      }
+      if (s.code() == absl::StatusCode::kAborted) return "";
       return absl::StrCat(
           "bring back the server named above (tessera-shard or tessera-coordinator; "
           "--max_retries waits longer for one that restarts), ", resume);
     case absl::StatusCode::kDataLoss:
+      // An input file that is damaged: nothing of the model is.
+      if (absl::StrContains(message, "corrupt or truncated")) {
+        return absl::StrCat("copy or compress the input file named above again (the model's "
+                            "tables are not affected), ", resume);
+      }
       return absl::StrCat("restore a checkpoint (tessera-cli restore --model=",
                           absl::GetFlag(FLAGS_model), "), ", resume);
     case absl::StatusCode::kInternal:
@@ -760,6 +834,8 @@ int main(int argc, char** argv) {
       "  tessera-train --data=train.tsv      Criteo-format TSV\n"
       "  tessera-train --coordinator=HOST:PORT --model=NAME --resume=auto");
   absl::Status s = tessera::server::ConfigureLoggingFromFlags("tessera-train");
+  tessera::trainer::command_line.assign(argv, argv + argc);
+  tessera::trainer::InstallStopHandlers();
   if (s.ok()) s = tessera::trainer::Run();
   if (!s.ok()) {
     std::cerr << "tessera-train: " << s << "\n";
@@ -767,5 +843,7 @@ int main(int argc, char** argv) {
     if (!next.empty()) std::cerr << "tessera-train: next: " << next << "\n";
     return 1;
   }
+  // Stopped by a signal: the shell's code for it, after the orderly stop.
+  if (tessera::trainer::stop_signal != 0) return 128 + tessera::trainer::stop_signal;
   return 0;
 }

@@ -229,7 +229,10 @@ absl::Status Trainer::CheckpointAndReport(int64_t steps) {
   if (dp != nullptr && dp->rank() != 0) {
     // Worker 0 checkpoints the tables and the dense state (the same on every worker);
     // the others wait for it before their next step.
-    return Annotate(dp->Barrier(kCheckpointWait), "waiting for worker 0's checkpoint");
+    TESSERA_RETURN_IF_ERROR(
+        Annotate(dp->Barrier(kCheckpointWait), "waiting for worker 0's checkpoint"));
+    last_checkpoint_ = steps;
+    return absl::OkStatus();
   }
   TESSERA_ASSIGN_OR_RETURN(embedding::CheckpointInfo info, Checkpoint(steps));
   if (options_.print_progress) {
@@ -240,6 +243,7 @@ absl::Status Trainer::CheckpointAndReport(int64_t steps) {
   WriteMetrics(
       absl::StrFormat(R"({"event":"checkpoint","step":%d,"rows":%d,"bytes":%d,"seconds":%.3f})",
                       steps, info.rows, info.bytes, info.seconds));
+  last_checkpoint_ = steps;
   if (dp != nullptr) TESSERA_RETURN_IF_ERROR(dp->Barrier(kCheckpointWait));
   return absl::OkStatus();
 }
@@ -256,6 +260,7 @@ absl::StatusOr<int64_t> Trainer::Resume() {
                            tables_->Restore(-1, &attachments, checks));
   TESSERA_RETURN_IF_ERROR(
       Annotate(dense_->LoadState(attachments["dense"]), absl::StrCat("checkpoint ", info.step)));
+  last_checkpoint_ = info.step;
   return info.step;
 }
 

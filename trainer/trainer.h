@@ -163,6 +163,8 @@ class Trainer {
   absl::StatusOr<EvalResult> Evaluate(const Batch& held_out);
 
   const StepTimes& step_times() const { return times_; }
+  // The step of the newest checkpoint this trainer took (or resumed from); -1 for none.
+  int64_t last_checkpoint() const { return last_checkpoint_; }
 
   // Appends one JSON object (already formatted, without newline) to the metrics file.
   void WriteMetrics(const std::string& json);
@@ -211,6 +213,7 @@ class Trainer {
   std::unique_ptr<SparseWorker> worker_;  // destroyed first: it finishes the calls queued
   int64_t next_lookup_step_ = 0;
   bool source_done_ = false;
+  int64_t last_checkpoint_ = -1;
   int64_t restarts_seen_ = 0;  // tables_->ShardRestarts() handled so far
   StepTimes times_;
 };

@@ -21,7 +21,15 @@ read -r -a CLIENT_FLAGS <<< "${TESSERA_CLIENT_FLAGS:-}"
 
 die() { echo "cluster: $*" >&2; exit 1; }
 
-alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# The process of pid file $1 runs (a killed one not yet reaped, a zombie, does not).
+alive() {
+  [ -f "$1" ] || return 1
+  local pid state
+  pid="$(cat "$1")"
+  kill -0 "$pid" 2>/dev/null || return 1
+  state="$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -c1)"
+  [ "$state" != "Z" ]
+}
 
 wait_healthy() {  # address, log
   for _ in $(seq 1 100); do
@@ -47,6 +55,8 @@ start() {
   fi
   mkdir -p "$DIR/logs" "$DIR/pids"
   echo "$n" > "$DIR/num_shards"
+  rm -f "$DIR/tls"
+  case " ${SERVER_FLAGS[*]:-} " in *" --tls_cert_file="*) touch "$DIR/tls" ;; esac
   echo "$BASE" > "$DIR/base_port"
   local shards=""
   for ((k = 0; k < n; k++)); do
@@ -69,25 +79,35 @@ start() {
   echo "cluster: logs in $DIR/logs, data in $DIR/data (kept across restarts)"
 }
 
+# One process's line: SERVING, DOWN (not running) or UNREACHABLE (running, but its health
+# check failed, with why: most often TLS flags that do not match the servers').
+report() {  # name, address, pid file
+  local out
+  if ! alive "$3"; then
+    echo "$1  $2  DOWN (not running)"
+    return 1
+  fi
+  if out="$("$CLI" "${CLIENT_FLAGS[@]}" health --address="$2" 2>&1)"; then
+    echo "$1  $2  SERVING"
+    return 0
+  fi
+  local why="${out#tessera-cli: }"
+  if [ -f "$DIR/tls" ] && [ "${#CLIENT_FLAGS[@]}" -eq 0 ]; then
+    why="the cluster was started with TLS: set TESSERA_CLIENT_FLAGS to this client's TLS flags (docs/security.md)"
+  fi
+  echo "$1  $2  UNREACHABLE (running, but its health check failed: ${why%%$'\n'*})"
+  return 1
+}
+
 status() {
   [ -d "$DIR/pids" ] || { echo "cluster: not running"; return 1; }
   local base n bad=0
   base="$(cat "$DIR/base_port")"
   n="$(cat "$DIR/num_shards")"
   for ((k = 0; k < n; k++)); do
-    if alive "$DIR/pids/shard-$k.pid" &&
-       "$CLI" "${CLIENT_FLAGS[@]}" health --address="127.0.0.1:$((base + 1 + k))" >/dev/null 2>&1; then
-      echo "shard $k        127.0.0.1:$((base + 1 + k))  SERVING"
-    else
-      echo "shard $k        127.0.0.1:$((base + 1 + k))  DOWN"; bad=1
-    fi
+    report "shard $k      " "127.0.0.1:$((base + 1 + k))" "$DIR/pids/shard-$k.pid" || bad=1
   done
-  if alive "$DIR/pids/coordinator.pid" &&
-     "$CLI" "${CLIENT_FLAGS[@]}" health --address="127.0.0.1:$base" >/dev/null 2>&1; then
-    echo "coordinator    127.0.0.1:$base  SERVING"
-  else
-    echo "coordinator    127.0.0.1:$base  DOWN"; bad=1
-  fi
+  report "coordinator   " "127.0.0.1:$base" "$DIR/pids/coordinator.pid" || bad=1
   return $bad
 }
 

@@ -744,12 +744,13 @@ absl::StatusOr<int64_t> DurableCollection::FlushDirtyRows(const std::string& mod
   // newer where both exist, are written after them.
   for (const auto& [name, t] : tables_) {
     if (!embedding::TableOfModel(name, model)) continue;
+    const uint32_t spilled_table = t.id;  // clang 14 cannot capture a structured binding
     TESSERA_RETURN_IF_ERROR(
         store_->Scan(SpillPrefix(t.id), [&](absl::string_view key, absl::string_view value) {
           uint32_t table_id = 0;
           int64_t id = 0;
           if (!ParseRowKey(key, &table_id, &id)) return absl::OkStatus();
-          writes.push_back(KvWrite{RowKey(t.id, id), std::string(value)});
+          writes.push_back(KvWrite{RowKey(spilled_table, id), std::string(value)});
           writes.push_back(KvWrite{std::string(key), "", /*erase=*/true});
           return absl::OkStatus();
         }));

@@ -230,8 +230,17 @@ class Client:
                              if root_certs else None)
         self._coordinator = _Endpoint(address, "Coordinator", self._credentials, self._options)
         # What an UNAVAILABLE coordinator most often means here.
-        hint = (" (this client uses TLS: is the server plaintext?)" if root_certs else
-                " (this client is plaintext: if the server uses TLS, pass root_certs)")
+        if not root_certs:
+            hint = " (this client is plaintext: if the server uses TLS, pass root_certs)"
+        elif not cert_chain:
+            hint = (" (this client uses TLS without a client certificate: a server started "
+                    "with --tls_require_client_cert refuses it, pass cert_chain and "
+                    "private_key; else check that root_certs signed the server's certificate "
+                    "and that the server uses TLS)")
+        else:
+            hint = (" (this client uses TLS: check that root_certs signed the server's "
+                    "certificate, that the server trusts this client's, and that the server "
+                    "uses TLS)")
         try:
             grpc.channel_ready_future(self._coordinator.channel).result(timeout=timeout)
         except grpc.FutureTimeoutError:
