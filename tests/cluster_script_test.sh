@@ -64,6 +64,20 @@ $CLI lookup --table=user >/dev/null 2>&1 && fail "lookup without --ids must fail
   || fail "a checkpoint of a model without tables must be NOT_FOUND"
 $CLI checkpoints | grep -q "nosuch" && fail "a checkpoint of no tables was listed"
 
+# create takes every TableConfig field; enum names in any case.
+$CLI create --table=tuned --dim=4 --optimizer=adam --beta1=0.8 --clip_norm=1 --eviction=LRU \
+  --max_rows=300 --ttl_steps=50 --durability=WRITE-THROUGH --initializer=normal >/dev/null \
+  || fail "create with every field"
+$CLI create --table=tuned --dim=4 --optimizer=adam --beta1=0.8 --clip_norm=1 --eviction=lru \
+  --max_rows=300 --ttl_steps=50 --durability=write_through --initializer=NORMAL >/dev/null \
+  || fail "the same create again must be OK"
+out="$($CLI create --table=tuned --dim=4 --optimizer=adam --beta1=0.7 --clip_norm=1 \
+  --eviction=lru --max_rows=300 --ttl_steps=50 --durability=write_through --initializer=normal 2>&1 || true)"
+echo "$out" | grep -q "optimizer.beta1 0.8 (the table's) vs 0.7" || fail "beta1 not stored: $out"
+{ $CLI create --table=bad --dim=4 --eviction=fifo 2>&1 || true; } \
+  | grep -q "unknown value 'fifo'; expected none, lru, lfu" || fail "an unknown eviction must list the choices"
+$CLI drop --table=tuned >/dev/null
+
 $CLI checkpoint --step=7 | grep -q "checkpoint taken: step 7" || fail "checkpoint not taken"
 $CLI checkpoints | grep -Eq "^step 7: .* created 20[0-9]{2}-[01][0-9]-[0-3][0-9]T[0-9:.]+Z" \
   || fail "checkpoint time not in UTC ISO-8601: $($CLI checkpoints)"

@@ -25,6 +25,17 @@ cat "$TESSERA_CLUSTER_DIR/smart.log"
 diff <(grep held-out "$TESSERA_CLUSTER_DIR/smart.log") \
      <(grep held-out "$TESSERA_CLUSTER_DIR/coordinator.log") \
   || { echo "FAIL: smart and coordinator modes trained differently"; exit 1; }
+# A second run on the tables the first trained: refused unless asked for, then said.
+if out="$(PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/examples/python/train_two_tower.py" \
+    "127.0.0.1:$base" --prefix=tt_smart --steps=50 2>&1)"; then
+  echo "FAIL: two-tower trained silently on a previous run's tables"; exit 1
+fi
+echo "$out" | grep -q "hold a previous run's training; pass --continue_tables" \
+  || { echo "$out"; echo "FAIL: two-tower refusal does not say why"; exit 1; }
+out="$(PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/examples/python/train_two_tower.py" \
+  "127.0.0.1:$base" --prefix=tt_smart --steps=50 --continue_tables)"
+echo "$out" | grep -q "continuing on a previous run's tables" \
+  || { echo "$out"; echo "FAIL: two-tower --continue_tables"; exit 1; }
 # tessera.torch: the module's gradients and 200 training steps against EmbeddingBag
 # tables and the same row-wise optimizers in torch (Debian's python3-torch).
 PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/python/tests/torch_check.py" "127.0.0.1:$base"
@@ -45,6 +56,13 @@ for tables in tessera torch; do
     "$TESSERA_CLUSTER_DIR/dlrm-$tables.log" \
     || { cat "$TESSERA_CLUSTER_DIR/dlrm-$tables.log"; echo "FAIL: torch_dlrm.py ($tables) did not learn"; exit 1; }
 done
+if out="$(PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/examples/python/torch_dlrm.py" \
+    --coordinator="127.0.0.1:$base" --data="$TESSERA_CLUSTER_DIR/clicks.tsv" \
+    --model=dlrm_tessera 2>&1)"; then
+  echo "FAIL: torch_dlrm.py trained silently on a previous run's tables"; exit 1
+fi
+echo "$out" | grep -q "hold a previous run's training" \
+  || { echo "$out"; echo "FAIL: torch_dlrm.py refusal does not say why"; exit 1; }
 # Exactly-once across a shard restart (kill -9, push, restart while the client retries).
 PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/python/tests/restart_check.py" \
   "127.0.0.1:$base" "$TESSERA_CLUSTER_DIR" "$BIN"

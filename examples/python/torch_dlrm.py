@@ -172,6 +172,8 @@ def main():
     parser.add_argument("--device", default="cpu", help="where the dense model runs (cpu, cuda)")
     parser.add_argument("--log_every", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--continue_tables", action="store_true",
+                        help="train on tables a previous run trained (refused otherwise)")
     args = parser.parse_args()
     if args.make_data:
         make_data(args.data, args.make_data, args.seed)
@@ -197,6 +199,17 @@ def main():
         import tessera
         import tessera.torch as ttorch
         client = tessera.connect(args.coordinator)
+        # A previous run's tables without its dense model: refuse, as tessera-train does.
+        trained = client.trained_rows(names)
+        if trained and not args.continue_tables:
+            sys.exit(f"model '{args.model}': {len(trained)} of its tables hold a previous "
+                     f"run's training ({sum(trained.values())} rows), and this example keeps "
+                     f"no checkpoint of its dense model; drop them (tessera-cli drop "
+                     f"--model={args.model}), pick another --model, or pass --continue_tables "
+                     f"to train a new dense model on them")
+        if trained:
+            print(f"model '{args.model}': continuing on a previous run's tables "
+                  f"({sum(trained.values())} rows)")
         emb = ttorch.EmbeddingCollection(
             client, [{"name": n, "dim": DIM, "optimizer": "adagrad", "learning_rate": 0.05,
                       "seed": args.seed * 1000 + i, "init_scale": 0.05}

@@ -45,6 +45,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--prefix", default="py")
+    parser.add_argument("--continue_tables", action="store_true",
+                        help="train on tables a previous run trained (refused otherwise)")
     args = parser.parse_args()
 
     rng = np.random.default_rng(7)
@@ -59,6 +61,14 @@ def main() -> int:
 
     client = tessera.connect(args.address, mode=args.mode)
     users, items = f"{args.prefix}_users", f"{args.prefix}_items"
+    # Tables a previous run trained would be trained on silently: say so, or refuse.
+    trained = client.trained_rows([users, items])
+    if trained and not args.continue_tables:
+        sys.exit(f"tables {', '.join(f'{n} ({r} rows)' for n, r in trained.items())} hold a "
+                 f"previous run's training; pass --continue_tables to train on them, drop them "
+                 f"(tessera-cli drop --table=NAME), or pick another --prefix")
+    if trained:
+        print(f"continuing on a previous run's tables: {trained}")
     for table in (users, items):
         client.create_table(table, dim=DIM, optimizer="adagrad", learning_rate=0.1, seed=11,
                             init_scale=0.3)

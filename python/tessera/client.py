@@ -296,6 +296,19 @@ class Client:
     def stats(self, table: str = "") -> api.StatsResponse:
         return self._call(self._stub.Stats, api.StatsRequest(table=table))
 
+    def trained_rows(self, tables: Sequence[str]) -> Dict[str, int]:
+        """The stored rows of each of `tables` that exists and holds any: {name: rows}. An
+        empty dict means every one is missing or untouched, so a job may start on them as
+        new; anything else is a previous run's training."""
+        existing = self.tables()
+        out = {}
+        for name in tables:
+            if name in existing:
+                rows = sum(t.rows for t in self.stats(name).tables)
+                if rows > 0:
+                    out[name] = rows
+        return out
+
     def drop_table(self, name: str):
         """Removes table `name` and every row of it on every shard. TesseraError NOT_FOUND
         for an unknown table. Checkpoints that hold it keep it."""
