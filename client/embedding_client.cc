@@ -1,5 +1,6 @@
 #include "client/embedding_client.h"
 
+#include <cstdio>
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -96,8 +97,27 @@ absl::Status EmbeddingClient::RefreshShardMap() {
     ro.max_backoff = options_.max_backoff;
     if (router_ != nullptr) retired_router_restarts_ += router_->restarts();
     router_ = std::make_shared<ShardRouter>(addresses, ro);
+    router_->SetRestartCallback([this](int) { ReprovisionThroughCoordinator(); });
   }
   return absl::OkStatus();
+}
+
+void EmbeddingClient::ReprovisionThroughCoordinator() {
+  v1::ListTablesResponse tables;
+  absl::Status s = FromGrpcStatus(coordinator_.Get()->ListTables(NewContext().get(), {}, &tables));
+  // The same config again is OK at the coordinator, which creates the table on the shards
+  // that lack it.
+  for (int i = 0; s.ok() && i < tables.tables_size(); ++i) {
+    v1::CreateTableRequest req;
+    *req.mutable_config() = tables.tables(i);
+    v1::CreateTableResponse resp;
+    s = Annotate(FromGrpcStatus(coordinator_.Get()->CreateTable(NewContext().get(), req, &resp)),
+                 absl::StrCat("table '", tables.tables(i).name(), "'"));
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "tessera: a restarted shard's tables could not be made again: %s\n",
+                 s.ToString().c_str());
+  }
 }
 
 absl::Status EmbeddingClient::OnShards(const std::function<absl::Status(ShardRouter&)>& call) {

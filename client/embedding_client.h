@@ -100,6 +100,10 @@ class EmbeddingClient final : public embedding::EmbeddingCollection {
   // Runs `call` until it succeeds, fails with a code retrying cannot fix, or retries run out.
   absl::Status WithRetries(const std::function<absl::Status()>& call) const;
   absl::Status RefreshShardMap();
+  // A shard answered with a new incarnation (smart mode): asks the coordinator to create
+  // again, on every shard that lacks them, the tables of its registry (a memory-only shard
+  // that restarted is empty). Failures are logged; the caller's call reports its own.
+  void ReprovisionThroughCoordinator();
   // Smart mode: runs `call` on the current router (which retries failed shards itself),
   // again once on a fresh router after a stale shard map.
   absl::Status OnShards(const std::function<absl::Status(ShardRouter&)>& call);

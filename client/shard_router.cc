@@ -5,6 +5,7 @@
 #include <cstring>
 #include <random>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/grpc_status.h"
@@ -126,7 +127,8 @@ template <typename Response, typename Prepare>
 std::vector<grpc::Status> ShardRouter::CallShards(const std::function<bool(int)>& has_work,
                                                   const Prepare& prepare,
                                                   std::vector<Response>* responses,
-                                                  std::chrono::milliseconds deadline) const {
+                                                  std::chrono::milliseconds deadline,
+                                                  std::vector<bool>* restarted) const {
   std::vector<grpc::Status> statuses(num_shards());
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts(num_shards());
   std::vector<std::unique_ptr<grpc::ClientAsyncResponseReader<Response>>> calls(num_shards());
@@ -155,30 +157,61 @@ std::vector<grpc::Status> ShardRouter::CallShards(const std::function<bool(int)>
   }
   for (int k = 0; k < num_shards(); ++k) {
     if (statuses[k].error_code() == grpc::StatusCode::UNAVAILABLE) stubs_[k]->Reset();
+    if (contexts[k] == nullptr) continue;
+    const auto& trailing = contexts[k]->GetServerTrailingMetadata();
+    const auto it = trailing.find(kIncarnationMetadata);
+    uint64_t incarnation = 0;
+    if (it != trailing.end() &&
+        absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &incarnation) &&
+        NoteIncarnation(k, incarnation) && restarted != nullptr) {
+      (*restarted)[k] = true;
+    }
   }
   return statuses;
+}
+
+void ShardRouter::ShardRestarted(int k) const {
+  std::function<void(int)> callback;
+  {
+    absl::MutexLock lock(&monitor_mu_);
+    callback = on_restart_;
+  }
+  if (callback) callback(k);
 }
 
 template <typename Response, typename Prepare>
 std::vector<grpc::Status> ShardRouter::CallShardsWithRetries(
     std::vector<bool> work, const Prepare& prepare, std::vector<Response>* responses,
-    std::chrono::milliseconds deadline) const {
+    std::chrono::milliseconds deadline, bool reprovision) const {
   std::vector<grpc::Status> result(num_shards());
+  std::vector<bool> reprovisioned(num_shards(), false);
   auto backoff = options_.initial_backoff;
   for (int attempt = 0;; ++attempt) {
-    const std::vector<grpc::Status> statuses =
-        CallShards([&](int k) { return static_cast<bool>(work[k]); }, prepare, responses, deadline);
-    bool again = false;
+    std::vector<bool> restarted(num_shards(), false);
+    const std::vector<grpc::Status> statuses = CallShards(
+        [&](int k) { return static_cast<bool>(work[k]); }, prepare, responses, deadline,
+        &restarted);
+    bool again = false, at_once = false;
     for (int k = 0; k < num_shards(); ++k) {
       if (!work[k]) continue;
       result[k] = statuses[k];
       const auto code = statuses[k].error_code();
       work[k] = code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
+      if (reprovision && restarted[k] && code == grpc::StatusCode::NOT_FOUND &&
+          !reprovisioned[k]) {
+        // Back empty: its tables are made again, then its part is sent again.
+        reprovisioned[k] = true;
+        ShardRestarted(k);
+        work[k] = true;
+        at_once = true;
+      }
       again = again || work[k];
     }
     if (!again || attempt >= options_.max_retries) return result;
-    std::this_thread::sleep_for(backoff);
-    backoff = std::min(backoff * 2, options_.max_backoff);
+    if (!at_once) {
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, options_.max_backoff);
+    }
   }
 }
 
@@ -216,17 +249,19 @@ absl::Status ShardRouter::CreateTable(const v1::TableConfig& config) {
   return absl::OkStatus();
 }
 
-void ShardRouter::NoteIncarnation(int k, uint64_t incarnation) {
-  if (incarnation == 0) return;
+bool ShardRouter::NoteIncarnation(int k, uint64_t incarnation) const {
+  if (incarnation == 0) return false;
   const uint64_t before = incarnations_[k].exchange(incarnation);
-  if (before != 0 && before != incarnation) {
+  const bool restarted = before != 0 && before != incarnation;
+  if (restarted) {
     restarts_.fetch_add(1);
     std::fprintf(stderr,
                  "tessera: shard %d (%s) restarted (incarnation %016llx, was %016llx): its "
-                 "CHECKPOINT tables are back at their newest checkpoint\n",
+                 "CHECKPOINT tables are back at their newest checkpoint (memory-only: empty)\n",
                  k, addresses_[k].c_str(), static_cast<unsigned long long>(incarnation),
                  static_cast<unsigned long long>(before));
   }
+  return restarted;
 }
 
 uint64_t ShardRouter::IncarnationDigest() const {
@@ -407,7 +442,7 @@ absl::Status ShardRouter::LookupBatch(absl::Span<const v1::TableConfig> configs,
       [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
         return stubs_[k]->Get()->PrepareAsyncBatchLookup(ctx, reqs[k], queue);
       },
-      &resps, options_.deadline);
+      &resps, options_.deadline, /*reprovision=*/true);
   for (int k = 0; k < shards; ++k) {
     if (work[k] && !statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
     if (work[k]) NoteIncarnation(k, resps[k].incarnation());
@@ -544,7 +579,8 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
       [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
         return stubs_[k]->Get()->PrepareAsyncBatchPush(ctx, reqs[k], queue);
       },
-      &resps, sync.active() ? SyncDeadline(sync, options_.deadline) : options_.deadline);
+      &resps, sync.active() ? SyncDeadline(sync, options_.deadline) : options_.deadline,
+      /*reprovision=*/true);
   for (int k = 0; k < shards; ++k) {
     if (work[k] && !statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
     if (work[k]) NoteIncarnation(k, resps[k].incarnation());

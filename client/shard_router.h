@@ -37,6 +37,10 @@ struct RouterOptions {
   std::chrono::milliseconds max_backoff{1000};    // ... up to this
 };
 
+// The trailing metadata key of a shard's incarnation (decimal): every answer carries it,
+// refusals included.
+inline constexpr char kIncarnationMetadata[] = "tessera-incarnation";
+
 // The grpc::Status of a shard call as an absl::Status naming the shard.
 absl::Status FromShardStatus(const grpc::Status& status, int shard, const std::string& address);
 
@@ -67,6 +71,16 @@ class ShardRouter {
   void SetReadmitCallback(std::function<void(int shard)> callback) {
     absl::MutexLock lock(&monitor_mu_);
     on_readmit_ = std::move(callback);
+  }
+
+  // Called with the index of a shard whose answer to a lookup or push carries a new
+  // incarnation (it restarted), before the part it refused as NOT_FOUND is sent again
+  // (once): a memory-only shard that came back too fast for the health checks to see it
+  // down has lost its tables, and the callback re-creates them (the coordinator from its
+  // registry, the smart client through the coordinator). Runs on the calling thread.
+  void SetRestartCallback(std::function<void(int shard)> callback) {
+    absl::MutexLock lock(&monitor_mu_);
+    on_restart_ = std::move(callback);
   }
 
   // Creates `config` on shard k alone (idempotent).
@@ -166,10 +180,13 @@ class ShardRouter {
   // flight together, and returns each shard's status once all have answered, with its
   // answer in (*responses)[k]. The calling thread drives the completion queue itself, so
   // no other thread has to wake it.
+  // Marks in *restarted (when given, num_shards() long) the shards whose answer carried a
+  // new incarnation.
   template <typename Response, typename Prepare>
   std::vector<grpc::Status> CallShards(const std::function<bool(int)>& has_work,
                                        const Prepare& prepare, std::vector<Response>* responses,
-                                       std::chrono::milliseconds deadline) const;
+                                       std::chrono::milliseconds deadline,
+                                       std::vector<bool>* restarted = nullptr) const;
   template <typename Response, typename Prepare>
   std::vector<grpc::Status> CallShards(const std::function<bool(int)>& has_work,
                                        const Prepare& prepare,
@@ -178,11 +195,15 @@ class ShardRouter {
   }
 
   // CallShards for the shards with `work`, again for those that failed with a transient
-  // code (up to max_retries, with backoff), the others' answers kept.
+  // code (up to max_retries, with backoff), the others' answers kept. With
+  // `reprovision`, a shard that answers NOT_FOUND with a new incarnation gets the restart
+  // callback and is called again once (only the data path asks: the callback creates
+  // tables, and must not run under a caller that holds the coordinator's create lock).
   template <typename Response, typename Prepare>
   std::vector<grpc::Status> CallShardsWithRetries(std::vector<bool> work, const Prepare& prepare,
                                                   std::vector<Response>* responses,
-                                                  std::chrono::milliseconds deadline) const;
+                                                  std::chrono::milliseconds deadline,
+                                                  bool reprovision = false) const;
 
   std::vector<std::string> addresses_;
   RouterOptions options_;
@@ -191,15 +212,19 @@ class ShardRouter {
   std::atomic<uint64_t> version_;
   std::vector<std::unique_ptr<ReconnectingStub<v1::EmbeddingShard>>> stubs_;
   std::unique_ptr<std::atomic<bool>[]> serving_;
-  // Records shard k's incarnation from one of its answers (0: none sent).
-  void NoteIncarnation(int k, uint64_t incarnation);
+  // Records shard k's incarnation from one of its answers (0: none sent); true when it
+  // differs from the one heard before (the shard restarted).
+  bool NoteIncarnation(int k, uint64_t incarnation) const;
+  // Runs the restart callback for shard k, if one is set.
+  void ShardRestarted(int k) const;
   std::unique_ptr<std::atomic<uint64_t>[]> incarnations_;  // per shard, 0 = not heard yet
-  std::atomic<int64_t> restarts_{0};
+  mutable std::atomic<int64_t> restarts_{0};
   // Health checking (options_.health_check_interval > 0).
   void MonitorHealth();
-  absl::Mutex monitor_mu_;
+  mutable absl::Mutex monitor_mu_;
   bool stop_monitor_ ABSL_GUARDED_BY(monitor_mu_) = false;
   std::function<void(int)> on_readmit_ ABSL_GUARDED_BY(monitor_mu_);
+  std::function<void(int)> on_restart_ ABSL_GUARDED_BY(monitor_mu_);
   std::thread monitor_;
   mutable ObjectPool<Scratch> scratch_;
 };

@@ -25,10 +25,14 @@ Cluster::Cluster(client::ShardRouter* router, uint64_t shard_map_version,
     absl::MutexLock lock(&readmit_target_->mu);
     readmit_target_->cluster = this;
   }
-  router_->SetReadmitCallback([target = readmit_target_](int k) {
+  auto reprovision = [target = readmit_target_](int k) {
     absl::MutexLock lock(&target->mu);
     if (target->cluster != nullptr) target->cluster->Reprovision(k);
-  });
+  };
+  // A shard back after failing its health checks, or one seen answering with a new
+  // incarnation (back before the health checks noticed): either may have come back empty.
+  router_->SetReadmitCallback(reprovision);
+  router_->SetRestartCallback(reprovision);
   if (store_ == nullptr) return;
   const v1::CoordinatorState state = store_->state();
   absl::MutexLock lock(&mu_);
@@ -168,7 +172,7 @@ void Cluster::Reprovision(int k) {
                    config.name().c_str(), std::string(s.message()).c_str());
     }
   }
-  std::fprintf(stderr, "tessera: shard %d re-admitted: its %zu tables checked, %d failed\n", k,
+  std::fprintf(stderr, "tessera: shard %d back: its %zu tables checked, %d failed\n", k,
                configs.size(), failed);
 }
 

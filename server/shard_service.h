@@ -6,7 +6,9 @@
 #include <map>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "client/shard_router.h"
 #include "embedding/collection.h"
 #include "server/auth.h"
 #include "server/lookup_request.h"
@@ -80,8 +82,12 @@ class ShardService final : public v1::EmbeddingShard::Service {
   };
 
   // Checks the caller's token for `access`, then runs `handler` and maps its status.
+  // Every answer, refusals included, carries this process's incarnation in its trailing
+  // metadata (client::kIncarnationMetadata), so that a caller sees a restart even in an
+  // answer such as NOT_FOUND from a memory-only shard that came back empty.
   template <typename Handler>
   grpc::Status Serve(grpc::ServerContext* context, Access access, const Handler& handler) const {
+    context->AddTrailingMetadata(client::kIncarnationMetadata, absl::StrCat(incarnation_));
     return ServeCall(options_.auth, *context, access, handler);
   }
 

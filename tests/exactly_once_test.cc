@@ -431,5 +431,45 @@ TEST_F(ExactlyOnceTest, AMemoryOnlyShardThatRestartsServesItsTablesAgain) {
   losing_[1] = std::move(fresh_front);
 }
 
+// Issue 25, item 5: a memory-only shard that restarts faster than the health checks can
+// see (no failed check) answers with a new incarnation: the caller's router has its tables
+// made again and sends the refused part once more, in both client modes.
+TEST_F(ExactlyOnceTest, AShardBackBeforeTheHealthChecksNoticedIsGivenItsTablesAgain) {
+  auto smart = Connect(client::ClientOptions::Mode::kSmart);
+  auto routed = Connect(client::ClientOptions::Mode::kCoordinator);
+  CreateBoth(*routed, Sgd("q", 13));
+  const std::vector<int64_t> ids = Ids(200, 3);
+  std::vector<float> got(ids.size() * 4);
+  for (auto* c : {smart.get(), routed.get()}) {
+    ASSERT_TRUE(c->Lookup("q", ids, absl::MakeSpan(got), {}).ok());  // incarnations heard
+  }
+  std::vector<std::unique_ptr<server::ShardService>> retired;
+  std::vector<std::unique_ptr<AnswerLosingShard>> retired_fronts;
+  for (auto* first : {smart.get(), routed.get()}) {
+    // Shard 1 restarts on its port, empty, without a health check failing twice.
+    servers_[1]->Shutdown();
+    servers_[1].reset();
+    tables_.push_back(std::move(embedding::NewInProcessCollection(1)).value());
+    server::ShardOptions o;
+    o.shard_index = 1;
+    o.num_shards = kShards;
+    retired.push_back(std::make_unique<server::ShardService>(tables_.back().get(), o));
+    retired_fronts.push_back(std::make_unique<AnswerLosingShard>(retired.back().get()));
+    servers_[1] = Serve(retired_fronts.back().get(), &ports_[1]);
+    ASSERT_NE(servers_[1], nullptr);
+    ASSERT_TRUE(router_->serving(1));
+    // The first call after the restart succeeds: no NOT_FOUND reaches the caller.
+    absl::Status s = first->Lookup("q", ids, absl::MakeSpan(got), {});
+    ASSERT_TRUE(s.ok()) << s;
+    std::vector<float> g(ids.size() * 4, 0.5f);
+    for (auto* c : {smart.get(), routed.get()}) {
+      EXPECT_TRUE(c->Lookup("q", ids, absl::MakeSpan(got), {}).ok());
+      EXPECT_TRUE(c->PushGradients("q", ids, g, 1).ok());
+    }
+  }
+  servers_[1]->Shutdown();
+  servers_[1].reset();
+}
+
 }  // namespace
 }  // namespace tessera

@@ -421,6 +421,7 @@ class Client:
         for shard in self._shards:
             shard.close()
         self._version = shard_map.version
+        self._incarnations = getattr(self, "_incarnations", {})  # shard address -> last heard
         self._shards = ([_Endpoint(s.address, "EmbeddingShard", self._credentials, self._options)
                          for s in shard_map.shards] if self.mode == "smart" else [])
 
@@ -540,12 +541,32 @@ class Client:
             self.refresh_shard_map()
             return call()
 
+    def _restarted(self, shard: int, call) -> bool:
+        """Records the incarnation a shard's answer (or refusal) carries; True when it
+        differs from the one heard before: the shard restarted."""
+        for key, value in call.trailing_metadata() or ():
+            if key == "tessera-incarnation":
+                address = self._shards[shard].address
+                before = self._incarnations.get(address)
+                self._incarnations[address] = value
+                return before is not None and before != value
+        return False
+
+    def _reprovision(self):
+        """Asks the coordinator to create its registry's tables again on every shard that
+        lacks them (a memory-only shard that restarted is empty): the same config again
+        is OK there."""
+        for config in self._call(self._stub.ListTables, api.ListTablesRequest()).tables:
+            self._call(self._stub.CreateTable, api.CreateTableRequest(config=config))
+
     def _fan_out(self, requests):
         """[(shard, method name, bytes)] -> answers, the calls in flight together. Calls
         that fail with UNAVAILABLE or DEADLINE_EXCEEDED are sent again, alone (with backoff,
-        up to `retries` times); the others' answers are kept."""
+        up to `retries` times); the others' answers are kept. A NOT_FOUND from a shard that
+        restarted (a new incarnation) has its tables made again and is sent again, once."""
         answers = [None] * len(requests)
         pending = list(range(len(requests)))
+        reprovisioned = set()
         delay = 0.05
         for attempt in range(self.retries + 1):
             futures = []
@@ -554,11 +575,20 @@ class Client:
                 callable_ = getattr(self._shards[shard], method)
                 futures.append((i, callable_.future(data, timeout=self.timeout,
                                                     metadata=self._metadata)))
-            failed, last = [], None
+            failed, last, at_once = [], None, False
             for i, future in futures:
                 try:
                     answers[i] = future.result()
+                    self._restarted(requests[i][0], future)
                 except grpc.RpcError as error:
+                    shard = requests[i][0]
+                    if (self._restarted(shard, error) and shard not in reprovisioned
+                            and error.code() == grpc.StatusCode.NOT_FOUND):
+                        reprovisioned.add(shard)
+                        self._reprovision()
+                        failed.append(i)
+                        at_once = True
+                        continue
                     if error.code() not in (grpc.StatusCode.UNAVAILABLE,
                                             grpc.StatusCode.DEADLINE_EXCEEDED):
                         _raise(error)
@@ -566,7 +596,14 @@ class Client:
                     last = error
             if not failed:
                 return answers
+            if at_once and last is None and attempt < self.retries:
+                pending = failed
+                continue
             if attempt == self.retries:
+                if last is None:
+                    raise TesseraError(grpc.StatusCode.NOT_FOUND,
+                                       "a restarted shard still lacks a table after the "
+                                       "coordinator made its tables again")
                 _raise(last)
             # A channel that found its server down may stay failed after it is back: a
             # fresh one dials at once. The old one is left to the garbage collector, not
