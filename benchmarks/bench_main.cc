@@ -115,11 +115,18 @@ absl::Status Run() {
     scenarios.push_back(s);
   }
   Prices prices;
+  bool example_prices = false;
   if (!prices_path.empty() && std::filesystem::exists(prices_path)) {
     absl::StatusOr<Prices> p = ParseJson<Prices>(prices_path, "price table");
     if (!p.ok()) return p.status();
     prices = *p;
+    for (const auto& [name, node] : prices.nodes()) example_prices |= node.example();
+  } else {
+    prices_path.clear();
   }
+  const ReportContext context = NewReportContext(
+      absl::StrCat("tessera-bench: ", file.empty() ? absl::GetFlag(FLAGS_name) : file),
+      prices_path, example_prices);
   // Check every scenario before running any.
   for (auto& s : scenarios) {
     absl::Status ok = Normalize(&s);
@@ -140,10 +147,10 @@ absl::Status Run() {
     results.push_back(*std::move(r));
   }
   const std::string out = absl::GetFlag(FLAGS_out);
-  absl::StatusOr<std::vector<std::string>> pngs = WriteReport(results, out);
+  absl::StatusOr<std::vector<std::string>> pngs = WriteReport(results, out, context);
   if (!pngs.ok()) return pngs.status();
-  std::printf("\n%s\nresults: %s/results.jsonl, %s/report.md\n", ToMarkdown(results).c_str(),
-              out.c_str(), out.c_str());
+  std::printf("\n%s\nresults: %s/results.jsonl, %s/report.md\n",
+              ToMarkdown(results, context).c_str(), out.c_str(), out.c_str());
   if (pngs->empty()) {
     std::printf(
         "plots: gnuplot is not installed (apt-get install gnuplot-nox); the script is "

@@ -28,6 +28,10 @@ grep -q '"scenario":"smoke-smart","mode":"smart","shards":2' "$OUT/results.jsonl
 grep -q '"usd_per_million_samples":0\.0' "$OUT/results.jsonl" || fail "no cost figure"
 grep -q "^| smoke-inproc | inproc | 2 | lookup_update | 512 |" "$OUT/report.md" \
   || fail "markdown row missing"
+grep -q "^# tessera-bench: .*smoke.json" "$OUT/report.md" || fail "report without a title"
+grep -q "^- machine: .*CPUs" "$OUT/report.md" || fail "report without the machine"
+grep -q "EXAMPLE figures, not quotes" "$OUT/report.md" || fail "example prices not called so"
+grep -q "Redis version\|Server initialized\|oO0OoO0OoO0Oo" "$OUT/log" && fail "redis-server's banner in the output"
 if command -v gnuplot > /dev/null; then
   for p in throughput_vs_shards latency_percentiles cost_per_million_samples; do
     [ -s "$OUT/$p.png" ] || fail "plot $p.png missing"

@@ -140,6 +140,35 @@ TEST(ShardProcesses, ACliPointedAtAShardSaysSo) {
   EXPECT_THAT(out, ::testing::HasSubstr("is it a tessera-shard?")) << out;
 }
 
+// Issue 25, item 10: a batch over a server's id limit is refused naming the flag that
+// sets it, on the coordinator and on a shard alike.
+TEST(ShardProcesses, ABatchOverTheIdLimitNamesTheFlagThatSetsIt) {
+  tessera::testing::ServerProcess shard(TESSERA_SHARD_BIN,
+                                        {"--shard_index=0", "--num_shards=1", "--max_batch_ids=4"});
+  ASSERT_FALSE(shard.address().empty());
+  tessera::testing::ServerProcess coordinator(
+      TESSERA_COORDINATOR_BIN, {absl::StrCat("--shards=", shard.address()), "--max_batch_ids=3"});
+  ASSERT_FALSE(coordinator.address().empty());
+  ASSERT_TRUE(tessera::testing::WaitHealthy(coordinator.address()));
+  auto cli = [&](const std::string& address, const std::string& args) {
+    std::string out;
+    FILE* p = popen(absl::StrCat(TESSERA_CLI_BIN, " --coordinator=", address, " ", args, " 2>&1")
+                        .c_str(),
+                    "r");
+    char buf[1024];
+    for (size_t n; p != nullptr && (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
+    if (p != nullptr) pclose(p);
+    return out;
+  };
+  ASSERT_THAT(cli(coordinator.address(), "create --table=t --dim=2"),
+              ::testing::HasSubstr("created"));
+  EXPECT_THAT(cli(coordinator.address(), "lookup --table=t --ids=1,2,3"),
+              ::testing::HasSubstr("1:"));
+  EXPECT_THAT(cli(coordinator.address(), "lookup --table=t --ids=1,2,3,4"),
+              ::testing::HasSubstr("batch of 4 ids is over the limit of 3 (tessera-coordinator "
+                                   "--max_batch_ids)"));
+}
+
 TEST(ShardProcesses, ServeReflectionListingTheirServices) {
   ShardProcess shard(0, 1);
   ASSERT_FALSE(shard.address().empty());

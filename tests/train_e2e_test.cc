@@ -461,6 +461,9 @@ TEST(TesseraBinaries, HelpListsEachBinarysOwnFlagsAndVersionPrintsIt) {
   for (const auto& [binary, own_flag] : binaries) {
     Result help = RunBinary(binary, "--help");
     EXPECT_THAT(help.output, testing::HasSubstr(own_flag)) << binary;
+    // Flags are listed by their file as the repository names it, not the build machine's.
+    EXPECT_THAT(help.output, testing::HasSubstr("Flags from client/security_flags.cc:")) << binary;
+    EXPECT_THAT(help.output, testing::Not(testing::HasSubstr(TESSERA_SOURCE_DIR))) << binary;
     EXPECT_THAT(help.output, testing::Not(testing::HasSubstr("No flags matched"))) << binary;
     Result version = RunBinary(binary, "--version");
     const std::string name = std::filesystem::path(binary).filename();

@@ -2,6 +2,7 @@
 #include <map>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "benchmarks/bench/ids.h"
 #include "benchmarks/bench/process_stats.h"
 #include "benchmarks/bench/report.h"
@@ -108,6 +109,36 @@ Scenario Quick(const std::string& name, const std::string& workload) {
   n->set_type("test-node");
   n->set_count(2);
   return s;
+}
+
+// Issue 25, item 16: a report says what, where and when; compares a scenario only with
+// the first of its own workload; says its prices are examples; explains its columns.
+TEST(ToMarkdown, HasATitleMachineDateLegendAndComparesWithinAWorkload) {
+  auto result = [](const std::string& name, const std::string& workload, double rate) {
+    ScenarioResult r;
+    r.scenario.set_name(name);
+    r.scenario.set_mode("inproc");
+    r.scenario.set_workload(workload);
+    r.samples_per_s = rate;
+    r.usd_per_million_samples = 1.0 / rate;
+    return r;
+  };
+  const std::vector<ScenarioResult> results = {result("look", "lookup_update", 1000),
+                                               result("train", "train", 100),
+                                               result("look2", "lookup_update", 2000),
+                                               result("train2", "train", 50)};
+  const ReportContext context = NewReportContext("tessera-bench: x.json", "prices.json", true);
+  EXPECT_FALSE(context.machine.empty());
+  const std::string md = ToMarkdown(results, context);
+  EXPECT_THAT(md, HasSubstr("# tessera-bench: x.json\n"));
+  EXPECT_THAT(md, HasSubstr(absl::StrCat("- machine: ", context.machine, "\n")));
+  EXPECT_THAT(md, HasSubstr("- date: 20"));
+  EXPECT_THAT(md, HasSubstr("EXAMPLE figures, not quotes"));
+  EXPECT_THAT(md, HasSubstr("Columns: **mode**"));
+  // Each against the first of its workload: train is 1.00×, not 0.10× of a lookup row.
+  EXPECT_THAT(md, HasSubstr("| train | inproc | 0 | train | 0 |  | 100 | 1.00× |"));
+  EXPECT_THAT(md, HasSubstr("| look2 | inproc | 0 | lookup_update | 0 |  | 2000 | 2.00× |"));
+  EXPECT_THAT(md, HasSubstr("| train2 | inproc | 0 | train | 0 |  | 50 | 0.50× |"));
 }
 
 TEST(RunScenario, MeasuresAnInProcessScenarioAndItsCost) {

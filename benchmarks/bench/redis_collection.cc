@@ -1,5 +1,6 @@
 #include "benchmarks/bench/redis_collection.h"
 
+#include <fcntl.h>
 #include <hiredis.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -215,6 +216,12 @@ absl::StatusOr<std::unique_ptr<RedisServer>> RedisServer::Start() {
   const std::string port = std::to_string(s->port_);
   s->pid_ = fork();
   if (s->pid_ == 0) {
+    // Its banner and log lines are not the benchmark's output.
+    const int devnull = open("/dev/null", O_WRONLY);
+    if (devnull >= 0) {
+      dup2(devnull, STDOUT_FILENO);
+      dup2(devnull, STDERR_FILENO);
+    }
     execl(binary, binary, "--port", port.c_str(), "--bind", "127.0.0.1", "--save", "",
           "--appendonly", "no", "--loglevel", "warning", "--daemonize", "no",
           static_cast<char*>(nullptr));

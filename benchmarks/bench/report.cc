@@ -1,5 +1,8 @@
 #include "benchmarks/bench/report.h"
 
+#include <sched.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -7,7 +10,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace tessera::bench {
 namespace {
@@ -77,17 +85,97 @@ std::string ToJson(const ScenarioResult& r) {
       procs);
 }
 
-std::string ToMarkdown(const std::vector<ScenarioResult>& results) {
-  std::string md =
+std::string MachineDescription() {
+  std::vector<std::string> parts;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (absl::StartsWith(line, "model name")) {
+      parts.push_back(std::string(absl::StripAsciiWhitespace(line.substr(line.find(':') + 1))));
+      break;
+    }
+  }
+  cpu_set_t cpus;
+  if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) {
+    parts.push_back(absl::StrCat(CPU_COUNT(&cpus), " CPUs"));
+  }
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);) {
+    int64_t kb = 0;
+    if (absl::StartsWith(line, "MemTotal:") &&
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(absl::StripSuffix(
+                             absl::string_view(line).substr(9), "kB")),
+                         &kb)) {
+      parts.push_back(absl::StrFormat("%.1f GiB", kb / 1048576.0));
+    }
+  }
+  if (const int64_t llc = sysconf(_SC_LEVEL3_CACHE_SIZE); llc > 0) {
+    parts.push_back(absl::StrFormat("LLC %.0f MiB", llc / 1048576.0));
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
+ReportContext NewReportContext(const std::string& title, const std::string& prices_path,
+                               bool example_prices) {
+  ReportContext c;
+  c.title = title;
+  c.machine = MachineDescription();
+  c.date = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+  c.prices = prices_path;
+  c.example_prices = example_prices;
+  return c;
+}
+
+namespace {
+
+// What the columns of the scenario table mean.
+constexpr char kLegend[] =
+    "Columns: **mode** inproc (tables in the process), coordinator or smart (a local cluster "
+    "through the coordinator, or straight to the shards), redis (the baseline); **workload** "
+    "lookup, lookup_update or train (DLRM steps); **batch** samples per step; **tables** "
+    "count × rows × dim (their rows' bytes, and that against the last-level cache); "
+    "**samples/s** and **vs first** (against the first scenario of the same workload); "
+    "**MB/s payload** embedding bytes moved; **vs memcpy**, **vs echo**, **vs GEMM** the same "
+    "run's ceilings (copying the bytes, a gRPC echo of them, the dense step's GEMMs alone); "
+    "**step** and **call** latency percentiles; **CPU µs/sample** over every process; "
+    "**peak RSS** of every process; **$/M samples** the node prices × time for a million "
+    "samples, **cost vs first** against the first of the same workload.\n";
+
+// The first scenario of each workload: what "vs first" compares with.
+const ScenarioResult* FirstOfWorkload(const std::vector<ScenarioResult>& results,
+                                      const std::string& workload) {
+  for (const auto& r : results) {
+    if (r.scenario.workload() == workload) return &r;
+  }
+  return nullptr;
+}
+
+std::string Header(const ReportContext& c) {
+  std::string h = absl::StrCat("# ", c.title, "\n\n");
+  if (!c.machine.empty()) absl::StrAppend(&h, "- machine: ", c.machine, "\n");
+  if (!c.date.empty()) absl::StrAppend(&h, "- date: ", c.date, "\n");
+  if (!c.prices.empty()) {
+    absl::StrAppend(&h, "- prices: ", c.prices,
+                    c.example_prices ? " (EXAMPLE figures, not quotes: costs are illustrations; "
+                                       "give your own with --prices)"
+                                     : "",
+                    "\n");
+  }
+  return h + "\n";
+}
+
+}  // namespace
+
+std::string ToMarkdown(const std::vector<ScenarioResult>& results, const ReportContext& context) {
+  std::string md = Header(context);
+  absl::StrAppend(
+      &md,
       "| scenario | mode | shards | workload | batch | tables | samples/s | vs first | MB/s "
       "payload | vs memcpy | vs echo | vs GEMM | step p50 / p99 / p99.9 ms | call p99 ms | CPU "
-      "µs/sample | "
-      "peak "
-      "RSS MB | $/M samples | cost vs first |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-  const ScenarioResult* first = results.empty() ? nullptr : &results.front();
+      "µs/sample | peak RSS MB | $/M samples | cost vs first |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& r : results) {
     const Scenario& s = r.scenario;
+    const ScenarioResult* first = FirstOfWorkload(results, s.workload());
     int64_t rss = 0;
     for (const auto& p : r.processes) rss += p.peak_rss_bytes;
     const std::string cost =
@@ -111,6 +199,7 @@ std::string ToMarkdown(const std::vector<ScenarioResult>& results) {
                         r.step_ms[1], r.step_ms[2], r.call_ms[1], r.cpu_us_per_sample, rss / 1e6,
                         cost, cost_ratio));
   }
+  absl::StrAppend(&md, "\n", kLegend);
   // Training scenarios: where a step's time goes, per worker.
   std::string steps;
   for (const auto& r : results) {
@@ -139,7 +228,8 @@ std::string ToMarkdown(const std::vector<ScenarioResult>& results) {
 }
 
 absl::StatusOr<std::vector<std::string>> WriteReport(const std::vector<ScenarioResult>& results,
-                                                     const std::string& dir) {
+                                                     const std::string& dir,
+                                                     const ReportContext& context) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec)
@@ -148,7 +238,7 @@ absl::StatusOr<std::vector<std::string>> WriteReport(const std::vector<ScenarioR
     std::ofstream json(dir + "/results.jsonl");
     for (const auto& r : results) json << ToJson(r) << "\n";
     std::ofstream md(dir + "/report.md");
-    md << ToMarkdown(results);
+    md << ToMarkdown(results, context);
     if (!json || !md) return absl::InternalError(absl::StrCat("cannot write into ", dir));
   }
   // Plot data: one row per scenario, in file order.
@@ -174,10 +264,11 @@ absl::StatusOr<std::vector<std::string>> WriteReport(const std::vector<ScenarioR
        << "plot '" << dir
        << "/plot.dat' using 1:4:xtic(2) with boxes, '' using 1:4:3 with labels offset 0,1\n"
        << "set output '" << dir << "/latency_percentiles.png'\n"
-       << "set title 'step latency (ms): p50, p99, p99.9'\nset ylabel 'ms'\nset logscale y\nset "
-          "key on\n"
-       << "plot '" << dir << "/plot.dat' using 1:5:xtic(2) with linespoints title 'p50', "
-       << "'' using 1:6 with linespoints title 'p99', '' using 1:7 with linespoints title 'p99.9'\n"
+       << "set title 'step latency (ms): p50, p99, p99.9 of each scenario'\nset ylabel 'ms'\n"
+          "set logscale y\nset key on\n"
+       // Points, not lines: scenarios are separate setups, not a series.
+       << "plot '" << dir << "/plot.dat' using 1:5:xtic(2) with points pt 7 title 'p50', "
+       << "'' using 1:6 with points pt 5 title 'p99', '' using 1:7 with points pt 9 title 'p99.9'\n"
        << "unset logscale y\nset key off\n"
        << "set output '" << dir << "/cost_per_million_samples.png'\n"
        << "set title 'USD per million training samples'\nset ylabel 'USD'\n"
