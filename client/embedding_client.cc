@@ -383,6 +383,21 @@ absl::Status EmbeddingClient::ImportRows(absl::string_view table, const embeddin
   });
 }
 
+absl::StatusOr<v1::TableConfig> EmbeddingClient::AlterTable(absl::string_view table,
+                                                            const v1::OptimizerConfig& changes) {
+  v1::AlterTableRequest req;
+  req.set_table(std::string(table));
+  *req.mutable_optimizer() = changes;
+  v1::AlterTableResponse resp;
+  TESSERA_RETURN_IF_ERROR(WithRetries([&] {  // the same change again is OK
+    auto ctx = NewContext();
+    return FromGrpcStatus(coordinator_.Get()->AlterTable(ctx.get(), req, &resp));
+  }));
+  absl::MutexLock lock(&mu_);
+  configs_.erase(std::string(table));  // cached configs are looked up again
+  return resp.config();
+}
+
 absl::Status EmbeddingClient::DropTable(absl::string_view table) {
   v1::DropTableRequest req;
   req.set_table(std::string(table));

@@ -73,6 +73,8 @@ class EmbeddingClient final : public embedding::EmbeddingCollection {
   absl::Status ImportRows(absl::string_view table, const embedding::RowBlock& rows) override;
   // Drops the table on every shard and from the coordinator's registry.
   absl::Status DropTable(absl::string_view table) override;
+  absl::StatusOr<v1::TableConfig> AlterTable(absl::string_view table,
+                                             const v1::OptimizerConfig& changes) override;
   // Cluster checkpoints through the coordinator (which needs a --data_dir).
   absl::StatusOr<embedding::CheckpointInfo> Checkpoint(
       int64_t step, const embedding::Attachments& attachments,

@@ -362,6 +362,26 @@ absl::Status ShardRouter::DropTable(const std::string& table) {
   return absl::OkStatus();
 }
 
+absl::Status ShardRouter::AlterTable(const std::string& table,
+                                     const v1::OptimizerConfig& changes) {
+  std::vector<v1::AlterTableRequest> reqs(num_shards());
+  for (auto& r : reqs) {
+    r.set_table(table);
+    *r.mutable_optimizer() = changes;
+  }
+  std::vector<v1::AlterTableResponse> resps(num_shards());
+  const std::vector<grpc::Status> statuses = CallShardsWithRetries(
+      std::vector<bool>(num_shards(), true),
+      [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
+        return stubs_[k]->Get()->PrepareAsyncAlterTable(ctx, reqs[k], queue);
+      },
+      &resps, options_.deadline);
+  for (int k = 0; k < num_shards(); ++k) {
+    if (!statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ShardRouter::CreateTableOn(int k, const v1::TableConfig& config) {
   auto ctx = NewContext();
   v1::CreateTableRequest req;

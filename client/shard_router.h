@@ -83,6 +83,9 @@ class ShardRouter {
     on_restart_ = std::move(callback);
   }
 
+  // Alters `table`'s optimizer on every shard (idempotent: the same change again is OK).
+  absl::Status AlterTable(const std::string& table, const v1::OptimizerConfig& changes);
+
   // Creates `config` on shard k alone (idempotent).
   absl::Status CreateTableOn(int k, const v1::TableConfig& config);
 

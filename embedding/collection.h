@@ -251,6 +251,14 @@ class EmbeddingCollection {
   // value (nothing stored), NotFound for an unknown table.
   virtual absl::Status ImportRows(absl::string_view table, const RowBlock& rows);
 
+  // Puts the optimizer fields that `changes` sets into `table`'s config (AlterOptimizer):
+  // its next pushes use them, and collections with storage keep them (their checkpoints
+  // too). Returns the config now. NotFound for an unknown table, InvalidArgument for
+  // another optimizer type or a bad value (nothing changed); collections that cannot,
+  // Unimplemented.
+  virtual absl::StatusOr<v1::TableConfig> AlterTable(absl::string_view table,
+                                                     const v1::OptimizerConfig& changes);
+
   // Removes `table` and every row of it. NotFound for an unknown table. Checkpoints that
   // hold it keep it (restoring one brings it back).
   virtual absl::Status DropTable(absl::string_view table) = 0;

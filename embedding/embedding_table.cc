@@ -157,15 +157,30 @@ EmbeddingTable::EmbeddingTable(const v1::TableConfig& config, int64_t row_budget
       state_floats_(optimizer->StateFloats()),
       layout_((config.dim() * DtypeBytes(config.dtype()) + 3) / 4, optimizer->StateFloats()),
       row_budget_(row_budget),
-      optimizer_(std::move(optimizer)),
+      optimizer_(optimizer.get()),
       initializer_(std::make_unique<embedding_internal::RowInitializer>(config)),
       policy_(config.eviction().policy()),
       ttl_steps_(config.eviction().ttl_steps()),
       stripes_(new Stripe[kNumStripes]) {
   for (int s = 0; s < kNumStripes; ++s) stripes_[s].set_readers(&readers_);
+  absl::MutexLock lock(&optimizers_mu_);
+  optimizers_.push_back(std::move(optimizer));
 }
 
 EmbeddingTable::~EmbeddingTable() = default;
+
+absl::Status EmbeddingTable::SetOptimizer(const v1::OptimizerConfig& config) {
+  if (config.type() != config_.optimizer().type()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table '", name(), "': its optimizer is ", v1::OptimizerType_Name(config_.optimizer().type()),
+        ", not ", v1::OptimizerType_Name(config.type())));
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> next, Optimizer::Create(config, dim_));
+  absl::MutexLock lock(&optimizers_mu_);
+  optimizer_.store(next.get(), std::memory_order_release);
+  optimizers_.push_back(std::move(next));
+  return absl::OkStatus();
+}
 
 void EmbeddingTable::InitialWeights(int64_t id, float* out) const {
   initializer_->InitialWeights(id, out);
@@ -180,7 +195,7 @@ void EmbeddingTable::InitRow(int64_t id, float* row) const {
     InitialWeights(id, w.data());
     StoreWeights(w.data(), row);
   }
-  optimizer_->InitState(StateOf(row));
+  optimizer().InitState(StateOf(row));
   *StoredMetaOf(row) = embedding_internal::StoredMeta{};
 }
 
@@ -217,7 +232,7 @@ bool EmbeddingTable::UpdateRowLocked(Stripe& stripe, int64_t id, float* row, con
   if (dtype_ == v1::FP32) {
     // Weights and state are contiguous in the row: one copy saves both.
     CopyFloats(saved, row, static_cast<int>(d + sf));
-    optimizer_->Update(row, state, grad, g, prior);
+    optimizer().Update(row, state, grad, g, prior);
     // A weight or accumulator that overflowed would be stored, served and checkpointed;
     // the row keeps its last finite values instead.
     if (!AllFinite(row, d + sf)) {  // weights and state, contiguous
@@ -228,7 +243,7 @@ bool EmbeddingTable::UpdateRowLocked(Stripe& stripe, int64_t id, float* row, con
     float* widened = saved + sf;
     CopyFloats(saved, state, static_cast<int>(sf));
     DecodeWeights(dtype_, row, dim_, widened);
-    optimizer_->Update(widened, state, grad, g, prior);
+    optimizer().Update(widened, state, grad, g, prior);
     if (!AllFinite(widened, d) || !AllFinite(state, sf)) {
       CopyFloats(state, saved, static_cast<int>(sf));
       return false;

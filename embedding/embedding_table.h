@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "embedding/internal/row_layout.h"
 #include "embedding/optimizer.h"
@@ -97,7 +98,13 @@ class EmbeddingTable {
   int dim() const { return dim_; }
   int64_t row_budget() const { return row_budget_; }
   int64_t num_rows() const { return num_rows_.load(std::memory_order_relaxed); }
-  const Optimizer& optimizer() const { return *optimizer_; }
+  // The optimizer updates use now (SetOptimizer may replace it; the one returned stays
+  // valid for the table's lifetime).
+  const Optimizer& optimizer() const { return *optimizer_.load(std::memory_order_acquire); }
+  // Updates from now on use the optimizer of `config` (AlterTable): its type must be the
+  // table's (InvalidArgument otherwise, or for a bad value). Safe during updates: each row
+  // update uses one optimizer or the other; replaced ones are kept until the table goes.
+  absl::Status SetOptimizer(const v1::OptimizerConfig& config);
   // Bytes held by rows and the id maps.
   int64_t MemoryBytes() const;
 
@@ -261,7 +268,10 @@ class EmbeddingTable {
   int state_floats_;
   embedding_internal::RowLayout layout_;
   int64_t row_budget_;
-  std::unique_ptr<Optimizer> optimizer_;
+  std::atomic<const Optimizer*> optimizer_;
+  absl::Mutex optimizers_mu_;  // one SetOptimizer at a time
+  // Every optimizer the table has used: updates in flight may hold any of them.
+  std::vector<std::unique_ptr<Optimizer>> optimizers_ ABSL_GUARDED_BY(optimizers_mu_);
   std::unique_ptr<embedding_internal::RowInitializer> initializer_;
   std::atomic<int64_t> num_rows_{0};
   v1::EvictionPolicy policy_ = v1::EVICTION_NONE;

@@ -31,6 +31,30 @@ std::unique_ptr<EmbeddingTable> Make(const v1::TableConfig& c, int64_t budget = 
   return std::move(t).value();
 }
 
+// AlterTable's core: the next updates use the new settings, rows keep their values.
+TEST(EmbeddingTable, SetOptimizerChangesTheNextUpdatesOnly) {
+  auto t = Make(Config(4));  // SGD, learning rate 0.1
+  const std::vector<int64_t> ids = {3, 9};
+  const std::vector<float> g(8, 1.0f);
+  std::vector<float> w0(8), w1(8), w2(8);
+  ASSERT_TRUE(t->Lookup(ids, w0.data()).ok());
+  ASSERT_TRUE(t->ApplyUniqueGradients(ids, g.data(), 1).ok());
+  ASSERT_TRUE(t->Lookup(ids, w1.data()).ok());
+  v1::OptimizerConfig faster = Config(4).optimizer();
+  faster.set_learning_rate(0.5f);
+  ASSERT_TRUE(t->SetOptimizer(faster).ok());
+  ASSERT_TRUE(t->ApplyUniqueGradients(ids, g.data(), 2).ok());
+  ASSERT_TRUE(t->Lookup(ids, w2.data()).ok());
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_FLOAT_EQ(w1[i], w0[i] - 0.1f);
+    EXPECT_FLOAT_EQ(w2[i], w1[i] - 0.5f);
+  }
+  EXPECT_EQ(t->optimizer().params().learning_rate, 0.5f);
+  v1::OptimizerConfig adam = faster;
+  adam.set_type(v1::ADAM);
+  EXPECT_EQ(t->SetOptimizer(adam).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(EmbeddingTable, InitialisesRowsDeterministicallyFromSeedAndId) {
   auto a = Make(Config(8));
   auto b = Make(Config(8));

@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "embedding/optimizer.h"
+#include "embedding/status.h"
 #include "google/protobuf/text_format.h"
 
 namespace tessera::embedding {
@@ -46,6 +48,24 @@ std::vector<std::string> TableConfigDifferences(const v1::TableConfig& have,
                                                 absl::Span<const std::string> ignored) {
   std::vector<std::string> out;
   Differences(have, want, "", ignored, &out);
+  return out;
+}
+
+absl::StatusOr<v1::TableConfig> AlterOptimizer(const v1::TableConfig& config,
+                                               const v1::OptimizerConfig& changes) {
+  const v1::OptimizerType type = config.optimizer().type();
+  if (changes.type() != v1::OPTIMIZER_UNSPECIFIED && changes.type() != type) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table '", config.name(), "': its optimizer is ", v1::OptimizerType_Name(type),
+        " and cannot become ", v1::OptimizerType_Name(changes.type()),
+        " (the rows' state would not fit); create a new table and import the rows' weights"));
+  }
+  v1::TableConfig out = config;
+  v1::OptimizerConfig merged = changes;
+  merged.clear_type();
+  out.mutable_optimizer()->MergeFrom(merged);
+  TESSERA_RETURN_IF_ERROR(Annotate(ResolveOptimizer(out.optimizer()).status(),
+                                   absl::StrCat("table '", config.name(), "'")));
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "tessera/v1/config.pb.h"
 
@@ -17,6 +18,12 @@ namespace tessera::embedding {
 std::vector<std::string> TableConfigDifferences(const v1::TableConfig& have,
                                                 const v1::TableConfig& want,
                                                 absl::Span<const std::string> ignored = {});
+
+// `config` with each optimizer field that `changes` sets put in (AlterTable): the type may
+// be left unset and cannot change (the rows' state would not fit). InvalidArgument names
+// another type or a value the optimizer refuses.
+absl::StatusOr<v1::TableConfig> AlterOptimizer(const v1::TableConfig& config,
+                                               const v1::OptimizerConfig& changes);
 
 }  // namespace tessera::embedding
 

@@ -39,5 +39,38 @@ TEST(TableConfigDifferences, AnUnsetOptionalFieldReadsUnsetAndIgnoredFieldsAreSk
               ElementsAre("optimizer.clip_norm unset (the table's) vs 1"));
 }
 
+TEST(AlterOptimizer, PutsInTheFieldsSetAndKeepsTheRest) {
+  v1::OptimizerConfig changes;
+  changes.set_learning_rate(0.5f);
+  changes.set_clip_norm(2.0f);
+  auto altered = AlterOptimizer(Config(), changes);
+  ASSERT_TRUE(altered.ok()) << altered.status();
+  EXPECT_EQ(altered->optimizer().type(), v1::ADAGRAD);
+  EXPECT_EQ(altered->optimizer().learning_rate(), 0.5f);
+  EXPECT_EQ(altered->optimizer().clip_norm(), 2.0f);
+  EXPECT_FALSE(altered->optimizer().has_epsilon());
+  EXPECT_EQ(altered->dim(), 16);
+  // The same change again gives the same config.
+  auto again = AlterOptimizer(*altered, changes);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(TableConfigDifferences(*again, *altered).empty());
+}
+
+TEST(AlterOptimizer, RefusesAnotherTypeAndBadValues) {
+  v1::OptimizerConfig other;
+  other.set_type(v1::ADAM);
+  auto refused = AlterOptimizer(Config(), other);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::HasSubstr("is ADAGRAD and cannot become ADAM"));
+  v1::OptimizerConfig same;
+  same.set_type(v1::ADAGRAD);  // naming the table's own type is fine
+  EXPECT_TRUE(AlterOptimizer(Config(), same).ok());
+  v1::OptimizerConfig negative;
+  negative.set_learning_rate(-1.0f);
+  EXPECT_EQ(AlterOptimizer(Config(), negative).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace tessera::embedding

@@ -126,6 +126,21 @@ absl::Status Cluster::CreateTable(const v1::TableConfig& config) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<v1::TableConfig> Cluster::AlterTable(const std::string& table,
+                                                    const v1::OptimizerConfig& changes) {
+  absl::MutexLock create(&create_mu_);
+  TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(table));
+  TESSERA_ASSIGN_OR_RETURN(v1::TableConfig altered, embedding::AlterOptimizer(config, changes));
+  TESSERA_RETURN_IF_ERROR(Annotate(router_->AlterTable(table, changes),
+                                   absl::StrCat("alter of table '", table, "' not finished; retry")));
+  absl::MutexLock lock(&mu_);
+  configs_[table] = altered;
+  if (store_ != nullptr) {
+    TESSERA_RETURN_IF_ERROR(Annotate(store_->Save(StateLocked()), "cannot record the alter"));
+  }
+  return altered;
+}
+
 absl::Status Cluster::DropTable(const std::string& table) {
   absl::MutexLock create(&create_mu_);
   TESSERA_RETURN_IF_ERROR(Config(table).status());

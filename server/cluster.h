@@ -49,6 +49,12 @@ class Cluster {
   // Drops `table` on every shard, then from the registry. NotFound when it is not
   // registered.
   absl::Status DropTable(const std::string& table);
+  // Alters `table`'s optimizer on every shard, then in the registry (saved). Returns the
+  // config now. A change that failed on some shard is completed by repeating it (shards
+  // that have it already answer OK); NotFound for an unknown table, InvalidArgument for
+  // another type or a bad value (checked before any shard changes).
+  absl::StatusOr<v1::TableConfig> AlterTable(const std::string& table,
+                                             const v1::OptimizerConfig& changes);
   // Streams every shard's export of request.table() into `sink`, shard after shard.
   absl::Status ExportRows(const v1::ExportRowsRequest& request,
                           const std::function<absl::Status(const v1::RowChunk&)>& sink);

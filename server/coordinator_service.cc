@@ -59,6 +59,16 @@ grpc::Status CoordinatorService::ListTables(grpc::ServerContext* context,
   });
 }
 
+grpc::Status CoordinatorService::AlterTable(grpc::ServerContext* context,
+                                            const v1::AlterTableRequest* request,
+                                            v1::AlterTableResponse* response) {
+  return Serve(context, Access::kWrite, [&]() -> absl::Status {
+    TESSERA_ASSIGN_OR_RETURN(*response->mutable_config(),
+                             cluster_.AlterTable(request->table(), request->optimizer()));
+    return absl::OkStatus();
+  });
+}
+
 grpc::Status CoordinatorService::DropTable(grpc::ServerContext* context,
                                            const v1::DropTableRequest* request,
                                            v1::DropTableResponse*) {

@@ -36,6 +36,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
                            v1::CreateTableResponse* response) override;
   grpc::Status ListTables(grpc::ServerContext* context, const v1::ListTablesRequest* request,
                           v1::ListTablesResponse* response) override;
+  grpc::Status AlterTable(grpc::ServerContext* context, const v1::AlterTableRequest* request,
+                          v1::AlterTableResponse* response) override;
   grpc::Status DropTable(grpc::ServerContext* context, const v1::DropTableRequest* request,
                          v1::DropTableResponse* response) override;
   grpc::Status ExportRows(grpc::ServerContext* context, const v1::ExportRowsRequest* request,

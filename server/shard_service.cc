@@ -83,6 +83,25 @@ grpc::Status ShardService::Restore(grpc::ServerContext* context, const v1::Resto
   });
 }
 
+grpc::Status ShardService::AlterTable(grpc::ServerContext* context,
+                                      const v1::AlterTableRequest* request,
+                                      v1::AlterTableResponse* response) {
+  return Serve(context, Access::kWrite, [&]() -> absl::Status {
+    absl::StatusOr<v1::TableConfig> altered =
+        tables_->AlterTable(request->table(), request->optimizer());
+    if (absl::IsNotFound(altered.status())) {
+      return absl::NotFoundError(absl::StrCat("table '", request->table(), "' not found on shard ",
+                                              options_.shard_index));
+    }
+    TESSERA_RETURN_IF_ERROR(altered.status());
+    absl::MutexLock lock(&mu_);
+    auto it = configs_.find(request->table());
+    if (it != configs_.end()) *it->second.mutable_optimizer() = altered->optimizer();
+    *response->mutable_config() = it != configs_.end() ? it->second : *altered;
+    return absl::OkStatus();
+  });
+}
+
 grpc::Status ShardService::DropTable(grpc::ServerContext* context,
                                      const v1::DropTableRequest* request,
                                      v1::DropTableResponse*) {

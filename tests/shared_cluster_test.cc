@@ -252,6 +252,40 @@ TEST_F(SharedClusterTest, ARestoreOfEveryModelMustBeAskedForAndSaysWhatItDid) {
   EXPECT_EQ(Names(), (std::vector<std::string>{"ads.item", "ads.user", "feed.user"}));
 }
 
+// Item 3: an existing table's optimizer settings change on every shard with one call (the
+// CLI's alter), are used by the next pushes, survive the servers' restart and go back with
+// a checkpoint taken before them.
+TEST_F(SharedClusterTest, AlterChangesATablesOptimizerEverywhereAndIsCheckpointed) {
+  ASSERT_TRUE(client_->CreateTable(Table("alt.t")).ok());  // SGD, learning rate 0.5
+  ASSERT_TRUE(client_->Checkpoint(1, {}).ok());
+  Result refused = Cli("alter --table=alt.t");
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_THAT(refused.output, HasSubstr("at least one optimizer setting"));
+  Result alter = Cli("alter --table=alt.t --lr=0.125 --clip_value=100");
+  ASSERT_EQ(alter.exit_code, 0) << alter.output;
+  EXPECT_THAT(alter.output, HasSubstr("learning_rate: 0.125"));
+  Result type = Cli("alter --table=alt.t --lr=0.1 --optimizer=adam");
+  EXPECT_EQ(type.exit_code, 0) << type.output;  // --optimizer is create's: alter ignores it
+  const auto before = Rows("alt.t", ids_);
+  Push("alt.t", ids_, 1.0f, 2);
+  auto after = Rows("alt.t", ids_);
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_FLOAT_EQ(after[i], before[i] - 0.1f) << i;
+  // Every server restarts on its data directory: the settings stay.
+  client_.reset();
+  cluster_->KillAll();
+  ASSERT_TRUE(cluster_->Start());
+  client_ = client::EmbeddingClient::Connect(address(), {}).value();
+  ASSERT_EQ(client_->ListTables().value().at(0).optimizer().learning_rate(), 0.1f);
+  const auto restarted = Rows("alt.t", ids_);
+  Push("alt.t", ids_, 1.0f, 3);
+  after = Rows("alt.t", ids_);
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_FLOAT_EQ(after[i], restarted[i] - 0.1f) << i;
+  // Checkpoint 1 holds the table as created.
+  ASSERT_EQ(Cli("restore --all_models --step=1").exit_code, 0);
+  EXPECT_EQ(client_->ListTables().value().at(0).optimizer().learning_rate(), 0.5f);
+  EXPECT_EQ(Cli("alter --table=nope --lr=1").exit_code, 1);
+}
+
 // Item 7: a checkpoint of a model with no tables is NOT_FOUND and is not listed.
 TEST_F(SharedClusterTest, ACheckpointOfAModelWithoutTablesIsNotFound) {
   ASSERT_TRUE(client_->CreateTable(Table("ads.user")).ok());
@@ -321,6 +355,18 @@ TEST_F(SharedClusterTest, AResumeWithOtherSettingsOrOfTrainedTablesWithoutACheck
   EXPECT_THAT(changed.output, HasSubstr("exists with another config than this run's: "
                                         "optimizer.learning_rate 0.05 (the table's) vs 0.5"));
   EXPECT_EQ(Rows("lr.C1", ids_, 16), c1);
+  EXPECT_THAT(changed.output, HasSubstr("Pass --alter_tables"));
+  // Asked for, the run gives the tables its learning rate, and the registry keeps it.
+  Result altered = RunBinary(
+      TESSERA_TRAIN_BIN, absl::StrCat(train, " --model=lr --steps=40 --resume=auto --lr=0.5 "
+                                             "--alter_tables"));
+  ASSERT_EQ(altered.exit_code, 0) << altered.output;
+  EXPECT_THAT(altered.output, HasSubstr("the learning rate of 26 table(s) is now 0.5"));
+  const auto listed = client_->ListTables();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  for (const auto& t : *listed) {
+    if (absl::StartsWith(t.name(), "lr.")) EXPECT_EQ(t.optimizer().learning_rate(), 0.5f) << t.name();
+  }
 
   // A run that ends without a checkpoint leaves trained tables; resuming them would pair
   // them with a new dense network.

@@ -8,6 +8,7 @@
 //   tessera-cli lookup --table=user --ids=1,2,3
 //   tessera-cli stats [--table=user]
 //   tessera-cli shardmap
+//   tessera-cli alter --table=user --lr=0.01 [--clip_norm=1 ...]  (optimizer settings)
 //   tessera-cli drop --table=user            (or --model=NAME: every table of the model)
 //   tessera-cli checkpoint --step=N [--model=NAME]
 //   tessera-cli restore [--step=N] --model=NAME   (or --all_models: every model)
@@ -55,7 +56,8 @@ ABSL_FLAG(std::string, address, "", "health: the server to check (default: the c
 ABSL_FLAG(std::string, table, "", "table name");
 ABSL_FLAG(int, dim, 16, "create: embedding dimension");
 ABSL_FLAG(std::string, optimizer, "adagrad", "create: sgd, adagrad, rowwise_adagrad, adam, ftrl");
-ABSL_FLAG(double, lr, 0.05, "create: learning rate");
+ABSL_FLAG(std::optional<double>, lr, std::nullopt,
+          "create: learning rate (default 0.05); alter: the table's new one");
 ABSL_FLAG(uint64_t, seed, 1, "create: table seed");
 ABSL_FLAG(int64_t, max_rows, 0, "create: row budget (0 = unlimited)");
 ABSL_FLAG(std::string, ids, "", "lookup: comma-separated ids");
@@ -517,6 +519,51 @@ absl::StatusOr<int> ParseEnumFlag(const std::string& flag, const std::string& va
                                                  "'; expected ", absl::StrJoin(choices, ", ")));
 }
 
+// The optimizer settings given as flags (--lr, --epsilon, ...), and only those: what
+// `alter` changes, and what `create` sets beyond the defaults.
+tessera::v1::OptimizerConfig OptimizerChanges() {
+  using Config = tessera::v1::OptimizerConfig;
+  const std::pair<std::optional<double>, void (Config::*)(float)> settings[] = {
+      {absl::GetFlag(FLAGS_lr), &Config::set_learning_rate},
+      {absl::GetFlag(FLAGS_epsilon), &Config::set_epsilon},
+      {absl::GetFlag(FLAGS_beta1), &Config::set_beta1},
+      {absl::GetFlag(FLAGS_beta2), &Config::set_beta2},
+      {absl::GetFlag(FLAGS_initial_accumulator), &Config::set_initial_accumulator},
+      {absl::GetFlag(FLAGS_l1), &Config::set_l1},
+      {absl::GetFlag(FLAGS_l2), &Config::set_l2},
+      {absl::GetFlag(FLAGS_lr_power), &Config::set_learning_rate_power},
+      {absl::GetFlag(FLAGS_clip_norm), &Config::set_clip_norm},
+      {absl::GetFlag(FLAGS_clip_value), &Config::set_clip_value},
+      {absl::GetFlag(FLAGS_weight_decay), &Config::set_weight_decay},
+  };
+  Config out;
+  for (const auto& [value, set] : settings) {
+    if (value.has_value()) (out.*set)(static_cast<float>(*value));
+  }
+  return out;
+}
+
+// Changes an existing table's optimizer settings to the flags given; prints the table's
+// settings before and after.
+int Alter(Coordinator::Stub& stub, const std::string& table) {
+  const tessera::v1::OptimizerConfig changes = OptimizerChanges();
+  if (table.empty() || changes.ByteSizeLong() == 0) {
+    std::cerr << "tessera-cli: alter needs --table=NAME and at least one optimizer setting "
+                 "(--lr, --epsilon, --beta1, --beta2, --initial_accumulator, --l1, --l2, "
+                 "--lr_power, --clip_norm, --clip_value, --weight_decay)\n";
+    return 1;
+  }
+  tessera::v1::AlterTableRequest req;
+  req.set_table(table);
+  *req.mutable_optimizer() = changes;
+  tessera::v1::AlterTableResponse resp;
+  grpc::Status s = stub.AlterTable(Context().get(), req, &resp);
+  if (!s.ok()) return Fail("alter", s);
+  std::printf("altered table '%s': optimizer %s\n", table.c_str(),
+              resp.config().optimizer().ShortDebugString().c_str());
+  return 0;
+}
+
 // The TableConfig of `create`'s flags: every field, with tessera-train's defaults; the
 // optimizer settings left out keep the servers' defaults.
 absl::StatusOr<tessera::v1::TableConfig> CreateConfig(const std::string& table) {
@@ -531,25 +578,9 @@ absl::StatusOr<tessera::v1::TableConfig> CreateConfig(const std::string& table) 
   TESSERA_ASSIGN_OR_RETURN(tessera::v1::OptimizerType type,
                            tessera::embedding::ParseOptimizerName(absl::GetFlag(FLAGS_optimizer)));
   auto* o = c.mutable_optimizer();
+  *o = OptimizerChanges();
   o->set_type(type);
-  o->set_learning_rate(static_cast<float>(absl::GetFlag(FLAGS_lr)));
-  const std::pair<std::optional<double>, void (tessera::v1::OptimizerConfig::*)(float)>
-      settings[] = {
-          {absl::GetFlag(FLAGS_epsilon), &tessera::v1::OptimizerConfig::set_epsilon},
-          {absl::GetFlag(FLAGS_beta1), &tessera::v1::OptimizerConfig::set_beta1},
-          {absl::GetFlag(FLAGS_beta2), &tessera::v1::OptimizerConfig::set_beta2},
-          {absl::GetFlag(FLAGS_initial_accumulator),
-           &tessera::v1::OptimizerConfig::set_initial_accumulator},
-          {absl::GetFlag(FLAGS_l1), &tessera::v1::OptimizerConfig::set_l1},
-          {absl::GetFlag(FLAGS_l2), &tessera::v1::OptimizerConfig::set_l2},
-          {absl::GetFlag(FLAGS_lr_power), &tessera::v1::OptimizerConfig::set_learning_rate_power},
-          {absl::GetFlag(FLAGS_clip_norm), &tessera::v1::OptimizerConfig::set_clip_norm},
-          {absl::GetFlag(FLAGS_clip_value), &tessera::v1::OptimizerConfig::set_clip_value},
-          {absl::GetFlag(FLAGS_weight_decay), &tessera::v1::OptimizerConfig::set_weight_decay},
-      };
-  for (const auto& [value, set] : settings) {
-    if (value.has_value()) (o->*set)(static_cast<float>(*value));
-  }
+  if (!o->has_learning_rate()) o->set_learning_rate(0.05f);  // tessera-train's default
   TESSERA_ASSIGN_OR_RETURN(int initializer,
                            ParseEnumFlag("initializer", absl::GetFlag(FLAGS_initializer),
                                          tessera::v1::InitializerType_descriptor()));
@@ -612,6 +643,7 @@ int Run(const std::string& command) {
   }
   if (command == "apply") return Apply(*stub);
   if (command == "create") return Create(*stub, table);
+  if (command == "alter") return Alter(*stub, table);
   if (command == "lookup") {
     if (table.empty() || absl::GetFlag(FLAGS_ids).empty()) {
       std::cerr << "tessera-cli: lookup needs --table=NAME and --ids=ID,ID,... (read only: "
@@ -734,7 +766,7 @@ int Run(const std::string& command) {
     return 0;
   }
   std::cerr << "tessera-cli: unknown command '" << command
-            << "'; expected health, tables, apply, create, drop, lookup, stats, shardmap, "
+            << "'; expected health, tables, apply, create, alter, drop, lookup, stats, shardmap, "
                "checkpoint, restore, checkpoints, export or import\n";
   return 1;
 }
@@ -744,11 +776,11 @@ int Run(const std::string& command) {
 int main(int argc, char** argv) {
   std::vector<char*> rest = tessera::client::ParseCommandLine(argc, argv, "tessera-cli",
       "tessera-cli [flags] "
-      "health|tables|apply|create|drop|lookup|stats|shardmap|checkpoint|restore|checkpoints|"
+      "health|tables|apply|create|alter|drop|lookup|stats|shardmap|checkpoint|restore|checkpoints|"
       "export|import");
   if (rest.size() != 2) {
     std::cerr << "usage: tessera-cli [flags] "
-                 "health|tables|apply|create|drop|lookup|stats|shardmap|checkpoint|restore|"
+                 "health|tables|apply|create|alter|drop|lookup|stats|shardmap|checkpoint|restore|"
                  "checkpoints|export|import\n";
     return 1;
   }

@@ -102,6 +102,9 @@ ABSL_FLAG(std::string, resume, "false",
           "continue from its newest complete checkpoint when there is one (step 0 when not); "
           "'false': the tables must not exist yet");
 ABSL_FLAG(int, keep_checkpoints, 3, "with --data_dir: newest checkpoints kept (0 = all)");
+ABSL_FLAG(bool, alter_tables, false,
+          "with --resume=auto: give the model's existing tables this run's --lr when theirs "
+          "differs (refused otherwise, naming both); checkpoints keep it");
 ABSL_FLAG(std::string, on_shard_restart, "resume",
           "when a shard restarts and its CHECKPOINT tables go back to their checkpoint: "
           "'resume' restores the model's newest checkpoint and trains on from it, 'fail' ends "
@@ -463,6 +466,7 @@ absl::Status Run() {
       " sparse=", model.num_sparse, " emb_dim=", model.emb_dim,
       " optimizer=", absl::GetFlag(FLAGS_optimizer), " dense_optimizer=", dense_opt,
       num_workers > 1 ? absl::StrCat(" workers=", num_workers) : "");
+  options.alter_tables = absl::GetFlag(FLAGS_alter_tables);
   const std::string resume_flag = absl::GetFlag(FLAGS_resume);
   if (resume_flag != "auto" && resume_flag != "true" && resume_flag != "false") {
     return absl::InvalidArgumentError(
@@ -554,6 +558,8 @@ absl::Status Run() {
   if (resume) {
     TESSERA_ASSIGN_OR_RETURN(first_step, ResumeWorkers(trainer, dense.get(), dp.get(), options));
   }
+  // After the resume: its restore brings back the checkpoint's settings.
+  if (options.alter_tables && worker == 0) TESSERA_RETURN_IF_ERROR(trainer.AlterTables(table));
 
   int64_t steps = absl::GetFlag(FLAGS_steps);
   // Declared before the sources that read from them: a source's threads stop (when it is

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "embedding/batch_ops.h"
@@ -179,6 +180,24 @@ absl::StatusOr<std::string> Trainer::TrainedTables() const {
   return absl::StrJoin(trained, ", ");
 }
 
+namespace {
+
+// What a run's flags set of a table's config; the rest (seeds, row budgets, eviction,
+// durability) is the table creator's to choose.
+v1::TableConfig RunSettings(const v1::TableConfig& c) {
+  v1::TableConfig out;
+  out.set_dim(c.dim());
+  out.set_dtype(c.dtype());
+  out.mutable_optimizer()->set_type(c.optimizer().type());
+  out.mutable_optimizer()->set_learning_rate(c.optimizer().has_learning_rate()
+                                                 ? c.optimizer().learning_rate()
+                                                 : embedding::OptimizerParams{}.learning_rate);
+  if (c.initializer().has_scale()) out.mutable_initializer()->set_scale(c.initializer().scale());
+  return out;
+}
+
+}  // namespace
+
 absl::Status Trainer::CheckTables(const v1::TableConfig& prototype) const {
   TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> tables, tables_->ListTables());
   for (const std::string& name : names_) {
@@ -187,30 +206,42 @@ absl::Status Trainer::CheckTables(const v1::TableConfig& prototype) const {
     if (it == tables.end()) {
       return absl::FailedPreconditionError(absl::StrCat("table '", name, "' is missing"));
     }
-    // What this run's flags set; the rest (seeds, row budgets, eviction, durability) is the
-    // table creator's to choose.
-    auto run_settings = [](const v1::TableConfig& c) {
-      v1::TableConfig out;
-      out.set_dim(c.dim());
-      out.set_dtype(c.dtype());
-      out.mutable_optimizer()->set_type(c.optimizer().type());
-      out.mutable_optimizer()->set_learning_rate(c.optimizer().has_learning_rate()
-                                                     ? c.optimizer().learning_rate()
-                                                     : embedding::OptimizerParams{}.learning_rate);
-      if (c.initializer().has_scale()) {
-        out.mutable_initializer()->set_scale(c.initializer().scale());
-      }
-      return out;
-    };
     const std::vector<std::string> differences =
-        embedding::TableConfigDifferences(run_settings(*it), run_settings(prototype));
-    if (!differences.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "table '", name, "' exists with another config than this run's: ",
-          absl::StrJoin(differences, "; "),
-          ". Pass the table's settings to train on with it as it is, or train another "
-          "--model"));
+        embedding::TableConfigDifferences(RunSettings(*it), RunSettings(prototype));
+    if (differences.empty()) continue;
+    // The learning rate alone can change on existing rows; the rest cannot.
+    const bool only_lr = differences.size() == 1 &&
+                         absl::StartsWith(differences[0], "optimizer.learning_rate ");
+    if (only_lr && options_.alter_tables) continue;  // AlterTables, once resumed
+    return absl::FailedPreconditionError(absl::StrCat(
+        "table '", name, "' exists with another config than this run's: ",
+        absl::StrJoin(differences, "; "),
+        only_lr ? absl::StrCat(". Pass --alter_tables to give the model's tables this run's "
+                               "learning rate (by hand: tessera-cli alter --table=", name,
+                               " --lr=...), or the table's --lr to train on as it is")
+                : ". Pass the table's settings to train on with it as it is, or train another "
+                  "--model"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::AlterTables(const v1::TableConfig& prototype) {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> tables, tables_->ListTables());
+  const float lr = prototype.optimizer().learning_rate();
+  int altered = 0;
+  for (const v1::TableConfig& t : tables) {
+    if (std::find(names_.begin(), names_.end(), t.name()) == names_.end() ||
+        RunSettings(t).optimizer().learning_rate() == lr) {
+      continue;
     }
+    v1::OptimizerConfig change;
+    change.set_learning_rate(lr);
+    TESSERA_RETURN_IF_ERROR(tables_->AlterTable(t.name(), change).status());
+    ++altered;
+  }
+  if (altered > 0 && options_.print_progress) {
+    std::printf("tables: the learning rate of %d table(s) is now %g (--alter_tables)\n", altered,
+                lr);
   }
   return absl::OkStatus();
 }

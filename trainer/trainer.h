@@ -41,6 +41,9 @@ struct TrainerOptions {
   // Steps between checkpoints of the tables and the dense state, taken through the
   // collection (which needs storage); also one after the last step. 0 = none.
   int64_t checkpoint_every = 0;
+  // Existing tables whose learning rate differs from the prototype's get the prototype's
+  // (EmbeddingCollection::AlterTable) instead of being refused.
+  bool alter_tables = false;
   // Stored with each checkpoint (flags that shape the run); Resume refuses a checkpoint
   // whose signature differs, since it would not continue the same run.
   std::string run_signature;
@@ -121,6 +124,10 @@ class Trainer {
 
   // The name of the first of this model's tables that exists already, or "" when none does.
   absl::StatusOr<std::string> FirstExistingTable() const;
+  // With options.alter_tables: gives the model's tables whose learning rate is not the
+  // prototype's the prototype's (after a resume, whose restore brings back the
+  // checkpoint's settings), and says how many.
+  absl::Status AlterTables(const v1::TableConfig& prototype);
   // The model's tables that hold rows, as "NAME (N rows)" joined by ", "; empty when every
   // table is untouched (new, or created by an operator and never trained).
   absl::StatusOr<std::string> TrainedTables() const;

@@ -9,6 +9,7 @@
 #include "embedding/batch_ops.h"
 #include "embedding/sharding.h"
 #include "embedding/status.h"
+#include "embedding/table_config.h"
 
 namespace tessera::embedding_internal {
 namespace {
@@ -72,6 +73,22 @@ absl::Status InProcessCollection::CreateTable(const v1::TableConfig& config) {
   }
   tables_.emplace(config.name(), std::move(t));
   return absl::OkStatus();
+}
+
+absl::StatusOr<v1::TableConfig> InProcessCollection::AlterTable(
+    absl::string_view table, const v1::OptimizerConfig& changes) {
+  // Exclusive: ListTables copies configs under the shared lock. Calls in flight read a
+  // table's dim, seed and name, which do not change, and their optimizer atomically.
+  absl::MutexLock lock(&mu_);
+  auto it = tables_.find(table);
+  if (it == tables_.end()) {
+    return absl::NotFoundError(absl::StrCat("table '", table, "' not found"));
+  }
+  ShardedTable& t = *it->second;
+  TESSERA_ASSIGN_OR_RETURN(v1::TableConfig altered, embedding::AlterOptimizer(t.config, changes));
+  for (auto& shard : t.shards) TESSERA_RETURN_IF_ERROR(shard->SetOptimizer(altered.optimizer()));
+  *t.config.mutable_optimizer() = altered.optimizer();
+  return t.config;
 }
 
 absl::StatusOr<std::vector<v1::TableConfig>> InProcessCollection::ListTables() const {
@@ -419,6 +436,12 @@ absl::Status EmbeddingCollection::ExportRows(absl::string_view table, const Expo
 
 absl::Status EmbeddingCollection::ImportRows(absl::string_view table, const RowBlock&) {
   return absl::UnimplementedError(absl::StrCat("table '", table, "': this collection cannot import rows"));
+}
+
+absl::StatusOr<v1::TableConfig> EmbeddingCollection::AlterTable(absl::string_view table,
+                                                                const v1::OptimizerConfig&) {
+  return absl::UnimplementedError(
+      absl::StrCat("table '", table, "': this collection cannot alter tables"));
 }
 
 absl::Status ValidateModelName(absl::string_view model) {

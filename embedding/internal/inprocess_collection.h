@@ -35,6 +35,8 @@ class InProcessCollection final : public embedding::EmbeddingCollection {
                              absl::Span<const float> gradients, int64_t step) override;
   absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override;
   absl::Status DropTable(absl::string_view table) override;
+  absl::StatusOr<v1::TableConfig> AlterTable(absl::string_view table,
+                                             const v1::OptimizerConfig& changes) override;
   absl::Status ExportRows(absl::string_view table, const embedding::ExportOptions& options,
                           const std::function<absl::Status(const embedding::RowBlock&)>& sink)
       override;

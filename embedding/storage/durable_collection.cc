@@ -16,6 +16,7 @@
 #include "embedding/internal/inprocess_collection.h"
 #include "embedding/sharding.h"
 #include "embedding/status.h"
+#include "embedding/table_config.h"
 #include "embedding/storage/files.h"
 #include "embedding/storage/internal/row_loader.h"
 #include "embedding/storage/row_codec.h"
@@ -346,6 +347,24 @@ absl::Status DurableCollection::DropTable(absl::string_view table) {
   return Annotate(store_->Write(writes, /*sync=*/true),
                   absl::StrCat("table '", name, "': dropped in memory, but the disk refused "
                                "the delete (it comes back on a restart)"));
+}
+
+absl::StatusOr<v1::TableConfig> DurableCollection::AlterTable(
+    absl::string_view table, const v1::OptimizerConfig& changes) {
+  absl::MutexLock lock(&mu_);
+  TESSERA_RETURN_IF_ERROR(Usable());
+  auto it = tables_.find(table);
+  if (it == tables_.end()) {
+    return absl::NotFoundError(absl::StrCat("table '", table, "' not found"));
+  }
+  Table& t = it->second;
+  TESSERA_ASSIGN_OR_RETURN(v1::TableConfig altered, embedding::AlterOptimizer(t.config, changes));
+  TESSERA_RETURN_IF_ERROR(Annotate(
+      store_->Write({KvWrite{CatalogKey(t.id), EncodeCatalogEntry(altered)}}, /*sync=*/true),
+      absl::StrCat("table '", table, "': cannot store its new config (nothing changed)")));
+  TESSERA_ASSIGN_OR_RETURN(v1::TableConfig now, memory_->AlterTable(table, changes));
+  t.config = now;
+  return now;
 }
 
 absl::Status DurableCollection::ExportRows(

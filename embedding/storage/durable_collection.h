@@ -94,6 +94,10 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   std::optional<int64_t> RecordedPush(const embedding::PushTag& tag) const override;
   absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override;
   absl::Status DropTable(absl::string_view table) override;
+  // The new config is in the catalog (synced) before the pushes use it, so a restart keeps
+  // it; a checkpoint holds the config of its moment.
+  absl::StatusOr<v1::TableConfig> AlterTable(absl::string_view table,
+                                             const v1::OptimizerConfig& changes) override;
   // Rows in memory, and for tables with eviction the rows kept on disk too.
   absl::Status ExportRows(absl::string_view table, const embedding::ExportOptions& options,
                           const std::function<absl::Status(const embedding::RowBlock&)>& sink)

@@ -624,6 +624,41 @@ TEST(DurableCollection, ADroppedTableIsGoneAfterAReopenAndComesBackFresh) {
   EXPECT_EQ(Read(*c, "t", AllIds(), 4), Read(*fresh, "t", AllIds(), 4));
 }
 
+// AlterTable: the new optimizer settings are used at once, survive a reopen, are held by
+// a checkpoint taken after them, and a restore brings back the checkpoint's.
+TEST(DurableCollection, AnAlteredOptimizerIsKeptAndCheckpointedWithItsTable) {
+  ScopedDir dir;
+  Harness h(dir.path);
+  const std::vector<int64_t> ids = {1, 2, 3};
+  const std::vector<float> ones(ids.size() * 4, 1.0f);
+  v1::OptimizerConfig slower;
+  slower.set_learning_rate(0.25f);
+  {
+    auto c = h.Open();
+    ASSERT_TRUE(c->CreateTable(Config("t", 4, v1::WRITE_THROUGH, v1::SGD)).ok());  // lr 0.05
+    ASSERT_TRUE(c->Checkpoint(1, {}).ok());
+    auto altered = c->AlterTable("t", slower);
+    ASSERT_TRUE(altered.ok()) << altered.status();
+    EXPECT_EQ(altered->optimizer().learning_rate(), 0.25f);
+    EXPECT_EQ(c->AlterTable("nope", slower).status().code(), absl::StatusCode::kNotFound);
+    v1::OptimizerConfig adam;
+    adam.set_type(v1::ADAM);
+    EXPECT_EQ(c->AlterTable("t", adam).status().code(), absl::StatusCode::kInvalidArgument);
+    ASSERT_TRUE(c->Checkpoint(2, {}).ok());
+  }
+  auto c = h.Open();  // reopened: the catalog holds the altered config
+  ASSERT_EQ(c->ListTables()->at(0).optimizer().learning_rate(), 0.25f);
+  const auto before = Read(*c, "t", ids, 4);
+  ASSERT_TRUE(c->PushGradients("t", ids, ones, 3).ok());
+  auto after = Read(*c, "t", ids, 4);
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_FLOAT_EQ(after[i], before[i] - 0.25f);
+  // Checkpoint 1 was taken before the alter: its config comes back with it.
+  ASSERT_TRUE(c->Restore(1, nullptr).ok());
+  EXPECT_EQ(c->ListTables()->at(0).optimizer().learning_rate(), 0.05f);
+  ASSERT_TRUE(c->Restore(2, nullptr).ok());
+  EXPECT_EQ(c->ListTables()->at(0).optimizer().learning_rate(), 0.25f);
+}
+
 TEST(DurableCollection, UnwritableDataDirectoryFailsAtStartUp) {
   ScopedDir dir;
   const std::string file = dir.path + "/not-a-dir";

@@ -288,6 +288,24 @@ class Client:
         self._configs[config.name] = response.config
         return response.config
 
+    def alter_table(self, name: str, **optimizer_settings) -> config_pb2.TableConfig:
+        """Changes an existing table's optimizer settings (OPTIMIZER_SETTINGS, e.g.
+        learning_rate=0.01, clip_norm=1.0): the next pushes use them and checkpoints hold
+        them. The optimizer's type cannot change. Returns the table's config now. Safe to
+        repeat. TesseraError NOT_FOUND for an unknown table, INVALID_ARGUMENT for a bad
+        value; ValueError for an unknown setting or none."""
+        unknown = set(optimizer_settings) - set(OPTIMIZER_SETTINGS)
+        if unknown or not optimizer_settings:
+            raise ValueError(f"alter_table takes optimizer settings {list(OPTIMIZER_SETTINGS)}, "
+                             f"got {sorted(optimizer_settings)}")
+        changes = config_pb2.OptimizerConfig()
+        for key, value in optimizer_settings.items():
+            setattr(changes, key, value)
+        response = self._call(self._stub.AlterTable,
+                              api.AlterTableRequest(table=name, optimizer=changes))
+        self._configs[name] = response.config
+        return response.config
+
     def tables(self) -> Dict[str, config_pb2.TableConfig]:
         response = self._call(self._stub.ListTables, api.ListTablesRequest())
         self._configs = {t.name: t for t in response.tables}

@@ -162,7 +162,8 @@ class EmbeddingCollection(torch.nn.Module):
                     raise ValueError(
                         f"table {name!r} exists with other settings than the spec's: "
                         f"{'; '.join(differences)}. Give the table's settings (or leave them "
-                        f"out of the spec), or use another table name")
+                        f"out of the spec), change the table's optimizer settings first "
+                        f"(client.alter_table), or use another table name")
             elif "dim" in spec:
                 config = client.create_table(name, spec["dim"], **{
                     k: spec[k] for k in _CREATE_ARGS if k in spec})

@@ -125,6 +125,18 @@ def main(address: str) -> int:
                                                   learning_rate=0.25, seed=99))
     assert "optimizer.learning_rate 0.5 (the table's) vs 0.25" in error.message, error.message
 
+    # An existing table's optimizer settings change on every shard; pushes use them.
+    smart.create_table("pyc_alt", dim=2, optimizer="sgd", learning_rate=0.5, seed=3)
+    altered = via.alter_table("pyc_alt", learning_rate=0.25, clip_value=100.0)
+    assert abs(altered.optimizer.learning_rate - 0.25) < 1e-7, altered
+    w0 = smart.lookup("pyc_alt", [5, 6])
+    smart.push("pyc_alt", [5, 6], np.ones((2, 2), np.float32), step=1)
+    np.testing.assert_allclose(smart.lookup("pyc_alt", [5, 6]), w0 - 0.25, atol=1e-6)
+    expect_error(grpc.StatusCode.INVALID_ARGUMENT,
+                 lambda: smart.alter_table("pyc_alt", learning_rate=-1.0))
+    expect_error(grpc.StatusCode.NOT_FOUND, lambda: via.alter_table("nope", learning_rate=1.0))
+    smart.drop_table("pyc_alt")
+
     # Durability names: both spellings, and nothing silently different.
     made = smart.create_table("pyc_wt", dim=2, durability="write-through")
     assert made.durability == config_pb2.WRITE_THROUGH, made
