@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "embedding/sharding.h"
 
@@ -142,8 +143,9 @@ std::string DtypeName(v1::Dtype dtype) {
 }
 
 absl::StatusOr<v1::Dtype> ParseDtypeName(absl::string_view name) {
+  const std::string lower = absl::AsciiStrToLower(name);  // "BF16" as the proto spells it
   for (const v1::Dtype d : {v1::FP32, v1::FP16, v1::BF16}) {
-    if (name == DtypeName(d)) return d;
+    if (lower == DtypeName(d)) return d;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown dtype '", name, "': expected fp32, fp16 or bf16"));

@@ -24,6 +24,9 @@ TEST(Dtype, NamesRoundTripAndUnknownNamesAreRefused) {
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, d);
   }
+  // As the proto spells them too (issue 25, item 14).
+  EXPECT_EQ(ParseDtypeName("BF16").value(), v1::BF16);
+  EXPECT_EQ(ParseDtypeName("Fp16").value(), v1::FP16);
   absl::StatusOr<v1::Dtype> bad = ParseDtypeName("int8");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("int8"), std::string::npos);
