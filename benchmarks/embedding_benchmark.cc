@@ -50,9 +50,13 @@ int64_t LlcBytes() {
   return l3 > 0 ? l3 : 32LL << 20;
 }
 
-// Bytes a row of this shape occupies in the table (a 32-byte header, weights, state,
-// padding to 64 bytes; embedding/internal/row_slots.h).
-int64_t RowBytes(int dim, int state_floats) { return (8 + dim + state_floats + 15) / 16 * 16 * 4; }
+// Bytes a row of fp32 weights of this shape occupies in the table, as RowLayout lays it out
+// (embedding/internal/row_layout.h: weights, state and a 32-byte meta, padded to 64 bytes).
+int64_t RowBytes(int dim, int state_floats) {
+  constexpr int kMetaFloats = 6;  // RowMeta and the dirty flag: 24 bytes, 8-byte aligned
+  const int meta_at = (dim + state_floats + 1) / 2 * 2;
+  return (meta_at + kMetaFloats + 15) / 16 * 16 * 4;
+}
 
 int StateFloats(v1::OptimizerType opt, int dim) {
   switch (opt) {

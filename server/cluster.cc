@@ -116,8 +116,13 @@ absl::Status Cluster::CreateTable(const v1::TableConfig& config) {
   absl::Status s = router_->CreateTable(config);
   if (!s.ok()) {
     if (store_ != nullptr) {
+      // The registry goes back to what it was; if that fails too, the table stays recorded
+      // and a retry of the create (or a restart's re-provisioning) finishes it.
       absl::ReaderMutexLock lock(&mu_);
-      (void)store_->Save(StateLocked());
+      if (absl::Status undone = store_->Save(StateLocked()); !undone.ok()) {
+        std::fprintf(stderr, "tessera: table '%s' stays recorded after its create failed: %s\n",
+                     config.name().c_str(), undone.ToString().c_str());
+      }
     }
     return s;
   }

@@ -31,7 +31,8 @@ namespace tessera::server {
 //   tessera_rpc_in_flight                          RPCs being served now (the queue depth)
 //   tessera_table_rows{table}, tessera_table_bytes{table}
 //   tessera_table_evictions_total{table}, tessera_table_expirations_total{table}
-//   tessera_train_* (see TrainGauges)
+//   tessera_train_samples_per_second, _loss, _step, _samples   (tessera-train's progress,
+//                                                  registered in trainer/train_main.cc)
 class Metrics;
 
 // From --metrics_port (-1, the default: none, and null is returned; 0 picks a port) and

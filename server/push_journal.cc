@@ -51,15 +51,6 @@ absl::StatusOr<std::vector<int64_t>> PushJournal::Run(
   return done;
 }
 
-void PushJournal::Record(const embedding::RequestId& id, std::vector<int64_t> results) {
-  if (id.empty()) return;
-  absl::MutexLock lock(&mu_);
-  std::shared_ptr<Entry> e = FindOrAdd({id.client_id, id.sequence});
-  if (e->in_flight) return;
-  e->done = std::move(results);
-  e->complete = true;
-}
-
 void PushJournal::Clear() {
   absl::MutexLock lock(&mu_);
   for (auto it = entries_.begin(); it != entries_.end();) {

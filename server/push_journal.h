@@ -33,9 +33,6 @@ class PushJournal {
       const embedding::RequestId& id, size_t parts,
       const std::function<absl::Status(std::vector<int64_t>* done)>& apply);
 
-  // Records `id` as applied with `results` (ids recovered from durable storage).
-  void Record(const embedding::RequestId& id, std::vector<int64_t> results);
-
   // Forgets every idle id (the rows were replaced by a restore, so what they say was
   // applied no longer is).
   void Clear();

@@ -31,7 +31,11 @@ ShardService::ShardService(embedding::EmbeddingCollection* tables, const ShardOp
       incarnation_(embedding::RandomNonZeroId()),
       version_(options.shard_map_version),
       journal_(options.push_window) {
-  (void)ReloadConfigs();
+  // Unlisted tables are refused as unknown until a restore lists them again: say why.
+  if (absl::Status s = ReloadConfigs(); !s.ok()) {
+    std::fprintf(stderr, "tessera: shard %d: cannot list the tables it holds: %s\n",
+                 options_.shard_index, s.ToString().c_str());
+  }
 }
 
 absl::Status ShardService::ReloadConfigs() {

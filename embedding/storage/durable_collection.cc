@@ -698,11 +698,9 @@ absl::Status DurableCollection::WriteThroughPush(const Table& t, absl::Span<cons
   auto undo = [&] {
     for (auto& [id, b] : before) {
       auto& shard = shards[embedding::ShardOf(id, t.config.seed(), n)];
-      if (b.existed) {
-        (void)shard->PutRow(id, b.weights, b.state, b.meta);
-      } else {
-        shard->Forget(id);
-      }
+      // A row that cannot be put back (out of memory) is forgotten instead: its next
+      // read finds its stored value, which the refused write did not change.
+      if (!b.existed || !shard->PutRow(id, b.weights, b.state, b.meta).ok()) shard->Forget(id);
     }
   };
   absl::Status applied = memory_->PushGradients(name, ids, gradients, step);
