@@ -25,7 +25,7 @@ struct ClientOptions {
   int max_retries = 8;                                            // retries of UNAVAILABLE calls
   std::chrono::milliseconds initial_backoff{50};                  // doubled after each retry ...
   std::chrono::milliseconds max_backoff{1000};                    // ... up to this
-  std::chrono::milliseconds checkpoint_deadline{30 * 60 * 1000};  // Checkpoint and Restore
+  std::chrono::milliseconds checkpoint_deadline = kCheckpointDeadline;  // Checkpoint and Restore
   int max_message_bytes = 256 << 20;                              // gRPC send/receive limit
   ClientSecurity security;  // TLS and token for the coordinator and the shards
 };

@@ -20,11 +20,15 @@
 
 namespace tessera::client {
 
+// How long one checkpoint, restore or export may take: the deadline every caller gives
+// them (the clients, the router's calls to shards, the CLI; Python's _CHECKPOINT_TIMEOUT).
+inline constexpr std::chrono::milliseconds kCheckpointDeadline = std::chrono::minutes(30);
+
 struct RouterOptions {
   std::chrono::milliseconds deadline{10000};  // per shard call
   int max_message_bytes = 256 << 20;          // gRPC send/receive limit per channel
   uint64_t shard_map_version = 1;             // stamped on every shard request
-  std::chrono::milliseconds checkpoint_deadline{30 * 60 * 1000};  // per shard checkpoint/restore
+  std::chrono::milliseconds checkpoint_deadline = kCheckpointDeadline;  // per shard checkpoint/restore
   // Interval of gRPC health checks of every shard; 0 = none. A shard failing two checks in
   // a row is down: calls needing it fail at once with UNAVAILABLE naming it, until a
   // check passes again and it is re-admitted.

@@ -40,6 +40,7 @@
 #include "absl/time/time.h"
 #include "absl/strings/str_split.h"
 #include "client/security_flags.h"
+#include "client/shard_router.h"
 #include "embedding/collection.h"
 #include "embedding/dtype.h"
 #include "embedding/optimizer.h"
@@ -126,7 +127,8 @@ std::unique_ptr<grpc::ClientContext> Context(int deadline_ms = absl::GetFlag(FLA
   return ctx;
 }
 
-constexpr int kCheckpointDeadlineMs = 30 * 60 * 1000;
+constexpr int kCheckpointDeadlineMs =
+    static_cast<int>(tessera::client::kCheckpointDeadline.count());
 
 void PrintCheckpoint(const tessera::v1::CheckpointInfo& c) {
   if (!c.model().empty()) std::printf("model %s ", c.model().c_str());

@@ -39,6 +39,7 @@ _EVICTION = {"none": config_pb2.EVICTION_NONE, "lru": config_pb2.EVICTION_LRU,
 _INITIALIZERS = {"uniform": config_pb2.UNIFORM, "normal": config_pb2.NORMAL,
                  "zeros": config_pb2.ZEROS}
 _MAX_MESSAGE = 256 << 20
+_CHECKPOINT_TIMEOUT = 1800.0  # s: checkpoints, restores, exports (C++: kCheckpointDeadline)
 
 # The optimizer settings create_table takes as keyword arguments (OptimizerConfig fields).
 OPTIMIZER_SETTINGS = ("learning_rate", "epsilon", "beta1", "beta2", "initial_accumulator", "l1",
@@ -345,7 +346,8 @@ class Client:
         state_floats = 0
         request = api.ExportRowsRequest(table=table, since_step=since_step, with_state=with_state)
         try:
-            for chunk in self._stub.ExportRows(request, timeout=1800, metadata=self._metadata):
+            for chunk in self._stub.ExportRows(request, timeout=_CHECKPOINT_TIMEOUT,
+                                               metadata=self._metadata):
                 dim, state_floats = chunk.dim or dim, chunk.state_floats or state_floats
                 parts["ids"].append(np.frombuffer(chunk.ids, dtype="<i8"))
                 parts["weights"].append(np.frombuffer(chunk.weights, dtype="<f4"))
@@ -409,7 +411,7 @@ class Client:
         return self._call(self._stub.Checkpoint,
                           api.CheckpointRequest(step=step, model=model,
                                                 attachments=attachments or {}),
-                          timeout=1800)
+                          timeout=_CHECKPOINT_TIMEOUT)
 
     def restore(self, step: int = -1, model: str = "",
                 all_models: bool = False) -> api.RestoreResponse:
@@ -423,7 +425,7 @@ class Client:
                      "the model, or pass all_models=True")
         response = self._call(self._stub.Restore,
                               api.RestoreRequest(step=step, model=model, all_models=all_models),
-                              timeout=1800)
+                              timeout=_CHECKPOINT_TIMEOUT)
         self._configs = {}
         return response
 
