@@ -233,20 +233,28 @@ void ShardRouter::Place(const v1::TableConfig& config, absl::Span<const int64_t>
   }
 }
 
-absl::Status ShardRouter::CreateTable(const v1::TableConfig& config) {
-  std::vector<v1::CreateTableRequest> reqs(num_shards());
-  for (auto& r : reqs) *r.mutable_config() = config;
-  std::vector<v1::CreateTableResponse> resps(num_shards());
+template <typename Request, typename Response>
+absl::Status ShardRouter::SendToEveryShard(const Request& request, StartCall<Request, Response> start,
+                                           grpc::StatusCode also_done) const {
+  std::vector<Response> resps(num_shards());
   const std::vector<grpc::Status> statuses = CallShardsWithRetries(
       std::vector<bool>(num_shards(), true),
       [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
-        return stubs_[k]->Get()->PrepareAsyncCreateTable(ctx, reqs[k], queue);
+        return ((*stubs_[k]->Get()).*start)(ctx, request, queue);
       },
       &resps, options_.deadline);
   for (int k = 0; k < num_shards(); ++k) {
-    if (!statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
+    if (!statuses[k].ok() && statuses[k].error_code() != also_done) {
+      return FromShardStatus(statuses[k], k, addresses_[k]);
+    }
   }
   return absl::OkStatus();
+}
+
+absl::Status ShardRouter::CreateTable(const v1::TableConfig& config) {
+  v1::CreateTableRequest request;
+  *request.mutable_config() = config;
+  return SendToEveryShard(request, &v1::EmbeddingShard::Stub::PrepareAsyncCreateTable);
 }
 
 bool ShardRouter::NoteIncarnation(int k, uint64_t incarnation) const {
@@ -343,43 +351,20 @@ absl::StatusOr<std::vector<v1::TableConfig>> ShardRouter::ListTablesOn(int k) {
 }
 
 absl::Status ShardRouter::DropTable(const std::string& table) {
-  std::vector<v1::DropTableRequest> reqs(num_shards());
-  for (auto& r : reqs) r.set_table(table);
-  std::vector<v1::DropTableResponse> resps(num_shards());
-  const std::vector<grpc::Status> statuses = CallShardsWithRetries(
-      std::vector<bool>(num_shards(), true),
-      [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
-        return stubs_[k]->Get()->PrepareAsyncDropTable(ctx, reqs[k], queue);
-      },
-      &resps, options_.deadline);
-  for (int k = 0; k < num_shards(); ++k) {
-    // A shard without the table has nothing to drop (a retry, or a shard that came back
-    // empty): done there.
-    if (!statuses[k].ok() && statuses[k].error_code() != grpc::StatusCode::NOT_FOUND) {
-      return FromShardStatus(statuses[k], k, addresses_[k]);
-    }
-  }
-  return absl::OkStatus();
+  v1::DropTableRequest request;
+  request.set_table(table);
+  // A shard without the table has nothing to drop (a retry, or a shard that came back
+  // empty): done there.
+  return SendToEveryShard(request, &v1::EmbeddingShard::Stub::PrepareAsyncDropTable,
+                          grpc::StatusCode::NOT_FOUND);
 }
 
 absl::Status ShardRouter::AlterTable(const std::string& table,
                                      const v1::OptimizerConfig& changes) {
-  std::vector<v1::AlterTableRequest> reqs(num_shards());
-  for (auto& r : reqs) {
-    r.set_table(table);
-    *r.mutable_optimizer() = changes;
-  }
-  std::vector<v1::AlterTableResponse> resps(num_shards());
-  const std::vector<grpc::Status> statuses = CallShardsWithRetries(
-      std::vector<bool>(num_shards(), true),
-      [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
-        return stubs_[k]->Get()->PrepareAsyncAlterTable(ctx, reqs[k], queue);
-      },
-      &resps, options_.deadline);
-  for (int k = 0; k < num_shards(); ++k) {
-    if (!statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
-  }
-  return absl::OkStatus();
+  v1::AlterTableRequest request;
+  request.set_table(table);
+  *request.mutable_optimizer() = changes;
+  return SendToEveryShard(request, &v1::EmbeddingShard::Stub::PrepareAsyncAlterTable);
 }
 
 absl::Status ShardRouter::CreateTableOn(int k, const v1::TableConfig& config) {
@@ -465,7 +450,6 @@ absl::Status ShardRouter::LookupBatch(absl::Span<const v1::TableConfig> configs,
       &resps, options_.deadline, /*reprovision=*/true);
   for (int k = 0; k < shards; ++k) {
     if (work[k] && !statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
-    if (work[k]) NoteIncarnation(k, resps[k].incarnation());
   }
   // The answer of shard k for part p, checked for its shape.
   auto answer = [&](int k, size_t p, size_t rows, int dim) -> absl::StatusOr<const char*> {
@@ -603,7 +587,6 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
       /*reprovision=*/true);
   for (int k = 0; k < shards; ++k) {
     if (work[k] && !statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
-    if (work[k]) NoteIncarnation(k, resps[k].incarnation());
   }
   std::vector<int64_t> updated(num_parts, 0);
   for (int k = 0; k < shards; ++k) {

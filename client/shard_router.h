@@ -201,6 +201,16 @@ class ShardRouter {
     return CallShards(has_work, prepare, responses, options_.deadline);
   }
 
+  // A stub's method that starts a unary call (PrepareAsyncCreateTable, ...).
+  template <typename Request, typename Response>
+  using StartCall = std::unique_ptr<grpc::ClientAsyncResponseReader<Response>> (
+      v1::EmbeddingShard::Stub::*)(grpc::ClientContext*, const Request&, grpc::CompletionQueue*);
+  // Sends `request` to every shard through `start` (transient failures retried); the first
+  // shard's failure, a failure with code `also_done` counting as done there.
+  template <typename Request, typename Response>
+  absl::Status SendToEveryShard(const Request& request, StartCall<Request, Response> start,
+                                grpc::StatusCode also_done = grpc::StatusCode::OK) const;
+
   // CallShards for the shards with `work`, again for those that failed with a transient
   // code (up to max_retries, with backoff), the others' answers kept. With
   // `reprovision`, a shard that answers NOT_FOUND with a new incarnation gets the restart

@@ -223,15 +223,9 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Checkpoint(
   for (const auto& [name, blob] : attachments) {
     TESSERA_RETURN_IF_ERROR(storage::ValidateAttachmentName(name));
   }
-  if (!model.empty()) {
-    absl::ReaderMutexLock lock(&mu_);
-    const bool any = std::any_of(configs_.begin(), configs_.end(), [&](const auto& entry) {
-      return embedding::TableOfModel(entry.first, model);
-    });
-    if (!any) {
-      return absl::NotFoundError(absl::StrCat("model '", model, "' has no tables (its tables are "
-                                              "named '", model, ".*'): nothing to checkpoint"));
-    }
+  if (!model.empty() && TablesOf(model).empty()) {
+    return absl::NotFoundError(absl::StrCat("model '", model, "' has no tables (its tables are "
+                                            "named '", model, ".*'): nothing to checkpoint"));
   }
   // Refused before any shard takes one (the store refuses it again when it commits).
   if (store_->FindCheckpoint(step, nullptr, model).ok()) {
@@ -256,13 +250,17 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Checkpoint(
     m.bytes += info.bytes();
   }
   m.shards = router_->addresses();
-  {
-    absl::ReaderMutexLock lock(&mu_);
-    for (const auto& [name, config] : configs_) {
-      if (embedding::TableOfModel(name, model)) m.tables.push_back(name);
-    }
-  }
+  m.tables = TablesOf(model);
   return store_->CommitCheckpoint(m, attachments);
+}
+
+std::vector<std::string> Cluster::TablesOf(const std::string& model) const {
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const auto& [name, config] : configs_) {
+    if (embedding::TableOfModel(name, model)) out.push_back(name);
+  }
+  return out;
 }
 
 absl::Status Cluster::CheckWholeClusterRestore(const embedding::RestoreOptions& options) const {
@@ -281,13 +279,8 @@ absl::Status Cluster::CheckWholeClusterRestore(const embedding::RestoreOptions& 
 
 RestoredTables Cluster::RestoreOutcome(const storage::CheckpointManifest& m) const {
   RestoredTables out;
-  std::set<std::string> before;
-  {
-    absl::ReaderMutexLock lock(&mu_);
-    for (const auto& [name, config] : configs_) {
-      if (embedding::TableOfModel(name, m.model)) before.insert(name);
-    }
-  }
+  const std::vector<std::string> registered = TablesOf(m.model);
+  const std::set<std::string> before(registered.begin(), registered.end());
   const std::set<std::string> after(m.tables.begin(), m.tables.end());
   for (const std::string& name : after) {
     (before.count(name) > 0 ? out.rolled_back : out.brought_back).push_back(name);

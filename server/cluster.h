@@ -111,6 +111,8 @@ class Cluster {
 
  private:
   absl::Status NeedStore() const;
+  // The registered tables of `model` ("": every table), sorted by name.
+  std::vector<std::string> TablesOf(const std::string& model) const;
   // InvalidArgument for a restore of every model that does not say so (options.all_models),
   // naming the models it would roll back.
   absl::Status CheckWholeClusterRestore(const embedding::RestoreOptions& options) const;

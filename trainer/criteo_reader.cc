@@ -153,11 +153,6 @@ absl::Status ParseCriteoLine(absl::string_view line, const CriteoOptions& option
   // A UTF-8 byte order mark (an editor's, at the start of a file) is not part of the label.
   absl::ConsumePrefix(&line, "\xEF\xBB\xBF");
   const int expected = 1 + options.num_dense + options.num_sparse;
-  // A tab after the last column (an exporter's habit) adds no column.
-  if (!line.empty() && line.back() == '\t' &&
-      std::count(line.begin(), line.end(), '\t') == expected) {
-    line.remove_suffix(1);
-  }
   int column = 0;
   size_t start = 0;
   while (true) {
@@ -165,6 +160,8 @@ absl::Status ParseCriteoLine(absl::string_view line, const CriteoOptions& option
     const absl::string_view field =
         line.substr(start, tab == absl::string_view::npos ? absl::string_view::npos : tab - start);
     if (column >= expected) {
+      // A tab after the last column (an exporter's habit) adds no column.
+      if (column == expected && field.empty() && tab == absl::string_view::npos) break;
       return absl::InvalidArgumentError(
           absl::StrCat("more than ", expected, " tab-separated columns"));
     }
