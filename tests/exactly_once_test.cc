@@ -68,6 +68,10 @@ class AnswerLosingShard final : public v1::EmbeddingShard::Service {
                           v1::ImportRowsResponse* r) override {
     return Lose(inner_->ImportRows(c, q, r));
   }
+  grpc::Status AlterTable(grpc::ServerContext* c, const v1::AlterTableRequest* q,
+                          v1::AlterTableResponse* r) override {
+    return Lose(inner_->AlterTable(c, q, r));
+  }
 
  private:
   grpc::Status Lose(grpc::Status applied) {
@@ -110,6 +114,10 @@ class AnswerLosingCoordinator final : public v1::Coordinator::Service {
   grpc::Status DropTable(grpc::ServerContext* c, const v1::DropTableRequest* q,
                          v1::DropTableResponse* r) override {
     return Lose(inner_->DropTable(c, q, r));
+  }
+  grpc::Status AlterTable(grpc::ServerContext* c, const v1::AlterTableRequest* q,
+                          v1::AlterTableResponse* r) override {
+    return Lose(inner_->AlterTable(c, q, r));
   }
   grpc::Status ImportRows(grpc::ServerContext* c, const v1::ImportRowsRequest* q,
                           v1::ImportRowsResponse* r) override {
@@ -355,6 +363,33 @@ TEST_F(ExactlyOnceTest, DropsAndImportsThatApplyAndLoseTheirAnswerEndAsOneCall) 
   ASSERT_TRUE(c->PushGradients("rows", rows.ids, g, 2).ok());
   ASSERT_TRUE(reference_->PushGradients("rows", rows.ids, g, 2).ok());
   ExpectRowsEqualReference(*c, "rows", rows.ids);
+}
+
+// AlterTable applied and its answer lost, on a shard and at the coordinator: the retries
+// end as one call, and the next push uses the new learning rate exactly once.
+TEST_F(ExactlyOnceTest, AnAlterThatAppliesAndLosesItsAnswerEndsAsOneCall) {
+  auto c = Connect(client::ClientOptions::Mode::kCoordinator);
+  CreateBoth(*c, Sgd("alt", 9));
+  losing_coordinator_->lose_answers = 1;
+  losing_[1]->lose_answers = 1;
+  v1::OptimizerConfig slower;
+  slower.set_learning_rate(0.125f);
+  auto altered = c->AlterTable("alt", slower);
+  ASSERT_TRUE(altered.ok()) << altered.status();
+  EXPECT_EQ(altered->optimizer().learning_rate(), 0.125f);
+  ASSERT_TRUE(reference_->AlterTable("alt", slower).ok());
+  for (auto& t : tables_) {
+    auto held = t->ListTables();
+    ASSERT_TRUE(held.ok());
+    for (const auto& config : *held) {
+      if (config.name() == "alt") EXPECT_EQ(config.optimizer().learning_rate(), 0.125f);
+    }
+  }
+  const std::vector<int64_t> ids = Ids(200, 4);
+  const std::vector<float> g(ids.size() * 4, 1.0f);
+  ASSERT_TRUE(c->PushGradients("alt", ids, g, 1).ok());
+  ASSERT_TRUE(reference_->PushGradients("alt", ids, g, 1).ok());
+  ExpectRowsEqualReference(*c, "alt", ids);
 }
 
 TEST_F(ExactlyOnceTest, AHalfFailedCreateTableRetriedSucceeds) {
