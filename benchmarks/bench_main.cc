@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "client/command_line.h"
+#include "base/command_line.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -165,7 +165,7 @@ absl::Status Run() {
 }  // namespace tessera::bench
 
 int main(int argc, char** argv) {
-  tessera::client::ParseCommandLine(argc, argv, "tessera-bench",
+  tessera::base::ParseCommandLine(argc, argv, "tessera-bench",
                                    "Benchmarks Tessera setups side by side: tessera-bench --scenarios=FILE --out=DIR");
   absl::Status s = tessera::bench::Run();
   if (!s.ok()) {

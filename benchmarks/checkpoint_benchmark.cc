@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "client/command_line.h"
+#include "base/command_line.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -147,7 +147,7 @@ int Run() {
 }  // namespace tessera
 
 int main(int argc, char** argv) {
-  tessera::client::ParseCommandLine(argc, argv, "tessera-checkpoint-benchmark",
+  tessera::base::ParseCommandLine(argc, argv, "tessera-checkpoint-benchmark",
                                    "Times checkpoint and restore of one large table.");
   return tessera::Run();
 }

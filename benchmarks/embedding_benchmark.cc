@@ -33,7 +33,9 @@
 #include "benchmark/benchmark.h"
 #include "embedding/batch_ops.h"
 #include "embedding/collection.h"
+#include "embedding/inprocess_collection.h"
 #include "embedding/embedding_table.h"
+#include "embedding/row_layout.h"
 
 namespace tessera::embedding {
 namespace {
@@ -50,12 +52,9 @@ int64_t LlcBytes() {
   return l3 > 0 ? l3 : 32LL << 20;
 }
 
-// Bytes a row of fp32 weights of this shape occupies in the table, as RowLayout lays it out
-// (embedding/internal/row_layout.h: weights, state and a 32-byte meta, padded to 64 bytes).
+// Bytes a row of fp32 weights of this shape occupies in the table.
 int64_t RowBytes(int dim, int state_floats) {
-  constexpr int kMetaFloats = 6;  // RowMeta and the dirty flag: 24 bytes, 8-byte aligned
-  const int meta_at = (dim + state_floats + 1) / 2 * 2;
-  return (meta_at + kMetaFloats + 15) / 16 * 16 * 4;
+  return int64_t{embedding::RowLayout(dim, state_floats).stride_floats} * 4;
 }
 
 int StateFloats(v1::OptimizerType opt, int dim) {

@@ -17,6 +17,7 @@
 #include "client/embedding_client.h"
 #include "client/shard_router.h"
 #include "embedding/collection.h"
+#include "embedding/inprocess_collection.h"
 #include "grpcpp/grpcpp.h"
 #include "server/coordinator_service.h"
 #include "server/shard_service.h"

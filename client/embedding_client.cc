@@ -9,13 +9,13 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "client/checkpoint_proto.h"
-#include "client/grpc_status.h"
-#include "client/packed_bytes.h"
-#include "client/row_chunk.h"
-#include "client/sync_group.h"
+#include "wire/checkpoint_proto.h"
+#include "wire/grpc_status.h"
+#include "wire/packed_bytes.h"
+#include "wire/row_chunk.h"
+#include "wire/push_proto.h"
 #include "embedding/batch_ops.h"
-#include "embedding/status.h"
+#include "base/status.h"
 #include "grpcpp/grpcpp.h"
 
 namespace tessera::client {
@@ -80,7 +80,7 @@ absl::Status EmbeddingClient::RefreshShardMap() {
   v1::ShardMap map;
   TESSERA_RETURN_IF_ERROR(WithRetries([&] {
     auto ctx = NewContext();
-    return FromGrpcStatus(coordinator_.Get()->GetShardMap(ctx.get(), {}, &map));
+    return wire::FromGrpcStatus(coordinator_.Get()->GetShardMap(ctx.get(), {}, &map));
   }));
   std::vector<std::string> addresses;
   for (const auto& s : map.shards()) addresses.push_back(s.address());
@@ -104,14 +104,14 @@ absl::Status EmbeddingClient::RefreshShardMap() {
 
 void EmbeddingClient::ReprovisionThroughCoordinator() {
   v1::ListTablesResponse tables;
-  absl::Status s = FromGrpcStatus(coordinator_.Get()->ListTables(NewContext().get(), {}, &tables));
+  absl::Status s = wire::FromGrpcStatus(coordinator_.Get()->ListTables(NewContext().get(), {}, &tables));
   // The same config again is OK at the coordinator, which creates the table on the shards
   // that lack it.
   for (int i = 0; s.ok() && i < tables.tables_size(); ++i) {
     v1::CreateTableRequest req;
     *req.mutable_config() = tables.tables(i);
     v1::CreateTableResponse resp;
-    s = Annotate(FromGrpcStatus(coordinator_.Get()->CreateTable(NewContext().get(), req, &resp)),
+    s = Annotate(wire::FromGrpcStatus(coordinator_.Get()->CreateTable(NewContext().get(), req, &resp)),
                  absl::StrCat("table '", tables.tables(i).name(), "'"));
   }
   if (!s.ok()) {
@@ -140,7 +140,7 @@ absl::Status EmbeddingClient::CreateTable(const v1::TableConfig& config) {
     v1::CreateTableRequest req;
     *req.mutable_config() = config;
     v1::CreateTableResponse resp;
-    return FromGrpcStatus(coordinator_.Get()->CreateTable(ctx.get(), req, &resp));
+    return wire::FromGrpcStatus(coordinator_.Get()->CreateTable(ctx.get(), req, &resp));
   }));
   absl::MutexLock lock(&mu_);
   configs_[config.name()] = config;
@@ -152,7 +152,7 @@ absl::StatusOr<std::vector<v1::TableConfig>> EmbeddingClient::ListTables() const
   TESSERA_RETURN_IF_ERROR(WithRetries([&] {
     resp.Clear();
     auto ctx = NewContext();
-    return FromGrpcStatus(coordinator_.Get()->ListTables(ctx.get(), {}, &resp));
+    return wire::FromGrpcStatus(coordinator_.Get()->ListTables(ctx.get(), {}, &resp));
   }));
   std::vector<v1::TableConfig> out(resp.tables().begin(), resp.tables().end());
   absl::MutexLock lock(&mu_);
@@ -240,13 +240,13 @@ absl::Status EmbeddingClient::LookupBatch(absl::Span<const embedding::TableBags>
     v1::TableLookup* part = req.add_tables();
     part->set_table(t.table);
     part->set_pooling(t.pooling);
-    SetPacked(t.ids, part->mutable_ids());
-    SetPacked(t.offsets, part->mutable_offsets());
-    SetPacked(t.weights, part->mutable_weights());
+    wire::SetPacked(t.ids, part->mutable_ids());
+    wire::SetPacked(t.offsets, part->mutable_offsets());
+    wire::SetPacked(t.weights, part->mutable_weights());
   }
   return WithRetries([&] {
     auto ctx = NewContext();
-    TESSERA_RETURN_IF_ERROR(FromGrpcStatus(coordinator_.Get()->BatchLookup(ctx.get(), req, &resp)));
+    TESSERA_RETURN_IF_ERROR(wire::FromGrpcStatus(coordinator_.Get()->BatchLookup(ctx.get(), req, &resp)));
     NoteCoordinatorDigest(resp.incarnation());
     if (resp.tables_size() != static_cast<int>(tables.size())) {
       return absl::InternalError(absl::StrCat("coordinator answered ", resp.tables_size(),
@@ -294,21 +294,20 @@ absl::Status EmbeddingClient::PushBatch(absl::Span<const embedding::TableGradien
   }
   v1::BatchPushRequest req;
   req.set_step(step);
-  req.mutable_request_id()->set_client_id(id.client_id);
-  req.mutable_request_id()->set_sequence(id.sequence);
-  if (options.sync.active()) SetSyncGroup(options.sync, req.mutable_sync());
+  wire::ToProto(id, req.mutable_request_id());
+  if (options.sync.active()) wire::ToProto(options.sync, req.mutable_sync());
   const std::chrono::milliseconds deadline =
-      options.sync.active() ? SyncDeadline(options.sync, options_.deadline) : options_.deadline;
+      options.sync.active() ? wire::SyncDeadline(options.sync, options_.deadline) : options_.deadline;
   for (const embedding::TableGradients& t : tables) {
     v1::TableGradients* part = req.add_tables();
     part->set_table(t.table);
-    SetPacked(t.ids, part->mutable_ids());
-    SetPacked(t.gradients, part->mutable_gradients());
+    wire::SetPacked(t.ids, part->mutable_ids());
+    wire::SetPacked(t.gradients, part->mutable_gradients());
   }
   return WithRetries([&] {
     auto ctx = NewContext(deadline);
     v1::BatchPushResponse resp;
-    TESSERA_RETURN_IF_ERROR(FromGrpcStatus(coordinator_.Get()->BatchPush(ctx.get(), req, &resp)));
+    TESSERA_RETURN_IF_ERROR(wire::FromGrpcStatus(coordinator_.Get()->BatchPush(ctx.get(), req, &resp)));
     NoteCoordinatorDigest(resp.incarnation());
     return absl::OkStatus();
   });
@@ -321,7 +320,7 @@ absl::StatusOr<embedding::TableUsage> EmbeddingClient::Usage(absl::string_view t
     auto ctx = NewContext();
     v1::StatsRequest req;
     req.set_table(std::string(table));
-    return FromGrpcStatus(coordinator_.Get()->Stats(ctx.get(), req, &resp));
+    return wire::FromGrpcStatus(coordinator_.Get()->Stats(ctx.get(), req, &resp));
   }));
   embedding::TableUsage usage;
   for (const auto& t : resp.tables()) {
@@ -361,7 +360,7 @@ absl::Status EmbeddingClient::ExportRows(
   v1::RowChunk chunk;
   absl::Status sunk;
   while (sunk.ok() && reader->Read(&chunk)) {
-    absl::StatusOr<embedding::RowBlock> block = FromChunk(chunk);
+    absl::StatusOr<embedding::RowBlock> block = wire::FromChunk(chunk);
     sunk = block.ok() ? sink(*block) : block.status();
   }
   if (!sunk.ok()) {
@@ -369,17 +368,17 @@ absl::Status EmbeddingClient::ExportRows(
     (void)reader->Finish();
     return sunk;
   }
-  return FromGrpcStatus(reader->Finish());
+  return wire::FromGrpcStatus(reader->Finish());
 }
 
 absl::Status EmbeddingClient::ImportRows(absl::string_view table, const embedding::RowBlock& rows) {
   v1::ImportRowsRequest req;
   req.set_table(std::string(table));
-  ToChunk(rows, req.mutable_rows());
+  wire::ToChunk(rows, req.mutable_rows());
   return WithRetries([&] {  // an import sets rows: repeating it stores the same
     auto ctx = NewContext();
     v1::ImportRowsResponse resp;
-    return FromGrpcStatus(coordinator_.Get()->ImportRows(ctx.get(), req, &resp));
+    return wire::FromGrpcStatus(coordinator_.Get()->ImportRows(ctx.get(), req, &resp));
   });
 }
 
@@ -391,7 +390,7 @@ absl::StatusOr<v1::TableConfig> EmbeddingClient::AlterTable(absl::string_view ta
   v1::AlterTableResponse resp;
   TESSERA_RETURN_IF_ERROR(WithRetries([&] {  // the same change again is OK
     auto ctx = NewContext();
-    return FromGrpcStatus(coordinator_.Get()->AlterTable(ctx.get(), req, &resp));
+    return wire::FromGrpcStatus(coordinator_.Get()->AlterTable(ctx.get(), req, &resp));
   }));
   absl::MutexLock lock(&mu_);
   configs_.erase(std::string(table));  // cached configs are looked up again
@@ -406,7 +405,7 @@ absl::Status EmbeddingClient::DropTable(absl::string_view table) {
     ++attempts;
     v1::DropTableResponse resp;
     auto ctx = NewContext();
-    return FromGrpcStatus(coordinator_.Get()->DropTable(ctx.get(), req, &resp));
+    return wire::FromGrpcStatus(coordinator_.Get()->DropTable(ctx.get(), req, &resp));
   });
   // A retry of a drop whose answer was lost finds the table gone: that is the drop done.
   if (absl::IsNotFound(s) && attempts > 1) return absl::OkStatus();
@@ -428,7 +427,7 @@ absl::StatusOr<embedding::CheckpointInfo> EmbeddingClient::Checkpoint(
   absl::Status s = WithRetries([&] {
     ++attempts;
     auto ctx = NewContext(options_.checkpoint_deadline);
-    return FromGrpcStatus(coordinator_.Get()->Checkpoint(ctx.get(), req, &resp));
+    return wire::FromGrpcStatus(coordinator_.Get()->Checkpoint(ctx.get(), req, &resp));
   });
   if (absl::IsAlreadyExists(s) && attempts > 1) {
     TESSERA_ASSIGN_OR_RETURN(std::vector<embedding::CheckpointInfo> all, ListCheckpoints());
@@ -437,24 +436,24 @@ absl::StatusOr<embedding::CheckpointInfo> EmbeddingClient::Checkpoint(
     }
   }
   TESSERA_RETURN_IF_ERROR(s);
-  return FromProto(resp.checkpoint());
+  return wire::FromProto(resp.checkpoint());
 }
 
 absl::StatusOr<embedding::CheckpointInfo> EmbeddingClient::Restore(
     int64_t step, embedding::Attachments* attachments, const embedding::RestoreOptions& options) {
   v1::RestoreRequest req;
   req.set_step(step);
-  ToProto(options, &req);
+  wire::ToProto(options, &req);
   v1::RestoreResponse resp;
   TESSERA_RETURN_IF_ERROR(WithRetries([&] {  // restoring a step twice gives the same state
     auto ctx = NewContext(options_.checkpoint_deadline);
-    return FromGrpcStatus(coordinator_.Get()->Restore(ctx.get(), req, &resp));
+    return wire::FromGrpcStatus(coordinator_.Get()->Restore(ctx.get(), req, &resp));
   }));
   if (attachments != nullptr) {
     attachments->clear();
     for (const auto& [name, blob] : resp.attachments()) (*attachments)[name] = blob;
   }
-  return FromProto(resp.checkpoint());
+  return wire::FromProto(resp.checkpoint());
 }
 
 absl::StatusOr<std::vector<embedding::CheckpointInfo>> EmbeddingClient::ListCheckpoints() const {
@@ -462,10 +461,10 @@ absl::StatusOr<std::vector<embedding::CheckpointInfo>> EmbeddingClient::ListChec
   TESSERA_RETURN_IF_ERROR(WithRetries([&] {
     resp.Clear();
     auto ctx = NewContext();
-    return FromGrpcStatus(coordinator_.Get()->ListCheckpoints(ctx.get(), {}, &resp));
+    return wire::FromGrpcStatus(coordinator_.Get()->ListCheckpoints(ctx.get(), {}, &resp));
   }));
   std::vector<embedding::CheckpointInfo> out;
-  for (const auto& c : resp.checkpoints()) out.push_back(FromProto(c));
+  for (const auto& c : resp.checkpoints()) out.push_back(wire::FromProto(c));
   return out;
 }
 
@@ -476,7 +475,7 @@ absl::Status EmbeddingClient::StoreSet(const std::string& key, const std::string
   return WithRetries([&] {
     auto ctx = NewContext();
     v1::StoreSetResponse resp;
-    return FromGrpcStatus(coordinator_.Get()->StoreSet(ctx.get(), req, &resp));
+    return wire::FromGrpcStatus(coordinator_.Get()->StoreSet(ctx.get(), req, &resp));
   });
 }
 
@@ -491,7 +490,7 @@ absl::StatusOr<std::vector<std::string>> EmbeddingClient::StoreGet(
     // The coordinator waits up to `timeout` for the keys: the call may take that long.
     auto ctx = NewContext(timeout + options_.deadline);
     resp.Clear();
-    return FromGrpcStatus(coordinator_.Get()->StoreGet(ctx.get(), req, &resp));
+    return wire::FromGrpcStatus(coordinator_.Get()->StoreGet(ctx.get(), req, &resp));
   }));
   if (resp.values_size() != static_cast<int>(keys.size())) {
     return absl::InternalError(absl::StrCat("coordinator answered ", resp.values_size(),
@@ -507,7 +506,7 @@ absl::StatusOr<int64_t> EmbeddingClient::StoreAdd(const std::string& key, int64_
   auto ctx = NewContext();
   v1::StoreAddResponse resp;
   // Not retried: a repeat would add twice.
-  TESSERA_RETURN_IF_ERROR(FromGrpcStatus(coordinator_.Get()->StoreAdd(ctx.get(), req, &resp)));
+  TESSERA_RETURN_IF_ERROR(wire::FromGrpcStatus(coordinator_.Get()->StoreAdd(ctx.get(), req, &resp)));
   return resp.value();
 }
 

@@ -3,6 +3,7 @@
 #include "client/embedding_client.h"
 
 #include "embedding/collection.h"
+#include "embedding/inprocess_collection.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "embedding/status.h"
+#include "base/status.h"
 
 namespace tessera::client {
 
@@ -66,6 +66,30 @@ std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(const ClientSec
 
 void Authorize(const ClientSecurity& security, grpc::ClientContext* context) {
   if (!security.token.empty()) context->AddMetadata("authorization", "Bearer " + security.token);
+}
+
+absl::Status ExplainCoordinatorFailure(const absl::Status& status, absl::string_view address,
+                                       const ClientSecurity& security) {
+  if (absl::IsUnimplemented(status)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        address, " does not serve the tessera.v1.Coordinator API: is it a tessera-shard? "
+        "--coordinator takes the coordinator's host:port"));
+  }
+  if (absl::IsUnavailable(status)) {
+    const char* hint =
+        !security.tls()
+            ? " (this client is plaintext: if the server uses TLS, pass --tls_ca_file)"
+        : security.cert_chain.empty()
+            ? " (this client uses TLS without a client certificate: a server started with "
+              "--tls_require_client_cert refuses it, pass --tls_cert_file and "
+              "--tls_key_file; else check that --tls_ca_file signed the server's certificate "
+              "and that the server uses TLS)"
+            : " (this client uses TLS: check that --tls_ca_file signed the server's "
+              "certificate, that the server trusts this client's, and that the server uses "
+              "TLS)";
+    return absl::Status(status.code(), absl::StrCat(status.message(), hint));
+  }
+  return status;
 }
 
 }  // namespace tessera::client

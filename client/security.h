@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
 
 namespace tessera::client {
@@ -48,6 +49,12 @@ absl::StatusOr<std::string> ReadSecret(const std::string& path, const std::strin
 // The token of a token file: its first line without surrounding blanks. InvalidArgument
 // when the file is missing, unreadable or its first line is empty.
 absl::StatusOr<std::string> ReadToken(const std::string& path);
+
+// `status` of a first call to the coordinator at `address`, with what the usual causes
+// are: UNIMPLEMENTED from a server that is not a coordinator (a shard), UNAVAILABLE from
+// a TLS server called in plaintext or the other way round.
+absl::Status ExplainCoordinatorFailure(const absl::Status& status, absl::string_view address,
+                                       const ClientSecurity& security);
 
 }  // namespace tessera::client
 

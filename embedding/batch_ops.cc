@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "embedding/sharding.h"
-#include "embedding/status.h"
+#include "base/status.h"
 
 namespace tessera::embedding {
 namespace {

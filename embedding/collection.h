@@ -281,9 +281,6 @@ class EmbeddingCollection {
   virtual absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints() const;
 };
 
-// A collection whose `num_shards` shards live in this process (no network).
-absl::StatusOr<std::unique_ptr<EmbeddingCollection>> NewInProcessCollection(int num_shards);
-
 }  // namespace tessera::embedding
 
 #endif  // TESSERA_EMBEDDING_COLLECTION_H_

@@ -3,7 +3,7 @@
 #include <random>
 
 #include "embedding/embedding_table.h"
-#include "embedding/internal/inprocess_collection.h"
+#include "embedding/inprocess_collection.h"
 #include "embedding/sharding.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -21,7 +21,7 @@ v1::TableConfig Config(const std::string& name, int dim, v1::OptimizerType opt =
   return c;
 }
 
-std::unique_ptr<EmbeddingCollection> Make(int shards) {
+std::unique_ptr<InProcessCollection> Make(int shards) {
   auto c = NewInProcessCollection(shards);
   EXPECT_TRUE(c.ok()) << c.status();
   return std::move(c).value();
@@ -72,8 +72,7 @@ TEST(InProcessCollection, PlacesEachRowOnItsShardOfShardOf) {
   for (int i = 0; i < 400; ++i) ids.push_back(i * 7777);
   std::vector<float> out(ids.size() * 4);
   ASSERT_TRUE(c->Lookup("t", ids, absl::MakeSpan(out)).ok());
-  auto* impl = static_cast<embedding_internal::InProcessCollection*>(c.get());
-  const auto* shards = impl->ShardsOf("t");
+  const auto* shards = c->ShardsOf("t");
   ASSERT_NE(shards, nullptr);
   int64_t total = 0;
   for (int k = 0; k < 4; ++k) {

@@ -16,7 +16,7 @@
 #include "embedding/internal/stripe.h"
 #include "embedding/internal/stripe_plan.h"
 #include "embedding/sharding.h"
-#include "embedding/status.h"
+#include "base/status.h"
 
 namespace tessera::embedding {
 
@@ -196,7 +196,7 @@ void EmbeddingTable::InitRow(int64_t id, float* row) const {
     StoreWeights(w.data(), row);
   }
   optimizer().InitState(StateOf(row));
-  *StoredMetaOf(row) = embedding_internal::StoredMeta{};
+  *StoredMetaOf(row) = StoredMeta{};
 }
 
 void EmbeddingTable::CopyWeightsOut(const float* row, float* out) const {
@@ -226,7 +226,7 @@ bool EmbeddingTable::UpdateRowLocked(Stripe& stripe, int64_t id, float* row, con
   float* saved = scratch;       // (d + sf) the row's values before the step, to put back
   float* g = scratch + d + sf;  // (d) the gradient, when the optimizer must change it
   stripe.BeginChange();
-  embedding_internal::StoredMeta* stored = StoredMetaOf(row);
+  StoredMeta* stored = StoredMetaOf(row);
   const int64_t prior = stored->meta.update_count;
   float* state = StateOf(row);
   if (dtype_ == v1::FP32) {
@@ -313,7 +313,7 @@ void EmbeddingTable::EraseLocked(Stripe& stripe, int64_t id, uint64_t hash) {
   const int64_t pos = stripe.current() ? stripe.current()->FindSlot(id, hash) : -1;
   if (pos < 0) return;
   float* row = stripe.current()->entries()[pos].row;
-  embedding_internal::StoredMeta* stored = StoredMetaOf(row);
+  StoredMeta* stored = StoredMetaOf(row);
   if (stored->dirty != 0) {  // swap-remove from the dirty list
     const size_t at = stored->dirty - 1;
     stripe.dirty[at] = stripe.dirty.back();
@@ -577,7 +577,7 @@ absl::Status EmbeddingTable::PutRowLocked(Stripe& stripe, int64_t id, uint64_t h
       AdjustRows(-1);
       return OutOfMemoryError();
     }
-    *StoredMetaOf(row) = embedding_internal::StoredMeta{};
+    *StoredMetaOf(row) = StoredMeta{};
   }
   stripe.BeginChange();
   StoreWeights(weights, row);
@@ -682,10 +682,6 @@ int64_t EmbeddingTable::MemoryBytes() const {
     bytes += stripes_[s].Bytes();
   }
   return bytes;
-}
-
-void DisableMutexDeadlockDetection() {
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 }
 
 }  // namespace tessera::embedding

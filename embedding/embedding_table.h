@@ -11,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "embedding/internal/row_layout.h"
+#include "embedding/row_layout.h"
 #include "embedding/optimizer.h"
 #include "embedding/row_meta.h"
 #include "tessera/v1/config.pb.h"
@@ -23,13 +23,6 @@ struct StripePlan;
 }  // namespace tessera::embedding_internal
 
 namespace tessera::embedding {
-
-// Debian's abseil is built with absl::Mutex deadlock detection on: every Lock() then looks
-// the mutex up in a global graph, about 2000 instructions, which a batch pays for each of
-// its 64 stripe locks. Tables lock one stripe at a time (eviction only TryLocks a second),
-// so the detector has nothing to find. Binaries turn it off for their process in main()
-// (tests keep it on, where it can catch a mistake).
-void DisableMutexDeadlockDetection();
 
 // A copy of one stored row.
 struct RowSnapshot {
@@ -66,7 +59,7 @@ absl::Status ValidateTableConfig(const v1::TableConfig& config);
 // order or the process. Ids never collide: the id->row map stores the full id.
 //
 // Storage: each row is [weights (dim, in the config's dtype) | optimizer state (fp32) |
-// RowMeta] padded to a multiple of 64 bytes (embedding/internal/row_layout.h), carved from
+// RowMeta] padded to a multiple of 64 bytes (embedding/row_layout.h), carved from
 // 64-byte-aligned slabs that never move, so a row's address is stable for the table's
 // lifetime.
 //
@@ -130,7 +123,7 @@ class EmbeddingTable {
   // ResourceExhausted when a new row would pass the budget; in both cases no row
   // changes. `step` is recorded as the rows' last step. A row whose update would make a
   // weight or state value non-finite keeps its values: the others are updated and the
-  // answer is an InvalidArgument marked PartlyApplied (embedding/status.h).
+  // answer is an InvalidArgument marked PartlyApplied (base/status.h).
   absl::Status ApplyUniqueGradients(absl::Span<const int64_t> ids, const float* grads,
                                     int64_t step);
 
@@ -241,7 +234,7 @@ class EmbeddingTable {
   void InitRow(int64_t id, float* row) const;
   float* StateOf(float* row) const { return layout_.StateOf(row); }
   const float* StateOf(const float* row) const { return layout_.StateOf(row); }
-  embedding_internal::StoredMeta* StoredMetaOf(float* row) const { return layout_.MetaOf(row); }
+  StoredMeta* StoredMetaOf(float* row) const { return layout_.MetaOf(row); }
   const RowMeta& MetaOf(const float* row) const { return layout_.MetaOf(row)->meta; }
   // Widens the row's stored weights into `out` (dim).
   void CopyWeightsOut(const float* row, float* out) const;
@@ -266,7 +259,7 @@ class EmbeddingTable {
   int dim_;
   v1::Dtype dtype_;
   int state_floats_;
-  embedding_internal::RowLayout layout_;
+  RowLayout layout_;
   int64_t row_budget_;
   std::atomic<const Optimizer*> optimizer_;
   absl::Mutex optimizers_mu_;  // one SetOptimizer at a time

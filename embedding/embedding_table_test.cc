@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "embedding/dtype.h"
-#include "embedding/status.h"
+#include "base/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

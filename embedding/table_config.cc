@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "embedding/optimizer.h"
-#include "embedding/status.h"
+#include "base/status.h"
 #include "google/protobuf/text_format.h"
 
 namespace tessera::embedding {

@@ -4,7 +4,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/security_flags.h"
-#include "embedding/status.h"
+#include "base/status.h"
 
 ABSL_FLAG(std::string, read_only_token_file, "",
           "file whose first line is a token that grants lookups and reads only");

@@ -6,7 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
-#include "server/status.h"
+#include "wire/grpc_status.h"
 
 namespace tessera::server {
 
@@ -55,7 +55,7 @@ template <typename Handler>
 grpc::Status ServeCall(const CallAuthorizer& auth, const grpc::ServerContext& context,
                        Access access, const Handler& handler) {
   if (grpc::Status denied = auth.Check(context, access); !denied.ok()) return denied;
-  return ToGrpcStatus(handler());
+  return wire::ToGrpcStatus(handler());
 }
 
 }  // namespace tessera::server

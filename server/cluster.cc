@@ -8,7 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "embedding/batch_ops.h"
 #include "embedding/embedding_table.h"
-#include "embedding/status.h"
+#include "base/status.h"
 #include "embedding/table_config.h"
 #include "google/protobuf/util/message_differencer.h"
 

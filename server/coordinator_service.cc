@@ -3,22 +3,13 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "client/checkpoint_proto.h"
-#include "client/row_chunk.h"
-#include "embedding/status.h"
+#include "wire/push_proto.h"
+#include "wire/checkpoint_proto.h"
+#include "wire/row_chunk.h"
+#include "base/status.h"
 
 namespace tessera::server {
 namespace {
-
-void ToProto(const storage::CheckpointManifest& m, double seconds, v1::CheckpointInfo* out) {
-  out->set_model(m.model);
-  out->set_step(m.step);
-  out->set_rows(m.rows);
-  out->set_bytes(m.bytes);
-  out->set_created_unix_ms(m.created_unix_ms);
-  out->set_seconds(seconds);
-  for (const auto& s : m.shards) out->add_shards(s);
-}
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -91,7 +82,7 @@ grpc::Status CoordinatorService::ImportRows(grpc::ServerContext* context,
                                             const v1::ImportRowsRequest* request,
                                             v1::ImportRowsResponse* response) {
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
-    TESSERA_ASSIGN_OR_RETURN(embedding::RowBlock rows, client::FromChunk(request->rows()));
+    TESSERA_ASSIGN_OR_RETURN(embedding::RowBlock rows, wire::FromChunk(request->rows()));
     TESSERA_RETURN_IF_ERROR(
         CheckBatch(absl::StrCat("table '", request->table(), "'"), static_cast<int64_t>(rows.size())));
     TESSERA_RETURN_IF_ERROR(cluster_.ImportRows(request->table(), rows));
@@ -156,11 +147,10 @@ grpc::Status CoordinatorService::PushGradients(grpc::ServerContext* context,
     const embedding::TableGradients part{
         request->table(), absl::MakeConstSpan(request->ids().data(), request->ids_size()),
         absl::MakeConstSpan(request->gradients().data(), request->gradients_size())};
-    const v1::RequestId& id = request->request_id();
     TESSERA_ASSIGN_OR_RETURN(
         std::vector<int64_t> updated,
         cluster_.PushBatch({&config, 1}, {&part, 1}, request->step(),
-                           {id.client_id(), id.sequence()}));
+                           wire::RequestIdOf(request->request_id())));
     response->set_rows_updated(updated[0]);
     response->set_incarnation(cluster_.router().IncarnationDigest());
     return absl::OkStatus();
@@ -174,18 +164,11 @@ grpc::Status CoordinatorService::BatchPush(grpc::ServerContext* context,
     thread_local DecodedBatch batch;
     TESSERA_RETURN_IF_ERROR(PrepareBatchPush(*request, Configs(), &batch));
     TESSERA_RETURN_IF_ERROR(CheckBatch("batched push", batch.total_ids));
-    const v1::RequestId& id = request->request_id();
     // A data-parallel worker's push goes on to every shard with its group.
-    embedding::PushSync sync;
-    if (request->has_sync()) {
-      sync.job = request->sync().job();
-      sync.worker = request->sync().worker();
-      sync.workers = request->sync().workers();
-      sync.timeout = std::chrono::milliseconds(request->sync().timeout_ms());
-    }
-    TESSERA_ASSIGN_OR_RETURN(std::vector<int64_t> updated,
-                             cluster_.PushBatch(batch.configs, batch.pushes, request->step(),
-                                                {id.client_id(), id.sequence()}, sync));
+    TESSERA_ASSIGN_OR_RETURN(
+        std::vector<int64_t> updated,
+        cluster_.PushBatch(batch.configs, batch.pushes, request->step(),
+                           wire::RequestIdOf(request->request_id()), wire::PushSyncOf(*request)));
     for (const int64_t u : updated) response->add_rows_updated(u);
     response->set_incarnation(cluster_.router().IncarnationDigest());
     return absl::OkStatus();
@@ -201,7 +184,7 @@ grpc::Status CoordinatorService::Stats(grpc::ServerContext* context,
     // A coordinator without a data directory has no checkpoints to report.
     absl::StatusOr<std::vector<storage::CheckpointManifest>> list = cluster_.ListCheckpoints();
     if (list.ok()) {
-      for (const auto& m : *list) ToProto(m, 0, response->add_checkpoints());
+      for (const auto& m : *list) wire::ToProto(m, 0, response->add_checkpoints());
     }
     return absl::OkStatus();
   });
@@ -216,7 +199,7 @@ grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext* context,
                                              request->attachments().end());
     TESSERA_ASSIGN_OR_RETURN(storage::CheckpointManifest m,
                              cluster_.Checkpoint(request->step(), attachments, request->model()));
-    ToProto(m, SecondsSince(start), response->mutable_checkpoint());
+    wire::ToProto(m, SecondsSince(start), response->mutable_checkpoint());
     return absl::OkStatus();
   });
 }
@@ -230,8 +213,8 @@ grpc::Status CoordinatorService::Restore(grpc::ServerContext* context,
     RestoredTables outcome;
     TESSERA_ASSIGN_OR_RETURN(storage::CheckpointManifest m,
                              cluster_.Restore(request->step(), &attachments,
-                                              client::RestoreOptionsOf(*request), &outcome));
-    ToProto(m, SecondsSince(start), response->mutable_checkpoint());
+                                              wire::RestoreOptionsOf(*request), &outcome));
+    wire::ToProto(m, SecondsSince(start), response->mutable_checkpoint());
     for (auto& name : outcome.rolled_back) response->add_rolled_back(std::move(name));
     for (auto& name : outcome.brought_back) response->add_brought_back(std::move(name));
     for (auto& name : outcome.dropped) response->add_dropped(std::move(name));
@@ -246,7 +229,7 @@ grpc::Status CoordinatorService::ListCheckpoints(grpc::ServerContext* context,
   return Serve(context, Access::kRead, [&]() -> absl::Status {
     TESSERA_ASSIGN_OR_RETURN(std::vector<storage::CheckpointManifest> list,
                              cluster_.ListCheckpoints());
-    for (const auto& m : list) ToProto(m, 0, response->add_checkpoints());
+    for (const auto& m : list) wire::ToProto(m, 0, response->add_checkpoints());
     return absl::OkStatus();
   });
 }

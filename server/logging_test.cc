@@ -1,10 +1,11 @@
 // Structured RPC logs of a shard server: a failed call names its method, code, table,
 // shard and request id, as text or JSON.
 
-#include "server/logging.h"
+#include "base/logging.h"
 
 #include "absl/strings/str_cat.h"
 #include "embedding/collection.h"
+#include "embedding/inprocess_collection.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/serving.h"
@@ -13,6 +14,8 @@
 
 namespace tessera::server {
 namespace {
+
+using base::ConfigureLogging;
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;

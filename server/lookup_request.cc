@@ -3,9 +3,9 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "client/packed_bytes.h"
+#include "wire/packed_bytes.h"
 #include "embedding/batch_ops.h"
-#include "embedding/status.h"
+#include "base/status.h"
 
 namespace tessera::server {
 
@@ -54,12 +54,12 @@ absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const Con
     embedding::TableBags& part = batch->lookups[i];
     part.table = t.table();
     part.pooling = t.pooling();
-    TESSERA_ASSIGN_OR_RETURN(part.ids, client::PackedSpan<int64_t>(
+    TESSERA_ASSIGN_OR_RETURN(part.ids, wire::PackedSpan<int64_t>(
                                            t.ids(), where + " ids", &batch->id_copies[i]));
     TESSERA_ASSIGN_OR_RETURN(
         part.offsets,
-        client::PackedSpan<int32_t>(t.offsets(), where + " offsets", &batch->offset_copies[i]));
-    TESSERA_ASSIGN_OR_RETURN(part.weights, client::PackedSpan<float>(t.weights(), where + " weights",
+        wire::PackedSpan<int32_t>(t.offsets(), where + " offsets", &batch->offset_copies[i]));
+    TESSERA_ASSIGN_OR_RETURN(part.weights, wire::PackedSpan<float>(t.weights(), where + " weights",
                                                                      &batch->float_copies[i]));
     TESSERA_ASSIGN_OR_RETURN(
         const size_t rows,
@@ -68,7 +68,7 @@ absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const Con
     v1::TableValues* values = response->add_tables();
     values->set_dim(c.dim());
     values->set_rows(static_cast<int32_t>(rows));
-    part.out = absl::MakeSpan(client::ResizePacked<float>(values->mutable_values(), rows * c.dim()),
+    part.out = absl::MakeSpan(wire::ResizePacked<float>(values->mutable_values(), rows * c.dim()),
                               rows * c.dim());
     batch->configs.push_back(std::move(c));
   }
@@ -89,10 +89,10 @@ absl::Status PrepareBatchPush(const v1::BatchPushRequest& request, const ConfigL
     const std::string where = TablePart(t.table(), i);
     embedding::TableGradients& part = batch->pushes[i];
     part.table = t.table();
-    TESSERA_ASSIGN_OR_RETURN(part.ids, client::PackedSpan<int64_t>(
+    TESSERA_ASSIGN_OR_RETURN(part.ids, wire::PackedSpan<int64_t>(
                                            t.ids(), where + " ids", &batch->id_copies[i]));
     TESSERA_ASSIGN_OR_RETURN(part.gradients,
-                             client::PackedSpan<float>(t.gradients(), where + " gradients",
+                             wire::PackedSpan<float>(t.gradients(), where + " gradients",
                                                        &batch->float_copies[i]));
     TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(t.table(), "gradients", part.gradients.size(),
                                                      part.ids.size(), c.dim(), "ids"));

@@ -16,6 +16,7 @@
 #include <memory>
 
 #include "embedding/collection.h"
+#include "embedding/inprocess_collection.h"
 #include "server/shard_service.h"
 #include "tessera/v1/embedding_service.pb.h"
 
@@ -82,7 +83,7 @@ std::vector<float> Read(const std::string& table,
 }
 
 // A push refused because some rows' updates would not be finite has updated the others
-// (embedding/status.h PartlyApplied); every row it left must still read finite.
+// (base/status.h PartlyApplied); every row it left must still read finite.
 bool PartlyApplied(const grpc::Status& s) {
   return s.error_message().find("would make weights or optimizer state non-finite") !=
          std::string::npos;

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/embedding_client.h"
 #include "embedding/collection.h"
+#include "embedding/inprocess_collection.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"

@@ -35,7 +35,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(grpc::Service* service
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.RegisterService(service);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
-  creators.push_back(RpcLogInterceptors(options.shard_index));
+  creators.push_back(base::RpcLogInterceptors(options.shard_index));
   if (options.metrics != nullptr) creators.push_back(options.metrics->RpcInterceptors());
   builder.experimental().SetInterceptorCreators(std::move(creators));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -6,8 +6,8 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
-#include "server/logging.h"
-#include "server/metrics.h"
+#include "base/logging.h"
+#include "base/metrics.h"
 
 namespace tessera::server {
 
@@ -17,7 +17,7 @@ struct ListenOptions {
   int max_message_bytes = 256 << 20;  // largest message accepted or sent
   std::shared_ptr<grpc::ServerCredentials>
       credentials;             // TLS (MakeServerCredentials); null: plaintext
-  Metrics* metrics = nullptr;  // counts and times every RPC when set; must outlive the server
+  base::Metrics* metrics = nullptr;  // counts and times every RPC when set; must outlive the server
   int shard_index = -1;        // named in the RPC log lines; -1: not a shard
 };
 

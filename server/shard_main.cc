@@ -7,12 +7,13 @@
 #include <memory>
 #include <string>
 
-#include "client/command_line.h"
+#include "base/command_line.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "embedding/collection.h"
+#include "embedding/inprocess_collection.h"
 #include "embedding/storage/durable_collection.h"
 #include "embedding/storage/files.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -36,9 +37,9 @@ ABSL_FLAG(std::string, data_dir, "",
 ABSL_FLAG(int, keep_checkpoints, 3, "newest complete checkpoints kept; 0 = all");
 
 int main(int argc, char** argv) {
-  tessera::client::ParseCommandLine(argc, argv, "tessera-shard",
+  tessera::base::ParseCommandLine(argc, argv, "tessera-shard",
                                    "Serves one embedding shard over gRPC.");
-  if (absl::Status s = tessera::server::ConfigureLoggingFromFlags("tessera-shard"); !s.ok()) {
+  if (absl::Status s = tessera::base::ConfigureLoggingFromFlags("tessera-shard"); !s.ok()) {
     std::cerr << "tessera-shard: " << s.message() << "\n";
     return 1;
   }
@@ -91,8 +92,8 @@ int main(int argc, char** argv) {
     tables = *std::move(opened);
   }
   tessera::server::ShardService service(tables.get(), options);
-  std::unique_ptr<tessera::server::Metrics> metrics;
-  if (auto started = tessera::server::StartMetricsFromFlags("shard"); !started.ok()) {
+  std::unique_ptr<tessera::base::Metrics> metrics;
+  if (auto started = tessera::base::StartMetricsFromFlags("shard"); !started.ok()) {
     std::cerr << "tessera-shard: " << started.status().message() << "\n";
     return 1;
   } else {
@@ -100,7 +101,7 @@ int main(int argc, char** argv) {
   }
   if (metrics != nullptr) {
     auto* collection = tables.get();
-    metrics->Watch([collection](tessera::server::Metrics& m) { m.ReadTables(collection); },
+    metrics->Watch([collection](tessera::base::Metrics& m) { m.ReadTables(tessera::base::ReadingsOf(collection)); },
                    std::chrono::seconds(5));
   }
 
@@ -121,8 +122,8 @@ int main(int argc, char** argv) {
   }
   std::cout << "tessera-shard " << options.shard_index << "/" << options.num_shards
             << ": listening on " << listen.host << ":" << port << std::endl;
-  tessera::server::Log(spdlog::level::info, "serving",
-                       tessera::server::LogFields()
+  tessera::base::Log(spdlog::level::info, "serving",
+                       tessera::base::LogFields()
                            .Add("shard", options.shard_index)
                            .Add("shards", options.num_shards)
                            .Add("address", absl::StrCat(listen.host, ":", port))

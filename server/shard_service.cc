@@ -6,31 +6,26 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/checkpoint_proto.h"
-#include "client/packed_bytes.h"
-#include "client/row_chunk.h"
+#include "wire/push_proto.h"
+#include "wire/checkpoint_proto.h"
+#include "wire/packed_bytes.h"
+#include "wire/row_chunk.h"
 #include "embedding/batch_ops.h"
 #include "embedding/sharding.h"
-#include "embedding/status.h"
+#include "base/status.h"
 #include "embedding/table_config.h"
 #include "google/protobuf/util/message_differencer.h"
-#include "server/status.h"
+#include "wire/grpc_status.h"
 
 namespace tessera::server {
-namespace {
-
-using client::ToProto;
-
-embedding::RequestId FromProto(const v1::RequestId& id) { return {id.client_id(), id.sequence()}; }
-
-}  // namespace
 
 ShardService::ShardService(embedding::EmbeddingCollection* tables, const ShardOptions& options)
     : tables_(tables),
       options_(options),
       incarnation_(embedding::RandomNonZeroId()),
       version_(options.shard_map_version),
-      journal_(options.push_window) {
+      journal_(options.push_window),
+      steps_(absl::StrCat("shard ", options.shard_index)) {
   // Unlisted tables are refused as unknown until a restore lists them again: say why.
   if (absl::Status s = ReloadConfigs(); !s.ok()) {
     std::fprintf(stderr, "tessera: shard %d: cannot list the tables it holds: %s\n",
@@ -65,7 +60,7 @@ grpc::Status ShardService::Checkpoint(grpc::ServerContext* context,
     absl::StatusOr<embedding::CheckpointInfo> info =
         tables_->Checkpoint(request->step(), attachments, options);
     if (!info.ok()) return Annotate(info.status(), absl::StrCat("shard ", options_.shard_index));
-    ToProto(*info, response->mutable_checkpoint());
+    wire::ToProto(*info, response->mutable_checkpoint());
     return absl::OkStatus();
   });
 }
@@ -75,13 +70,13 @@ grpc::Status ShardService::Restore(grpc::ServerContext* context, const v1::Resto
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
     embedding::Attachments attachments;
     absl::StatusOr<embedding::CheckpointInfo> info =
-        tables_->Restore(request->step(), &attachments, client::RestoreOptionsOf(*request));
+        tables_->Restore(request->step(), &attachments, wire::RestoreOptionsOf(*request));
     if (!info.ok()) return Annotate(info.status(), absl::StrCat("shard ", options_.shard_index));
     // Every row is the checkpoint's now: pushes remembered as applied no longer are. (A
     // model's restore leaves the other models' pushes on record: their rows stand.)
     if (request->model().empty()) journal_.Clear();
     TESSERA_RETURN_IF_ERROR(ReloadConfigs());
-    ToProto(*info, response->mutable_checkpoint());
+    wire::ToProto(*info, response->mutable_checkpoint());
     for (auto& [name, blob] : attachments) (*response->mutable_attachments())[name] = blob;
     return absl::OkStatus();
   });
@@ -134,7 +129,7 @@ grpc::Status ShardService::ExportRows(grpc::ServerContext* context,
     if (request->chunk_rows() > 0) options.chunk_rows = static_cast<size_t>(request->chunk_rows());
     v1::RowChunk chunk;
     return tables_->ExportRows(request->table(), options, [&](const embedding::RowBlock& b) {
-      client::ToChunk(b, &chunk);
+      wire::ToChunk(b, &chunk);
       if (!writer->Write(chunk)) return absl::CancelledError("the caller went away");
       return absl::OkStatus();
     });
@@ -146,7 +141,7 @@ grpc::Status ShardService::ImportRows(grpc::ServerContext* context,
                                       v1::ImportRowsResponse* response) {
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
     TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(request->table()));
-    TESSERA_ASSIGN_OR_RETURN(embedding::RowBlock rows, client::FromChunk(request->rows()));
+    TESSERA_ASSIGN_OR_RETURN(embedding::RowBlock rows, wire::FromChunk(request->rows()));
     TESSERA_RETURN_IF_ERROR(CheckBatch(absl::StrCat("table '", request->table(), "'"),
                                        static_cast<int64_t>(rows.size()),
                                        request->shard_map_version()));
@@ -163,7 +158,7 @@ grpc::Status ShardService::ListCheckpoints(grpc::ServerContext* context,
   return Serve(context, Access::kRead, [&]() -> absl::Status {
     TESSERA_ASSIGN_OR_RETURN(std::vector<embedding::CheckpointInfo> list,
                              tables_->ListCheckpoints());
-    for (const auto& info : list) ToProto(info, response->add_checkpoints());
+    for (const auto& info : list) wire::ToProto(info, response->add_checkpoints());
     return absl::OkStatus();
   });
 }
@@ -379,7 +374,7 @@ grpc::Status ShardService::PushGradients(grpc::ServerContext* context,
                                                      config.dim(), "ids"));
     TESSERA_ASSIGN_OR_RETURN(
         std::vector<int64_t> updated,
-        ApplyPush(batch, request->step(), FromProto(request->request_id())));
+        ApplyPush(batch, request->step(), wire::RequestIdOf(request->request_id())));
     response->set_rows_updated(updated[0]);
     response->set_incarnation(incarnation_);
     return absl::OkStatus();
@@ -402,7 +397,7 @@ grpc::Status ShardService::BatchPush(grpc::ServerContext* context,
     TESSERA_ASSIGN_OR_RETURN(
         std::vector<int64_t> updated,
         sync ? ApplySyncPush(batch, *request)
-             : ApplyPush(batch, request->step(), FromProto(request->request_id())));
+             : ApplyPush(batch, request->step(), wire::RequestIdOf(request->request_id())));
     for (const int64_t u : updated) response->add_rows_updated(u);
     response->set_incarnation(incarnation_);
     return absl::OkStatus();
@@ -411,17 +406,11 @@ grpc::Status ShardService::BatchPush(grpc::ServerContext* context,
 
 absl::StatusOr<std::vector<int64_t>> ShardService::ApplySyncPush(
     const DecodedBatch& batch, const v1::BatchPushRequest& request) {
-  const v1::SyncGroup& group = request.sync();
-  if (group.job().empty() || group.job().size() > 256) {
+  const embedding::PushSync member = wire::PushSyncOf(request);
+  if (member.job.empty() || member.job.size() > 256) {
     return absl::InvalidArgumentError("sync push: job must be 1-256 bytes");
   }
-  SyncMember member;
-  member.job = group.job();
-  member.worker = group.worker();
-  member.workers = group.workers();
-  member.timeout = std::chrono::milliseconds(std::clamp(group.timeout_ms(), 1, 3600 * 1000));
-  member.where = absl::StrCat("shard ", options_.shard_index);
-  const embedding::RequestId id = FromProto(request.request_id());
+  const embedding::RequestId id = wire::RequestIdOf(request.request_id());
   const Contribution part{batch.pushes, id};
   // The journal answers a repeat of this worker's push; one more part than the tables
   // marks the contribution made (a worker with no ids here still takes part in the step).
@@ -484,7 +473,7 @@ grpc::Status ShardService::Stats(grpc::ServerContext* context, const v1::StatsRe
     // Servers without storage have no checkpoints to report.
     absl::StatusOr<std::vector<embedding::CheckpointInfo>> list = tables_->ListCheckpoints();
     if (list.ok()) {
-      for (const auto& info : *list) ToProto(info, response->add_checkpoints());
+      for (const auto& info : *list) wire::ToProto(info, response->add_checkpoints());
     }
     return absl::OkStatus();
   });

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "embedding/collection.h"
+#include "embedding/inprocess_collection.h"
 #include "embedding/sharding.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"

@@ -40,7 +40,7 @@ void Merge(const std::vector<const Contribution*>& workers, Merged* m) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<int64_t>> StepAggregator::Contribute(const SyncMember& member,
+absl::StatusOr<std::vector<int64_t>> StepAggregator::Contribute(const embedding::PushSync& member,
                                                                 int64_t step,
                                                                 const Contribution& part,
                                                                 const ApplyFn& apply) {
@@ -107,7 +107,7 @@ absl::StatusOr<std::vector<int64_t>> StepAggregator::Contribute(const SyncMember
       }
       return absl::AbortedError(absl::StrCat(
           "job '", member.job, "' step ", step, ": worker(s) ", absl::StrJoin(missing, ", "),
-          " of ", s->workers, " did not push to ", member.where, " within ", member.timeout.count(),
+          " of ", s->workers, " did not push to ", where_, " within ", member.timeout.count(),
           " ms (stopped, or slower than the timeout)"));
     }
     // Everyone is in: the last one is applying the step, however long that takes.

@@ -24,15 +24,6 @@
 
 namespace tessera::server {
 
-struct SyncMember {
-  std::string job;
-  int worker = 0;
-  int workers = 1;
-  std::chrono::milliseconds timeout{30000};
-  // What the shard says in errors: "shard 1".
-  std::string where;
-};
-
 // One worker's part of a step; its spans stay valid while Contribute runs.
 struct Contribution {
   absl::Span<const embedding::TableGradients> tables;
@@ -41,19 +32,23 @@ struct Contribution {
 
 class StepAggregator {
  public:
+  // `where` is what errors call this server: "shard 1".
+  explicit StepAggregator(std::string where) : where_(std::move(where)) {}
+
   // Applies a step's merged tables (one part per table, in order of first appearance in
   // worker order) under request id `id` (the first worker's: the same for a retry of the
   // whole step), returning rows updated per part.
   using ApplyFn = std::function<absl::StatusOr<std::vector<int64_t>>(
       absl::Span<const embedding::TableGradients> merged, const embedding::RequestId& id)>;
 
-  // Adds `part` as `member`'s push of `step` and waits until the step is applied (by the
-  // last worker to arrive, through `apply`) or member.timeout passes. Returns rows updated
+  // Adds `part` as worker `member.worker`'s push of `step` in job `member.job` and waits
+  // until the step is applied (by the last worker to arrive, through `apply`) or
+  // member.timeout passes. Returns rows updated
   // for each of part.tables, or the step's failure (the same for every worker).
   // Aborted names the workers that did not push in time (not retried: they are gone);
   // InvalidArgument for a worker index out of range or a worker count that differs from the
   // others'.
-  absl::StatusOr<std::vector<int64_t>> Contribute(const SyncMember& member, int64_t step,
+  absl::StatusOr<std::vector<int64_t>> Contribute(const embedding::PushSync& member, int64_t step,
                                                   const Contribution& part, const ApplyFn& apply);
 
   // Steps waiting for workers.
@@ -71,6 +66,7 @@ class StepAggregator {
   };
   using Key = std::pair<std::string, int64_t>;
 
+  const std::string where_;
   mutable absl::Mutex mu_;
   std::map<Key, std::shared_ptr<Step>> steps_ ABSL_GUARDED_BY(mu_);
 };

@@ -12,13 +12,12 @@ namespace {
 using embedding::RequestId;
 using embedding::TableGradients;
 
-SyncMember Member(int worker, int workers, int timeout_ms = 10000) {
-  SyncMember m;
+embedding::PushSync Member(int worker, int workers, int timeout_ms = 10000) {
+  embedding::PushSync m;
   m.job = "job#0";
   m.worker = worker;
   m.workers = workers;
   m.timeout = std::chrono::milliseconds(timeout_ms);
-  m.where = "shard 0";
   return m;
 }
 
@@ -48,7 +47,7 @@ StepAggregator::ApplyFn Recorder(Applied* a) {
 }
 
 TEST(StepAggregator, AppliesAStepOnceWithTheWorkersGradientsInWorkerOrder) {
-  StepAggregator agg;
+  StepAggregator agg("shard 0");
   Applied applied;
   // Worker 1 arrives first; the merged push still lists worker 0's rows first.
   const std::vector<int64_t> ids0 = {5, 6}, ids1 = {6};
@@ -78,7 +77,7 @@ TEST(StepAggregator, AppliesAStepOnceWithTheWorkersGradientsInWorkerOrder) {
 }
 
 TEST(StepAggregator, AWorkerThatDoesNotComeFailsTheOthersNamingIt) {
-  StepAggregator agg;
+  StepAggregator agg("shard 0");
   Applied applied;
   const std::vector<TableGradients> none;
   const Contribution c{none, RequestId{1, 1}};
@@ -93,7 +92,7 @@ TEST(StepAggregator, AWorkerThatDoesNotComeFailsTheOthersNamingIt) {
 }
 
 TEST(StepAggregator, ARetriedPushAfterATimeoutJoinsTheStepAsNew) {
-  StepAggregator agg;
+  StepAggregator agg("shard 0");
   Applied applied;
   const std::vector<int64_t> ids = {1};
   const std::vector<float> g = {1};
@@ -112,7 +111,7 @@ TEST(StepAggregator, ARetriedPushAfterATimeoutJoinsTheStepAsNew) {
 }
 
 TEST(StepAggregator, RefusesAWorkerOutOfRangeOrAGroupSizeThatDiffers) {
-  StepAggregator agg;
+  StepAggregator agg("shard 0");
   Applied applied;
   const std::vector<TableGradients> none;
   const Contribution c{none, RequestId{}};
@@ -133,7 +132,7 @@ TEST(StepAggregator, RefusesAWorkerOutOfRangeOrAGroupSizeThatDiffers) {
 }
 
 TEST(StepAggregator, AFailedApplyFailsEveryWorkerOfTheStep) {
-  StepAggregator agg;
+  StepAggregator agg("shard 0");
   const std::vector<TableGradients> none;
   const Contribution c0{none, RequestId{1, 1}}, c1{none, RequestId{2, 1}};
   auto failing = [](absl::Span<const TableGradients>,

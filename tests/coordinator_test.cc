@@ -5,6 +5,7 @@
 
 #include "client/shard_router.h"
 #include "embedding/collection.h"
+#include "embedding/inprocess_collection.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"

@@ -7,6 +7,7 @@
 
 #include "client/embedding_client.h"
 #include "embedding/collection.h"
+#include "embedding/inprocess_collection.h"
 #include "embedding/sharding.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"

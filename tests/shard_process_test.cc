@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "embedding/collection.h"
+#include "embedding/inprocess_collection.h"
 #include "embedding/sharding.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"

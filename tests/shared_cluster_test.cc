@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/embedding_client.h"
+#include "embedding/inprocess_collection.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/shard_process.h"

@@ -16,10 +16,9 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/str_split.h"
 #include "embedding/sharding.h"
-#include "embedding/status.h"
+#include "base/status.h"
 
-namespace tessera::trainer {
-namespace internal {
+namespace tessera::trainer_internal {
 
 // A text file read line by line. zlib reads gzip-compressed files decompressed and plain
 // ones as they are, so both kinds (and a .gz of concatenated members) read the same way.
@@ -86,11 +85,12 @@ class TextFile {
   bool eof_ = false;
 };
 
-}  // namespace internal
+}  // namespace tessera::trainer_internal
 
+namespace tessera::trainer {
 namespace {
 
-using internal::TextFile;
+using trainer_internal::TextFile;
 
 using embedding::Mix64;
 

@@ -11,6 +11,10 @@
 #include "absl/strings/string_view.h"
 #include "trainer/batch.h"
 
+namespace tessera::trainer_internal {
+class TextFile;
+}  // namespace tessera::trainer_internal
+
 namespace tessera::trainer {
 
 // Reading the Criteo display-advertising TSV format: label, 13 integer columns and 26
@@ -47,10 +51,6 @@ bool IsHeldOutLine(int64_t line_number, const CriteoOptions& options, int file =
 // (sorted matches). InvalidArgument for an empty list, NotFound for a pattern that matches
 // nothing.
 absl::StatusOr<std::vector<std::string>> ExpandDataPaths(const std::string& spec);
-
-namespace internal {
-class TextFile;
-}  // namespace internal
 
 // What loading the held-out split found.
 struct HeldOutReport {
@@ -93,7 +93,7 @@ class CriteoReader final : public BatchSource {
   std::vector<std::string> paths_;
   CriteoOptions options_;
   int batch_size_;
-  std::unique_ptr<internal::TextFile> in_;
+  std::unique_ptr<trainer_internal::TextFile> in_;
   int file_ = 0;
   int epoch_ = 0;
   int64_t line_number_ = 0;  // in the current file

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "client/command_line.h"
+#include "base/command_line.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -28,12 +28,13 @@
 #include "client/embedding_client.h"
 #include "client/security_flags.h"
 #include "embedding/collection.h"
+#include "embedding/inprocess_collection.h"
 #include "embedding/dtype.h"
 #include "embedding/optimizer.h"
-#include "embedding/status.h"
+#include "base/status.h"
 #include "embedding/storage/durable_collection.h"
-#include "server/logging.h"
-#include "server/metrics.h"
+#include "base/logging.h"
+#include "base/metrics.h"
 #include "trainer/coordinator_rendezvous.h"
 #include "trainer/criteo_reader.h"
 #include "trainer/data_parallel.h"
@@ -340,98 +341,108 @@ absl::StatusOr<int64_t> ResumeWorkers(Trainer& trainer, DenseBackend* dense, Dat
   return step;
 }
 
-absl::Status Run() {
-  TESSERA_RETURN_IF_ERROR(CheckFlagRanges());
-  const std::string data = absl::GetFlag(FLAGS_data);
-  const bool synthetic = data == "synthetic";
-  const int batch_size = absl::GetFlag(FLAGS_batch_size);
-  const uint64_t seed = absl::GetFlag(FLAGS_seed);
-
+// Every flag of a run, parsed and checked once, before anything starts.
+struct TrainFlags {
+  std::string data;        // "synthetic" or TSV paths
+  bool synthetic = true;
+  int batch_size = 0;
+  uint64_t seed = 0;
+  int64_t steps = 0;       // 0: the default length (synthetic) or the whole input (TSV)
   DlrmConfig model;
+  std::string dense_optimizer;
+  std::string backend;
+  int cuda_device = 0;
+  std::string coordinator;  // empty: the tables live in this process
+  std::string data_dir;     // in process: where the tables are kept; empty: memory only
+  int shards = 0;           // in process
+  int keep_checkpoints = 0;
+  std::string client_mode;        // with --coordinator
+  client::ClientOptions client;   // with --coordinator
+  v1::TableConfig table;          // every table's settings (the trainer names each)
+  TrainerOptions options;         // on_progress and data_parallel are set later
+  bool resume = false;
+  int num_workers = 1;
+  int worker = 0;
+  DataParallelOptions data_parallel;  // with --num_workers > 1
+  SyntheticConfig synthetic_data;     // synthetic
+  int64_t held_out = 0;               // synthetic: held-out samples
+  CriteoOptions criteo;               // TSV
+  int reader_threads = 1;
+  int prefetch = 8;
+};
+
+absl::Status ParseModelFlags(TrainFlags* f) {
+  DlrmConfig& model = f->model;
   model.num_dense = absl::GetFlag(FLAGS_num_dense);
   model.num_sparse = absl::GetFlag(FLAGS_num_sparse);
   model.emb_dim = absl::GetFlag(FLAGS_emb_dim);
   TESSERA_ASSIGN_OR_RETURN(model.bottom_mlp,
                            ParseWidths(absl::GetFlag(FLAGS_bottom_mlp), "bottom_mlp"));
   TESSERA_ASSIGN_OR_RETURN(model.top_mlp, ParseWidths(absl::GetFlag(FLAGS_top_mlp), "top_mlp"));
-  const std::string dense_opt = absl::GetFlag(FLAGS_dense_optimizer);
-  if (dense_opt == "adam") {
+  f->dense_optimizer = absl::GetFlag(FLAGS_dense_optimizer);
+  if (f->dense_optimizer == "adam") {
     model.optimizer = DenseOptimizerType::kAdam;
-  } else if (dense_opt == "sgd") {
+  } else if (f->dense_optimizer == "sgd") {
     model.optimizer = DenseOptimizerType::kSgd;
   } else {
     return absl::InvalidArgumentError("--dense_optimizer must be adam or sgd");
   }
   model.learning_rate = static_cast<float>(absl::GetFlag(FLAGS_dense_lr));
-  model.seed = seed;
-  const std::string backend = absl::GetFlag(FLAGS_dense_backend);
-  const int cuda_device = absl::GetFlag(FLAGS_cuda_device);
-  if (cuda_device != 0 && backend != "cuda") {
+  model.seed = f->seed;
+  f->backend = absl::GetFlag(FLAGS_dense_backend);
+  f->cuda_device = absl::GetFlag(FLAGS_cuda_device);
+  if (f->cuda_device != 0 && f->backend != "cuda") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--cuda_device=", cuda_device, " needs --dense_backend=cuda"));
+        absl::StrCat("--cuda_device=", f->cuda_device, " needs --dense_backend=cuda"));
   }
-  absl::StatusOr<std::unique_ptr<DenseBackend>> made =
-      backend == "cuda" ? NewCudaDenseBackend(model, cuda_device) : NewDenseBackend(backend, model);
-  if (!made.ok()) {
-    std::string context = "--dense_backend=" + backend;
-    if (backend == "cuda") context += " (--dense_backend=cpu runs without a GPU)";
-    return Annotate(made.status(), context);
-  }
-  std::unique_ptr<DenseBackend> dense = *std::move(made);
+  return absl::OkStatus();
+}
 
-  std::unique_ptr<embedding::EmbeddingCollection> tables;
-  std::string where;
-  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
-  const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
-  const int num_workers = absl::GetFlag(FLAGS_num_workers);
-  const int worker = absl::GetFlag(FLAGS_worker_index);
-  if (num_workers > 1 && coordinator.empty()) {
+// Where the tables live, and the data-parallel job this trainer is part of.
+absl::Status ParsePlacementFlags(TrainFlags* f) {
+  f->coordinator = absl::GetFlag(FLAGS_coordinator);
+  f->data_dir = absl::GetFlag(FLAGS_data_dir);
+  f->num_workers = absl::GetFlag(FLAGS_num_workers);
+  f->worker = absl::GetFlag(FLAGS_worker_index);
+  if (f->num_workers > 1 && f->coordinator.empty()) {
     return absl::InvalidArgumentError(
         "--num_workers > 1 needs --coordinator: the workers share their tables on a cluster "
         "and meet through its coordinator");
   }
-  client::EmbeddingClient* remote_client = nullptr;  // with --coordinator
-  if (coordinator.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(int shards, ParseShards(absl::GetFlag(FLAGS_shards)));
-    if (data_dir.empty()) {
-      TESSERA_ASSIGN_OR_RETURN(tables, embedding::NewInProcessCollection(shards));
-      where = absl::StrCat(shards, " in-process shards");
-    } else {
-      storage::DurableOptions durable;
-      durable.data_dir = data_dir;
-      durable.num_shards = shards;
-      durable.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
-      durable.log = [](const std::string& line) { std::printf("%s\n", line.c_str()); };
-      TESSERA_ASSIGN_OR_RETURN(tables, storage::DurableCollection::Open(durable));
-      where = absl::StrCat(shards, " in-process shards, durable in ", data_dir);
-    }
-  } else {
-    if (!data_dir.empty()) {
-      return absl::InvalidArgumentError(
-          "--data_dir is for in-process tables; with --coordinator the shards and the "
-          "coordinator keep the data (their own --data_dir)");
-    }
-    client::ClientOptions co;
-    const std::string mode = absl::GetFlag(FLAGS_client_mode);
-    if (mode == "smart") {
-      co.mode = client::ClientOptions::Mode::kSmart;
-    } else if (mode == "coordinator") {
-      co.mode = client::ClientOptions::Mode::kCoordinator;
-    } else {
-      return absl::InvalidArgumentError("--client_mode must be smart or coordinator");
-    }
-    TESSERA_ASSIGN_OR_RETURN(co.security, client::ClientSecurityFromFlags());
-    co.max_retries = absl::GetFlag(FLAGS_max_retries);
-    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<client::EmbeddingClient> remote,
-                             client::EmbeddingClient::Connect(coordinator, co));
-    where = absl::StrCat(remote->num_shards(), " shards via ", coordinator, " (", mode, " client)");
-    remote_client = remote.get();
-    tables = std::move(remote);
+  if (f->coordinator.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(f->shards, ParseShards(absl::GetFlag(FLAGS_shards)));
+    f->keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+    return absl::OkStatus();
   }
+  if (!f->data_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--data_dir is for in-process tables; with --coordinator the shards and the "
+        "coordinator keep the data (their own --data_dir)");
+  }
+  f->client_mode = absl::GetFlag(FLAGS_client_mode);
+  if (f->client_mode == "smart") {
+    f->client.mode = client::ClientOptions::Mode::kSmart;
+  } else if (f->client_mode == "coordinator") {
+    f->client.mode = client::ClientOptions::Mode::kCoordinator;
+  } else {
+    return absl::InvalidArgumentError("--client_mode must be smart or coordinator");
+  }
+  TESSERA_ASSIGN_OR_RETURN(f->client.security, client::ClientSecurityFromFlags());
+  f->client.max_retries = absl::GetFlag(FLAGS_max_retries);
+  DataParallelOptions& dpo = f->data_parallel;
+  dpo.num_workers = f->num_workers;
+  dpo.worker_index = f->worker;
+  dpo.host = absl::GetFlag(FLAGS_worker_host);
+  dpo.timeout = std::chrono::seconds(absl::GetFlag(FLAGS_worker_timeout_s));
+  dpo.rendezvous_timeout = std::chrono::seconds(absl::GetFlag(FLAGS_rendezvous_timeout_s));
+  return absl::OkStatus();
+}
 
-  v1::TableConfig table;
-  table.set_dim(model.emb_dim);
-  table.set_seed(seed * 1000003);
+// The tables' settings and the trainer's.
+absl::Status ParseTrainingFlags(TrainFlags* f) {
+  v1::TableConfig& table = f->table;
+  table.set_dim(f->model.emb_dim);
+  table.set_seed(f->seed * 1000003);
   table.set_max_rows(absl::GetFlag(FLAGS_max_rows));
   TESSERA_ASSIGN_OR_RETURN(v1::OptimizerType opt,
                            embedding::ParseOptimizerName(absl::GetFlag(FLAGS_optimizer)));
@@ -443,9 +454,10 @@ absl::Status Run() {
   table.mutable_initializer()->set_type(v1::UNIFORM);
   table.mutable_initializer()->set_scale(static_cast<float>(absl::GetFlag(FLAGS_init_scale)));
 
-  TrainerOptions options;
+  TrainerOptions& options = f->options;
   options.model = absl::GetFlag(FLAGS_model);
   TESSERA_RETURN_IF_ERROR(Annotate(embedding::ValidateModelName(options.model), "--model"));
+  f->data_parallel.job = options.model;
   options.log_every = absl::GetFlag(FLAGS_log_every);
   options.metrics_out = absl::GetFlag(FLAGS_metrics_out);
   options.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
@@ -461,84 +473,193 @@ absl::Status Run() {
   }
   // What must match for a checkpoint to continue this run (not --steps: a resumed run may
   // go further).
+  const DlrmConfig& model = f->model;
   options.run_signature = absl::StrCat(
-      "model=", options.model, " data=", data, " seed=", seed, " batch_size=", batch_size, " dense=", model.num_dense,
-      " sparse=", model.num_sparse, " emb_dim=", model.emb_dim,
-      " optimizer=", absl::GetFlag(FLAGS_optimizer), " dense_optimizer=", dense_opt,
-      num_workers > 1 ? absl::StrCat(" workers=", num_workers) : "");
+      "model=", options.model, " data=", f->data, " seed=", f->seed, " batch_size=",
+      f->batch_size, " dense=", model.num_dense, " sparse=", model.num_sparse,
+      " emb_dim=", model.emb_dim, " optimizer=", absl::GetFlag(FLAGS_optimizer),
+      " dense_optimizer=", f->dense_optimizer,
+      f->num_workers > 1 ? absl::StrCat(" workers=", f->num_workers) : "");
   options.alter_tables = absl::GetFlag(FLAGS_alter_tables);
   const std::string resume_flag = absl::GetFlag(FLAGS_resume);
   if (resume_flag != "auto" && resume_flag != "true" && resume_flag != "false") {
     return absl::InvalidArgumentError(
         absl::StrCat("--resume must be auto (or true) or false, got '", resume_flag, "'"));
   }
-  const bool resume = resume_flag != "false";
-  if (options.checkpoint_every > 0 || resume) {
+  f->resume = resume_flag != "false";
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int64_t>> ParseCardinalities(const std::string& cards,
+                                                        int num_sparse) {
+  if (cards.empty()) return DefaultCardinalities(num_sparse);
+  std::vector<int64_t> out;
+  for (absl::string_view part : absl::StrSplit(cards, ',', absl::SkipEmpty())) {
+    int64_t c = 0;
+    if (!absl::SimpleAtoi(part, &c)) {
+      return absl::InvalidArgumentError(absl::StrCat("--cardinalities: bad value '", part, "'"));
+    }
+    out.push_back(c);
+  }
+  if (static_cast<int>(out.size()) != num_sparse) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cardinalities has ", out.size(), " values for ", num_sparse, " sparse features"));
+  }
+  return out;
+}
+
+// The input: synthetic data's shape, or how to read TSV files.
+absl::Status ParseDataFlags(TrainFlags* f) {
+  f->reader_threads = absl::GetFlag(FLAGS_reader_threads);
+  f->prefetch = absl::GetFlag(FLAGS_prefetch);
+  if (f->synthetic) {
+    SyntheticConfig& sc = f->synthetic_data;
+    sc.num_dense = f->model.num_dense;
+    sc.seed = f->seed;
+    sc.zipf_s = absl::GetFlag(FLAGS_zipf);
+    TESSERA_ASSIGN_OR_RETURN(sc.cardinalities, ParseCardinalities(absl::GetFlag(FLAGS_cardinalities),
+                                                                  f->model.num_sparse));
+    f->held_out = absl::GetFlag(FLAGS_held_out);
+    if (f->steps == 0) f->steps = 10000;
+    return absl::OkStatus();
+  }
+  CriteoOptions& co = f->criteo;
+  co.num_dense = f->model.num_dense;
+  co.num_sparse = f->model.num_sparse;
+  co.epochs = absl::GetFlag(FLAGS_epochs);
+  co.seed = f->seed;
+  co.held_out_fraction = absl::GetFlag(FLAGS_held_out_fraction);
+  co.num_workers = f->num_workers;
+  co.worker_index = f->worker;
+  co.max_held_out = absl::GetFlag(FLAGS_max_held_out);
+  const std::string bad = absl::GetFlag(FLAGS_on_bad_line);
+  if (bad != "skip" && bad != "stop") {
+    return absl::InvalidArgumentError("--on_bad_line must be skip or stop");
+  }
+  co.stop_on_bad_line = bad == "stop";
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainFlags> ParseTrainFlags() {
+  TESSERA_RETURN_IF_ERROR(CheckFlagRanges());
+  TrainFlags f;
+  f.data = absl::GetFlag(FLAGS_data);
+  f.synthetic = f.data == "synthetic";
+  f.batch_size = absl::GetFlag(FLAGS_batch_size);
+  f.seed = absl::GetFlag(FLAGS_seed);
+  f.steps = absl::GetFlag(FLAGS_steps);
+  TESSERA_RETURN_IF_ERROR(ParseModelFlags(&f));
+  TESSERA_RETURN_IF_ERROR(ParsePlacementFlags(&f));
+  TESSERA_RETURN_IF_ERROR(ParseTrainingFlags(&f));
+  TESSERA_RETURN_IF_ERROR(ParseDataFlags(&f));
+  return f;
+}
+
+absl::StatusOr<std::unique_ptr<DenseBackend>> MakeDenseBackend(const TrainFlags& f) {
+  absl::StatusOr<std::unique_ptr<DenseBackend>> made =
+      f.backend == "cuda" ? NewCudaDenseBackend(f.model, f.cuda_device)
+                          : NewDenseBackend(f.backend, f.model);
+  if (made.ok()) return made;
+  std::string context = "--dense_backend=" + f.backend;
+  if (f.backend == "cuda") context += " (--dense_backend=cpu runs without a GPU)";
+  return Annotate(made.status(), context);
+}
+
+// The tables of a run: in this process (in memory or durable) or on a cluster.
+struct TrainTables {
+  std::unique_ptr<embedding::EmbeddingCollection> tables;
+  client::EmbeddingClient* remote = nullptr;  // with --coordinator: tables, as a client
+  std::string where;                          // for the model line
+};
+
+absl::StatusOr<TrainTables> MakeTables(const TrainFlags& f) {
+  TrainTables out;
+  if (!f.coordinator.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<client::EmbeddingClient> remote,
+                             client::EmbeddingClient::Connect(f.coordinator, f.client));
+    out.where = absl::StrCat(remote->num_shards(), " shards via ", f.coordinator, " (",
+                             f.client_mode, " client)");
+    out.remote = remote.get();
+    out.tables = std::move(remote);
+  } else if (f.data_dir.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(out.tables, embedding::NewInProcessCollection(f.shards));
+    out.where = absl::StrCat(f.shards, " in-process shards");
+  } else {
+    storage::DurableOptions durable;
+    durable.data_dir = f.data_dir;
+    durable.num_shards = f.shards;
+    durable.keep_checkpoints = f.keep_checkpoints;
+    durable.log = [](const std::string& line) { std::printf("%s\n", line.c_str()); };
+    TESSERA_ASSIGN_OR_RETURN(out.tables, storage::DurableCollection::Open(durable));
+    out.where = absl::StrCat(f.shards, " in-process shards, durable in ", f.data_dir);
+  }
+  if (f.options.checkpoint_every > 0 || f.resume) {
     // Fail now, not at the first checkpoint, when there is nowhere to keep them.
-    TESSERA_RETURN_IF_ERROR(tables->ListCheckpoints().status());
+    TESSERA_RETURN_IF_ERROR(out.tables->ListCheckpoints().status());
   }
-  std::unique_ptr<server::Metrics> metrics;
-  TESSERA_ASSIGN_OR_RETURN(metrics, server::StartMetricsFromFlags("train"));
-  if (metrics != nullptr) {
-    auto& registry = metrics->registry();
-    auto& rate = prometheus::BuildGauge()
-                     .Name("tessera_train_samples_per_second")
-                     .Help("Training throughput over the last progress window")
-                     .Register(registry)
-                     .Add({});
-    auto& loss = prometheus::BuildGauge()
-                     .Name("tessera_train_loss")
-                     .Help("Mean training loss over the last progress window")
-                     .Register(registry)
-                     .Add({});
-    auto& steps = prometheus::BuildGauge()
-                      .Name("tessera_train_step")
-                      .Help("Steps trained in this run")
-                      .Register(registry)
-                      .Add({});
-    auto& samples = prometheus::BuildGauge()
-                        .Name("tessera_train_samples")
-                        .Help("Samples trained in this run")
-                        .Register(registry)
-                        .Add({});
-    options.on_progress = [&rate, &loss, &steps, &samples](const Progress& p) {
-      rate.Set(p.samples_per_s);
-      loss.Set(p.loss);
-      steps.Set(static_cast<double>(p.step));
-      samples.Set(static_cast<double>(p.samples));
-    };
-    auto* collection = tables.get();
-    metrics->Watch([collection](server::Metrics& m) { m.ReadTables(collection); },
-                   std::chrono::seconds(5));
-  }
-  // Data-parallel workers meet through the coordinator before anything else.
+  return out;
+}
+
+prometheus::Gauge& TrainGauge(prometheus::Registry& registry, const std::string& name,
+                              const std::string& help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add({});
+}
+
+// --metrics_port: the trainer's progress and its tables' sizes (null without the flag).
+absl::StatusOr<std::unique_ptr<base::Metrics>> StartTrainMetrics(
+    embedding::EmbeddingCollection* tables, TrainerOptions* options) {
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<base::Metrics> metrics,
+                           base::StartMetricsFromFlags("train"));
+  if (metrics == nullptr) return metrics;
+  auto& registry = metrics->registry();
+  auto& rate = TrainGauge(registry, "tessera_train_samples_per_second",
+                          "Training throughput over the last progress window");
+  auto& loss = TrainGauge(registry, "tessera_train_loss",
+                          "Mean training loss over the last progress window");
+  auto& steps = TrainGauge(registry, "tessera_train_step", "Steps trained in this run");
+  auto& samples = TrainGauge(registry, "tessera_train_samples", "Samples trained in this run");
+  options->on_progress = [&rate, &loss, &steps, &samples](const Progress& p) {
+    rate.Set(p.samples_per_s);
+    loss.Set(p.loss);
+    steps.Set(static_cast<double>(p.step));
+    samples.Set(static_cast<double>(p.samples));
+  };
+  metrics->Watch([tables](base::Metrics& m) { m.ReadTables(base::ReadingsOf(tables)); },
+                 std::chrono::seconds(5));
+  return metrics;
+}
+
+// A data-parallel job's workers, met through the coordinator before anything else.
+struct Workers {
   std::unique_ptr<CoordinatorRendezvous> kv;
-  std::unique_ptr<DataParallel> dp;
-  if (num_workers > 1) {
-    kv = std::make_unique<CoordinatorRendezvous>(remote_client);
-    DataParallelOptions dpo;
-    dpo.job = options.model;
-    dpo.num_workers = num_workers;
-    dpo.worker_index = worker;
-    dpo.host = absl::GetFlag(FLAGS_worker_host);
-    dpo.timeout = std::chrono::seconds(absl::GetFlag(FLAGS_worker_timeout_s));
-    dpo.rendezvous_timeout = std::chrono::seconds(absl::GetFlag(FLAGS_rendezvous_timeout_s));
-    std::printf("data-parallel: worker %d of %d of model '%s' joining through %s\n", worker,
-                num_workers, options.model.c_str(), coordinator.c_str());
-    std::fflush(stdout);
-    TESSERA_ASSIGN_OR_RETURN(dp, DataParallel::Join(kv.get(), dpo));
-    std::printf("data-parallel: all %d workers connected (generation %lld)\n", num_workers,
-                static_cast<long long>(dp->generation()));
-    options.data_parallel = dp.get();
-    options.sync_timeout = dpo.timeout;
-  }
-  Trainer trainer(tables.get(), dense.get(), options);
-  int64_t first_step = 0;
-  if (worker == 0) {
+  std::unique_ptr<DataParallel> dp;  // null for a single trainer
+};
+
+absl::StatusOr<Workers> JoinWorkers(const TrainFlags& f, client::EmbeddingClient* remote,
+                                    TrainerOptions* options) {
+  Workers out;
+  if (f.num_workers <= 1) return out;
+  out.kv = std::make_unique<CoordinatorRendezvous>(remote);
+  std::printf("data-parallel: worker %d of %d of model '%s' joining through %s\n", f.worker,
+              f.num_workers, options->model.c_str(), f.coordinator.c_str());
+  std::fflush(stdout);
+  TESSERA_ASSIGN_OR_RETURN(out.dp, DataParallel::Join(out.kv.get(), f.data_parallel));
+  std::printf("data-parallel: all %d workers connected (generation %lld)\n", f.num_workers,
+              static_cast<long long>(out.dp->generation()));
+  options->data_parallel = out.dp.get();
+  options->sync_timeout = f.data_parallel.timeout;
+  return out;
+}
+
+// Creates the model's tables (worker 0) or checks them (the others), resumes from its
+// newest checkpoint with --resume and applies --alter_tables. Returns the first step.
+absl::StatusOr<int64_t> PrepareTables(Trainer& trainer, const TrainFlags& f, DenseBackend* dense,
+                                      DataParallel* dp, const TrainerOptions& options) {
+  if (f.worker == 0) {
     // CreateTable of an existing table with the same config is OK (creates are
     // idempotent), so existing tables are looked for first.
     TESSERA_ASSIGN_OR_RETURN(std::string existing, trainer.FirstExistingTable());
-    if (!existing.empty() && !resume) {
+    if (!existing.empty() && !f.resume) {
       return absl::FailedPreconditionError(absl::StrCat(
           "table '", existing, "' already exists: model '", options.model,
           "' has tables; pass --resume=auto to continue it, --model=OTHER to train a new "
@@ -546,222 +667,209 @@ absl::Status Run() {
     }
     // Creates what is missing (all of it on a first run) and checks what exists (tables
     // an operator created with tessera-cli apply, or an earlier run).
-    TESSERA_RETURN_IF_ERROR(trainer.CreateTables(table));
+    TESSERA_RETURN_IF_ERROR(trainer.CreateTables(f.table));
   }
   if (dp != nullptr) {
     // Worker 0 made the tables; the others check them once it has.
-    TESSERA_RETURN_IF_ERROR(Annotate(
-        dp->Barrier(std::chrono::seconds(absl::GetFlag(FLAGS_rendezvous_timeout_s))),
-        "waiting for worker 0 to create the model's tables"));
-    if (worker != 0) TESSERA_RETURN_IF_ERROR(trainer.CheckTables(table));
+    TESSERA_RETURN_IF_ERROR(Annotate(dp->Barrier(f.data_parallel.rendezvous_timeout),
+                                     "waiting for worker 0 to create the model's tables"));
+    if (f.worker != 0) TESSERA_RETURN_IF_ERROR(trainer.CheckTables(f.table));
   }
-  if (resume) {
-    TESSERA_ASSIGN_OR_RETURN(first_step, ResumeWorkers(trainer, dense.get(), dp.get(), options));
+  int64_t first_step = 0;
+  if (f.resume) {
+    TESSERA_ASSIGN_OR_RETURN(first_step, ResumeWorkers(trainer, dense, dp, options));
   }
   // After the resume: its restore brings back the checkpoint's settings.
-  if (options.alter_tables && worker == 0) TESSERA_RETURN_IF_ERROR(trainer.AlterTables(table));
+  if (options.alter_tables && f.worker == 0) {
+    TESSERA_RETURN_IF_ERROR(trainer.AlterTables(f.table));
+  }
+  return first_step;
+}
 
-  int64_t steps = absl::GetFlag(FLAGS_steps);
-  // Declared before the sources that read from them: a source's threads stop (when it is
-  // destroyed, on every return) before what they read goes away.
+// A run's input: the held-out batch and the training batches from any step on. Members
+// are destroyed in reverse order: the source (whose threads read the others) first.
+struct TrainData {
   std::unique_ptr<SyntheticGenerator> generator;
   std::unique_ptr<CriteoReader> opened;  // the first TSV reader, checked at start-up
-  CriteoOptions co;
-  CriteoReader* reader = nullptr;
+  CriteoReader* reader = nullptr;        // the TSV reader in use (owned by the source)
   Batch held_out;
-  std::unique_ptr<BatchSource> source;
   // The batches from step `first` on: a resumed run, or one that went back to a checkpoint
   // after a shard restart, reads what it read then.
   std::function<absl::StatusOr<std::unique_ptr<BatchSource>>(int64_t)> make_source;
-  if (synthetic) {
-    SyntheticConfig sc;
-    sc.num_dense = model.num_dense;
-    sc.seed = seed;
-    sc.zipf_s = absl::GetFlag(FLAGS_zipf);
-    const std::string cards = absl::GetFlag(FLAGS_cardinalities);
-    if (cards.empty()) {
-      sc.cardinalities = DefaultCardinalities(model.num_sparse);
-    } else {
-      for (absl::string_view part : absl::StrSplit(cards, ',', absl::SkipEmpty())) {
-        int64_t c = 0;
-        if (!absl::SimpleAtoi(part, &c)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("--cardinalities: bad value '", part, "'"));
-        }
-        sc.cardinalities.push_back(c);
-      }
-      if (static_cast<int>(sc.cardinalities.size()) != model.num_sparse) {
-        return absl::InvalidArgumentError(absl::StrCat("--cardinalities has ",
-                                                       sc.cardinalities.size(), " values for ",
-                                                       model.num_sparse, " sparse features"));
-      }
-    }
-    TESSERA_ASSIGN_OR_RETURN(generator, SyntheticGenerator::Create(sc));
-    if (steps == 0) steps = 10000;
-    const SyntheticGenerator* gen = generator.get();
-    make_source = [gen, batch_size, steps, num_workers, worker](
-                      int64_t first) -> absl::StatusOr<std::unique_ptr<BatchSource>> {
-      // Batch i is a pure function of i: a resumed run starts at its first step's batch.
-      // Data-parallel worker w trains batches w, w + N, w + 2N, ...
-      return std::unique_ptr<BatchSource>(std::make_unique<ParallelBatchPipeline>(
-          [gen, batch_size, first, num_workers, worker](int64_t index, Batch* b) {
-            gen->MakeBatch((first + index) * num_workers + worker, batch_size, b);
-            return absl::OkStatus();
-          },
-          std::max<int64_t>(0, steps - first), absl::GetFlag(FLAGS_reader_threads),
-          absl::GetFlag(FLAGS_prefetch)));
-    };
-    held_out = generator->MakeHeldOut(absl::GetFlag(FLAGS_held_out));
-    std::printf("data: synthetic, %d dense + %d sparse features, %lld steps of %d, %d held out\n",
-                model.num_dense, model.num_sparse, static_cast<long long>(steps), batch_size,
-                held_out.size);
-  } else {
-    co.num_dense = model.num_dense;
-    co.num_sparse = model.num_sparse;
-    co.epochs = absl::GetFlag(FLAGS_epochs);
-    co.seed = seed;
-    co.held_out_fraction = absl::GetFlag(FLAGS_held_out_fraction);
-    co.num_workers = num_workers;
-    co.worker_index = worker;
-    co.max_held_out = absl::GetFlag(FLAGS_max_held_out);
-    const std::string bad = absl::GetFlag(FLAGS_on_bad_line);
-    if (bad != "skip" && bad != "stop") {
-      return absl::InvalidArgumentError("--on_bad_line must be skip or stop");
-    }
-    co.stop_on_bad_line = bad == "stop";
-    // The held-out split is read first and alone: the training reader's reports follow
-    // its, and with --on_bad_line=stop the first bad line of the file is the one named.
-    HeldOutReport held_report;
-    TESSERA_ASSIGN_OR_RETURN(held_out, CriteoReader::LoadHeldOut(data, co, &held_report));
-    TESSERA_ASSIGN_OR_RETURN(opened, CriteoReader::Open(data, co, batch_size));
-    const std::string files = opened->paths().size() == 1
-                                  ? opened->paths()[0]
-                                  : absl::StrCat(opened->paths().size(), " files");
-    std::printf("data: %s, %d epoch(s), batches of %d, %d held out\n", files.c_str(), co.epochs,
-                batch_size, held_out.size);
-    if (held_report.bad_lines > 0) {
-      std::printf("data: skipped %lld malformed held-out line(s) of %lld\n",
-                  static_cast<long long>(held_report.bad_lines),
-                  static_cast<long long>(held_report.lines_read));
-    }
-    make_source = [&](int64_t first) -> absl::StatusOr<std::unique_ptr<BatchSource>> {
-      std::unique_ptr<CriteoReader> r = std::move(opened);
-      if (r == nullptr) {
-        TESSERA_ASSIGN_OR_RETURN(r, CriteoReader::Open(data, co, batch_size));
-      }
-      reader = r.get();
-      auto prefetching =
-          std::make_unique<PrefetchingSource>(std::move(r), absl::GetFlag(FLAGS_prefetch));
-      if (first > 0) {
-        // The file is read in order: pass over the batches the checkpoint has seen.
-        Batch skipped;
-        for (int64_t i = 0; i < first; ++i) {
-          TESSERA_ASSIGN_OR_RETURN(bool more, prefetching->Next(&skipped));
-          if (!more) break;
-        }
-        std::printf("resume: skipped the %lld batches before step %lld\n",
-                    static_cast<long long>(first), static_cast<long long>(first));
-      }
-      return std::unique_ptr<BatchSource>(std::move(prefetching));
-    };
-  }
-  std::printf("model: '%s' (DLRM) on %s, emb_dim %d, tables %s.C1-C%d on %s, optimizer %s\n",
-              options.model.c_str(), dense->name().c_str(), model.emb_dim, options.model.c_str(),
-              model.num_sparse, where.c_str(), embedding::OptimizerName(opt).c_str());
-  std::fflush(stdout);
+  std::unique_ptr<BatchSource> source;
+};
 
+absl::Status OpenSyntheticData(const TrainFlags& f, TrainData* d) {
+  TESSERA_ASSIGN_OR_RETURN(d->generator, SyntheticGenerator::Create(f.synthetic_data));
+  const SyntheticGenerator* gen = d->generator.get();
+  d->make_source = [gen, &f](int64_t first) -> absl::StatusOr<std::unique_ptr<BatchSource>> {
+    // Batch i is a pure function of i: a resumed run starts at its first step's batch.
+    // Data-parallel worker w trains batches w, w + N, w + 2N, ...
+    const int batch_size = f.batch_size, num_workers = f.num_workers, worker = f.worker;
+    return std::unique_ptr<BatchSource>(std::make_unique<ParallelBatchPipeline>(
+        [gen, batch_size, first, num_workers, worker](int64_t index, Batch* b) {
+          gen->MakeBatch((first + index) * num_workers + worker, batch_size, b);
+          return absl::OkStatus();
+        },
+        std::max<int64_t>(0, f.steps - first), f.reader_threads, f.prefetch));
+  };
+  d->held_out = d->generator->MakeHeldOut(f.held_out);
+  std::printf("data: synthetic, %d dense + %d sparse features, %lld steps of %d, %d held out\n",
+              f.model.num_dense, f.model.num_sparse, static_cast<long long>(f.steps),
+              f.batch_size, d->held_out.size);
+  return absl::OkStatus();
+}
+
+absl::Status OpenFileData(const TrainFlags& f, TrainData* d) {
+  // The held-out split is read first and alone: the training reader's reports follow
+  // its, and with --on_bad_line=stop the first bad line of the file is the one named.
+  HeldOutReport held_report;
+  TESSERA_ASSIGN_OR_RETURN(d->held_out, CriteoReader::LoadHeldOut(f.data, f.criteo, &held_report));
+  TESSERA_ASSIGN_OR_RETURN(d->opened, CriteoReader::Open(f.data, f.criteo, f.batch_size));
+  const std::string files = d->opened->paths().size() == 1
+                                ? d->opened->paths()[0]
+                                : absl::StrCat(d->opened->paths().size(), " files");
+  std::printf("data: %s, %d epoch(s), batches of %d, %d held out\n", files.c_str(),
+              f.criteo.epochs, f.batch_size, d->held_out.size);
+  if (held_report.bad_lines > 0) {
+    std::printf("data: skipped %lld malformed held-out line(s) of %lld\n",
+                static_cast<long long>(held_report.bad_lines),
+                static_cast<long long>(held_report.lines_read));
+  }
+  d->make_source = [d, &f](int64_t first) -> absl::StatusOr<std::unique_ptr<BatchSource>> {
+    std::unique_ptr<CriteoReader> r = std::move(d->opened);
+    if (r == nullptr) {
+      TESSERA_ASSIGN_OR_RETURN(r, CriteoReader::Open(f.data, f.criteo, f.batch_size));
+    }
+    d->reader = r.get();
+    auto prefetching = std::make_unique<PrefetchingSource>(std::move(r), f.prefetch);
+    if (first > 0) {
+      // The file is read in order: pass over the batches the checkpoint has seen.
+      Batch skipped;
+      for (int64_t i = 0; i < first; ++i) {
+        TESSERA_ASSIGN_OR_RETURN(bool more, prefetching->Next(&skipped));
+        if (!more) break;
+      }
+      std::printf("resume: skipped the %lld batches before step %lld\n",
+                  static_cast<long long>(first), static_cast<long long>(first));
+    }
+    return std::unique_ptr<BatchSource>(std::move(prefetching));
+  };
+  return absl::OkStatus();
+}
+
+// What the training legs of a run came to.
+struct Trained {
   TrainResult result;
+  int64_t last_step = 0;  // the step the model is at when training ends
+  int64_t replayed = 0;   // steps trained again after a shard restart
+  int64_t lines_read = 0, bad_lines = 0;  // TSV input
+  bool from_file = false;
+};
+
+// Trains from `first_step` to the end of the input, going back to the newest checkpoint
+// when a shard restarts (up to 10 times).
+absl::StatusOr<Trained> TrainLegs(Trainer& trainer, TrainData* d, DataParallel* dp,
+                                  int64_t steps, int64_t first_step) {
+  Trained out;
   int64_t start = first_step;
-  int64_t last_step = first_step;  // the step the model is at when training ends
-  int64_t replayed = 0;            // steps trained again after a shard restart
+  out.last_step = first_step;
   for (int recoveries = 0;; ++recoveries) {
     if (recoveries > 10) {
       return absl::AbortedError(
           "shards restarted more than 10 times in one run; fix them, then run again with "
           "--resume=auto");
     }
-    source.reset();
-    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> data, make_source(start));
-    source = std::make_unique<StoppableSource>(std::move(data), &stop_requested);
+    d->source.reset();
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> data, d->make_source(start));
+    d->source = std::make_unique<StoppableSource>(std::move(data), &stop_requested);
     // The workers' shares of a file differ by a line or so, and a signal reaches them at
     // different steps: they end together.
-    if (dp != nullptr) source = std::make_unique<AgreedEndSource>(std::move(source), dp.get());
-    TESSERA_ASSIGN_OR_RETURN(TrainResult leg, trainer.Train(source.get(), steps, start));
-    result.steps += leg.steps;
-    result.samples += leg.samples;
-    result.seconds += leg.seconds;
-    last_step = start + leg.steps;
+    if (dp != nullptr) d->source = std::make_unique<AgreedEndSource>(std::move(d->source), dp);
+    TESSERA_ASSIGN_OR_RETURN(TrainResult leg, trainer.Train(d->source.get(), steps, start));
+    out.result.steps += leg.steps;
+    out.result.samples += leg.samples;
+    out.result.seconds += leg.seconds;
+    out.last_step = start + leg.steps;
     if (leg.resume_from < 0) break;
-    replayed += last_step - leg.resume_from;
+    out.replayed += out.last_step - leg.resume_from;
     start = leg.resume_from;  // a shard restarted: the model went back to this checkpoint
   }
   // The reader belongs to the source: what it counted is read before the source goes.
-  const int64_t lines_read = reader != nullptr ? reader->lines_read() : 0;
-  const int64_t bad_lines = reader != nullptr ? reader->bad_lines() : 0;
-  const bool from_file = reader != nullptr;
-  reader = nullptr;
-  source.reset();
-  if (bad_lines > 0) {
+  out.from_file = d->reader != nullptr;
+  out.lines_read = out.from_file ? d->reader->lines_read() : 0;
+  out.bad_lines = out.from_file ? d->reader->bad_lines() : 0;
+  d->reader = nullptr;
+  d->source.reset();
+  if (out.bad_lines > 0) {
     std::printf("data: skipped %lld malformed line(s) of %lld read\n",
-                static_cast<long long>(bad_lines), static_cast<long long>(lines_read));
+                static_cast<long long>(out.bad_lines), static_cast<long long>(out.lines_read));
   }
-  if (stop_requested.load()) {
-    ReportStop(last_step, steps, trainer, options.model);
-    return absl::OkStatus();
-  }
-  if (from_file && steps > 0 && last_step < steps) {
+  return out;
+}
+
+// The end of a run's training: why it trained no step (an error), or what it trained.
+absl::Status ReportTraining(const TrainFlags& f, const Trainer& trainer, const Trained& t,
+                            int64_t first_step) {
+  if (t.from_file && f.steps > 0 && t.last_step < f.steps) {
     std::printf("data: the input ran out at step %lld of --steps=%lld (%lld lines read, "
                 "%d epoch(s)); pass --epochs to go over it again\n",
-                static_cast<long long>(last_step), static_cast<long long>(steps),
-                static_cast<long long>(lines_read), co.epochs);
+                static_cast<long long>(t.last_step), static_cast<long long>(f.steps),
+                static_cast<long long>(t.lines_read), f.criteo.epochs);
   }
-  if (result.steps == 0) {
-    if (from_file) {
+  if (t.result.steps == 0) {
+    if (t.from_file) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "no training step: ", data, " has no valid training line (", lines_read, " read, ",
-          bad_lines, " malformed); check the format (label, ", model.num_dense, " integers, ",
-          model.num_sparse, " hex categoricals, tab-separated; plain or gzip)"));
+          "no training step: ", f.data, " has no valid training line (", t.lines_read,
+          " read, ", t.bad_lines, " malformed); check the format (label, ", f.model.num_dense,
+          " integers, ", f.model.num_sparse,
+          " hex categoricals, tab-separated; plain or gzip)"));
     }
     return absl::InvalidArgumentError(absl::StrCat(
-        "no training step: the run was already at step ", first_step, " of ", steps,
+        "no training step: the run was already at step ", first_step, " of ", f.steps,
         "; pass a larger --steps to train further"));
   }
+  const TrainResult& r = t.result;
   std::printf("trained %lld steps, %lld samples in %.1fs (%.0f samples/s)\n",
-              static_cast<long long>(result.steps), static_cast<long long>(result.samples),
-              result.seconds, result.seconds > 0 ? result.samples / result.seconds : 0.0);
-  if (const StepTimes& t = trainer.step_times(); t.steps > 0) {
-    const double ms = 1e3 / static_cast<double>(t.steps);
+              static_cast<long long>(r.steps), static_cast<long long>(r.samples), r.seconds,
+              r.seconds > 0 ? r.samples / r.seconds : 0.0);
+  if (const StepTimes& s = trainer.step_times(); s.steps > 0) {
+    const double ms = 1e3 / static_cast<double>(s.steps);
     std::printf("per step: lookup %.2f ms, dense %.2f ms, embedding grads %.2f ms, "
                 "allreduce %.2f ms, push %.2f ms, optimizer %.2f ms\n",
-                t.lookup * ms, t.dense * ms, t.grads * ms, t.allreduce * ms, t.push * ms,
-                t.optimizer * ms);
+                s.lookup * ms, s.dense * ms, s.grads * ms, s.allreduce * ms, s.push * ms,
+                s.optimizer * ms);
   }
-  if (replayed > 0) {
+  if (t.replayed > 0) {
     std::printf("(%lld of them trained again after shard restarts sent the model back to its "
                 "checkpoint)\n",
-                static_cast<long long>(replayed));
+                static_cast<long long>(t.replayed));
   }
+  return absl::OkStatus();
+}
 
-  if (dp != nullptr) {
-    // Every worker's dense model must be the same bits: say so, and check it.
-    const uint64_t mine = Fingerprint(dense->Parameters());
-    TESSERA_ASSIGN_OR_RETURN(std::vector<std::string> all,
-                             dp->AllGather(std::string(reinterpret_cast<const char*>(&mine),
-                                                       sizeof(mine))));
-    for (int w = 0; w < num_workers; ++w) {
-      if (all[w] != all[0]) {
-        return absl::InternalError(absl::StrCat(
-            "data-parallel: worker ", w, "'s dense parameters differ from worker 0's"));
-      }
+// Data-parallel: every worker's dense model must be the same bits: says so, and checks it.
+absl::Status CheckWorkersAgree(DataParallel* dp, DenseBackend* dense, int worker) {
+  const uint64_t mine = Fingerprint(dense->Parameters());
+  TESSERA_ASSIGN_OR_RETURN(
+      std::vector<std::string> all,
+      dp->AllGather(std::string(reinterpret_cast<const char*>(&mine), sizeof(mine))));
+  for (int w = 0; w < dp->size(); ++w) {
+    if (all[w] != all[0]) {
+      return absl::InternalError(absl::StrCat(
+          "data-parallel: worker ", w, "'s dense parameters differ from worker 0's"));
     }
-    const double per_step = dp->allreduces() > 0
-                                ? 1e3 * dp->allreduce_seconds() / dp->allreduces()
-                                : 0.0;
-    std::printf("data-parallel: worker %d of %d, dense parameters %016llx on every worker, "
-                "allreduce %.3f ms per step (%lld steps)\n",
-                worker, num_workers, static_cast<unsigned long long>(mine), per_step,
-                static_cast<long long>(dp->allreduces()));
   }
+  const double per_step =
+      dp->allreduces() > 0 ? 1e3 * dp->allreduce_seconds() / dp->allreduces() : 0.0;
+  std::printf("data-parallel: worker %d of %d, dense parameters %016llx on every worker, "
+              "allreduce %.3f ms per step (%lld steps)\n",
+              worker, dp->size(), static_cast<unsigned long long>(mine), per_step,
+              static_cast<long long>(dp->allreduces()));
+  return absl::OkStatus();
+}
+
+absl::Status ReportEvaluation(Trainer& trainer, const Batch& held_out, const Trained& t) {
   TESSERA_ASSIGN_OR_RETURN(EvalResult eval, trainer.Evaluate(held_out));
   if (eval.samples == 0) {
     std::printf("held-out: 0 samples (none held out: no logloss or auc)\n");
@@ -778,9 +886,38 @@ absl::Status Run() {
   }
   trainer.WriteMetrics(absl::StrFormat(
       R"({"event":"eval","step":%d,"samples":%d,"logloss":%.6f,"auc":%.6f%s,"train_seconds":%.3f})",
-      last_step, eval.samples, eval.logloss, eval.auc, teacher_json,
-      result.seconds));
+      t.last_step, eval.samples, eval.logloss, eval.auc, teacher_json, t.result.seconds));
   return absl::OkStatus();
+}
+
+absl::Status Run() {
+  TESSERA_ASSIGN_OR_RETURN(const TrainFlags f, ParseTrainFlags());
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<DenseBackend> dense, MakeDenseBackend(f));
+  TESSERA_ASSIGN_OR_RETURN(TrainTables tables, MakeTables(f));
+  TrainerOptions options = f.options;
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<base::Metrics> metrics,
+                           StartTrainMetrics(tables.tables.get(), &options));
+  TESSERA_ASSIGN_OR_RETURN(Workers workers, JoinWorkers(f, tables.remote, &options));
+  DataParallel* dp = workers.dp.get();
+  Trainer trainer(tables.tables.get(), dense.get(), options);
+  TESSERA_ASSIGN_OR_RETURN(const int64_t first_step,
+                           PrepareTables(trainer, f, dense.get(), dp, options));
+  TrainData data;
+  TESSERA_RETURN_IF_ERROR(f.synthetic ? OpenSyntheticData(f, &data) : OpenFileData(f, &data));
+  std::printf("model: '%s' (DLRM) on %s, emb_dim %d, tables %s.C1-C%d on %s, optimizer %s\n",
+              options.model.c_str(), dense->name().c_str(), f.model.emb_dim,
+              options.model.c_str(), f.model.num_sparse, tables.where.c_str(),
+              embedding::OptimizerName(f.table.optimizer().type()).c_str());
+  std::fflush(stdout);
+  TESSERA_ASSIGN_OR_RETURN(const Trained trained,
+                           TrainLegs(trainer, &data, dp, f.steps, first_step));
+  if (stop_requested.load()) {
+    ReportStop(trained.last_step, f.steps, trainer, options.model);
+    return absl::OkStatus();
+  }
+  TESSERA_RETURN_IF_ERROR(ReportTraining(f, trainer, trained, first_step));
+  if (dp != nullptr) TESSERA_RETURN_IF_ERROR(CheckWorkersAgree(dp, dense.get(), f.worker));
+  return ReportEvaluation(trainer, data.held_out, trained);
 }
 
 }  // namespace
@@ -834,12 +971,12 @@ int main(int argc, char** argv) {
     if (a == "--resume" || a == "-resume") a = "--resume=auto";
     argp.push_back(a.data());
   }
-  tessera::client::ParseCommandLine(static_cast<int>(argp.size()), argp.data(), "tessera-train",
+  tessera::base::ParseCommandLine(static_cast<int>(argp.size()), argp.data(), "tessera-train",
                                    "Trains a DLRM ranking model with Tessera embedding tables.\n"
       "  tessera-train                       synthetic data, 4 in-process shards\n"
       "  tessera-train --data=train.tsv      Criteo-format TSV\n"
       "  tessera-train --coordinator=HOST:PORT --model=NAME --resume=auto");
-  absl::Status s = tessera::server::ConfigureLoggingFromFlags("tessera-train");
+  absl::Status s = tessera::base::ConfigureLoggingFromFlags("tessera-train");
   tessera::trainer::command_line.assign(argv, argv + argc);
   tessera::trainer::InstallStopHandlers();
   if (s.ok()) s = tessera::trainer::Run();

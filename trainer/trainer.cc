@@ -13,7 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "embedding/batch_ops.h"
 #include "embedding/optimizer.h"
-#include "embedding/status.h"
+#include "base/status.h"
 #include "embedding/table_config.h"
 #include "trainer/metrics.h"
 

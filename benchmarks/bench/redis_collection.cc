@@ -18,7 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "embedding/batch_ops.h"
 #include "embedding/embedding_table.h"
-#include "embedding/status.h"
+#include "base/status.h"
 
 namespace tessera::bench {
 namespace {

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "embedding/batch_ops.h"
 #include "embedding/sharding.h"
-#include "embedding/status.h"
+#include "base/status.h"
 #include "embedding/table_config.h"
 
 namespace tessera::embedding_internal {
@@ -56,7 +56,7 @@ void Route(absl::Span<const int64_t> ids, uint64_t seed, int num_shards, Request
 
 }  // namespace
 
-absl::Status InProcessCollection::CreateTable(const v1::TableConfig& config) {
+absl::Status InProcessCollectionImpl::CreateTable(const v1::TableConfig& config) {
   TESSERA_RETURN_IF_ERROR(embedding::ValidateTableConfig(config));
   auto t = std::make_shared<ShardedTable>();
   t->config = config;
@@ -75,7 +75,7 @@ absl::Status InProcessCollection::CreateTable(const v1::TableConfig& config) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::TableConfig> InProcessCollection::AlterTable(
+absl::StatusOr<v1::TableConfig> InProcessCollectionImpl::AlterTable(
     absl::string_view table, const v1::OptimizerConfig& changes) {
   // Exclusive: ListTables copies configs under the shared lock. Calls in flight read a
   // table's dim, seed and name, which do not change, and their optimizer atomically.
@@ -91,14 +91,14 @@ absl::StatusOr<v1::TableConfig> InProcessCollection::AlterTable(
   return t.config;
 }
 
-absl::StatusOr<std::vector<v1::TableConfig>> InProcessCollection::ListTables() const {
+absl::StatusOr<std::vector<v1::TableConfig>> InProcessCollectionImpl::ListTables() const {
   absl::ReaderMutexLock lock(&mu_);
   std::vector<v1::TableConfig> out;
   for (const auto& [name, t] : tables_) out.push_back(t->config);
   return out;
 }
 
-absl::StatusOr<InProcessCollection::TablePtr> InProcessCollection::Find(
+absl::StatusOr<InProcessCollectionImpl::TablePtr> InProcessCollectionImpl::Find(
     absl::string_view table) const {
   absl::ReaderMutexLock lock(&mu_);
   auto it = tables_.find(table);
@@ -108,7 +108,7 @@ absl::StatusOr<InProcessCollection::TablePtr> InProcessCollection::Find(
   return it->second;
 }
 
-absl::Status InProcessCollection::DropTable(absl::string_view table) {
+absl::Status InProcessCollectionImpl::DropTable(absl::string_view table) {
   TablePtr dropped;  // freed after the lock, once the calls that found it are done
   absl::MutexLock lock(&mu_);
   auto it = tables_.find(table);
@@ -120,7 +120,7 @@ absl::Status InProcessCollection::DropTable(absl::string_view table) {
   return absl::OkStatus();
 }
 
-absl::Status InProcessCollection::ExportRows(
+absl::Status InProcessCollectionImpl::ExportRows(
     absl::string_view table, const embedding::ExportOptions& options,
     const std::function<absl::Status(const embedding::RowBlock&)>& sink) {
   TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(table));
@@ -148,7 +148,7 @@ absl::Status InProcessCollection::ExportRows(
   return absl::OkStatus();
 }
 
-absl::Status InProcessCollection::ImportRows(absl::string_view table,
+absl::Status InProcessCollectionImpl::ImportRows(absl::string_view table,
                                              const embedding::RowBlock& rows) {
   TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(table));
   TESSERA_RETURN_IF_ERROR(embedding::CheckRowBlock(t->config.name(), t->config.dim(),
@@ -184,14 +184,14 @@ absl::Status InProcessCollection::ImportRows(absl::string_view table,
   return absl::OkStatus();
 }
 
-const std::vector<std::unique_ptr<EmbeddingTable>>* InProcessCollection::ShardsOf(
+const std::vector<std::unique_ptr<EmbeddingTable>>* InProcessCollectionImpl::ShardsOf(
     absl::string_view table) const {
   // The caller (DurableCollection) holds its own lock across drops.
   absl::StatusOr<TablePtr> t = Find(table);
   return t.ok() ? &(*t)->shards : nullptr;
 }
 
-absl::StatusOr<embedding::TableUsage> InProcessCollection::Usage(absl::string_view table) const {
+absl::StatusOr<embedding::TableUsage> InProcessCollectionImpl::Usage(absl::string_view table) const {
   TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(table));
   embedding::TableUsage usage;
   for (const auto& shard : t->shards) {
@@ -203,7 +203,7 @@ absl::StatusOr<embedding::TableUsage> InProcessCollection::Usage(absl::string_vi
   return usage;
 }
 
-absl::Status InProcessCollection::GatherUnique(ShardedTable& t,
+absl::Status InProcessCollectionImpl::GatherUnique(ShardedTable& t,
                                                absl::Span<const int64_t> unique_ids, float* rows,
                                                bool insert_missing) {
   if (num_shards_ == 1) return t.shards[0]->Lookup(unique_ids, rows, insert_missing);
@@ -226,7 +226,7 @@ absl::Status InProcessCollection::GatherUnique(ShardedTable& t,
   return absl::OkStatus();
 }
 
-absl::Status InProcessCollection::Lookup(absl::string_view table, absl::Span<const int64_t> ids,
+absl::Status InProcessCollectionImpl::Lookup(absl::string_view table, absl::Span<const int64_t> ids,
                                          absl::Span<float> out,
                                          const embedding::LookupOptions& options) {
   TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(table));
@@ -245,7 +245,7 @@ absl::Status InProcessCollection::Lookup(absl::string_view table, absl::Span<con
   return absl::OkStatus();
 }
 
-absl::Status InProcessCollection::PooledLookup(absl::string_view table,
+absl::Status InProcessCollectionImpl::PooledLookup(absl::string_view table,
                                                absl::Span<const int64_t> ids,
                                                absl::Span<const int32_t> offsets,
                                                absl::Span<const float> weights, v1::Pooling pooling,
@@ -267,7 +267,7 @@ absl::Status InProcessCollection::PooledLookup(absl::string_view table,
   return absl::OkStatus();
 }
 
-absl::StatusOr<InProcessCollection::TablePtr> InProcessCollection::CheckedPush(
+absl::StatusOr<InProcessCollectionImpl::TablePtr> InProcessCollectionImpl::CheckedPush(
     absl::string_view table, absl::Span<const int64_t> ids,
     absl::Span<const float> gradients) const {
   TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(table));
@@ -279,14 +279,14 @@ absl::StatusOr<InProcessCollection::TablePtr> InProcessCollection::CheckedPush(
   return t;
 }
 
-absl::Status InProcessCollection::PushGradients(absl::string_view table,
+absl::Status InProcessCollectionImpl::PushGradients(absl::string_view table,
                                                 absl::Span<const int64_t> ids,
                                                 absl::Span<const float> gradients, int64_t step) {
   TESSERA_ASSIGN_OR_RETURN(TablePtr t, CheckedPush(table, ids, gradients));
   return ApplyPush(*t, ids, gradients, step);
 }
 
-absl::Status InProcessCollection::PushBatch(absl::Span<const embedding::TableGradients> tables,
+absl::Status InProcessCollectionImpl::PushBatch(absl::Span<const embedding::TableGradients> tables,
                                             int64_t step, const embedding::PushOptions& options) {
   TESSERA_RETURN_IF_ERROR(embedding::RefuseSync(options));
   std::vector<TablePtr> found;
@@ -303,7 +303,7 @@ absl::Status InProcessCollection::PushBatch(absl::Span<const embedding::TableGra
   return partly;
 }
 
-absl::Status InProcessCollection::ApplyPush(ShardedTable& t, absl::Span<const int64_t> ids,
+absl::Status InProcessCollectionImpl::ApplyPush(ShardedTable& t, absl::Span<const int64_t> ids,
                                             absl::Span<const float> gradients, int64_t step) {
   const int dim = t.config.dim();
   RequestScratch& s = Scratch();
@@ -502,13 +502,13 @@ absl::StatusOr<std::vector<CheckpointInfo>> EmbeddingCollection::ListCheckpoints
 
 namespace tessera::embedding {
 
-absl::StatusOr<std::unique_ptr<EmbeddingCollection>> NewInProcessCollection(int num_shards) {
+absl::StatusOr<std::unique_ptr<InProcessCollection>> NewInProcessCollection(int num_shards) {
   if (num_shards < 1 || num_shards > 4096) {
     return absl::InvalidArgumentError(
         absl::StrCat("in-process shard count must be in [1, 4096], got ", num_shards));
   }
-  return std::unique_ptr<EmbeddingCollection>(
-      new embedding_internal::InProcessCollection(num_shards));
+  return std::unique_ptr<InProcessCollection>(
+      new embedding_internal::InProcessCollectionImpl(num_shards));
 }
 
 }  // namespace tessera::embedding

@@ -9,16 +9,14 @@
 #include "absl/synchronization/mutex.h"
 #include "embedding/collection.h"
 #include "embedding/embedding_table.h"
+#include "embedding/inprocess_collection.h"
 
 namespace tessera::embedding_internal {
 
-// EmbeddingCollection over shards held in this process. A request is deduplicated once,
-// split by ShardOf() into per-shard id lists, served by each shard's EmbeddingTable and
-// merged back in the caller's order. Pooling happens after the merge, over the unique
-// rows in batch order, so results are bit-identical whatever the shard count.
-class InProcessCollection final : public embedding::EmbeddingCollection {
+// embedding::InProcessCollection's implementation (see embedding/inprocess_collection.h).
+class InProcessCollectionImpl final : public embedding::InProcessCollection {
  public:
-  explicit InProcessCollection(int num_shards) : num_shards_(num_shards) {}
+  explicit InProcessCollectionImpl(int num_shards) : num_shards_(num_shards) {}
 
   absl::Status CreateTable(const v1::TableConfig& config) override;
   absl::StatusOr<std::vector<v1::TableConfig>> ListTables() const override;
@@ -44,9 +42,8 @@ class InProcessCollection final : public embedding::EmbeddingCollection {
   absl::Status ImportRows(absl::string_view table, const embedding::RowBlock& rows) override;
   int num_shards() const override { return num_shards_; }
 
-  // The shard tables of `table`, for tests; null when the table is unknown.
   const std::vector<std::unique_ptr<embedding::EmbeddingTable>>* ShardsOf(
-      absl::string_view table) const;
+      absl::string_view table) const override;
 
  private:
   struct ShardedTable {

@@ -6,7 +6,7 @@
 
 #include "embedding/embedding_table.h"
 #include "embedding/internal/stripe.h"
-#include "embedding/status.h"
+#include "base/status.h"
 
 namespace tessera::embedding {
 

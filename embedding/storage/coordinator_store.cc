@@ -7,7 +7,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
-#include "embedding/status.h"
+#include "base/status.h"
 #include "embedding/storage/crc32c.h"
 #include "embedding/storage/files.h"
 

@@ -13,9 +13,8 @@
 #include "absl/strings/str_format.h"
 #include "embedding/batch_ops.h"
 #include "embedding/embedding_table.h"
-#include "embedding/internal/inprocess_collection.h"
 #include "embedding/sharding.h"
-#include "embedding/status.h"
+#include "base/status.h"
 #include "embedding/table_config.h"
 #include "embedding/storage/files.h"
 #include "embedding/storage/internal/row_loader.h"
@@ -233,7 +232,7 @@ absl::StatusOr<std::unique_ptr<DurableCollection>> DurableCollection::Open(
 absl::Status DurableCollection::OpenAndLoad() {
   const auto start = Clock::now();
   TESSERA_ASSIGN_OR_RETURN(store_, options_.open_store(LivePath(), KvStoreOptions()));
-  memory_ = std::make_unique<embedding_internal::InProcessCollection>(options_.num_shards);
+  TESSERA_ASSIGN_OR_RETURN(memory_, embedding::NewInProcessCollection(options_.num_shards));
   tables_.clear();
   next_table_id_ = 1;
   rows_loaded_ = 0;
@@ -267,7 +266,7 @@ absl::Status DurableCollection::LoadRows(const std::string& name, const Table& t
   const bool evicting = t.config.eviction().policy() != v1::EVICTION_NONE;
   if (!evicting) {
     // Every row goes to memory: on all cores.
-    RowLoad load;
+    storage_internal::RowLoad load;
     load.table = name;
     load.table_id = t.id;
     load.seed = t.config.seed();
@@ -278,7 +277,7 @@ absl::Status DurableCollection::LoadRows(const std::string& name, const Table& t
                        absl::StrFormat("%.1f", SecondsSince(start)), " s)"));
     };
     int64_t loaded = 0;
-    absl::Status status = LoadRowsInParallel(*store_, load, shards, &loaded);
+    absl::Status status = storage_internal::LoadRowsInParallel(*store_, load, shards, &loaded);
     rows_loaded_ += loaded;
     return status;
   }

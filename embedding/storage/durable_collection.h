@@ -13,12 +13,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "embedding/collection.h"
+#include "embedding/inprocess_collection.h"
 #include "embedding/storage/checkpoint_manifest.h"
 #include "embedding/storage/kv_store.h"
-
-namespace tessera::embedding_internal {
-class InProcessCollection;
-}
 
 namespace tessera::storage {
 
@@ -178,7 +175,7 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   const DurableOptions options_;
   mutable absl::Mutex mu_;
   std::unique_ptr<KvStore> store_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<embedding_internal::InProcessCollection> memory_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<embedding::InProcessCollection> memory_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Table, std::less<>> tables_ ABSL_GUARDED_BY(mu_);
   uint32_t next_table_id_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t rows_loaded_ ABSL_GUARDED_BY(mu_) = 0;

@@ -9,7 +9,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
-#include "embedding/status.h"
+#include "base/status.h"
 
 namespace tessera::storage {
 namespace {

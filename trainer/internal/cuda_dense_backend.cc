@@ -29,7 +29,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "embedding/status.h"
+#include "base/status.h"
 #include "trainer/dense_backend.h"
 #include "trainer/internal/cuda_dense_kernels.h"
 #include "trainer/internal/dlrm_layout.h"

@@ -10,10 +10,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "embedding/sharding.h"
-#include "embedding/status.h"
+#include "base/status.h"
 #include "embedding/storage/row_codec.h"
 
-namespace tessera::storage {
+namespace tessera::storage_internal {
+
+using storage::KvStore;
+using storage::DecodeRowInto;
+using storage::ParseRowKey;
+using storage::RowPrefix;
 namespace {
 
 constexpr size_t kBatchRows = 4096;
@@ -208,4 +213,4 @@ absl::Status LoadRowsInParallel(
   return scan;
 }
 
-}  // namespace tessera::storage
+}  // namespace tessera::storage_internal

@@ -16,7 +16,9 @@
 #include "embedding/embedding_table.h"
 #include "embedding/storage/kv_store.h"
 
-namespace tessera::storage {
+namespace tessera::storage_internal {
+
+using storage::KvStore;
 
 struct RowLoad {
   std::string table;      // the table's name, for errors
@@ -36,6 +38,6 @@ absl::Status LoadRowsInParallel(
     const KvStore& store, const RowLoad& load,
     const std::vector<std::unique_ptr<embedding::EmbeddingTable>>& shards, int64_t* loaded);
 
-}  // namespace tessera::storage
+}  // namespace tessera::storage_internal
 
 #endif  // TESSERA_EMBEDDING_STORAGE_INTERNAL_ROW_LOADER_H_

@@ -1,11 +1,11 @@
-#ifndef TESSERA_CLIENT_COMMAND_LINE_H_
-#define TESSERA_CLIENT_COMMAND_LINE_H_
+#ifndef TESSERA_BASE_COMMAND_LINE_H_
+#define TESSERA_BASE_COMMAND_LINE_H_
 
 #include <vector>
 
 #include "absl/strings/string_view.h"
 
-namespace tessera::client {
+namespace tessera::base {
 
 // The version every binary prints with --version (the project's CMake version).
 absl::string_view TesseraVersion();
@@ -15,10 +15,10 @@ absl::string_view TesseraVersion();
 // abseil's or gRPC's), --version prints "program version", and `usage` heads the help.
 // Exits on bad flags as absl::ParseCommandLine does; returns the positional arguments
 // (argv[0] first). Also turns off abseil's mutex deadlock detection for the process
-// (embedding::DisableMutexDeadlockDetection): every binary's main() calls this first.
+// (base/process_settings.h): every binary's main() calls this first.
 std::vector<char*> ParseCommandLine(int argc, char** argv, absl::string_view program,
                                     absl::string_view usage);
 
-}  // namespace tessera::client
+}  // namespace tessera::base
 
-#endif  // TESSERA_CLIENT_COMMAND_LINE_H_
+#endif  // TESSERA_BASE_COMMAND_LINE_H_

@@ -1,5 +1,5 @@
-#ifndef TESSERA_CLIENT_PACKED_BYTES_H_
-#define TESSERA_CLIENT_PACKED_BYTES_H_
+#ifndef TESSERA_WIRE_PACKED_BYTES_H_
+#define TESSERA_WIRE_PACKED_BYTES_H_
 
 #include <bit>
 #include <cstdint>
@@ -12,7 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
-namespace tessera::client {
+namespace tessera::wire {
 
 // Packed little-endian arrays in protobuf `bytes` fields (int64 ids, int32 offsets, fp32
 // values): the batched wire form, one memcpy each way instead of a varint per element.
@@ -53,6 +53,6 @@ absl::StatusOr<absl::Span<const T>> PackedSpan(absl::string_view bytes, absl::st
   return absl::Span<const T>(scratch->data(), n);
 }
 
-}  // namespace tessera::client
+}  // namespace tessera::wire
 
-#endif  // TESSERA_CLIENT_PACKED_BYTES_H_
+#endif  // TESSERA_WIRE_PACKED_BYTES_H_

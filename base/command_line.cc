@@ -1,4 +1,4 @@
-#include "client/command_line.h"
+#include "base/command_line.h"
 
 #include <string>
 
@@ -8,17 +8,17 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "embedding/embedding_table.h"
+#include "base/process_settings.h"
 
-namespace tessera::client {
+namespace tessera::base {
 namespace {
 
 // Flags defined in the project's own sources. Each flag knows the file that defined it,
 // compiled in relative to the source tree (-ffile-prefix-map, so no build machine's path
 // shows): "trainer/train_main.cc", where abseil's own are absolute.
 bool IsTesseraSource(absl::string_view file) {
-  for (absl::string_view dir : {"benchmarks/", "client/", "embedding/", "server/", "tools/",
-                                "trainer/", "tests/"}) {
+  for (absl::string_view dir : {"base/", "benchmarks/", "client/", "embedding/", "server/",
+                                "tools/", "trainer/", "tests/", "wire/"}) {
     if (absl::StartsWith(file, dir)) return true;
   }
   return false;
@@ -37,8 +37,8 @@ std::vector<char*> ParseCommandLine(int argc, char** argv, absl::string_view pro
   config.version_string = [name] { return absl::StrCat(name, " ", TESSERA_VERSION, "\n"); };
   absl::SetFlagsUsageConfig(config);
   absl::SetProgramUsageMessage(usage);
-  embedding::DisableMutexDeadlockDetection();
+  DisableMutexDeadlockDetection();
   return absl::ParseCommandLine(argc, argv);
 }
 
-}  // namespace tessera::client
+}  // namespace tessera::base

@@ -1,5 +1,4 @@
-#include "client/grpc_status.h"
-#include "server/metrics.h"
+#include "base/metrics.h"
 
 #include <chrono>
 #include <exception>
@@ -7,15 +6,15 @@
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "embedding/status.h"
-#include "server/logging.h"
+#include "base/status.h"
+#include "base/logging.h"
 
 ABSL_FLAG(int, metrics_port, -1,
           "serve Prometheus metrics at http://--metrics_host:PORT/metrics; 0 picks a port, "
           "-1 = none");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address the metrics endpoint binds");
 
-namespace tessera::server {
+namespace tessera::base {
 namespace {
 
 const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
@@ -155,29 +154,25 @@ std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> Metrics::
 }
 
 void Metrics::ObserveRpc(const std::string& method, grpc::StatusCode code, double seconds) {
-  requests_->Add({{"method", method}, {"code", client::CodeName(code)}}).Increment();
-  latency_->Add({{"method", method}, {"code", client::CodeName(code)}}, LatencyBuckets()).Observe(seconds);
+  requests_->Add({{"method", method}, {"code", CodeName(code)}}).Increment();
+  latency_->Add({{"method", method}, {"code", CodeName(code)}}, LatencyBuckets()).Observe(seconds);
 }
 
-void Metrics::ReadTables(embedding::EmbeddingCollection* tables) {
-  absl::StatusOr<std::vector<v1::TableConfig>> configs = tables->ListTables();
-  if (!configs.ok()) return;
+void Metrics::ReadTables(const std::vector<TableReading>& tables) {
   absl::MutexLock lock(&mu_);
-  for (const v1::TableConfig& c : *configs) {
-    absl::StatusOr<embedding::TableUsage> u = tables->Usage(c.name());
-    if (!u.ok()) continue;
-    const prometheus::Labels table = {{"table", c.name()}};
-    table_rows_->Add(table).Set(static_cast<double>(u->rows));
-    table_bytes_->Add(table).Set(static_cast<double>(u->memory_bytes));
-    // The usage has totals since start; counters move by what is new (and exist at 0).
+  for (const TableReading& t : tables) {
+    const prometheus::Labels table = {{"table", t.table}};
+    table_rows_->Add(table).Set(static_cast<double>(t.rows));
+    table_bytes_->Add(table).Set(static_cast<double>(t.bytes));
+    // Counters move by what is new (and exist at 0).
     auto advance = [&table](prometheus::Family<prometheus::Counter>* family, int64_t* seen,
                             int64_t total) {
       prometheus::Counter& counter = family->Add(table);
       if (total > *seen) counter.Increment(static_cast<double>(total - *seen));
       *seen = std::max(*seen, total);
     };
-    advance(evictions_, &seen_evictions_[c.name()], u->evictions);
-    advance(expirations_, &seen_expirations_[c.name()], u->expirations);
+    advance(evictions_, &seen_evictions_[t.table], t.evictions);
+    advance(expirations_, &seen_expirations_[t.table], t.expirations);
   }
 }
 
@@ -201,4 +196,4 @@ void Metrics::StopWatching() {
   if (watcher_.joinable()) watcher_.join();
 }
 
-}  // namespace tessera::server
+}  // namespace tessera::base

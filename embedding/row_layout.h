@@ -1,19 +1,20 @@
-#ifndef TESSERA_EMBEDDING_INTERNAL_ROW_LAYOUT_H_
-#define TESSERA_EMBEDDING_INTERNAL_ROW_LAYOUT_H_
+#ifndef TESSERA_EMBEDDING_ROW_LAYOUT_H_
+#define TESSERA_EMBEDDING_ROW_LAYOUT_H_
 
 // Where a row's parts sit: [weights (in the table's dtype) | optimizer state (fp32) |
 // StoredMeta], padded to a multiple of 64 bytes. fp32 weights and state are contiguous,
-// so one copy saves both before an update.
+// so one copy saves both before an update. Public: what a row costs in memory is part of
+// a table's contract (benchmarks and capacity plans size tables by RowLayout::stride_floats).
 
 #include <cstdint>
 
 #include "embedding/row_meta.h"
 
-namespace tessera::embedding_internal {
+namespace tessera::embedding {
 
 // What sits after a row's optimizer state: the public RowMeta and a dirty flag.
 struct StoredMeta {
-  embedding::RowMeta meta;
+  RowMeta meta;
   uint32_t dirty = 0;  // 0: clean; else 1 + the row's place in its stripe's dirty list
 };
 
@@ -46,6 +47,6 @@ struct RowLayout {
   }
 };
 
-}  // namespace tessera::embedding_internal
+}  // namespace tessera::embedding
 
-#endif  // TESSERA_EMBEDDING_INTERNAL_ROW_LAYOUT_H_
+#endif  // TESSERA_EMBEDDING_ROW_LAYOUT_H_

@@ -1,10 +1,11 @@
-#ifndef TESSERA_CLIENT_CHECKPOINT_PROTO_H_
-#define TESSERA_CLIENT_CHECKPOINT_PROTO_H_
+#ifndef TESSERA_WIRE_CHECKPOINT_PROTO_H_
+#define TESSERA_WIRE_CHECKPOINT_PROTO_H_
 
 #include "embedding/collection.h"
+#include "embedding/storage/checkpoint_manifest.h"
 #include "tessera/v1/embedding_service.pb.h"
 
-namespace tessera::client {
+namespace tessera::wire {
 
 // embedding::CheckpointInfo <-> its wire form.
 inline void ToProto(const embedding::CheckpointInfo& info, v1::CheckpointInfo* out) {
@@ -25,6 +26,18 @@ inline embedding::CheckpointInfo FromProto(const v1::CheckpointInfo& p) {
   info.created_unix_ms = p.created_unix_ms();
   info.seconds = p.seconds();
   return info;
+}
+
+// A cluster checkpoint's manifest as the coordinator answers it, with the seconds it took.
+inline void ToProto(const storage::CheckpointManifest& m, double seconds,
+                    v1::CheckpointInfo* out) {
+  out->set_model(m.model);
+  out->set_step(m.step);
+  out->set_rows(m.rows);
+  out->set_bytes(m.bytes);
+  out->set_created_unix_ms(m.created_unix_ms);
+  out->set_seconds(seconds);
+  for (const auto& s : m.shards) out->add_shards(s);
 }
 
 // A restore's checks <-> a RestoreRequest's fields (model, required and expected
@@ -48,6 +61,6 @@ inline embedding::RestoreOptions RestoreOptionsOf(const v1::RestoreRequest& r) {
   return o;
 }
 
-}  // namespace tessera::client
+}  // namespace tessera::wire
 
-#endif  // TESSERA_CLIENT_CHECKPOINT_PROTO_H_
+#endif  // TESSERA_WIRE_CHECKPOINT_PROTO_H_

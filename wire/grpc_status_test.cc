@@ -1,8 +1,8 @@
-#include "server/status.h"
+#include "wire/grpc_status.h"
 
 #include "gtest/gtest.h"
 
-namespace tessera::server {
+namespace tessera::wire {
 namespace {
 
 TEST(ToGrpcStatus, KeepsEveryCodeAndTheMessage) {
@@ -28,5 +28,14 @@ TEST(ToGrpcStatus, KeepsEveryCodeAndTheMessage) {
   EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
 }
 
+TEST(FromGrpcStatus, IsTheInverseOfToGrpcStatus) {
+  for (int code = 0; code <= 16; ++code) {
+    const absl::Status s(static_cast<absl::StatusCode>(code), code == 0 ? "" : "shard 2: gone");
+    EXPECT_EQ(FromGrpcStatus(ToGrpcStatus(s)), s) << code;
+  }
+  EXPECT_EQ(FromGrpcStatus(grpc::Status(grpc::StatusCode::NOT_FOUND, "table 'ads' not found")),
+            absl::NotFoundError("table 'ads' not found"));
+}
+
 }  // namespace
-}  // namespace tessera::server
+}  // namespace tessera::wire

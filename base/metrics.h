@@ -1,5 +1,5 @@
-#ifndef TESSERA_SERVER_METRICS_H_
-#define TESSERA_SERVER_METRICS_H_
+#ifndef TESSERA_BASE_METRICS_H_
+#define TESSERA_BASE_METRICS_H_
 
 #include <atomic>
 #include <chrono>
@@ -11,7 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "embedding/collection.h"
+#include <vector>
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "prometheus/counter.h"
@@ -20,7 +20,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 
-namespace tessera::server {
+namespace tessera::base {
 
 // The Prometheus metrics of one process, served as text at http://<host>:<port>/metrics
 // (prometheus-cpp's exposer). Every metric is named tessera_* and labelled with the
@@ -34,6 +34,31 @@ namespace tessera::server {
 //   tessera_train_samples_per_second, _loss, _step, _samples   (tessera-train's progress,
 //                                                  registered in trainer/train_main.cc)
 class Metrics;
+
+// One table's size and totals since the process started, as Metrics::ReadTables takes them.
+struct TableReading {
+  std::string table;
+  int64_t rows = 0;
+  int64_t bytes = 0;
+  int64_t evictions = 0;
+  int64_t expirations = 0;
+};
+
+// Readings of every table of `tables`, an embedding::EmbeddingCollection (taken by shape so
+// that base/ stays beneath the embedding library): tables it cannot read are left out.
+template <typename Collection>
+std::vector<TableReading> ReadingsOf(Collection* tables) {
+  std::vector<TableReading> out;
+  auto configs = tables->ListTables();
+  if (!configs.ok()) return out;
+  for (const auto& config : *configs) {
+    auto usage = tables->Usage(config.name());
+    if (!usage.ok()) continue;
+    out.push_back({config.name(), usage->rows, usage->memory_bytes, usage->evictions,
+                   usage->expirations});
+  }
+  return out;
+}
 
 // From --metrics_port (-1, the default: none, and null is returned; 0 picks a port) and
 // --metrics_host (127.0.0.1), with a log line naming where. Unavailable when it cannot
@@ -58,8 +83,9 @@ class Metrics {
   // change (table sizes, shard health). One watcher per Metrics.
   void Watch(std::function<void(Metrics&)> read, std::chrono::milliseconds interval);
   void StopWatching();
-  // One reading of the table metrics now.
-  void ReadTables(embedding::EmbeddingCollection* tables);
+  // One reading of the table metrics now: gauges are set, counters move by what each
+  // total gained since the last reading.
+  void ReadTables(const std::vector<TableReading>& tables);
 
   void ObserveRpc(const std::string& method, grpc::StatusCode code, double seconds);
   prometheus::Gauge& in_flight() { return *in_flight_; }
@@ -85,6 +111,6 @@ class Metrics {
   std::thread watcher_;
 };
 
-}  // namespace tessera::server
+}  // namespace tessera::base
 
-#endif  // TESSERA_SERVER_METRICS_H_
+#endif  // TESSERA_BASE_METRICS_H_

@@ -1,5 +1,5 @@
-#ifndef TESSERA_SERVER_LOGGING_H_
-#define TESSERA_SERVER_LOGGING_H_
+#ifndef TESSERA_BASE_LOGGING_H_
+#define TESSERA_BASE_LOGGING_H_
 
 #include <memory>
 #include <string>
@@ -10,7 +10,7 @@
 #include "grpcpp/support/server_interceptor.h"
 #include "spdlog/spdlog.h"
 
-namespace tessera::server {
+namespace tessera::base {
 
 // Structured logs on stderr through spdlog: every line has a time, a level, the process
 // and key=value fields (or one JSON object per line with format "json").
@@ -42,6 +42,9 @@ class LogFields {
   std::vector<std::pair<std::string, std::string>> fields_;
 };
 
+// "NOT_FOUND", ...: gRPC's codes are the canonical codes absl names (the same numbering).
+std::string CodeName(grpc::StatusCode code);
+
 // Logs one message with fields at `level`.
 void Log(spdlog::level::level_enum level, const std::string& message, const LogFields& fields);
 
@@ -54,6 +57,6 @@ void Log(spdlog::level::level_enum level, const std::string& message, const LogF
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> RpcLogInterceptors(
     int shard_index);
 
-}  // namespace tessera::server
+}  // namespace tessera::base
 
-#endif  // TESSERA_SERVER_LOGGING_H_
+#endif  // TESSERA_BASE_LOGGING_H_

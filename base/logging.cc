@@ -1,5 +1,4 @@
-#include "client/grpc_status.h"
-#include "server/logging.h"
+#include "base/logging.h"
 
 #include <atomic>
 #include <chrono>
@@ -16,7 +15,7 @@ ABSL_FLAG(std::string, log_level, "info",
           "log level: trace, debug (every RPC), info, warn (failed calls), error, off");
 ABSL_FLAG(std::string, log_format, "text", "log lines as text (logfmt) or json");
 
-namespace tessera::server {
+namespace tessera::base {
 namespace {
 
 std::atomic<bool> json_format{false};
@@ -114,7 +113,7 @@ class RpcLogInterceptor final : public grpc::experimental::Interceptor {
                                                               : spdlog::level::warn;
       if (spdlog::should_log(level)) {
         LogFields f;
-        f.Add("method", info_->method()).Add("code", client::CodeName(status.error_code()));
+        f.Add("method", info_->method()).Add("code", CodeName(status.error_code()));
         if (!table_.empty()) f.Add("table", table_);
         if (shard_ >= 0) f.Add("shard", shard_);
         f.Add("request", request_id_)
@@ -199,6 +198,10 @@ std::string LogFields::Render() const {
   return out;
 }
 
+std::string CodeName(grpc::StatusCode code) {
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
+}
+
 void Log(spdlog::level::level_enum level, const std::string& message, const LogFields& fields) {
   LogFields all;
   all.Add("msg", message);
@@ -212,4 +215,4 @@ std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> RpcLogInt
   return std::make_unique<RpcLogInterceptorFactory>(shard_index);
 }
 
-}  // namespace tessera::server
+}  // namespace tessera::base

@@ -1,17 +1,17 @@
-#ifndef TESSERA_CLIENT_ROW_CHUNK_H_
-#define TESSERA_CLIENT_ROW_CHUNK_H_
+#ifndef TESSERA_WIRE_ROW_CHUNK_H_
+#define TESSERA_WIRE_ROW_CHUNK_H_
 
 #include <cstdint>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "client/packed_bytes.h"
+#include "wire/packed_bytes.h"
 #include "embedding/collection.h"
-#include "embedding/status.h"
+#include "base/status.h"
 #include "tessera/v1/embedding_service.pb.h"
 
-namespace tessera::client {
+namespace tessera::wire {
 
 // embedding::RowBlock <-> its wire form (packed little-endian arrays).
 inline void ToChunk(const embedding::RowBlock& b, v1::RowChunk* out) {
@@ -46,6 +46,6 @@ inline absl::StatusOr<embedding::RowBlock> FromChunk(const v1::RowChunk& c) {
   return b;
 }
 
-}  // namespace tessera::client
+}  // namespace tessera::wire
 
-#endif  // TESSERA_CLIENT_ROW_CHUNK_H_
+#endif  // TESSERA_WIRE_ROW_CHUNK_H_

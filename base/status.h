@@ -1,5 +1,5 @@
-#ifndef TESSERA_EMBEDDING_STATUS_H_
-#define TESSERA_EMBEDDING_STATUS_H_
+#ifndef TESSERA_BASE_STATUS_H_
+#define TESSERA_BASE_STATUS_H_
 
 #include <string>
 #include <utility>
@@ -60,4 +60,4 @@ inline absl::Status SetAsidePartlyApplied(absl::Status status, absl::Status* fir
   if (!var.ok()) return std::move(var).status();       \
   lhs = std::move(var).value()
 
-#endif  // TESSERA_EMBEDDING_STATUS_H_
+#endif  // TESSERA_BASE_STATUS_H_
