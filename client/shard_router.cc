@@ -8,20 +8,20 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "client/grpc_status.h"
-#include "client/packed_bytes.h"
-#include "client/row_chunk.h"
-#include "client/sync_group.h"
+#include "wire/grpc_status.h"
+#include "wire/packed_bytes.h"
+#include "wire/row_chunk.h"
+#include "wire/push_proto.h"
 #include "embedding/batch_ops.h"
 #include "embedding/sharding.h"
-#include "embedding/status.h"
+#include "base/status.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 
 namespace tessera::client {
 
 absl::Status FromShardStatus(const grpc::Status& status, int shard, const std::string& address) {
-  return Annotate(FromGrpcStatus(status), absl::StrCat("shard ", shard, " (", address, ")"));
+  return Annotate(wire::FromGrpcStatus(status), absl::StrCat("shard ", shard, " (", address, ")"));
 }
 
 ShardRouter::ShardRouter(std::vector<std::string> addresses, const RouterOptions& options)
@@ -327,7 +327,7 @@ absl::Status ShardRouter::ImportRows(const v1::TableConfig& config,
     work[k] = true;
     reqs[k].set_table(config.name());
     reqs[k].set_shard_map_version(version_.load());
-    ToChunk(parts[k], reqs[k].mutable_rows());
+    wire::ToChunk(parts[k], reqs[k].mutable_rows());
   }
   std::vector<v1::ImportRowsResponse> resps(shards);
   const std::vector<grpc::Status> statuses = CallShardsWithRetries(
@@ -375,6 +375,129 @@ absl::Status ShardRouter::CreateTableOn(int k, const v1::TableConfig& config) {
   return FromShardStatus(stubs_[k]->Get()->CreateTable(ctx.get(), req, &resp), k, addresses_[k]);
 }
 
+void ShardRouter::AddUniqueIds(Scratch& s, size_t p, const v1::TableConfig& config,
+                               std::vector<bool>& work) {
+  const int shards = num_shards();
+  const size_t num_parts = s.part_index.size() / shards;
+  const PartPlan& plan = s.parts[p];
+  auto& reqs = s.lookups;
+  s.ids_out.assign(shards, nullptr);
+  for (int k = 0; k < shards; ++k) {
+    if (plan.count[k] == 0) continue;
+    s.part_index[k * num_parts + p] = reqs[k].tables_size();
+    v1::TableLookup* t = reqs[k].add_tables();
+    t->set_table(config.name());
+    s.ids_out[k] = wire::ResizePacked<int64_t>(t->mutable_ids(), plan.count[k]);
+    work[k] = true;
+  }
+  for (size_t u = 0; u < plan.unique.size(); ++u) {
+    s.ids_out[plan.shard_of[u]][plan.slot[u]] = plan.unique[u];
+  }
+}
+
+void ShardRouter::AddShardBags(Scratch& s, size_t p, const v1::TableConfig& config,
+                               const embedding::TableBags& part, std::vector<bool>& work) {
+  const int shards = num_shards();
+  const size_t num_parts = s.part_index.size() / shards;
+  const size_t bags = part.offsets.size() - 1;
+  PartPlan& plan = s.parts[p];
+  auto& reqs = s.lookups;
+  // Per shard: its ids of every bag in bag order, their weights, and bags+1 offsets.
+  std::vector<std::vector<int64_t>> ids(shards);
+  std::vector<std::vector<float>> weights(shards);
+  std::vector<std::vector<int32_t>> offsets(shards, std::vector<int32_t>{0});
+  plan.shard_of.resize(part.ids.size());
+  for (size_t i = 0; i < part.ids.size(); ++i) {
+    plan.shard_of[i] = embedding::ShardOf(part.ids[i], config.seed(), shards);
+  }
+  for (size_t b = 0; b < bags; ++b) {
+    for (int32_t i = part.offsets[b]; i < part.offsets[b + 1]; ++i) {
+      ids[plan.shard_of[i]].push_back(part.ids[i]);
+      if (!part.weights.empty()) weights[plan.shard_of[i]].push_back(part.weights[i]);
+    }
+    for (int k = 0; k < shards; ++k) offsets[k].push_back(static_cast<int32_t>(ids[k].size()));
+  }
+  for (int k = 0; k < shards; ++k) {
+    if (ids[k].empty()) continue;
+    s.part_index[k * num_parts + p] = reqs[k].tables_size();
+    v1::TableLookup* t = reqs[k].add_tables();
+    t->set_table(config.name());
+    t->set_pooling(v1::SUM);  // MEAN is applied here, over the whole bag
+    wire::SetPacked<int64_t>(ids[k], t->mutable_ids());
+    wire::SetPacked<int32_t>(offsets[k], t->mutable_offsets());
+    wire::SetPacked<float>(weights[k], t->mutable_weights());
+    work[k] = true;
+  }
+}
+
+absl::StatusOr<const char*> ShardRouter::LookupAnswer(const Scratch& s, int k, size_t p,
+                                                      size_t num_parts, size_t rows,
+                                                      const v1::TableConfig& config) const {
+  const int dim = config.dim();
+  const int idx = s.part_index[k * num_parts + p];
+  const auto& resp = s.lookup_responses[k];
+  if (idx >= resp.tables_size() || resp.tables(idx).dim() != dim ||
+      resp.tables(idx).values().size() != rows * dim * sizeof(float)) {
+    return absl::InternalError(absl::StrCat("shard ", k, " (", addresses_[k],
+                                            "): answer for table '", config.name(), "' is not ",
+                                            rows, " rows of dim ", dim));
+  }
+  return resp.tables(idx).values().data();
+}
+
+absl::Status ShardRouter::MergeShardBags(const Scratch& s, size_t p, size_t num_parts,
+                                         const v1::TableConfig& config,
+                                         const embedding::TableBags& part) {
+  const int dim = config.dim();
+  const size_t bags = part.offsets.size() - 1;
+  std::fill(part.out.begin(), part.out.end(), 0.0f);
+  std::vector<float> partial(bags * dim);
+  for (int k = 0; k < num_shards(); ++k) {
+    if (s.part_index[k * num_parts + p] < 0) continue;
+    TESSERA_ASSIGN_OR_RETURN(const char* values, LookupAnswer(s, k, p, num_parts, bags, config));
+    std::memcpy(partial.data(), values, bags * dim * sizeof(float));
+    for (size_t j = 0; j < bags * dim; ++j) part.out[j] += partial[j];
+  }
+  if (part.pooling == v1::MEAN) {
+    for (size_t b = 0; b < bags; ++b) {
+      const int n = part.offsets[b + 1] - part.offsets[b];
+      if (n == 0) continue;
+      for (int j = 0; j < dim; ++j) part.out[b * dim + j] /= static_cast<float>(n);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardRouter::MergeUniqueRows(Scratch& s, size_t p, size_t num_parts,
+                                          const v1::TableConfig& config,
+                                          const embedding::TableBags& part) {
+  const int shards = num_shards();
+  const int dim = config.dim();
+  const size_t row_bytes = dim * sizeof(float);
+  PartPlan& plan = s.parts[p];
+  s.values_in.assign(shards, nullptr);
+  for (int k = 0; k < shards; ++k) {
+    if (s.part_index[k * num_parts + p] < 0) continue;
+    TESSERA_ASSIGN_OR_RETURN(s.values_in[k],
+                             LookupAnswer(s, k, p, num_parts, plan.count[k], config));
+  }
+  plan.rows.resize(plan.unique.size() * dim);
+  for (size_t u = 0; u < plan.unique.size(); ++u) {
+    std::memcpy(plan.rows.data() + u * dim,
+                s.values_in[plan.shard_of[u]] + plan.slot[u] * row_bytes, row_bytes);
+  }
+  if (part.offsets.empty()) {
+    for (size_t i = 0; i < part.ids.size(); ++i) {
+      std::copy_n(plan.rows.data() + static_cast<size_t>(plan.inverse[i]) * dim, dim,
+                  part.out.data() + i * dim);
+    }
+  } else {
+    embedding::PoolBags(plan.rows.data(), dim, plan.inverse, part.offsets, part.weights,
+                        part.pooling, part.out.data());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ShardRouter::LookupBatch(absl::Span<const v1::TableConfig> configs,
                                       absl::Span<const embedding::TableBags> parts,
                                       bool read_only) {
@@ -384,7 +507,6 @@ absl::Status ShardRouter::LookupBatch(absl::Span<const v1::TableConfig> configs,
   s->parts.resize(std::max(s->parts.size(), num_parts));
   s->part_index.assign(static_cast<size_t>(shards) * num_parts, -1);
   auto& reqs = s->lookups;
-  auto& resps = s->lookup_responses;
   for (int k = 0; k < shards; ++k) {
     reqs[k].Clear();
     reqs[k].set_read_only(read_only);
@@ -393,53 +515,15 @@ absl::Status ShardRouter::LookupBatch(absl::Span<const v1::TableConfig> configs,
   std::vector<bool> work(shards, false);
   for (size_t p = 0; p < num_parts; ++p) {
     const embedding::TableBags& part = parts[p];
-    const v1::TableConfig& config = configs[p];
     PartPlan& plan = s->parts[p];
     const bool pooled = !part.offsets.empty();
-    const size_t bags = pooled ? part.offsets.size() - 1 : 0;
-    Place(config, part.ids, &plan);
+    Place(configs[p], part.ids, &plan);
     // Bags of many ids: each shard pools its share, so only pooled vectors travel.
-    plan.shard_pools = pooled && plan.unique.size() > bags;
-    if (!plan.shard_pools) {
-      s->ids_out.assign(shards, nullptr);
-      for (int k = 0; k < shards; ++k) {
-        if (plan.count[k] == 0) continue;
-        s->part_index[k * num_parts + p] = reqs[k].tables_size();
-        v1::TableLookup* t = reqs[k].add_tables();
-        t->set_table(config.name());
-        s->ids_out[k] = client::ResizePacked<int64_t>(t->mutable_ids(), plan.count[k]);
-        work[k] = true;
-      }
-      for (size_t u = 0; u < plan.unique.size(); ++u) {
-        s->ids_out[plan.shard_of[u]][plan.slot[u]] = plan.unique[u];
-      }
-      continue;
-    }
-    // Per shard: its ids of every bag in bag order, their weights, and bags+1 offsets.
-    std::vector<std::vector<int64_t>> ids(shards);
-    std::vector<std::vector<float>> weights(shards);
-    std::vector<std::vector<int32_t>> offsets(shards, std::vector<int32_t>{0});
-    plan.shard_of.resize(part.ids.size());
-    for (size_t i = 0; i < part.ids.size(); ++i) {
-      plan.shard_of[i] = embedding::ShardOf(part.ids[i], config.seed(), shards);
-    }
-    for (size_t b = 0; b < bags; ++b) {
-      for (int32_t i = part.offsets[b]; i < part.offsets[b + 1]; ++i) {
-        ids[plan.shard_of[i]].push_back(part.ids[i]);
-        if (!part.weights.empty()) weights[plan.shard_of[i]].push_back(part.weights[i]);
-      }
-      for (int k = 0; k < shards; ++k) offsets[k].push_back(static_cast<int32_t>(ids[k].size()));
-    }
-    for (int k = 0; k < shards; ++k) {
-      if (ids[k].empty()) continue;
-      s->part_index[k * num_parts + p] = reqs[k].tables_size();
-      v1::TableLookup* t = reqs[k].add_tables();
-      t->set_table(config.name());
-      t->set_pooling(v1::SUM);  // MEAN is applied here, over the whole bag
-      client::SetPacked<int64_t>(ids[k], t->mutable_ids());
-      client::SetPacked<int32_t>(offsets[k], t->mutable_offsets());
-      client::SetPacked<float>(weights[k], t->mutable_weights());
-      work[k] = true;
+    plan.shard_pools = pooled && plan.unique.size() > part.offsets.size() - 1;
+    if (plan.shard_pools) {
+      AddShardBags(*s, p, configs[p], part, work);
+    } else {
+      AddUniqueIds(*s, p, configs[p], work);
     }
   }
   const std::vector<grpc::Status> statuses = CallShardsWithRetries(
@@ -447,64 +531,14 @@ absl::Status ShardRouter::LookupBatch(absl::Span<const v1::TableConfig> configs,
       [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
         return stubs_[k]->Get()->PrepareAsyncBatchLookup(ctx, reqs[k], queue);
       },
-      &resps, options_.deadline, /*reprovision=*/true);
+      &s->lookup_responses, options_.deadline, /*reprovision=*/true);
   for (int k = 0; k < shards; ++k) {
     if (work[k] && !statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
   }
-  // The answer of shard k for part p, checked for its shape.
-  auto answer = [&](int k, size_t p, size_t rows, int dim) -> absl::StatusOr<const char*> {
-    const int idx = s->part_index[k * num_parts + p];
-    if (idx >= resps[k].tables_size() || resps[k].tables(idx).dim() != dim ||
-        resps[k].tables(idx).values().size() != rows * dim * sizeof(float)) {
-      return absl::InternalError(absl::StrCat("shard ", k, " (", addresses_[k],
-                                              "): answer for table '", configs[p].name(),
-                                              "' is not ", rows, " rows of dim ", dim));
-    }
-    return resps[k].tables(idx).values().data();
-  };
   for (size_t p = 0; p < num_parts; ++p) {
-    const embedding::TableBags& part = parts[p];
-    PartPlan& plan = s->parts[p];
-    const int dim = configs[p].dim();
-    const size_t row_bytes = dim * sizeof(float);
-    if (plan.shard_pools) {
-      const size_t bags = part.offsets.size() - 1;
-      std::fill(part.out.begin(), part.out.end(), 0.0f);
-      std::vector<float> partial(bags * dim);
-      for (int k = 0; k < shards; ++k) {
-        if (s->part_index[k * num_parts + p] < 0) continue;
-        TESSERA_ASSIGN_OR_RETURN(const char* values, answer(k, p, bags, dim));
-        std::memcpy(partial.data(), values, bags * row_bytes);
-        for (size_t j = 0; j < bags * dim; ++j) part.out[j] += partial[j];
-      }
-      if (part.pooling == v1::MEAN) {
-        for (size_t b = 0; b < bags; ++b) {
-          const int n = part.offsets[b + 1] - part.offsets[b];
-          if (n == 0) continue;
-          for (int j = 0; j < dim; ++j) part.out[b * dim + j] /= static_cast<float>(n);
-        }
-      }
-      continue;
-    }
-    s->values_in.assign(shards, nullptr);
-    for (int k = 0; k < shards; ++k) {
-      if (s->part_index[k * num_parts + p] < 0) continue;
-      TESSERA_ASSIGN_OR_RETURN(s->values_in[k], answer(k, p, plan.count[k], dim));
-    }
-    plan.rows.resize(plan.unique.size() * dim);
-    for (size_t u = 0; u < plan.unique.size(); ++u) {
-      std::memcpy(plan.rows.data() + u * dim,
-                  s->values_in[plan.shard_of[u]] + plan.slot[u] * row_bytes, row_bytes);
-    }
-    if (part.offsets.empty()) {
-      for (size_t i = 0; i < part.ids.size(); ++i) {
-        std::copy_n(plan.rows.data() + static_cast<size_t>(plan.inverse[i]) * dim, dim,
-                    part.out.data() + i * dim);
-      }
-    } else {
-      embedding::PoolBags(plan.rows.data(), dim, plan.inverse, part.offsets, part.weights,
-                          part.pooling, part.out.data());
-    }
+    TESSERA_RETURN_IF_ERROR(s->parts[p].shard_pools
+                                ? MergeShardBags(*s, p, num_parts, configs[p], parts[p])
+                                : MergeUniqueRows(*s, p, num_parts, configs[p], parts[p]));
   }
   return absl::OkStatus();
 }
@@ -532,9 +566,8 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
     reqs[k].Clear();
     reqs[k].set_step(step);
     reqs[k].set_shard_map_version(version_.load());
-    reqs[k].mutable_request_id()->set_client_id(id.client_id);
-    reqs[k].mutable_request_id()->set_sequence(id.sequence);
-    if (sync.active()) SetSyncGroup(sync, reqs[k].mutable_sync());
+    wire::ToProto(id, reqs[k].mutable_request_id());
+    if (sync.active()) wire::ToProto(sync, reqs[k].mutable_sync());
   }
   // In a sync group every shard takes part in every step.
   std::vector<bool> work(shards, sync.active());
@@ -550,8 +583,8 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
       s->part_index[k * num_parts + p] = reqs[k].tables_size();
       v1::TableGradients* t = reqs[k].add_tables();
       t->set_table(configs[p].name());
-      s->ids_out[k] = client::ResizePacked<int64_t>(t->mutable_ids(), plan.count[k]);
-      grads[k] = client::ResizePacked<float>(t->mutable_gradients(),
+      s->ids_out[k] = wire::ResizePacked<int64_t>(t->mutable_ids(), plan.count[k]);
+      grads[k] = wire::ResizePacked<float>(t->mutable_gradients(),
                                              static_cast<size_t>(plan.count[k]) * dim);
       std::fill_n(grads[k], static_cast<size_t>(plan.count[k]) * dim, 0.0f);
       work[k] = true;
@@ -583,7 +616,7 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
       [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
         return stubs_[k]->Get()->PrepareAsyncBatchPush(ctx, reqs[k], queue);
       },
-      &resps, sync.active() ? SyncDeadline(sync, options_.deadline) : options_.deadline,
+      &resps, sync.active() ? wire::SyncDeadline(sync, options_.deadline) : options_.deadline,
       /*reprovision=*/true);
   for (int k = 0; k < shards; ++k) {
     if (work[k] && !statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);

@@ -181,6 +181,22 @@ class ShardRouter {
   // shard: shard_of, slot and count.
   void Place(const v1::TableConfig& config, absl::Span<const int64_t> ids, PartPlan* plan) const;
 
+  // LookupBatch's stages. Part p of a batch goes into the shards' requests either as its
+  // unique ids (each shard answers rows) or, for bags of many ids, as each shard's share
+  // of every bag (each shard answers pooled partial sums); `work[k]`: shard k has a part.
+  void AddUniqueIds(Scratch& s, size_t p, const v1::TableConfig& config, std::vector<bool>& work);
+  void AddShardBags(Scratch& s, size_t p, const v1::TableConfig& config,
+                    const embedding::TableBags& part, std::vector<bool>& work);
+  // Shard k's answer for part p, checked to hold `rows` rows of `dim`.
+  absl::StatusOr<const char*> LookupAnswer(const Scratch& s, int k, size_t p, size_t num_parts,
+                                           size_t rows, const v1::TableConfig& config) const;
+  // Part p's output from the answers: the shards' partial sums added (and divided for
+  // MEAN), or the unique rows gathered, then copied or pooled into part.out.
+  absl::Status MergeShardBags(const Scratch& s, size_t p, size_t num_parts,
+                              const v1::TableConfig& config, const embedding::TableBags& part);
+  absl::Status MergeUniqueRows(Scratch& s, size_t p, size_t num_parts,
+                               const v1::TableConfig& config, const embedding::TableBags& part);
+
   std::unique_ptr<grpc::ClientContext> NewContext(std::chrono::milliseconds deadline) const;
   std::unique_ptr<grpc::ClientContext> NewContext() const { return NewContext(options_.deadline); }
   // Starts the call `prepare(k, context, queue)` for every shard with `has_work(k)`, all in

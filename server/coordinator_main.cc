@@ -7,7 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "client/command_line.h"
+#include "base/command_line.h"
+#include "base/logging.h"
+#include "base/metrics.h"
+#include "base/status.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -42,31 +45,14 @@ ABSL_FLAG(int, shard_retries, 4,
           "retries of a shard call that fails UNAVAILABLE or DEADLINE_EXCEEDED, with backoff, "
           "before the coordinator answers with that error");
 
-int main(int argc, char** argv) {
-  tessera::client::ParseCommandLine(argc, argv, "tessera-coordinator",
-                                   "Routes Tessera lookups and pushes to shards: --shards=127.0.0.1:7001,127.0.0.1:7002");
-  if (absl::Status s = tessera::server::ConfigureLoggingFromFlags("tessera-coordinator"); !s.ok()) {
-    std::cerr << "tessera-coordinator: " << s.message() << "\n";
-    return 1;
-  }
-  std::vector<std::string> shards =
-      absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty());
-  if (shards.empty()) {
-    std::cerr << "tessera-coordinator: --shards is required (host:port,...)\n";
-    return 1;
-  }
-  absl::StatusOr<tessera::server::ServerSecurity> security =
-      tessera::server::ServerSecurityFromFlags();
-  absl::StatusOr<tessera::client::ClientSecurity> to_shards =
-      tessera::client::ClientSecurityFromFlags();
-  for (const absl::Status& s : {security.status(), to_shards.status()}) {
-    if (!s.ok()) {
-      std::cerr << "tessera-coordinator: " << s.message() << "\n";
-      return 1;
-    }
-  }
-  tessera::client::RouterOptions ro;
-  ro.security = *to_shards;
+namespace tessera::server {
+namespace {
+
+// The router's options from the flags. InvalidArgument for --shard_retries out of range.
+absl::StatusOr<client::RouterOptions> RouterOptionsFromFlags(
+    const client::ClientSecurity& to_shards) {
+  client::RouterOptions ro;
+  ro.security = to_shards;
   ro.deadline = std::chrono::milliseconds(absl::GetFlag(FLAGS_shard_deadline_ms));
   ro.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   ro.shard_map_version = absl::GetFlag(FLAGS_shard_map_version);
@@ -75,90 +61,116 @@ int main(int argc, char** argv) {
   // call fail only if it stays down.
   ro.max_retries = absl::GetFlag(FLAGS_shard_retries);
   if (ro.max_retries < 0 || ro.max_retries > 100) {
-    std::cerr << "tessera-coordinator: --shard_retries must be in [0, 100], got "
-              << ro.max_retries << "\n";
-    return 1;
+    return absl::InvalidArgumentError(
+        absl::StrCat("--shard_retries must be in [0, 100], got ", ro.max_retries));
   }
-  tessera::client::ShardRouter router(shards, ro);
-  tessera::server::CoordinatorOptions co;
+  return ro;
+}
+
+// The coordinator's record in `data_dir` (tables, checkpoints), with this start's shard
+// list and map version saved in it.
+absl::StatusOr<std::unique_ptr<storage::CoordinatorStore>> OpenStore(
+    const std::string& data_dir, const std::vector<std::string>& shards, uint64_t version) {
+  auto opened = storage::CoordinatorStore::Open(data_dir, absl::GetFlag(FLAGS_keep_checkpoints));
+  if (!opened.ok()) {
+    return absl::Status(opened.status().code(),
+                        absl::StrCat("cannot start on data directory ", data_dir, ": ",
+                                     opened.status().ToString()));
+  }
+  std::unique_ptr<storage::CoordinatorStore> store = *std::move(opened);
+  v1::CoordinatorState state = store->state();
+  const std::vector<std::string> before(state.shards().begin(), state.shards().end());
+  if (!before.empty() && before != shards) {
+    std::cerr << "tessera-coordinator: note: the shard list differs from the one recorded in "
+              << data_dir << " (" << before.size() << " shards before, " << shards.size()
+              << " now)\n";
+  }
+  state.clear_shards();
+  for (const auto& a : shards) state.add_shards(a);
+  state.set_shard_map_version(version);
+  TESSERA_RETURN_IF_ERROR(store->Save(state));
+  // stderr: the first stdout line is the one that names the port.
+  std::cerr << "tessera-coordinator: " << state.tables_size() << " table(s) recorded in "
+            << data_dir << std::endl;
+  return store;
+}
+
+// tessera_shard_serving{shard, address}: 1 while a shard passes its health checks.
+void WatchShardHealth(base::Metrics* metrics, client::ShardRouter* router) {
+  auto& serving = prometheus::BuildGauge()
+                      .Name("tessera_shard_serving")
+                      .Help("1 while the shard passes its health checks, else 0")
+                      .Register(metrics->registry());
+  metrics->Watch(
+      [router, &serving](base::Metrics&) {
+        for (int k = 0; k < router->num_shards(); ++k) {
+          serving.Add({{"shard", std::to_string(k)}, {"address", router->addresses()[k]}})
+              .Set(router->serving(k) ? 1 : 0);
+        }
+      },
+      std::chrono::seconds(1));
+}
+
+// Serves until SIGTERM or SIGINT; an error when it cannot start.
+absl::Status Serve(const std::vector<std::string>& shards) {
+  TESSERA_ASSIGN_OR_RETURN(const ServerSecurity security, ServerSecurityFromFlags());
+  TESSERA_ASSIGN_OR_RETURN(const client::ClientSecurity to_shards,
+                           client::ClientSecurityFromFlags());
+  TESSERA_ASSIGN_OR_RETURN(const client::RouterOptions ro, RouterOptionsFromFlags(to_shards));
+  client::ShardRouter router(shards, ro);
+  CoordinatorOptions co;
   co.max_batch_ids = absl::GetFlag(FLAGS_max_batch_ids);
   co.max_tables = absl::GetFlag(FLAGS_max_tables);
-  co.auth = tessera::server::CallAuthorizer(*security);
-  std::unique_ptr<tessera::storage::CoordinatorStore> store;
-  const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
-  if (!data_dir.empty()) {
-    auto opened =
-        tessera::storage::CoordinatorStore::Open(data_dir, absl::GetFlag(FLAGS_keep_checkpoints));
-    if (!opened.ok()) {
-      std::cerr << "tessera-coordinator: cannot start on data directory " << data_dir << ": "
-                << opened.status() << "\n";
-      return 1;
-    }
-    store = *std::move(opened);
-    tessera::v1::CoordinatorState state = store->state();
-    const std::vector<std::string> before(state.shards().begin(), state.shards().end());
-    if (!before.empty() && before != shards) {
-      std::cerr << "tessera-coordinator: note: the shard list differs from the one recorded in "
-                << data_dir << " (" << before.size() << " shards before, " << shards.size()
-                << " now)\n";
-    }
-    state.clear_shards();
-    for (const auto& a : shards) state.add_shards(a);
-    state.set_shard_map_version(ro.shard_map_version);
-    absl::Status saved = store->Save(state);
-    if (!saved.ok()) {
-      std::cerr << "tessera-coordinator: " << saved << "\n";
-      return 1;
-    }
-    // stderr: the first stdout line is the one that names the port.
-    std::cerr << "tessera-coordinator: " << state.tables_size() << " table(s) recorded in "
-              << data_dir << std::endl;
+  co.auth = CallAuthorizer(security);
+  std::unique_ptr<storage::CoordinatorStore> store;
+  if (const std::string data_dir = absl::GetFlag(FLAGS_data_dir); !data_dir.empty()) {
+    TESSERA_ASSIGN_OR_RETURN(store, OpenStore(data_dir, shards, ro.shard_map_version));
   }
-  tessera::server::CoordinatorService service(&router, ro.shard_map_version, co, store.get());
-  std::unique_ptr<tessera::server::Metrics> metrics;
-  if (auto started = tessera::server::StartMetricsFromFlags("coordinator"); !started.ok()) {
-    std::cerr << "tessera-coordinator: " << started.status().message() << "\n";
-    return 1;
-  } else {
-    metrics = *std::move(started);
-  }
-  if (metrics != nullptr) {
-    auto& serving = prometheus::BuildGauge()
-                        .Name("tessera_shard_serving")
-                        .Help("1 while the shard passes its health checks, else 0")
-                        .Register(metrics->registry());
-    metrics->Watch(
-        [&router, &serving](tessera::server::Metrics&) {
-          for (int k = 0; k < router.num_shards(); ++k) {
-            serving.Add({{"shard", std::to_string(k)}, {"address", router.addresses()[k]}})
-                .Set(router.serving(k) ? 1 : 0);
-          }
-        },
-        std::chrono::seconds(1));
-  }
+  CoordinatorService service(&router, ro.shard_map_version, co, store.get());
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<base::Metrics> metrics,
+                           base::StartMetricsFromFlags("coordinator"));
+  if (metrics != nullptr) WatchShardHealth(metrics.get(), &router);
 
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  tessera::server::BlockShutdownSignals();
-  tessera::server::ListenOptions listen;
+  BlockShutdownSignals();
+  ListenOptions listen;
   listen.host = absl::GetFlag(FLAGS_host);
   listen.port = absl::GetFlag(FLAGS_port);
   listen.max_message_bytes = ro.max_message_bytes;
-  listen.credentials = tessera::server::MakeServerCredentials(*security);
+  listen.credentials = MakeServerCredentials(security);
   listen.metrics = metrics.get();
   int port = 0;
-  auto server = tessera::server::StartServer(&service, listen, &port);
-  if (!server.ok()) {
-    std::cerr << "tessera-coordinator: " << server.status().message() << "\n";
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<grpc::Server> server,
+                           StartServer(&service, listen, &port));
+  std::cout << "tessera-coordinator: " << shards.size() << " shard(s), listening on "
+            << listen.host << ":" << port << std::endl;
+  base::Log(spdlog::level::info, "serving",
+            base::LogFields()
+                .Add("shards", static_cast<long long>(shards.size()))
+                .Add("address", absl::StrCat(listen.host, ":", port))
+                .Add("tls", security.cert_chain.empty() ? "off" : "on")
+                .Add("token", security.token.empty() ? "off" : "on"));
+  ServeUntilShutdownSignal(server.get(), "tessera-coordinator");
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace tessera::server
+
+int main(int argc, char** argv) {
+  tessera::base::ParseCommandLine(
+      argc, argv, "tessera-coordinator",
+      "Routes Tessera lookups and pushes to shards: --shards=127.0.0.1:7001,127.0.0.1:7002");
+  absl::Status s = tessera::base::ConfigureLoggingFromFlags("tessera-coordinator");
+  const std::vector<std::string> shards =
+      absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty());
+  if (s.ok() && shards.empty()) {
+    s = absl::InvalidArgumentError("--shards is required (host:port,...)");
+  }
+  if (s.ok()) s = tessera::server::Serve(shards);
+  if (!s.ok()) {
+    std::cerr << "tessera-coordinator: " << s.message() << "\n";
     return 1;
   }
-  std::cout << "tessera-coordinator: " << shards.size() << " shard(s), listening on " << listen.host
-            << ":" << port << std::endl;
-  tessera::server::Log(spdlog::level::info, "serving",
-                       tessera::server::LogFields()
-                           .Add("shards", static_cast<long long>(shards.size()))
-                           .Add("address", absl::StrCat(listen.host, ":", port))
-                           .Add("tls", security->cert_chain.empty() ? "off" : "on")
-                           .Add("token", security->token.empty() ? "off" : "on"));
-  tessera::server::ServeUntilShutdownSignal(server->get(), "tessera-coordinator");
   return 0;
 }

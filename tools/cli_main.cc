@@ -20,13 +20,14 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "client/command_line.h"
-#include "client/grpc_status.h"
+#include "base/command_line.h"
+#include "wire/grpc_status.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -44,7 +45,7 @@
 #include "embedding/collection.h"
 #include "embedding/dtype.h"
 #include "embedding/optimizer.h"
-#include "embedding/status.h"
+#include "base/status.h"
 #include "google/protobuf/util/json_util.h"
 #include "tools/npz.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -185,7 +186,7 @@ int Fail(const std::string& what, const grpc::Status& s) {
   // Calls go to the coordinator but for `health --address`: say what a shard or a TLS
   // mismatch looks like.
   absl::Status explained = tessera::client::ExplainCoordinatorFailure(
-      tessera::client::FromGrpcStatus(s), absl::GetFlag(FLAGS_coordinator), Security());
+      tessera::wire::FromGrpcStatus(s), absl::GetFlag(FLAGS_coordinator), Security());
   std::cerr << "tessera-cli: " << what << ": " << absl::StatusCodeToString(explained.code())
             << ": " << explained.message() << "\n";
   return 1;
@@ -624,166 +625,205 @@ int Create(Coordinator::Stub& stub, const std::string& table) {
   return 0;
 }
 
-int Run(const std::string& command) {
-  if (command == "health") return Health();
-  auto stub = Coordinator::NewStub(Channel(absl::GetFlag(FLAGS_coordinator)));
-  const std::string table = absl::GetFlag(FLAGS_table);
-  if (command == "tables") {
+int Tables(Coordinator::Stub& stub, const std::string&) {
+  auto ctx = Context();
+  tessera::v1::ListTablesResponse resp;
+  grpc::Status s = stub.ListTables(ctx.get(), {}, &resp);
+  if (!s.ok()) return Fail("tables", s);
+  std::printf("%-20s %6s %-5s %-16s %10s %12s\n", "table", "dim", "dtype", "optimizer", "lr",
+              "max_rows");
+  for (const auto& t : TablesOfModel(resp)) {
+    std::printf("%-20s %6d %-5s %-16s %10g %12lld\n", t.name().c_str(), t.dim(),
+                tessera::embedding::DtypeName(t.dtype()).c_str(),
+                tessera::embedding::OptimizerName(t.optimizer().type()).c_str(),
+                t.optimizer().learning_rate(), static_cast<long long>(t.max_rows()));
+  }
+  return 0;
+}
+
+// --ids into `req`: ids are 64-bit patterns, so an unsigned hash names the int64 of the
+// same bits. False (with a message) for a bad id.
+bool ParseIds(tessera::v1::LookupRequest* req) {
+  for (absl::string_view part :
+       absl::StrSplit(absl::GetFlag(FLAGS_ids), ',', absl::SkipEmpty())) {
+    int64_t id = 0;
+    uint64_t unsigned_id = 0;
+    if (absl::SimpleAtoi(part, &id)) {
+      req->add_ids(id);
+    } else if (absl::SimpleAtoi(part, &unsigned_id)) {
+      req->add_ids(static_cast<int64_t>(unsigned_id));
+    } else {
+      std::cerr << "tessera-cli: --ids: bad id '" << part << "'\n";
+      return false;
+    }
+  }
+  return true;
+}
+
+int Lookup(Coordinator::Stub& stub, const std::string& table) {
+  if (table.empty() || absl::GetFlag(FLAGS_ids).empty()) {
+    std::cerr << "tessera-cli: lookup needs --table=NAME and --ids=ID,ID,... (read only: "
+                 "ids never stored show their initial weights)\n";
+    return 1;
+  }
+  tessera::v1::LookupRequest req;
+  req.set_table(table);
+  req.set_read_only(true);
+  if (!ParseIds(&req)) return 1;
+  auto ctx = Context();
+  tessera::v1::LookupResponse resp;
+  grpc::Status s = stub.Lookup(ctx.get(), req, &resp);
+  if (!s.ok()) return Fail("lookup", s);
+  for (int i = 0; i < req.ids_size(); ++i) {
+    std::printf("%lld:", static_cast<long long>(req.ids(i)));
+    for (int j = 0; j < resp.dim(); ++j) std::printf(" %.6f", resp.values(i * resp.dim() + j));
+    std::printf("\n");
+  }
+  return 0;
+}
+
+int Stats(Coordinator::Stub& stub, const std::string& table) {
+  tessera::v1::StatsRequest req;
+  req.set_table(table);
+  auto ctx = Context();
+  tessera::v1::StatsResponse resp;
+  grpc::Status s = stub.Stats(ctx.get(), req, &resp);
+  if (!s.ok()) return Fail("stats", s);
+  PrintStats(stub, resp);
+  for (const auto& c : resp.checkpoints()) {
+    std::printf("checkpoint ");
+    PrintCheckpoint(c);
+  }
+  return 0;
+}
+
+int TakeCheckpoint(Coordinator::Stub& stub, const std::string&) {
+  const int64_t step = absl::GetFlag(FLAGS_step);
+  if (step < 0) {
+    std::cerr << (step == -1 ? "tessera-cli: checkpoint needs --step (the training step it is "
+                               "taken at)\n"
+                             : absl::StrCat("tessera-cli: checkpoint --step must be >= 0, got ",
+                                            step, "\n"));
+    return 1;
+  }
+  tessera::v1::CheckpointRequest req;
+  req.set_step(step);
+  req.set_model(absl::GetFlag(FLAGS_model));
+  auto ctx = Context(kCheckpointDeadlineMs);
+  tessera::v1::CheckpointResponse resp;
+  grpc::Status s = stub.Checkpoint(ctx.get(), req, &resp);
+  if (!s.ok()) return Fail("checkpoint", s);
+  std::printf("checkpoint taken: ");
+  PrintCheckpoint(resp.checkpoint());
+  return 0;
+}
+
+int Checkpoints(Coordinator::Stub& stub, const std::string&) {
+  auto ctx = Context();
+  tessera::v1::ListCheckpointsResponse resp;
+  grpc::Status s = stub.ListCheckpoints(ctx.get(), {}, &resp);
+  if (!s.ok()) return Fail("checkpoints", s);
+  if (resp.checkpoints_size() == 0) std::printf("no complete checkpoints\n");
+  for (const auto& c : resp.checkpoints()) PrintCheckpoint(c);
+  return 0;
+}
+
+int Drop(Coordinator::Stub& stub, const std::string& table) {
+  std::vector<std::string> names;
+  const std::string model = absl::GetFlag(FLAGS_model);
+  if (!table.empty()) {
+    names.push_back(table);
+  } else if (!model.empty()) {
     auto ctx = Context();
     tessera::v1::ListTablesResponse resp;
-    grpc::Status s = stub->ListTables(ctx.get(), {}, &resp);
-    if (!s.ok()) return Fail("tables", s);
-    std::printf("%-20s %6s %-5s %-16s %10s %12s\n", "table", "dim", "dtype", "optimizer", "lr",
-                "max_rows");
-    for (const auto& t : TablesOfModel(resp)) {
-      std::printf("%-20s %6d %-5s %-16s %10g %12lld\n", t.name().c_str(), t.dim(),
-                  tessera::embedding::DtypeName(t.dtype()).c_str(),
-                  tessera::embedding::OptimizerName(t.optimizer().type()).c_str(),
-                  t.optimizer().learning_rate(), static_cast<long long>(t.max_rows()));
+    grpc::Status s = stub.ListTables(ctx.get(), {}, &resp);
+    if (!s.ok()) return Fail("drop", s);
+    for (const auto& t : resp.tables()) {
+      if (tessera::embedding::TableOfModel(t.name(), model)) names.push_back(t.name());
     }
-    return 0;
+    if (names.empty()) std::printf("model '%s' has no tables\n", model.c_str());
+  } else {
+    std::cerr << "tessera-cli: drop needs --table=NAME, or --model=NAME for all its tables\n";
+    return 1;
   }
-  if (command == "apply") return Apply(*stub);
-  if (command == "create") return Create(*stub, table);
-  if (command == "alter") return Alter(*stub, table);
-  if (command == "lookup") {
-    if (table.empty() || absl::GetFlag(FLAGS_ids).empty()) {
-      std::cerr << "tessera-cli: lookup needs --table=NAME and --ids=ID,ID,... (read only: "
-                   "ids never stored show their initial weights)\n";
-      return 1;
-    }
-    tessera::v1::LookupRequest req;
-    req.set_table(table);
-    req.set_read_only(true);
-    for (absl::string_view part :
-         absl::StrSplit(absl::GetFlag(FLAGS_ids), ',', absl::SkipEmpty())) {
-      // Ids are 64-bit patterns: an unsigned hash names the int64 of the same bits.
-      int64_t id = 0;
-      uint64_t unsigned_id = 0;
-      if (absl::SimpleAtoi(part, &id)) {
-        req.add_ids(id);
-      } else if (absl::SimpleAtoi(part, &unsigned_id)) {
-        req.add_ids(static_cast<int64_t>(unsigned_id));
-      } else {
-        std::cerr << "tessera-cli: --ids: bad id '" << part << "'\n";
-        return 1;
-      }
-    }
+  for (const std::string& name : names) {
+    tessera::v1::DropTableRequest req;
+    req.set_table(name);
+    tessera::v1::DropTableResponse resp;
     auto ctx = Context();
-    tessera::v1::LookupResponse resp;
-    grpc::Status s = stub->Lookup(ctx.get(), req, &resp);
-    if (!s.ok()) return Fail("lookup", s);
-    for (int i = 0; i < req.ids_size(); ++i) {
-      std::printf("%lld:", static_cast<long long>(req.ids(i)));
-      for (int j = 0; j < resp.dim(); ++j) std::printf(" %.6f", resp.values(i * resp.dim() + j));
-      std::printf("\n");
-    }
-    return 0;
+    grpc::Status s = stub.DropTable(ctx.get(), req, &resp);
+    if (!s.ok()) return Fail(absl::StrCat("drop ", name), s);
+    std::printf("dropped table '%s'\n", name.c_str());
   }
-  if (command == "stats") {
-    tessera::v1::StatsRequest req;
-    req.set_table(table);
-    auto ctx = Context();
-    tessera::v1::StatsResponse resp;
-    grpc::Status s = stub->Stats(ctx.get(), req, &resp);
-    if (!s.ok()) return Fail("stats", s);
-    PrintStats(*stub, resp);
-    for (const auto& c : resp.checkpoints()) {
-      std::printf("checkpoint ");
-      PrintCheckpoint(c);
-    }
-    return 0;
+  return 0;
+}
+
+int PrintShardMap(Coordinator::Stub& stub, const std::string&) {
+  auto ctx = Context();
+  tessera::v1::ShardMap map;
+  grpc::Status s = stub.GetShardMap(ctx.get(), {}, &map);
+  if (!s.ok()) return Fail("shardmap", s);
+  std::printf("version %llu\n", static_cast<unsigned long long>(map.version()));
+  for (const auto& sh : map.shards()) {
+    std::printf("shard %d  %s  %s\n", sh.index(), sh.address().c_str(),
+                sh.serving() ? "serving" : "DOWN");
   }
-  if (command == "checkpoint") {
-    const int64_t step = absl::GetFlag(FLAGS_step);
-    if (step < 0) {
-      std::cerr << (step == -1 ? "tessera-cli: checkpoint needs --step (the training step it is "
-                                 "taken at)\n"
-                               : absl::StrCat("tessera-cli: checkpoint --step must be >= 0, got ",
-                                              step, "\n"));
-      return 1;
-    }
-    tessera::v1::CheckpointRequest req;
-    req.set_step(step);
-    req.set_model(absl::GetFlag(FLAGS_model));
-    auto ctx = Context(kCheckpointDeadlineMs);
-    tessera::v1::CheckpointResponse resp;
-    grpc::Status s = stub->Checkpoint(ctx.get(), req, &resp);
-    if (!s.ok()) return Fail("checkpoint", s);
-    std::printf("checkpoint taken: ");
-    PrintCheckpoint(resp.checkpoint());
-    return 0;
+  return 0;
+}
+
+// Every command, in the order usage lists them; each gets the coordinator's stub and
+// --table. health is answered before a stub is made.
+struct Command {
+  const char* name;
+  int (*run)(Coordinator::Stub& stub, const std::string& table);
+};
+constexpr Command kCommands[] = {
+    {"health", nullptr},
+    {"tables", Tables},
+    {"apply", [](Coordinator::Stub& stub, const std::string&) { return Apply(stub); }},
+    {"create", Create},
+    {"alter", Alter},
+    {"drop", Drop},
+    {"lookup", Lookup},
+    {"stats", Stats},
+    {"shardmap", PrintShardMap},
+    {"checkpoint", TakeCheckpoint},
+    {"restore", [](Coordinator::Stub& stub, const std::string&) { return Restore(stub); }},
+    {"checkpoints", Checkpoints},
+    {"export", Export},
+    {"import", Import},
+};
+
+// "health|tables|...|import", or with `last` before the last: "health, ..., export or import".
+std::string CommandNames(absl::string_view separator, absl::string_view last) {
+  std::string out;
+  const size_t n = std::size(kCommands);
+  for (size_t i = 0; i < n; ++i) {
+    if (i > 0) absl::StrAppend(&out, i + 1 == n ? last : separator);
+    absl::StrAppend(&out, kCommands[i].name);
   }
-  if (command == "restore") return Restore(*stub);
-  if (command == "checkpoints") {
-    auto ctx = Context();
-    tessera::v1::ListCheckpointsResponse resp;
-    grpc::Status s = stub->ListCheckpoints(ctx.get(), {}, &resp);
-    if (!s.ok()) return Fail("checkpoints", s);
-    if (resp.checkpoints_size() == 0) std::printf("no complete checkpoints\n");
-    for (const auto& c : resp.checkpoints()) PrintCheckpoint(c);
-    return 0;
+  return out;
+}
+
+int Run(const std::string& command) {
+  if (command == "health") return Health();
+  for (const Command& c : kCommands) {
+    if (command != c.name || c.run == nullptr) continue;
+    auto stub = Coordinator::NewStub(Channel(absl::GetFlag(FLAGS_coordinator)));
+    return c.run(*stub, absl::GetFlag(FLAGS_table));
   }
-  if (command == "drop") {
-    std::vector<std::string> names;
-    const std::string model = absl::GetFlag(FLAGS_model);
-    if (!table.empty()) {
-      names.push_back(table);
-    } else if (!model.empty()) {
-      auto ctx = Context();
-      tessera::v1::ListTablesResponse resp;
-      grpc::Status s = stub->ListTables(ctx.get(), {}, &resp);
-      if (!s.ok()) return Fail("drop", s);
-      for (const auto& t : resp.tables()) {
-        if (tessera::embedding::TableOfModel(t.name(), model)) names.push_back(t.name());
-      }
-      if (names.empty()) std::printf("model '%s' has no tables\n", model.c_str());
-    } else {
-      std::cerr << "tessera-cli: drop needs --table=NAME, or --model=NAME for all its tables\n";
-      return 1;
-    }
-    for (const std::string& name : names) {
-      tessera::v1::DropTableRequest req;
-      req.set_table(name);
-      tessera::v1::DropTableResponse resp;
-      auto ctx = Context();
-      grpc::Status s = stub->DropTable(ctx.get(), req, &resp);
-      if (!s.ok()) return Fail(absl::StrCat("drop ", name), s);
-      std::printf("dropped table '%s'\n", name.c_str());
-    }
-    return 0;
-  }
-  if (command == "export") return Export(*stub, table);
-  if (command == "import") return Import(*stub, table);
-  if (command == "shardmap") {
-    auto ctx = Context();
-    tessera::v1::ShardMap map;
-    grpc::Status s = stub->GetShardMap(ctx.get(), {}, &map);
-    if (!s.ok()) return Fail("shardmap", s);
-    std::printf("version %llu\n", static_cast<unsigned long long>(map.version()));
-    for (const auto& sh : map.shards()) {
-      std::printf("shard %d  %s  %s\n", sh.index(), sh.address().c_str(),
-                  sh.serving() ? "serving" : "DOWN");
-    }
-    return 0;
-  }
-  std::cerr << "tessera-cli: unknown command '" << command
-            << "'; expected health, tables, apply, create, alter, drop, lookup, stats, shardmap, "
-               "checkpoint, restore, checkpoints, export or import\n";
+  std::cerr << "tessera-cli: unknown command '" << command << "'; expected "
+            << CommandNames(", ", " or ") << "\n";
   return 1;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<char*> rest = tessera::client::ParseCommandLine(argc, argv, "tessera-cli",
-      "tessera-cli [flags] "
-      "health|tables|apply|create|alter|drop|lookup|stats|shardmap|checkpoint|restore|checkpoints|"
-      "export|import");
+  const std::string usage = "tessera-cli [flags] " + CommandNames("|", "|");
+  std::vector<char*> rest = tessera::base::ParseCommandLine(argc, argv, "tessera-cli", usage);
   if (rest.size() != 2) {
-    std::cerr << "usage: tessera-cli [flags] "
-                 "health|tables|apply|create|alter|drop|lookup|stats|shardmap|checkpoint|restore|"
-                 "checkpoints|export|import\n";
+    std::cerr << "usage: " << usage << "\n";
     return 1;
   }
   absl::StatusOr<tessera::client::ClientSecurity> security =
