@@ -31,6 +31,8 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
+#include "base/zipf_sampler.h"
+#include "benchmarks/memcpy_ceiling.h"
 #include "embedding/batch_ops.h"
 #include "embedding/collection.h"
 #include "embedding/inprocess_collection.h"
@@ -119,28 +121,26 @@ Fixture& GetTable(v1::OptimizerType opt, int dim, bool big, bool want_collection
   }
   if (want_collection) {
     f.collection = NewInProcessCollection(1).value();
-    (void)f.collection->CreateTable(c);
+    CheckOk(f.collection->CreateTable(c), "creating the collection's table");
     for (int64_t begin = 0; begin < f.rows; begin += ids.size()) {
       const int64_t n = std::min<int64_t>(ids.size(), f.rows - begin);
       for (int64_t i = 0; i < n; ++i) ids[i] = begin + i;
-      (void)f.collection->Lookup("bench", absl::MakeConstSpan(ids).first(n),
-                                 absl::MakeSpan(out).first(n * dim));
+      CheckOk(f.collection->Lookup("bench", absl::MakeConstSpan(ids).first(n),
+                                   absl::MakeSpan(out).first(n * dim)),
+              "filling the collection's table");
     }
   }
   return f;
 }
 
-// `count` ids over [0, rows): uniform, or a bounded power law of exponent 1.05.
+// `count` ids over [0, rows): uniform, or Zipf(1.05) (base::ZipfSampler, as tessera-bench).
 std::vector<int64_t> MakeIds(int64_t rows, bool zipf, int count, uint64_t seed) {
   std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(0.0, 1.0);
+  const base::ZipfSampler ranks(rows, 1.05);
   std::vector<int64_t> ids(count);
-  const double s = 1.05;
-  const double top = std::pow(static_cast<double>(rows), 1.0 - s);
   for (auto& id : ids) {
     if (zipf) {
-      const double r = std::pow((top - 1.0) * u(rng) + 1.0, 1.0 / (1.0 - s));
-      id = std::min<int64_t>(rows - 1, static_cast<int64_t>(r) - 1);
+      id = ranks(rng) - 1;
       // Spread popular ranks over the id space as real feature hashes are.
       id = static_cast<int64_t>((static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ULL) % rows);
     } else {
@@ -150,32 +150,7 @@ std::vector<int64_t> MakeIds(int64_t rows, bool zipf, int count, uint64_t seed) 
   return ids;
 }
 
-// memcpy bytes/s copying `chunk` bytes at a time, walking through `region` bytes.
-double MemcpyBytesPerSecond(int64_t region, int64_t chunk) {
-  static int64_t cached_region = -1, cached_chunk = -1;
-  static double cached = 0;
-  if (region == cached_region && chunk == cached_chunk) return cached;
-  region = std::max(region, chunk);
-  std::vector<char> src(region, 1), dst(chunk);
-  using Clock = std::chrono::steady_clock;
-  int64_t copied = 0, at = 0;
-  const auto start = Clock::now();
-  double seconds = 0;
-  while (seconds < 0.3) {
-    for (int k = 0; k < 16; ++k) {
-      if (at + chunk > region) at = 0;
-      std::memcpy(dst.data(), src.data() + at, chunk);
-      benchmark::DoNotOptimize(dst.data());
-      at += chunk;
-      copied += chunk;
-    }
-    seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  }
-  cached_region = region;
-  cached_chunk = chunk;
-  cached = copied / seconds;
-  return cached;
-}
+using bench::MemcpyBytesPerSecond;
 
 // The random-access ceiling of a table operation: `kBatch` rows of `stride` bytes at
 // random places of a flat array of `region` bytes (huge pages, as the table's slabs), with

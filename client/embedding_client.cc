@@ -21,13 +21,7 @@
 namespace tessera::client {
 absl::StatusOr<std::unique_ptr<EmbeddingClient>> EmbeddingClient::Connect(
     const std::string& address, const ClientOptions& options) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(options.max_message_bytes);
-  args.SetMaxSendMessageSize(options.max_message_bytes);
-  // A restarted coordinator is found again within a second: gRPC's own reconnect backoff
-  // (up to two minutes) would otherwise outlast the retries.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  grpc::ChannelArguments args = ChannelArgs(options.max_message_bytes);
   auto credentials = MakeChannelCredentials(options.security, &args);
   auto channel = grpc::CreateCustomChannel(address, credentials, args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + options.deadline)) {
@@ -59,12 +53,12 @@ std::unique_ptr<grpc::ClientContext> EmbeddingClient::NewContext(
 }
 
 absl::Status EmbeddingClient::WithRetries(const std::function<absl::Status()>& call) const {
-  auto backoff = options_.initial_backoff;
   for (int attempt = 0;; ++attempt) {
     absl::Status s = call();
-    if (s.code() != absl::StatusCode::kUnavailable || attempt >= options_.max_retries) return s;
-    std::this_thread::sleep_for(backoff);
-    backoff = std::min(backoff * 2, options_.max_backoff);
+    if (s.code() != absl::StatusCode::kUnavailable || attempt >= options_.retry.max_retries) {
+      return s;
+    }
+    std::this_thread::sleep_for(options_.retry.Backoff(attempt));
     // A channel whose server was down may sit in failure without dialling again.
     coordinator_.Reset();
     std::shared_ptr<ShardRouter> router;
@@ -92,9 +86,7 @@ absl::Status EmbeddingClient::RefreshShardMap() {
     ro.max_message_bytes = options_.max_message_bytes;
     ro.shard_map_version = map.version();
     ro.security = options_.security;
-    ro.max_retries = options_.max_retries;
-    ro.initial_backoff = options_.initial_backoff;
-    ro.max_backoff = options_.max_backoff;
+    ro.retry = options_.retry;
     if (router_ != nullptr) retired_router_restarts_ += router_->restarts();
     router_ = std::make_shared<ShardRouter>(addresses, ro);
     router_->SetRestartCallback([this](int) { ReprovisionThroughCoordinator(); });

@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/object_pool.h"
 #include "client/reconnecting_stub.h"
+#include "client/channel_policy.h"
 #include "client/shard_router.h"
 #include "embedding/collection.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
@@ -22,11 +23,9 @@ struct ClientOptions {
   enum class Mode { kCoordinator, kSmart };
   Mode mode = Mode::kCoordinator;
   std::chrono::milliseconds deadline{10000};                      // per call
-  int max_retries = 8;                                            // retries of UNAVAILABLE calls
-  std::chrono::milliseconds initial_backoff{50};                  // doubled after each retry ...
-  std::chrono::milliseconds max_backoff{1000};                    // ... up to this
+  RetryPolicy retry;  // of calls that find a server UNAVAILABLE (8, 50 ms doubling to 1 s)
   std::chrono::milliseconds checkpoint_deadline = kCheckpointDeadline;  // Checkpoint and Restore
-  int max_message_bytes = 256 << 20;                              // gRPC send/receive limit
+  int max_message_bytes = kMaxMessageBytes;                       // gRPC send/receive limit
   ClientSecurity security;  // TLS and token for the coordinator and the shards
 };
 

@@ -7,6 +7,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/support/local_server.h"
 #include "server/coordinator_service.h"
 #include "server/shard_service.h"
 
@@ -14,12 +15,9 @@ namespace tessera::client {
 namespace {
 
 std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address) {
-  grpc::ServerBuilder b;
   int port = 0;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  b.RegisterService(service);
-  auto server = b.BuildAndStart();
-  *address = "127.0.0.1:" + std::to_string(port);
+  auto server = tessera::testing::StartLocalServer(service, &port);
+  *address = tessera::testing::LocalAddress(port);
   return server;
 }
 

@@ -38,13 +38,7 @@ ShardRouter::ShardRouter(std::vector<std::string> addresses, const RouterOptions
         return s;
       }) {
   for (const std::string& address : addresses_) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(options_.max_message_bytes);
-    args.SetMaxSendMessageSize(options_.max_message_bytes);
-    // A restarted server is found again within a second: gRPC's own reconnect backoff
-    // (up to two minutes) would otherwise outlast the caller's retries.
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    grpc::ChannelArguments args = ChannelArgs(options_.max_message_bytes);
     auto credentials = MakeChannelCredentials(options_.security, &args);
     stubs_.push_back(std::make_unique<ReconnectingStub<v1::EmbeddingShard>>(
         address, std::move(args), std::move(credentials)));
@@ -68,9 +62,7 @@ ShardRouter::~ShardRouter() {
 void ShardRouter::MonitorHealth() {
   std::vector<std::unique_ptr<grpc::health::v1::Health::Stub>> health;
   for (const auto& a : addresses_) {
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    grpc::ChannelArguments args = ChannelArgs();
     auto credentials = MakeChannelCredentials(options_.security, &args);
     health.push_back(
         grpc::health::v1::Health::NewStub(grpc::CreateCustomChannel(a, credentials, args)));
@@ -185,7 +177,7 @@ std::vector<grpc::Status> ShardRouter::CallShardsWithRetries(
     std::chrono::milliseconds deadline, bool reprovision) const {
   std::vector<grpc::Status> result(num_shards());
   std::vector<bool> reprovisioned(num_shards(), false);
-  auto backoff = options_.initial_backoff;
+  int waits = 0;  // backoffs slept so far
   for (int attempt = 0;; ++attempt) {
     std::vector<bool> restarted(num_shards(), false);
     const std::vector<grpc::Status> statuses = CallShards(
@@ -207,11 +199,8 @@ std::vector<grpc::Status> ShardRouter::CallShardsWithRetries(
       }
       again = again || work[k];
     }
-    if (!again || attempt >= options_.max_retries) return result;
-    if (!at_once) {
-      std::this_thread::sleep_for(backoff);
-      backoff = std::min(backoff * 2, options_.max_backoff);
-    }
+    if (!again || attempt >= options_.retry.max_retries) return result;
+    if (!at_once) std::this_thread::sleep_for(options_.retry.Backoff(waits++));
   }
 }
 

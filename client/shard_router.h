@@ -14,6 +14,7 @@
 #include "absl/types/span.h"
 #include "client/object_pool.h"
 #include "client/reconnecting_stub.h"
+#include "client/channel_policy.h"
 #include "client/security.h"
 #include "embedding/collection.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
@@ -26,7 +27,7 @@ inline constexpr std::chrono::milliseconds kCheckpointDeadline = std::chrono::mi
 
 struct RouterOptions {
   std::chrono::milliseconds deadline{10000};  // per shard call
-  int max_message_bytes = 256 << 20;          // gRPC send/receive limit per channel
+  int max_message_bytes = kMaxMessageBytes;   // gRPC send/receive limit per channel
   uint64_t shard_map_version = 1;             // stamped on every shard request
   std::chrono::milliseconds checkpoint_deadline = kCheckpointDeadline;  // per shard checkpoint/restore
   // Interval of gRPC health checks of every shard; 0 = none. A shard failing two checks in
@@ -36,9 +37,8 @@ struct RouterOptions {
   ClientSecurity security;  // TLS and token for every shard call (default: plaintext, none)
   // Retries of a shard call that failed with UNAVAILABLE or DEADLINE_EXCEEDED: only that
   // shard's part is sent again (pushes with the same request id, so none applies twice).
-  int max_retries = 0;
-  std::chrono::milliseconds initial_backoff{50};  // doubled after each retry ...
-  std::chrono::milliseconds max_backoff{1000};    // ... up to this
+  // None unless its owner says (the coordinator: --shard_retries; a client: its own).
+  RetryPolicy retry = RetryPolicy::None();
 };
 
 // The trailing metadata key of a shard's incarnation (decimal): every answer carries it,

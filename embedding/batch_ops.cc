@@ -112,6 +112,23 @@ absl::Status CheckFiniteGradients(absl::string_view table, absl::Span<const int6
   return absl::OkStatus();
 }
 
+absl::Status SumGradients(absl::string_view table, absl::Span<const int64_t> ids,
+                          absl::Span<const float> gradients, int dim, SummedGradients* out) {
+  TESSERA_RETURN_IF_ERROR(CheckRowsSize(table, "gradients", gradients.size(), ids.size(), dim,
+                                        "ids"));
+  out->dim_ = dim;
+  Unique(ids, &out->ids_, &out->inverse_);
+  out->rows_.assign(out->ids_.size() * dim, 0.0f);
+  SumRowsByInverse(gradients.data(), dim, out->inverse_, out->rows_.data());
+  absl::Status finite = CheckFiniteGradients(table, out->ids_, out->rows_.data(), dim);
+  // Finite gradients of a repeated id can sum to Inf: say so, or the caller looks for a
+  // bad gradient it did not send.
+  if (!finite.ok() && out->ids_.size() < ids.size()) {
+    return Annotate(finite, "summed over repeated ids");
+  }
+  return finite;
+}
+
 absl::Status CheckFiniteWeights(absl::string_view where, absl::Span<const float> weights) {
   for (size_t i = 0; i < weights.size(); ++i) {
     if (!std::isfinite(weights[i])) {

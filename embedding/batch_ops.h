@@ -33,6 +33,35 @@ absl::Status CheckRowsSize(absl::string_view table, absl::string_view what, size
 absl::Status CheckFiniteGradients(absl::string_view table, absl::Span<const int64_t> ids,
                                   const float* gradients, int dim);
 
+// A push's gradients for one table, deduplicated and summed per id, every sum finite: the
+// form a table's update takes. SumGradients is the one place a push is deduplicated and
+// checked on its way in; the layers beneath (a collection's shards, the table) take it
+// as it is and only TESSERA_DCHECK it. Sums finite imply every gradient was (Inf and NaN
+// survive addition), so checking the sums checks the batch. Not thread-safe; reused
+// between calls, its buffers do not allocate once grown.
+class SummedGradients {
+ public:
+  absl::Span<const int64_t> ids() const { return ids_; }  // distinct, in first-seen order
+  const float* rows() const { return rows_.data(); }      // (ids().size(), dim())
+  int dim() const { return dim_; }
+  size_t size() const { return ids_.size(); }
+
+ private:
+  friend absl::Status SumGradients(absl::string_view table, absl::Span<const int64_t> ids,
+                                   absl::Span<const float> gradients, int dim,
+                                   SummedGradients* out);
+  std::vector<int64_t> ids_;
+  std::vector<int32_t> inverse_;
+  std::vector<float> rows_;
+  int dim_ = 0;
+};
+
+// Fills `out` with `gradients` (ids.size(), dim) summed per distinct id of `ids`, in batch
+// order. InvalidArgument when the gradients are not ids x dim floats (CheckRowsSize) or a
+// sum is not finite (CheckFiniteGradients; "summed over repeated ids" when ids repeat).
+absl::Status SumGradients(absl::string_view table, absl::Span<const int64_t> ids,
+                          absl::Span<const float> gradients, int dim, SummedGradients* out);
+
 // OK when every pooling weight is finite; otherwise InvalidArgument "WHERE: weight I is V".
 absl::Status CheckFiniteWeights(absl::string_view where, absl::Span<const float> weights);
 

@@ -16,6 +16,7 @@
 #include "embedding/internal/stripe.h"
 #include "embedding/internal/stripe_plan.h"
 #include "embedding/sharding.h"
+#include "base/check.h"
 #include "base/status.h"
 
 namespace tessera::embedding {
@@ -447,6 +448,12 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
 absl::Status EmbeddingTable::ApplyUniqueGradients(absl::Span<const int64_t> ids, const float* grads,
                                                   int64_t step) {
   TESSERA_RETURN_IF_ERROR(CheckFiniteGradients(name(), ids, grads, dim_));
+  return ApplyCheckedGradients(ids, grads, step);
+}
+
+absl::Status EmbeddingTable::ApplyCheckedGradients(absl::Span<const int64_t> ids,
+                                                   const float* grads, int64_t step) {
+  TESSERA_DCHECK(CheckFiniteGradients(name(), ids, grads, dim_).ok());
   int64_t latest = latest_step_.load(std::memory_order_relaxed);
   while (step > latest && !latest_step_.compare_exchange_weak(latest, step)) {
   }
@@ -531,13 +538,10 @@ absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const flo
 
 absl::Status EmbeddingTable::PushGradients(absl::Span<const int64_t> ids, const float* grads,
                                            int64_t step) {
-  thread_local std::vector<int64_t> unique_ids;
-  thread_local std::vector<int32_t> inverse;
-  thread_local std::vector<float> summed;
-  Unique(ids, &unique_ids, &inverse);
-  summed.assign(unique_ids.size() * dim_, 0.0f);
-  SumRowsByInverse(grads, dim_, inverse, summed.data());
-  return ApplyUniqueGradients(unique_ids, summed.data(), step);
+  thread_local SummedGradients summed;
+  TESSERA_RETURN_IF_ERROR(SumGradients(name(), ids, absl::MakeConstSpan(grads, ids.size() * dim_),
+                                       dim_, &summed));
+  return ApplyCheckedGradients(summed.ids(), summed.rows(), step);
 }
 
 absl::StatusOr<RowSnapshot> EmbeddingTable::ReadRow(int64_t id) const {

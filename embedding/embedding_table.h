@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "embedding/row_layout.h"
@@ -20,6 +21,9 @@ namespace tessera::embedding_internal {
 class RowInitializer;
 class Stripe;
 struct StripePlan;
+// The writer lock of `stripe` (Stripe::mu), named where Stripe is not defined so that the
+// table's *Locked functions can require it (clang's -Wthread-safety checks the callers).
+absl::Mutex& StripeMutex(Stripe& stripe);
 }  // namespace tessera::embedding_internal
 
 namespace tessera::embedding {
@@ -126,6 +130,10 @@ class EmbeddingTable {
   // answer is an InvalidArgument marked PartlyApplied (base/status.h).
   absl::Status ApplyUniqueGradients(absl::Span<const int64_t> ids, const float* grads,
                                     int64_t step);
+  // ApplyUniqueGradients of gradients already checked: a SummedGradients, or one shard's
+  // share of one. Not scanned again (TESSERA_DCHECK in debug builds).
+  absl::Status ApplyCheckedGradients(absl::Span<const int64_t> ids, const float* grads,
+                                     int64_t step);
 
   // OK when the rows that updating distinct `ids` would create fit the row budget (always
   // for tables without one, or that evict to make room); otherwise the ResourceExhausted
@@ -204,24 +212,24 @@ class EmbeddingTable {
   void AdjustRows(int64_t delta) { num_rows_.fetch_add(delta, std::memory_order_relaxed); }
 
   // The row of `id` in `stripe`, created and initialised when missing (budget taken);
-  // ResourceExhausted when the budget is spent or memory runs out. Requires the
-  // stripe's writer lock.
-  absl::StatusOr<float*> FindOrInsertLocked(Stripe& stripe, int64_t id, uint64_t hash);
+  // ResourceExhausted when the budget is spent or memory runs out.
+  absl::StatusOr<float*> FindOrInsertLocked(Stripe& stripe, int64_t id, uint64_t hash)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
   // A new row of `id` (not present), budget already taken; null when out of memory.
-  // Requires the stripe's writer lock.
-  float* InsertLocked(Stripe& stripe, int64_t id, uint64_t hash);
+  float* InsertLocked(Stripe& stripe, int64_t id, uint64_t hash) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
   // Eviction tables: the row of `id` (not in memory), made room for by evicting another
   // when the table is full, read from the spill when kept there, else initialised.
-  // Requires the stripe's writer lock.
-  absl::StatusOr<float*> InsertManagedLocked(Stripe& stripe, int64_t id, uint64_t hash);
+  absl::StatusOr<float*> InsertManagedLocked(Stripe& stripe, int64_t id, uint64_t hash)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
   // Evicts one sampled row of `stripe`; OK without evicting when the stripe is empty.
-  absl::Status EvictOneLocked(Stripe& stripe);
+  absl::Status EvictOneLocked(Stripe& stripe) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
   // PutRow under the stripe's writer lock; `weights` (dim), `state` (StateFloats()).
   absl::Status PutRowLocked(Stripe& stripe, int64_t id, uint64_t h, const float* weights,
-                            const float* state, const RowMeta& meta, bool mark_dirty);
-  // Removes `id`'s row from `stripe` and frees it. Requires the writer lock.
-  void EraseLocked(Stripe& stripe, int64_t id, uint64_t hash);
-  void MarkDirtyLocked(Stripe& stripe, int64_t id, float* row);
+                            const float* state, const RowMeta& meta, bool mark_dirty)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
+  // Removes `id`'s row from `stripe` and frees it.
+  void EraseLocked(Stripe& stripe, int64_t id, uint64_t hash) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
+  void MarkDirtyLocked(Stripe& stripe, int64_t id, float* row) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
   // Updates (ApplyUniqueGradients) for eviction tables: one id at a time, as a row found
   // early in a batch may be evicted to make room for a later one.
   absl::Status ApplyManaged(absl::Span<const int64_t> ids, const float* grads, int64_t step);
@@ -246,9 +254,9 @@ class EmbeddingTable {
   // One optimizer step on `row` with gradient `grad` (dim; not changed); records `step`.
   // The step runs on a copy: when it would make a weight or a state value non-finite
   // (a gradient too large for the learning rate) the row is left as it was and false is
-  // returned. `scratch`: ScratchFloats(). Requires the stripe's writer lock.
+  // returned. `scratch`: ScratchFloats().
   bool UpdateRowLocked(Stripe& stripe, int64_t id, float* row, const float* grad, int64_t step,
-                       float* scratch);
+                       float* scratch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
   size_t ScratchFloats() const { return 2 * static_cast<size_t>(dim_) + state_floats_; }
   // InvalidArgument for `refused` rows whose update UpdateRowLocked refused.
   absl::Status NonFiniteUpdateError(int64_t refused, int64_t first_id) const;

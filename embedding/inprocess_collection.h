@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "embedding/batch_ops.h"
 #include "embedding/collection.h"
 #include "embedding/embedding_table.h"
 
@@ -26,6 +27,12 @@ class InProcessCollection : public EmbeddingCollection {
   // hold their own lock around both.
   virtual const std::vector<std::unique_ptr<EmbeddingTable>>* ShardsOf(
       absl::string_view table) const = 0;
+
+  // Applies gradients already summed and checked (SumGradients) to `table`, as PushGradients
+  // would: for a caller that needed them summed first (a write-through table snapshots the
+  // rows they touch). NotFound for an unknown table.
+  virtual absl::Status PushSummed(absl::string_view table, const SummedGradients& gradients,
+                                  int64_t step) = 0;
 };
 
 // A collection of `num_shards` shards in this process. InvalidArgument outside [1, 4096].

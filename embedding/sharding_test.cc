@@ -1,6 +1,9 @@
 #include "embedding/sharding.h"
 
 #include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -28,6 +31,24 @@ TEST(JumpConsistentHash, MatchesPublishedReferenceBuckets) {
   EXPECT_EQ(JumpConsistentHash(10863919174838991ULL, 11), 6);
   EXPECT_EQ(JumpConsistentHash(2016238256797177309ULL, 11), 3);
   EXPECT_EQ(JumpConsistentHash(1673758223894951030ULL, 11), 5);
+}
+
+TEST(ShardOf, MatchesTheGoldenValuesThePythonClientChecksToo) {
+  std::ifstream in(TESSERA_SOURCE_DIR "/tests/data/shard_of_golden.txt");
+  ASSERT_TRUE(in.is_open());
+  std::string line;
+  int checked = 0;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream fields(line);
+    int64_t id = 0;
+    uint64_t seed = 0;
+    int shards = 0, shard = -1;
+    ASSERT_TRUE(fields >> id >> seed >> shards >> shard) << line;
+    EXPECT_EQ(ShardOf(id, seed, shards), shard) << line;
+    ++checked;
+  }
+  EXPECT_GT(checked, 300);
 }
 
 TEST(ShardOf, StaysInRangeAndSpreadsEvenly) {

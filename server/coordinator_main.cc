@@ -16,6 +16,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "client/channel_policy.h"
 #include "client/security_flags.h"
 #include "client/shard_router.h"
 #include "embedding/storage/coordinator_store.h"
@@ -34,14 +35,15 @@ ABSL_FLAG(int, shard_deadline_ms, 10000, "deadline of each call to a shard");
 ABSL_FLAG(int, health_check_ms, 500,
           "interval of health checks of every shard (0 = none); a shard failing two in a row "
           "is reported UNAVAILABLE at once until it passes one again");
-ABSL_FLAG(int, max_message_bytes, 256 << 20, "largest gRPC message accepted or sent");
+ABSL_FLAG(int, max_message_bytes, tessera::client::kMaxMessageBytes,
+          "largest gRPC message accepted or sent");
 ABSL_FLAG(int, max_tables, 1024,
           "tables this server holds; creating one more is RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, data_dir, "",
           "directory for table configs and checkpoint manifests; empty = nothing survives "
           "a restart and Checkpoint is refused");
 ABSL_FLAG(int, keep_checkpoints, 3, "newest complete cluster checkpoints kept; 0 = all");
-ABSL_FLAG(int, shard_retries, 4,
+ABSL_FLAG(int, shard_retries, tessera::client::kShardRetries,
           "retries of a shard call that fails UNAVAILABLE or DEADLINE_EXCEEDED, with backoff, "
           "before the coordinator answers with that error");
 
@@ -59,10 +61,10 @@ absl::StatusOr<client::RouterOptions> RouterOptionsFromFlags(
   ro.health_check_interval = std::chrono::milliseconds(absl::GetFlag(FLAGS_health_check_ms));
   // A shard that fails a call for a moment (a restart) is retried alone; clients see the
   // call fail only if it stays down.
-  ro.max_retries = absl::GetFlag(FLAGS_shard_retries);
-  if (ro.max_retries < 0 || ro.max_retries > 100) {
+  ro.retry.max_retries = absl::GetFlag(FLAGS_shard_retries);
+  if (ro.retry.max_retries < 0 || ro.retry.max_retries > 100) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--shard_retries must be in [0, 100], got ", ro.max_retries));
+        absl::StrCat("--shard_retries must be in [0, 100], got ", ro.retry.max_retries));
   }
   return ro;
 }

@@ -77,7 +77,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
   }
   absl::Status CheckBatch(const std::string& what, int64_t ids) const;
   ConfigLookup Configs() const {
-    return [this](const std::string& t) { return cluster_.Config(t); };
+    return [this](const std::string& t, std::shared_ptr<TableCounters>*) {
+      return cluster_.Config(t);
+    };
   }
 
   const CoordinatorOptions options_;

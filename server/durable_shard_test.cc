@@ -11,6 +11,8 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/support/local_server.h"
+#include "tests/support/faulty_store.h"
 #include "server/shard_service.h"
 
 namespace tessera::server {
@@ -18,37 +20,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// RocksDB underneath; every write fails while `full` is set, as on a full disk.
-class FullDiskStore final : public storage::KvStore {
- public:
-  FullDiskStore(std::unique_ptr<storage::KvStore> inner, std::atomic<bool>* full)
-      : inner_(std::move(inner)), full_(full) {}
-  absl::Status Write(absl::Span<const storage::KvWrite> w, bool sync) override {
-    return full_->load() ? Full() : inner_->Write(w, sync);
-  }
-  absl::Status WriteUnlogged(absl::Span<const storage::KvWrite> w) override {
-    return full_->load() ? Full() : inner_->WriteUnlogged(w);
-  }
-  absl::StatusOr<std::optional<std::string>> Get(absl::string_view key) const override {
-    return inner_->Get(key);
-  }
-  absl::Status Scan(
-      absl::string_view prefix,
-      const std::function<absl::Status(absl::string_view, absl::string_view)>& fn) const override {
-    return inner_->Scan(prefix, fn);
-  }
-  absl::Status Checkpoint(const std::string& dir) override {
-    return full_->load() ? Full() : inner_->Checkpoint(dir);
-  }
-  int64_t ApproximateBytes() const override { return inner_->ApproximateBytes(); }
-
- private:
-  static absl::Status Full() { return absl::ResourceExhaustedError("No space left on device"); }
-  std::unique_ptr<storage::KvStore> inner_;
-  std::atomic<bool>* full_;
-};
-
-class DurableShardTest : public testing::Test {
+class DurableShardTest : public ::testing::Test {
  protected:
   void SetUp() override {
     std::string tmpl = (fs::temp_directory_path() / "tessera-shard-XXXXXX").string();
@@ -65,24 +37,17 @@ class DurableShardTest : public testing::Test {
       storage::DurableOptions o;
       o.data_dir = dir_;
       o.log = [](const std::string&) {};
-      o.open_store = [this](const std::string& path, const storage::KvStoreOptions& ko)
-          -> absl::StatusOr<std::unique_ptr<storage::KvStore>> {
-        auto inner = storage::OpenRocksDbStore(path, ko);
-        if (!inner.ok()) return inner.status();
-        return std::unique_ptr<storage::KvStore>(new FullDiskStore(*std::move(inner), &full_));
-      };
+      // Every write fails while faults_.writes is set, as on a full disk.
+      o.open_store = testing::FaultyRocksDbStores(&faults_);
       tables_ = std::move(storage::DurableCollection::Open(o)).value();
     } else {
       tables_ = std::move(embedding::NewInProcessCollection(1)).value();
     }
     service_ = std::make_unique<ShardService>(tables_.get(), ShardOptions());
-    grpc::ServerBuilder b;
     int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.RegisterService(service_.get());
-    server_ = b.BuildAndStart();
-    stub_ = v1::EmbeddingShard::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                                                            grpc::InsecureChannelCredentials()));
+    server_ = testing::StartLocalServer(service_.get(), &port);
+    ASSERT_NE(server_, nullptr);
+    stub_ = v1::EmbeddingShard::NewStub(testing::LocalChannel(port));
   }
   void Stop() {
     if (server_) server_->Shutdown();
@@ -127,7 +92,7 @@ class DurableShardTest : public testing::Test {
   }
 
   std::string dir_;
-  std::atomic<bool> full_{false};
+  testing::StoreFaults faults_;
   std::unique_ptr<embedding::EmbeddingCollection> tables_;
   std::unique_ptr<ShardService> service_;
   std::unique_ptr<grpc::Server> server_;
@@ -140,10 +105,10 @@ TEST_F(DurableShardTest, FullDiskFailsThePushOverTheWireAndChangesNothing) {
   const std::vector<int64_t> ids = {1, 2, 3};
   ASSERT_TRUE(Push(ids, 1.0f).ok());
   const auto before = Rows(ids);
-  full_ = true;
+  faults_.writes = true;
   grpc::Status s = Push({1, 2, 3, 4}, 2.0f);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_THAT(s.error_message(), testing::HasSubstr("No space left on device"));
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("No space left on device"));
   EXPECT_EQ(Rows(ids), before);
   {
     grpc::ClientContext ctx;
@@ -153,7 +118,7 @@ TEST_F(DurableShardTest, FullDiskFailsThePushOverTheWireAndChangesNothing) {
     EXPECT_EQ(stub_->Checkpoint(&ctx, req, &resp).error_code(),
               grpc::StatusCode::RESOURCE_EXHAUSTED);
   }
-  full_ = false;
+  faults_.writes = false;
   Stop();
   Start(/*durable=*/true);  // what the disk holds: the first push, not the refused one
   EXPECT_EQ(Rows(ids), before);
@@ -289,9 +254,9 @@ TEST_F(DurableShardTest, APushTheDiskRefusedLeavesNoRecordAndAppliesWhenRepeated
     return stub_->PushGradients(&ctx, req, &resp);
   };
   const auto before = Rows(ids);
-  full_ = true;
+  faults_.writes = true;
   EXPECT_EQ(push().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  full_ = false;
+  faults_.writes = false;
   Stop();
   Start(/*durable=*/true);
   ASSERT_TRUE(push().ok());
@@ -307,7 +272,7 @@ TEST_F(DurableShardTest, CheckpointsNeedADataDirectory) {
   v1::CheckpointResponse resp;
   grpc::Status s = stub_->Checkpoint(&ctx, req, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_THAT(s.error_message(), testing::HasSubstr("--data_dir"));
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("--data_dir"));
 }
 
 }  // namespace

@@ -41,6 +41,7 @@ absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const Con
                                 v1::BatchLookupResponse* response, DecodedBatch* batch) {
   const size_t n = request.tables_size();
   batch->configs.clear();
+  batch->counters.assign(n, nullptr);
   batch->lookups.assign(n, {});
   batch->total_ids = 0;
   batch->id_copies.resize(n);
@@ -49,7 +50,7 @@ absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const Con
   response->clear_tables();
   for (size_t i = 0; i < n; ++i) {
     const v1::TableLookup& t = request.tables(i);
-    TESSERA_ASSIGN_OR_RETURN(v1::TableConfig c, config(t.table()));
+    TESSERA_ASSIGN_OR_RETURN(v1::TableConfig c, config(t.table(), &batch->counters[i]));
     const std::string where = TablePart(t.table(), i);
     embedding::TableBags& part = batch->lookups[i];
     part.table = t.table();
@@ -79,13 +80,14 @@ absl::Status PrepareBatchPush(const v1::BatchPushRequest& request, const ConfigL
                               DecodedBatch* batch) {
   const size_t n = request.tables_size();
   batch->configs.clear();
+  batch->counters.assign(n, nullptr);
   batch->pushes.assign(n, {});
   batch->total_ids = 0;
   batch->id_copies.resize(n);
   batch->float_copies.resize(n);
   for (size_t i = 0; i < n; ++i) {
     const v1::TableGradients& t = request.tables(i);
-    TESSERA_ASSIGN_OR_RETURN(v1::TableConfig c, config(t.table()));
+    TESSERA_ASSIGN_OR_RETURN(v1::TableConfig c, config(t.table(), &batch->counters[i]));
     const std::string where = TablePart(t.table(), i);
     embedding::TableGradients& part = batch->pushes[i];
     part.table = t.table();

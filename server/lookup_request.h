@@ -1,7 +1,9 @@
 #ifndef TESSERA_SERVER_LOOKUP_REQUEST_H_
 #define TESSERA_SERVER_LOOKUP_REQUEST_H_
 
+#include <atomic>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,14 +29,23 @@ struct LookupView {
 absl::StatusOr<LookupView> PrepareLookup(const v1::LookupRequest& request, int dim,
                                          v1::LookupResponse* response);
 
-// The table configs a batched request names, looked up by the server that serves it.
-using ConfigLookup = std::function<absl::StatusOr<v1::TableConfig>(const std::string& table)>;
+// A table's request counts on a shard, bumped without a lock by the RPCs that serve it.
+struct TableCounters {
+  std::atomic<int64_t> lookups{0};  // ids looked up
+  std::atomic<int64_t> updates{0};  // distinct ids updated
+};
+
+// The config of a table a batched request names, looked up by the server that serves it,
+// and that table's counters (left null by a server that keeps none).
+using ConfigLookup = std::function<absl::StatusOr<v1::TableConfig>(
+    const std::string& table, std::shared_ptr<TableCounters>* counters)>;
 
 // A batched request decoded into spans over its packed fields, with each table's config.
 // Holds copies of fields that were not aligned for their type (never, for a parsed
 // message), so it must outlive the spans.
 struct DecodedBatch {
   std::vector<v1::TableConfig> configs;             // per table of the request
+  std::vector<std::shared_ptr<TableCounters>> counters;  // per table (null: none kept)
   std::vector<embedding::TableBags> lookups;        // BatchLookup
   std::vector<embedding::TableGradients> pushes;    // BatchPush
   int64_t total_ids = 0;

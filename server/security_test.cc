@@ -260,7 +260,7 @@ class TlsTest : public ::testing::Test {
     o.mode = mode;
     o.security = security;
     o.deadline = std::chrono::milliseconds(2000);
-    o.max_retries = 1;
+    o.retry.max_retries = 1;
     return client::EmbeddingClient::Connect(coordinator_address_, o);
   }
 

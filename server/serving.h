@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "client/channel_policy.h"
 #include "grpcpp/grpcpp.h"
 #include "base/logging.h"
 #include "base/metrics.h"
@@ -14,7 +15,7 @@ namespace tessera::server {
 struct ListenOptions {
   std::string host = "127.0.0.1";     // loopback unless told otherwise
   int port = 0;                       // 0 picks a free port
-  int max_message_bytes = 256 << 20;  // largest message accepted or sent
+  int max_message_bytes = client::kMaxMessageBytes;  // largest message accepted or sent
   std::shared_ptr<grpc::ServerCredentials>
       credentials;             // TLS (MakeServerCredentials); null: plaintext
   base::Metrics* metrics = nullptr;  // counts and times every RPC when set; must outlive the server

@@ -12,6 +12,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "client/channel_policy.h"
 #include "embedding/collection.h"
 #include "embedding/inprocess_collection.h"
 #include "embedding/storage/durable_collection.h"
@@ -28,7 +29,8 @@ ABSL_FLAG(int, shard_index, 0, "this shard's index in the shard map");
 ABSL_FLAG(int, num_shards, 1, "shards in the shard map");
 ABSL_FLAG(uint64_t, shard_map_version, 1, "shard map version this shard serves");
 ABSL_FLAG(int64_t, max_batch_ids, 1 << 20, "ids per request before RESOURCE_EXHAUSTED");
-ABSL_FLAG(int, max_message_bytes, 256 << 20, "largest gRPC message accepted or sent");
+ABSL_FLAG(int, max_message_bytes, tessera::client::kMaxMessageBytes,
+          "largest gRPC message accepted or sent");
 ABSL_FLAG(int, max_tables, 1024,
           "tables this server holds; creating one more is RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, data_dir, "",

@@ -39,10 +39,12 @@ absl::Status ShardService::ReloadConfigs() {
   if (!tables.ok()) return tables.status();
   absl::MutexLock lock(&mu_);
   configs_.clear();
-  std::map<std::string, Counters> counters;
+  std::map<std::string, std::shared_ptr<TableCounters>> counters;
   for (const auto& c : *tables) {
     configs_[c.name()] = c;
-    counters[c.name()] = counters_[c.name()];  // tables no longer held leave the stats
+    // Tables no longer held leave the stats; those still held keep their counts.
+    std::shared_ptr<TableCounters>& kept = counters_[c.name()];
+    counters[c.name()] = kept != nullptr ? kept : std::make_shared<TableCounters>();
   }
   counters_ = std::move(counters);
   return absl::OkStatus();
@@ -163,12 +165,17 @@ grpc::Status ShardService::ListCheckpoints(grpc::ServerContext* context,
   });
 }
 
-absl::StatusOr<v1::TableConfig> ShardService::Config(const std::string& table) const {
+absl::StatusOr<v1::TableConfig> ShardService::Config(
+    const std::string& table, std::shared_ptr<TableCounters>* counters) const {
   absl::ReaderMutexLock lock(&mu_);
   auto it = configs_.find(table);
   if (it == configs_.end()) {
     return absl::NotFoundError(
         absl::StrCat("table '", table, "' not found on shard ", options_.shard_index));
+  }
+  if (counters != nullptr) {
+    auto c = counters_.find(table);
+    *counters = c != counters_.end() ? c->second : nullptr;
   }
   return it->second;
 }
@@ -250,7 +257,9 @@ grpc::Status ShardService::CreateTable(grpc::ServerContext* context,
       }
       absl::MutexLock lock(&mu_);
       configs_.try_emplace(config.name(), config);
-      counters_[config.name()];
+      if (counters_[config.name()] == nullptr) {
+        counters_[config.name()] = std::make_shared<TableCounters>();
+      }
     }
     *response->mutable_config() = config;
     return absl::OkStatus();
@@ -269,7 +278,8 @@ grpc::Status ShardService::ListTables(grpc::ServerContext* context, const v1::Li
 grpc::Status ShardService::Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
                                   v1::LookupResponse* response) {
   return Serve(context, Access::kRead, [&]() -> absl::Status {
-    TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(request->table()));
+    std::shared_ptr<TableCounters> counters;
+    TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(request->table(), &counters));
     TESSERA_RETURN_IF_ERROR(CheckBatch(absl::StrCat("table '", request->table(), "'"),
                                        request->ids_size(), request->shard_map_version()));
     TESSERA_RETURN_IF_ERROR(
@@ -285,8 +295,7 @@ grpc::Status ShardService::Lookup(grpc::ServerContext* context, const v1::Lookup
       response->Clear();
       return s;
     }
-    absl::MutexLock lock(&mu_);
-    counters_[request->table()].lookups += request->ids_size();
+    if (counters != nullptr) counters->lookups += request->ids_size();
     return absl::OkStatus();
   });
 }
@@ -296,8 +305,7 @@ grpc::Status ShardService::BatchLookup(grpc::ServerContext* context,
                                        v1::BatchLookupResponse* response) {
   return Serve(context, Access::kRead, [&]() -> absl::Status {
     thread_local DecodedBatch batch;
-    TESSERA_RETURN_IF_ERROR(PrepareBatchLookup(
-        *request, [&](const std::string& t) { return Config(t); }, response, &batch));
+    TESSERA_RETURN_IF_ERROR(PrepareBatchLookup(*request, Configs(), response, &batch));
     TESSERA_RETURN_IF_ERROR(CheckBatch("batched lookup", batch.total_ids,
                                        request->shard_map_version()));
     for (size_t i = 0; i < batch.lookups.size(); ++i) {
@@ -311,9 +319,10 @@ grpc::Status ShardService::BatchLookup(grpc::ServerContext* context,
       return s;
     }
     response->set_incarnation(incarnation_);
-    absl::MutexLock lock(&mu_);
-    for (const auto& part : batch.lookups) {
-      counters_[part.table].lookups += static_cast<int64_t>(part.ids.size());
+    for (size_t i = 0; i < batch.lookups.size(); ++i) {
+      if (batch.counters[i] != nullptr) {
+        batch.counters[i]->lookups += static_cast<int64_t>(batch.lookups[i].ids.size());
+      }
     }
     return absl::OkStatus();
   });
@@ -348,8 +357,9 @@ absl::StatusOr<std::vector<int64_t>> ShardService::ApplyPush(const DecodedBatch&
           TESSERA_RETURN_IF_ERROR(tessera::SetAsidePartlyApplied(std::move(applied), &partly));
           embedding::Unique(part.ids, &unique, &inverse);
           done->push_back(static_cast<int64_t>(unique.size()));
-          absl::MutexLock lock(&mu_);
-          counters_[part.table].updates += static_cast<int64_t>(unique.size());
+          if (i < batch.counters.size() && batch.counters[i] != nullptr) {
+            batch.counters[i]->updates += static_cast<int64_t>(unique.size());
+          }
         }
         return partly;
       }));
@@ -360,12 +370,14 @@ grpc::Status ShardService::PushGradients(grpc::ServerContext* context,
                                          const v1::PushGradientsRequest* request,
                                          v1::PushGradientsResponse* response) {
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
-    TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(request->table()));
+    std::shared_ptr<TableCounters> counters;
+    TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(request->table(), &counters));
     TESSERA_RETURN_IF_ERROR(CheckBatch(absl::StrCat("table '", request->table(), "'"),
                                        request->ids_size(), request->shard_map_version()));
     const absl::Span<const int64_t> ids(request->ids().data(), request->ids_size());
     TESSERA_RETURN_IF_ERROR(CheckOwnership(config, ids));
     thread_local DecodedBatch batch;
+    batch.counters.assign(1, std::move(counters));
     batch.pushes.assign(1, {request->table(), ids,
                             absl::MakeConstSpan(request->gradients().data(),
                                                 request->gradients_size())});
@@ -386,8 +398,7 @@ grpc::Status ShardService::BatchPush(grpc::ServerContext* context,
                                      v1::BatchPushResponse* response) {
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
     thread_local DecodedBatch batch;
-    TESSERA_RETURN_IF_ERROR(PrepareBatchPush(
-        *request, [&](const std::string& t) { return Config(t); }, &batch));
+    TESSERA_RETURN_IF_ERROR(PrepareBatchPush(*request, Configs(), &batch));
     TESSERA_RETURN_IF_ERROR(
         CheckBatch("batched push", batch.total_ids, request->shard_map_version()));
     for (size_t i = 0; i < batch.pushes.size(); ++i) {
@@ -443,13 +454,18 @@ absl::StatusOr<std::vector<int64_t>> ShardService::ApplyMergedPush(
   if (id.client_id == 0) id.client_id = 1;
   DecodedBatch batch;
   batch.pushes.assign(merged.begin(), merged.end());
+  batch.counters.resize(merged.size());
+  for (size_t i = 0; i < merged.size(); ++i) {
+    // A table dropped meanwhile has no counters; its part is refused as NotFound below.
+    if (!Config(merged[i].table, &batch.counters[i]).ok()) batch.counters[i] = nullptr;
+  }
   return ApplyPush(batch, step, id);
 }
 
 grpc::Status ShardService::Stats(grpc::ServerContext* context, const v1::StatsRequest* request,
                                  v1::StatsResponse* response) {
   return Serve(context, Access::kRead, [&]() -> absl::Status {
-    std::map<std::string, Counters> counters;
+    std::map<std::string, std::shared_ptr<TableCounters>> counters;
     {
       absl::ReaderMutexLock lock(&mu_);
       if (!request->table().empty() && configs_.count(request->table()) == 0) {
@@ -466,8 +482,8 @@ grpc::Status ShardService::Stats(grpc::ServerContext* context, const v1::StatsRe
       t->set_shard_index(options_.shard_index);
       t->set_rows(usage.rows);
       t->set_memory_bytes(usage.memory_bytes);
-      t->set_lookups(c.lookups);
-      t->set_updates(c.updates);
+      t->set_lookups(c->lookups.load());
+      t->set_updates(c->updates.load());
       t->set_evictions(usage.evictions);
     }
     // Servers without storage have no checkpoints to report.

@@ -78,11 +78,6 @@ class ShardService final : public v1::EmbeddingShard::Service {
                                v1::ListCheckpointsResponse* response) override;
 
  private:
-  struct Counters {
-    int64_t lookups = 0;
-    int64_t updates = 0;
-  };
-
   // Checks the caller's token for `access`, then runs `handler` and maps its status.
   // Every answer, refusals included, carries this process's incarnation in its trailing
   // metadata (client::kIncarnationMetadata), so that a caller sees a restart even in an
@@ -94,7 +89,15 @@ class ShardService final : public v1::EmbeddingShard::Service {
   }
 
   // The table's config, or NotFound.
-  absl::StatusOr<v1::TableConfig> Config(const std::string& table) const;
+  // `*counters` (when given): the table's counters.
+  absl::StatusOr<v1::TableConfig> Config(const std::string& table,
+                                         std::shared_ptr<TableCounters>* counters = nullptr) const;
+  // Config(), as a batched request's decoder asks for it.
+  ConfigLookup Configs() const {
+    return [this](const std::string& t, std::shared_ptr<TableCounters>* counters) {
+      return Config(t, counters);
+    };
+  }
   // Checks the ids of a request: their count against the limit, the map version.
   absl::Status CheckBatch(const std::string& table, int64_t ids, uint64_t version) const;
   // Checks that every id belongs to this shard.
@@ -122,7 +125,8 @@ class ShardService final : public v1::EmbeddingShard::Service {
   StepAggregator steps_;  // synchronous pushes of data-parallel workers
   mutable absl::Mutex mu_;
   std::map<std::string, v1::TableConfig> configs_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, Counters> counters_ ABSL_GUARDED_BY(mu_);
+  // Per table held; the map changes under the lock, the counts move without it.
+  std::map<std::string, std::shared_ptr<TableCounters>> counters_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera::server

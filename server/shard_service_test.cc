@@ -13,11 +13,12 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "gtest/gtest.h"
+#include "tests/support/local_server.h"
 
 namespace tessera::server {
 namespace {
 
-class ShardServiceTest : public testing::Test {
+class ShardServiceTest : public ::testing::Test {
  protected:
   void Start(int index, int shards, int64_t max_batch = 1000) {
     tables_ = std::move(embedding::NewInProcessCollection(1)).value();
@@ -27,15 +28,10 @@ class ShardServiceTest : public testing::Test {
     o.shard_map_version = 7;
     o.max_batch_ids = max_batch;
     service_ = std::make_unique<ShardService>(tables_.get(), o);
-    grpc::EnableDefaultHealthCheckService(true);
-    grpc::ServerBuilder b;
     int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.RegisterService(service_.get());
-    server_ = b.BuildAndStart();
-    ASSERT_NE(port, 0);
-    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                                   grpc::InsecureChannelCredentials());
+    server_ = testing::StartLocalServer(service_.get(), &port);
+    ASSERT_NE(server_, nullptr);
+    channel_ = testing::LocalChannel(port);
     stub_ = v1::EmbeddingShard::NewStub(channel_);
   }
   void TearDown() override {
@@ -161,7 +157,7 @@ TEST_F(ShardServiceTest, BadRequestsGetTheirCodesAndLeaveRowsBitIdentical) {
   };
   grpc::Status s = Push(push_of({1, 1, 1, 1, 1, 1}));
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(s.error_message(), testing::HasSubstr("dimension mismatch"));
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("dimension mismatch"));
   s = Push(push_of({1, 1, 1, 1, 1, 1, NAN, 1}));
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(Push(push_of({1, 1, 1, 1, 1, 1, INFINITY, 1})).error_code(),
@@ -182,7 +178,7 @@ TEST_F(ShardServiceTest, BadRequestsGetTheirCodesAndLeaveRowsBitIdentical) {
   stale.set_shard_map_version(6);
   s = Lookup(stale, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_THAT(s.error_message(), testing::HasSubstr("version 6"));
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("version 6"));
 
   grpc::ClientContext late;
   late.set_deadline(std::chrono::system_clock::now() - std::chrono::seconds(1));
@@ -213,7 +209,7 @@ TEST_F(ShardServiceTest, AnOverflowingUpdateIsRefusedForItsRowAndARepeatAppliesN
   push.mutable_request_id()->set_sequence(1);
   grpc::Status s = Push(push);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(s.error_message(), testing::HasSubstr("non-finite"));
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("non-finite"));
   ASSERT_TRUE(Lookup(LookupOf({1, 2}), &after).ok());
   for (int i = 0; i < 4; ++i) {
     EXPECT_NEAR(after.values(i), before.values(i) - 1.0f, 1e-5f);  // id 1 moved
@@ -234,7 +230,7 @@ TEST_F(ShardServiceTest, RefusesIdsOwnedByAnotherShard) {
   EXPECT_TRUE(Lookup(LookupOf({mine}), &resp).ok());
   grpc::Status s = Lookup(LookupOf({mine, other}), &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_THAT(s.error_message(), testing::HasSubstr("refresh the shard map"));
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("refresh the shard map"));
 }
 
 TEST_F(ShardServiceTest, ServesGrpcHealth) {
@@ -341,7 +337,7 @@ TEST_F(ShardServiceTest, ASyncStepMissingAWorkerIsAbortedNamingItAndChangesNothi
   v1::BatchPushResponse resp;
   grpc::Status s = stub_->BatchPush(&ctx, alone, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED);
-  EXPECT_THAT(s.error_message(), testing::HasSubstr("worker(s) 1 of 2 did not push to shard 0"));
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("worker(s) 1 of 2 did not push to shard 0"));
   v1::LookupResponse after;
   ASSERT_TRUE(Lookup(LookupOf({1}), &after).ok());
   EXPECT_EQ(after.values(0), before.values(0));

@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/support/local_server.h"
 #include "server/coordinator_service.h"
 #include "tests/shard_process.h"
 
@@ -36,14 +37,10 @@ class CoordinatorTest : public ::testing::Test {
     server::CoordinatorOptions co;
     co.max_batch_ids = 5000;
     service_ = std::make_unique<server::CoordinatorService>(router_.get(), 1, co);
-    grpc::ServerBuilder b;
     int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.RegisterService(service_.get());
-    server_ = b.BuildAndStart();
-    ASSERT_NE(port, 0);
-    stub_ = v1::Coordinator::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                                                         grpc::InsecureChannelCredentials()));
+    server_ = testing::StartLocalServer(service_.get(), &port);
+    ASSERT_NE(server_, nullptr);
+    stub_ = v1::Coordinator::NewStub(testing::LocalChannel(port));
   }
   void TearDown() override {
     if (server_) server_->Shutdown();

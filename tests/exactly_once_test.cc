@@ -11,129 +11,21 @@
 #include "embedding/sharding.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/support/answer_loser.h"
+#include "tests/support/local_server.h"
 #include "server/coordinator_service.h"
 #include "server/shard_service.h"
 
 namespace tessera {
 namespace {
 
-std::unique_ptr<grpc::Server> Serve(grpc::Service* service, int* port) {
-  grpc::EnableDefaultHealthCheckService(true);  // the router's health checks
-  grpc::ServerBuilder b;
-  b.AddListeningPort("127.0.0.1:" + std::to_string(*port), grpc::InsecureServerCredentials(), port);
-  b.RegisterService(service);
-  return b.BuildAndStart();
-}
+using testing::StartLocalServer;
 
-// A shard that applies pushes (and drops and imports) and then, `lose_answers` times,
-// answers UNAVAILABLE as if the
-// answer had been lost on the way; and fails `fail_creates` CreateTable calls before
-// applying them.
-class AnswerLosingShard final : public v1::EmbeddingShard::Service {
- public:
-  explicit AnswerLosingShard(server::ShardService* inner) : inner_(inner) {}
-  std::atomic<int> lose_answers{0};
-  std::atomic<int> fail_creates{0};
-  std::atomic<int> pushes_seen{0};
-
-  grpc::Status CreateTable(grpc::ServerContext* c, const v1::CreateTableRequest* q,
-                           v1::CreateTableResponse* r) override {
-    if (fail_creates.fetch_sub(1) > 0) return {grpc::StatusCode::UNAVAILABLE, "injected"};
-    return inner_->CreateTable(c, q, r);
-  }
-  grpc::Status ListTables(grpc::ServerContext* c, const v1::ListTablesRequest* q,
-                          v1::ListTablesResponse* r) override {
-    return inner_->ListTables(c, q, r);
-  }
-  grpc::Status Lookup(grpc::ServerContext* c, const v1::LookupRequest* q,
-                      v1::LookupResponse* r) override {
-    return inner_->Lookup(c, q, r);
-  }
-  grpc::Status BatchLookup(grpc::ServerContext* c, const v1::BatchLookupRequest* q,
-                           v1::BatchLookupResponse* r) override {
-    return inner_->BatchLookup(c, q, r);
-  }
-  grpc::Status PushGradients(grpc::ServerContext* c, const v1::PushGradientsRequest* q,
-                             v1::PushGradientsResponse* r) override {
-    return Lose(inner_->PushGradients(c, q, r));
-  }
-  grpc::Status BatchPush(grpc::ServerContext* c, const v1::BatchPushRequest* q,
-                         v1::BatchPushResponse* r) override {
-    return Lose(inner_->BatchPush(c, q, r));
-  }
-  grpc::Status DropTable(grpc::ServerContext* c, const v1::DropTableRequest* q,
-                         v1::DropTableResponse* r) override {
-    return Lose(inner_->DropTable(c, q, r));
-  }
-  grpc::Status ImportRows(grpc::ServerContext* c, const v1::ImportRowsRequest* q,
-                          v1::ImportRowsResponse* r) override {
-    return Lose(inner_->ImportRows(c, q, r));
-  }
-  grpc::Status AlterTable(grpc::ServerContext* c, const v1::AlterTableRequest* q,
-                          v1::AlterTableResponse* r) override {
-    return Lose(inner_->AlterTable(c, q, r));
-  }
-
- private:
-  grpc::Status Lose(grpc::Status applied) {
-    ++pushes_seen;
-    if (applied.ok() && lose_answers.fetch_sub(1) > 0) {
-      return {grpc::StatusCode::UNAVAILABLE, "injected: applied, answer lost"};
-    }
-    return applied;
-  }
-  server::ShardService* inner_;
-};
-
-// The coordinator, losing the answers of `lose_answers` pushes, drops or imports it
-// carried out.
-class AnswerLosingCoordinator final : public v1::Coordinator::Service {
- public:
-  explicit AnswerLosingCoordinator(server::CoordinatorService* inner) : inner_(inner) {}
-  std::atomic<int> lose_answers{0};
-
-  grpc::Status CreateTable(grpc::ServerContext* c, const v1::CreateTableRequest* q,
-                           v1::CreateTableResponse* r) override {
-    return inner_->CreateTable(c, q, r);
-  }
-  grpc::Status ListTables(grpc::ServerContext* c, const v1::ListTablesRequest* q,
-                          v1::ListTablesResponse* r) override {
-    return inner_->ListTables(c, q, r);
-  }
-  grpc::Status GetShardMap(grpc::ServerContext* c, const v1::GetShardMapRequest* q,
-                           v1::ShardMap* r) override {
-    return inner_->GetShardMap(c, q, r);
-  }
-  grpc::Status BatchLookup(grpc::ServerContext* c, const v1::BatchLookupRequest* q,
-                           v1::BatchLookupResponse* r) override {
-    return inner_->BatchLookup(c, q, r);
-  }
-  grpc::Status BatchPush(grpc::ServerContext* c, const v1::BatchPushRequest* q,
-                         v1::BatchPushResponse* r) override {
-    return Lose(inner_->BatchPush(c, q, r));
-  }
-  grpc::Status DropTable(grpc::ServerContext* c, const v1::DropTableRequest* q,
-                         v1::DropTableResponse* r) override {
-    return Lose(inner_->DropTable(c, q, r));
-  }
-  grpc::Status AlterTable(grpc::ServerContext* c, const v1::AlterTableRequest* q,
-                          v1::AlterTableResponse* r) override {
-    return Lose(inner_->AlterTable(c, q, r));
-  }
-  grpc::Status ImportRows(grpc::ServerContext* c, const v1::ImportRowsRequest* q,
-                          v1::ImportRowsResponse* r) override {
-    return Lose(inner_->ImportRows(c, q, r));
-  }
-
- private:
-  grpc::Status Lose(grpc::Status applied) {
-    if (applied.ok() && lose_answers.fetch_sub(1) > 0) {
-      return {grpc::StatusCode::UNAVAILABLE, "injected: applied, answer lost"};
-    }
-    return applied;
-  }
-  server::CoordinatorService* inner_;
-};
+// What a shard and the coordinator carry out and can lose the answer of.
+const std::vector<std::string> kShardLosable = {"/PushGradients", "/BatchPush", "/DropTable",
+                                                "/ImportRows", "/AlterTable"};
+const std::vector<std::string> kCoordinatorLosable = {"/BatchPush", "/DropTable", "/AlterTable",
+                                                      "/ImportRows"};
 
 v1::TableConfig Sgd(const std::string& name, uint64_t seed) {
   v1::TableConfig c;
@@ -162,22 +54,22 @@ class ExactlyOnceTest : public ::testing::Test {
       o.shard_index = k;
       o.num_shards = kShards;
       shards_.push_back(std::make_unique<server::ShardService>(tables_[k].get(), o));
-      losing_.push_back(std::make_unique<AnswerLosingShard>(shards_[k].get()));
+      losing_.push_back(std::make_unique<testing::AnswerLoser>(kShardLosable));
       ports_.push_back(0);
-      servers_.push_back(Serve(losing_[k].get(), &ports_[k]));
+      servers_.push_back(StartLocalServer(shards_[k].get(), &ports_[k], losing_[k].get()));
       addresses.push_back("127.0.0.1:" + std::to_string(ports_[k]));
     }
     client::RouterOptions ro;
     ro.deadline = std::chrono::milliseconds(2000);
-    ro.max_retries = 4;
-    ro.initial_backoff = std::chrono::milliseconds(20);
+    ro.retry.max_retries = 4;
+    ro.retry.initial_backoff = std::chrono::milliseconds(20);
     ro.health_check_interval = std::chrono::milliseconds(100);
     router_ = std::make_unique<client::ShardRouter>(addresses, ro);
     coordinator_ = std::make_unique<server::CoordinatorService>(router_.get(), 1,
                                                                 server::CoordinatorOptions());
-    losing_coordinator_ = std::make_unique<AnswerLosingCoordinator>(coordinator_.get());
+    losing_coordinator_ = std::make_unique<testing::AnswerLoser>(kCoordinatorLosable);
     int port = 0;
-    coordinator_server_ = Serve(losing_coordinator_.get(), &port);
+    coordinator_server_ = StartLocalServer(coordinator_.get(), &port, losing_coordinator_.get());
     coordinator_address_ = "127.0.0.1:" + std::to_string(port);
     reference_ = std::move(embedding::NewInProcessCollection(kShards)).value();
   }
@@ -193,9 +85,9 @@ class ExactlyOnceTest : public ::testing::Test {
     client::ClientOptions o;
     o.mode = mode;
     o.deadline = std::chrono::milliseconds(3000);
-    o.max_retries = max_retries;
-    o.initial_backoff = std::chrono::milliseconds(20);
-    o.max_backoff = std::chrono::milliseconds(200);
+    o.retry.max_retries = max_retries;
+    o.retry.initial_backoff = std::chrono::milliseconds(20);
+    o.retry.max_backoff = std::chrono::milliseconds(200);
     auto c = client::EmbeddingClient::Connect(coordinator_address_, o);
     EXPECT_TRUE(c.ok()) << c.status();
     return std::move(c).value();
@@ -217,12 +109,12 @@ class ExactlyOnceTest : public ::testing::Test {
 
   std::vector<std::unique_ptr<embedding::EmbeddingCollection>> tables_;
   std::vector<std::unique_ptr<server::ShardService>> shards_;
-  std::vector<std::unique_ptr<AnswerLosingShard>> losing_;
+  std::vector<std::unique_ptr<testing::AnswerLoser>> losing_;  // one per shard
   std::vector<int> ports_;
   std::vector<std::unique_ptr<grpc::Server>> servers_;
   std::unique_ptr<client::ShardRouter> router_;
   std::unique_ptr<server::CoordinatorService> coordinator_;
-  std::unique_ptr<AnswerLosingCoordinator> losing_coordinator_;
+  std::unique_ptr<testing::AnswerLoser> losing_coordinator_;
   std::unique_ptr<grpc::Server> coordinator_server_;
   std::string coordinator_address_;
   std::unique_ptr<embedding::EmbeddingCollection> reference_;
@@ -251,12 +143,12 @@ TEST_F(ExactlyOnceTest, ShardsThatApplyAndLoseTheirAnswerApplyEachPushOnce) {
     CreateBoth(*c, Sgd("b", 12));
     const std::vector<int64_t> a = Ids(400, 1), b = Ids(300, 5);
     for (int step = 0; step < 3; ++step) {
-      losing_[1]->lose_answers = 2;  // shard 1 applies, twice in a row the answer is lost
-      const int seen0 = losing_[0]->pushes_seen, seen1 = losing_[1]->pushes_seen;
+      losing_[1]->LoseAnswers(2);  // shard 1 applies, twice in a row the answer is lost
+      const int seen0 = losing_[0]->calls(), seen1 = losing_[1]->calls();
       ASSERT_TRUE(PushOnes(*c, a, b, step).ok());
       ASSERT_TRUE(PushOnes(*reference_, a, b, step).ok());
-      EXPECT_EQ(losing_[0]->pushes_seen - seen0, 1) << "the healthy shard was sent it again";
-      EXPECT_EQ(losing_[1]->pushes_seen - seen1, 3);  // the first and two retries
+      EXPECT_EQ(losing_[0]->calls() - seen0, 1) << "the healthy shard was sent it again";
+      EXPECT_EQ(losing_[1]->calls() - seen1, 3);  // the first and two retries
     }
     ExpectRowsEqualReference(*c, "a", a);
     ExpectRowsEqualReference(*c, "b", b);
@@ -272,8 +164,8 @@ TEST_F(ExactlyOnceTest, ACoordinatorThatAppliesAndLosesItsAnswerAppliesThePushOn
   CreateBoth(*c, Sgd("a", 11));
   CreateBoth(*c, Sgd("b", 12));
   const std::vector<int64_t> a = Ids(400, 1), b = Ids(300, 5);
-  losing_coordinator_->lose_answers = 2;
-  losing_[0]->lose_answers = 1;  // and one shard behind it loses one too
+  losing_coordinator_->LoseAnswers(2);
+  losing_[0]->LoseAnswers(1);  // and one shard behind it loses one too
   ASSERT_TRUE(PushOnes(*c, a, b, 1).ok());
   ASSERT_TRUE(PushOnes(*reference_, a, b, 1).ok());
   ExpectRowsEqualReference(*c, "a", a);
@@ -288,7 +180,7 @@ TEST_F(ExactlyOnceTest, AFailedPushRepeatedWithItsRequestIdCompletesWithoutApply
   const embedding::RequestId id = c->NextRequestId();
   std::vector<float> ga(a.size() * 4, 1.0f), gb(b.size() * 4, 2.0f);
   const std::vector<embedding::TableGradients> parts = {{"a", a, ga}, {"b", b, gb}};
-  losing_[1]->lose_answers = 1;
+  losing_[1]->LoseAnswers(1);
   embedding::PushOptions options;
   options.request_id = id;
   const absl::Status failed = c->PushBatch(parts, 1, options);
@@ -316,13 +208,14 @@ TEST_F(ExactlyOnceTest, AShardGoneInTheMiddleOfAFanOutIsRetriedAloneOnceItIsBack
     const std::vector<int64_t> a = Ids(400, 1), b = Ids(300, 5);
     servers_[1]->Shutdown();
     servers_[1].reset();
-    const int seen0 = losing_[0]->pushes_seen;
+    const int seen0 = losing_[0]->calls();
     std::vector<float> ga(a.size() * 4, 1.0f), gb(b.size() * 4, 2.0f);
     const std::vector<embedding::TableGradients> parts = {{ta, a, ga}, {tb, b, gb}};
     absl::Status pushed;
     std::thread push([&] { pushed = c->PushBatch(parts, 1); });
     std::this_thread::sleep_for(std::chrono::milliseconds(150));
-    servers_[1] = Serve(losing_[1].get(), &ports_[1]);  // back on its port, rows kept
+    // Back on its port, rows kept.
+    servers_[1] = StartLocalServer(shards_[1].get(), &ports_[1], losing_[1].get());
     ASSERT_NE(servers_[1], nullptr);
     push.join();
     ASSERT_TRUE(pushed.ok()) << pushed;
@@ -330,7 +223,7 @@ TEST_F(ExactlyOnceTest, AShardGoneInTheMiddleOfAFanOutIsRetriedAloneOnceItIsBack
     ExpectRowsEqualReference(*c, ta, a);
     ExpectRowsEqualReference(*c, tb, b);
     if (mode == client::ClientOptions::Mode::kSmart) {
-      EXPECT_EQ(losing_[0]->pushes_seen - seen0, 1) << "the healthy shard was sent it again";
+      EXPECT_EQ(losing_[0]->calls() - seen0, 1) << "the healthy shard was sent it again";
     }
   }
 }
@@ -341,8 +234,8 @@ TEST_F(ExactlyOnceTest, AShardGoneInTheMiddleOfAFanOutIsRetriedAloneOnceItIsBack
 TEST_F(ExactlyOnceTest, DropsAndImportsThatApplyAndLoseTheirAnswerEndAsOneCall) {
   auto c = Connect(client::ClientOptions::Mode::kCoordinator);
   CreateBoth(*c, Sgd("gone", 7));
-  losing_coordinator_->lose_answers = 1;
-  losing_[0]->lose_answers = 1;
+  losing_coordinator_->LoseAnswers(1);
+  losing_[0]->LoseAnswers(1);
   ASSERT_TRUE(c->DropTable("gone").ok());
   auto tables = c->ListTables();
   ASSERT_TRUE(tables.ok());
@@ -354,8 +247,8 @@ TEST_F(ExactlyOnceTest, DropsAndImportsThatApplyAndLoseTheirAnswerEndAsOneCall) 
   rows.dim = 4;
   rows.ids = Ids(300, 2);
   for (size_t i = 0; i < rows.ids.size() * 4; ++i) rows.weights.push_back(0.001f * i);
-  losing_coordinator_->lose_answers = 1;
-  losing_[1]->lose_answers = 1;
+  losing_coordinator_->LoseAnswers(1);
+  losing_[1]->LoseAnswers(1);
   ASSERT_TRUE(c->ImportRows("rows", rows).ok());
   ASSERT_TRUE(reference_->ImportRows("rows", rows).ok());
   ExpectRowsEqualReference(*c, "rows", rows.ids);
@@ -371,8 +264,8 @@ TEST_F(ExactlyOnceTest, DropsAndImportsThatApplyAndLoseTheirAnswerEndAsOneCall) 
 TEST_F(ExactlyOnceTest, AnAlterThatAppliesAndLosesItsAnswerEndsAsOneCall) {
   auto c = Connect(client::ClientOptions::Mode::kCoordinator);
   CreateBoth(*c, Sgd("alt", 9));
-  losing_coordinator_->lose_answers = 1;
-  losing_[1]->lose_answers = 1;
+  losing_coordinator_->LoseAnswers(1);
+  losing_[1]->LoseAnswers(1);
   v1::OptimizerConfig slower;
   slower.set_learning_rate(0.125f);
   auto altered = c->AlterTable("alt", slower);
@@ -395,10 +288,10 @@ TEST_F(ExactlyOnceTest, AnAlterThatAppliesAndLosesItsAnswerEndsAsOneCall) {
 
 TEST_F(ExactlyOnceTest, AHalfFailedCreateTableRetriedSucceeds) {
   auto c = Connect(client::ClientOptions::Mode::kCoordinator, /*max_retries=*/0);
-  losing_[1]->fail_creates = 10;  // more than the coordinator's own retries
+  losing_[1]->RefuseNext("/CreateTable", 10);  // more than the coordinator's own retries
   const absl::Status failed = c->CreateTable(Sgd("half", 3));
   EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable) << failed;
-  losing_[1]->fail_creates = 0;
+  losing_[1]->RefuseNext("/CreateTable", 0);
   ASSERT_TRUE(c->CreateTable(Sgd("half", 3)).ok());  // shard 0 has it already: still OK
   ASSERT_TRUE(reference_->CreateTable(Sgd("half", 3)).ok());
   const std::vector<int64_t> ids = Ids(100, 3);
@@ -436,8 +329,7 @@ TEST_F(ExactlyOnceTest, AMemoryOnlyShardThatRestartsServesItsTablesAgain) {
   o.shard_index = 1;
   o.num_shards = kShards;
   auto fresh = std::make_unique<server::ShardService>(tables_[1].get(), o);
-  auto fresh_front = std::make_unique<AnswerLosingShard>(fresh.get());
-  servers_[1] = Serve(fresh_front.get(), &ports_[1]);
+  servers_[1] = StartLocalServer(fresh.get(), &ports_[1], losing_[1].get());
   ASSERT_NE(servers_[1], nullptr);
 
   // Re-admitted, it is given the table again: lookups find it; its rows start over from
@@ -464,7 +356,6 @@ TEST_F(ExactlyOnceTest, AMemoryOnlyShardThatRestartsServesItsTablesAgain) {
   servers_[1]->Shutdown();
   servers_[1].reset();
   shards_[1] = std::move(fresh);
-  losing_[1] = std::move(fresh_front);
 }
 
 // Issue 25, item 5: a memory-only shard that restarts faster than the health checks can
@@ -480,7 +371,6 @@ TEST_F(ExactlyOnceTest, AShardBackBeforeTheHealthChecksNoticedIsGivenItsTablesAg
     ASSERT_TRUE(c->Lookup("q", ids, absl::MakeSpan(got), {}).ok());  // incarnations heard
   }
   std::vector<std::unique_ptr<server::ShardService>> retired;
-  std::vector<std::unique_ptr<AnswerLosingShard>> retired_fronts;
   for (auto* first : {smart.get(), routed.get()}) {
     // Shard 1 restarts on its port, empty, without a health check failing twice.
     servers_[1]->Shutdown();
@@ -490,8 +380,7 @@ TEST_F(ExactlyOnceTest, AShardBackBeforeTheHealthChecksNoticedIsGivenItsTablesAg
     o.shard_index = 1;
     o.num_shards = kShards;
     retired.push_back(std::make_unique<server::ShardService>(tables_.back().get(), o));
-    retired_fronts.push_back(std::make_unique<AnswerLosingShard>(retired.back().get()));
-    servers_[1] = Serve(retired_fronts.back().get(), &ports_[1]);
+    servers_[1] = StartLocalServer(retired.back().get(), &ports_[1], losing_[1].get());
     ASSERT_NE(servers_[1], nullptr);
     ASSERT_TRUE(router_->serving(1));
     // The first call after the restart succeeds: no NOT_FOUND reaches the caller.

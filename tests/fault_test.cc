@@ -299,14 +299,14 @@ TEST(FaultTest, ClusterCheckpointRestoreAndRestarts) {
   shards[0]->Kill();
   EXPECT_TRUE(ShardServing(coordinator_address, 0, false)) << "shard 0 never reported down";
   client::ClientOptions no_retries = smart;
-  no_retries.max_retries = 0;
+  no_retries.retry.max_retries = 0;
   auto impatient = client::EmbeddingClient::Connect(coordinator_address, no_retries).value();
   std::vector<float> out(ids.size() * 8);
   absl::Status down = impatient->Lookup("ck", ids, absl::MakeSpan(out), {});
   EXPECT_EQ(down.code(), absl::StatusCode::kUnavailable) << down;
   EXPECT_NE(down.message().find("shard 0"), std::string::npos) << down;
   client::ClientOptions routed;
-  routed.max_retries = 0;
+  routed.retry.max_retries = 0;
   auto via = client::EmbeddingClient::Connect(coordinator_address, routed).value();
   down = via->Lookup("ck", ids, absl::MakeSpan(out), {});
   EXPECT_EQ(down.code(), absl::StatusCode::kUnavailable) << down;

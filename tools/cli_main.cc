@@ -40,6 +40,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/time/time.h"
 #include "absl/strings/str_split.h"
+#include "client/channel_policy.h"
 #include "client/security_flags.h"
 #include "client/shard_router.h"
 #include "embedding/collection.h"
@@ -116,7 +117,7 @@ tessera::client::ClientSecurity& Security() {
 }
 
 std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
-  grpc::ChannelArguments args;
+  grpc::ChannelArguments args = tessera::client::ChannelArgs();
   auto credentials = tessera::client::MakeChannelCredentials(Security(), &args);
   return grpc::CreateCustomChannel(address, credentials, args);
 }

@@ -78,8 +78,10 @@ absl::StatusOr<std::vector<std::string>> InProcessRendezvous::Get(
   State& st = *state_;
   absl::MutexLock lock(&st.mu);
   auto all_there = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return std::all_of(keys.begin(), keys.end(),
-                       [&](const std::string& k) { return st.values.count(k) > 0; });
+    for (const std::string& k : keys) {
+      if (st.values.count(k) == 0) return false;
+    }
+    return true;
   };
   if (!st.mu.AwaitWithTimeout(absl::Condition(&all_there), absl::FromChrono(timeout))) {
     return absl::DeadlineExceededError(

@@ -25,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "client/channel_policy.h"
 #include "client/embedding_client.h"
 #include "client/security_flags.h"
 #include "embedding/collection.h"
@@ -110,7 +111,7 @@ ABSL_FLAG(std::string, on_shard_restart, "resume",
           "when a shard restarts and its CHECKPOINT tables go back to their checkpoint: "
           "'resume' restores the model's newest checkpoint and trains on from it, 'fail' ends "
           "the run saying so");
-ABSL_FLAG(int, max_retries, 8,
+ABSL_FLAG(int, max_retries, tessera::client::RetryPolicy().max_retries,
           "with --coordinator: retries of a call that finds a server unavailable (backoff "
           "from 50 ms doubling to 1 s), so a restart within the budget goes unnoticed");
 
@@ -257,6 +258,17 @@ absl::Status CheckFlagRanges() {
   return absl::OkStatus();
 }
 
+// InternalError (what `differs` says of the first worker that differs) unless every
+// worker of `dp` passed the same `mine`.
+absl::Status SameOnEveryWorker(DataParallel* dp, const std::string& mine,
+                               const std::function<std::string(int worker)>& differs) {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<std::string> all, dp->AllGather(mine));
+  for (int w = 0; w < dp->size(); ++w) {
+    if (all[w] != all[0]) return absl::InternalError(differs(w));
+  }
+  return absl::OkStatus();
+}
+
 // --resume: restores the model's newest checkpoint and returns its step (0 when there
 // is none). Data-parallel, worker 0 restores the tables and its dense state and sends that
 // state to the others; every worker then checks that they all hold the same step and
@@ -325,19 +337,12 @@ absl::StatusOr<int64_t> ResumeWorkers(Trainer& trainer, DenseBackend* dense, Dat
                 static_cast<long long>(step), options.model.c_str());
   }
   // Every worker must now hold the same step and dense model.
-  struct Held {
-    int64_t step;
-    uint64_t fingerprint;
-  } held{step, Fingerprint(dense->Parameters())};
-  TESSERA_ASSIGN_OR_RETURN(
-      std::vector<std::string> all,
-      dp->AllGather(std::string(reinterpret_cast<const char*>(&held), sizeof(held))));
-  for (int w = 0; w < dp->size(); ++w) {
-    if (all[w] != all[0]) {
-      return absl::InternalError(absl::StrCat(
-          "resume: worker ", w, " holds another step or dense state than worker 0"));
-    }
-  }
+  const uint64_t held[2] = {static_cast<uint64_t>(step), Fingerprint(dense->Parameters())};
+  TESSERA_RETURN_IF_ERROR(SameOnEveryWorker(
+      dp, std::string(reinterpret_cast<const char*>(held), sizeof(held)), [](int w) {
+        return absl::StrCat("resume: worker ", w, " holds another step or dense state than "
+                            "worker 0");
+      }));
   return step;
 }
 
@@ -428,7 +433,7 @@ absl::Status ParsePlacementFlags(TrainFlags* f) {
     return absl::InvalidArgumentError("--client_mode must be smart or coordinator");
   }
   TESSERA_ASSIGN_OR_RETURN(f->client.security, client::ClientSecurityFromFlags());
-  f->client.max_retries = absl::GetFlag(FLAGS_max_retries);
+  f->client.retry.max_retries = absl::GetFlag(FLAGS_max_retries);
   DataParallelOptions& dpo = f->data_parallel;
   dpo.num_workers = f->num_workers;
   dpo.worker_index = f->worker;
@@ -851,15 +856,11 @@ absl::Status ReportTraining(const TrainFlags& f, const Trainer& trainer, const T
 // Data-parallel: every worker's dense model must be the same bits: says so, and checks it.
 absl::Status CheckWorkersAgree(DataParallel* dp, DenseBackend* dense, int worker) {
   const uint64_t mine = Fingerprint(dense->Parameters());
-  TESSERA_ASSIGN_OR_RETURN(
-      std::vector<std::string> all,
-      dp->AllGather(std::string(reinterpret_cast<const char*>(&mine), sizeof(mine))));
-  for (int w = 0; w < dp->size(); ++w) {
-    if (all[w] != all[0]) {
-      return absl::InternalError(absl::StrCat(
-          "data-parallel: worker ", w, "'s dense parameters differ from worker 0's"));
-    }
-  }
+  TESSERA_RETURN_IF_ERROR(SameOnEveryWorker(
+      dp, std::string(reinterpret_cast<const char*>(&mine), sizeof(mine)), [](int w) {
+        return absl::StrCat("data-parallel: worker ", w,
+                            "'s dense parameters differ from worker 0's");
+      }));
   const double per_step =
       dp->allreduces() > 0 ? 1e3 * dp->allreduce_seconds() / dp->allreduces() : 0.0;
   std::printf("data-parallel: worker %d of %d, dense parameters %016llx on every worker, "

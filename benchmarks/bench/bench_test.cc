@@ -3,7 +3,6 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "benchmarks/bench/ids.h"
 #include "benchmarks/bench/process_stats.h"
 #include "benchmarks/bench/report.h"
 #include "benchmarks/bench/runner.h"
@@ -25,27 +24,6 @@ TEST(Percentile, NearestRank) {
   EXPECT_EQ(Percentile(v, 0), 1);
   std::vector<double> empty;
   EXPECT_EQ(Percentile(empty, 50), 0);
-}
-
-TEST(ZipfSampler, FollowsThePowerLawAndStaysInRange) {
-  constexpr int64_t kN = 1000;
-  constexpr double kS = 1.1;
-  ZipfSampler zipf(kN, kS);
-  std::mt19937_64 rng(3);
-  std::map<int64_t, int> counts;
-  constexpr int kDraws = 200000;
-  for (int i = 0; i < kDraws; ++i) {
-    const int64_t k = zipf(rng);
-    ASSERT_GE(k, 1);
-    ASSERT_LE(k, kN);
-    ++counts[k];
-  }
-  double h = 0;
-  for (int64_t k = 1; k <= kN; ++k) h += std::pow(static_cast<double>(k), -kS);
-  for (int64_t k : {1, 2, 10}) {
-    const double expected = kDraws * std::pow(static_cast<double>(k), -kS) / h;
-    EXPECT_NEAR(counts[k], expected, 5 * std::sqrt(expected)) << "rank " << k;
-  }
 }
 
 TEST(Normalize, FillsDefaultsAndNamesBadFields) {

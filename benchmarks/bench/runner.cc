@@ -17,9 +17,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "benchmarks/bench/echo_ceiling.h"
-#include "benchmarks/bench/ids.h"
 #include "benchmarks/bench/local_cluster.h"
 #include "benchmarks/bench/process_stats.h"
+#include "benchmarks/memcpy_ceiling.h"
 #if TESSERA_HAVE_HIREDIS
 #include "benchmarks/bench/redis_collection.h"
 #endif
@@ -29,6 +29,7 @@
 #include "embedding/dtype.h"
 #include "embedding/optimizer.h"
 #include "base/status.h"
+#include "base/zipf_sampler.h"
 #include "trainer/coordinator_rendezvous.h"
 #include "trainer/data_parallel.h"
 #include "trainer/dense_backend.h"
@@ -135,24 +136,6 @@ int PoolBatches(int64_t max_rows, int64_t ids_per_table, size_t tables) {
   const int64_t cap = std::max<int64_t>(
       kMinPoolBatches, kPoolIdBudget / (ids_per_table * static_cast<int64_t>(tables)));
   return static_cast<int>(std::clamp<int64_t>(want, kMinPoolBatches, cap));
-}
-
-double MemcpyBytesPerSecond(int64_t table_bytes, int64_t step_bytes) {
-  if (step_bytes <= 0) return 0;
-  const int64_t size =
-      std::max<int64_t>(std::min<int64_t>(table_bytes, int64_t{1} << 30), 2 * step_bytes);
-  std::vector<char> src(size, 1), dst(step_bytes);
-  std::mt19937_64 rng(5);
-  const auto start = Clock::now();
-  int64_t moved = 0;
-  while (Seconds(Clock::now() - start) < 0.2) {
-    const int64_t at = static_cast<int64_t>(rng() % static_cast<uint64_t>(size - step_bytes + 1));
-    std::memcpy(dst.data(), src.data() + at, step_bytes);
-    moved += step_bytes;
-  }
-  volatile char sink = dst[static_cast<size_t>(rng() % static_cast<uint64_t>(step_bytes))];
-  (void)sink;
-  return moved / Seconds(Clock::now() - start);
 }
 
 // The (out, in) shape of every linear layer of `m`.
@@ -435,7 +418,7 @@ class ScenarioRun {
       for (const auto& t : work) {
         std::vector<int64_t> ids(ids_per_table);
         if (s.distribution() == "zipf") {
-          ZipfSampler zipf(t.rows, s.zipf_s());
+          base::ZipfSampler zipf(t.rows, s.zipf_s());
           for (auto& id : ids) id = zipf(rng) - 1;
         } else {
           for (auto& id : ids) id = static_cast<int64_t>(rng() % static_cast<uint64_t>(t.rows));

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "embedding/batch_ops.h"
 #include "embedding/sharding.h"
+#include "base/check.h"
 #include "base/status.h"
 #include "embedding/table_config.h"
 
@@ -227,101 +228,123 @@ absl::Status InProcessCollectionImpl::GatherUnique(ShardedTable& t,
 }
 
 absl::Status InProcessCollectionImpl::Lookup(absl::string_view table, absl::Span<const int64_t> ids,
-                                         absl::Span<float> out,
-                                         const embedding::LookupOptions& options) {
+                                             absl::Span<float> out,
+                                             const embedding::LookupOptions& options) {
   TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(table));
-  const int dim = t->config.dim();
   TESSERA_RETURN_IF_ERROR(
-      embedding::CheckRowsSize(table, "output", out.size(), ids.size(), dim, "ids"));
-  // One shard needs no routing, and the table reads repeated ids correctly itself.
-  if (num_shards_ == 1) return t->shards[0]->Lookup(ids, out.data(), options.insert_missing);
-  RequestScratch& s = Scratch();
-  embedding::Unique(ids, &s.unique_ids, &s.inverse);
-  s.rows.resize(s.unique_ids.size() * dim);
-  TESSERA_RETURN_IF_ERROR(GatherUnique(*t, s.unique_ids, s.rows.data(), options.insert_missing));
-  for (size_t i = 0; i < ids.size(); ++i) {
-    std::copy_n(s.rows.data() + static_cast<size_t>(s.inverse[i]) * dim, dim, out.data() + i * dim);
+      embedding::CheckRowsSize(table, "output", out.size(), ids.size(), t->config.dim(), "ids"));
+  return LookupChecked(*t, {std::string(table), ids, {}, {}, v1::SUM, out}, options);
+}
+
+absl::Status InProcessCollectionImpl::PooledLookup(absl::string_view table,
+                                                   absl::Span<const int64_t> ids,
+                                                   absl::Span<const int32_t> offsets,
+                                                   absl::Span<const float> weights,
+                                                   v1::Pooling pooling, absl::Span<float> out,
+                                                   const embedding::LookupOptions& options) {
+  TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(table));
+  TESSERA_RETURN_IF_ERROR(Annotate(embedding::ValidateBags(ids.size(), offsets, weights.size()),
+                                   absl::StrCat("table '", table, "'")));
+  const size_t bags = offsets.size() - 1;
+  TESSERA_RETURN_IF_ERROR(
+      embedding::CheckRowsSize(table, "output", out.size(), bags, t->config.dim(), "bags"));
+  TESSERA_RETURN_IF_ERROR(embedding::CheckFiniteWeights(absl::StrCat("table '", table, "'"),
+                                                        weights));
+  return LookupChecked(*t, {std::string(table), ids, offsets, weights, pooling, out}, options);
+}
+
+absl::Status InProcessCollectionImpl::LookupBatch(absl::Span<const embedding::TableBags> tables,
+                                                  const embedding::LookupOptions& options) {
+  for (const embedding::TableBags& part : tables) {
+    TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(part.table));
+    TESSERA_ASSIGN_OR_RETURN(const size_t rows,
+                             embedding::CheckLookupShape(absl::StrCat("table '", part.table, "'"),
+                                                         part.ids.size(), part.offsets,
+                                                         part.weights));
+    TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(part.table, "output", part.out.size(), rows,
+                                                     t->config.dim(),
+                                                     part.offsets.empty() ? "ids" : "bags"));
+    TESSERA_RETURN_IF_ERROR(LookupChecked(*t, part, options));
   }
   return absl::OkStatus();
 }
 
-absl::Status InProcessCollectionImpl::PooledLookup(absl::string_view table,
-                                               absl::Span<const int64_t> ids,
-                                               absl::Span<const int32_t> offsets,
-                                               absl::Span<const float> weights, v1::Pooling pooling,
-                                               absl::Span<float> out,
-                                               const embedding::LookupOptions& options) {
-  TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(table));
-  const int dim = t->config.dim();
-  TESSERA_RETURN_IF_ERROR(Annotate(embedding::ValidateBags(ids.size(), offsets, weights.size()),
-                                   absl::StrCat("table '", table, "'")));
-  const size_t bags = offsets.size() - 1;
-  TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(table, "output", out.size(), bags, dim, "bags"));
-  TESSERA_RETURN_IF_ERROR(embedding::CheckFiniteWeights(absl::StrCat("table '", table, "'"),
-                                                        weights));
+absl::Status InProcessCollectionImpl::LookupChecked(ShardedTable& t,
+                                                    const embedding::TableBags& part,
+                                                    const embedding::LookupOptions& options) {
+  const int dim = t.config.dim();
+  const bool pooled = !part.offsets.empty();
+  // One shard needs no routing, and the table reads repeated ids correctly itself.
+  if (!pooled && num_shards_ == 1) {
+    return t.shards[0]->Lookup(part.ids, part.out.data(), options.insert_missing);
+  }
   RequestScratch& s = Scratch();
-  embedding::Unique(ids, &s.unique_ids, &s.inverse);
+  embedding::Unique(part.ids, &s.unique_ids, &s.inverse);
   s.rows.resize(s.unique_ids.size() * dim);
-  TESSERA_RETURN_IF_ERROR(GatherUnique(*t, s.unique_ids, s.rows.data(), options.insert_missing));
-  embedding::PoolBags(s.rows.data(), dim, s.inverse, offsets, weights, pooling, out.data());
+  TESSERA_RETURN_IF_ERROR(GatherUnique(t, s.unique_ids, s.rows.data(), options.insert_missing));
+  if (pooled) {
+    embedding::PoolBags(s.rows.data(), dim, s.inverse, part.offsets, part.weights, part.pooling,
+                        part.out.data());
+    return absl::OkStatus();
+  }
+  for (size_t i = 0; i < part.ids.size(); ++i) {
+    std::copy_n(s.rows.data() + static_cast<size_t>(s.inverse[i]) * dim, dim,
+                part.out.data() + i * dim);
+  }
   return absl::OkStatus();
 }
 
-absl::StatusOr<InProcessCollectionImpl::TablePtr> InProcessCollectionImpl::CheckedPush(
-    absl::string_view table, absl::Span<const int64_t> ids,
-    absl::Span<const float> gradients) const {
-  TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(table));
-  const int dim = t->config.dim();
-  TESSERA_RETURN_IF_ERROR(
-      embedding::CheckRowsSize(table, "gradients", gradients.size(), ids.size(), dim, "ids"));
-  // Reject the whole batch before any shard changes.
-  TESSERA_RETURN_IF_ERROR(embedding::CheckFiniteGradients(table, ids, gradients.data(), dim));
-  return t;
-}
-
 absl::Status InProcessCollectionImpl::PushGradients(absl::string_view table,
-                                                absl::Span<const int64_t> ids,
-                                                absl::Span<const float> gradients, int64_t step) {
-  TESSERA_ASSIGN_OR_RETURN(TablePtr t, CheckedPush(table, ids, gradients));
-  return ApplyPush(*t, ids, gradients, step);
+                                                    absl::Span<const int64_t> ids,
+                                                    absl::Span<const float> gradients,
+                                                    int64_t step) {
+  const embedding::TableGradients part{std::string(table), ids, gradients};
+  return PushBatch({&part, 1}, step, {});
 }
 
 absl::Status InProcessCollectionImpl::PushBatch(absl::Span<const embedding::TableGradients> tables,
-                                            int64_t step, const embedding::PushOptions& options) {
+                                                int64_t step,
+                                                const embedding::PushOptions& options) {
   TESSERA_RETURN_IF_ERROR(embedding::RefuseSync(options));
+  // Every part is found, deduplicated, summed and checked before any row changes, so a
+  // bad part refuses the whole batch.
+  thread_local std::vector<embedding::SummedGradients> summed;
+  if (summed.size() < tables.size()) summed.resize(tables.size());
   std::vector<TablePtr> found;
   found.reserve(tables.size());
-  for (const auto& part : tables) {
-    TESSERA_ASSIGN_OR_RETURN(TablePtr t, CheckedPush(part.table, part.ids, part.gradients));
+  for (size_t i = 0; i < tables.size(); ++i) {
+    const embedding::TableGradients& part = tables[i];
+    TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(part.table));
+    TESSERA_RETURN_IF_ERROR(embedding::SumGradients(part.table, part.ids, part.gradients,
+                                                    t->config.dim(), &summed[i]));
     found.push_back(std::move(t));
   }
   absl::Status partly;  // the first part that kept some rows (non-finite results)
   for (size_t i = 0; i < tables.size(); ++i) {
-    TESSERA_RETURN_IF_ERROR(tessera::SetAsidePartlyApplied(
-        ApplyPush(*found[i], tables[i].ids, tables[i].gradients, step), &partly));
+    TESSERA_RETURN_IF_ERROR(
+        tessera::SetAsidePartlyApplied(ApplySummed(*found[i], summed[i], step), &partly));
   }
   return partly;
 }
 
-absl::Status InProcessCollectionImpl::ApplyPush(ShardedTable& t, absl::Span<const int64_t> ids,
-                                            absl::Span<const float> gradients, int64_t step) {
+absl::Status InProcessCollectionImpl::PushSummed(absl::string_view table,
+                                                 const embedding::SummedGradients& gradients,
+                                                 int64_t step) {
+  TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(table));
+  TESSERA_DCHECK(gradients.dim() == t->config.dim());
+  return ApplySummed(*t, gradients, step);
+}
+
+absl::Status InProcessCollectionImpl::ApplySummed(ShardedTable& t,
+                                                  const embedding::SummedGradients& g,
+                                                  int64_t step) {
   const int dim = t.config.dim();
   RequestScratch& s = Scratch();
-  embedding::Unique(ids, &s.unique_ids, &s.inverse);
-  s.rows.assign(s.unique_ids.size() * dim, 0.0f);
-  embedding::SumRowsByInverse(gradients.data(), dim, s.inverse, s.rows.data());
-  // Finite gradients of a repeated id can sum to Inf: refused here, before any shard
-  // applies its part (each shard would only refuse its own).
-  TESSERA_RETURN_IF_ERROR(Annotate(
-      embedding::CheckFiniteGradients(t.config.name(), s.unique_ids, s.rows.data(), dim),
-      "summed over repeated ids"));
-  if (num_shards_ == 1) {
-    return t.shards[0]->ApplyUniqueGradients(s.unique_ids, s.rows.data(), step);
-  }
-  Route(s.unique_ids, t.config.seed(), num_shards_, s);
-  s.routed_rows.resize(s.unique_ids.size() * dim);
+  if (num_shards_ == 1) return t.shards[0]->ApplyCheckedGradients(g.ids(), g.rows(), step);
+  Route(g.ids(), t.config.seed(), num_shards_, s);
+  s.routed_rows.resize(g.size() * dim);
   for (size_t i = 0; i < s.routed_pos.size(); ++i) {
-    std::copy_n(s.rows.data() + static_cast<size_t>(s.routed_pos[i]) * dim, dim,
+    std::copy_n(g.rows() + static_cast<size_t>(s.routed_pos[i]) * dim, dim,
                 s.routed_rows.data() + i * dim);
   }
   // Each shard's update is all or nothing; a shard whose budget cannot take its new rows
@@ -339,166 +362,15 @@ absl::Status InProcessCollectionImpl::ApplyPush(ShardedTable& t, absl::Span<cons
     const int32_t count = s.shard_begin[k + 1] - begin;
     if (count == 0) continue;
     TESSERA_RETURN_IF_ERROR(tessera::SetAsidePartlyApplied(
-        t.shards[k]->ApplyUniqueGradients(absl::MakeConstSpan(s.routed_ids).subspan(begin, count),
-                                          s.routed_rows.data() + static_cast<size_t>(begin) * dim,
-                                          step),
+        t.shards[k]->ApplyCheckedGradients(
+            absl::MakeConstSpan(s.routed_ids).subspan(begin, count),
+            s.routed_rows.data() + static_cast<size_t>(begin) * dim, step),
         &partly));
   }
   return partly;
 }
 
 }  // namespace tessera::embedding_internal
-
-namespace tessera::embedding {
-namespace {
-
-absl::Status NoStorage() {
-  return absl::FailedPreconditionError(
-      "this collection has no storage: checkpoints need a data directory (--data_dir)");
-}
-
-}  // namespace
-
-uint64_t RandomNonZeroId() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32 | rd()) | 1;
-}
-
-absl::Status EmbeddingCollection::LookupBatch(absl::Span<const TableBags> tables,
-                                              const LookupOptions& options) {
-  for (const TableBags& t : tables) {
-    TESSERA_RETURN_IF_ERROR(
-        CheckLookupShape(absl::StrCat("table '", t.table, "'"), t.ids.size(), t.offsets, t.weights)
-            .status());
-    TESSERA_RETURN_IF_ERROR(
-        t.offsets.empty()
-            ? Lookup(t.table, t.ids, t.out, options)
-            : PooledLookup(t.table, t.ids, t.offsets, t.weights, t.pooling, t.out, options));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status RefuseSync(const PushOptions& options) {
-  if (!options.sync.active()) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      "synchronous pushes of data-parallel workers need tables on a cluster (shards and a "
-      "coordinator); these are in this process");
-}
-
-absl::Status EmbeddingCollection::PushBatch(absl::Span<const TableGradients> tables, int64_t step,
-                                            const PushOptions& options) {
-  TESSERA_RETURN_IF_ERROR(RefuseSync(options));
-  if (tables.empty()) return absl::OkStatus();
-  TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> configs, ListTables());
-  for (const TableGradients& t : tables) {
-    auto it = std::find_if(configs.begin(), configs.end(),
-                           [&](const v1::TableConfig& c) { return c.name() == t.table; });
-    if (it == configs.end()) {
-      return absl::NotFoundError(absl::StrCat("table '", t.table, "' not found"));
-    }
-    TESSERA_RETURN_IF_ERROR(CheckRowsSize(t.table, "gradients", t.gradients.size(), t.ids.size(),
-                                          it->dim(), "ids"));
-    TESSERA_RETURN_IF_ERROR(CheckFiniteGradients(t.table, t.ids, t.gradients.data(), it->dim()));
-  }
-  absl::Status partly;
-  for (const TableGradients& t : tables) {
-    TESSERA_RETURN_IF_ERROR(
-        SetAsidePartlyApplied(PushGradients(t.table, t.ids, t.gradients, step), &partly));
-  }
-  return partly;
-}
-
-absl::Status EmbeddingCollection::PushGradientsRecorded(absl::string_view table,
-                                                        absl::Span<const int64_t> ids,
-                                                        absl::Span<const float> gradients,
-                                                        int64_t step, const PushTag&) {
-  return PushGradients(table, ids, gradients, step);
-}
-
-std::optional<int64_t> EmbeddingCollection::RecordedPush(const PushTag&) const {
-  return std::nullopt;
-}
-
-absl::StatusOr<CheckpointInfo> EmbeddingCollection::Checkpoint(int64_t, const Attachments&,
-                                                               const CheckpointOptions&) {
-  return NoStorage();
-}
-
-absl::StatusOr<CheckpointInfo> EmbeddingCollection::Restore(int64_t, Attachments*,
-                                                            const RestoreOptions&) {
-  return NoStorage();
-}
-
-absl::Status EmbeddingCollection::ExportRows(absl::string_view table, const ExportOptions&,
-                                             const std::function<absl::Status(const RowBlock&)>&) {
-  return absl::UnimplementedError(absl::StrCat("table '", table, "': this collection cannot export rows"));
-}
-
-absl::Status EmbeddingCollection::ImportRows(absl::string_view table, const RowBlock&) {
-  return absl::UnimplementedError(absl::StrCat("table '", table, "': this collection cannot import rows"));
-}
-
-absl::StatusOr<v1::TableConfig> EmbeddingCollection::AlterTable(absl::string_view table,
-                                                                const v1::OptimizerConfig&) {
-  return absl::UnimplementedError(
-      absl::StrCat("table '", table, "': this collection cannot alter tables"));
-}
-
-absl::Status ValidateModelName(absl::string_view model) {
-  if (model.empty() || model.size() > 64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model name must be 1-64 characters, got '", model, "'"));
-  }
-  for (const char c : model) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model name '", model, "': use letters, digits, '_' and '-' (its tables are '",
-          model, ".<name>')"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-bool TableOfModel(absl::string_view table, absl::string_view model) {
-  return model.empty() ||
-         (table.size() > model.size() + 1 && table.substr(0, model.size()) == model &&
-          table[model.size()] == '.');
-}
-
-std::string CheckpointName(absl::string_view model, int64_t step) {
-  return model.empty() ? absl::StrCat("checkpoint ", step)
-                       : absl::StrCat("checkpoint ", step, " of model '", model, "'");
-}
-
-absl::Status CheckRestorable(int64_t step, const Attachments& attachments,
-                             const RestoreOptions& options) {
-  const std::string which = CheckpointName(options.model, step);
-  for (const std::string& name : options.required_attachments) {
-    if (attachments.count(name) == 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(which, " holds no '", name, "' attachment; nothing was restored"));
-    }
-  }
-  for (const auto& [name, want] : options.expected_attachments) {
-    auto it = attachments.find(name);
-    if (it == attachments.end()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(which, " holds no '", name, "' attachment; nothing was restored"));
-    }
-    if (it->second != want) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(which, " has '", name, "' = '", it->second, "', this run wants '", want,
-                       "'; nothing was restored"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<CheckpointInfo>> EmbeddingCollection::ListCheckpoints() const {
-  return NoStorage();
-}
-
-}  // namespace tessera::embedding
 
 namespace tessera::embedding {
 

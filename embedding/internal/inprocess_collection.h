@@ -26,11 +26,17 @@ class InProcessCollectionImpl final : public embedding::InProcessCollection {
                             absl::Span<const int32_t> offsets, absl::Span<const float> weights,
                             v1::Pooling pooling, absl::Span<float> out,
                             const embedding::LookupOptions& options) override;
-  // Every part checked, then applied (without the base class's ListTables per call).
+  // Each part's shape checked once, then gathered (the base class checks it again in
+  // PooledLookup).
+  absl::Status LookupBatch(absl::Span<const embedding::TableBags> tables,
+                           const embedding::LookupOptions& options) override;
+  // Every part summed and checked, then applied (without the base class's ListTables).
   absl::Status PushBatch(absl::Span<const embedding::TableGradients> tables, int64_t step,
                          const embedding::PushOptions& options = {}) override;
   absl::Status PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
                              absl::Span<const float> gradients, int64_t step) override;
+  absl::Status PushSummed(absl::string_view table, const embedding::SummedGradients& gradients,
+                          int64_t step) override;
   absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override;
   absl::Status DropTable(absl::string_view table) override;
   absl::StatusOr<v1::TableConfig> AlterTable(absl::string_view table,
@@ -54,12 +60,13 @@ class InProcessCollectionImpl final : public embedding::InProcessCollection {
   // Shared: a call that found a table keeps it alive while a DropTable removes it.
   using TablePtr = std::shared_ptr<ShardedTable>;
   absl::StatusOr<TablePtr> Find(absl::string_view table) const;
-  // The table of `table`, with `gradients` checked against it (size, finite values).
-  absl::StatusOr<TablePtr> CheckedPush(absl::string_view table, absl::Span<const int64_t> ids,
-                                            absl::Span<const float> gradients) const;
-  // Applies checked gradients.
-  absl::Status ApplyPush(ShardedTable& t, absl::Span<const int64_t> ids,
-                         absl::Span<const float> gradients, int64_t step);
+  // Applies summed, checked gradients, shard by shard (each shard's part all or nothing,
+  // every shard's room checked first).
+  absl::Status ApplySummed(ShardedTable& t, const embedding::SummedGradients& g, int64_t step);
+  // A lookup whose shape the caller checked: gathers the part's rows, pooled into its
+  // bags when it has offsets.
+  absl::Status LookupChecked(ShardedTable& t, const embedding::TableBags& part,
+                             const embedding::LookupOptions& options);
   // Gathers the rows of distinct `unique_ids` into `rows` (unique, dim), shard by shard.
   absl::Status GatherUnique(ShardedTable& t, absl::Span<const int64_t> unique_ids, float* rows,
                             bool insert_missing);

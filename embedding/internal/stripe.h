@@ -22,6 +22,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "embedding/internal/aligned_block.h"
 #include "embedding/sharding.h"
@@ -180,16 +181,23 @@ class ReaderScope {
   std::atomic<int32_t>& readers_;
 };
 
+inline absl::Mutex& StripeMutex(Stripe& stripe) ABSL_LOCK_RETURNED(stripe.mu) {
+  return stripe.mu;
+}
+
 // Holds a stripe's writer lock; ends any change and frees idle replaced maps on release.
-class StripeWriter {
+class ABSL_SCOPED_LOCKABLE StripeWriter {
  public:
-  explicit StripeWriter(Stripe& stripe) : stripe_(stripe) { stripe_.mu.Lock(); }
-  ~StripeWriter() { Release(stripe_); }
+  explicit StripeWriter(Stripe& stripe) ABSL_EXCLUSIVE_LOCK_FUNCTION(stripe.mu)
+      : stripe_(stripe) {
+    stripe_.mu.Lock();
+  }
+  ~StripeWriter() ABSL_UNLOCK_FUNCTION() { Release(stripe_); }
   StripeWriter(const StripeWriter&) = delete;
   StripeWriter& operator=(const StripeWriter&) = delete;
 
   // What the destructor does, for a stripe locked with TryLock.
-  static void Release(Stripe& stripe) {
+  static void Release(Stripe& stripe) ABSL_UNLOCK_FUNCTION(stripe.mu) {
     stripe.EndChange();
     stripe.FreeRetiredIfIdle();
     stripe.mu.Unlock();

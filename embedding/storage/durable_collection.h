@@ -119,12 +119,11 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   std::string CheckpointDir(int64_t step, const std::string& model = "") const;
 
  private:
-  class Spill;
   struct Table {
     uint32_t id = 0;
     v1::TableConfig config;
     std::unique_ptr<absl::Mutex> write_mu;  // orders write-through pushes
-    std::unique_ptr<Spill> spill;           // evicted rows <-> the store
+    std::unique_ptr<embedding::RowSpill> spill;  // evicted rows <-> the store
   };
   // The in-memory tables of `config` (just created or loaded) and their spill.
   Table MakeTable(uint32_t id, const v1::TableConfig& config) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -12,6 +12,8 @@
 #include "embedding/storage/row_codec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/faulty_store.h"
+#include "tests/support/temp_dir.h"
 
 namespace tessera::storage {
 namespace {
@@ -19,17 +21,14 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
+using ScopedDir = testing::ScopedTempDir;
+
+// A directory that outlives the test (a store reopened by another harness).
 std::string TempDir() {
   std::string tmpl = (fs::temp_directory_path() / "tessera-durable-XXXXXX").string();
   EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
   return tmpl;
 }
-
-struct ScopedDir {
-  ScopedDir() : path(TempDir()) {}
-  ~ScopedDir() { fs::remove_all(path); }
-  std::string path;
-};
 
 v1::TableConfig Config(const std::string& name, int dim, v1::Durability durability,
                        v1::OptimizerType opt = v1::ADAGRAD) {
@@ -43,56 +42,12 @@ v1::TableConfig Config(const std::string& name, int dim, v1::Durability durabili
   return c;
 }
 
-// A KvStore over RocksDB whose writes can be made to fail, as a full or broken disk would.
-class FaultyStore final : public KvStore {
- public:
-  FaultyStore(std::unique_ptr<KvStore> inner, std::atomic<bool>* fail)
-      : inner_(std::move(inner)), fail_(fail) {}
-  absl::Status Write(absl::Span<const KvWrite> writes, bool sync) override {
-    if (fail_->load()) return absl::ResourceExhaustedError("simulated: no space left on device");
-    return inner_->Write(writes, sync);
-  }
-  absl::Status WriteUnlogged(absl::Span<const KvWrite> writes) override {
-    if (fail_->load()) return absl::ResourceExhaustedError("simulated: no space left on device");
-    return inner_->WriteUnlogged(writes);
-  }
-  absl::StatusOr<std::optional<std::string>> Get(absl::string_view key) const override {
-    return inner_->Get(key);
-  }
-  absl::Status Scan(
-      absl::string_view prefix,
-      const std::function<absl::Status(absl::string_view, absl::string_view)>& fn) const override {
-    return inner_->Scan(prefix, fn);
-  }
-  absl::Status Checkpoint(const std::string& dir) override {
-    if (fail_->load() || fail_checkpoints) {
-      return absl::ResourceExhaustedError("simulated: no space left on device");
-    }
-    return inner_->Checkpoint(dir);
-  }
-  static inline std::atomic<bool> fail_checkpoints{false};
-  int64_t ApproximateBytes() const override { return inner_->ApproximateBytes(); }
-  int64_t ApproximateBytesOf(absl::string_view prefix) const override {
-    return inner_->ApproximateBytesOf(prefix);
-  }
-
- private:
-  std::unique_ptr<KvStore> inner_;
-  std::atomic<bool>* fail_;
-};
-
 struct Harness {
   explicit Harness(const std::string& dir, int shards = 1) {
     options.data_dir = dir;
     options.num_shards = shards;
     options.log = [this](const std::string& line) { log.push_back(line); };
-    options.open_store = [this](
-                             const std::string& path,
-                             const KvStoreOptions& o) -> absl::StatusOr<std::unique_ptr<KvStore>> {
-      auto inner = OpenRocksDbStore(path, o);
-      if (!inner.ok()) return inner.status();
-      return std::unique_ptr<KvStore>(new FaultyStore(*std::move(inner), &fail_writes));
-    };
+    options.open_store = testing::FaultyRocksDbStores(&faults);
   }
   std::unique_ptr<DurableCollection> Open() {
     auto c = DurableCollection::Open(options);
@@ -101,7 +56,7 @@ struct Harness {
   }
   DurableOptions options;
   std::vector<std::string> log;
-  std::atomic<bool> fail_writes{false};
+  testing::StoreFaults faults;
 };
 
 std::vector<float> Read(embedding::EmbeddingCollection& c, const std::string& table,
@@ -179,9 +134,9 @@ TEST(DurableCollection, WriteThroughPushRecordsSurviveAReopenUpToTheirLimit) {
     EXPECT_EQ(c->RecordedPush(tag(5)), std::optional<int64_t>(2));  // distinct rows
     EXPECT_FALSE(c->RecordedPush(tag(2)).has_value()) << "only the newest 3 are kept";
     // A push the disk refuses is not recorded.
-    h.fail_writes = true;
+    h.faults.writes = true;
     EXPECT_FALSE(c->PushGradientsRecorded("wt", ids, g, 1, tag(6)).ok());
-    h.fail_writes = false;
+    h.faults.writes = false;
     EXPECT_FALSE(c->RecordedPush(tag(6)).has_value());
   }
   auto c = h.Open();
@@ -447,7 +402,7 @@ TEST(DurableCollection, DiskErrorOnWriteThroughPushChangesNothing) {
   ASSERT_TRUE(c->CreateTable(Config("wt", 4, v1::WRITE_THROUGH)).ok());
   Train(*c, "wt", 4, 0, 5, 13);
   const auto before = Read(*c, "wt", AllIds(), 4);
-  h.fail_writes = true;
+  h.faults.writes = true;
   std::vector<int64_t> ids = {1, 2, 3, 500};  // 500 does not exist yet
   std::vector<float> grads(ids.size() * 4, 0.5f);
   absl::Status s = c->PushGradients("wt", ids, grads, 6);
@@ -457,7 +412,7 @@ TEST(DurableCollection, DiskErrorOnWriteThroughPushChangesNothing) {
   std::vector<float> row500 = Read(*c, "wt", {500}, 4);
   // A failing checkpoint leaves no checkpoint behind.
   EXPECT_FALSE(c->Checkpoint(6, {}).ok());
-  h.fail_writes = false;
+  h.faults.writes = false;
   auto list = c->ListCheckpoints();
   ASSERT_TRUE(list.ok());
   EXPECT_TRUE(list->empty());
@@ -481,9 +436,9 @@ TEST(DurableCollection, RestartAfterAnInterruptedCheckpointComesBackAsOfThePrevi
     Train(*c, "ck", 4, 5, 5, 21);
     Train(*c, "wt", 4, 0, 5, 22);
     // The rows of checkpoint 10 reach the live store, then taking the copy fails.
-    FaultyStore::fail_checkpoints = true;
+    h.faults.checkpoints = true;
     EXPECT_FALSE(c->Checkpoint(10, {}).ok());
-    FaultyStore::fail_checkpoints = false;
+    h.faults.checkpoints = false;
   }
   const auto wt = [&] {
     Harness fresh(TempDir());

@@ -40,6 +40,12 @@ _INITIALIZERS = {"uniform": config_pb2.UNIFORM, "normal": config_pb2.NORMAL,
                  "zeros": config_pb2.ZEROS}
 _MAX_MESSAGE = 256 << 20
 _CHECKPOINT_TIMEOUT = 1800.0  # s: checkpoints, restores, exports (C++: kCheckpointDeadline)
+# The C++ client's RetryPolicy (client/retry_policy.h): retries of a call that finds a
+# server unavailable, with a backoff of 50 ms doubling up to 1 s, and a per-call deadline.
+_RETRIES = 8
+_INITIAL_BACKOFF = 0.05  # s
+_MAX_BACKOFF = 1.0  # s
+_TIMEOUT = 10.0  # s (C++: ClientOptions::deadline)
 
 # The optimizer settings create_table takes as keyword arguments (OptimizerConfig fields).
 OPTIMIZER_SETTINGS = ("learning_rate", "epsilon", "beta1", "beta2", "initial_accumulator", "l1",
@@ -149,30 +155,58 @@ def as_ids(ids) -> np.ndarray:
     _invalid(f"ids must be integers, got {array.dtype} values")
 
 
-def check_lookup(n: int, offsets, weights, pooling: str):
-    """The checks a shard applies to a lookup (server/lookup_request.cc), made before
-    anything is sent so both modes refuse the same requests with the same messages.
-    Returns offsets and weights as arrays (or None)."""
+def _check_bags(n: int, offsets: np.ndarray, num_weights: int) -> Optional[str]:
+    """What ValidateBags (embedding/batch_ops.cc) says of CSR `offsets` over n ids, in its
+    words; None when they are well formed."""
+    if len(offsets) == 0:
+        return "offsets must have bags+1 entries, got none"
+    if offsets[0] != 0:
+        return f"offsets must start at 0, got offsets[0] = {offsets[0]}"
+    for b in np.flatnonzero(np.diff(offsets) < 0)[:1] + 1:
+        return (f"offsets not monotone: offsets[{b}] = {offsets[b]} < offsets[{b - 1}] = "
+                f"{offsets[b - 1]}")
+    if offsets[-1] != n:
+        return f"offsets out of range: last offset {offsets[-1]} but there are {n} ids"
+    if num_weights not in (0, n):
+        return f"weights has {num_weights} entries; expected 0 or one per id ({n})"
+    return None
+
+
+def check_lookup(n: int, offsets, weights, pooling: str, where: str = "lookup"):
+    """The checks a shard applies to a lookup (embedding::CheckLookupShape), made before
+    anything is sent so both modes refuse the same requests with the servers' messages,
+    prefixed with `where` ("table 'T'"). Returns offsets and weights as arrays (or None)."""
     if pooling not in _POOLING:
-        _invalid("pooling must be 'sum' or 'mean'")
+        _invalid(f"{where}: pooling must be 'sum' or 'mean', got '{pooling}'")
     if offsets is not None:
         offsets = np.asarray(offsets)
         if offsets.dtype.kind not in "iu":
-            _invalid("offsets must be integers")
+            _invalid(f"{where}: offsets must be integers")
         offsets = offsets.astype(np.int64).ravel()
-        if (len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != n
-                or np.any(np.diff(offsets) < 0)):
-            _invalid(f"offsets must start at 0, never decrease and end at the number of ids "
-                     f"({n})")
     if weights is not None:
         if offsets is None:
-            _invalid("weights need offsets (they weight the ids of each bag)")
+            _invalid(f"{where}: weights need bag offsets")
         weights = np.ascontiguousarray(weights, dtype=np.float32).ravel()
-        if len(weights) != n:
-            _invalid(f"weights: {len(weights)} given for {n} ids")
-        if not np.all(np.isfinite(weights)):
-            _invalid("weights must be finite (NaN or Inf given)")
+    if offsets is not None:
+        broken = _check_bags(n, offsets, 0 if weights is None else len(weights))
+        if broken is not None:
+            _invalid(f"{where}: {broken}")
+    if weights is not None:
+        for i in np.flatnonzero(~np.isfinite(weights))[:1]:
+            _invalid(f"{where}: weight {i} is {weights[i]}")
     return offsets, weights
+
+
+def _nonfinite_gradient(table: str, ids: np.ndarray, gradients: np.ndarray) -> Optional[str]:
+    """What CheckFiniteGradients (embedding/batch_ops.cc) says of the first value of
+    `gradients` (len(ids), dim) that is not finite; None when all are."""
+    bad = np.flatnonzero(~np.isfinite(gradients.ravel()))
+    if len(bad) == 0:
+        return None
+    dim = gradients.shape[1] if gradients.ndim == 2 else 1
+    row, column = divmod(int(bad[0]), dim)
+    return (f"table '{table}': gradient for id {ids[row]} (position {row}, column {column}) "
+            f"is {gradients.ravel()[bad[0]]}; batch rejected")
 
 
 def _identity(data: bytes) -> bytes:
@@ -211,7 +245,7 @@ class Client:
     def __init__(self, address: str, mode: str = "smart", token: Optional[str] = None,
                  root_certs: Optional[bytes] = None, cert_chain: Optional[bytes] = None,
                  private_key: Optional[bytes] = None, server_name: Optional[str] = None,
-                 timeout: float = 10.0, retries: int = 5):
+                 timeout: float = _TIMEOUT, retries: int = _RETRIES):
         if mode not in ("smart", "coordinator"):
             raise ValueError("mode must be 'smart' or 'coordinator'")
         self.mode = mode
@@ -462,7 +496,7 @@ class Client:
         id). Ids as as_ids() takes them. TesseraError INVALID_ARGUMENT for a malformed
         request (in both modes, before anything is sent), NOT_FOUND for an unknown table."""
         ids = as_ids(ids)
-        offsets, weights = check_lookup(len(ids), offsets, weights, pooling)
+        offsets, weights = check_lookup(len(ids), offsets, weights, pooling, f"table '{table}'")
         config = self._config(table)
         if self.mode == "coordinator":
             data = wire.encode_lookup_request(table, ids, 0, offsets, _POOLING[pooling], weights,
@@ -539,7 +573,7 @@ class Client:
 
     def _call(self, method, request, timeout: Optional[float] = None):
         """One call with retries of UNAVAILABLE (exponential backoff)."""
-        delay = 0.05
+        delay = _INITIAL_BACKOFF
         for attempt in range(self.retries + 1):
             try:
                 return method(request, timeout=timeout or self.timeout, metadata=self._metadata)
@@ -547,7 +581,7 @@ class Client:
                 if error.code() != grpc.StatusCode.UNAVAILABLE or attempt == self.retries:
                     _raise(error)
                 time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                delay = min(delay * 2, _MAX_BACKOFF)
 
     def _with_map_refresh(self, call):
         try:
@@ -584,7 +618,7 @@ class Client:
         answers = [None] * len(requests)
         pending = list(range(len(requests)))
         reprovisioned = set()
-        delay = 0.05
+        delay = _INITIAL_BACKOFF
         for attempt in range(self.retries + 1):
             futures = []
             for i in pending:
@@ -630,7 +664,7 @@ class Client:
                                             self._credentials, self._options)
             pending = failed
             time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            delay = min(delay * 2, _MAX_BACKOFF)
         return answers
 
     def _split(self, config, unique: np.ndarray):
@@ -724,8 +758,9 @@ def _check_gradients(config, ids: np.ndarray, gradients) -> np.ndarray:
     if gradients.shape != (len(ids), config.dim):
         _invalid(f"table '{table}': gradients of shape ({len(ids)}, {config.dim}) expected "
                  f"({len(ids)} ids x dim {config.dim}), got {gradients.shape}")
-    if not np.all(np.isfinite(gradients)):
-        _invalid(f"table '{table}': gradients must be finite (NaN or Inf given)")
+    broken = _nonfinite_gradient(table, ids, gradients)
+    if broken is not None:
+        _invalid(broken)
     return gradients
 
 
@@ -737,8 +772,9 @@ def _sum_repeats(table: str, ids: np.ndarray, gradients: np.ndarray):
     starts = np.flatnonzero(np.r_[True, np.diff(inverse[order]) != 0])
     with np.errstate(over="ignore"):
         summed = np.add.reduceat(gradients[order], starts, axis=0) if len(ids) else gradients
-    if not np.all(np.isfinite(summed)):
-        _invalid(f"table '{table}': gradients of a repeated id sum to Inf")
+    broken = _nonfinite_gradient(table, unique, summed)
+    if broken is not None:
+        _invalid(f"summed over repeated ids: {broken}")
     return unique, summed
 
 

@@ -1,4 +1,5 @@
 """Parts of the client that need no server: routing, wire encoding, pooling."""
+import os
 import unittest
 
 import numpy as np
@@ -10,7 +11,23 @@ from tessera.v1 import config_pb2
 from tessera.v1 import embedding_service_pb2 as api
 
 
+GOLDEN = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "data",
+                      "shard_of_golden.txt")
+
+
 class ShardingTest(unittest.TestCase):
+    def test_shard_of_matches_the_golden_values_the_cpp_tests_check_too(self):
+        checked = 0
+        with open(GOLDEN) as golden:
+            for line in golden:
+                if not line.strip() or line.startswith("#"):
+                    continue
+                id_, seed, shards, shard = (int(f) for f in line.split())
+                got = int(sharding.shard_of(np.array([id_], np.int64), seed, shards)[0])
+                self.assertEqual(got, shard, line)
+                checked += 1
+        self.assertGreater(checked, 300)
+
     def test_mix64_matches_splitmix64_reference_values(self):
         # splitmix64's finaliser of 0 and 1, as the C++ Mix64 computes them.
         self.assertEqual(int(sharding.mix64(np.array([0], np.uint64))[0]), 0)
@@ -110,6 +127,26 @@ class RequestCheckTest(unittest.TestCase):
                                           ([0, 3], None, "max")):
             with self.assertRaises(TesseraError, msg=repr((offsets, weights, pooling))):
                 check_lookup(3, offsets, weights, pooling)
+        # The servers' words (embedding/batch_ops.cc), with where it happened in front.
+        for offsets, weights, message in (
+                ([0, 1], None, "offsets out of range: last offset 1 but there are 3 ids"),
+                ([1, 3], None, "offsets must start at 0, got offsets[0] = 1"),
+                ([0, 2, 1, 3], None, "offsets not monotone: offsets[2] = 1 < offsets[1] = 2"),
+                ([0, 3], [1, 2], "weights has 2 entries; expected 0 or one per id (3)"),
+                ([0, 3], [1, np.inf, 2], "weight 1 is inf"),
+                (None, [1, 1, 1], "weights need bag offsets")):
+            with self.assertRaises(TesseraError) as raised:
+                check_lookup(3, offsets, weights, "sum", "table 'ads'")
+            self.assertEqual(raised.exception.message, "table 'ads': " + message)
+
+    def test_non_finite_gradients_are_named_as_the_servers_name_them(self):
+        config = table_config("ads", dim=2)
+        ids = as_ids([7, 9])
+        with self.assertRaises(TesseraError) as raised:
+            _check_gradients(config, ids, np.array([[0, 1], [np.nan, 0]], dtype=np.float32))
+        self.assertEqual(raised.exception.message,
+                         "table 'ads': gradient for id 9 (position 1, column 0) is nan; "
+                         "batch rejected")
 
 
 

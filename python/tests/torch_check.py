@@ -277,7 +277,7 @@ def check_refused_push_is_dropped(client, prefix):
     try:
         (out * torch.tensor(float("nan"))).sum().backward()
     except tessera.TesseraError as e:
-        assert "finite" in e.message, e.message
+        assert "is nan; batch rejected" in e.message, e.message
     else:
         raise AssertionError("a NaN gradient was pushed")
     assert module.failed_push is not None and module.failed_push.step == 0

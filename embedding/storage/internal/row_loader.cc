@@ -40,8 +40,7 @@ class BatchQueue {
   // False (the batch dropped) once the queue was stopped.
   bool Push(RawBatch batch) {
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](BatchQueue* q) { return q->stopped_ || q->batches_.size() < q->capacity_; }, this));
+    mu_.Await(absl::Condition(this, &BatchQueue::HasRoom));
     if (stopped_) return false;
     batches_.push_back(std::move(batch));
     return true;
@@ -49,8 +48,7 @@ class BatchQueue {
   // False when the queue is closed and empty, or stopped.
   bool Pop(RawBatch* batch) {
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](BatchQueue* q) { return q->stopped_ || q->closed_ || !q->batches_.empty(); }, this));
+    mu_.Await(absl::Condition(this, &BatchQueue::HasWork));
     if (stopped_ || batches_.empty()) return false;
     *batch = std::move(batches_.front());
     batches_.pop_front();
@@ -68,6 +66,13 @@ class BatchQueue {
   }
 
  private:
+  bool HasRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopped_ || batches_.size() < capacity_;
+  }
+  bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopped_ || closed_ || !batches_.empty();
+  }
+
   absl::Mutex mu_;
   const size_t capacity_;
   std::deque<RawBatch> batches_ ABSL_GUARDED_BY(mu_);

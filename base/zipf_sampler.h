@@ -1,14 +1,16 @@
-#ifndef TESSERA_BENCHMARKS_BENCH_IDS_H_
-#define TESSERA_BENCHMARKS_BENCH_IDS_H_
+#ifndef TESSERA_BASE_ZIPF_SAMPLER_H_
+#define TESSERA_BASE_ZIPF_SAMPLER_H_
 
 #include <cmath>
 #include <cstdint>
 #include <random>
 
-namespace tessera::bench {
+namespace tessera::base {
 
 // Zipf(s) ranks in [1, n] by rejection-inversion (Hörmann and Derflinger), in O(1) memory
-// whatever n, so tables of billions of rows can be sampled.
+// whatever n, so tables of billions of rows can be sampled: the id distribution of every
+// benchmark. (The trainer's synthetic data draws from a table of its cardinalities' CDF
+// instead: those tables are small, and that sampler defines the default run's data.)
 class ZipfSampler {
  public:
   ZipfSampler(int64_t n, double s) : n_(n), s_(s) {
@@ -54,6 +56,6 @@ class ZipfSampler {
   double h_x1_, h_n_, threshold_;
 };
 
-}  // namespace tessera::bench
+}  // namespace tessera::base
 
-#endif  // TESSERA_BENCHMARKS_BENCH_IDS_H_
+#endif  // TESSERA_BASE_ZIPF_SAMPLER_H_

@@ -1,0 +1,163 @@
+// The defaults of EmbeddingCollection (collections without storage, per-table batches)
+// and the model and id helpers of collection.h.
+
+#include "embedding/collection.h"
+
+#include <algorithm>
+#include <cctype>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "embedding/batch_ops.h"
+
+namespace tessera::embedding {
+namespace {
+
+absl::Status NoStorage() {
+  return absl::FailedPreconditionError(
+      "this collection has no storage: checkpoints need a data directory (--data_dir)");
+}
+
+}  // namespace
+
+uint64_t RandomNonZeroId() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32 | rd()) | 1;
+}
+
+absl::Status EmbeddingCollection::LookupBatch(absl::Span<const TableBags> tables,
+                                              const LookupOptions& options) {
+  for (const TableBags& t : tables) {
+    TESSERA_RETURN_IF_ERROR(
+        CheckLookupShape(absl::StrCat("table '", t.table, "'"), t.ids.size(), t.offsets, t.weights)
+            .status());
+    TESSERA_RETURN_IF_ERROR(
+        t.offsets.empty()
+            ? Lookup(t.table, t.ids, t.out, options)
+            : PooledLookup(t.table, t.ids, t.offsets, t.weights, t.pooling, t.out, options));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RefuseSync(const PushOptions& options) {
+  if (!options.sync.active()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "synchronous pushes of data-parallel workers need tables on a cluster (shards and a "
+      "coordinator); these are in this process");
+}
+
+absl::Status EmbeddingCollection::PushBatch(absl::Span<const TableGradients> tables, int64_t step,
+                                            const PushOptions& options) {
+  TESSERA_RETURN_IF_ERROR(RefuseSync(options));
+  if (tables.empty()) return absl::OkStatus();
+  TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> configs, ListTables());
+  for (const TableGradients& t : tables) {
+    auto it = std::find_if(configs.begin(), configs.end(),
+                           [&](const v1::TableConfig& c) { return c.name() == t.table; });
+    if (it == configs.end()) {
+      return absl::NotFoundError(absl::StrCat("table '", t.table, "' not found"));
+    }
+    TESSERA_RETURN_IF_ERROR(CheckRowsSize(t.table, "gradients", t.gradients.size(), t.ids.size(),
+                                          it->dim(), "ids"));
+    TESSERA_RETURN_IF_ERROR(CheckFiniteGradients(t.table, t.ids, t.gradients.data(), it->dim()));
+  }
+  absl::Status partly;
+  for (const TableGradients& t : tables) {
+    TESSERA_RETURN_IF_ERROR(
+        SetAsidePartlyApplied(PushGradients(t.table, t.ids, t.gradients, step), &partly));
+  }
+  return partly;
+}
+
+absl::Status EmbeddingCollection::PushGradientsRecorded(absl::string_view table,
+                                                        absl::Span<const int64_t> ids,
+                                                        absl::Span<const float> gradients,
+                                                        int64_t step, const PushTag&) {
+  return PushGradients(table, ids, gradients, step);
+}
+
+std::optional<int64_t> EmbeddingCollection::RecordedPush(const PushTag&) const {
+  return std::nullopt;
+}
+
+absl::StatusOr<CheckpointInfo> EmbeddingCollection::Checkpoint(int64_t, const Attachments&,
+                                                               const CheckpointOptions&) {
+  return NoStorage();
+}
+
+absl::StatusOr<CheckpointInfo> EmbeddingCollection::Restore(int64_t, Attachments*,
+                                                            const RestoreOptions&) {
+  return NoStorage();
+}
+
+absl::Status EmbeddingCollection::ExportRows(absl::string_view table, const ExportOptions&,
+                                             const std::function<absl::Status(const RowBlock&)>&) {
+  return absl::UnimplementedError(absl::StrCat("table '", table, "': this collection cannot export rows"));
+}
+
+absl::Status EmbeddingCollection::ImportRows(absl::string_view table, const RowBlock&) {
+  return absl::UnimplementedError(absl::StrCat("table '", table, "': this collection cannot import rows"));
+}
+
+absl::StatusOr<v1::TableConfig> EmbeddingCollection::AlterTable(absl::string_view table,
+                                                                const v1::OptimizerConfig&) {
+  return absl::UnimplementedError(
+      absl::StrCat("table '", table, "': this collection cannot alter tables"));
+}
+
+absl::Status ValidateModelName(absl::string_view model) {
+  if (model.empty() || model.size() > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model name must be 1-64 characters, got '", model, "'"));
+  }
+  for (const char c : model) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model name '", model, "': use letters, digits, '_' and '-' (its tables are '",
+          model, ".<name>')"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool TableOfModel(absl::string_view table, absl::string_view model) {
+  return model.empty() ||
+         (table.size() > model.size() + 1 && table.substr(0, model.size()) == model &&
+          table[model.size()] == '.');
+}
+
+std::string CheckpointName(absl::string_view model, int64_t step) {
+  return model.empty() ? absl::StrCat("checkpoint ", step)
+                       : absl::StrCat("checkpoint ", step, " of model '", model, "'");
+}
+
+absl::Status CheckRestorable(int64_t step, const Attachments& attachments,
+                             const RestoreOptions& options) {
+  const std::string which = CheckpointName(options.model, step);
+  for (const std::string& name : options.required_attachments) {
+    if (attachments.count(name) == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(which, " holds no '", name, "' attachment; nothing was restored"));
+    }
+  }
+  for (const auto& [name, want] : options.expected_attachments) {
+    auto it = attachments.find(name);
+    if (it == attachments.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(which, " holds no '", name, "' attachment; nothing was restored"));
+    }
+    if (it->second != want) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(which, " has '", name, "' = '", it->second, "', this run wants '", want,
+                       "'; nothing was restored"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<CheckpointInfo>> EmbeddingCollection::ListCheckpoints() const {
+  return NoStorage();
+}
+
+}  // namespace tessera::embedding

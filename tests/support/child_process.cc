@@ -1,0 +1,106 @@
+#include "tests/support/child_process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+
+namespace tessera::testing {
+
+pid_t ChildProcess::ParentToDieWith() {
+  return static_cast<pid_t>(syscall(SYS_gettid)) == getpid() ? getpid() : 0;
+}
+
+void ChildProcess::DieWithParent(pid_t parent) {
+  if (parent == 0) return;
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(125);  // the parent died before prctl took effect
+}
+
+void ChildProcess::Kill() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+}
+
+void ChildProcess::Terminate(std::chrono::milliseconds grace) {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+      pid_ = -1;
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  Kill();
+}
+
+int ChildProcess::WaitForExit() {
+  int status = 0;
+  if (pid_ <= 0 || waitpid(pid_, &status, 0) != pid_) return -1;
+  pid_ = -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+ServerProcess::ServerProcess(const std::string& binary, std::vector<std::string> args,
+                             bool quiet) {
+  // Everything is built before fork: the child of a threaded process may only exec.
+  bool has_port = false;
+  for (const auto& a : args) has_port |= a.rfind("--port=", 0) == 0;
+  if (!has_port) args.insert(args.begin(), "--port=0");
+  args.insert(args.begin(), binary);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  int fds[2];
+  if (pipe(fds) != 0) return;
+  const pid_t parent = ParentToDieWith();
+  pid_ = fork();
+  if (pid_ == 0) {
+    DieWithParent(parent);
+    dup2(fds[1], STDOUT_FILENO);
+    if (quiet) dup2(open("/dev/null", O_WRONLY), STDERR_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    execv(binary.c_str(), argv.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  FILE* out = fdopen(fds[0], "r");
+  char line[256] = {0};
+  if (out != nullptr && fgets(line, sizeof(line), out) != nullptr) {
+    const std::string s(line);
+    const size_t colon = s.rfind(':');
+    int port = 0;
+    if (colon != std::string::npos && absl::SimpleAtoi(s.substr(colon + 1), &port)) {
+      address_ = absl::StrCat("127.0.0.1:", port);
+    }
+  }
+  if (out != nullptr) fclose(out);
+}
+
+bool WaitHealthy(const std::string& address, int seconds) {
+  auto health = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_wait_for_ready(true);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
+  grpc::health::v1::HealthCheckResponse resp;
+  return health->Check(&ctx, {}, &resp).ok() &&
+         resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+}
+
+}  // namespace tessera::testing
