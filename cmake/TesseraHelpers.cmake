@@ -1,12 +1,11 @@
 # Small helpers so every folder declares its library, tests and binaries the same way.
 
 # -Wmaybe-uninitialized misfires inside Eigen's AVX-512 kernels with g++ 12. With clang,
-# lock annotations (ABSL_GUARDED_BY, ABSL_EXCLUSIVE_LOCKS_REQUIRED) are checked and a call
-# without the lock it requires is reported (a warning until the Condition lambdas of the
-# trainer and the rendezvous store are annotated).
+# lock annotations (ABSL_GUARDED_BY, ABSL_EXCLUSIVE_LOCKS_REQUIRED) are checked: a call
+# without the lock it requires stops the build.
 set(TESSERA_WARNINGS -Wall -Wextra -Wno-unused-parameter
     $<$<CXX_COMPILER_ID:GNU>:-Wno-maybe-uninitialized>
-    $<$<CXX_COMPILER_ID:Clang>:-Wthread-safety>)
+    $<$<CXX_COMPILER_ID:Clang>:-Wthread-safety -Werror=thread-safety>)
 # sqrt in the optimizer loops vectorises only without errno semantics; nothing reads errno.
 set(TESSERA_CODEGEN -fno-math-errno)
 

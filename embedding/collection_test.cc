@@ -2,6 +2,8 @@
 
 #include <random>
 
+#include "absl/strings/str_cat.h"
+
 #include "embedding/embedding_table.h"
 #include "embedding/inprocess_collection.h"
 #include "embedding/sharding.h"
@@ -63,6 +65,76 @@ TEST(InProcessCollection, GivesBitIdenticalResultsWhateverTheShardCount) {
       ASSERT_EQ(got, reference) << shards << " shards";
     }
   }
+}
+
+// A stream of batched lookups and pushes over five tables of different dims and
+// optimizers; returns every lookup's output and the tables' final rows.
+std::vector<float> ReplayBatches(EmbeddingCollection& c) {
+  const int kTables = 5;
+  for (int t = 0; t < kTables; ++t) {
+    EXPECT_TRUE(c.CreateTable(Config(absl::StrCat("t", t), 4 + 4 * t,
+                                     t % 2 == 0 ? v1::ADAGRAD : v1::ADAM))
+                    .ok());
+  }
+  std::mt19937_64 rng(11);
+  std::vector<float> all;
+  std::vector<std::vector<int64_t>> ids(kTables);
+  std::vector<std::vector<float>> outs(kTables), grads(kTables);
+  const std::vector<int32_t> offsets = {0, 3, 3, 10, 40, 64};
+  for (int step = 0; step < 15; ++step) {
+    std::vector<TableBags> lookups(kTables);
+    std::vector<TableGradients> pushes(kTables);
+    for (int t = 0; t < kTables; ++t) {
+      const int dim = 4 + 4 * t;
+      ids[t].resize(64);
+      for (auto& id : ids[t]) id = static_cast<int64_t>(rng() % (50 << t));
+      outs[t].assign(5 * dim, 0.0f);
+      lookups[t] = {absl::StrCat("t", t), ids[t], offsets, {}, v1::SUM, absl::MakeSpan(outs[t])};
+      grads[t].resize(ids[t].size() * dim);
+      for (auto& g : grads[t]) {
+        g = static_cast<float>(static_cast<int64_t>(rng() % 2001) - 1000) / 999;
+      }
+      pushes[t] = {absl::StrCat("t", t), ids[t], grads[t]};
+    }
+    EXPECT_TRUE(c.LookupBatch(lookups, {}).ok());
+    for (const auto& o : outs) all.insert(all.end(), o.begin(), o.end());
+    EXPECT_TRUE(c.PushBatch(pushes, step).ok());
+  }
+  for (int t = 0; t < kTables; ++t) {
+    std::vector<int64_t> probe(50 << t);
+    for (size_t i = 0; i < probe.size(); ++i) probe[i] = static_cast<int64_t>(i);
+    std::vector<float> out(probe.size() * (4 + 4 * t));
+    LookupOptions read_only;
+    read_only.insert_missing = false;
+    EXPECT_TRUE(c.Lookup(absl::StrCat("t", t), probe, absl::MakeSpan(out), read_only).ok());
+    all.insert(all.end(), out.begin(), out.end());
+  }
+  return all;
+}
+
+TEST(InProcessCollection, GivesBitIdenticalResultsWhateverTheThreadCount) {
+  std::vector<float> reference;
+  for (const int threads : {1, 2, 7}) {
+    InProcessOptions options;
+    options.num_shards = 3;
+    options.threads = threads;
+    auto c = NewInProcessCollection(options);
+    ASSERT_TRUE(c.ok()) << c.status();
+    std::vector<float> got = ReplayBatches(**c);
+    if (reference.empty()) {
+      reference = got;
+    } else {
+      ASSERT_EQ(got, reference) << threads << " threads";
+    }
+  }
+  // A pool shared with the caller gives the same too.
+  InProcessOptions shared;
+  shared.num_shards = 3;
+  shared.pool = std::make_shared<base::ThreadPool>(4);
+  EXPECT_EQ(ReplayBatches(*NewInProcessCollection(shared).value()), reference);
+  InProcessOptions bad;
+  bad.threads = -2;
+  EXPECT_EQ(NewInProcessCollection(bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(InProcessCollection, PlacesEachRowOnItsShardOfShardOf) {

@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "base/thread_pool.h"
 #include "embedding/batch_ops.h"
 #include "embedding/collection.h"
 #include "embedding/embedding_table.h"
@@ -16,7 +17,8 @@ namespace tessera::embedding {
 // deduplicated once, split by ShardOf() into per-shard id lists, served by each shard's
 // EmbeddingTable and merged back in the caller's order. Pooling happens after the merge,
 // over the unique rows in batch order, so results are bit-identical whatever the shard
-// count. Thread-safe.
+// count. A batch's tables are served on a pool of threads, each table's work on one of
+// them. Thread-safe.
 //
 // A collection that builds on it (storage::DurableCollection keeps every row in one and
 // writes changed rows through to disk) reaches its shard tables through ShardsOf.
@@ -35,7 +37,21 @@ class InProcessCollection : public EmbeddingCollection {
                                   int64_t step) = 0;
 };
 
-// A collection of `num_shards` shards in this process. InvalidArgument outside [1, 4096].
+struct InProcessOptions {
+  int num_shards = 1;  // in [1, 4096]
+  // Threads that serve a batch's tables in parallel (LookupBatch, PushBatch; a table's
+  // work stays on one thread, so results do not depend on the count). 0 = the CPUs this
+  // process may run on (base::AvailableCpus). Unused when `pool` is set.
+  int threads = 0;
+  // A pool shared with the caller (the trainer runs its own per-table work on it).
+  std::shared_ptr<base::ThreadPool> pool;
+};
+
+// A collection of options.num_shards shards in this process. InvalidArgument for a shard
+// count outside [1, 4096] or a bad thread count.
+absl::StatusOr<std::unique_ptr<InProcessCollection>> NewInProcessCollection(
+    const InProcessOptions& options);
+// The same with `num_shards` shards and a thread per CPU.
 absl::StatusOr<std::unique_ptr<InProcessCollection>> NewInProcessCollection(int num_shards);
 
 }  // namespace tessera::embedding

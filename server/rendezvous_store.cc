@@ -55,8 +55,10 @@ absl::StatusOr<std::vector<std::string>> RendezvousStore::Get(const std::vector<
     const RendezvousStore* store;
     const std::vector<std::string>* keys;
     bool operator()() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return std::all_of(keys->begin(), keys->end(),
-                         [&](const std::string& k) { return store->values_.contains(k); });
+      for (const std::string& k : *keys) {
+        if (!store->values_.contains(k)) return false;
+      }
+      return true;
     }
   } all_there{this, &keys};
   absl::MutexLock lock(&mu_);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "base/command_line.h"
+#include "base/status.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -37,6 +38,41 @@ ABSL_FLAG(std::string, data_dir, "",
           "directory of this shard's store and checkpoints; empty = memory only, nothing "
           "survives a restart");
 ABSL_FLAG(int, keep_checkpoints, 3, "newest complete checkpoints kept; 0 = all");
+ABSL_FLAG(int, sparse_threads, 0,
+          "threads that serve a batched request's tables in parallel; 0 = every CPU this "
+          "process may run on (taskset -c 0 gives 1)");
+
+namespace {
+
+// This shard's tables: in memory, or durable in `data_dir` (which must have been written
+// for this place in the shard map).
+absl::StatusOr<std::unique_ptr<tessera::embedding::EmbeddingCollection>> OpenTables(
+    const std::string& data_dir, const tessera::server::ShardOptions& options) {
+  const int threads = absl::GetFlag(FLAGS_sparse_threads);
+  if (data_dir.empty()) {
+    tessera::embedding::InProcessOptions in_memory;
+    in_memory.threads = threads;
+    TESSERA_ASSIGN_OR_RETURN(auto memory, tessera::embedding::NewInProcessCollection(in_memory));
+    return std::unique_ptr<tessera::embedding::EmbeddingCollection>(std::move(memory));
+  }
+  // Rows belong to the shard ShardOf(id, num_shards) names: a data directory written for
+  // another place in the map would serve the wrong rows.
+  TESSERA_RETURN_IF_ERROR(
+      tessera::storage::CheckShardPlacement(data_dir, options.shard_index, options.num_shards));
+  tessera::storage::DurableOptions durable;
+  durable.data_dir = data_dir;
+  durable.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  durable.threads = threads;
+  absl::StatusOr<std::unique_ptr<tessera::storage::DurableCollection>> opened =
+      tessera::storage::DurableCollection::Open(durable);
+  if (!opened.ok()) {
+    return tessera::Annotate(opened.status(),
+                             absl::StrCat("cannot start on data directory ", data_dir));
+  }
+  return std::unique_ptr<tessera::embedding::EmbeddingCollection>(*std::move(opened));
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   tessera::base::ParseCommandLine(argc, argv, "tessera-shard",
@@ -64,35 +100,14 @@ int main(int argc, char** argv) {
               << options.shard_index << " of " << options.num_shards << "\n";
     return 1;
   }
-  std::unique_ptr<tessera::embedding::EmbeddingCollection> tables;
   const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
-  if (data_dir.empty()) {
-    auto memory = tessera::embedding::NewInProcessCollection(1);
-    if (!memory.ok()) {
-      std::cerr << "tessera-shard: " << memory.status() << "\n";
-      return 1;
-    }
-    tables = *std::move(memory);
-  } else {
-    // Rows belong to the shard ShardOf(id, num_shards) names: a data directory written
-    // for another place in the map would serve the wrong rows.
-    absl::Status placed =
-        tessera::storage::CheckShardPlacement(data_dir, options.shard_index, options.num_shards);
-    if (!placed.ok()) {
-      std::cerr << "tessera-shard: " << placed.message() << "\n";
-      return 1;
-    }
-    tessera::storage::DurableOptions durable;
-    durable.data_dir = data_dir;
-    durable.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
-    auto opened = tessera::storage::DurableCollection::Open(durable);
-    if (!opened.ok()) {
-      std::cerr << "tessera-shard: cannot start on data directory " << data_dir << ": "
-                << opened.status() << "\n";
-      return 1;
-    }
-    tables = *std::move(opened);
+  absl::StatusOr<std::unique_ptr<tessera::embedding::EmbeddingCollection>> opened =
+      OpenTables(data_dir, options);
+  if (!opened.ok()) {
+    std::cerr << "tessera-shard: " << opened.status().message() << "\n";
+    return 1;
   }
+  std::unique_ptr<tessera::embedding::EmbeddingCollection> tables = *std::move(opened);
   tessera::server::ShardService service(tables.get(), options);
   std::unique_ptr<tessera::base::Metrics> metrics;
   if (auto started = tessera::base::StartMetricsFromFlags("shard"); !started.ok()) {

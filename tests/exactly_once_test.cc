@@ -276,7 +276,9 @@ TEST_F(ExactlyOnceTest, AnAlterThatAppliesAndLosesItsAnswerEndsAsOneCall) {
     auto held = t->ListTables();
     ASSERT_TRUE(held.ok());
     for (const auto& config : *held) {
-      if (config.name() == "alt") EXPECT_EQ(config.optimizer().learning_rate(), 0.125f);
+      if (config.name() == "alt") {
+        EXPECT_EQ(config.optimizer().learning_rate(), 0.125f);
+      }
     }
   }
   const std::vector<int64_t> ids = Ids(200, 4);

@@ -33,6 +33,7 @@
 #include "embedding/dtype.h"
 #include "embedding/optimizer.h"
 #include "base/status.h"
+#include "base/thread_pool.h"
 #include "embedding/storage/durable_collection.h"
 #include "base/logging.h"
 #include "base/metrics.h"
@@ -87,6 +88,10 @@ ABSL_FLAG(double, held_out_fraction, 0.1, "TSV: share of lines held out for eval
 ABSL_FLAG(int64_t, max_held_out, 200000, "TSV: cap on held-out samples");
 ABSL_FLAG(std::string, on_bad_line, "skip", "TSV: 'skip' or 'stop' at a malformed line");
 ABSL_FLAG(int, reader_threads, 1, "background threads making batches");
+ABSL_FLAG(int, sparse_threads, 0,
+          "threads for a step's table work (in-process tables' lookups and pushes, the "
+          "embedding gradients), a table to a thread; 0 = every CPU this process may run on "
+          "(taskset -c 0 gives 1). Results do not depend on it");
 ABSL_FLAG(int, prefetch, 8, "batches prepared ahead of the trainer");
 ABSL_FLAG(std::string, data_dir, "",
           "in-process tables: keep them durable in this directory (RocksDB), with checkpoints");
@@ -239,6 +244,8 @@ absl::Status CheckFlagRanges() {
   TESSERA_RETURN_IF_ERROR(
       CheckRange("reader_threads", absl::GetFlag(FLAGS_reader_threads), 1, 256));
   TESSERA_RETURN_IF_ERROR(CheckRange("prefetch", absl::GetFlag(FLAGS_prefetch), 1, 4096));
+  TESSERA_RETURN_IF_ERROR(CheckRange("sparse_threads", absl::GetFlag(FLAGS_sparse_threads), 0,
+                                     1024, " (0 = every CPU)"));
   TESSERA_RETURN_IF_ERROR(
       CheckRange("max_staleness", absl::GetFlag(FLAGS_max_staleness), 0, 1024,
                  " (0 = synchronous)"));
@@ -374,6 +381,7 @@ struct TrainFlags {
   CriteoOptions criteo;               // TSV
   int reader_threads = 1;
   int prefetch = 8;
+  int sparse_threads = 1;  // resolved: 0 became the CPU count
 };
 
 absl::Status ParseModelFlags(TrainFlags* f) {
@@ -467,6 +475,9 @@ absl::Status ParseTrainingFlags(TrainFlags* f) {
   options.metrics_out = absl::GetFlag(FLAGS_metrics_out);
   options.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   options.max_staleness = absl::GetFlag(FLAGS_max_staleness);
+  TESSERA_RETURN_IF_ERROR(
+      base::ResolveThreads(absl::GetFlag(FLAGS_sparse_threads), &f->sparse_threads));
+  options.sparse_pool = std::make_shared<base::ThreadPool>(f->sparse_threads);
   const std::string on_restart = absl::GetFlag(FLAGS_on_shard_restart);
   if (on_restart == "resume") {
     options.on_shard_restart = TrainerOptions::OnShardRestart::kResume;
@@ -587,13 +598,17 @@ absl::StatusOr<TrainTables> MakeTables(const TrainFlags& f) {
     out.remote = remote.get();
     out.tables = std::move(remote);
   } else if (f.data_dir.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(out.tables, embedding::NewInProcessCollection(f.shards));
+    embedding::InProcessOptions memory;
+    memory.num_shards = f.shards;
+    memory.pool = f.options.sparse_pool;
+    TESSERA_ASSIGN_OR_RETURN(out.tables, embedding::NewInProcessCollection(memory));
     out.where = absl::StrCat(f.shards, " in-process shards");
   } else {
     storage::DurableOptions durable;
     durable.data_dir = f.data_dir;
     durable.num_shards = f.shards;
     durable.keep_checkpoints = f.keep_checkpoints;
+    durable.pool = f.options.sparse_pool;
     durable.log = [](const std::string& line) { std::printf("%s\n", line.c_str()); };
     TESSERA_ASSIGN_OR_RETURN(out.tables, storage::DurableCollection::Open(durable));
     out.where = absl::StrCat(f.shards, " in-process shards, durable in ", f.data_dir);

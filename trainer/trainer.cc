@@ -46,6 +46,7 @@ struct Trainer::Step {
   std::vector<embedding::TableBags> lookups;      // per feature
   std::vector<std::vector<int64_t>> unique_ids;   // per feature
   std::vector<std::vector<float>> unique_grads;   // per feature: (unique, dim)
+  std::vector<std::vector<int32_t>> inverse;      // per feature: ids' unique positions
   std::vector<embedding::TableGradients> pushes;  // per feature
   int64_t lookup_ticket = -1;
   int64_t push_ticket = -1;
@@ -87,11 +88,13 @@ class Trainer::SparseWorker {
     bool Done() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return worker->finished_ > ticket; }
   };
 
+  // Called by mu_.Await, which holds mu_; the analysis cannot see through the Condition.
+  bool HasWork() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_ || !queue_.empty(); }
+
   void Run() {
     absl::MutexLock lock(&mu_);
     while (true) {
-      mu_.Await(absl::Condition(
-          +[](SparseWorker* w) { return w->stop_ || !w->queue_.empty(); }, this));
+      mu_.Await(absl::Condition(this, &SparseWorker::HasWork));
       if (queue_.empty()) return;
       std::function<absl::Status()> call = std::move(queue_.front());
       queue_.pop_front();
@@ -121,6 +124,9 @@ Trainer::Trainer(embedding::EmbeddingCollection* tables, DenseBackend* dense,
       emb_(dense_->NewHostFloats()),
       emb_grad_(dense_->NewHostFloats()) {
   names_ = TableNames(dense_->config().num_sparse, options_.model);
+  if (options_.sparse_pool == nullptr) {
+    options_.sparse_pool = std::make_shared<base::ThreadPool>(1);
+  }
   restarts_seen_ = tables_->ShardRestarts();
   if (!options_.metrics_out.empty()) {
     metrics_.open(options_.metrics_out, std::ios::out | std::ios::trunc);
@@ -354,14 +360,16 @@ absl::StatusOr<double> Trainer::ForwardBackward(const Batch& batch, const float*
   Stopwatch grads;
   step->unique_ids.resize(nf);
   step->unique_grads.resize(nf);
+  step->inverse.resize(nf);
   step->pushes.resize(nf);
-  for (int f = 0; f < nf; ++f) {
-    embedding::Unique(batch.ids[f], &step->unique_ids[f], &inverse_);
+  options_.sparse_pool->ParallelFor(nf, [&](int f) {
+    embedding::Unique(batch.ids[f], &step->unique_ids[f], &step->inverse[f]);
     step->unique_grads[f].resize(step->unique_ids[f].size() * d);
-    embedding::PoolBagsBackward(emb_grad_.data() + f * block, d, inverse_, batch.offsets[f], {},
-                                v1::SUM, step->unique_ids[f].size(), step->unique_grads[f].data());
+    embedding::PoolBagsBackward(emb_grad_.data() + f * block, d, step->inverse[f],
+                                batch.offsets[f], {}, v1::SUM, step->unique_ids[f].size(),
+                                step->unique_grads[f].data());
     step->pushes[f] = {names_[f], step->unique_ids[f], step->unique_grads[f]};
-  }
+  });
   grads.Lap(&times_.grads);
   return loss;
 }

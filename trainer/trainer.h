@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/thread_pool.h"
 #include "embedding/collection.h"
 #include "tessera/v1/config.pb.h"
 #include "trainer/batch.h"
@@ -53,6 +54,11 @@ struct TrainerOptions {
   // synchronous (every lookup sees every update before it). Either way the run is
   // deterministic: one thread sends the lookups and pushes, in a fixed order.
   int max_staleness = 0;
+  // Runs a step's per-table work (deduplicating each table's ids, pooling's backward) a
+  // table to a thread; the results do not depend on its size. Null: one thread. Give the
+  // same pool to an in-process collection (embedding::InProcessOptions::pool) so that both
+  // share the machine's cores.
+  std::shared_ptr<base::ThreadPool> sparse_pool;
   // Called with every progress record (after the line is printed); may be empty.
   std::function<void(const Progress&)> on_progress;
   // What a shard restart (EmbeddingCollection::ShardRestarts) does to a run whose model
@@ -212,7 +218,6 @@ class Trainer {
   // Pooled embeddings and their gradients in the dense backend's host memory.
   HostFloats emb_, emb_grad_;
   std::vector<float> logits_;
-  std::vector<int32_t> inverse_;
   std::vector<embedding::TableBags> lookups_;
   std::unique_ptr<Step> sync_step_;  // the synchronous path's buffers and batch
   // Pipelined runs: steps looked up (or being), oldest first; steps whose push is in flight.

@@ -16,7 +16,7 @@ struct TrainedRun {
 };
 
 TrainedRun TrainSynthetic(int shards, uint64_t seed, int reader_threads = 1, int steps = 150,
-                          int max_staleness = 0) {
+                          int max_staleness = 0, int sparse_threads = 1) {
   DlrmConfig model;
   model.num_sparse = 4;
   model.emb_dim = 8;
@@ -26,11 +26,15 @@ TrainedRun TrainSynthetic(int shards, uint64_t seed, int reader_threads = 1, int
   model.learning_rate = 3e-3f;
   auto dense = NewCpuDenseBackend(model);
   EXPECT_TRUE(dense.ok());
-  auto tables = embedding::NewInProcessCollection(shards);
-  EXPECT_TRUE(tables.ok());
   TrainerOptions options;
   options.print_progress = false;
   options.max_staleness = max_staleness;
+  options.sparse_pool = std::make_shared<base::ThreadPool>(sparse_threads);
+  embedding::InProcessOptions in_process;
+  in_process.num_shards = shards;
+  in_process.pool = options.sparse_pool;
+  auto tables = embedding::NewInProcessCollection(in_process);
+  EXPECT_TRUE(tables.ok());
   Trainer trainer(tables->get(), dense->get(), options);
   v1::TableConfig proto;
   proto.set_dim(8);
@@ -136,6 +140,17 @@ TEST(Trainer, ResultDoesNotDependOnShardOrReaderThreadCount) {
   TrainedRun four = TrainSynthetic(4, 5, 3);
   EXPECT_EQ(one.losses, four.losses) << "bit-identical loss trajectory";
   EXPECT_EQ(one.eval.logloss, four.eval.logloss);
+}
+
+TEST(Trainer, ResultDoesNotDependOnSparseThreadCount) {
+  for (const int staleness : {0, 1}) {
+    TrainedRun one = TrainSynthetic(3, 5, 1, 100, staleness, 1);
+    for (const int threads : {2, 7}) {
+      TrainedRun many = TrainSynthetic(3, 5, 1, 100, staleness, threads);
+      EXPECT_EQ(one.losses, many.losses) << threads << " threads, staleness " << staleness;
+      EXPECT_EQ(one.eval.logloss, many.eval.logloss);
+    }
+  }
 }
 
 TEST(Trainer, BoundedStalenessReplaysExactlyAndTrainsAsWellAsSynchronous) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "embedding/batch_ops.h"
 #include "embedding/sharding.h"
@@ -255,6 +256,11 @@ absl::Status InProcessCollectionImpl::PooledLookup(absl::string_view table,
 
 absl::Status InProcessCollectionImpl::LookupBatch(absl::Span<const embedding::TableBags> tables,
                                                   const embedding::LookupOptions& options) {
+  // Every part found and its shape checked (the first bad one reported) before any is read.
+  // (A thread_local named inside the lambda would be the pool thread's own: take a reference.)
+  thread_local std::vector<TablePtr> this_threads_found;
+  std::vector<TablePtr>& found = this_threads_found;
+  found.clear();
   for (const embedding::TableBags& part : tables) {
     TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(part.table));
     TESSERA_ASSIGN_OR_RETURN(const size_t rows,
@@ -264,9 +270,13 @@ absl::Status InProcessCollectionImpl::LookupBatch(absl::Span<const embedding::Ta
     TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(part.table, "output", part.out.size(), rows,
                                                      t->config.dim(),
                                                      part.offsets.empty() ? "ids" : "bags"));
-    TESSERA_RETURN_IF_ERROR(LookupChecked(*t, part, options));
+    found.push_back(std::move(t));
   }
-  return absl::OkStatus();
+  absl::Status s = pool_->ParallelForStatus(static_cast<int>(tables.size()), [&](int i) {
+    return LookupChecked(*found[i], tables[i], options);
+  });
+  found.clear();  // a dropped table is freed now, not by this thread's next call
+  return s;
 }
 
 absl::Status InProcessCollectionImpl::LookupChecked(ShardedTable& t,
@@ -306,23 +316,33 @@ absl::Status InProcessCollectionImpl::PushBatch(absl::Span<const embedding::Tabl
                                                 int64_t step,
                                                 const embedding::PushOptions& options) {
   TESSERA_RETURN_IF_ERROR(embedding::RefuseSync(options));
-  // Every part is found, deduplicated, summed and checked before any row changes, so a
-  // bad part refuses the whole batch.
-  thread_local std::vector<embedding::SummedGradients> summed;
-  if (summed.size() < tables.size()) summed.resize(tables.size());
-  std::vector<TablePtr> found;
-  found.reserve(tables.size());
+  // Every part is found, deduplicated, summed, checked and routed, and every shard's room
+  // for its new rows checked, before any row changes: a bad part refuses the whole batch.
+  thread_local std::vector<PushPart> this_threads_parts;
+  std::vector<PushPart>& parts = this_threads_parts;  // the pool's threads fill it too
+  if (parts.size() < tables.size()) parts.resize(tables.size());
   for (size_t i = 0; i < tables.size(); ++i) {
-    const embedding::TableGradients& part = tables[i];
-    TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(part.table));
-    TESSERA_RETURN_IF_ERROR(embedding::SumGradients(part.table, part.ids, part.gradients,
-                                                    t->config.dim(), &summed[i]));
-    found.push_back(std::move(t));
+    TESSERA_ASSIGN_OR_RETURN(parts[i].table, Find(tables[i].table));
   }
+  const int n = static_cast<int>(tables.size());
+  absl::Status s = pool_->ParallelForStatus(n, [&](int i) -> absl::Status {
+    PushPart& p = parts[i];
+    const embedding::TableGradients& part = tables[i];
+    TESSERA_RETURN_IF_ERROR(embedding::SumGradients(part.table, part.ids, part.gradients,
+                                                    p.table->config.dim(), &p.summed));
+    return RouteSummed(*p.table, p.summed, &p.routed);
+  });
+  absl::InlinedVector<absl::Status, 32> applied(s.ok() ? n : 0);
+  if (s.ok()) {
+    pool_->ParallelFor(n, [&](int i) {
+      applied[i] = ApplyRouted(*parts[i].table, parts[i].summed, parts[i].routed, step);
+    });
+  }
+  for (size_t i = 0; i < tables.size(); ++i) parts[i].table.reset();
+  TESSERA_RETURN_IF_ERROR(s);
   absl::Status partly;  // the first part that kept some rows (non-finite results)
-  for (size_t i = 0; i < tables.size(); ++i) {
-    TESSERA_RETURN_IF_ERROR(
-        tessera::SetAsidePartlyApplied(ApplySummed(*found[i], summed[i], step), &partly));
+  for (absl::Status& a : applied) {
+    TESSERA_RETURN_IF_ERROR(tessera::SetAsidePartlyApplied(std::move(a), &partly));
   }
   return partly;
 }
@@ -332,39 +352,54 @@ absl::Status InProcessCollectionImpl::PushSummed(absl::string_view table,
                                                  int64_t step) {
   TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(table));
   TESSERA_DCHECK(gradients.dim() == t->config.dim());
-  return ApplySummed(*t, gradients, step);
+  thread_local RoutedPush routed;
+  TESSERA_RETURN_IF_ERROR(RouteSummed(*t, gradients, &routed));
+  return ApplyRouted(*t, gradients, routed, step);
 }
 
-absl::Status InProcessCollectionImpl::ApplySummed(ShardedTable& t,
+absl::Status InProcessCollectionImpl::RouteSummed(const ShardedTable& t,
                                                   const embedding::SummedGradients& g,
-                                                  int64_t step) {
+                                                  RoutedPush* out) {
   const int dim = t.config.dim();
+  if (num_shards_ == 1) {
+    out->shard_begin = {0, static_cast<int32_t>(g.size())};
+    return t.shards[0]->CheckRoomFor(g.ids());
+  }
   RequestScratch& s = Scratch();
-  if (num_shards_ == 1) return t.shards[0]->ApplyCheckedGradients(g.ids(), g.rows(), step);
   Route(g.ids(), t.config.seed(), num_shards_, s);
-  s.routed_rows.resize(g.size() * dim);
+  out->shard_begin = s.shard_begin;
+  out->ids = s.routed_ids;
+  out->rows.resize(g.size() * dim);
   for (size_t i = 0; i < s.routed_pos.size(); ++i) {
     std::copy_n(g.rows() + static_cast<size_t>(s.routed_pos[i]) * dim, dim,
-                s.routed_rows.data() + i * dim);
+                out->rows.data() + i * dim);
   }
   // Each shard's update is all or nothing; a shard whose budget cannot take its new rows
   // refuses the batch before any shard applies its part.
   for (int k = 0; k < num_shards_; ++k) {
-    const int32_t begin = s.shard_begin[k];
-    const int32_t count = s.shard_begin[k + 1] - begin;
+    const int32_t begin = out->shard_begin[k];
+    const int32_t count = out->shard_begin[k + 1] - begin;
     if (count == 0) continue;
     TESSERA_RETURN_IF_ERROR(
-        t.shards[k]->CheckRoomFor(absl::MakeConstSpan(s.routed_ids).subspan(begin, count)));
+        t.shards[k]->CheckRoomFor(absl::MakeConstSpan(out->ids).subspan(begin, count)));
   }
+  return absl::OkStatus();
+}
+
+absl::Status InProcessCollectionImpl::ApplyRouted(ShardedTable& t,
+                                                  const embedding::SummedGradients& g,
+                                                  const RoutedPush& routed, int64_t step) {
+  if (num_shards_ == 1) return t.shards[0]->ApplyCheckedGradients(g.ids(), g.rows(), step);
+  const int dim = t.config.dim();
   absl::Status partly;  // a shard that kept some rows (non-finite results); the rest go on
   for (int k = 0; k < num_shards_; ++k) {
-    const int32_t begin = s.shard_begin[k];
-    const int32_t count = s.shard_begin[k + 1] - begin;
+    const int32_t begin = routed.shard_begin[k];
+    const int32_t count = routed.shard_begin[k + 1] - begin;
     if (count == 0) continue;
     TESSERA_RETURN_IF_ERROR(tessera::SetAsidePartlyApplied(
         t.shards[k]->ApplyCheckedGradients(
-            absl::MakeConstSpan(s.routed_ids).subspan(begin, count),
-            s.routed_rows.data() + static_cast<size_t>(begin) * dim, step),
+            absl::MakeConstSpan(routed.ids).subspan(begin, count),
+            routed.rows.data() + static_cast<size_t>(begin) * dim, step),
         &partly));
   }
   return partly;
@@ -374,13 +409,27 @@ absl::Status InProcessCollectionImpl::ApplySummed(ShardedTable& t,
 
 namespace tessera::embedding {
 
-absl::StatusOr<std::unique_ptr<InProcessCollection>> NewInProcessCollection(int num_shards) {
-  if (num_shards < 1 || num_shards > 4096) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("in-process shard count must be in [1, 4096], got ", num_shards));
+absl::StatusOr<std::unique_ptr<InProcessCollection>> NewInProcessCollection(
+    const InProcessOptions& options) {
+  if (options.num_shards < 1 || options.num_shards > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "in-process shard count must be in [1, 4096], got ", options.num_shards));
+  }
+  std::shared_ptr<base::ThreadPool> pool = options.pool;
+  if (pool == nullptr) {
+    int threads = 0;
+    TESSERA_RETURN_IF_ERROR(Annotate(base::ResolveThreads(options.threads, &threads),
+                                     "in-process collection"));
+    pool = std::make_shared<base::ThreadPool>(threads);
   }
   return std::unique_ptr<InProcessCollection>(
-      new embedding_internal::InProcessCollectionImpl(num_shards));
+      new embedding_internal::InProcessCollectionImpl(options.num_shards, std::move(pool)));
+}
+
+absl::StatusOr<std::unique_ptr<InProcessCollection>> NewInProcessCollection(int num_shards) {
+  InProcessOptions options;
+  options.num_shards = num_shards;
+  return NewInProcessCollection(options);
 }
 
 }  // namespace tessera::embedding

@@ -16,7 +16,8 @@ namespace tessera::embedding_internal {
 // embedding::InProcessCollection's implementation (see embedding/inprocess_collection.h).
 class InProcessCollectionImpl final : public embedding::InProcessCollection {
  public:
-  explicit InProcessCollectionImpl(int num_shards) : num_shards_(num_shards) {}
+  InProcessCollectionImpl(int num_shards, std::shared_ptr<base::ThreadPool> pool)
+      : num_shards_(num_shards), pool_(std::move(pool)) {}
 
   absl::Status CreateTable(const v1::TableConfig& config) override;
   absl::StatusOr<std::vector<v1::TableConfig>> ListTables() const override;
@@ -26,11 +27,12 @@ class InProcessCollectionImpl final : public embedding::InProcessCollection {
                             absl::Span<const int32_t> offsets, absl::Span<const float> weights,
                             v1::Pooling pooling, absl::Span<float> out,
                             const embedding::LookupOptions& options) override;
-  // Each part's shape checked once, then gathered (the base class checks it again in
-  // PooledLookup).
+  // Each part's shape checked once, then the parts gathered in parallel (the base class
+  // checks each again in PooledLookup, one after another).
   absl::Status LookupBatch(absl::Span<const embedding::TableBags> tables,
                            const embedding::LookupOptions& options) override;
-  // Every part summed and checked, then applied (without the base class's ListTables).
+  // Every part summed and checked, and every shard's room for its new rows checked, before
+  // any part applies (without the base class's ListTables); the parts in parallel.
   absl::Status PushBatch(absl::Span<const embedding::TableGradients> tables, int64_t step,
                          const embedding::PushOptions& options = {}) override;
   absl::Status PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
@@ -60,9 +62,25 @@ class InProcessCollectionImpl final : public embedding::InProcessCollection {
   // Shared: a call that found a table keeps it alive while a DropTable removes it.
   using TablePtr = std::shared_ptr<ShardedTable>;
   absl::StatusOr<TablePtr> Find(absl::string_view table) const;
-  // Applies summed, checked gradients, shard by shard (each shard's part all or nothing,
-  // every shard's room checked first).
-  absl::Status ApplySummed(ShardedTable& t, const embedding::SummedGradients& g, int64_t step);
+  // A push's summed gradients for one table, grouped by shard (with one shard, as summed).
+  struct RoutedPush {
+    std::vector<int32_t> shard_begin;  // (num_shards + 1): each shard's range below
+    std::vector<int64_t> ids;          // the summed ids grouped by shard
+    std::vector<float> rows;           // their gradient rows
+  };
+  // One part of a PushBatch: its table, gradients summed and checked, and their routing.
+  struct PushPart {
+    TablePtr table;
+    embedding::SummedGradients summed;
+    RoutedPush routed;
+  };
+  // Groups `g` by shard into `out` and checks every shard's room for its new rows.
+  // Changes no row.
+  absl::Status RouteSummed(const ShardedTable& t, const embedding::SummedGradients& g,
+                           RoutedPush* out);
+  // Applies routed gradients shard by shard (each shard's part all or nothing).
+  absl::Status ApplyRouted(ShardedTable& t, const embedding::SummedGradients& g,
+                           const RoutedPush& routed, int64_t step);
   // A lookup whose shape the caller checked: gathers the part's rows, pooled into its
   // bags when it has offsets.
   absl::Status LookupChecked(ShardedTable& t, const embedding::TableBags& part,
@@ -72,6 +90,7 @@ class InProcessCollectionImpl final : public embedding::InProcessCollection {
                             bool insert_missing);
 
   const int num_shards_;
+  const std::shared_ptr<base::ThreadPool> pool_;
   mutable absl::Mutex mu_;
   std::map<std::string, TablePtr, std::less<>> tables_ ABSL_GUARDED_BY(mu_);
 };

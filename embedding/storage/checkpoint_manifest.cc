@@ -56,13 +56,13 @@ absl::StatusOr<CheckpointManifest> DecodeManifest(absl::string_view text, const 
     } else if (kv.first == "model") {
       m.model = std::string(kv.second);
     } else if (kv.first == "sequence") {
-      (void)absl::SimpleAtoi(kv.second, &m.sequence);
+      if (!absl::SimpleAtoi(kv.second, &m.sequence)) return bad("bad sequence");
     } else if (kv.first == "created_unix_ms") {
-      (void)absl::SimpleAtoi(kv.second, &m.created_unix_ms);
+      if (!absl::SimpleAtoi(kv.second, &m.created_unix_ms)) return bad("bad created_unix_ms");
     } else if (kv.first == "rows") {
-      (void)absl::SimpleAtoi(kv.second, &m.rows);
+      if (!absl::SimpleAtoi(kv.second, &m.rows)) return bad("bad rows");
     } else if (kv.first == "bytes") {
-      (void)absl::SimpleAtoi(kv.second, &m.bytes);
+      if (!absl::SimpleAtoi(kv.second, &m.bytes)) return bad("bad bytes");
     } else if (kv.first == "table") {
       m.tables.emplace_back(kv.second);
     } else if (kv.first == "attachment") {

@@ -98,7 +98,11 @@ absl::StatusOr<std::unique_ptr<DurableCollection>> DurableCollection::Open(
 absl::Status DurableCollection::OpenAndLoad() {
   const auto start = Clock::now();
   TESSERA_ASSIGN_OR_RETURN(store_, options_.open_store(LivePath(), KvStoreOptions()));
-  TESSERA_ASSIGN_OR_RETURN(memory_, embedding::NewInProcessCollection(options_.num_shards));
+  embedding::InProcessOptions memory;
+  memory.num_shards = options_.num_shards;
+  memory.threads = options_.threads;
+  memory.pool = options_.pool;
+  TESSERA_ASSIGN_OR_RETURN(memory_, embedding::NewInProcessCollection(memory));
   tables_.clear();
   next_table_id_ = 1;
   rows_loaded_ = 0;
@@ -338,7 +342,13 @@ absl::Status DurableCollection::CreateTable(const v1::TableConfig& config) {
                absl::StrCat("table '", config.name(), "': cannot store its config")));
   absl::Status s = memory_->CreateTable(config);
   if (!s.ok()) {
-    (void)store_->Write({KvWrite{CatalogKey(id), "", /*erase=*/true}}, /*sync=*/true);
+    const absl::Status erased =
+        store_->Write({KvWrite{CatalogKey(id), "", /*erase=*/true}}, /*sync=*/true);
+    // The stale entry would come back as a table on the next open.
+    if (!erased.ok()) {
+      std::fprintf(stderr, "tessera: table '%s' was not created, but its catalog entry stays: %s\n",
+                   config.name().c_str(), erased.ToString().c_str());
+    }
     return s;
   }
   tables_.emplace(config.name(), MakeTable(id, config));
@@ -368,6 +378,13 @@ absl::Status DurableCollection::PooledLookup(absl::string_view table, absl::Span
   absl::ReaderMutexLock lock(&mu_);
   TESSERA_RETURN_IF_ERROR(Usable());
   return memory_->PooledLookup(table, ids, offsets, weights, pooling, out, options);
+}
+
+absl::Status DurableCollection::LookupBatch(absl::Span<const embedding::TableBags> tables,
+                                            const embedding::LookupOptions& options) {
+  absl::ReaderMutexLock lock(&mu_);
+  TESSERA_RETURN_IF_ERROR(Usable());
+  return memory_->LookupBatch(tables, options);
 }
 
 absl::StatusOr<embedding::TableUsage> DurableCollection::Usage(absl::string_view table) const {

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "base/thread_pool.h"
 #include "embedding/collection.h"
 #include "embedding/inprocess_collection.h"
 #include "embedding/storage/checkpoint_manifest.h"
@@ -22,6 +23,8 @@ namespace tessera::storage {
 struct DurableOptions {
   std::string data_dir;      // required: the live store and checkpoints
   int num_shards = 1;        // in-memory shards (rows are keyed by id alone)
+  int threads = 0;           // threads of the in-memory collection; 0 = every CPU
+  std::shared_ptr<base::ThreadPool> pool;  // or a pool shared with the caller
   int keep_checkpoints = 3;  // newest complete checkpoints kept; 0 = all
   KvStoreFactory open_store = OpenRocksDbStore;
   // Write-through push parts kept on record by request id (PushGradientsRecorded), newest
@@ -81,6 +84,10 @@ class DurableCollection final : public embedding::EmbeddingCollection {
                             absl::Span<const int32_t> offsets, absl::Span<const float> weights,
                             v1::Pooling pooling, absl::Span<float> out,
                             const embedding::LookupOptions& options) override;
+  // The in-memory collection's batched lookup (its shapes checked once, its parts in
+  // parallel), under one reader lock.
+  absl::Status LookupBatch(absl::Span<const embedding::TableBags> tables,
+                           const embedding::LookupOptions& options) override;
   absl::Status PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
                              absl::Span<const float> gradients, int64_t step) override;
   // WRITE_THROUGH tables store `tag` in the same synced write as the push's rows; others

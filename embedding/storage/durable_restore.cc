@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <system_error>
 
@@ -109,10 +110,15 @@ absl::StatusOr<embedding::CheckpointInfo> DurableCollection::Restore(
                                                  ": ", ec.message(), "; restart the server"));
       return broken_;
     }
-    (void)RemoveTree(live + ".old");
-    // The restored checkpoint is the state now, whatever was interrupted before.
-    (void)RemoveTree(InProgressPath());
-    (void)RemoveTree(RestoringPath());
+    // The restored checkpoint is the state now, whatever was interrupted before. What
+    // cannot be removed is only disk space: say so and go on.
+    for (const std::string& stale : {live + ".old", InProgressPath(), RestoringPath()}) {
+      const absl::Status removed = RemoveTree(stale);
+      if (!removed.ok()) {
+        std::fprintf(stderr, "tessera: restore of %s left %s behind: %s\n", dir.c_str(),
+                     stale.c_str(), removed.ToString().c_str());
+      }
+    }
     absl::Status s = OpenAndLoad();
     if (!s.ok()) {
       broken_ = Annotate(s, absl::StrCat("restore of ", dir));
