@@ -48,4 +48,11 @@ sleep 0.5
 if pgrep -f "tessera-shard --port=0 --shard_index=0 --num_shards=2 --max_batch_ids" > /dev/null; then
   fail "shard processes left running"
 fi
+# The sparse-step benchmark, tiny: both lines and their ratios must come out.
+"$BIN/tessera-sparse-step-benchmark" --tables=3 --rows=2000 --batch=64 --steps=5 --threads=1,2 \
+  > "$OUT/sparse.log" 2>&1 || { cat "$OUT/sparse.log"; fail "sparse-step benchmark failed"; }
+grep -Eq "^tables' own, 1 thread: +gather +[0-9.]+ ns/id" "$OUT/sparse.log" \
+  || fail "sparse-step benchmark without the tables' own figures"
+grep -Eq "^path,  2 thread\(s\):.*vs_tables [0-9.]+  vs_one_thread [0-9.]+" "$OUT/sparse.log" \
+  || fail "sparse-step benchmark without its ratios"
 echo "bench smoke: ok"

@@ -42,12 +42,8 @@ constexpr std::chrono::milliseconds kCheckpointWait = std::chrono::minutes(30);
 
 struct Trainer::Step {
   Batch batch;
-  HostFloats emb;                                 // (features, size, dim)
-  std::vector<embedding::TableBags> lookups;      // per feature
-  std::vector<std::vector<int64_t>> unique_ids;   // per feature
-  std::vector<std::vector<float>> unique_grads;   // per feature: (unique, dim)
-  std::vector<std::vector<int32_t>> inverse;      // per feature: ids' unique positions
-  std::vector<embedding::TableGradients> pushes;  // per feature
+  HostFloats emb;      // (features, size, dim)
+  SparseStep sparse;   // its lookup, then its embedding gradients
   int64_t lookup_ticket = -1;
   int64_t push_ticket = -1;
 };
@@ -306,7 +302,7 @@ void Trainer::WriteMetrics(const std::string& json) {
 }
 
 absl::Status Trainer::LookupAll(const Batch& batch, bool insert_missing) {
-  return LookupInto(batch, insert_missing, &emb_, &lookups_);
+  return LookupInto(batch, insert_missing, &emb_, &lookup_);
 }
 
 std::unique_ptr<Trainer::Step> Trainer::NewStep() const {
@@ -316,28 +312,10 @@ std::unique_ptr<Trainer::Step> Trainer::NewStep() const {
 }
 
 absl::Status Trainer::LookupInto(const Batch& batch, bool insert_missing, HostFloats* emb,
-                                 std::vector<embedding::TableBags>* parts) {
+                                 SparseStep* sparse) {
   const int d = dense_->config().emb_dim;
-  const int nf = static_cast<int>(names_.size());
-  if (static_cast<int>(batch.ids.size()) != nf) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch has ", batch.ids.size(), " sparse features, the model ", nf));
-  }
-  const size_t block = static_cast<size_t>(batch.size) * d;
-  emb->resize(block * nf);
-  parts->resize(nf);
-  for (int f = 0; f < nf; ++f) {
-    embedding::TableBags& part = (*parts)[f];
-    part.table = names_[f];
-    part.ids = batch.ids[f];
-    part.offsets = batch.offsets[f];
-    part.pooling = v1::SUM;
-    part.out = absl::MakeSpan(*emb).subspan(f * block, block);
-  }
-  embedding::LookupOptions lookup;
-  lookup.insert_missing = insert_missing;
-  // One call for every table: a remote collection sends one request per shard.
-  return tables_->LookupBatch(*parts, lookup);
+  emb->resize(static_cast<size_t>(batch.size) * d * names_.size());
+  return sparse->Lookup(*tables_, names_, batch, d, insert_missing, absl::MakeSpan(*emb));
 }
 
 absl::StatusOr<double> Trainer::ForwardBackward(const Batch& batch, const float* emb, Step* step) {
@@ -358,18 +336,7 @@ absl::StatusOr<double> Trainer::ForwardBackward(const Batch& batch, const float*
     for (float& g : emb_grad_) g *= scale;
   }
   Stopwatch grads;
-  step->unique_ids.resize(nf);
-  step->unique_grads.resize(nf);
-  step->inverse.resize(nf);
-  step->pushes.resize(nf);
-  options_.sparse_pool->ParallelFor(nf, [&](int f) {
-    embedding::Unique(batch.ids[f], &step->unique_ids[f], &step->inverse[f]);
-    step->unique_grads[f].resize(step->unique_ids[f].size() * d);
-    embedding::PoolBagsBackward(emb_grad_.data() + f * block, d, step->inverse[f],
-                                batch.offsets[f], {}, v1::SUM, step->unique_ids[f].size(),
-                                step->unique_grads[f].data());
-    step->pushes[f] = {names_[f], step->unique_ids[f], step->unique_grads[f]};
-  });
+  step->sparse.Gradients(names_, batch, d, emb_grad_.data(), *options_.sparse_pool);
   grads.Lap(&times_.grads);
   return loss;
 }
@@ -395,7 +362,7 @@ absl::StatusOr<double> Trainer::TrainStep(const Batch& batch, int64_t step) {
   TESSERA_ASSIGN_OR_RETURN(double loss, ForwardBackward(batch, emb_.data(), sync_step_.get()));
   clock.Lap(&times_.dense);
   times_.dense -= times_.allreduce + times_.grads - apart;  // counted apart
-  TESSERA_RETURN_IF_ERROR(tables_->PushBatch(sync_step_->pushes, step, StepPushOptions()));
+  TESSERA_RETURN_IF_ERROR(tables_->PushBatch(sync_step_->sparse.pushes(), step, StepPushOptions()));
   clock.Lap(&times_.push);
   dense_->ApplyGradients();
   clock.Lap(&times_.optimizer);
@@ -440,7 +407,7 @@ absl::StatusOr<std::optional<Trainer::StepOutcome>> Trainer::PipelinedStep(Batch
     }
     Step* p = next.get();
     p->lookup_ticket = worker_->Submit(
-        [this, p] { return LookupInto(p->batch, /*insert_missing=*/true, &p->emb, &p->lookups); });
+        [this, p] { return LookupInto(p->batch, /*insert_missing=*/true, &p->emb, &p->sparse); });
     ahead_.push_back(std::move(next));
     ++next_lookup_step_;
   }
@@ -454,7 +421,7 @@ absl::StatusOr<std::optional<Trainer::StepOutcome>> Trainer::PipelinedStep(Batch
   clock.Lap(&times_.dense);
   times_.dense -= times_.allreduce + times_.grads - apart;  // counted apart
   s->push_ticket = worker_->Submit(
-      [this, s, step] { return tables_->PushBatch(s->pushes, step, StepPushOptions()); });
+      [this, s, step] { return tables_->PushBatch(s->sparse.pushes(), step, StepPushOptions()); });
   dense_->ApplyGradients();  // while the push is on its way
   clock.Lap(&times_.optimizer);
   pushing_.push_back(std::move(ahead_.front()));

@@ -18,6 +18,7 @@
 #include "trainer/batch.h"
 #include "trainer/data_parallel.h"
 #include "trainer/dense_backend.h"
+#include "trainer/sparse_step.h"
 
 namespace tessera::trainer {
 
@@ -189,11 +190,11 @@ class Trainer {
   class SparseWorker;
 
   absl::Status LookupAll(const Batch& batch, bool insert_missing);
-  // Looks up `batch`'s pooled embeddings into *emb (features, size, dim) through `parts`.
   // A step's buffers, its embeddings in the dense backend's host memory.
   std::unique_ptr<Step> NewStep() const;
+  // Looks up `batch`'s pooled embeddings into *emb (features, size, dim) through `sparse`.
   absl::Status LookupInto(const Batch& batch, bool insert_missing, HostFloats* emb,
-                          std::vector<embedding::TableBags>* parts);
+                          SparseStep* sparse);
   // Dense forward and backward on `batch` with embeddings `emb`, then the gradients of
   // each feature's distinct rows into `step`'s buffers (unique ids, grads, pushes).
   absl::StatusOr<double> ForwardBackward(const Batch& batch, const float* emb, Step* step);
@@ -218,7 +219,7 @@ class Trainer {
   // Pooled embeddings and their gradients in the dense backend's host memory.
   HostFloats emb_, emb_grad_;
   std::vector<float> logits_;
-  std::vector<embedding::TableBags> lookups_;
+  SparseStep lookup_;  // LookupAll's (evaluation, and the synchronous path's lookups)
   std::unique_ptr<Step> sync_step_;  // the synchronous path's buffers and batch
   // Pipelined runs: steps looked up (or being), oldest first; steps whose push is in flight.
   std::deque<std::unique_ptr<Step>> ahead_, pushing_;
