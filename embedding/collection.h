@@ -41,6 +41,22 @@ struct CheckpointInfo {
   double seconds = 0;           // how long the Checkpoint or Restore call took
 };
 
+// How a lookup grouped one part's ids, kept for the gradients and the push of the same
+// ids: the part's distinct ids (grouped by shard), which of them each id of the part is,
+// and each shard's range. A caller that hands one to a lookup (TableBags::plan) finds it
+// filled by a collection that plans (in process; the others leave it invalid); it can
+// then compute the gradients of unique_ids in that order (pooling's backward over
+// `inverse`) and push them with the plan (TableGradients::plan, ids = unique_ids), which
+// skips the push's deduplication and routing.
+struct IdPlan {
+  bool valid = false;
+  std::vector<int64_t> unique_ids;   // distinct ids, grouped by shard
+  std::vector<int32_t> inverse;      // (ids) position of each id of the part in unique_ids
+  std::vector<int32_t> shard_begin;  // (shards + 1) each shard's range of unique_ids
+  uint64_t seed = 0;                 // the table seed and shard count they were grouped by
+  int num_shards = 0;
+};
+
 // One table's part of a multi-table lookup (a key of a KeyedJaggedTensor).
 struct TableBags {
   std::string table;
@@ -49,6 +65,7 @@ struct TableBags {
   absl::Span<const float> weights;    // empty, or one per id (needs offsets)
   v1::Pooling pooling = v1::SUM;
   absl::Span<float> out;              // (bags, dim), or (ids, dim) without offsets
+  IdPlan* plan = nullptr;             // optional: filled as IdPlan says
 };
 
 // One table's part of a multi-table push.
@@ -56,6 +73,10 @@ struct TableGradients {
   std::string table;
   absl::Span<const int64_t> ids;
   absl::Span<const float> gradients;  // (ids, dim); repeated ids are summed
+  // Optional: the plan of the lookup these gradients answer, with ids == plan->unique_ids
+  // (the same memory). A collection that made it applies the rows without deduplicating or
+  // routing them again; any other ignores it.
+  const IdPlan* plan = nullptr;
 };
 
 // Who sends a push, for exactly-once delivery: a collection that has applied a request id

@@ -1,5 +1,6 @@
 #include "embedding/collection.h"
 
+#include <cmath>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -135,6 +136,94 @@ TEST(InProcessCollection, GivesBitIdenticalResultsWhateverTheThreadCount) {
   InProcessOptions bad;
   bad.threads = -2;
   EXPECT_EQ(NewInProcessCollection(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(InProcessCollection, ALookupsPlanServesItsPushAndGivesTheSameRows) {
+  auto planned = Make(3);
+  auto plain = Make(3);
+  for (auto* c : {planned.get(), plain.get()}) ASSERT_TRUE(c->CreateTable(Config("t", 4)).ok());
+  std::mt19937_64 rng(9);
+  for (int step = 0; step < 10; ++step) {
+    std::vector<int64_t> ids(60);
+    for (auto& id : ids) id = static_cast<int64_t>(rng() % 40);
+    const std::vector<int32_t> offsets = {0, 20, 45, 60};
+    std::vector<float> a(3 * 4), b(3 * 4);
+    IdPlan plan;
+    TableBags with{"t", ids, offsets, {}, v1::SUM, absl::MakeSpan(a), &plan};
+    TableBags without{"t", ids, offsets, {}, v1::SUM, absl::MakeSpan(b)};
+    ASSERT_TRUE(planned->LookupBatch({&with, 1}, {}).ok());
+    ASSERT_TRUE(plain->LookupBatch({&without, 1}, {}).ok());
+    EXPECT_EQ(a, b);
+    // The plan: distinct ids grouped by shard, and each id's place among them.
+    ASSERT_TRUE(plan.valid);
+    ASSERT_EQ(plan.inverse.size(), ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(plan.unique_ids[plan.inverse[i]], ids[i]);
+    ASSERT_EQ(plan.shard_begin.size(), 4u);
+    for (int k = 0; k < 3; ++k) {
+      for (int32_t u = plan.shard_begin[k]; u < plan.shard_begin[k + 1]; ++u) {
+        EXPECT_EQ(ShardOf(plan.unique_ids[u], 1234, 3), k);
+      }
+    }
+    // The planned push (gradients in the plan's order) against the summed one.
+    std::vector<float> grads(ids.size() * 4), summed(plan.unique_ids.size() * 4, 0.0f);
+    for (auto& g : grads) g = static_cast<float>(static_cast<int64_t>(rng() % 201) - 100) / 64;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      for (int d = 0; d < 4; ++d) summed[plan.inverse[i] * 4 + d] += grads[i * 4 + d];
+    }
+    const TableGradients push_planned{"t", plan.unique_ids, summed, &plan};
+    const TableGradients push_plain{"t", ids, grads};
+    ASSERT_TRUE(planned->PushBatch({&push_planned, 1}, step).ok());
+    ASSERT_TRUE(plain->PushBatch({&push_plain, 1}, step).ok());
+  }
+  std::vector<int64_t> probe(40);
+  for (int i = 0; i < 40; ++i) probe[i] = i;
+  std::vector<float> x(40 * 4), y(40 * 4);
+  ASSERT_TRUE(planned->Lookup("t", probe, absl::MakeSpan(x)).ok());
+  ASSERT_TRUE(plain->Lookup("t", probe, absl::MakeSpan(y)).ok());
+  EXPECT_EQ(x, y);
+}
+
+TEST(InProcessCollection, APlannedPushIsCheckedAndAStalePlanIsNotTrusted) {
+  auto c = Make(2);
+  ASSERT_TRUE(c->CreateTable(Config("t", 2)).ok());
+  const std::vector<int64_t> ids = {5, 6, 5, 7};
+  std::vector<float> out(ids.size() * 2);
+  IdPlan plan;
+  TableBags part{"t", ids, {}, {}, v1::SUM, absl::MakeSpan(out), &plan};
+  ASSERT_TRUE(c->LookupBatch({&part, 1}, {}).ok());
+  ASSERT_EQ(plan.unique_ids.size(), 3u);
+  std::vector<float> before(3 * 2);
+  ASSERT_TRUE(c->Lookup("t", plan.unique_ids, absl::MakeSpan(before)).ok());
+  // A NaN is refused and nothing changes; so is a gradient buffer of the wrong size.
+  std::vector<float> bad = {1, 1, std::nanf(""), 1, 1, 1};
+  const TableGradients nan_push{"t", plan.unique_ids, bad, &plan};
+  EXPECT_EQ(c->PushBatch({&nan_push, 1}, 1).code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<float> short_grads = {1, 1};
+  const TableGradients short_push{"t", plan.unique_ids, short_grads, &plan};
+  EXPECT_EQ(c->PushBatch({&short_push, 1}, 1).code(), absl::StatusCode::kInvalidArgument);
+  std::vector<float> after(3 * 2);
+  ASSERT_TRUE(c->Lookup("t", plan.unique_ids, absl::MakeSpan(after)).ok());
+  EXPECT_EQ(after, before);
+  // The table dropped and made again with another seed routes ids elsewhere: the plan is
+  // not used, and the push lands where a plain one would.
+  ASSERT_TRUE(c->DropTable("t").ok());
+  v1::TableConfig reseeded = Config("t", 2);
+  reseeded.set_seed(99);
+  ASSERT_TRUE(c->CreateTable(reseeded).ok());
+  auto reference = Make(2);
+  ASSERT_TRUE(reference->CreateTable(reseeded).ok());
+  const std::vector<float> grads = {1, 2, 3, 4, 5, 6};
+  const TableGradients stale{"t", plan.unique_ids, grads, &plan};
+  const TableGradients plain{"t", plan.unique_ids, grads};
+  ASSERT_TRUE(c->PushBatch({&stale, 1}, 2).ok());
+  ASSERT_TRUE(reference->PushBatch({&plain, 1}, 2).ok());
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(c->ShardsOf("t")->at(k)->num_rows(), reference->ShardsOf("t")->at(k)->num_rows());
+  }
+  std::vector<float> x(3 * 2), y(3 * 2);
+  ASSERT_TRUE(c->Lookup("t", plan.unique_ids, absl::MakeSpan(x)).ok());
+  ASSERT_TRUE(reference->Lookup("t", plan.unique_ids, absl::MakeSpan(y)).ok());
+  EXPECT_EQ(x, y);
 }
 
 TEST(InProcessCollection, PlacesEachRowOnItsShardOfShardOf) {

@@ -40,6 +40,13 @@ constexpr int kChunk = 32;
 // Optimistic reads of one chunk before a lookup takes the stripe's lock.
 constexpr int kOptimisticTries = 8;
 
+// A batch this small leaves a stripe's group fewer ids than the group's own probe pipeline
+// (8 ahead) needs to overlap their memory loads: the table warms its rows across groups
+// first (WarmRows). A shard's part of a batch is often this thin.
+bool ThinGroups(size_t ids) {
+  return ids < 8 * static_cast<size_t>(embedding_internal::kNumStripes);
+}
+
 void PrefetchLines(const float* p, int lines, bool for_write) {
   const char* c = reinterpret_cast<const char*>(p);
   for (int l = 0; l < lines; ++l) {
@@ -361,6 +368,28 @@ absl::Status ForEachGroup(const StripePlan& plan, Fn&& fn) {
 
 }  // namespace
 
+void EmbeddingTable::WarmRows(const StripePlan& plan, absl::Span<const int64_t> ids,
+                              int row_lines, bool for_write) const {
+  constexpr int kProbeAhead = 8;
+  const int n = static_cast<int>(plan.order.size());
+  for (int j = 0; j < n + kProbeAhead; ++j) {
+    if (j < n) {
+      const uint64_t h = plan.hash[plan.order[j]];
+      if (const IdMap* map = stripes_[h >> kStripeShift].map()) {
+        __builtin_prefetch(map->HomeOf(h), 0, 3);
+      }
+    }
+    const int k = j - kProbeAhead;
+    if (k < 0) continue;
+    const int32_t pos = plan.order[k];
+    const uint64_t h = plan.hash[pos];
+    const IdMap* map = stripes_[h >> kStripeShift].map();
+    if (const float* row = map != nullptr ? map->Find(ids[pos], h) : nullptr) {
+      PrefetchLines(row, row_lines, for_write);
+    }
+  }
+}
+
 void EmbeddingTable::CopyGroup(const StripePlan& plan, int b, int e, float* out) const {
   for (int k = b; k < e; ++k) {
     if (plan.rows[k] != nullptr) {
@@ -374,6 +403,7 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
   StripePlan& plan = embedding_internal::PlanByStripe(ids);
   {
     ReaderScope reading(readers_);
+    if (ThinGroups(ids.size())) WarmRows(plan, ids, layout_.read_lines, /*for_write=*/false);
     (void)ForEachGroup(plan, [&](int s, int b, int e) {
       const Stripe& stripe = stripes_[s];
       for (int c = b; c < e; c += kChunk) {
@@ -498,6 +528,10 @@ absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const flo
   }
   if (reserved > 0) TESSERA_RETURN_IF_ERROR(TakeRows(reserved));
 
+  if (ThinGroups(ids.size())) {
+    ReaderScope reading(readers_);
+    WarmRows(plan, ids, layout_.lines, /*for_write=*/true);
+  }
   thread_local std::vector<float> scratch;
   scratch.resize(ScratchFloats());
   int64_t refused = 0, first_refused = 0;

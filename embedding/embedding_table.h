@@ -235,6 +235,12 @@ class EmbeddingTable {
   absl::Status ApplyManaged(absl::Span<const int64_t> ids, const float* grads, int64_t step);
   // Updates for tables without eviction: the batch grouped by stripe, with prefetching.
   absl::Status ApplyBatch(absl::Span<const int64_t> ids, const float* grads, int64_t step);
+  // Brings the map slots and rows of every id of `plan` towards the cache in one pipeline
+  // across the stripes' groups (the groups' own probes pipeline within a group only, and a
+  // shard's part of a batch spreads thin over the stripes). Finds without locks and keeps
+  // nothing; needs a ReaderScope.
+  void WarmRows(const embedding_internal::StripePlan& plan, absl::Span<const int64_t> ids,
+                int row_lines, bool for_write) const;
   // Copies the weights of the rows found for group [b, e) of `plan` into `out`.
   void CopyGroup(const embedding_internal::StripePlan& plan, int b, int e, float* out) const;
   // TTL: drops every row not updated since step - ttl.

@@ -19,6 +19,8 @@ grep -Eq '"scenario":"smoke-train".*"dense_backend":"cpu","dense_samples_per_s":
   || fail "training without its dense step's samples/s"
 grep -Eq '"scenario":"smoke-train".*"grads_ms":[0-9.]*[1-9]' "$OUT/results.jsonl" \
   || fail "training without its embedding gradients' time"
+grep -Eq '"scenario":"smoke-train".*"sparse_work_ms":[0-9.]*[1-9].*"train_step_ms":[0-9.]*[1-9]' \
+  "$OUT/results.jsonl" || fail "training without its sparse work and step times"
 grep -q '"scenario":"smoke-redis","mode":"redis"' "$OUT/results.jsonl" || fail "redis baseline missing"
 # Any positive ratio: the ceiling is measured on shared cores, so a noisy run can pass 1.
 grep -Eq '"scenario":"smoke-train".*"vs_gemm":(0\.[0-9]*[1-9]|[1-9])' "$OUT/results.jsonl" \

@@ -15,8 +15,11 @@ absl::Status SparseStep::Lookup(embedding::EmbeddingCollection& tables,
   }
   const size_t block = static_cast<size_t>(batch.size) * dim;
   lookups_.resize(nf);
+  plans_.resize(nf);
   for (int f = 0; f < nf; ++f) {
+    plans_[f].valid = false;
     embedding::TableBags& part = lookups_[f];
+    part.plan = &plans_[f];
     part.table = names[f];
     part.ids = batch.ids[f];
     part.offsets = batch.offsets[f];
@@ -26,7 +29,9 @@ absl::Status SparseStep::Lookup(embedding::EmbeddingCollection& tables,
   embedding::LookupOptions lookup;
   lookup.insert_missing = insert_missing;
   // One call for every table: a remote collection sends one request per shard.
-  return tables.LookupBatch(lookups_, lookup);
+  absl::Status s = tables.LookupBatch(lookups_, lookup);
+  looked_up_ = s.ok() ? &batch : nullptr;
+  return s;
 }
 
 void SparseStep::Gradients(absl::Span<const std::string> names, const Batch& batch, int dim,
@@ -37,12 +42,19 @@ void SparseStep::Gradients(absl::Span<const std::string> names, const Batch& bat
   unique_grads_.resize(nf);
   inverse_.resize(nf);
   pushes_.resize(nf);
+  plans_.resize(nf);
   pool.ParallelFor(nf, [&](int f) {
-    embedding::Unique(batch.ids[f], &unique_ids_[f], &inverse_[f]);
-    unique_grads_[f].resize(unique_ids_[f].size() * dim);
-    embedding::PoolBagsBackward(emb_grad + f * block, dim, inverse_[f], batch.offsets[f], {},
-                                v1::SUM, unique_ids_[f].size(), unique_grads_[f].data());
-    pushes_[f] = {names[f], unique_ids_[f], unique_grads_[f]};
+    const embedding::IdPlan& plan = plans_[f];
+    // Plans are of the batch this SparseStep looked up last, when its collection plans.
+    const bool planned =
+        looked_up_ == &batch && plan.valid && plan.inverse.size() == batch.ids[f].size();
+    if (!planned) embedding::Unique(batch.ids[f], &unique_ids_[f], &inverse_[f]);
+    const std::vector<int64_t>& ids = planned ? plan.unique_ids : unique_ids_[f];
+    const std::vector<int32_t>& inverse = planned ? plan.inverse : inverse_[f];
+    unique_grads_[f].resize(ids.size() * dim);
+    embedding::PoolBagsBackward(emb_grad + f * block, dim, inverse, batch.offsets[f], {},
+                                v1::SUM, ids.size(), unique_grads_[f].data());
+    pushes_[f] = {names[f], ids, unique_grads_[f], planned ? &plan : nullptr};
   });
 }
 

@@ -26,7 +26,9 @@ class SparseStep {
 
   // From the gradients of the pooled embeddings (laid out as emb), each feature's distinct
   // ids and their summed gradient rows, a feature to a thread of `pool`; pushes() then
-  // holds them. The sums' order per row is the ids' order, whatever the pool's size.
+  // holds them. The sums' order per row is the ids' order, whatever the pool's size. When
+  // the lookup of `batch` through this SparseStep left plans (embedding::IdPlan: an
+  // in-process collection), the ids are the plans' and the push hands the plans back.
   void Gradients(absl::Span<const std::string> names, const Batch& batch, int dim,
                  const float* emb_grad, base::ThreadPool& pool);
 
@@ -35,6 +37,8 @@ class SparseStep {
 
  private:
   std::vector<embedding::TableBags> lookups_;           // per feature
+  std::vector<embedding::IdPlan> plans_;                // per feature, from the lookup
+  const Batch* looked_up_ = nullptr;                    // the batch the plans are of
   std::vector<std::vector<int64_t>> unique_ids_;        // per feature
   std::vector<std::vector<int32_t>> inverse_;           // per feature: ids' unique positions
   std::vector<std::vector<float>> unique_grads_;        // per feature: (unique, dim)

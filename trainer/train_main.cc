@@ -859,6 +859,9 @@ absl::Status ReportTraining(const TrainFlags& f, const Trainer& trainer, const T
                 "allreduce %.2f ms, push %.2f ms, optimizer %.2f ms\n",
                 s.lookup * ms, s.dense * ms, s.grads * ms, s.allreduce * ms, s.push * ms,
                 s.optimizer * ms);
+    // Pipelined, the tables' work runs while the dense step does: a step nears the larger.
+    std::printf("per step: sparse work %.2f ms, dense %.2f ms, step %.2f ms\n",
+                s.sparse_work * ms, (s.dense + s.optimizer) * ms, s.wall * ms);
   }
   if (t.replayed > 0) {
     std::printf("(%lld of them trained again after shard restarts sent the model back to its "

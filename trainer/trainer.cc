@@ -355,8 +355,10 @@ embedding::PushOptions Trainer::StepPushOptions() const {
 
 absl::StatusOr<double> Trainer::TrainStep(const Batch& batch, int64_t step) {
   if (sync_step_ == nullptr) sync_step_ = NewStep();
+  const StepTimes before = times_;
   Stopwatch clock;
-  TESSERA_RETURN_IF_ERROR(LookupAll(batch, /*insert_missing=*/true));
+  // Through the step's own SparseStep, whose plans its gradients and push then reuse.
+  TESSERA_RETURN_IF_ERROR(LookupInto(batch, /*insert_missing=*/true, &emb_, &sync_step_->sparse));
   clock.Lap(&times_.lookup);
   const double apart = times_.allreduce + times_.grads;
   TESSERA_ASSIGN_OR_RETURN(double loss, ForwardBackward(batch, emb_.data(), sync_step_.get()));
@@ -367,6 +369,11 @@ absl::StatusOr<double> Trainer::TrainStep(const Batch& batch, int64_t step) {
   dense_->ApplyGradients();
   clock.Lap(&times_.optimizer);
   ++times_.steps;
+  times_.sparse_work += (times_.lookup - before.lookup) + (times_.grads - before.grads) +
+                        (times_.push - before.push);
+  times_.wall += (times_.lookup - before.lookup) + (times_.dense - before.dense) +
+                 (times_.grads - before.grads) + (times_.allreduce - before.allreduce) +
+                 (times_.push - before.push) + (times_.optimizer - before.optimizer);
   return loss;
 }
 
@@ -406,13 +413,16 @@ absl::StatusOr<std::optional<Trainer::StepOutcome>> Trainer::PipelinedStep(Batch
       break;
     }
     Step* p = next.get();
-    p->lookup_ticket = worker_->Submit(
-        [this, p] { return LookupInto(p->batch, /*insert_missing=*/true, &p->emb, &p->sparse); });
+    p->lookup_ticket = worker_->Submit([this, p] {
+      return Timed(
+          [&] { return LookupInto(p->batch, /*insert_missing=*/true, &p->emb, &p->sparse); });
+    });
     ahead_.push_back(std::move(next));
     ++next_lookup_step_;
   }
   if (ahead_.empty()) return std::optional<StepOutcome>();
   Step* s = ahead_.front().get();
+  const auto started = std::chrono::steady_clock::now();
   Stopwatch clock;
   TESSERA_RETURN_IF_ERROR(worker_->Wait(s->lookup_ticket));
   clock.Lap(&times_.lookup);
@@ -420,8 +430,9 @@ absl::StatusOr<std::optional<Trainer::StepOutcome>> Trainer::PipelinedStep(Batch
   TESSERA_ASSIGN_OR_RETURN(double loss, ForwardBackward(s->batch, s->emb.data(), s));
   clock.Lap(&times_.dense);
   times_.dense -= times_.allreduce + times_.grads - apart;  // counted apart
-  s->push_ticket = worker_->Submit(
-      [this, s, step] { return tables_->PushBatch(s->sparse.pushes(), step, StepPushOptions()); });
+  s->push_ticket = worker_->Submit([this, s, step] {
+    return Timed([&] { return tables_->PushBatch(s->sparse.pushes(), step, StepPushOptions()); });
+  });
   dense_->ApplyGradients();  // while the push is on its way
   clock.Lap(&times_.optimizer);
   pushing_.push_back(std::move(ahead_.front()));
@@ -432,7 +443,19 @@ absl::StatusOr<std::optional<Trainer::StepOutcome>> Trainer::PipelinedStep(Batch
   }
   clock.Lap(&times_.push);
   ++times_.steps;
+  times_.sparse_work = static_cast<double>(worker_ns_.load()) / 1e9 + times_.grads;
+  times_.wall +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return std::optional<StepOutcome>(StepOutcome{loss, s->batch.size});
+}
+
+absl::Status Trainer::Timed(absl::FunctionRef<absl::Status()> call) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status s = call();
+  worker_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::steady_clock::now() - start)
+                           .count());
+  return s;
 }
 
 void Trainer::ResetPipeline() {

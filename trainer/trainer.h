@@ -1,6 +1,7 @@
 #ifndef TESSERA_TRAINER_TRAINER_H_
 #define TESSERA_TRAINER_TRAINER_H_
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "base/thread_pool.h"
 #include "embedding/collection.h"
@@ -96,9 +98,15 @@ struct EvalResult {
 // for the slowest worker included); `optimizer` the dense network's update (on a GPU, only
 // queued: it runs on the device while the next step's lookups do, and any wait for it
 // lands in the next `dense`).
+//
+// `sparse_work` is the time the tables' work took wherever it ran: the lookups and pushes
+// (on the sparse thread when pipelined, waited for or not) and the embedding gradients.
+// `wall` is the steps' own time on the training thread. Synchronous, wall is about
+// sparse_work + dense + optimizer; pipelined and overlapped, it nears the larger of the two.
 struct StepTimes {
   int64_t steps = 0;
   double lookup = 0, dense = 0, grads = 0, allreduce = 0, push = 0, optimizer = 0;
+  double sparse_work = 0, wall = 0;
 };
 
 struct TrainResult {
@@ -210,6 +218,8 @@ class Trainer {
   absl::StatusOr<int64_t> HandleShardRestart(int64_t step);
   // Forgets the steps a pipelined run looked up ahead (after a restore).
   void ResetPipeline();
+  // Runs `call` on the sparse thread, adding its duration to worker_ns_.
+  absl::Status Timed(absl::FunctionRef<absl::Status()> call);
 
   embedding::EmbeddingCollection* tables_;
   DenseBackend* dense_;
@@ -219,7 +229,7 @@ class Trainer {
   // Pooled embeddings and their gradients in the dense backend's host memory.
   HostFloats emb_, emb_grad_;
   std::vector<float> logits_;
-  SparseStep lookup_;  // LookupAll's (evaluation, and the synchronous path's lookups)
+  SparseStep lookup_;  // LookupAll's: evaluation
   std::unique_ptr<Step> sync_step_;  // the synchronous path's buffers and batch
   // Pipelined runs: steps looked up (or being), oldest first; steps whose push is in flight.
   std::deque<std::unique_ptr<Step>> ahead_, pushing_;
@@ -229,6 +239,8 @@ class Trainer {
   int64_t last_checkpoint_ = -1;
   int64_t restarts_seen_ = 0;  // tables_->ShardRestarts() handled so far
   StepTimes times_;
+  // Nanoseconds the sparse thread spent in lookups and pushes (pipelined runs).
+  std::atomic<int64_t> worker_ns_{0};
 };
 
 }  // namespace tessera::trainer

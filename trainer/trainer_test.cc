@@ -13,6 +13,7 @@ namespace {
 struct TrainedRun {
   std::vector<double> losses;
   EvalResult eval;
+  StepTimes times;
 };
 
 TrainedRun TrainSynthetic(int shards, uint64_t seed, int reader_threads = 1, int steps = 150,
@@ -60,7 +61,7 @@ TrainedRun TrainSynthetic(int shards, uint64_t seed, int reader_threads = 1, int
   EXPECT_TRUE(result.ok()) << result.status();
   auto eval = trainer.Evaluate(g->MakeHeldOut(5000));
   EXPECT_TRUE(eval.ok());
-  return TrainedRun{result->losses, *eval};
+  return TrainedRun{result->losses, *eval, trainer.step_times()};
 }
 
 // Steps [from, to) of a small model on durable tables in `dir`; with `resume` the dense
@@ -151,6 +152,23 @@ TEST(Trainer, ResultDoesNotDependOnSparseThreadCount) {
       EXPECT_EQ(one.eval.logloss, many.eval.logloss);
     }
   }
+}
+
+TEST(Trainer, StepTimesSayWhatTheTablesTookAndWhatAStepTook) {
+  // Synchronous: a step is its parts one after another, the tables' work three of them.
+  const StepTimes sync = TrainSynthetic(2, 5, 1, 40, 0, 2).times;
+  EXPECT_EQ(sync.steps, 40);
+  EXPECT_GT(sync.lookup, 0);
+  EXPECT_GT(sync.push, 0);
+  EXPECT_NEAR(sync.sparse_work, sync.lookup + sync.grads + sync.push, 1e-9);
+  EXPECT_NEAR(sync.wall,
+              sync.lookup + sync.dense + sync.grads + sync.allreduce + sync.push + sync.optimizer,
+              1e-9);
+  // Pipelined: the sparse thread's lookups and pushes count whether waited for or not.
+  const StepTimes piped = TrainSynthetic(2, 5, 1, 40, 1, 2).times;
+  EXPECT_EQ(piped.steps, 40);
+  EXPECT_GT(piped.sparse_work, piped.grads);
+  EXPECT_GT(piped.wall, piped.dense);
 }
 
 TEST(Trainer, BoundedStalenessReplaysExactlyAndTrainsAsWellAsSynchronous) {

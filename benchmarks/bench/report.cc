@@ -70,7 +70,8 @@ std::string ToJson(const ScenarioResult& r) {
       R"("echo_bytes_per_s":%.1f,"echo_stream_bytes_per_s":%.1f,"vs_echo":%.4f,)"
       R"("gemm_gflops":%.3f,"step_gflops":%.3f,"vs_gemm":%.4f,"workers":%d,"lookup_ms":%.4f,)"
       R"("dense_ms":%.4f,"grads_ms":%.4f,"allreduce_ms":%.4f,"push_ms":%.4f,"dense_backend":%s,)"
-      R"("dense_samples_per_s":%.1f,"dense_vs_gemm":%.4f,)"
+      R"("dense_samples_per_s":%.1f,"dense_vs_gemm":%.4f,"sparse_work_ms":%.4f,)"
+      R"("train_step_ms":%.4f,)"
       R"("usd_per_hour":%.4f,"usd_per_million_samples":%.6f,"table_bytes":%d,"llc_bytes":%d,)"
       R"("processes":[%s]})",
       JsonString(s.name()), JsonString(s.mode()), s.shards(), s.batch_size(), s.ids_per_sample(),
@@ -81,7 +82,7 @@ std::string ToJson(const ScenarioResult& r) {
       r.memcpy_bytes_per_s, r.vs_memcpy, r.echo_bytes_per_s, r.echo_stream_bytes_per_s, r.vs_echo,
       r.gemm_gflops, r.step_gflops, r.vs_gemm, s.workers(), r.lookup_ms, r.dense_ms, r.grads_ms,
       r.allreduce_ms, r.push_ms, JsonString(s.dense_backend()), r.dense_samples_per_s,
-      r.dense_vs_gemm, r.usd_per_hour, r.usd_per_million_samples, r.table_bytes, r.llc_bytes,
+      r.dense_vs_gemm, r.sparse_work_ms, r.train_step_ms, r.usd_per_hour, r.usd_per_million_samples, r.table_bytes, r.llc_bytes,
       procs);
 }
 
@@ -208,20 +209,24 @@ std::string ToMarkdown(const std::vector<ScenarioResult>& results, const ReportC
     const int n = std::max(1, s.workers());
     absl::StrAppend(
         &steps, absl::StrFormat("| %s | %s | %d | %d | %.0f | %.0f | %.2f | %.2f | "
-                                "%.2f | %.2f | %.2f | %.0f | %.2f |\n",
+                                "%.2f | %.2f | %.2f | %.0f | %.2f | %.2f | %.2f |\n",
                                 s.name(), s.dense_backend(), n, s.batch_size(), r.samples_per_s,
                                 r.samples_per_s / n, r.lookup_ms, r.dense_ms, r.grads_ms,
-                                r.allreduce_ms, r.push_ms, r.dense_samples_per_s, r.dense_vs_gemm));
+                                r.allreduce_ms, r.push_ms, r.dense_samples_per_s, r.dense_vs_gemm,
+                                r.sparse_work_ms, r.train_step_ms));
   }
   if (!steps.empty()) {
     absl::StrAppend(&md,
                     "\nTraining steps, ms per step and worker (lookup and push: waiting for them "
                     "when pipelined; dense: the dense network's forward, backward and "
                     "optimizer; emb grads: the embedding gradients' deduplication for the push; "
-                    "allreduce: the workers' mean of the dense gradients):\n\n"
+                    "allreduce: the workers' mean of the dense gradients; sparse work: the "
+                    "tables' lookups, gradients and pushes wherever they ran; step: the step's "
+                    "own time, near the larger of sparse work and dense when they overlap):\n\n"
                     "| scenario | dense on | workers | batch per worker | samples/s | per worker | "
                     "lookup | dense | emb grads | allreduce | push | dense step samples/s | "
-                    "dense vs GEMM |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+                    "dense vs GEMM | sparse work | step |\n"
+                    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
                     steps);
   }
   return md;

@@ -671,6 +671,8 @@ class ScenarioRun {
       d.optimizer += times_end[w].optimizer - times_start[w].optimizer;
       d.allreduce += times_end[w].allreduce - times_start[w].allreduce;
       d.push += times_end[w].push - times_start[w].push;
+      d.sparse_work += times_end[w].sparse_work - times_start[w].sparse_work;
+      d.wall += times_end[w].wall - times_start[w].wall;
     }
     if (d.steps > 0) {
       const double ms = 1e3 / static_cast<double>(d.steps);
@@ -679,6 +681,8 @@ class ScenarioRun {
       r.grads_ms = d.grads * ms;
       r.allreduce_ms = d.allreduce * ms;
       r.push_ms = d.push * ms;
+      r.sparse_work_ms = d.sparse_work * ms;
+      r.train_step_ms = d.wall * ms;
     }
     if (r.steps == 0) return absl::OkStatus();
     const int batch = s.batch_size();  // per worker

@@ -58,6 +58,9 @@ struct ScenarioResult {
   // network's forward, backward and optimizer; grads_ms the embedding gradients'
   // preparation for the push (deduplication and pooling's backward, on the CPU).
   double lookup_ms = 0, dense_ms = 0, grads_ms = 0, allreduce_ms = 0, push_ms = 0;
+  // The tables' work wherever it ran (trainer::StepTimes::sparse_work) and the step's own
+  // time: pipelined, a step nears the larger of sparse work and dense.
+  double sparse_work_ms = 0, train_step_ms = 0;
   // Train workload: the dense step alone (dense_ms: forward, backward and optimizer, with
   // the CUDA backend's copies), samples/s at the batch per worker, and its matrix GFLOP/s over
   // the GEMM ceiling of its backend at the same shapes (gemm_gflops: Eigen for cpu, cuBLAS

@@ -28,7 +28,6 @@ struct RequestScratch {
   std::vector<int32_t> cursor;
   std::vector<int64_t> routed_ids;  // unique ids grouped by shard
   std::vector<int32_t> routed_pos;  // their positions in unique_ids
-  std::vector<float> routed_rows;   // (unique, dim) in routed order
 };
 
 RequestScratch& Scratch() {
@@ -205,25 +204,40 @@ absl::StatusOr<embedding::TableUsage> InProcessCollectionImpl::Usage(absl::strin
   return usage;
 }
 
-absl::Status InProcessCollectionImpl::GatherUnique(ShardedTable& t,
-                                               absl::Span<const int64_t> unique_ids, float* rows,
-                                               bool insert_missing) {
-  if (num_shards_ == 1) return t.shards[0]->Lookup(unique_ids, rows, insert_missing);
+void InProcessCollectionImpl::PlanIds(const ShardedTable& t, absl::Span<const int64_t> ids,
+                                      embedding::IdPlan* plan) const {
+  plan->seed = t.config.seed();
+  plan->num_shards = num_shards_;
+  if (num_shards_ == 1) {
+    embedding::Unique(ids, &plan->unique_ids, &plan->inverse);
+    plan->shard_begin = {0, static_cast<int32_t>(plan->unique_ids.size())};
+    return;
+  }
   RequestScratch& s = Scratch();
+  embedding::Unique(ids, &s.unique_ids, &s.inverse);
+  Route(s.unique_ids, t.config.seed(), num_shards_, s);
+  plan->unique_ids.assign(s.routed_ids.begin(), s.routed_ids.end());
+  plan->shard_begin.assign(s.shard_begin.begin(), s.shard_begin.end());
+  // routed_pos[r] is the first-seen position of the r-th routed id: invert it, then map
+  // each id's first-seen position to its routed one.
+  s.cursor.resize(s.unique_ids.size());
+  for (size_t r = 0; r < s.routed_pos.size(); ++r) {
+    s.cursor[s.routed_pos[r]] = static_cast<int32_t>(r);
+  }
+  plan->inverse.resize(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) plan->inverse[i] = s.cursor[s.inverse[i]];
+}
+
+absl::Status InProcessCollectionImpl::GatherPlanned(ShardedTable& t, const embedding::IdPlan& plan,
+                                                    float* rows, bool insert_missing) {
   const int dim = t.config.dim();
-  Route(unique_ids, t.config.seed(), num_shards_, s);
-  s.routed_rows.resize(unique_ids.size() * dim);
   for (int k = 0; k < num_shards_; ++k) {
-    const int32_t begin = s.shard_begin[k];
-    const int32_t count = s.shard_begin[k + 1] - begin;
+    const int32_t begin = plan.shard_begin[k];
+    const int32_t count = plan.shard_begin[k + 1] - begin;
     if (count == 0) continue;
     TESSERA_RETURN_IF_ERROR(t.shards[k]->Lookup(
-        absl::MakeConstSpan(s.routed_ids).subspan(begin, count),
-        s.routed_rows.data() + static_cast<size_t>(begin) * dim, insert_missing));
-  }
-  for (size_t i = 0; i < unique_ids.size(); ++i) {
-    std::copy_n(s.routed_rows.data() + i * dim, dim,
-                rows + static_cast<size_t>(s.routed_pos[i]) * dim);
+        absl::MakeConstSpan(plan.unique_ids).subspan(begin, count),
+        rows + static_cast<size_t>(begin) * dim, insert_missing));
   }
   return absl::OkStatus();
 }
@@ -284,23 +298,28 @@ absl::Status InProcessCollectionImpl::LookupChecked(ShardedTable& t,
                                                     const embedding::LookupOptions& options) {
   const int dim = t.config.dim();
   const bool pooled = !part.offsets.empty();
+  if (part.plan != nullptr) part.plan->valid = false;
   // One shard needs no routing, and the table reads repeated ids correctly itself.
-  if (!pooled && num_shards_ == 1) {
+  if (!pooled && num_shards_ == 1 && part.plan == nullptr) {
     return t.shards[0]->Lookup(part.ids, part.out.data(), options.insert_missing);
   }
+  // The distinct ids grouped by shard: each shard gathers its range of the rows in place.
+  thread_local embedding::IdPlan this_threads_plan;
+  embedding::IdPlan& plan = part.plan != nullptr ? *part.plan : this_threads_plan;
+  PlanIds(t, part.ids, &plan);
   RequestScratch& s = Scratch();
-  embedding::Unique(part.ids, &s.unique_ids, &s.inverse);
-  s.rows.resize(s.unique_ids.size() * dim);
-  TESSERA_RETURN_IF_ERROR(GatherUnique(t, s.unique_ids, s.rows.data(), options.insert_missing));
+  s.rows.resize(plan.unique_ids.size() * dim);
+  TESSERA_RETURN_IF_ERROR(GatherPlanned(t, plan, s.rows.data(), options.insert_missing));
   if (pooled) {
-    embedding::PoolBags(s.rows.data(), dim, s.inverse, part.offsets, part.weights, part.pooling,
-                        part.out.data());
-    return absl::OkStatus();
+    embedding::PoolBags(s.rows.data(), dim, plan.inverse, part.offsets, part.weights,
+                        part.pooling, part.out.data());
+  } else {
+    for (size_t i = 0; i < part.ids.size(); ++i) {
+      std::copy_n(s.rows.data() + static_cast<size_t>(plan.inverse[i]) * dim, dim,
+                  part.out.data() + i * dim);
+    }
   }
-  for (size_t i = 0; i < part.ids.size(); ++i) {
-    std::copy_n(s.rows.data() + static_cast<size_t>(s.inverse[i]) * dim, dim,
-                part.out.data() + i * dim);
-  }
+  plan.valid = true;
   return absl::OkStatus();
 }
 
@@ -328,6 +347,8 @@ absl::Status InProcessCollectionImpl::PushBatch(absl::Span<const embedding::Tabl
   absl::Status s = pool_->ParallelForStatus(n, [&](int i) -> absl::Status {
     PushPart& p = parts[i];
     const embedding::TableGradients& part = tables[i];
+    p.planned = PlannedHere(*p.table, part);
+    if (p.planned) return CheckPlanned(*p.table, part);
     TESSERA_RETURN_IF_ERROR(embedding::SumGradients(part.table, part.ids, part.gradients,
                                                     p.table->config.dim(), &p.summed));
     return RouteSummed(*p.table, p.summed, &p.routed);
@@ -335,7 +356,9 @@ absl::Status InProcessCollectionImpl::PushBatch(absl::Span<const embedding::Tabl
   absl::InlinedVector<absl::Status, 32> applied(s.ok() ? n : 0);
   if (s.ok()) {
     pool_->ParallelFor(n, [&](int i) {
-      applied[i] = ApplyRouted(*parts[i].table, parts[i].summed, parts[i].routed, step);
+      PushPart& p = parts[i];
+      applied[i] = p.planned ? ApplyPlanned(*p.table, *tables[i].plan, tables[i].gradients, step)
+                             : ApplyRouted(*p.table, p.summed, p.routed, step);
     });
   }
   for (size_t i = 0; i < tables.size(); ++i) parts[i].table.reset();
@@ -384,6 +407,53 @@ absl::Status InProcessCollectionImpl::RouteSummed(const ShardedTable& t,
         t.shards[k]->CheckRoomFor(absl::MakeConstSpan(out->ids).subspan(begin, count)));
   }
   return absl::OkStatus();
+}
+
+bool InProcessCollectionImpl::PlannedHere(const ShardedTable& t,
+                                          const embedding::TableGradients& part) const {
+  const embedding::IdPlan* plan = part.plan;
+  return plan != nullptr && plan->valid && plan->seed == t.config.seed() &&
+         plan->num_shards == num_shards_ && part.ids.data() == plan->unique_ids.data() &&
+         part.ids.size() == plan->unique_ids.size() &&
+         plan->shard_begin.size() == static_cast<size_t>(num_shards_) + 1;
+}
+
+absl::Status InProcessCollectionImpl::CheckPlanned(const ShardedTable& t,
+                                                   const embedding::TableGradients& part) {
+  const int dim = t.config.dim();
+  // The plan's ids are distinct, so each row of gradients is its id's sum: check what
+  // SumGradients would, without summing.
+  TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(part.table, "gradients", part.gradients.size(),
+                                                   part.ids.size(), dim, "ids"));
+  TESSERA_RETURN_IF_ERROR(
+      embedding::CheckFiniteGradients(part.table, part.ids, part.gradients.data(), dim));
+  const embedding::IdPlan& plan = *part.plan;
+  for (int k = 0; k < num_shards_; ++k) {
+    const int32_t begin = plan.shard_begin[k];
+    const int32_t count = plan.shard_begin[k + 1] - begin;
+    if (count == 0) continue;
+    TESSERA_RETURN_IF_ERROR(
+        t.shards[k]->CheckRoomFor(absl::MakeConstSpan(plan.unique_ids).subspan(begin, count)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InProcessCollectionImpl::ApplyPlanned(ShardedTable& t, const embedding::IdPlan& plan,
+                                                   absl::Span<const float> gradients,
+                                                   int64_t step) {
+  const int dim = t.config.dim();
+  absl::Status partly;  // a shard that kept some rows (non-finite results); the rest go on
+  for (int k = 0; k < num_shards_; ++k) {
+    const int32_t begin = plan.shard_begin[k];
+    const int32_t count = plan.shard_begin[k + 1] - begin;
+    if (count == 0) continue;
+    TESSERA_RETURN_IF_ERROR(tessera::SetAsidePartlyApplied(
+        t.shards[k]->ApplyCheckedGradients(
+            absl::MakeConstSpan(plan.unique_ids).subspan(begin, count),
+            gradients.data() + static_cast<size_t>(begin) * dim, step),
+        &partly));
+  }
+  return partly;
 }
 
 absl::Status InProcessCollectionImpl::ApplyRouted(ShardedTable& t,

@@ -68,12 +68,22 @@ class InProcessCollectionImpl final : public embedding::InProcessCollection {
     std::vector<int64_t> ids;          // the summed ids grouped by shard
     std::vector<float> rows;           // their gradient rows
   };
-  // One part of a PushBatch: its table, gradients summed and checked, and their routing.
+  // One part of a PushBatch: its table, and its gradients summed, checked and routed, or
+  // (planned) checked in the order of the lookup's plan.
   struct PushPart {
     TablePtr table;
+    bool planned = false;
     embedding::SummedGradients summed;
     RoutedPush routed;
   };
+  // True when `part` carries a plan this collection made for its table's seed and shards,
+  // its ids the plan's own.
+  bool PlannedHere(const ShardedTable& t, const embedding::TableGradients& part) const;
+  // A planned part's checks: ids x dim finite gradients, and every shard's room.
+  absl::Status CheckPlanned(const ShardedTable& t, const embedding::TableGradients& part);
+  // Applies a planned part's gradients shard by shard, straight from the caller's buffer.
+  absl::Status ApplyPlanned(ShardedTable& t, const embedding::IdPlan& plan,
+                            absl::Span<const float> gradients, int64_t step);
   // Groups `g` by shard into `out` and checks every shard's room for its new rows.
   // Changes no row.
   absl::Status RouteSummed(const ShardedTable& t, const embedding::SummedGradients& g,
@@ -85,9 +95,12 @@ class InProcessCollectionImpl final : public embedding::InProcessCollection {
   // bags when it has offsets.
   absl::Status LookupChecked(ShardedTable& t, const embedding::TableBags& part,
                              const embedding::LookupOptions& options);
-  // Gathers the rows of distinct `unique_ids` into `rows` (unique, dim), shard by shard.
-  absl::Status GatherUnique(ShardedTable& t, absl::Span<const int64_t> unique_ids, float* rows,
-                            bool insert_missing);
+  // Deduplicates `ids` and groups the distinct ones by shard into *plan.
+  void PlanIds(const ShardedTable& t, absl::Span<const int64_t> ids,
+               embedding::IdPlan* plan) const;
+  // Gathers the rows of plan.unique_ids into `rows` (unique, dim), each shard its range.
+  absl::Status GatherPlanned(ShardedTable& t, const embedding::IdPlan& plan, float* rows,
+                             bool insert_missing);
 
   const int num_shards_;
   const std::shared_ptr<base::ThreadPool> pool_;
