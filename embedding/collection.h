@@ -110,6 +110,9 @@ struct PushSync {
 struct PushOptions {
   RequestId request_id;  // set by callers that retry (the remote client sets its own)
   PushSync sync;         // collections in this process refuse an active one
+  // Optional: where a collection that knows them puts each part's rows updated (its
+  // distinct ids), one per part, once the batch applied; others leave it as it was.
+  std::vector<int64_t>* rows_updated = nullptr;
 };
 
 // FailedPrecondition for an active options.sync: what a collection in this process says.
@@ -238,6 +241,12 @@ class EmbeddingCollection {
   // applying any part twice (where the collection deduplicates: remote ones do).
   virtual absl::Status PushBatch(absl::Span<const TableGradients> tables, int64_t step,
                                  const PushOptions& options = {});
+  // True when PushBatch applies a batch whole or not at all: every part is checked before
+  // any applies, and once one applies they all do (a failure after that comes as
+  // PartlyApplied, its rows not to be applied again), and it fills options.rows_updated. A
+  // server that journals a request's parts (server/push_journal.h) may then hand it the
+  // batch in one call.
+  virtual bool AppliesBatchWhole() const { return false; }
 
   // PushGradients, recording `tag` as applied: collections that make a table's pushes
   // durable before they return (WRITE_THROUGH) store the tag in the same write as the

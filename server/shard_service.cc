@@ -12,6 +12,7 @@
 #include "wire/row_chunk.h"
 #include "embedding/batch_ops.h"
 #include "embedding/sharding.h"
+#include "base/check.h"
 #include "base/status.h"
 #include "embedding/table_config.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -334,6 +335,9 @@ absl::StatusOr<std::vector<int64_t>> ShardService::ApplyPush(const DecodedBatch&
   TESSERA_ASSIGN_OR_RETURN(
       std::vector<int64_t> updated,
       journal_.Run(id, batch.pushes.size(), [&](std::vector<int64_t>* done) -> absl::Status {
+        // A collection that applies a batch whole (every part checked first, then every
+        // part applied, its tables in parallel) takes it in one call.
+        if (done->empty() && tables_->AppliesBatchWhole()) return ApplyWhole(batch, step, done);
         thread_local std::vector<int64_t> unique;
         thread_local std::vector<int32_t> inverse;
         absl::Status partly;
@@ -364,6 +368,24 @@ absl::StatusOr<std::vector<int64_t>> ShardService::ApplyPush(const DecodedBatch&
         return partly;
       }));
   return updated;
+}
+
+absl::Status ShardService::ApplyWhole(const DecodedBatch& batch, int64_t step,
+                                      std::vector<int64_t>* done) {
+  embedding::PushOptions options;
+  options.rows_updated = done;
+  absl::Status s = tables_->PushBatch(batch.pushes, step, options);
+  // Refused whole (nothing applied, nothing noted), or applied: a part that kept some rows
+  // has updated the others, so the push counts as applied and a repeat is not.
+  if (!s.ok() && !tessera::IsPartlyApplied(s)) {
+    done->clear();
+    return s;
+  }
+  TESSERA_DCHECK(done->size() == batch.pushes.size());
+  for (size_t i = 0; i < done->size() && i < batch.counters.size(); ++i) {
+    if (batch.counters[i] != nullptr) batch.counters[i]->updates += (*done)[i];
+  }
+  return s;
 }
 
 grpc::Status ShardService::PushGradients(grpc::ServerContext* context,

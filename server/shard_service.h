@@ -113,6 +113,9 @@ class ShardService final : public v1::EmbeddingShard::Service {
       const embedding::RequestId& first);
   absl::StatusOr<std::vector<int64_t>> ApplyPush(const DecodedBatch& batch, int64_t step,
                                                  const embedding::RequestId& id);
+  // ApplyPush's batch in one PushBatch, for a collection that AppliesBatchWhole: *done gets
+  // every part's rows updated once it applied, and stays empty when it was refused.
+  absl::Status ApplyWhole(const DecodedBatch& batch, int64_t step, std::vector<int64_t>* done);
 
   // Serves exactly the tables `tables_` holds (after start-up or a restore).
   absl::Status ReloadConfigs();

@@ -270,6 +270,65 @@ v1::BatchPushRequest SyncPart(int worker, std::vector<int64_t> ids, float g, uin
   return r;
 }
 
+// A batched push of several tables: `grads[t]` for table t ("t0".., dim 4), ids `ids`.
+v1::BatchPushRequest BatchOf(const std::vector<int64_t>& ids,
+                             const std::vector<std::vector<float>>& grads, uint64_t client) {
+  v1::BatchPushRequest r;
+  r.set_step(4);
+  r.mutable_request_id()->set_client_id(client);
+  r.mutable_request_id()->set_sequence(1);
+  for (size_t t = 0; t < grads.size(); ++t) {
+    v1::TableGradients* part = r.add_tables();
+    part->set_table("t" + std::to_string(t));
+    part->set_ids(std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 8));
+    part->set_gradients(
+        std::string(reinterpret_cast<const char*>(grads[t].data()), grads[t].size() * 4));
+  }
+  return r;
+}
+
+TEST_F(ShardServiceTest, ABatchedPushIsRefusedWholeOrAppliedWholeAndOnce) {
+  Start(0, 1);
+  for (int t = 0; t < 5; ++t) ASSERT_TRUE(Create(Config("t" + std::to_string(t))).ok());
+  auto rows = [&](int t) {
+    v1::LookupResponse r;
+    EXPECT_TRUE(Lookup(LookupOf({1, 2, 3}, "t" + std::to_string(t)), &r).ok());
+    return std::vector<float>(r.values().begin(), r.values().end());
+  };
+  std::vector<std::vector<float>> before;
+  for (int t = 0; t < 5; ++t) before.push_back(rows(t));
+  const std::vector<int64_t> ids = {1, 2, 1, 3};  // 3 distinct
+  std::vector<std::vector<float>> grads(5, std::vector<float>(ids.size() * 4, 1.0f));
+  auto push = [&](const v1::BatchPushRequest& r, v1::BatchPushResponse* resp) {
+    grpc::ClientContext ctx;
+    return stub_->BatchPush(&ctx, r, resp);
+  };
+  // A NaN in the last table refuses the batch: no table moves, not even the first four.
+  grads[4][5] = NAN;
+  v1::BatchPushResponse resp;
+  EXPECT_EQ(push(BatchOf(ids, grads, 31), &resp).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  for (int t = 0; t < 5; ++t) EXPECT_EQ(rows(t), before[t]) << "table t" << t;
+  // A good batch moves every table, counts its distinct rows, and a repeat moves nothing.
+  grads[4][5] = 1.0f;
+  ASSERT_TRUE(push(BatchOf(ids, grads, 32), &resp).ok());
+  ASSERT_EQ(resp.rows_updated_size(), 5);
+  for (int t = 0; t < 5; ++t) EXPECT_EQ(resp.rows_updated(t), 3);
+  std::vector<std::vector<float>> after;
+  for (int t = 0; t < 5; ++t) {
+    after.push_back(rows(t));
+    // SGD at 0.5: id 1 got two gradients of 1, ids 2 and 3 one.
+    for (int j = 0; j < 4; ++j) {
+      EXPECT_FLOAT_EQ(after[t][j], before[t][j] - 1.0f);
+      EXPECT_FLOAT_EQ(after[t][4 + j], before[t][4 + j] - 0.5f);
+    }
+  }
+  v1::BatchPushResponse again;
+  ASSERT_TRUE(push(BatchOf(ids, grads, 32), &again).ok());
+  EXPECT_EQ(again.rows_updated_size(), 5);
+  for (int t = 0; t < 5; ++t) EXPECT_EQ(rows(t), after[t]);
+}
+
 TEST_F(ShardServiceTest, ASyncStepIsAppliedOnceWhenEveryWorkerHasPushedAndRepeatsChangeNothing) {
   Start(0, 1);
   ASSERT_TRUE(Create(Config()).ok());

@@ -363,9 +363,18 @@ absl::Status InProcessCollectionImpl::PushBatch(absl::Span<const embedding::Tabl
   }
   for (size_t i = 0; i < tables.size(); ++i) parts[i].table.reset();
   TESSERA_RETURN_IF_ERROR(s);
+  if (options.rows_updated != nullptr) {
+    options.rows_updated->resize(tables.size());
+    for (size_t i = 0; i < tables.size(); ++i) {
+      (*options.rows_updated)[i] = static_cast<int64_t>(
+          parts[i].planned ? tables[i].ids.size() : parts[i].summed.size());
+    }
+  }
+  // Every part was checked: whatever failed now did so beside parts that applied (or after
+  // some of its own shards did), so the batch is never to be applied again.
   absl::Status partly;  // the first part that kept some rows (non-finite results)
   for (absl::Status& a : applied) {
-    TESSERA_RETURN_IF_ERROR(tessera::SetAsidePartlyApplied(std::move(a), &partly));
+    if (partly.ok() && !a.ok()) partly = tessera::PartlyApplied(std::move(a));
   }
   return partly;
 }
@@ -397,14 +406,19 @@ absl::Status InProcessCollectionImpl::RouteSummed(const ShardedTable& t,
     std::copy_n(g.rows() + static_cast<size_t>(s.routed_pos[i]) * dim, dim,
                 out->rows.data() + i * dim);
   }
+  return CheckRoomByShard(t, out->shard_begin, out->ids);
+}
+
+absl::Status InProcessCollectionImpl::CheckRoomByShard(const ShardedTable& t,
+                                                       absl::Span<const int32_t> shard_begin,
+                                                       absl::Span<const int64_t> ids) const {
   // Each shard's update is all or nothing; a shard whose budget cannot take its new rows
   // refuses the batch before any shard applies its part.
   for (int k = 0; k < num_shards_; ++k) {
-    const int32_t begin = out->shard_begin[k];
-    const int32_t count = out->shard_begin[k + 1] - begin;
+    const int32_t begin = shard_begin[k];
+    const int32_t count = shard_begin[k + 1] - begin;
     if (count == 0) continue;
-    TESSERA_RETURN_IF_ERROR(
-        t.shards[k]->CheckRoomFor(absl::MakeConstSpan(out->ids).subspan(begin, count)));
+    TESSERA_RETURN_IF_ERROR(t.shards[k]->CheckRoomFor(ids.subspan(begin, count)));
   }
   return absl::OkStatus();
 }
@@ -427,49 +441,36 @@ absl::Status InProcessCollectionImpl::CheckPlanned(const ShardedTable& t,
                                                    part.ids.size(), dim, "ids"));
   TESSERA_RETURN_IF_ERROR(
       embedding::CheckFiniteGradients(part.table, part.ids, part.gradients.data(), dim));
-  const embedding::IdPlan& plan = *part.plan;
-  for (int k = 0; k < num_shards_; ++k) {
-    const int32_t begin = plan.shard_begin[k];
-    const int32_t count = plan.shard_begin[k + 1] - begin;
-    if (count == 0) continue;
-    TESSERA_RETURN_IF_ERROR(
-        t.shards[k]->CheckRoomFor(absl::MakeConstSpan(plan.unique_ids).subspan(begin, count)));
-  }
-  return absl::OkStatus();
+  return CheckRoomByShard(t, part.plan->shard_begin, part.plan->unique_ids);
 }
 
 absl::Status InProcessCollectionImpl::ApplyPlanned(ShardedTable& t, const embedding::IdPlan& plan,
                                                    absl::Span<const float> gradients,
                                                    int64_t step) {
-  const int dim = t.config.dim();
-  absl::Status partly;  // a shard that kept some rows (non-finite results); the rest go on
-  for (int k = 0; k < num_shards_; ++k) {
-    const int32_t begin = plan.shard_begin[k];
-    const int32_t count = plan.shard_begin[k + 1] - begin;
-    if (count == 0) continue;
-    TESSERA_RETURN_IF_ERROR(tessera::SetAsidePartlyApplied(
-        t.shards[k]->ApplyCheckedGradients(
-            absl::MakeConstSpan(plan.unique_ids).subspan(begin, count),
-            gradients.data() + static_cast<size_t>(begin) * dim, step),
-        &partly));
-  }
-  return partly;
+  return ApplyByShard(t, plan.shard_begin, plan.unique_ids, gradients.data(), step);
 }
 
 absl::Status InProcessCollectionImpl::ApplyRouted(ShardedTable& t,
                                                   const embedding::SummedGradients& g,
                                                   const RoutedPush& routed, int64_t step) {
-  if (num_shards_ == 1) return t.shards[0]->ApplyCheckedGradients(g.ids(), g.rows(), step);
+  // One shard: the summed rows as they are (RouteSummed copied nothing).
+  if (num_shards_ == 1) return ApplyByShard(t, routed.shard_begin, g.ids(), g.rows(), step);
+  return ApplyByShard(t, routed.shard_begin, routed.ids, routed.rows.data(), step);
+}
+
+absl::Status InProcessCollectionImpl::ApplyByShard(ShardedTable& t,
+                                                   absl::Span<const int32_t> shard_begin,
+                                                   absl::Span<const int64_t> ids,
+                                                   const float* rows, int64_t step) {
   const int dim = t.config.dim();
   absl::Status partly;  // a shard that kept some rows (non-finite results); the rest go on
   for (int k = 0; k < num_shards_; ++k) {
-    const int32_t begin = routed.shard_begin[k];
-    const int32_t count = routed.shard_begin[k + 1] - begin;
+    const int32_t begin = shard_begin[k];
+    const int32_t count = shard_begin[k + 1] - begin;
     if (count == 0) continue;
     TESSERA_RETURN_IF_ERROR(tessera::SetAsidePartlyApplied(
-        t.shards[k]->ApplyCheckedGradients(
-            absl::MakeConstSpan(routed.ids).subspan(begin, count),
-            routed.rows.data() + static_cast<size_t>(begin) * dim, step),
+        t.shards[k]->ApplyCheckedGradients(ids.subspan(begin, count),
+                                           rows + static_cast<size_t>(begin) * dim, step),
         &partly));
   }
   return partly;

@@ -35,6 +35,7 @@ class InProcessCollectionImpl final : public embedding::InProcessCollection {
   // any part applies (without the base class's ListTables); the parts in parallel.
   absl::Status PushBatch(absl::Span<const embedding::TableGradients> tables, int64_t step,
                          const embedding::PushOptions& options = {}) override;
+  bool AppliesBatchWhole() const override { return true; }
   absl::Status PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
                              absl::Span<const float> gradients, int64_t step) override;
   absl::Status PushSummed(absl::string_view table, const embedding::SummedGradients& gradients,
@@ -88,6 +89,13 @@ class InProcessCollectionImpl final : public embedding::InProcessCollection {
   // Changes no row.
   absl::Status RouteSummed(const ShardedTable& t, const embedding::SummedGradients& g,
                            RoutedPush* out);
+  // Every shard's room for its range of `ids` (grouped by shard as shard_begin says).
+  absl::Status CheckRoomByShard(const ShardedTable& t, absl::Span<const int32_t> shard_begin,
+                                absl::Span<const int64_t> ids) const;
+  // Applies `rows` of `ids` (grouped by shard) shard by shard, each shard's part all or
+  // nothing; a shard that kept some rows does not stop the others.
+  absl::Status ApplyByShard(ShardedTable& t, absl::Span<const int32_t> shard_begin,
+                            absl::Span<const int64_t> ids, const float* rows, int64_t step);
   // Applies routed gradients shard by shard (each shard's part all or nothing).
   absl::Status ApplyRouted(ShardedTable& t, const embedding::SummedGradients& g,
                            const RoutedPush& routed, int64_t step);
