@@ -51,6 +51,41 @@ TEST(DistributedTraining, LossTrajectoryEqualsTheInProcessRunBitForBit) {
   }
 }
 
+// A batch's tables run on --sparse_threads threads in the trainer and on each shard, a
+// table to a thread: the run is the same whatever the counts, in process and through a
+// cluster.
+TEST(DistributedTraining, ResultsDoNotDependOnSparseThreads) {
+  const std::string common = "--steps=100 --log_every=10 --held_out=2000 --batch_size=128";
+  const std::string local = absl::StrCat(ScratchDir(), "/threads-local.jsonl");
+  std::string out;
+  ASSERT_EQ(RunTrain(absl::StrCat(common, " --sparse_threads=1 --metrics_out=", local), &out), 0)
+      << out;
+  const auto want = TrainRecords(local);
+  ASSERT_EQ(want.size(), 10u);
+  for (const int threads : {2, 7}) {
+    const std::string in_process = absl::StrCat(ScratchDir(), "/threads-", threads, ".jsonl");
+    out.clear();
+    ASSERT_EQ(RunTrain(absl::StrCat(common, " --sparse_threads=", threads,
+                                    " --metrics_out=", in_process),
+                       &out),
+              0)
+        << out;
+    EXPECT_EQ(TrainRecords(in_process), want) << threads << " threads in process";
+  }
+  for (const int threads : {1, 2, 7}) {
+    Cluster cluster(2, {absl::StrCat("--sparse_threads=", threads)});
+    ASSERT_TRUE(cluster.ok) << "cluster did not come up";
+    const std::string remote = absl::StrCat(ScratchDir(), "/threads-cluster-", threads, ".jsonl");
+    out.clear();
+    ASSERT_EQ(RunTrain(absl::StrCat(common, " --sparse_threads=", threads, " --coordinator=",
+                                    cluster.coordinator->address(), " --metrics_out=", remote),
+                       &out),
+              0)
+        << out;
+    EXPECT_EQ(TrainRecords(remote), want) << threads << " threads through a cluster";
+  }
+}
+
 TEST(DistributedTraining, PipelinedTrainingReplaysExactlyAndReachesTheSynchronousAuc) {
   const std::string common = "--steps=800 --log_every=100 --held_out=5000";
   const std::string local = absl::StrCat(ScratchDir(), "/k1-local.jsonl");

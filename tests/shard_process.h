@@ -14,12 +14,20 @@
 namespace tessera::testing {
 
 #ifdef TESSERA_SHARD_BIN
-// Shard `index` of `shards`.
+// Shard `index` of `shards`, with `extra` flags.
 class ShardProcess : public ServerProcess {
  public:
-  ShardProcess(int index, int shards)
-      : ServerProcess(TESSERA_SHARD_BIN, {absl::StrCat("--shard_index=", index),
-                                          absl::StrCat("--num_shards=", shards)}) {}
+  ShardProcess(int index, int shards, const std::vector<std::string>& extra = {})
+      : ServerProcess(TESSERA_SHARD_BIN, Args(index, shards, extra)) {}
+
+ private:
+  static std::vector<std::string> Args(int index, int shards,
+                                       const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {absl::StrCat("--shard_index=", index),
+                                     absl::StrCat("--num_shards=", shards)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
 };
 #endif
 

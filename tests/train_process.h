@@ -35,10 +35,11 @@ inline const std::string& ScratchDir() {
 
 // A cluster of `n` shards and a coordinator.
 struct Cluster {
-  explicit Cluster(int n) {
+  // `n` shards, each started with `shard_flags`, and a coordinator.
+  explicit Cluster(int n, const std::vector<std::string>& shard_flags = {}) {
     std::string list;
     for (int k = 0; k < n; ++k) {
-      shards.push_back(std::make_unique<ShardProcess>(k, n));
+      shards.push_back(std::make_unique<ShardProcess>(k, n, shard_flags));
       if (!shards[k]->address().empty() && WaitHealthy(shards[k]->address())) {
         absl::StrAppend(&list, k ? "," : "", shards[k]->address());
       }
