@@ -9,6 +9,7 @@
 // Every row exists before the timing (as in a long run) and every step has a batch of
 // its own (Zipf ids from trainer::SyntheticGenerator), so nothing is replayed from cache.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -37,6 +38,7 @@ ABSL_FLAG(int, shards, 4, "in-process shards");
 ABSL_FLAG(int, steps, 100, "timed steps, each with a batch of its own");
 ABSL_FLAG(double, zipf, 1.1, "Zipf exponent of id popularity");
 ABSL_FLAG(std::string, threads, "1,2", "thread counts to time the path with; 0 = every CPU");
+ABSL_FLAG(int, repeats, 3, "rounds of every measurement; each figure is the median round's");
 
 namespace tessera {
 namespace {
@@ -173,25 +175,46 @@ Setup MakeSetup() {
   return s;
 }
 
+// The run of the median total among `runs` (each phase from that same run).
+PhaseSeconds Median(std::vector<PhaseSeconds> runs) {
+  std::sort(runs.begin(), runs.end(),
+            [](const PhaseSeconds& a, const PhaseSeconds& b) { return a.total() < b.total(); });
+  return runs[runs.size() / 2];
+}
+
 int Run() {
   const Setup s = MakeSetup();
   const double ids = static_cast<double>(s.ids_per_step) * s.steps;
   auto ns = [&](double seconds) { return seconds * 1e9 / ids; };
-  std::printf("tables %d x %lld rows x dim %d (adagrad), %d in-process shards, batch %d, %d steps "
-              "of their own batches (%lld ids a step)\n",
-              s.tables, static_cast<long long>(s.rows), s.dim, s.shards, s.batch, s.steps,
-              static_cast<long long>(s.ids_per_step));
-  const PhaseSeconds own = TimeTablesOwn(s);
-  std::printf("tables' own, 1 thread:  gather %6.1f ns/id  update %6.1f ns/id  sum %6.1f ns/id\n",
-              ns(own.lookup), ns(own.push), ns(own.total()));
-  double one_thread = 0;
+  std::vector<int> counts;
   for (absl::string_view t : absl::StrSplit(absl::GetFlag(FLAGS_threads), ',')) {
     int threads = 0;
     if (!absl::SimpleAtoi(t, &threads) || !base::ResolveThreads(threads, &threads).ok()) {
       std::fprintf(stderr, "--threads: bad count '%s'\n", std::string(t).c_str());
       return 1;
     }
-    const PhaseSeconds path = TimePath(s, threads);
+    counts.push_back(threads);
+  }
+  const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
+  std::printf("tables %d x %lld rows x dim %d (adagrad), %d in-process shards, batch %d, %d steps "
+              "of their own batches (%lld ids a step), the median of %d rounds\n",
+              s.tables, static_cast<long long>(s.rows), s.dim, s.shards, s.batch, s.steps,
+              static_cast<long long>(s.ids_per_step), repeats);
+  // Rounds of every measurement in turn, so that a slow spell of a shared machine lands on
+  // all of them alike.
+  std::vector<PhaseSeconds> own_runs;
+  std::vector<std::vector<PhaseSeconds>> path_runs(counts.size());
+  for (int r = 0; r < repeats; ++r) {
+    own_runs.push_back(TimeTablesOwn(s));
+    for (size_t c = 0; c < counts.size(); ++c) path_runs[c].push_back(TimePath(s, counts[c]));
+  }
+  const PhaseSeconds own = Median(own_runs);
+  std::printf("tables' own, 1 thread:  gather %6.1f ns/id  update %6.1f ns/id  sum %6.1f ns/id\n",
+              ns(own.lookup), ns(own.push), ns(own.total()));
+  double one_thread = 0;
+  for (size_t c = 0; c < counts.size(); ++c) {
+    const int threads = counts[c];
+    const PhaseSeconds path = Median(path_runs[c]);
     if (one_thread == 0 && threads == 1) one_thread = path.total();
     const std::string scaling =
         one_thread > 0 && threads != 1

@@ -30,6 +30,35 @@ float BagScale(v1::Pooling pooling, int32_t begin, int32_t end) {
   return 1.0f;
 }
 
+// Unweighted sum pooling with the dimension known at compile time: the row loop becomes a
+// few vector adds. Sums in the same order as the general loop (0, then each id's row), so
+// the results are the same bits.
+template <int kDim>
+void SumBags(const float* __restrict rows, const int32_t* inverse, const int32_t* offsets,
+             size_t bags, float* __restrict out) {
+  for (size_t b = 0; b < bags; ++b) {
+    float acc[kDim] = {};
+    for (int32_t k = offsets[b]; k < offsets[b + 1]; ++k) {
+      const float* src = rows + static_cast<size_t>(inverse[k]) * kDim;
+      for (int j = 0; j < kDim; ++j) acc[j] += src[j];
+    }
+    std::copy_n(acc, kDim, out + b * kDim);
+  }
+}
+
+// Calls fn.template operator()<kDim>() for the common dimensions; false for others.
+template <typename Fn>
+bool WithFixedDim(int dim, Fn&& fn) {
+  switch (dim) {
+    case 8: fn.template operator()<8>(); return true;
+    case 16: fn.template operator()<16>(); return true;
+    case 32: fn.template operator()<32>(); return true;
+    case 64: fn.template operator()<64>(); return true;
+    case 128: fn.template operator()<128>(); return true;
+    default: return false;
+  }
+}
+
 }  // namespace
 
 void Unique(absl::Span<const int64_t> ids, std::vector<int64_t>* unique_ids,
@@ -183,6 +212,12 @@ void PoolBags(const float* rows, int dim, absl::Span<const int32_t> inverse,
               absl::Span<const int32_t> offsets, absl::Span<const float> weights,
               v1::Pooling pooling, float* out) {
   const size_t bags = offsets.size() - 1;
+  if (weights.empty() && pooling == v1::SUM &&
+      WithFixedDim(dim, [&]<int kDim>() {
+        SumBags<kDim>(rows, inverse.data(), offsets.data(), bags, out);
+      })) {
+    return;
+  }
   for (size_t b = 0; b < bags; ++b) {
     float* dst = out + b * dim;
     std::fill(dst, dst + dim, 0.0f);

@@ -116,6 +116,41 @@ TEST(PoolBagsBackward, MatchesFiniteDifferenceOfPooledSum) {
   }
 }
 
+// The sum pooling of the common dimensions takes its own loop: the same bits as a plain
+// sum in id order, forwards and backwards, at those dimensions and others.
+TEST(PoolBags, UnweightedSumsAreTheSameBitsAtEveryDimension) {
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (const int dim : {4, 8, 16, 24, 32, 64, 128}) {
+    const int unique = 13, bags = 9;
+    std::vector<float> rows(unique * dim), bag_grads(bags * dim);
+    for (float& x : rows) x = u(rng);
+    for (float& x : bag_grads) x = u(rng);
+    std::vector<int32_t> offsets = {0};
+    std::vector<int32_t> inverse;
+    for (int b = 0; b < bags; ++b) {
+      const int n = b % 4;  // empty bags too
+      for (int k = 0; k < n; ++k) inverse.push_back(static_cast<int32_t>(rng() % unique));
+      offsets.push_back(static_cast<int32_t>(inverse.size()));
+    }
+    std::vector<float> want(bags * dim, 0.0f), want_back(unique * dim, 0.0f);
+    for (int b = 0; b < bags; ++b) {
+      for (int k = offsets[b]; k < offsets[b + 1]; ++k) {
+        for (int j = 0; j < dim; ++j) {
+          want[b * dim + j] += rows[inverse[k] * dim + j];
+          want_back[inverse[k] * dim + j] += bag_grads[b * dim + j];
+        }
+      }
+    }
+    std::vector<float> got(bags * dim, -7.0f), got_back(unique * dim, -7.0f);
+    PoolBags(rows.data(), dim, inverse, offsets, {}, v1::SUM, got.data());
+    PoolBagsBackward(bag_grads.data(), dim, inverse, offsets, {}, v1::SUM, unique,
+                     got_back.data());
+    EXPECT_EQ(got, want) << "dim " << dim;
+    EXPECT_EQ(got_back, want_back) << "dim " << dim;
+  }
+}
+
 TEST(SumRowsByInverse, AddsRepeatedRows) {
   const std::vector<float> rows = {1, 2, 3, 4, 5, 6};
   const std::vector<int32_t> inverse = {1, 0, 1};
