@@ -15,7 +15,8 @@
 # 100 steps, state both ways), train_cuda_test (the default run on each backend: the same
 # AUC within 0.002; checkpoints resumed across backends) and tessera-bench on
 # benchmarks/scenarios/cuda.json (the dense step at batch 2048 against cuBLAS's GEMM
-# ceiling). Exits non-zero when any fails or skips.
+# ceiling) and on benchmarks/scenarios/cuda_host_tables.json (Criteo at batch 4096 with 26
+# host tables of 1M rows, synchronous and overlapped). Exits non-zero when any fails or skips.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BINS="build/tessera-train build/tessera-bench build/trainer/cuda_dense_backend_test
@@ -77,6 +78,12 @@ case "${1:-}" in
     on_bundle 150 "$dir/bin/tessera-bench" --scenarios=benchmarks/scenarios/cuda.json \
       --prices=benchmarks/prices.json --out="$out/bench" 2>&1 | tee "$out/bench.txt" ||
       failed="$failed tessera-bench"
+    # Criteo's MLPs at batch 4096 with 26 host tables of 1M rows, synchronous and with the
+    # tables' work hidden behind the dense step (--max_staleness=1): samples/s, the sparse
+    # work, dense and step times, and the dense step's own samples/s (its ceiling).
+    on_bundle 150 "$dir/bin/tessera-bench" --scenarios=benchmarks/scenarios/cuda_host_tables.json \
+      --prices=benchmarks/prices.json --out="$out/bench_host_tables" 2>&1 | tee "$out/bench_host_tables.txt" ||
+      failed="$failed tessera-bench-host-tables"
     # The default run on the GPU, for its figures (train_cuda_test checked its AUC).
     on_bundle 120 "$dir/bin/tessera-train" --dense_backend=cuda > "$out/train_default_cuda.txt" 2>&1 ||
       failed="$failed tessera-train"

@@ -29,6 +29,7 @@
 #include "embedding/dtype.h"
 #include "embedding/optimizer.h"
 #include "base/status.h"
+#include "base/thread_pool.h"
 #include "base/zipf_sampler.h"
 #include "trainer/coordinator_rendezvous.h"
 #include "trainer/data_parallel.h"
@@ -265,8 +266,15 @@ class ScenarioRun {
 
   // Where the tables live.
   absl::Status StartTables() {
+    int pool_threads = 0;
+    TESSERA_RETURN_IF_ERROR(Annotate(base::ResolveThreads(s.sparse_threads(), &pool_threads),
+                                     absl::StrCat("scenario '", s.name(), "': sparse_threads")));
+    sparse_pool = std::make_shared<base::ThreadPool>(pool_threads);
     if (s.mode() == "inproc") {
-      TESSERA_ASSIGN_OR_RETURN(tables, embedding::NewInProcessCollection(s.shards()));
+      embedding::InProcessOptions in_process;
+      in_process.num_shards = s.shards();
+      in_process.pool = sparse_pool;
+      TESSERA_ASSIGN_OR_RETURN(tables, embedding::NewInProcessCollection(in_process));
     } else if (s.mode() == "redis") {
 #if TESSERA_HAVE_HIREDIS
       Progress("starting redis-server");
@@ -336,6 +344,7 @@ class ScenarioRun {
     to.print_progress = false;
     to.log_every = 0;
     to.max_staleness = s.max_staleness();
+    to.sparse_pool = sparse_pool;
     if (s.workers() > 1) TESSERA_RETURN_IF_ERROR(JoinWorkers(&to));
     dlrm = std::make_unique<trainer::Trainer>(timed.get(), dense.get(), to);
     v1::TableConfig proto;
@@ -711,6 +720,7 @@ class ScenarioRun {
 #if TESSERA_HAVE_HIREDIS
   std::unique_ptr<RedisServer> redis;
 #endif
+  std::shared_ptr<base::ThreadPool> sparse_pool;  // the tables' and the trainers'
   std::unique_ptr<embedding::EmbeddingCollection> tables;
   std::unique_ptr<TimedCollection> timed;
   std::vector<std::pair<std::string, pid_t>> servers;  // processes besides this one
@@ -799,6 +809,7 @@ absl::Status Normalize(Scenario* s) {
     return bad("workload must be lookup, update, lookup_update or train");
   }
   if (s->max_staleness() < 0) return bad("max_staleness must be >= 0");
+  if (s->sparse_threads() < 0) return bad("sparse_threads must be >= 0 (0 = every CPU)");
   if (w == "train") {
     for (const TableSpec& t : s->tables()) {
       if (t.dim() != s->tables(0).dim()) return bad("train: every table needs the same dim");
