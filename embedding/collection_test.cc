@@ -351,13 +351,25 @@ TEST(InProcessCollection, BadInputGetsClearErrorsAndChangesNothing) {
   EXPECT_EQ(out, before) << "rejected requests must not change rows";
 }
 
-TEST(InProcessCollection, SplitsRowBudgetOverShards) {
+// Two shards holding table "small" (dim 4) with a budget of `max_rows` rows.
+std::unique_ptr<InProcessCollection> WithBudget(int64_t max_rows) {
   auto c = Make(2);
   v1::TableConfig cfg = Config("small", 4);
-  cfg.set_max_rows(10);
-  ASSERT_TRUE(c->CreateTable(cfg).ok());
-  std::vector<int64_t> ids;
-  for (int i = 0; i < 100; ++i) ids.push_back(i);
+  cfg.set_max_rows(max_rows);
+  EXPECT_TRUE(c->CreateTable(cfg).ok());
+  return c;
+}
+
+// Ids 0 .. n-1.
+std::vector<int64_t> FirstIds(int n) {
+  std::vector<int64_t> ids(n);
+  for (int i = 0; i < n; ++i) ids[i] = i;
+  return ids;
+}
+
+TEST(InProcessCollection, SplitsRowBudgetOverShards) {
+  auto c = WithBudget(10);
+  const std::vector<int64_t> ids = FirstIds(100);
   std::vector<float> out(ids.size() * 4);
   absl::Status s = c->Lookup("small", ids, absl::MakeSpan(out));
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
@@ -365,12 +377,8 @@ TEST(InProcessCollection, SplitsRowBudgetOverShards) {
 }
 
 TEST(InProcessCollection, APushOverOneShardsBudgetChangesNoShard) {
-  auto c = Make(2);
-  v1::TableConfig cfg = Config("small", 4);
-  cfg.set_max_rows(32);
-  ASSERT_TRUE(c->CreateTable(cfg).ok());
-  std::vector<int64_t> ids;
-  for (int i = 0; i < 40; ++i) ids.push_back(i);
+  auto c = WithBudget(32);
+  const std::vector<int64_t> ids = FirstIds(40);
   std::vector<float> before(ids.size() * 4), after(ids.size() * 4);
   LookupOptions read_only;
   read_only.insert_missing = false;

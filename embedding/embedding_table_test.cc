@@ -75,15 +75,23 @@ TEST(EmbeddingTable, InitialisesRowsDeterministicallyFromSeedAndId) {
             std::vector<float>(ra.begin() + 8, ra.begin() + 16));
 }
 
-TEST(EmbeddingTable, UniformInitialiserStaysInScaleWithMeanNearZero) {
-  v1::TableConfig c = Config(64);
-  c.mutable_initializer()->set_type(v1::UNIFORM);
-  c.mutable_initializer()->set_scale(0.05f);
+// The initial weights of `n` rows (ids i * stride) of a table of `dim` initialised as
+// `type` with `scale`.
+std::vector<float> InitialRows(v1::InitializerType type, float scale, int dim, int n,
+                               int64_t stride) {
+  v1::TableConfig c = Config(dim);
+  c.mutable_initializer()->set_type(type);
+  c.mutable_initializer()->set_scale(scale);
   auto t = Make(c);
-  std::vector<int64_t> ids(2000);
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i) * 1000003;
-  std::vector<float> out(ids.size() * 64);
-  ASSERT_TRUE(t->Lookup(ids, out.data()).ok());
+  std::vector<int64_t> ids(n);
+  for (int i = 0; i < n; ++i) ids[i] = i * stride;
+  std::vector<float> out(ids.size() * dim);
+  EXPECT_TRUE(t->Lookup(ids, out.data()).ok());
+  return out;
+}
+
+TEST(EmbeddingTable, UniformInitialiserStaysInScaleWithMeanNearZero) {
+  const std::vector<float> out = InitialRows(v1::UNIFORM, 0.05f, 64, 2000, 1000003);
   double sum = 0, sq = 0;
   for (float v : out) {
     ASSERT_LE(std::fabs(v), 0.05f);
@@ -95,14 +103,7 @@ TEST(EmbeddingTable, UniformInitialiserStaysInScaleWithMeanNearZero) {
 }
 
 TEST(EmbeddingTable, NormalInitialiserHasRequestedStandardDeviation) {
-  v1::TableConfig c = Config(16);
-  c.mutable_initializer()->set_type(v1::NORMAL);
-  c.mutable_initializer()->set_scale(0.2f);
-  auto t = Make(c);
-  std::vector<int64_t> ids(4000);
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i);
-  std::vector<float> out(ids.size() * 16);
-  ASSERT_TRUE(t->Lookup(ids, out.data()).ok());
+  const std::vector<float> out = InitialRows(v1::NORMAL, 0.2f, 16, 4000, 1);
   double sum = 0, sq = 0;
   for (float v : out) {
     sum += v;

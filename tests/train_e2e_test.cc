@@ -57,6 +57,13 @@ std::string TrainBin() {
 
 Result RunTrain(const std::string& args) { return RunBinary(TrainBin(), args); }
 
+// tessera-train with `args` stops at start-up (exit 1) saying `says`.
+void ExpectRefused(const std::string& args, const std::string& says) {
+  const Result r = RunTrain(args);
+  EXPECT_EQ(r.exit_code, 1) << args;
+  EXPECT_THAT(r.output, testing::HasSubstr(says)) << args;
+}
+
 // A path in a directory of this process's own: two suites running at once on one machine
 // must not write each other's files.
 std::string TempPath(const std::string& name) {
@@ -232,32 +239,21 @@ TEST(TesseraTrain, TrainsOnCriteoTsvAndReportsMalformedLines) {
 }
 
 TEST(TesseraTrain, BadFlagsGiveClearErrors) {
-  Result r = RunTrain("--shards=remote");
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.output, testing::HasSubstr("--shards must be inproc:N"));
-  r = RunTrain("--optimizer=lamb --steps=1");
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.output, testing::HasSubstr("unknown optimizer 'lamb'"));
-  r = RunTrain("--checkpoint_every=10 --steps=20");
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.output, testing::HasSubstr("--data_dir"));
-  r = RunTrain("--data=/nonexistent.tsv");
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.output, testing::HasSubstr("cannot open"));
+  ExpectRefused("--shards=remote", "--shards must be inproc:N");
+  ExpectRefused("--optimizer=lamb --steps=1", "unknown optimizer 'lamb'");
+  ExpectRefused("--checkpoint_every=10 --steps=20", "--data_dir");
+  ExpectRefused("--data=/nonexistent.tsv", "cannot open");
+  ExpectRefused("--sparse_threads=-1", "--sparse_threads");
 }
 
 TEST(TesseraTrain, DenseBackendFlagRefusesWhatCannotRunHere) {
-  Result r = RunTrain("--dense_backend=tpu --steps=1");
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.output, testing::HasSubstr("dense backend must be cpu or cuda, got 'tpu'"));
-  r = RunTrain("--cuda_device=1 --steps=1");
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.output, testing::HasSubstr("--cuda_device=1 needs --dense_backend=cuda"));
+  ExpectRefused("--dense_backend=tpu --steps=1", "dense backend must be cpu or cuda, got 'tpu'");
+  ExpectRefused("--cuda_device=1 --steps=1", "--cuda_device=1 needs --dense_backend=cuda");
   const absl::Status usable = tessera::trainer::CudaBackendUsable();
   if (usable.ok()) GTEST_SKIP() << "a GPU is here: TesseraTrainCuda (ctest label gpu) runs it";
   // No GPU, no driver or no CUDA in the build: a clear failure at start-up naming what is
   // missing, before any data is read.
-  r = RunTrain("--dense_backend=cuda --steps=5");
+  const Result r = RunTrain("--dense_backend=cuda --steps=5");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_THAT(r.output, testing::HasSubstr("--dense_backend=cuda"));
   EXPECT_THAT(r.output, testing::HasSubstr(std::string(usable.message())));
