@@ -475,8 +475,13 @@ absl::Status ParseTrainingFlags(TrainFlags* f) {
   options.metrics_out = absl::GetFlag(FLAGS_metrics_out);
   options.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   options.max_staleness = absl::GetFlag(FLAGS_max_staleness);
-  TESSERA_RETURN_IF_ERROR(
-      base::ResolveThreads(absl::GetFlag(FLAGS_sparse_threads), &f->sparse_threads));
+  const int requested = absl::GetFlag(FLAGS_sparse_threads);
+  TESSERA_RETURN_IF_ERROR(base::ResolveThreads(requested, &f->sparse_threads));
+  // Pipelined, the CPU dense step runs beside the tables' work: by default it keeps a core
+  // of its own (with the dense network on a GPU, the tables take every core).
+  if (requested == 0 && options.max_staleness > 0 && f->backend == "cpu") {
+    f->sparse_threads = std::max(1, f->sparse_threads - 1);
+  }
   options.sparse_pool = std::make_shared<base::ThreadPool>(f->sparse_threads);
   const std::string on_restart = absl::GetFlag(FLAGS_on_shard_restart);
   if (on_restart == "resume") {
@@ -923,10 +928,11 @@ absl::Status Run() {
                            PrepareTables(trainer, f, dense.get(), dp, options));
   TrainData data;
   TESSERA_RETURN_IF_ERROR(f.synthetic ? OpenSyntheticData(f, &data) : OpenFileData(f, &data));
-  std::printf("model: '%s' (DLRM) on %s, emb_dim %d, tables %s.C1-C%d on %s, optimizer %s\n",
+  std::printf("model: '%s' (DLRM) on %s, emb_dim %d, tables %s.C1-C%d on %s, optimizer %s, "
+              "%d sparse thread(s)\n",
               options.model.c_str(), dense->name().c_str(), f.model.emb_dim,
               options.model.c_str(), f.model.num_sparse, tables.where.c_str(),
-              embedding::OptimizerName(f.table.optimizer().type()).c_str());
+              embedding::OptimizerName(f.table.optimizer().type()).c_str(), f.sparse_threads);
   std::fflush(stdout);
   TESSERA_ASSIGN_OR_RETURN(const Trained trained,
                            TrainLegs(trainer, &data, dp, f.steps, first_step));
