@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "embedding/batch_ops.h"
@@ -275,6 +276,8 @@ absl::Status InProcessCollectionImpl::LookupBatch(absl::Span<const embedding::Ta
   thread_local std::vector<TablePtr> this_threads_found;
   std::vector<TablePtr>& found = this_threads_found;
   found.clear();
+  // A dropped table is freed when this call ends, not by this thread's next call.
+  absl::Cleanup release = [&found] { found.clear(); };
   for (const embedding::TableBags& part : tables) {
     TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(part.table));
     TESSERA_ASSIGN_OR_RETURN(const size_t rows,
@@ -289,7 +292,6 @@ absl::Status InProcessCollectionImpl::LookupBatch(absl::Span<const embedding::Ta
   absl::Status s = pool_->ParallelForStatus(static_cast<int>(tables.size()), [&](int i) {
     return LookupChecked(*found[i], tables[i], options);
   });
-  found.clear();  // a dropped table is freed now, not by this thread's next call
   return s;
 }
 
@@ -339,6 +341,9 @@ absl::Status InProcessCollectionImpl::PushBatch(absl::Span<const embedding::Tabl
   // for its new rows checked, before any row changes: a bad part refuses the whole batch.
   thread_local std::vector<PushPart> this_threads_parts;
   std::vector<PushPart>& parts = this_threads_parts;  // the pool's threads fill it too
+  absl::Cleanup release = [&parts] {
+    for (PushPart& p : parts) p.table.reset();
+  };
   if (parts.size() < tables.size()) parts.resize(tables.size());
   for (size_t i = 0; i < tables.size(); ++i) {
     TESSERA_ASSIGN_OR_RETURN(parts[i].table, Find(tables[i].table));
@@ -361,7 +366,6 @@ absl::Status InProcessCollectionImpl::PushBatch(absl::Span<const embedding::Tabl
                              : ApplyRouted(*p.table, p.summed, p.routed, step);
     });
   }
-  for (size_t i = 0; i < tables.size(); ++i) parts[i].table.reset();
   TESSERA_RETURN_IF_ERROR(s);
   if (options.rows_updated != nullptr) {
     options.rows_updated->resize(tables.size());
