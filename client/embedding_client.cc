@@ -87,6 +87,7 @@ absl::Status EmbeddingClient::RefreshShardMap() {
     ro.shard_map_version = map.version();
     ro.security = options_.security;
     ro.retry = options_.retry;
+    ro.pool = options_.pool;
     if (router_ != nullptr) retired_router_restarts_ += router_->restarts();
     router_ = std::make_shared<ShardRouter>(addresses, ro);
     router_->SetRestartCallback([this](int) { ReprovisionThroughCoordinator(); });

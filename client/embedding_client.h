@@ -27,6 +27,9 @@ struct ClientOptions {
   std::chrono::milliseconds checkpoint_deadline = kCheckpointDeadline;  // Checkpoint and Restore
   int max_message_bytes = kMaxMessageBytes;                       // gRPC send/receive limit
   ClientSecurity security;  // TLS and token for the coordinator and the shards
+  // Smart mode: runs a batch's per-table work (deduplication, placing on shards, merging
+  // answers) a table to a thread; null: the calling thread.
+  std::shared_ptr<base::ThreadPool> pool;
 };
 
 // The remote EmbeddingCollection: the trainer and tools use it exactly like the in-process

@@ -370,18 +370,81 @@ void ShardRouter::AddUniqueIds(Scratch& s, size_t p, const v1::TableConfig& conf
   const size_t num_parts = s.part_index.size() / shards;
   const PartPlan& plan = s.parts[p];
   auto& reqs = s.lookups;
-  s.ids_out.assign(shards, nullptr);
+  int64_t** out = s.ids_out.data() + p * shards;  // this part's, one per shard
   for (int k = 0; k < shards; ++k) {
+    out[k] = nullptr;
     if (plan.count[k] == 0) continue;
     s.part_index[k * num_parts + p] = reqs[k].tables_size();
     v1::TableLookup* t = reqs[k].add_tables();
     t->set_table(config.name());
-    s.ids_out[k] = wire::ResizePacked<int64_t>(t->mutable_ids(), plan.count[k]);
+    out[k] = wire::ResizePacked<int64_t>(t->mutable_ids(), plan.count[k]);
     work[k] = true;
   }
   for (size_t u = 0; u < plan.unique.size(); ++u) {
-    s.ids_out[plan.shard_of[u]][plan.slot[u]] = plan.unique[u];
+    out[plan.shard_of[u]][plan.slot[u]] = plan.unique[u];
   }
+}
+
+void ShardRouter::AddPushPart(Scratch& s, size_t p, const v1::TableConfig& config,
+                              std::vector<bool>& work) {
+  const int shards = num_shards();
+  const size_t num_parts = s.part_index.size() / shards;
+  const PartPlan& plan = s.parts[p];
+  auto& reqs = s.pushes;
+  for (int k = 0; k < shards; ++k) {
+    const size_t at = k * num_parts + p;
+    s.ids_out[at] = nullptr;
+    s.grads_out[at] = nullptr;
+    if (plan.count[k] == 0) continue;
+    s.part_index[at] = reqs[k].tables_size();
+    v1::TableGradients* t = reqs[k].add_tables();
+    t->set_table(config.name());
+    s.ids_out[at] = wire::ResizePacked<int64_t>(t->mutable_ids(), plan.count[k]);
+    s.grads_out[at] = wire::ResizePacked<float>(t->mutable_gradients(),
+                                                static_cast<size_t>(plan.count[k]) * config.dim());
+    work[k] = true;
+  }
+}
+
+absl::Status ShardRouter::FillPushPart(Scratch& s, size_t p, const v1::TableConfig& config,
+                                       const embedding::TableGradients& part) const {
+  const int shards = num_shards();
+  const size_t num_parts = s.part_index.size() / shards;
+  const int dim = config.dim();
+  const PartPlan& plan = s.parts[p];
+  auto ids_of = [&](int k) { return s.ids_out[k * num_parts + p]; };
+  auto grads_of = [&](int k) { return s.grads_out[k * num_parts + p]; };
+  for (int k = 0; k < shards; ++k) {
+    if (plan.count[k] == 0) continue;
+    std::fill_n(grads_of(k), static_cast<size_t>(plan.count[k]) * dim, 0.0f);
+  }
+  for (size_t u = 0; u < plan.unique.size(); ++u) {
+    ids_of(plan.shard_of[u])[plan.slot[u]] = plan.unique[u];
+  }
+  // Repeated ids are summed straight into their row of the shard's request, in the
+  // caller's order (the same additions, in the same order, as the in-process path).
+  for (size_t i = 0; i < part.ids.size(); ++i) {
+    const int32_t u = plan.inverse[i];
+    float* dst = grads_of(plan.shard_of[u]) + static_cast<size_t>(plan.slot[u]) * dim;
+    const float* src = part.gradients.data() + i * dim;
+    for (int j = 0; j < dim; ++j) dst[j] += src[j];
+  }
+  // Finite gradients of a repeated id can sum to Inf: refused here, before any shard
+  // applies its part (the one shard holding the id would refuse only its own).
+  for (int k = 0; k < shards; ++k) {
+    if (plan.count[k] == 0) continue;
+    TESSERA_RETURN_IF_ERROR(Annotate(
+        embedding::CheckFiniteGradients(config.name(),
+                                        absl::MakeConstSpan(ids_of(k), plan.count[k]),
+                                        grads_of(k), dim),
+        "summed over repeated ids"));
+  }
+  return absl::OkStatus();
+}
+
+base::ThreadPool& ShardRouter::Pool() const {
+  static base::ThreadPool* calling_thread = new base::ThreadPool(1);
+  return options_.pool != nullptr ? *options_.pool : *calling_thread;
 }
 
 void ShardRouter::AddShardBags(Scratch& s, size_t p, const v1::TableConfig& config,
@@ -464,16 +527,17 @@ absl::Status ShardRouter::MergeUniqueRows(Scratch& s, size_t p, size_t num_parts
   const int dim = config.dim();
   const size_t row_bytes = dim * sizeof(float);
   PartPlan& plan = s.parts[p];
-  s.values_in.assign(shards, nullptr);
+  // Runs beside the other parts' merges: its answers' pointers are its own.
+  plan.values_in.assign(shards, nullptr);
   for (int k = 0; k < shards; ++k) {
     if (s.part_index[k * num_parts + p] < 0) continue;
-    TESSERA_ASSIGN_OR_RETURN(s.values_in[k],
+    TESSERA_ASSIGN_OR_RETURN(plan.values_in[k],
                              LookupAnswer(s, k, p, num_parts, plan.count[k], config));
   }
   plan.rows.resize(plan.unique.size() * dim);
   for (size_t u = 0; u < plan.unique.size(); ++u) {
     std::memcpy(plan.rows.data() + u * dim,
-                s.values_in[plan.shard_of[u]] + plan.slot[u] * row_bytes, row_bytes);
+                plan.values_in[plan.shard_of[u]] + plan.slot[u] * row_bytes, row_bytes);
   }
   if (part.offsets.empty()) {
     for (size_t i = 0; i < part.ids.size(); ++i) {
@@ -483,6 +547,16 @@ absl::Status ShardRouter::MergeUniqueRows(Scratch& s, size_t p, size_t num_parts
   } else {
     embedding::PoolBags(plan.rows.data(), dim, plan.inverse, part.offsets, part.weights,
                         part.pooling, part.out.data());
+  }
+  if (part.plan != nullptr) {
+    // The caller's gradients of these ids need not deduplicate them again. (Not grouped by
+    // shard: the push is placed afresh.)
+    part.plan->unique_ids.assign(plan.unique.begin(), plan.unique.end());
+    part.plan->inverse.assign(plan.inverse.begin(), plan.inverse.end());
+    part.plan->shard_begin.clear();
+    part.plan->seed = config.seed();
+    part.plan->num_shards = shards;
+    part.plan->valid = true;
   }
   return absl::OkStatus();
 }
@@ -501,14 +575,23 @@ absl::Status ShardRouter::LookupBatch(absl::Span<const v1::TableConfig> configs,
     reqs[k].set_read_only(read_only);
     reqs[k].set_shard_map_version(version_.load());
   }
+  for (const embedding::TableBags& part : parts) {
+    if (part.plan != nullptr) part.plan->valid = false;
+  }
   std::vector<bool> work(shards, false);
-  for (size_t p = 0; p < num_parts; ++p) {
+  // Each table's ids deduplicated and placed on their shards, a table to a thread; then
+  // into the shards' requests one table after another.
+  s->ids_out.assign(static_cast<size_t>(shards) * num_parts, nullptr);
+  Pool().ParallelFor(static_cast<int>(num_parts), [&](int p) {
     const embedding::TableBags& part = parts[p];
     PartPlan& plan = s->parts[p];
-    const bool pooled = !part.offsets.empty();
     Place(configs[p], part.ids, &plan);
     // Bags of many ids: each shard pools its share, so only pooled vectors travel.
-    plan.shard_pools = pooled && plan.unique.size() > part.offsets.size() - 1;
+    plan.shard_pools = !part.offsets.empty() && plan.unique.size() > part.offsets.size() - 1;
+  });
+  for (size_t p = 0; p < num_parts; ++p) {
+    const embedding::TableBags& part = parts[p];
+    const PartPlan& plan = s->parts[p];
     if (plan.shard_pools) {
       AddShardBags(*s, p, configs[p], part, work);
     } else {
@@ -524,12 +607,10 @@ absl::Status ShardRouter::LookupBatch(absl::Span<const v1::TableConfig> configs,
   for (int k = 0; k < shards; ++k) {
     if (work[k] && !statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
   }
-  for (size_t p = 0; p < num_parts; ++p) {
-    TESSERA_RETURN_IF_ERROR(s->parts[p].shard_pools
-                                ? MergeShardBags(*s, p, num_parts, configs[p], parts[p])
-                                : MergeUniqueRows(*s, p, num_parts, configs[p], parts[p]));
-  }
-  return absl::OkStatus();
+  return Pool().ParallelForStatus(static_cast<int>(num_parts), [&](int p) {
+    return s->parts[p].shard_pools ? MergeShardBags(*s, p, num_parts, configs[p], parts[p])
+                                   : MergeUniqueRows(*s, p, num_parts, configs[p], parts[p]);
+  });
 }
 
 absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
@@ -560,46 +641,16 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
   }
   // In a sync group every shard takes part in every step.
   std::vector<bool> work(shards, sync.active());
-  std::vector<float*> grads(shards);
-  for (size_t p = 0; p < num_parts; ++p) {
-    const embedding::TableGradients& part = parts[p];
-    const int dim = configs[p].dim();
-    PartPlan& plan = s->parts[p];
-    Place(configs[p], part.ids, &plan);
-    s->ids_out.assign(shards, nullptr);
-    for (int k = 0; k < shards; ++k) {
-      if (plan.count[k] == 0) continue;
-      s->part_index[k * num_parts + p] = reqs[k].tables_size();
-      v1::TableGradients* t = reqs[k].add_tables();
-      t->set_table(configs[p].name());
-      s->ids_out[k] = wire::ResizePacked<int64_t>(t->mutable_ids(), plan.count[k]);
-      grads[k] = wire::ResizePacked<float>(t->mutable_gradients(),
-                                             static_cast<size_t>(plan.count[k]) * dim);
-      std::fill_n(grads[k], static_cast<size_t>(plan.count[k]) * dim, 0.0f);
-      work[k] = true;
-    }
-    for (size_t u = 0; u < plan.unique.size(); ++u) {
-      s->ids_out[plan.shard_of[u]][plan.slot[u]] = plan.unique[u];
-    }
-    // Repeated ids are summed straight into their row of the shard's request, in the
-    // caller's order (the same additions, in the same order, as the in-process path).
-    for (size_t i = 0; i < part.ids.size(); ++i) {
-      const int32_t u = plan.inverse[i];
-      float* dst = grads[plan.shard_of[u]] + static_cast<size_t>(plan.slot[u]) * dim;
-      const float* src = part.gradients.data() + i * dim;
-      for (int j = 0; j < dim; ++j) dst[j] += src[j];
-    }
-    // Finite gradients of a repeated id can sum to Inf: refused here, before any shard
-    // applies its part (the one shard holding the id would refuse only its own).
-    for (int k = 0; k < shards; ++k) {
-      if (plan.count[k] == 0) continue;
-      TESSERA_RETURN_IF_ERROR(Annotate(
-          embedding::CheckFiniteGradients(configs[p].name(),
-                                          absl::MakeConstSpan(s->ids_out[k], plan.count[k]),
-                                          grads[k], dim),
-          "summed over repeated ids"));
-    }
-  }
+  // Each table placed, a table to a thread; its rows in the requests, one table after
+  // another; then filled and checked, a table to a thread.
+  Pool().ParallelFor(static_cast<int>(num_parts),
+                     [&](int p) { Place(configs[p], parts[p].ids, &s->parts[p]); });
+  s->ids_out.assign(static_cast<size_t>(shards) * num_parts, nullptr);
+  s->grads_out.assign(static_cast<size_t>(shards) * num_parts, nullptr);
+  for (size_t p = 0; p < num_parts; ++p) AddPushPart(*s, p, configs[p], work);
+  TESSERA_RETURN_IF_ERROR(Pool().ParallelForStatus(static_cast<int>(num_parts), [&](int p) {
+    return FillPushPart(*s, p, configs[p], parts[p]);
+  }));
   const std::vector<grpc::Status> statuses = CallShardsWithRetries(
       work,
       [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "base/thread_pool.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "client/object_pool.h"
@@ -39,6 +40,9 @@ struct RouterOptions {
   // shard's part is sent again (pushes with the same request id, so none applies twice).
   // None unless its owner says (the coordinator: --shard_retries; a client: its own).
   RetryPolicy retry = RetryPolicy::None();
+  // Runs a batch's per-table planning and merging a table to a thread (the results do not
+  // depend on its size); null: the calling thread does it all.
+  std::shared_ptr<base::ThreadPool> pool;
 };
 
 // The trailing metadata key of a shard's incarnation (decimal): every answer carries it,
@@ -163,6 +167,7 @@ class ShardRouter {
     std::vector<int32_t> slot;      // per unique id: its place in its shard's part
     std::vector<int32_t> count;     // per shard: unique ids it holds
     std::vector<float> rows;        // (unique, dim) gathered from the answers
+    std::vector<const char*> values_in;  // per shard: this part's rows in its answer
     bool shard_pools = false;
   };
   // Per-call buffers, kept between calls so that large batches do not allocate (and
@@ -170,8 +175,8 @@ class ShardRouter {
   struct Scratch {
     std::vector<PartPlan> parts;
     std::vector<int32_t> part_index;  // (shards, parts): the part's place in the request, or -1
-    std::vector<int64_t*> ids_out;       // per shard: the part's ids in its request
-    std::vector<const char*> values_in;  // per shard: the part's rows in its answer
+    std::vector<int64_t*> ids_out;    // (shards, parts): the part's ids in shard k's request
+    std::vector<float*> grads_out;    // (shards, parts): its gradients there (pushes)
     std::vector<v1::BatchLookupRequest> lookups;
     std::vector<v1::BatchLookupResponse> lookup_responses;
     std::vector<v1::BatchPushRequest> pushes;
@@ -185,6 +190,14 @@ class ShardRouter {
   // unique ids (each shard answers rows) or, for bags of many ids, as each shard's share
   // of every bag (each shard answers pooled partial sums); `work[k]`: shard k has a part.
   void AddUniqueIds(Scratch& s, size_t p, const v1::TableConfig& config, std::vector<bool>& work);
+  // PushBatch's stages: part p's tables in the shards' requests (ids and gradient rows
+  // sized, the pointers in s.ids_out and s.grads_out), then filled: ids in place, each id's
+  // gradients summed into its row in the caller's order, the sums checked.
+  void AddPushPart(Scratch& s, size_t p, const v1::TableConfig& config, std::vector<bool>& work);
+  absl::Status FillPushPart(Scratch& s, size_t p, const v1::TableConfig& config,
+                            const embedding::TableGradients& part) const;
+  // The pool of options_, or the calling thread alone.
+  base::ThreadPool& Pool() const;
   void AddShardBags(Scratch& s, size_t p, const v1::TableConfig& config,
                     const embedding::TableBags& part, std::vector<bool>& work);
   // Shard k's answer for part p, checked to hold `rows` rows of `dim`.

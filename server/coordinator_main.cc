@@ -11,6 +11,7 @@
 #include "base/logging.h"
 #include "base/metrics.h"
 #include "base/status.h"
+#include "base/thread_pool.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -43,6 +44,9 @@ ABSL_FLAG(std::string, data_dir, "",
           "directory for table configs and checkpoint manifests; empty = nothing survives "
           "a restart and Checkpoint is refused");
 ABSL_FLAG(int, keep_checkpoints, 3, "newest complete cluster checkpoints kept; 0 = all");
+ABSL_FLAG(int, sparse_threads, 0,
+          "threads that split a batched request by table (deduplicating, placing on shards, "
+          "merging the answers); 0 = every CPU this process may run on");
 ABSL_FLAG(int, shard_retries, tessera::client::kShardRetries,
           "retries of a shard call that fails UNAVAILABLE or DEADLINE_EXCEEDED, with backoff, "
           "before the coordinator answers with that error");
@@ -66,6 +70,11 @@ absl::StatusOr<client::RouterOptions> RouterOptionsFromFlags(
     return absl::InvalidArgumentError(
         absl::StrCat("--shard_retries must be in [0, 100], got ", ro.retry.max_retries));
   }
+  int threads = 0;
+  TESSERA_RETURN_IF_ERROR(
+      Annotate(base::ResolveThreads(absl::GetFlag(FLAGS_sparse_threads), &threads),
+               "--sparse_threads"));
+  ro.pool = std::make_shared<base::ThreadPool>(threads);
   return ro;
 }
 

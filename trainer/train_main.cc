@@ -596,8 +596,10 @@ struct TrainTables {
 absl::StatusOr<TrainTables> MakeTables(const TrainFlags& f) {
   TrainTables out;
   if (!f.coordinator.empty()) {
+    client::ClientOptions options = f.client;
+    options.pool = f.options.sparse_pool;
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<client::EmbeddingClient> remote,
-                             client::EmbeddingClient::Connect(f.coordinator, f.client));
+                             client::EmbeddingClient::Connect(f.coordinator, options));
     out.where = absl::StrCat(remote->num_shards(), " shards via ", f.coordinator, " (",
                              f.client_mode, " client)");
     out.remote = remote.get();
