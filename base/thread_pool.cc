@@ -35,6 +35,11 @@ struct ThreadPool::Job {
   int done = 0;  // iterations returned
 };
 
+ThreadPool& ThreadPool::CallingThread() {
+  static ThreadPool* calling_thread = new ThreadPool(1);
+  return *calling_thread;
+}
+
 ThreadPool::ThreadPool(int threads) {
   for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }

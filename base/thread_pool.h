@@ -37,6 +37,13 @@ class ThreadPool {
 
   int threads() const { return static_cast<int>(workers_.size()) + 1; }
 
+  // A pool of one thread, the caller: for work too small to be worth waking a thread.
+  static ThreadPool& CallingThread();
+  // This pool when `work` items are at least `min_work`, else CallingThread().
+  ThreadPool& For(size_t work, size_t min_work) {
+    return work >= min_work ? *this : CallingThread();
+  }
+
   // Runs fn(i) for every i in [0, n) and returns when all have returned.
   void ParallelFor(int n, absl::FunctionRef<void(int)> fn);
 

@@ -77,6 +77,20 @@ TEST(ThreadPoolTest, StatusIsTheLowestFailingIterationAndEveryIterationRuns) {
   }
 }
 
+TEST(ThreadPoolTest, SmallWorkStaysOnTheCallingThread) {
+  ThreadPool pool(4);
+  EXPECT_EQ(&pool.For(100, 100), &pool);
+  ThreadPool& small = pool.For(99, 100);
+  EXPECT_EQ(&small, &ThreadPool::CallingThread());
+  EXPECT_EQ(small.threads(), 1);
+  const std::thread::id caller = std::this_thread::get_id();
+  std::atomic<int> elsewhere{0};
+  small.ParallelFor(8, [&](int) {
+    if (std::this_thread::get_id() != caller) elsewhere.fetch_add(1);
+  });
+  EXPECT_EQ(elsewhere.load(), 0);
+}
+
 TEST(ThreadPoolTest, ThreadsDefaultToTheCpusTheProcessMayUse) {
   int threads = -1;
   ASSERT_TRUE(ResolveThreads(0, &threads).ok());

@@ -443,8 +443,7 @@ absl::Status ShardRouter::FillPushPart(Scratch& s, size_t p, const v1::TableConf
 }
 
 base::ThreadPool& ShardRouter::Pool() const {
-  static base::ThreadPool* calling_thread = new base::ThreadPool(1);
-  return options_.pool != nullptr ? *options_.pool : *calling_thread;
+  return options_.pool != nullptr ? *options_.pool : base::ThreadPool::CallingThread();
 }
 
 void ShardRouter::AddShardBags(Scratch& s, size_t p, const v1::TableConfig& config,

@@ -81,13 +81,14 @@ std::vector<float> ReplayBatches(EmbeddingCollection& c) {
   std::vector<float> all;
   std::vector<std::vector<int64_t>> ids(kTables);
   std::vector<std::vector<float>> outs(kTables), grads(kTables);
-  const std::vector<int32_t> offsets = {0, 3, 3, 10, 40, 64};
+  // 5 x 512 ids a batch: enough for the collection to run its tables on the pool.
+  const std::vector<int32_t> offsets = {0, 3, 3, 10, 40, 512};
   for (int step = 0; step < 15; ++step) {
     std::vector<TableBags> lookups(kTables);
     std::vector<TableGradients> pushes(kTables);
     for (int t = 0; t < kTables; ++t) {
       const int dim = 4 + 4 * t;
-      ids[t].resize(64);
+      ids[t].resize(512);
       for (auto& id : ids[t]) id = static_cast<int64_t>(rng() % (50 << t));
       outs[t].assign(5 * dim, 0.0f);
       lookups[t] = {absl::StrCat("t", t), ids[t], offsets, {}, v1::SUM, absl::MakeSpan(outs[t])};

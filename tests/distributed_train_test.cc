@@ -55,7 +55,8 @@ TEST(DistributedTraining, LossTrajectoryEqualsTheInProcessRunBitForBit) {
 // table to a thread: the run is the same whatever the counts, in process and through a
 // cluster.
 TEST(DistributedTraining, ResultsDoNotDependOnSparseThreads) {
-  const std::string common = "--steps=100 --log_every=10 --held_out=2000 --batch_size=128";
+  // Batches of 26 x 256 ids: each of 2 shards gets enough to run its tables on its pool.
+  const std::string common = "--steps=100 --log_every=10 --held_out=2000 --batch_size=256";
   const std::string local = absl::StrCat(ScratchDir(), "/threads-local.jsonl");
   std::string out;
   ASSERT_EQ(RunTrain(absl::StrCat(common, " --sparse_threads=1 --metrics_out=", local), &out), 0)

@@ -40,11 +40,6 @@ namespace {
 // them (the default run's 6,656 do): they stay on the calling thread.
 constexpr size_t kParallelGradientIds = 16384;
 
-base::ThreadPool& CallingThread() {
-  static base::ThreadPool* inline_pool = new base::ThreadPool(1);
-  return *inline_pool;
-}
-
 }  // namespace
 
 void SparseStep::Gradients(absl::Span<const std::string> names, const Batch& batch, int dim,
@@ -58,8 +53,7 @@ void SparseStep::Gradients(absl::Span<const std::string> names, const Batch& bat
   plans_.resize(nf);
   size_t ids = 0;
   for (int f = 0; f < nf; ++f) ids += batch.ids[f].size();
-  base::ThreadPool& run_on = ids >= kParallelGradientIds ? pool : CallingThread();
-  run_on.ParallelFor(nf, [&](int f) {
+  pool.For(ids, kParallelGradientIds).ParallelFor(nf, [&](int f) {
     const embedding::IdPlan& plan = plans_[f];
     // Plans are of the batch this SparseStep looked up last, when its collection plans.
     const bool planned =

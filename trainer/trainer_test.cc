@@ -17,7 +17,7 @@ struct TrainedRun {
 };
 
 TrainedRun TrainSynthetic(int shards, uint64_t seed, int reader_threads = 1, int steps = 150,
-                          int max_staleness = 0, int sparse_threads = 1) {
+                          int max_staleness = 0, int sparse_threads = 1, int batch_size = 128) {
   DlrmConfig model;
   model.num_sparse = 4;
   model.emb_dim = 8;
@@ -52,8 +52,8 @@ TrainedRun TrainSynthetic(int shards, uint64_t seed, int reader_threads = 1, int
   EXPECT_TRUE(gen.ok());
   const SyntheticGenerator* g = gen->get();
   ParallelBatchPipeline source(
-      [g](int64_t i, Batch* b) {
-        g->MakeBatch(i, 128, b);
+      [g, batch_size](int64_t i, Batch* b) {
+        g->MakeBatch(i, batch_size, b);
         return absl::OkStatus();
       },
       steps, reader_threads, 4);
@@ -144,10 +144,11 @@ TEST(Trainer, ResultDoesNotDependOnShardOrReaderThreadCount) {
 }
 
 TEST(Trainer, ResultDoesNotDependOnSparseThreadCount) {
+  // Batches of 4 x 1024 ids: enough for the tables' work to run on the pool.
   for (const int staleness : {0, 1}) {
-    TrainedRun one = TrainSynthetic(3, 5, 1, 100, staleness, 1);
+    TrainedRun one = TrainSynthetic(3, 5, 1, 40, staleness, 1, 1024);
     for (const int threads : {2, 7}) {
-      TrainedRun many = TrainSynthetic(3, 5, 1, 100, staleness, threads);
+      TrainedRun many = TrainSynthetic(3, 5, 1, 40, staleness, threads, 1024);
       EXPECT_EQ(one.losses, many.losses) << threads << " threads, staleness " << staleness;
       EXPECT_EQ(one.eval.logloss, many.eval.logloss);
     }

@@ -31,6 +31,10 @@ struct RequestScratch {
   std::vector<int32_t> routed_pos;  // their positions in unique_ids
 };
 
+// Below this many ids a batch, its tables' work takes less time than waking threads for
+// it: it stays on the calling thread.
+constexpr size_t kParallelIds = 2048;
+
 RequestScratch& Scratch() {
   thread_local RequestScratch s;
   return s;
@@ -289,10 +293,11 @@ absl::Status InProcessCollectionImpl::LookupBatch(absl::Span<const embedding::Ta
                                                      part.offsets.empty() ? "ids" : "bags"));
     found.push_back(std::move(t));
   }
-  absl::Status s = pool_->ParallelForStatus(static_cast<int>(tables.size()), [&](int i) {
-    return LookupChecked(*found[i], tables[i], options);
-  });
-  return s;
+  size_t ids = 0;
+  for (const embedding::TableBags& part : tables) ids += part.ids.size();
+  return pool_->For(ids, kParallelIds)
+      .ParallelForStatus(static_cast<int>(tables.size()),
+                         [&](int i) { return LookupChecked(*found[i], tables[i], options); });
 }
 
 absl::Status InProcessCollectionImpl::LookupChecked(ShardedTable& t,
@@ -349,7 +354,10 @@ absl::Status InProcessCollectionImpl::PushBatch(absl::Span<const embedding::Tabl
     TESSERA_ASSIGN_OR_RETURN(parts[i].table, Find(tables[i].table));
   }
   const int n = static_cast<int>(tables.size());
-  absl::Status s = pool_->ParallelForStatus(n, [&](int i) -> absl::Status {
+  size_t ids = 0;
+  for (const embedding::TableGradients& part : tables) ids += part.ids.size();
+  base::ThreadPool& pool = pool_->For(ids, kParallelIds);
+  absl::Status s = pool.ParallelForStatus(n, [&](int i) -> absl::Status {
     PushPart& p = parts[i];
     const embedding::TableGradients& part = tables[i];
     p.planned = PlannedHere(*p.table, part);
@@ -360,7 +368,7 @@ absl::Status InProcessCollectionImpl::PushBatch(absl::Span<const embedding::Tabl
   });
   absl::InlinedVector<absl::Status, 32> applied(s.ok() ? n : 0);
   if (s.ok()) {
-    pool_->ParallelFor(n, [&](int i) {
+    pool.ParallelFor(n, [&](int i) {
       PushPart& p = parts[i];
       applied[i] = p.planned ? ApplyPlanned(*p.table, *tables[i].plan, tables[i].gradients, step)
                              : ApplyRouted(*p.table, p.summed, p.routed, step);
