@@ -25,6 +25,12 @@ absl::Status ResolveThreads(int requested, int* threads) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::shared_ptr<ThreadPool>> NewThreadPool(int requested) {
+  int threads = 0;
+  if (absl::Status s = ResolveThreads(requested, &threads); !s.ok()) return s;
+  return std::make_shared<ThreadPool>(threads);
+}
+
 // One ParallelFor call, on its caller's stack. Every field is read and written under the
 // pool's mutex: the caller returns once `done == n`, and no thread touches the job after
 // counting its last iteration.

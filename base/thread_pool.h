@@ -8,6 +8,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
 namespace tessera::base {
@@ -19,6 +20,10 @@ int AvailableCpus();
 // Resolves a thread-count setting: `requested` when >= 1, AvailableCpus() for 0.
 // InvalidArgument for a negative count or one over 1024.
 absl::Status ResolveThreads(int requested, int* threads);
+
+class ThreadPool;
+// A pool of ResolveThreads(requested) threads, or its error.
+absl::StatusOr<std::shared_ptr<ThreadPool>> NewThreadPool(int requested);
 
 // A fixed set of threads that run the iterations of ParallelFor. The calling thread runs
 // iterations too, so a pool of 1 thread has no workers and runs every call inline. Calls

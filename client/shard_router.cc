@@ -370,18 +370,18 @@ void ShardRouter::AddUniqueIds(Scratch& s, size_t p, const v1::TableConfig& conf
   const size_t num_parts = s.part_index.size() / shards;
   const PartPlan& plan = s.parts[p];
   auto& reqs = s.lookups;
-  int64_t** out = s.ids_out.data() + p * shards;  // this part's, one per shard
   for (int k = 0; k < shards; ++k) {
-    out[k] = nullptr;
+    const size_t at = k * num_parts + p;
+    s.ids_out[at] = nullptr;
     if (plan.count[k] == 0) continue;
-    s.part_index[k * num_parts + p] = reqs[k].tables_size();
+    s.part_index[at] = reqs[k].tables_size();
     v1::TableLookup* t = reqs[k].add_tables();
     t->set_table(config.name());
-    out[k] = wire::ResizePacked<int64_t>(t->mutable_ids(), plan.count[k]);
+    s.ids_out[at] = wire::ResizePacked<int64_t>(t->mutable_ids(), plan.count[k]);
     work[k] = true;
   }
   for (size_t u = 0; u < plan.unique.size(); ++u) {
-    out[plan.shard_of[u]][plan.slot[u]] = plan.unique[u];
+    s.ids_out[plan.shard_of[u] * num_parts + p][plan.slot[u]] = plan.unique[u];
   }
 }
 

@@ -117,7 +117,7 @@ TEST(PoolBagsBackward, MatchesFiniteDifferenceOfPooledSum) {
 }
 
 // The sum pooling of the common dimensions takes its own loop: the same bits as a plain
-// sum in id order, forwards and backwards, at those dimensions and others.
+// sum in id order at those dimensions and others (and pooling's backward likewise).
 TEST(PoolBags, UnweightedSumsAreTheSameBitsAtEveryDimension) {
   std::mt19937 rng(4);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);

@@ -70,11 +70,10 @@ absl::StatusOr<client::RouterOptions> RouterOptionsFromFlags(
     return absl::InvalidArgumentError(
         absl::StrCat("--shard_retries must be in [0, 100], got ", ro.retry.max_retries));
   }
-  int threads = 0;
-  TESSERA_RETURN_IF_ERROR(
-      Annotate(base::ResolveThreads(absl::GetFlag(FLAGS_sparse_threads), &threads),
-               "--sparse_threads"));
-  ro.pool = std::make_shared<base::ThreadPool>(threads);
+  absl::StatusOr<std::shared_ptr<base::ThreadPool>> pool =
+      base::NewThreadPool(absl::GetFlag(FLAGS_sparse_threads));
+  TESSERA_RETURN_IF_ERROR(Annotate(pool.status(), "--sparse_threads"));
+  ro.pool = *std::move(pool);
   return ro;
 }
 

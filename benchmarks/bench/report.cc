@@ -82,7 +82,8 @@ std::string ToJson(const ScenarioResult& r) {
       r.memcpy_bytes_per_s, r.vs_memcpy, r.echo_bytes_per_s, r.echo_stream_bytes_per_s, r.vs_echo,
       r.gemm_gflops, r.step_gflops, r.vs_gemm, s.workers(), r.lookup_ms, r.dense_ms, r.grads_ms,
       r.allreduce_ms, r.push_ms, JsonString(s.dense_backend()), r.dense_samples_per_s,
-      r.dense_vs_gemm, r.sparse_work_ms, r.train_step_ms, r.usd_per_hour, r.usd_per_million_samples, r.table_bytes, r.llc_bytes,
+      r.dense_vs_gemm, r.sparse_work_ms, r.train_step_ms, r.usd_per_hour,
+      r.usd_per_million_samples, r.table_bytes, r.llc_bytes,
       procs);
 }
 

@@ -266,10 +266,11 @@ class ScenarioRun {
 
   // Where the tables live.
   absl::Status StartTables() {
-    int pool_threads = 0;
-    TESSERA_RETURN_IF_ERROR(Annotate(base::ResolveThreads(s.sparse_threads(), &pool_threads),
-                                     absl::StrCat("scenario '", s.name(), "': sparse_threads")));
-    sparse_pool = std::make_shared<base::ThreadPool>(pool_threads);
+    absl::StatusOr<std::shared_ptr<base::ThreadPool>> pool =
+        base::NewThreadPool(s.sparse_threads());
+    TESSERA_RETURN_IF_ERROR(
+        Annotate(pool.status(), absl::StrCat("scenario '", s.name(), "': sparse_threads")));
+    sparse_pool = *std::move(pool);
     if (s.mode() == "inproc") {
       embedding::InProcessOptions in_process;
       in_process.num_shards = s.shards();

@@ -35,6 +35,14 @@ struct RequestScratch {
 // it: it stays on the calling thread.
 constexpr size_t kParallelIds = 2048;
 
+// The ids of every part of a batch (TableBags or TableGradients).
+template <typename Part>
+size_t TotalIds(absl::Span<const Part> parts) {
+  size_t ids = 0;
+  for (const Part& part : parts) ids += part.ids.size();
+  return ids;
+}
+
 RequestScratch& Scratch() {
   thread_local RequestScratch s;
   return s;
@@ -293,9 +301,7 @@ absl::Status InProcessCollectionImpl::LookupBatch(absl::Span<const embedding::Ta
                                                      part.offsets.empty() ? "ids" : "bags"));
     found.push_back(std::move(t));
   }
-  size_t ids = 0;
-  for (const embedding::TableBags& part : tables) ids += part.ids.size();
-  return pool_->For(ids, kParallelIds)
+  return pool_->For(TotalIds(tables), kParallelIds)
       .ParallelForStatus(static_cast<int>(tables.size()),
                          [&](int i) { return LookupChecked(*found[i], tables[i], options); });
 }
@@ -354,9 +360,7 @@ absl::Status InProcessCollectionImpl::PushBatch(absl::Span<const embedding::Tabl
     TESSERA_ASSIGN_OR_RETURN(parts[i].table, Find(tables[i].table));
   }
   const int n = static_cast<int>(tables.size());
-  size_t ids = 0;
-  for (const embedding::TableGradients& part : tables) ids += part.ids.size();
-  base::ThreadPool& pool = pool_->For(ids, kParallelIds);
+  base::ThreadPool& pool = pool_->For(TotalIds(tables), kParallelIds);
   absl::Status s = pool.ParallelForStatus(n, [&](int i) -> absl::Status {
     PushPart& p = parts[i];
     const embedding::TableGradients& part = tables[i];
@@ -500,10 +504,9 @@ absl::StatusOr<std::unique_ptr<InProcessCollection>> NewInProcessCollection(
   }
   std::shared_ptr<base::ThreadPool> pool = options.pool;
   if (pool == nullptr) {
-    int threads = 0;
-    TESSERA_RETURN_IF_ERROR(Annotate(base::ResolveThreads(options.threads, &threads),
-                                     "in-process collection"));
-    pool = std::make_shared<base::ThreadPool>(threads);
+    absl::StatusOr<std::shared_ptr<base::ThreadPool>> made = base::NewThreadPool(options.threads);
+    TESSERA_RETURN_IF_ERROR(Annotate(made.status(), "in-process collection"));
+    pool = *std::move(made);
   }
   return std::unique_ptr<InProcessCollection>(
       new embedding_internal::InProcessCollectionImpl(options.num_shards, std::move(pool)));

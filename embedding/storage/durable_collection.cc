@@ -346,7 +346,8 @@ absl::Status DurableCollection::CreateTable(const v1::TableConfig& config) {
         store_->Write({KvWrite{CatalogKey(id), "", /*erase=*/true}}, /*sync=*/true);
     // The stale entry would come back as a table on the next open.
     if (!erased.ok()) {
-      std::fprintf(stderr, "tessera: table '%s' was not created, but its catalog entry stays: %s\n",
+      std::fprintf(stderr,
+                   "tessera: table '%s' was not created, but its catalog entry stays: %s\n",
                    config.name().c_str(), erased.ToString().c_str());
     }
     return s;
