@@ -277,8 +277,11 @@ absl::Status EmbeddingClient::PushBatch(absl::Span<const embedding::TableGradien
   const embedding::RequestId id =
       options.request_id.empty() ? NextRequestId() : options.request_id;
   if (options_.mode == ClientOptions::Mode::kSmart) {
-    return OnShards([&](ShardRouter& router) {
-      return router.PushBatch(configs, tables, step, id, options.sync).status();
+    return OnShards([&](ShardRouter& router) -> absl::Status {
+      TESSERA_ASSIGN_OR_RETURN(std::vector<int64_t> updated,
+                               router.PushBatch(configs, tables, step, id, options.sync));
+      if (options.rows_updated != nullptr) *options.rows_updated = std::move(updated);
+      return absl::OkStatus();
     });
   }
   for (size_t i = 0; i < tables.size(); ++i) {
@@ -302,6 +305,9 @@ absl::Status EmbeddingClient::PushBatch(absl::Span<const embedding::TableGradien
     v1::BatchPushResponse resp;
     TESSERA_RETURN_IF_ERROR(wire::FromGrpcStatus(coordinator_.Get()->BatchPush(ctx.get(), req, &resp)));
     NoteCoordinatorDigest(resp.incarnation());
+    if (options.rows_updated != nullptr) {
+      options.rows_updated->assign(resp.rows_updated().begin(), resp.rows_updated().end());
+    }
     return absl::OkStatus();
   });
 }

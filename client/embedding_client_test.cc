@@ -107,6 +107,50 @@ TEST_F(EmbeddingClientTest, SmartAndCoordinatorModesAgreeWithTheInProcessCollect
   EXPECT_EQ(via->Lookup("nope", ids, absl::MakeSpan(a), {}).code(), absl::StatusCode::kNotFound);
 }
 
+TEST_F(EmbeddingClientTest, ASmartLookupsPlanCarriesItsDistinctIdsToThePush) {
+  auto smart = Connect(ClientOptions::Mode::kSmart);
+  ASSERT_TRUE(smart->CreateTable(Config()).ok());
+  auto reference = std::move(embedding::NewInProcessCollection(2)).value();
+  ASSERT_TRUE(reference->CreateTable(Config()).ok());
+  const std::vector<int64_t> ids = {5, 9, 5, 14, 9, 5, 77};
+  const std::vector<int32_t> offsets = {0, 3, 7};
+  std::vector<float> pooled(2 * 8);
+  embedding::IdPlan plan;
+  const embedding::TableBags bags{"user", ids, offsets, {}, v1::SUM, absl::MakeSpan(pooled),
+                                  &plan};
+  ASSERT_TRUE(smart->LookupBatch({&bags, 1}).ok());
+  ASSERT_TRUE(plan.valid);
+  EXPECT_THAT(plan.unique_ids, ::testing::ElementsAre(5, 9, 14, 77));
+  EXPECT_THAT(plan.inverse, ::testing::ElementsAre(0, 1, 0, 2, 1, 0, 3));
+
+  // Pushed with its plan, the distinct ids go out as they are: one row each.
+  std::vector<float> grads(plan.unique_ids.size() * 8);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.01f * static_cast<float>(i % 11) - 0.03f;
+  std::vector<int64_t> updated;
+  embedding::PushOptions options;
+  options.rows_updated = &updated;
+  const embedding::TableGradients push{"user", plan.unique_ids, grads, &plan};
+  ASSERT_TRUE(smart->PushBatch({&push, 1}, 1, options).ok());
+  ASSERT_TRUE(reference->PushGradients("user", plan.unique_ids, grads, 1).ok());
+  EXPECT_THAT(updated, ::testing::ElementsAre(4));
+
+  // A plan whose ids were changed since (now repeating one) is not trusted blindly: the
+  // repeated id's rows are still summed, as for any push.
+  plan.unique_ids[3] = 5;
+  auto via = Connect(ClientOptions::Mode::kCoordinator);
+  ASSERT_TRUE(smart->PushBatch({&push, 1}, 2, options).ok());
+  EXPECT_THAT(updated, ::testing::ElementsAre(3));
+  ASSERT_TRUE(via->PushBatch({&push, 1}, 3, options).ok());  // the coordinator counts too
+  EXPECT_THAT(updated, ::testing::ElementsAre(3));
+  ASSERT_TRUE(reference->PushGradients("user", plan.unique_ids, grads, 2).ok());
+  ASSERT_TRUE(reference->PushGradients("user", plan.unique_ids, grads, 3).ok());
+  const std::vector<int64_t> all = {5, 9, 14, 77};
+  std::vector<float> got(all.size() * 8), want(all.size() * 8);
+  ASSERT_TRUE(smart->Lookup("user", all, absl::MakeSpan(got), {}).ok());
+  ASSERT_TRUE(reference->Lookup("user", all, absl::MakeSpan(want), {}).ok());
+  EXPECT_EQ(got, want);
+}
+
 TEST_F(EmbeddingClientTest, SmartClientRefreshesAStaleShardMap) {
   auto smart = Connect(ClientOptions::Mode::kSmart);
   ASSERT_TRUE(smart->CreateTable(Config()).ok());

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <numeric>
 #include <random>
 
 #include "absl/strings/numbers.h"
@@ -209,8 +210,14 @@ embedding::RequestId ShardRouter::NextRequestId() {
 }
 
 void ShardRouter::Place(const v1::TableConfig& config, absl::Span<const int64_t> ids,
-                        PartPlan* plan) const {
-  embedding::Unique(ids, &plan->unique, &plan->inverse);
+                        bool distinct, PartPlan* plan) const {
+  if (distinct) {
+    plan->unique.assign(ids.begin(), ids.end());
+    plan->inverse.resize(ids.size());
+    std::iota(plan->inverse.begin(), plan->inverse.end(), 0);
+  } else {
+    embedding::Unique(ids, &plan->unique, &plan->inverse);
+  }
   const size_t n = plan->unique.size();
   plan->shard_of.resize(n);
   plan->slot.resize(n);
@@ -547,17 +554,20 @@ absl::Status ShardRouter::MergeUniqueRows(Scratch& s, size_t p, size_t num_parts
     embedding::PoolBags(plan.rows.data(), dim, plan.inverse, part.offsets, part.weights,
                         part.pooling, part.out.data());
   }
-  if (part.plan != nullptr) {
-    // The caller's gradients of these ids need not deduplicate them again. (Not grouped by
-    // shard: the push is placed afresh.)
-    part.plan->unique_ids.assign(plan.unique.begin(), plan.unique.end());
-    part.plan->inverse.assign(plan.inverse.begin(), plan.inverse.end());
-    part.plan->shard_begin.clear();
-    part.plan->seed = config.seed();
-    part.plan->num_shards = shards;
-    part.plan->valid = true;
-  }
   return absl::OkStatus();
+}
+
+void ShardRouter::FillIdPlan(const PartPlan& plan, const v1::TableConfig& config,
+                             const embedding::TableBags& part) const {
+  if (part.plan == nullptr) return;
+  // The caller's gradients of these ids need not deduplicate them again. (Not grouped by
+  // shard: the push is placed afresh.)
+  part.plan->unique_ids.assign(plan.unique.begin(), plan.unique.end());
+  part.plan->inverse.assign(plan.inverse.begin(), plan.inverse.end());
+  part.plan->shard_begin.clear();
+  part.plan->seed = config.seed();
+  part.plan->num_shards = num_shards();
+  part.plan->valid = true;
 }
 
 absl::Status ShardRouter::LookupBatch(absl::Span<const v1::TableConfig> configs,
@@ -584,7 +594,7 @@ absl::Status ShardRouter::LookupBatch(absl::Span<const v1::TableConfig> configs,
   Pool().ParallelFor(static_cast<int>(num_parts), [&](int p) {
     const embedding::TableBags& part = parts[p];
     PartPlan& plan = s->parts[p];
-    Place(configs[p], part.ids, &plan);
+    Place(configs[p], part.ids, /*distinct=*/false, &plan);
     // Bags of many ids: each shard pools its share, so only pooled vectors travel.
     plan.shard_pools = !part.offsets.empty() && plan.unique.size() > part.offsets.size() - 1;
   });
@@ -606,11 +616,28 @@ absl::Status ShardRouter::LookupBatch(absl::Span<const v1::TableConfig> configs,
   for (int k = 0; k < shards; ++k) {
     if (work[k] && !statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
   }
-  return Pool().ParallelForStatus(static_cast<int>(num_parts), [&](int p) {
-    return s->parts[p].shard_pools ? MergeShardBags(*s, p, num_parts, configs[p], parts[p])
-                                   : MergeUniqueRows(*s, p, num_parts, configs[p], parts[p]);
+  return Pool().ParallelForStatus(static_cast<int>(num_parts), [&](int p) -> absl::Status {
+    TESSERA_RETURN_IF_ERROR(s->parts[p].shard_pools
+                                ? MergeShardBags(*s, p, num_parts, configs[p], parts[p])
+                                : MergeUniqueRows(*s, p, num_parts, configs[p], parts[p]));
+    FillIdPlan(s->parts[p], configs[p], parts[p]);
+    return absl::OkStatus();
   });
 }
+
+namespace {
+
+// Whether `part`'s ids are the distinct ids of the lookup plan this router made for it (the
+// same memory, the same table seed): they need no second deduplication. (Were they changed
+// since, each shard still sums repeated ids; only the rows-updated count would be off.)
+bool PlannedIds(const v1::TableConfig& config, const embedding::TableGradients& part) {
+  const embedding::IdPlan* plan = part.plan;
+  return plan != nullptr && plan->valid && plan->shard_begin.empty() &&
+         plan->seed == config.seed() && part.ids.data() == plan->unique_ids.data() &&
+         part.ids.size() == plan->unique_ids.size();
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
     absl::Span<const v1::TableConfig> configs, absl::Span<const embedding::TableGradients> parts,
@@ -642,8 +669,9 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
   std::vector<bool> work(shards, sync.active());
   // Each table placed, a table to a thread; its rows in the requests, one table after
   // another; then filled and checked, a table to a thread.
-  Pool().ParallelFor(static_cast<int>(num_parts),
-                     [&](int p) { Place(configs[p], parts[p].ids, &s->parts[p]); });
+  Pool().ParallelFor(static_cast<int>(num_parts), [&](int p) {
+    Place(configs[p], parts[p].ids, PlannedIds(configs[p], parts[p]), &s->parts[p]);
+  });
   s->ids_out.assign(static_cast<size_t>(shards) * num_parts, nullptr);
   s->grads_out.assign(static_cast<size_t>(shards) * num_parts, nullptr);
   for (size_t p = 0; p < num_parts; ++p) AddPushPart(*s, p, configs[p], work);

@@ -182,9 +182,14 @@ class ShardRouter {
     std::vector<v1::BatchPushRequest> pushes;
     std::vector<v1::BatchPushResponse> push_responses;
   };
-  // Deduplicates `ids` into plan->unique / inverse and places each unique id on its
-  // shard: shard_of, slot and count.
-  void Place(const v1::TableConfig& config, absl::Span<const int64_t> ids, PartPlan* plan) const;
+  // Deduplicates `ids` into plan->unique / inverse (or takes them as they are when
+  // `distinct`: the ids of a lookup's IdPlan) and places each unique id on its shard:
+  // shard_of, slot and count.
+  void Place(const v1::TableConfig& config, absl::Span<const int64_t> ids, bool distinct,
+             PartPlan* plan) const;
+  // Hands the part's distinct ids and inverse to the caller's IdPlan, when it gave one.
+  void FillIdPlan(const PartPlan& plan, const v1::TableConfig& config,
+                  const embedding::TableBags& part) const;
 
   // LookupBatch's stages. Part p of a batch goes into the shards' requests either as its
   // unique ids (each shard answers rows) or, for bags of many ids, as each shard's share

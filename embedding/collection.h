@@ -44,10 +44,11 @@ struct CheckpointInfo {
 // How a lookup grouped one part's ids, kept for the gradients and the push of the same
 // ids: the part's distinct ids (grouped by shard), which of them each id of the part is,
 // and each shard's range. A caller that hands one to a lookup (TableBags::plan) finds it
-// filled by a collection that plans (in process; the others leave it invalid); it can
-// then compute the gradients of unique_ids in that order (pooling's backward over
-// `inverse`) and push them with the plan (TableGradients::plan, ids = unique_ids), which
-// skips the push's deduplication and routing.
+// filled by a collection that plans (in process, grouped by shard; a smart client's
+// router, ungrouped: shard_begin empty; the others leave it invalid); it can then compute
+// the gradients of unique_ids in that order (pooling's backward over `inverse`) and push
+// them with the plan (TableGradients::plan, ids = unique_ids), which skips the push's
+// deduplication (and, in process, its routing).
 struct IdPlan {
   bool valid = false;
   std::vector<int64_t> unique_ids;   // distinct ids, grouped by shard
