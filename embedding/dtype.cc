@@ -7,7 +7,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "embedding/sharding.h"
+#include "embedding/row_math.h"
 
 #if defined(__F16C__) && defined(__AVX__)
 #include <immintrin.h>
@@ -17,54 +17,12 @@
 namespace tessera::embedding {
 namespace {
 
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
-constexpr float kHalfMax = 65504.0f;
-
-uint32_t Bits(float f) { return std::bit_cast<uint32_t>(f); }
-
-uint16_t Bf16Nearest(float f) {
-  const uint32_t u = Bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-// IEEE binary16 in software, for compilers without _Float16 (clang 14 on x86) and the
-// scalar tails of the F16C loops: round to nearest, ties to even; overflow gives Inf.
-uint16_t HalfFromFloatBits(float f) {
-  const uint32_t x = Bits(f);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  const uint32_t abs = x & 0x7fffffffu;
-  if (abs >= 0x7f800000u) return static_cast<uint16_t>(sign | (abs > 0x7f800000u ? 0x7e00u : 0x7c00u));
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520: Inf
-  if (abs < 0x38800000u) {
-    // Below 2^-14: a subnormal half, in units of 2^-24 (exact scaling, then rounding to
-    // nearest even; 1024 units carry into the smallest normal, as they should).
-    const float units = std::nearbyint(std::bit_cast<float>(abs) * 16777216.0f);
-    return static_cast<uint16_t>(sign | static_cast<uint32_t>(units));
-  }
-  uint32_t h = (abs - 0x38000000u) >> 13;  // rebias the exponent (127 - 15), keep 10 bits
-  const uint32_t rest = abs & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
-  return static_cast<uint16_t>(sign | h);
-}
-
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t man = h & 0x3ffu;
-  if (exp == 0) {
-    const float v = static_cast<float>(man) * (1.0f / 16777216.0f);
-    return sign ? -v : v;
-  }
-  if (exp == 31) return std::bit_cast<float>(sign | 0x7f800000u | (man << 13));
-  return std::bit_cast<float>(sign | ((exp + 112) << 23) | (man << 13));
-}
-
-// Nearest, with finite values beyond the range saturated at +-65504.
-uint16_t HalfNearest(float f) {
-  if (std::isfinite(f) && std::fabs(f) > kHalfMax) f = std::copysign(kHalfMax, f);
-  return HalfFromFloatBits(f);
-}
+using row_math::Bits;
+using row_math::HalfNearest;
+using row_math::HalfStochastic;
+using row_math::HalfToFloat;
+using row_math::kHalfMax;
+using row_math::kHalfMinNormal;
 
 // Compilers do not vectorise the conversions: F16C does eight at a time.
 void EncodeHalfNearest(const float* in, int n, uint16_t* out) {
@@ -99,34 +57,6 @@ void DecodeHalf(const uint16_t* in, int n, float* out) {
   for (; i < n; ++i) out[i] = HalfToFloat(in[i]);
 }
 
-constexpr float kHalfMinNormal = 0x1p-14f;
-
-// fp16 keeps 13 fewer significand bits than fp32 in its normal range: adding 13 random
-// bits below its last place and truncating toward zero rounds up with probability equal
-// to the dropped fraction. Values beyond the range saturate (truncation stops at 65504).
-// Only for finite |f| >= kHalfMinNormal.
-uint16_t HalfStochasticNormal(float f, uint32_t random16) {
-  const float y = std::bit_cast<float>(Bits(f) + (random16 >> 3));
-  uint16_t toward = HalfNearest(y);
-  if (std::fabs(HalfToFloat(toward)) > std::fabs(y)) --toward;  // magnitude down
-  return toward;
-}
-
-// Any value: in fp16's subnormal range (fewer significand bits still) the neighbour
-// toward zero or the one away from it, the latter with probability |f - toward| / ulp.
-uint16_t HalfStochastic(float f, uint32_t random16) {
-  if (!std::isfinite(f)) return HalfFromFloatBits(f);
-  if (std::fabs(f) >= kHalfMinNormal) return HalfStochasticNormal(f, random16);
-  uint16_t toward = HalfNearest(f);
-  if (std::fabs(HalfToFloat(toward)) > std::fabs(f)) --toward;  // magnitude down
-  const uint16_t away = static_cast<uint16_t>(toward + 1);
-  if ((away & 0x7fffu) >= 0x7c00u) return toward;  // would be Inf: saturate
-  const float lo = std::fabs(HalfToFloat(toward));
-  const float hi = std::fabs(HalfToFloat(away));
-  const float p = (std::fabs(f) - lo) / (hi - lo);
-  return static_cast<float>(random16) * (1.0f / 65536.0f) < p ? away : toward;
-}
-
 }  // namespace
 
 int DtypeBytes(v1::Dtype dtype) { return dtype == v1::FP16 || dtype == v1::BF16 ? 2 : 4; }
@@ -159,7 +89,7 @@ void EncodeWeights(v1::Dtype dtype, const float* in, int n, void* out) {
     }
     case v1::BF16: {
       auto* b = static_cast<uint16_t*>(out);
-      for (int i = 0; i < n; ++i) b[i] = Bf16Nearest(in[i]);
+      for (int i = 0; i < n; ++i) b[i] = row_math::Bf16Nearest(in[i]);
       break;
     }
     default:
@@ -182,21 +112,13 @@ void EncodeWeightsStochastic(v1::Dtype dtype, const float* in, int n, uint64_t s
     random = heap_bits.data();
   }
   for (int i = 0; i < n; i += 4) {
-    const uint64_t bits = Mix64(seed + static_cast<uint64_t>(i / 4 + 1) * kGolden);
-    std::memcpy(random + i, &bits, sizeof(bits));  // little-endian: the low 16 bits first
+    // row_math::RoundingBits(seed, i + k) for k < 4: little-endian, the low 16 bits first.
+    const uint64_t bits = row_math::RoundingWord(seed, i / 4);
+    std::memcpy(random + i, &bits, sizeof(bits));
   }
   auto* o = static_cast<uint16_t*>(out);
   if (dtype == v1::BF16) {
-    // Branch-free, so the loop vectorises: add the random bits below bf16's last place
-    // and truncate; Inf and NaN stay (NaN quieted), and a carry into Inf is dropped.
-    for (int i = 0; i < n; ++i) {
-      const uint32_t u = Bits(in[i]);
-      const uint32_t r = u + random[i];
-      const bool special = (u & 0x7f800000u) == 0x7f800000u;
-      const bool overflow = (r & 0x7f800000u) == 0x7f800000u;
-      const uint32_t nan_bit = (u & 0x7fffffffu) > 0x7f800000u ? 0x40u : 0u;
-      o[i] = static_cast<uint16_t>(((special || overflow ? u : r) >> 16) | nan_bit);
-    }
+    for (int i = 0; i < n; ++i) o[i] = row_math::Bf16Stochastic(in[i], random[i]);
     return;
   }
   int i = 0;
@@ -236,7 +158,7 @@ void DecodeWeights(v1::Dtype dtype, const void* in, int n, float* out) {
     }
     case v1::BF16: {
       const auto* b = static_cast<const uint16_t*>(in);
-      for (int i = 0; i < n; ++i) out[i] = std::bit_cast<float>(static_cast<uint32_t>(b[i]) << 16);
+      for (int i = 0; i < n; ++i) out[i] = row_math::Bf16ToFloat(b[i]);
       break;
     }
     default:

@@ -15,6 +15,7 @@
 #include "embedding/internal/row_initializer.h"
 #include "embedding/internal/stripe.h"
 #include "embedding/internal/stripe_plan.h"
+#include "embedding/row_math.h"
 #include "embedding/sharding.h"
 #include "base/check.h"
 #include "base/status.h"
@@ -33,7 +34,6 @@ static_assert(EmbeddingTable::kNumStripes == embedding_internal::kNumStripes);
 
 namespace {
 
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
 // Ids probed (and their rows prefetched) before the first of them is used; for lookups
 // also the unit read again when a writer got in the way.
 constexpr int kChunk = 32;
@@ -256,8 +256,7 @@ bool EmbeddingTable::UpdateRowLocked(Stripe& stripe, int64_t id, float* row, con
       CopyFloats(state, saved, static_cast<int>(sf));
       return false;
     }
-    const uint64_t seed = Mix64(initializer_->key() ^ Mix64(static_cast<uint64_t>(id)) ^
-                                (static_cast<uint64_t>(prior) * kGolden));
+    const uint64_t seed = row_math::UpdateRoundingSeed(initializer_->key(), id, prior);
     EncodeWeightsStochastic(dtype_, widened, dim_, seed, row);
   }
   stored->meta.update_count = prior + 1;

@@ -5,10 +5,13 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "embedding/row_math.h"
 
 namespace tessera::embedding {
 namespace {
 
+// Each step is a loop over the row's elements of row_math's update, the definition the
+// device table runs too.
 class Sgd final : public Optimizer {
  public:
   using Optimizer::Optimizer;
@@ -18,7 +21,7 @@ class Sgd final : public Optimizer {
  protected:
   void Step(float* __restrict w, float*, const float* __restrict g, int64_t) const override {
     const float lr = params_.learning_rate;
-    for (int i = 0; i < dim_; ++i) w[i] -= lr * g[i];
+    for (int i = 0; i < dim_; ++i) row_math::SgdElement(w[i], g[i], lr);
   }
 };
 
@@ -34,10 +37,7 @@ class Adagrad final : public Optimizer {
             int64_t) const override {
     const float lr = params_.learning_rate;
     const float eps = params_.epsilon;
-    for (int i = 0; i < dim_; ++i) {
-      acc[i] += g[i] * g[i];
-      w[i] -= lr * g[i] / (std::sqrt(acc[i]) + eps);
-    }
+    for (int i = 0; i < dim_; ++i) row_math::AdagradElement(w[i], acc[i], g[i], lr, eps);
   }
 };
 
@@ -53,9 +53,9 @@ class RowWiseAdagrad final : public Optimizer {
             int64_t) const override {
     float sq = 0.0f;
     for (int i = 0; i < dim_; ++i) sq += g[i] * g[i];
-    acc[0] += sq / static_cast<float>(dim_);
-    const float scale = params_.learning_rate / (std::sqrt(acc[0]) + params_.epsilon);
-    for (int i = 0; i < dim_; ++i) w[i] -= scale * g[i];
+    const float scale =
+        row_math::RowWiseAdagradScale(acc[0], sq, dim_, params_.learning_rate, params_.epsilon);
+    for (int i = 0; i < dim_; ++i) row_math::RowWiseAdagradElement(w[i], g[i], scale);
   }
 };
 
@@ -69,29 +69,15 @@ class Adam final : public Optimizer {
  protected:
   void Step(float* __restrict w, float* __restrict s, const float* __restrict g,
             int64_t prior_updates) const override {
-    const float b1 = params_.beta1;
-    const float b2 = params_.beta2;
-    const double t = static_cast<double>(prior_updates + 1);
-    const float c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), t));
-    const float c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(b2), t));
-    const float lr = params_.learning_rate;
-    const float eps = params_.epsilon;
+    const row_math::AdamCorrection c =
+        row_math::AdamCorrectionOf(params_.beta1, params_.beta2, prior_updates);
     float* m = s;
     float* v = s + dim_;
-    for (int i = 0; i < dim_; ++i) {
-      m[i] = b1 * m[i] + (1.0f - b1) * g[i];
-      v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-      const float m_hat = m[i] / c1;
-      const float v_hat = v[i] / c2;
-      w[i] -= lr * m_hat / (std::sqrt(v_hat) + eps);
-    }
+    for (int i = 0; i < dim_; ++i) row_math::AdamElement(w[i], m[i], v[i], g[i], hyper_, c);
   }
 };
 
-// FTRL-Proximal (McMahan et al. 2013) with a general learning-rate power p:
-//   n' = n + g^2;  sigma = (n'^-p - n^-p) / lr;  z += g - sigma * w;
-//   w = |z| <= l1 ? 0 : (sign(z) * l1 - z) / (n'^-p / lr + 2 * l2).
-// state: z (dim), n (dim).
+// FTRL-Proximal: row_math::FtrlElement. state: z (dim), n (dim).
 class Ftrl final : public Optimizer {
  public:
   using Optimizer::Optimizer;
@@ -104,26 +90,9 @@ class Ftrl final : public Optimizer {
  protected:
   void Step(float* __restrict w, float* __restrict s, const float* __restrict g,
             int64_t) const override {
-    const float lr = params_.learning_rate;
-    const float p = params_.learning_rate_power;
-    const float l1 = params_.l1;
-    const float l2 = params_.l2;
     float* z = s;
     float* n = s + dim_;
-    for (int i = 0; i < dim_; ++i) {
-      const float n_new = n[i] + g[i] * g[i];
-      const float pow_new = std::pow(n_new, -p);
-      const float pow_old = n[i] > 0.0f ? std::pow(n[i], -p) : 0.0f;
-      const float sigma = (pow_new - pow_old) / lr;
-      z[i] += g[i] - sigma * w[i];
-      n[i] = n_new;
-      if (std::fabs(z[i]) <= l1) {
-        w[i] = 0.0f;
-      } else {
-        const float sign = z[i] > 0.0f ? 1.0f : -1.0f;
-        w[i] = (sign * l1 - z[i]) / (pow_new / lr + 2.0f * l2);
-      }
-    }
+    for (int i = 0; i < dim_; ++i) row_math::FtrlElement(w[i], z[i], n[i], g[i], hyper_);
   }
 };
 
@@ -142,6 +111,21 @@ absl::Status CheckNonNegative(float v, absl::string_view name) {
 }
 
 }  // namespace
+
+row_math::Hyper HyperOf(const OptimizerParams& p) {
+  row_math::Hyper h;
+  h.lr = p.learning_rate;
+  h.eps = p.epsilon;
+  h.beta1 = p.beta1;
+  h.beta2 = p.beta2;
+  h.l1 = p.l1;
+  h.l2 = p.l2;
+  h.lr_power = p.learning_rate_power;
+  h.clip_norm = p.clip_norm;
+  h.clip_value = p.clip_value;
+  h.weight_decay = p.weight_decay;
+  return h;
+}
 
 std::string OptimizerName(v1::OptimizerType type) {
   switch (type) {
@@ -236,20 +220,19 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const v1::Optimizer
 void Optimizer::Update(float* w, float* state, float* g, int64_t prior_updates) const {
   if (params_.clip_value > 0.0f) {
     const float c = params_.clip_value;
-    for (int i = 0; i < dim_; ++i) g[i] = std::clamp(g[i], -c, c);
+    for (int i = 0; i < dim_; ++i) g[i] = row_math::ClipValue(g[i], c);
   }
   if (params_.clip_norm > 0.0f) {
     float sq = 0.0f;
     for (int i = 0; i < dim_; ++i) sq += g[i] * g[i];
-    const float norm = std::sqrt(sq);
-    if (norm > params_.clip_norm) {
-      const float scale = params_.clip_norm / norm;
+    const float scale = row_math::NormScale(sq, params_.clip_norm);
+    if (scale != 1.0f) {
       for (int i = 0; i < dim_; ++i) g[i] *= scale;
     }
   }
   if (params_.weight_decay > 0.0f) {
     const float wd = params_.weight_decay;
-    for (int i = 0; i < dim_; ++i) g[i] += wd * w[i];
+    for (int i = 0; i < dim_; ++i) g[i] = row_math::WeightDecay(g[i], w[i], wd);
   }
   Step(w, state, g, prior_updates);
 }

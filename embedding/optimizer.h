@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "embedding/row_math.h"
 #include "tessera/v1/config.pb.h"
 
 namespace tessera::embedding {
@@ -29,6 +30,9 @@ struct OptimizerParams {
 // Resolves the defaults of `config` and checks the ranges; InvalidArgument names the
 // bad field.
 absl::StatusOr<OptimizerParams> ResolveOptimizer(const v1::OptimizerConfig& config);
+
+// The hyper-parameters row_math's per-element updates take (the device table's too).
+row_math::Hyper HyperOf(const OptimizerParams& params);
 
 // The name a person reads ("adagrad", "rowwise_adagrad", ...).
 std::string OptimizerName(v1::OptimizerType type);
@@ -71,12 +75,14 @@ class Optimizer {
   int dim() const { return dim_; }
 
  protected:
-  Optimizer(const OptimizerParams& params, int dim) : params_(params), dim_(dim) {}
+  Optimizer(const OptimizerParams& params, int dim)
+      : params_(params), hyper_(HyperOf(params)), dim_(dim) {}
 
   // The update proper on a preprocessed gradient.
   virtual void Step(float* w, float* state, const float* grad, int64_t prior_updates) const = 0;
 
   OptimizerParams params_;
+  row_math::Hyper hyper_;  // the same values, for row_math's updates
   int dim_;
 };
 

@@ -3,18 +3,14 @@
 
 #include <cstdint>
 
+#include "embedding/row_math.h"
+
 namespace tessera::embedding {
 
 // A strong 64-bit mixer (the splitmix64 finaliser): every input bit affects every
-// output bit. Pure, so it gives the same answer in every process and on every host.
-constexpr uint64_t Mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
+// output bit. Pure, so it gives the same answer in every process, on every host and on
+// a device (row_math::Mix, which the device table's kernels call).
+constexpr uint64_t Mix64(uint64_t x) { return row_math::Mix(x); }
 
 // Lamping & Veach's jump consistent hash: maps `key` to a bucket in [0, num_buckets)
 // such that growing num_buckets from n to n+1 moves only about 1/(n+1) of the keys.

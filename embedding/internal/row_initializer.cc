@@ -2,22 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numbers>
 #include <vector>
 
 #include "embedding/dtype.h"
-#include "embedding/sharding.h"
+#include "embedding/row_math.h"
 
 namespace tessera::embedding_internal {
-namespace {
-
-constexpr uint64_t kInitSalt = 0x6a09e667f3bcc908ULL;
-constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
-
-// Uniform in [0, 1) from the top 24 bits.
-float UnitFloat(uint64_t bits) { return static_cast<float>(bits >> 40) * (1.0f / 16777216.0f); }
-
-}  // namespace
 
 RowInitializer::RowInitializer(const v1::TableConfig& config)
     : dim_(config.dim()),
@@ -27,30 +17,20 @@ RowInitializer::RowInitializer(const v1::TableConfig& config)
                 : config.initializer().type()),
       scale_(config.initializer().has_scale() ? config.initializer().scale()
                                               : 1.0f / std::sqrt(static_cast<float>(config.dim()))),
-      key_(embedding::Mix64(config.seed() ^ kInitSalt)) {}
+      key_(embedding::row_math::InitKey(config.seed())) {}
 
 void RowInitializer::InitialWeights(int64_t id, float* out) const {
-  const uint64_t base = embedding::Mix64(key_ ^ static_cast<uint64_t>(id));
-  auto bits = [base](int j) {
-    return embedding::Mix64(base + static_cast<uint64_t>(j + 1) * kGolden);
-  };
+  namespace row_math = embedding::row_math;
+  const uint64_t base = row_math::InitBase(key_, id);
   switch (type_) {
     case v1::ZEROS:
       std::fill(out, out + dim_, 0.0f);
       break;
     case v1::NORMAL:
-      // Box-Muller over pairs of columns; u1 is kept away from 0.
-      for (int j = 0; j < dim_; j += 2) {
-        const float u1 = UnitFloat(bits(j)) + 0.5f / 16777216.0f;
-        const float u2 = UnitFloat(bits(j + 1));
-        const float r = std::sqrt(-2.0f * std::log(u1)) * scale_;
-        const float theta = 2.0f * std::numbers::pi_v<float> * u2;
-        out[j] = r * std::cos(theta);
-        if (j + 1 < dim_) out[j + 1] = r * std::sin(theta);
-      }
+      for (int j = 0; j < dim_; j += 2) row_math::NormalInitialPair(base, j, dim_, scale_, out);
       break;
     default:
-      for (int j = 0; j < dim_; ++j) out[j] = (2.0f * UnitFloat(bits(j)) - 1.0f) * scale_;
+      for (int j = 0; j < dim_; ++j) out[j] = row_math::UniformInitial(base, j, scale_);
       break;
   }
   if (dtype_ != v1::FP32) {
