@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "embedding/row_math.h"
 #include "embedding/sharding.h"
 #include "base/status.h"
 
@@ -26,8 +27,7 @@ struct DedupScratch {
 };
 
 float BagScale(v1::Pooling pooling, int32_t begin, int32_t end) {
-  if (pooling == v1::MEAN && end > begin) return 1.0f / static_cast<float>(end - begin);
-  return 1.0f;
+  return row_math::BagScale(pooling == v1::MEAN, end - begin);
 }
 
 // Unweighted sum pooling with the dimension known at compile time: the row loop becomes a

@@ -127,6 +127,21 @@ row_math::Hyper HyperOf(const OptimizerParams& p) {
   return h;
 }
 
+row_math::OptimizerKind KindOf(v1::OptimizerType type) {
+  switch (type) {
+    case v1::SGD:
+      return row_math::OptimizerKind::kSgd;
+    case v1::ROWWISE_ADAGRAD:
+      return row_math::OptimizerKind::kRowWiseAdagrad;
+    case v1::ADAM:
+      return row_math::OptimizerKind::kAdam;
+    case v1::FTRL:
+      return row_math::OptimizerKind::kFtrl;
+    default:
+      return row_math::OptimizerKind::kAdagrad;
+  }
+}
+
 std::string OptimizerName(v1::OptimizerType type) {
   switch (type) {
     case v1::SGD:

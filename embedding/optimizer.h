@@ -34,6 +34,9 @@ absl::StatusOr<OptimizerParams> ResolveOptimizer(const v1::OptimizerConfig& conf
 // The hyper-parameters row_math's per-element updates take (the device table's too).
 row_math::Hyper HyperOf(const OptimizerParams& params);
 
+// row_math's name for an optimizer type (ADAGRAD for OPTIMIZER_UNSPECIFIED).
+row_math::OptimizerKind KindOf(v1::OptimizerType type);
+
 // The name a person reads ("adagrad", "rowwise_adagrad", ...).
 std::string OptimizerName(v1::OptimizerType type);
 

@@ -141,6 +141,93 @@ TESSERA_HD void FtrlElement(float& w, float& z, float& n, float g, const Hyper& 
   }
 }
 
+// ---- Optimizers: a whole row ----
+// How a table without vector units (a device kernel's thread, or a test) composes the
+// element functions for one row; the host's Optimizer classes run the same loops
+// (row_math_test checks them bit for bit).
+
+enum class OptimizerKind : int32_t { kSgd, kAdagrad, kRowWiseAdagrad, kAdam, kFtrl };
+
+// Floats of optimizer state per row, stored apart from the weights.
+TESSERA_HD int StateFloatsOf(OptimizerKind kind, int dim) {
+  switch (kind) {
+    case OptimizerKind::kSgd:
+      return 0;
+    case OptimizerKind::kRowWiseAdagrad:
+      return 1;
+    case OptimizerKind::kAdagrad:
+      return dim;
+    default:
+      return 2 * dim;  // Adam: m, v; FTRL: z, n
+  }
+}
+
+// A new row's state.
+TESSERA_HD void InitStateRow(OptimizerKind kind, int dim, float initial_accumulator,
+                             float* state) {
+  const int n = StateFloatsOf(kind, dim);
+  for (int i = 0; i < n; ++i) {
+    const bool accumulator = kind == OptimizerKind::kAdagrad ||
+                             kind == OptimizerKind::kRowWiseAdagrad ||
+                             (kind == OptimizerKind::kFtrl && i >= dim);
+    state[i] = accumulator ? initial_accumulator : 0.0f;
+  }
+}
+
+// Clipping and weight decay of the summed gradient `g` (dim), in place.
+TESSERA_HD void PreprocessRow(const Hyper& h, int dim, const float* w, float* g) {
+  if (h.clip_value > 0.0f) {
+    for (int i = 0; i < dim; ++i) g[i] = ClipValue(g[i], h.clip_value);
+  }
+  if (h.clip_norm > 0.0f) {
+    float sq = 0.0f;
+    for (int i = 0; i < dim; ++i) sq += g[i] * g[i];
+    const float scale = NormScale(sq, h.clip_norm);
+    if (scale != 1.0f) {
+      for (int i = 0; i < dim; ++i) g[i] *= scale;
+    }
+  }
+  if (h.weight_decay > 0.0f) {
+    for (int i = 0; i < dim; ++i) g[i] = WeightDecay(g[i], w[i], h.weight_decay);
+  }
+}
+
+// The update proper of one row on a preprocessed gradient; prior_updates is the row's
+// update count before it (Adam's t - 1).
+TESSERA_HD void StepRow(OptimizerKind kind, const Hyper& h, int dim, float* w, float* s,
+                        const float* g, int64_t prior_updates) {
+  switch (kind) {
+    case OptimizerKind::kSgd:
+      for (int i = 0; i < dim; ++i) SgdElement(w[i], g[i], h.lr);
+      break;
+    case OptimizerKind::kAdagrad:
+      for (int i = 0; i < dim; ++i) AdagradElement(w[i], s[i], g[i], h.lr, h.eps);
+      break;
+    case OptimizerKind::kRowWiseAdagrad: {
+      float sq = 0.0f;
+      for (int i = 0; i < dim; ++i) sq += g[i] * g[i];
+      const float scale = RowWiseAdagradScale(s[0], sq, dim, h.lr, h.eps);
+      for (int i = 0; i < dim; ++i) RowWiseAdagradElement(w[i], g[i], scale);
+      break;
+    }
+    case OptimizerKind::kAdam: {
+      const AdamCorrection c = AdamCorrectionOf(h.beta1, h.beta2, prior_updates);
+      for (int i = 0; i < dim; ++i) AdamElement(w[i], s[i], s[dim + i], g[i], h, c);
+      break;
+    }
+    case OptimizerKind::kFtrl:
+      for (int i = 0; i < dim; ++i) FtrlElement(w[i], s[i], s[dim + i], g[i], h);
+      break;
+  }
+}
+
+// ---- Pooling ----
+
+// The factor a bag of n ids is scaled by after its (weighted) sum: 1 / n for MEAN.
+TESSERA_HD float BagScale(bool mean, int32_t n) {
+  return mean && n > 0 ? 1.0f / static_cast<float>(n) : 1.0f;
+}
+
 // ---- Stored dtypes ----
 
 TESSERA_HD float Bf16ToFloat(uint16_t b) { return FromBits(static_cast<uint32_t>(b) << 16); }

@@ -107,54 +107,7 @@ TEST(RowMath, InitialRowsAreTheElementFunctionsOfSeedIdAndColumn) {
   }
 }
 
-// One update of a row by the host's Optimizer, against row_math's element functions
-// composed by hand in the order the header gives (clip value, clip norm, weight decay,
-// then the step).
-std::vector<float> ByElements(const v1::OptimizerConfig& config, int dim, std::vector<float> w,
-                              std::vector<float>* state, std::vector<float> g, int64_t prior) {
-  const OptimizerParams p = ResolveOptimizer(config).value();
-  const row_math::Hyper h = HyperOf(p);
-  if (h.clip_value > 0.0f) {
-    for (float& x : g) x = row_math::ClipValue(x, h.clip_value);
-  }
-  if (h.clip_norm > 0.0f) {
-    float sq = 0.0f;
-    for (float x : g) sq += x * x;
-    const float scale = row_math::NormScale(sq, h.clip_norm);
-    if (scale != 1.0f) {
-      for (float& x : g) x *= scale;
-    }
-  }
-  if (h.weight_decay > 0.0f) {
-    for (int i = 0; i < dim; ++i) g[i] = row_math::WeightDecay(g[i], w[i], h.weight_decay);
-  }
-  float* s = state->data();
-  switch (p.type) {
-    case v1::SGD:
-      for (int i = 0; i < dim; ++i) row_math::SgdElement(w[i], g[i], h.lr);
-      break;
-    case v1::ADAGRAD:
-      for (int i = 0; i < dim; ++i) row_math::AdagradElement(w[i], s[i], g[i], h.lr, h.eps);
-      break;
-    case v1::ROWWISE_ADAGRAD: {
-      float sq = 0.0f;
-      for (float x : g) sq += x * x;
-      const float scale = row_math::RowWiseAdagradScale(s[0], sq, dim, h.lr, h.eps);
-      for (int i = 0; i < dim; ++i) row_math::RowWiseAdagradElement(w[i], g[i], scale);
-      break;
-    }
-    case v1::ADAM: {
-      const auto c = row_math::AdamCorrectionOf(h.beta1, h.beta2, prior);
-      for (int i = 0; i < dim; ++i) row_math::AdamElement(w[i], s[i], s[dim + i], g[i], h, c);
-      break;
-    }
-    default:
-      for (int i = 0; i < dim; ++i) row_math::FtrlElement(w[i], s[i], s[dim + i], g[i], h);
-  }
-  return w;
-}
-
-TEST(RowMath, EveryOptimizersHostUpdateIsItsElementFunction) {
+TEST(RowMath, EveryOptimizersHostUpdateIsTheRowFunctions) {
   constexpr int kDim = 19;  // not a multiple of a vector's width
   for (const v1::OptimizerType type :
        {v1::SGD, v1::ADAGRAD, v1::ROWWISE_ADAGRAD, v1::ADAM, v1::FTRL}) {
@@ -164,21 +117,29 @@ TEST(RowMath, EveryOptimizersHostUpdateIsItsElementFunction) {
       config.set_learning_rate(0.05f);
       config.set_l1(0.001f);
       config.set_l2(0.01f);
+      config.set_initial_accumulator(0.1f);
       if (preprocess) {
         config.set_clip_value(0.8f);
         config.set_clip_norm(1.5f);
         config.set_weight_decay(0.02f);
       }
       const auto opt = Optimizer::Create(config, kDim).value();
+      const row_math::OptimizerKind kind = KindOf(type);
+      const row_math::Hyper h = HyperOf(ResolveOptimizer(config).value());
+      ASSERT_EQ(row_math::StateFloatsOf(kind, kDim), opt->StateFloats());
       std::vector<float> w = RandomFloats(kDim, 3, 0.2f);
       std::vector<float> state(opt->StateFloats());
       opt->InitState(state.data());
-      std::vector<float> w_el = w, state_el = state;
+      std::vector<float> w_el = w, state_el(state.size(), -1.0f);
+      row_math::InitStateRow(kind, kDim, config.initial_accumulator(), state_el.data());
+      ASSERT_EQ(state_el, state);
       for (int step = 0; step < 5; ++step) {
         const std::vector<float> g = RandomFloats(kDim, 10 + step, 0.7f);
         std::vector<float> scratch(kDim);
         opt->Update(w.data(), state.data(), g.data(), scratch.data(), step);
-        w_el = ByElements(config, kDim, w_el, &state_el, g, step);
+        std::vector<float> g_el = g;  // the row functions, as a device thread runs them
+        row_math::PreprocessRow(h, kDim, w_el.data(), g_el.data());
+        row_math::StepRow(kind, h, kDim, w_el.data(), state_el.data(), g_el.data(), step);
         for (int i = 0; i < kDim; ++i) {
           ASSERT_EQ(BitsOf(w[i]), BitsOf(w_el[i]))
               << OptimizerName(type) << " preprocess " << preprocess << " step " << step;

@@ -1,0 +1,73 @@
+#include "embedding/device/table_layout.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "embedding/dtype.h"
+#include "embedding/optimizer.h"
+
+namespace tessera::embedding::device {
+namespace {
+
+uint64_t NextPowerOfTwo(uint64_t n) {
+  uint64_t p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+StoredDtype StoredOf(v1::Dtype dtype) {
+  switch (dtype) {
+    case v1::FP16:
+      return StoredDtype::kFp16;
+    case v1::BF16:
+      return StoredDtype::kBf16;
+    default:
+      return StoredDtype::kFp32;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<TableLayout> DescribeTable(const v1::TableConfig& config) {
+  const std::string where = absl::StrCat("table '", config.name(), "' on the device");
+  if (config.dim() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": dim must be > 0, got ", config.dim()));
+  }
+  if (config.eviction().policy() != v1::EVICTION_NONE || config.eviction().ttl_steps() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": eviction and ttl_steps need host tables; a device table keeps every row up "
+               "to max_rows"));
+  }
+  absl::StatusOr<OptimizerParams> params = ResolveOptimizer(config.optimizer());
+  if (!params.ok()) return params.status();
+  TableLayout layout;
+  layout.max_rows = config.max_rows() > 0 ? config.max_rows() : kDefaultDeviceRows;
+  TableView& v = layout.view;
+  v.slots = NextPowerOfTwo(static_cast<uint64_t>(
+      std::ceil(static_cast<double>(layout.max_rows) / kMaxLoad)));
+  v.dim = config.dim();
+  v.dtype = StoredOf(config.dtype());
+  v.optimizer = KindOf(params->type);
+  v.state_floats = row_math::StateFloatsOf(v.optimizer, v.dim);
+  v.hyper = HyperOf(*params);
+  v.initial_accumulator = params->initial_accumulator;
+  v.init_key = row_math::InitKey(config.seed());
+  switch (config.initializer().type()) {
+    case v1::NORMAL:
+      v.init_type = 1;
+      break;
+    case v1::ZEROS:
+      v.init_type = 2;
+      break;
+    default:
+      v.init_type = 0;
+  }
+  // The host table's default scale, 1/sqrt(dim), computed the same way.
+  v.init_scale = config.initializer().has_scale()
+                     ? config.initializer().scale()
+                     : 1.0f / std::sqrt(static_cast<float>(config.dim()));
+  layout.weight_bytes = DtypeBytes(config.dtype());
+  return layout;
+}
+
+}  // namespace tessera::embedding::device
