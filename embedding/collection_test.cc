@@ -227,6 +227,20 @@ TEST(InProcessCollection, APlannedPushIsCheckedAndAStalePlanIsNotTrusted) {
   EXPECT_EQ(x, y);
 }
 
+TEST(InProcessCollection, RefusesATablePlacedOnTheDevice) {
+  auto c = NewInProcessCollection(2).value();
+  v1::TableConfig config = Config("gpu_table", 8);
+  config.set_placement(v1::DEVICE);
+  const absl::Status s = c->CreateTable(config);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("placement DEVICE"));
+  EXPECT_TRUE(c->ListTables()->empty());
+  config.set_placement(static_cast<v1::Placement>(7));
+  EXPECT_EQ(c->CreateTable(config).code(), absl::StatusCode::kInvalidArgument);
+  config.set_placement(v1::HOST);
+  EXPECT_TRUE(c->CreateTable(config).ok());
+}
+
 TEST(InProcessCollection, PlacesEachRowOnItsShardOfShardOf) {
   auto c = Make(4);
   ASSERT_TRUE(c->CreateTable(Config("t", 4)).ok());

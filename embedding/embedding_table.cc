@@ -128,6 +128,10 @@ absl::Status ValidateTableConfig(const v1::TableConfig& config) {
   if (!v1::Dtype_IsValid(config.dtype())) {
     return absl::InvalidArgumentError(absl::StrCat(label, ": unknown dtype ", config.dtype()));
   }
+  if (!v1::Placement_IsValid(config.placement())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": unknown placement ", config.placement()));
+  }
   if (!v1::EvictionPolicy_IsValid(config.eviction().policy())) {
     return absl::InvalidArgumentError(
         absl::StrCat(label, ": unknown eviction policy ", config.eviction().policy()));
@@ -144,9 +148,19 @@ absl::Status ValidateTableConfig(const v1::TableConfig& config) {
   return Annotate(params.status(), label);
 }
 
+absl::Status RequireHostPlacement(const v1::TableConfig& config) {
+  if (config.placement() == v1::HOST) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "table '", config.name(),
+      "' has placement DEVICE: its rows live in a trainer's GPU memory (tessera-train "
+      "--dense_backend=cuda keeps it there); in-process collections and shard servers hold "
+      "HOST tables"));
+}
+
 absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(
     const v1::TableConfig& config, int64_t row_budget) {
   TESSERA_RETURN_IF_ERROR(ValidateTableConfig(config));
+  TESSERA_RETURN_IF_ERROR(RequireHostPlacement(config));
   if (row_budget < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("table '", config.name(), "': row budget must be >= 0, got ", row_budget));

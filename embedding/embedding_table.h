@@ -57,6 +57,10 @@ class RowSpill {
 // InvalidArgument names the bad field.
 absl::Status ValidateTableConfig(const v1::TableConfig& config);
 
+// OK for a HOST table; FailedPrecondition for a DEVICE one, which a host collection, a
+// shard or a coordinator does not hold (the trainer keeps those on its GPU).
+absl::Status RequireHostPlacement(const v1::TableConfig& config);
+
 // One embedding table (or one shard's part of it): a dynamic vocabulary over arbitrary
 // 64-bit ids. A row is created on first touch with weights that are a pure function of
 // (table seed, id), so the same id gets the same row whatever the shard, the request

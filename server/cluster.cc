@@ -83,6 +83,7 @@ std::vector<v1::TableConfig> Cluster::Tables() const {
 
 absl::Status Cluster::CreateTable(const v1::TableConfig& config) {
   TESSERA_RETURN_IF_ERROR(embedding::ValidateTableConfig(config));
+  TESSERA_RETURN_IF_ERROR(embedding::RequireHostPlacement(config));
   absl::MutexLock create(&create_mu_);
   if (absl::StatusOr<v1::TableConfig> held = Config(config.name()); held.ok()) {
     if (!google::protobuf::util::MessageDifferencer::Equals(*held, config)) {

@@ -333,6 +333,9 @@ TEST(DeviceTableCore, ALayoutRefusesEvictionAndSizesItsSlots) {
   EXPECT_EQ(layout.view.state_floats, 12);
   config.set_max_rows(0);
   EXPECT_EQ(DescribeTable(config)->max_rows, kDefaultDeviceRows);
+  config.set_dim(kMaxDeviceDim + 1);
+  EXPECT_EQ(DescribeTable(config).status().code(), absl::StatusCode::kInvalidArgument);
+  config.set_dim(12);
   config.mutable_eviction()->set_policy(v1::EVICTION_LRU);
   const absl::Status s = DescribeTable(config).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);

@@ -3,7 +3,9 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "embedding/dtype.h"
+#include "embedding/embedding_table.h"
 #include "embedding/optimizer.h"
 
 namespace tessera::embedding::device {
@@ -29,9 +31,12 @@ StoredDtype StoredOf(v1::Dtype dtype) {
 }  // namespace
 
 absl::StatusOr<TableLayout> DescribeTable(const v1::TableConfig& config) {
+  TESSERA_RETURN_IF_ERROR(ValidateTableConfig(config));
   const std::string where = absl::StrCat("table '", config.name(), "' on the device");
-  if (config.dim() <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": dim must be > 0, got ", config.dim()));
+  if (config.dim() > kMaxDeviceDim) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": dim ", config.dim(),
+                                                   " is above the device table's ", kMaxDeviceDim,
+                                                   "; keep the table on the host"));
   }
   if (config.eviction().policy() != v1::EVICTION_NONE || config.eviction().ttl_steps() != 0) {
     return absl::InvalidArgumentError(absl::StrCat(

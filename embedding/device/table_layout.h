@@ -17,6 +17,9 @@ namespace tessera::embedding::device {
 // Rows a device table holds when its config sets no max_rows.
 inline constexpr int64_t kDefaultDeviceRows = int64_t{1} << 22;
 
+// The widest row a device table holds (a kernel thread updates a row in local memory).
+inline constexpr int kMaxDeviceDim = 256;
+
 // The most a table's slots are filled: its rows' limit is at most this fraction of them.
 inline constexpr double kMaxLoad = 0.75;
 
@@ -34,9 +37,9 @@ struct TableLayout {
   }
 };
 
-// The layout of `config` (already validated as a table config), holding max_rows rows or
-// kDefaultDeviceRows; InvalidArgument for what a device table cannot hold (eviction,
-// time-to-live: a device table keeps every row).
+// The layout of `config`, holding max_rows rows or kDefaultDeviceRows; InvalidArgument
+// for a config ValidateTableConfig refuses and for what a device table cannot hold: rows
+// wider than kMaxDeviceDim, eviction or time-to-live (a device table keeps every row).
 absl::StatusOr<TableLayout> DescribeTable(const v1::TableConfig& config);
 
 }  // namespace tessera::embedding::device
