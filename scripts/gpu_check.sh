@@ -12,15 +12,17 @@
 # `run` starts every binary through the bundle's own loader, so they run on the glibc they
 # were built against whatever the machine has; cuBLAS and the driver come from the machine.
 # It runs cuda_dense_backend_test (the backend against the CPU backend: forward, backward,
-# 100 steps, state both ways), train_cuda_test (the default run on each backend: the same
-# AUC within 0.002; checkpoints resumed across backends) and tessera-bench on
+# 100 steps, state both ways), device_table_test (device tables against host tables: 200
+# pooled steps of each optimizer and dtype, a full table, rows in and out),
+# train_cuda_test (the default run on each backend, and with --shards=cuda: the same AUC
+# within 0.002; checkpoints resumed across backends) and tessera-bench on
 # benchmarks/scenarios/cuda.json (the dense step at batch 2048 against cuBLAS's GEMM
 # ceiling) and on benchmarks/scenarios/cuda_host_tables.json (Criteo at batch 4096 with 26
 # host tables of 1M rows, synchronous and overlapped). Exits non-zero when any fails or skips.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BINS="build/tessera-train build/tessera-bench build/trainer/cuda_dense_backend_test
-  build/tests/train_e2e_test"
+  build/tests/train_e2e_test build/embedding/device_table_test"
 
 case "${1:-}" in
   pack)
@@ -73,7 +75,9 @@ case "${1:-}" in
     failed=""
     on_bundle 150 "$dir/bin/cuda_dense_backend_test" 2>&1 | tee "$out/cuda_dense_backend_test.txt" ||
       failed="$failed cuda_dense_backend_test"
-    on_bundle 200 "$dir/bin/train_e2e_test" --gpu 2>&1 | tee "$out/train_cuda_test.txt" ||
+    on_bundle 150 "$dir/bin/device_table_test" 2>&1 | tee "$out/device_table_test.txt" ||
+      failed="$failed device_table_test"
+    on_bundle 300 "$dir/bin/train_e2e_test" --gpu 2>&1 | tee "$out/train_cuda_test.txt" ||
       failed="$failed train_cuda_test"
     on_bundle 150 "$dir/bin/tessera-bench" --scenarios=benchmarks/scenarios/cuda.json \
       --prices=benchmarks/prices.json --out="$out/bench" 2>&1 | tee "$out/bench.txt" ||

@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "embedding/device/device_table.h"
 #include "trainer/criteo_reader.h"
 #include "trainer/dense_backend.h"
 #include "tests/train_process.h"
@@ -261,6 +262,23 @@ TEST(TesseraTrain, DenseBackendFlagRefusesWhatCannotRunHere) {
   EXPECT_THAT(r.output, testing::Not(testing::HasSubstr("step 1")));
 }
 
+TEST(TesseraTrain, DeviceTablesFlagRefusesWhatCannotRunHere) {
+  ExpectRefused("--shards=cuda --steps=1", "--shards=cuda keeps the tables in the dense "
+                                           "network's GPU: it needs --dense_backend=cuda");
+  ExpectRefused("--shards=cuda --dense_backend=cuda --data_dir=/tmp/x --steps=1",
+                "device tables are not durable yet");
+  const absl::Status usable = tessera::embedding::device::DeviceTable::Usable(0);
+  if (usable.ok()) GTEST_SKIP() << "a GPU is here: TesseraTrainCuda (ctest label gpu) runs it";
+  // No GPU, no driver or no CUDA in the build: a clear failure at start-up naming what is
+  // missing, before any data is read.
+  const Result r = RunTrain("--shards=cuda --dense_backend=cuda --steps=5");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, testing::HasSubstr("FAILED_PRECONDITION: --shards=cuda: "));
+  EXPECT_THAT(r.output, testing::HasSubstr(std::string(usable.message())));
+  EXPECT_THAT(r.output, testing::HasSubstr("--shards=inproc:N runs without"));
+  EXPECT_THAT(r.output, testing::Not(testing::HasSubstr("step 1")));
+}
+
 // Run by `train_e2e_test --gpu` (ctest: train_cuda_test, label gpu) where a GPU is.
 // The default run with the dense network on the GPU reaches the CPU backend's AUC.
 TEST(TesseraTrainCuda, DefaultRunReachesTheCpuBackendsAuc) {
@@ -278,6 +296,22 @@ TEST(TesseraTrainCuda, DefaultRunReachesTheCpuBackendsAuc) {
   ASSERT_EQ(lc.size(), lg.size());
   // The first logged loss (step 100) is before the two runs' small differences compound.
   EXPECT_NEAR(lg[0], lc[0], 1e-3 * lc[0]);
+}
+
+// Every table in the GPU's memory (--shards=cuda): the default run reaches the CPU run's
+// AUC (issue 28's check).
+TEST(TesseraTrainCuda, DeviceTablesReachTheCpuRunsAuc) {
+  const std::string cpu = TempPath("cpu-host.jsonl"), gpu = TempPath("gpu-device.jsonl");
+  Result a = RunTrain(absl::StrCat("--dense_backend=cpu --metrics_out=", cpu));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  Result b = RunTrain(absl::StrCat("--dense_backend=cuda --shards=cuda --metrics_out=", gpu));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_THAT(b.output, testing::HasSubstr("device tables on GPU 0"));
+  const double auc_cpu = JsonNumber(ReadLines(cpu).back(), "auc");
+  const double auc_gpu = JsonNumber(ReadLines(gpu).back(), "auc");
+  std::printf("held-out AUC: cpu with host tables %.5f, cuda with device tables %.5f\n", auc_cpu,
+              auc_gpu);
+  EXPECT_NEAR(auc_gpu, auc_cpu, 0.002);
 }
 
 // A checkpoint written with one backend resumes with the other.

@@ -29,6 +29,8 @@
 #include "client/embedding_client.h"
 #include "client/security_flags.h"
 #include "embedding/collection.h"
+#include "embedding/device/device_collection.h"
+#include "embedding/device/device_table.h"
 #include "embedding/inprocess_collection.h"
 #include "embedding/dtype.h"
 #include "embedding/optimizer.h"
@@ -71,7 +73,9 @@ ABSL_FLAG(int, cuda_device, 0,
           "visible (data-parallel workers on one host: one each)");
 ABSL_FLAG(double, init_scale, 0.05, "embedding rows start U(-init_scale, init_scale)");
 ABSL_FLAG(int64_t, max_rows, 0, "row budget per table (0 = unlimited)");
-ABSL_FLAG(std::string, shards, "inproc:4", "where the tables live: inproc:N");
+ABSL_FLAG(std::string, shards, "inproc:4",
+          "where the tables live: inproc:N (N in-process shards), or cuda (in the GPU's memory, "
+          "beside the dense network: needs --dense_backend=cuda)");
 ABSL_FLAG(
     std::string, coordinator, "",
     "host:port of a tessera-coordinator; tables then live on its shards (overrides --shards)");
@@ -201,7 +205,7 @@ absl::StatusOr<int> ParseShards(const std::string& s) {
   int n = 0;
   if (absl::StartsWith(s, "inproc:") && absl::SimpleAtoi(s.substr(7), &n) && n >= 1) return n;
   return absl::InvalidArgumentError(
-      absl::StrCat("--shards must be inproc:N with N >= 1, got '", s, "'"));
+      absl::StrCat("--shards must be inproc:N with N >= 1, or cuda, got '", s, "'"));
 }
 
 // InvalidArgument naming the flag unless lo <= value <= hi.
@@ -367,6 +371,7 @@ struct TrainFlags {
   std::string coordinator;  // empty: the tables live in this process
   std::string data_dir;     // in process: where the tables are kept; empty: memory only
   int shards = 0;           // in process
+  bool device_tables = false;  // --shards=cuda
   int keep_checkpoints = 0;
   std::string client_mode;        // with --coordinator
   client::ClientOptions client;   // with --coordinator
@@ -412,6 +417,31 @@ absl::Status ParseModelFlags(TrainFlags* f) {
 }
 
 // Where the tables live, and the data-parallel job this trainer is part of.
+// --shards=cuda: every table in the dense network's GPU. Stops here, naming what is
+// missing, when this build or machine has no device tables.
+absl::Status DeviceTableFlags(TrainFlags* f) {
+  if (f->backend != "cuda") {
+    return absl::InvalidArgumentError(
+        "--shards=cuda keeps the tables in the dense network's GPU: it needs "
+        "--dense_backend=cuda (or use --shards=inproc:N)");
+  }
+  if (!f->data_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--data_dir: device tables are not durable yet; train with --shards=inproc:N to keep "
+        "the tables on disk");
+  }
+  if (f->num_workers > 1) {
+    return absl::InvalidArgumentError("--num_workers > 1 shares tables on a cluster: device "
+                                      "tables are one trainer's");
+  }
+  if (absl::Status usable = embedding::device::DeviceTable::Usable(f->cuda_device); !usable.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--shards=cuda: ", usable.message(), " (--shards=inproc:N runs without)"));
+  }
+  f->device_tables = true;
+  return absl::OkStatus();
+}
+
 absl::Status ParsePlacementFlags(TrainFlags* f) {
   f->coordinator = absl::GetFlag(FLAGS_coordinator);
   f->data_dir = absl::GetFlag(FLAGS_data_dir);
@@ -422,6 +452,7 @@ absl::Status ParsePlacementFlags(TrainFlags* f) {
         "--num_workers > 1 needs --coordinator: the workers share their tables on a cluster "
         "and meet through its coordinator");
   }
+  if (f->coordinator.empty() && absl::GetFlag(FLAGS_shards) == "cuda") return DeviceTableFlags(f);
   if (f->coordinator.empty()) {
     TESSERA_ASSIGN_OR_RETURN(f->shards, ParseShards(absl::GetFlag(FLAGS_shards)));
     f->keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
@@ -457,6 +488,7 @@ absl::Status ParseTrainingFlags(TrainFlags* f) {
   table.set_dim(f->model.emb_dim);
   table.set_seed(f->seed * 1000003);
   table.set_max_rows(absl::GetFlag(FLAGS_max_rows));
+  if (f->device_tables) table.set_placement(v1::DEVICE);
   TESSERA_ASSIGN_OR_RETURN(v1::OptimizerType opt,
                            embedding::ParseOptimizerName(absl::GetFlag(FLAGS_optimizer)));
   TESSERA_ASSIGN_OR_RETURN(v1::Dtype dtype,
@@ -604,6 +636,9 @@ absl::StatusOr<TrainTables> MakeTables(const TrainFlags& f) {
                              f.client_mode, " client)");
     out.remote = remote.get();
     out.tables = std::move(remote);
+  } else if (f.device_tables) {
+    TESSERA_ASSIGN_OR_RETURN(out.tables, embedding::device::NewDeviceCollection(f.cuda_device));
+    out.where = absl::StrCat("device tables on GPU ", f.cuda_device);
   } else if (f.data_dir.empty()) {
     embedding::InProcessOptions memory;
     memory.num_shards = f.shards;

@@ -15,7 +15,7 @@
 namespace tessera::embedding::device {
 
 // Rows a device table holds when its config sets no max_rows.
-inline constexpr int64_t kDefaultDeviceRows = int64_t{1} << 22;
+inline constexpr int64_t kDefaultDeviceRows = int64_t{1} << 20;
 
 // The widest row a device table holds (a kernel thread updates a row in local memory).
 inline constexpr int kMaxDeviceDim = 256;
