@@ -163,8 +163,7 @@ TESSERA_HD int StateFloatsOf(OptimizerKind kind, int dim) {
 }
 
 // A new row's state.
-TESSERA_HD void InitStateRow(OptimizerKind kind, int dim, float initial_accumulator,
-                             float* state) {
+TESSERA_HD void InitStateRow(OptimizerKind kind, int dim, float initial_accumulator, float* state) {
   const int n = StateFloatsOf(kind, dim);
   for (int i = 0; i < n; ++i) {
     const bool accumulator = kind == OptimizerKind::kAdagrad ||
@@ -331,7 +330,8 @@ TESSERA_HD uint16_t RoundingBits(uint64_t seed, int i) {
 // The seed of a row's rounding in its update number prior_updates + 1, for a table of
 // initializer key `key`.
 TESSERA_HD uint64_t UpdateRoundingSeed(uint64_t key, int64_t id, int64_t prior_updates) {
-  return Mix(key ^ Mix(static_cast<uint64_t>(id)) ^ (static_cast<uint64_t>(prior_updates) * kGolden));
+  return Mix(key ^ Mix(static_cast<uint64_t>(id)) ^
+             (static_cast<uint64_t>(prior_updates) * kGolden));
 }
 
 // ---- Initial weights ----
@@ -342,7 +342,9 @@ inline constexpr uint64_t kInitSalt = 0x6a09e667f3bcc908ULL;
 TESSERA_HD uint64_t InitKey(uint64_t table_seed) { return Mix(table_seed ^ kInitSalt); }
 
 // A row's base for its columns' bits, and column j's bits.
-TESSERA_HD uint64_t InitBase(uint64_t key, int64_t id) { return Mix(key ^ static_cast<uint64_t>(id)); }
+TESSERA_HD uint64_t InitBase(uint64_t key, int64_t id) {
+  return Mix(key ^ static_cast<uint64_t>(id));
+}
 TESSERA_HD uint64_t InitBits(uint64_t base, int j) {
   return Mix(base + static_cast<uint64_t>(j + 1) * kGolden);
 }

@@ -20,8 +20,8 @@ class DeviceCollection final : public EmbeddingCollection {
 
   absl::Status CreateTable(const v1::TableConfig& config) override;
   absl::StatusOr<std::vector<v1::TableConfig>> ListTables() const override;
-  absl::Status Lookup(absl::string_view table, absl::Span<const int64_t> ids,
-                      absl::Span<float> out, const LookupOptions& options) override;
+  absl::Status Lookup(absl::string_view table, absl::Span<const int64_t> ids, absl::Span<float> out,
+                      const LookupOptions& options) override;
   absl::Status PooledLookup(absl::string_view table, absl::Span<const int64_t> ids,
                             absl::Span<const int32_t> offsets, absl::Span<const float> weights,
                             v1::Pooling pooling, absl::Span<float> out,
@@ -73,11 +73,12 @@ absl::Status DeviceCollection::CreateTable(const v1::TableConfig& config) {
   if (auto it = tables_.find(config.name()); it != tables_.end()) {
     const std::vector<std::string> diff = TableConfigDifferences(it->second->config(), config);
     if (diff.empty()) return absl::OkStatus();
-    return absl::AlreadyExistsError(absl::StrCat("table '", config.name(),
-                                                 "' already exists with another config: ",
-                                                 absl::StrJoin(diff, "; ")));
+    return absl::AlreadyExistsError(
+        absl::StrCat("table '", config.name(),
+                     "' already exists with another config: ", absl::StrJoin(diff, "; ")));
   }
-  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<DeviceTable> table, DeviceTable::Create(config, device_));
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<DeviceTable> table,
+                           DeviceTable::Create(config, device_));
   tables_.emplace(config.name(), std::move(table));
   return absl::OkStatus();
 }
@@ -93,8 +94,8 @@ absl::Status DeviceCollection::Lookup(absl::string_view table, absl::Span<const 
                                       absl::Span<float> out, const LookupOptions& options) {
   absl::MutexLock lock(&TableMutex(table));
   TESSERA_ASSIGN_OR_RETURN(DeviceTable * t, Find(table));
-  TESSERA_RETURN_IF_ERROR(CheckRowsSize(table, "output", out.size(), ids.size(),
-                                        t->config().dim(), "ids"));
+  TESSERA_RETURN_IF_ERROR(
+      CheckRowsSize(table, "output", out.size(), ids.size(), t->config().dim(), "ids"));
   return t->Lookup(ids, {}, {}, v1::SUM, out.data(), options.insert_missing);
 }
 
@@ -104,16 +105,14 @@ absl::Status DeviceCollection::PooledLookup(absl::string_view table, absl::Span<
                                             absl::Span<float> out, const LookupOptions& options) {
   absl::MutexLock lock(&TableMutex(table));
   TESSERA_ASSIGN_OR_RETURN(DeviceTable * t, Find(table));
-  TESSERA_ASSIGN_OR_RETURN(const size_t bags,
-                           CheckLookupShape(absl::StrCat("table '", table, "'"), ids.size(),
-                                            offsets, weights));
-  TESSERA_RETURN_IF_ERROR(CheckRowsSize(table, "output", out.size(), bags, t->config().dim(),
-                                        "bags"));
+  TESSERA_ASSIGN_OR_RETURN(const size_t bags, CheckLookupShape(absl::StrCat("table '", table, "'"),
+                                                               ids.size(), offsets, weights));
+  TESSERA_RETURN_IF_ERROR(
+      CheckRowsSize(table, "output", out.size(), bags, t->config().dim(), "bags"));
   return t->Lookup(ids, offsets, weights, pooling, out.data(), options.insert_missing);
 }
 
-absl::Status DeviceCollection::PushGradients(absl::string_view table,
-                                             absl::Span<const int64_t> ids,
+absl::Status DeviceCollection::PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
                                              absl::Span<const float> gradients, int64_t step) {
   absl::MutexLock lock(&TableMutex(table));
   TESSERA_ASSIGN_OR_RETURN(DeviceTable * t, Find(table));
@@ -131,8 +130,9 @@ absl::StatusOr<TableUsage> DeviceCollection::Usage(absl::string_view table) cons
   return usage;
 }
 
-absl::Status DeviceCollection::ExportRows(absl::string_view table, const ExportOptions& options,
-                                          const std::function<absl::Status(const RowBlock&)>& sink) {
+absl::Status DeviceCollection::ExportRows(
+    absl::string_view table, const ExportOptions& options,
+    const std::function<absl::Status(const RowBlock&)>& sink) {
   absl::MutexLock lock(&TableMutex(table));
   TESSERA_ASSIGN_OR_RETURN(DeviceTable * t, Find(table));
   RowBlock block;
@@ -142,19 +142,19 @@ absl::Status DeviceCollection::ExportRows(absl::string_view table, const ExportO
   };
   reset();
   absl::Status failed;
-  TESSERA_RETURN_IF_ERROR(t->ForEachRow([&](int64_t id, const float* w, const float* s,
-                                            const RowMeta& meta) {
-    if (!failed.ok() || meta.last_step < options.since_step) return;
-    if (options.with_state && block.size() == 0) {
-      block.state_floats = static_cast<int>(
-          row_math::StateFloatsOf(KindOf(t->config().optimizer().type()), block.dim));
-    }
-    block.Append(id, w, options.with_state ? s : nullptr, meta.last_step, meta.update_count);
-    if (block.size() >= options.chunk_rows) {
-      failed = sink(block);
-      reset();
-    }
-  }));
+  TESSERA_RETURN_IF_ERROR(
+      t->ForEachRow([&](int64_t id, const float* w, const float* s, const RowMeta& meta) {
+        if (!failed.ok() || meta.last_step < options.since_step) return;
+        if (options.with_state && block.size() == 0) {
+          block.state_floats = static_cast<int>(
+              row_math::StateFloatsOf(KindOf(t->config().optimizer().type()), block.dim));
+        }
+        block.Append(id, w, options.with_state ? s : nullptr, meta.last_step, meta.update_count);
+        if (block.size() >= options.chunk_rows) {
+          failed = sink(block);
+          reset();
+        }
+      }));
   TESSERA_RETURN_IF_ERROR(failed);
   return block.size() > 0 ? sink(block) : absl::OkStatus();
 }
@@ -162,8 +162,7 @@ absl::Status DeviceCollection::ExportRows(absl::string_view table, const ExportO
 absl::Status DeviceCollection::ImportRows(absl::string_view table, const RowBlock& rows) {
   absl::MutexLock lock(&TableMutex(table));
   TESSERA_ASSIGN_OR_RETURN(DeviceTable * t, Find(table));
-  const int sf = row_math::StateFloatsOf(KindOf(t->config().optimizer().type()),
-                                         t->config().dim());
+  const int sf = row_math::StateFloatsOf(KindOf(t->config().optimizer().type()), t->config().dim());
   TESSERA_RETURN_IF_ERROR(CheckRowBlock(table, t->config().dim(), sf, rows));
   std::vector<float> state = rows.state;
   if (state.empty()) {
@@ -186,7 +185,8 @@ absl::Status DeviceCollection::DropTable(absl::string_view table) {
   absl::MutexLock table_lock(&TableMutex(table));  // no call of the table is under way
   absl::MutexLock lock(&mu_);
   auto it = tables_.find(table);
-  if (it == tables_.end()) return absl::NotFoundError(absl::StrCat("table '", table, "' not found"));
+  if (it == tables_.end())
+    return absl::NotFoundError(absl::StrCat("table '", table, "' not found"));
   tables_.erase(it);
   return absl::OkStatus();
 }

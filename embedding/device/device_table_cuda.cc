@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/cuda_status.h"
 #include "base/status.h"
 #include "embedding/batch_ops.h"
 #include "embedding/device/device_table.h"
@@ -17,18 +18,6 @@
 
 namespace tessera::embedding::device {
 namespace {
-
-absl::Status CudaError(cudaError_t e, const char* what) {
-  return absl::InternalError(
-      absl::StrCat("CUDA: ", what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
-}
-
-#define TESSERA_CUDA_RETURN(expr)                     \
-  do {                                                \
-    if (cudaError_t e_ = (expr); e_ != cudaSuccess) { \
-      return CudaError(e_, #expr);                    \
-    }                                                 \
-  } while (0)
 
 // Device memory that frees itself; grown, never shrunk, by Reserve.
 class DeviceBuffer {
@@ -72,9 +61,9 @@ absl::Status CheckDevice(int device) {
   }
   int count = 0;
   if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no CUDA device for device tables: ",
-        e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports 0 devices"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("no CUDA device for device tables: ",
+                     e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports 0 devices"));
   }
   if (device < 0 || device >= count) {
     return absl::FailedPreconditionError(
@@ -154,10 +143,10 @@ absl::Status CudaDeviceTable::Init() {
   size_t free_bytes = 0, total = 0;
   TESSERA_CUDA_RETURN(cudaMemGetInfo(&free_bytes, &total));
   if (layout_.total_bytes() > free_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        where(), ": ", layout_.max_rows, " rows need ", layout_.total_bytes(),
-        " bytes of GPU memory, device ", device_, " has ", free_bytes,
-        " free; lower max_rows or place the table on the host"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(where(), ": ", layout_.max_rows, " rows need ", layout_.total_bytes(),
+                     " bytes of GPU memory, device ", device_, " has ", free_bytes,
+                     " free; lower max_rows or place the table on the host"));
   }
   TESSERA_RETURN_IF_ERROR(keys_.Reserve(layout_.key_bytes()));
   TESSERA_RETURN_IF_ERROR(weights_.Reserve(std::max<uint64_t>(1, layout_.weights_bytes())));
@@ -197,12 +186,11 @@ absl::StatusOr<int32_t> CudaDeviceTable::Deduplicate(absl::Span<const int64_t> i
   const size_t temp_bytes = kernels::DedupTempBytes(n);
   TESSERA_RETURN_IF_ERROR(temp_.Reserve(std::max<size_t>(1, temp_bytes)));
   if (n == 0) return 0;
-  TESSERA_CUDA_RETURN(kernels::Dedup(ids_.as<int64_t>(), n, sorted_ids_.as<int64_t>(),
-                                     iota_.as<int32_t>(), unique_.as<int64_t>(),
-                                     num_unique_.as<int32_t>(), inverse_.as<int32_t>(),
-                                     sorted_pos_.as<int32_t>(), run_begin_.as<int32_t>(),
-                                     run_count_.as<int32_t>(), temp_.as<void>(), temp_.bytes(),
-                                     stream_));
+  TESSERA_CUDA_RETURN(
+      kernels::Dedup(ids_.as<int64_t>(), n, sorted_ids_.as<int64_t>(), iota_.as<int32_t>(),
+                     unique_.as<int64_t>(), num_unique_.as<int32_t>(), inverse_.as<int32_t>(),
+                     sorted_pos_.as<int32_t>(), run_begin_.as<int32_t>(), run_count_.as<int32_t>(),
+                     temp_.as<void>(), temp_.bytes(), stream_));
   int32_t unique = 0;
   TESSERA_CUDA_RETURN(cudaMemcpyAsync(&unique, num_unique_.as<int32_t>(), sizeof(unique),
                                       cudaMemcpyDeviceToHost, stream_));
@@ -221,15 +209,16 @@ absl::Status CudaDeviceTable::Slots(int32_t n, bool insert) {
     // Room for every missing row first: a full table creates none of them.
     TESSERA_CUDA_RETURN(kernels::CountMissing(view(), unique_.as<int64_t>(), n, missing, stream_));
     unsigned long long new_rows = 0;
-    TESSERA_CUDA_RETURN(cudaMemcpyAsync(&new_rows, missing, sizeof(new_rows),
-                                        cudaMemcpyDeviceToHost, stream_));
+    TESSERA_CUDA_RETURN(
+        cudaMemcpyAsync(&new_rows, missing, sizeof(new_rows), cudaMemcpyDeviceToHost, stream_));
     TESSERA_CUDA_RETURN(cudaStreamSynchronize(stream_));
     const int64_t rows = num_rows();
     if (new_rows > 0 && rows + static_cast<int64_t>(new_rows) > layout_.max_rows) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          where(), " is full on the device: ", rows, " rows of ", layout_.max_rows,
-          " (max_rows), ", new_rows, " new ones asked for; raise max_rows or place the table "
-          "on the host"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(where(), " is full on the device: ", rows, " rows of ", layout_.max_rows,
+                       " (max_rows), ", new_rows,
+                       " new ones asked for; raise max_rows or place the table "
+                       "on the host"));
     }
   }
   TESSERA_CUDA_RETURN(kernels::FindOrClaim(view(), unique_.as<int64_t>(), n, insert,
@@ -239,7 +228,8 @@ absl::Status CudaDeviceTable::Slots(int32_t n, bool insert) {
       cudaMemcpyAsync(&full_host, full, sizeof(int), cudaMemcpyDeviceToHost, stream_));
   TESSERA_CUDA_RETURN(cudaStreamSynchronize(stream_));
   if (full_host != 0) {
-    return absl::InternalError(absl::StrCat(where(), ": the device map ran out of slots below "
+    return absl::InternalError(absl::StrCat(where(),
+                                            ": the device map ran out of slots below "
                                             "max_rows (a bug: slots are sized for it)"));
   }
   return absl::OkStatus();
@@ -268,11 +258,10 @@ absl::Status CudaDeviceTable::Lookup(absl::Span<const int64_t> ids,
   } else {
     TESSERA_RETURN_IF_ERROR(CopyIn(offsets_, offsets.data(), offsets.size()));
     TESSERA_RETURN_IF_ERROR(CopyIn(pool_weights_, weights.data(), weights.size()));
-    TESSERA_CUDA_RETURN(kernels::Pool(gathered_.as<float>(), dim, inverse_.as<int32_t>(),
-                                      offsets_.as<int32_t>(),
-                                      weights.empty() ? nullptr : pool_weights_.as<float>(),
-                                      pooling == v1::MEAN, static_cast<int32_t>(out_rows),
-                                      out_.as<float>(), stream_));
+    TESSERA_CUDA_RETURN(
+        kernels::Pool(gathered_.as<float>(), dim, inverse_.as<int32_t>(), offsets_.as<int32_t>(),
+                      weights.empty() ? nullptr : pool_weights_.as<float>(), pooling == v1::MEAN,
+                      static_cast<int32_t>(out_rows), out_.as<float>(), stream_));
   }
   TESSERA_CUDA_RETURN(cudaMemcpyAsync(out, out_.as<float>(), out_rows * dim * sizeof(float),
                                       cudaMemcpyDeviceToHost, stream_));
@@ -284,10 +273,11 @@ absl::Status CudaDeviceTable::ApplySlots(int32_t n, int64_t step) {
   const int dim = view().dim;
   auto* bad = reinterpret_cast<int*>(flags_.as<unsigned long long>() + 1);
   TESSERA_CUDA_RETURN(cudaMemsetAsync(flags_.as<void>(), 0, flags_.bytes(), stream_));
-  TESSERA_CUDA_RETURN(kernels::FindNonFinite(grads_.as<float>(), static_cast<size_t>(n) * dim,
-                                             bad, stream_));
+  TESSERA_CUDA_RETURN(
+      kernels::FindNonFinite(grads_.as<float>(), static_cast<size_t>(n) * dim, bad, stream_));
   int bad_host = 0;
-  TESSERA_CUDA_RETURN(cudaMemcpyAsync(&bad_host, bad, sizeof(int), cudaMemcpyDeviceToHost, stream_));
+  TESSERA_CUDA_RETURN(
+      cudaMemcpyAsync(&bad_host, bad, sizeof(int), cudaMemcpyDeviceToHost, stream_));
   TESSERA_CUDA_RETURN(cudaStreamSynchronize(stream_));
   if (bad_host != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -299,8 +289,8 @@ absl::Status CudaDeviceTable::ApplySlots(int32_t n, int64_t step) {
   TESSERA_CUDA_RETURN(kernels::Update(view(), unique_.as<int64_t>(), slots_.as<int64_t>(),
                                       grads_.as<float>(), n, step, refused, refused_id, stream_));
   unsigned long long counts[2] = {0, 0};
-  TESSERA_CUDA_RETURN(cudaMemcpyAsync(counts, refused, sizeof(counts), cudaMemcpyDeviceToHost,
-                                      stream_));
+  TESSERA_CUDA_RETURN(
+      cudaMemcpyAsync(counts, refused, sizeof(counts), cudaMemcpyDeviceToHost, stream_));
   TESSERA_CUDA_RETURN(cudaStreamSynchronize(stream_));
   if (counts[0] == 0) return absl::OkStatus();
   return PartlyApplied(absl::InvalidArgumentError(absl::StrCat(
@@ -344,11 +334,11 @@ absl::Status CudaDeviceTable::ApplyPooledGradients(absl::Span<const int64_t> ids
   TESSERA_RETURN_IF_ERROR(grads_.Reserve(static_cast<size_t>(n) * dim * sizeof(float)));
   TESSERA_CUDA_RETURN(kernels::BagOf(offsets_.as<int32_t>(), static_cast<int32_t>(bags),
                                      bag_of_.as<int32_t>(), stream_));
-  TESSERA_CUDA_RETURN(kernels::PoolBackward(
-      bag_grads_.as<float>(), dim, sorted_pos_.as<int32_t>(), run_begin_.as<int32_t>(),
-      run_count_.as<int32_t>(), n, bag_of_.as<int32_t>(), offsets_.as<int32_t>(),
-      weights.empty() ? nullptr : pool_weights_.as<float>(), pooling == v1::MEAN,
-      grads_.as<float>(), stream_));
+  TESSERA_CUDA_RETURN(kernels::PoolBackward(bag_grads_.as<float>(), dim, sorted_pos_.as<int32_t>(),
+                                            run_begin_.as<int32_t>(), run_count_.as<int32_t>(), n,
+                                            bag_of_.as<int32_t>(), offsets_.as<int32_t>(),
+                                            weights.empty() ? nullptr : pool_weights_.as<float>(),
+                                            pooling == v1::MEAN, grads_.as<float>(), stream_));
   return ApplySlots(n, step);
 }
 
@@ -359,8 +349,8 @@ absl::Status CudaDeviceTable::ForEachRow(const EmbeddingTable::RowFn& fn) const 
   DeviceBuffer ids, weights, state, counts, steps, used;
   TESSERA_RETURN_IF_ERROR(ids.Reserve(kChunk * sizeof(int64_t)));
   TESSERA_RETURN_IF_ERROR(weights.Reserve(static_cast<size_t>(kChunk) * dim * sizeof(float)));
-  TESSERA_RETURN_IF_ERROR(state.Reserve(std::max<size_t>(1, static_cast<size_t>(kChunk) * sf) *
-                                        sizeof(float)));
+  TESSERA_RETURN_IF_ERROR(
+      state.Reserve(std::max<size_t>(1, static_cast<size_t>(kChunk) * sf) * sizeof(float)));
   TESSERA_RETURN_IF_ERROR(counts.Reserve(kChunk * sizeof(int64_t)));
   TESSERA_RETURN_IF_ERROR(steps.Reserve(kChunk * sizeof(int64_t)));
   TESSERA_RETURN_IF_ERROR(used.Reserve(kChunk));

@@ -7,29 +7,24 @@
 #include <cub/device/device_run_length_encode.cuh>
 #include <cub/device/device_scan.cuh>
 
+#include "base/cuda_grid.cuh"
 #include "embedding/device/device_table_kernels.h"
 
 namespace tessera::embedding::device::kernels {
 namespace {
 
-constexpr int kThreads = 256;
+using base::GridBlocks;
+using base::kGridThreads;
+
 constexpr int kMaxDim = 256;  // table_layout.h's kMaxDeviceDim
-
-int Blocks(size_t n) {
-  const size_t blocks = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);
-}
-
-#define TESSERA_GRID_LOOP(i, n)                                                          \
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<size_t>(gridDim.x) * blockDim.x)
 
 __global__ void IotaKernel(int32_t* out, int32_t n) {
   TESSERA_GRID_LOOP(i, static_cast<size_t>(n)) out[i] = static_cast<int32_t>(i);
 }
 
 __global__ void InverseKernel(const int32_t* num_unique, const int32_t* sorted_pos,
-                              const int32_t* run_begin, const int32_t* run_count, int32_t* inverse) {
+                              const int32_t* run_begin, const int32_t* run_count,
+                              int32_t* inverse) {
   TESSERA_GRID_LOOP(u, static_cast<size_t>(*num_unique)) {
     for (int32_t c = 0; c < run_count[u]; ++c) {
       inverse[sorted_pos[run_begin[u] + c]] = static_cast<int32_t>(u);
@@ -87,8 +82,8 @@ __global__ void PoolKernel(const float* rows, int dim, const int32_t* inverse,
                            const int32_t* offsets, const float* weights, bool mean, int32_t bags,
                            float* out) {
   TESSERA_GRID_LOOP(x, static_cast<size_t>(bags) * dim) {
-    out[x] = PoolColumn(rows, dim, inverse, offsets, weights, mean,
-                        static_cast<int64_t>(x / dim), static_cast<int>(x % dim));
+    out[x] = PoolColumn(rows, dim, inverse, offsets, weights, mean, static_cast<int64_t>(x / dim),
+                        static_cast<int>(x % dim));
   }
 }
 
@@ -100,9 +95,8 @@ __global__ void BagOfKernel(const int32_t* offsets, int32_t bags, int32_t* bag_o
 
 __global__ void PoolBackwardKernel(const float* bag_grads, int dim, const int32_t* sorted_pos,
                                    const int32_t* run_begin, const int32_t* run_count,
-                                   int32_t n_unique, const int32_t* bag_of,
-                                   const int32_t* offsets, const float* weights, bool mean,
-                                   float* unique_grads) {
+                                   int32_t n_unique, const int32_t* bag_of, const int32_t* offsets,
+                                   const float* weights, bool mean, float* unique_grads) {
   TESSERA_GRID_LOOP(x, static_cast<size_t>(n_unique) * dim) {
     const size_t u = x / dim;
     unique_grads[x] = UniqueGradColumn(bag_grads, dim, sorted_pos + run_begin[u], run_count[u],
@@ -159,13 +153,11 @@ __global__ void ExportKernel(TableView t, uint64_t first, int32_t n, int64_t* id
 
 size_t DedupTempBytes(int32_t n) {
   size_t sort = 0, encode = 0, scan = 0;
-  cub::DeviceRadixSort::SortPairs(nullptr, sort, static_cast<const int64_t*>(nullptr),
-                                  static_cast<int64_t*>(nullptr),
-                                  static_cast<const int32_t*>(nullptr),
-                                  static_cast<int32_t*>(nullptr), n);
+  cub::DeviceRadixSort::SortPairs(
+      nullptr, sort, static_cast<const int64_t*>(nullptr), static_cast<int64_t*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n);
   cub::DeviceRunLengthEncode::Encode(nullptr, encode, static_cast<const int64_t*>(nullptr),
-                                     static_cast<int64_t*>(nullptr),
-                                     static_cast<int32_t*>(nullptr),
+                                     static_cast<int64_t*>(nullptr), static_cast<int32_t*>(nullptr),
                                      static_cast<int32_t*>(nullptr), n);
   cub::DeviceScan::ExclusiveSum(nullptr, scan, static_cast<const int32_t*>(nullptr),
                                 static_cast<int32_t*>(nullptr), n);
@@ -177,11 +169,11 @@ cudaError_t Dedup(const int64_t* ids, int32_t n, int64_t* sorted_ids, int32_t* i
                   int64_t* unique, int32_t* num_unique, int32_t* inverse, int32_t* sorted_pos,
                   int32_t* run_begin, int32_t* run_count, void* temp, size_t temp_bytes,
                   cudaStream_t stream) {
-  IotaKernel<<<Blocks(n), kThreads, 0, stream>>>(iota, n);
+  IotaKernel<<<GridBlocks(n), kGridThreads, 0, stream>>>(iota, n);
   // A stable sort: each id's positions stay ascending.
   size_t bytes = temp_bytes;
-  cudaError_t e = cub::DeviceRadixSort::SortPairs(temp, bytes, ids, sorted_ids, iota, sorted_pos,
-                                                  n, 0, 64, stream);
+  cudaError_t e = cub::DeviceRadixSort::SortPairs(temp, bytes, ids, sorted_ids, iota, sorted_pos, n,
+                                                  0, 64, stream);
   if (e != cudaSuccess) return e;
   cudaMemsetAsync(run_count, 0, sizeof(int32_t) * n, stream);
   bytes = temp_bytes;
@@ -191,45 +183,45 @@ cudaError_t Dedup(const int64_t* ids, int32_t n, int64_t* sorted_ids, int32_t* i
   bytes = temp_bytes;
   e = cub::DeviceScan::ExclusiveSum(temp, bytes, run_count, run_begin, n, stream);
   if (e != cudaSuccess) return e;
-  InverseKernel<<<Blocks(n), kThreads, 0, stream>>>(num_unique, sorted_pos, run_begin, run_count,
-                                                    inverse);
+  InverseKernel<<<GridBlocks(n), kGridThreads, 0, stream>>>(num_unique, sorted_pos, run_begin,
+                                                            run_count, inverse);
   return cudaGetLastError();
 }
 
 cudaError_t CountMissing(const TableView& t, const int64_t* unique, int32_t n,
                          unsigned long long* missing, cudaStream_t stream) {
-  CountMissingKernel<<<Blocks(n), kThreads, 0, stream>>>(t, unique, n, missing);
+  CountMissingKernel<<<GridBlocks(n), kGridThreads, 0, stream>>>(t, unique, n, missing);
   return cudaGetLastError();
 }
 
 cudaError_t FindOrClaim(const TableView& t, const int64_t* unique, int32_t n, bool insert,
                         int64_t* slots, int* full, cudaStream_t stream) {
-  FindOrClaimKernel<<<Blocks(n), kThreads, 0, stream>>>(t, unique, n, insert, slots, full);
+  FindOrClaimKernel<<<GridBlocks(n), kGridThreads, 0, stream>>>(t, unique, n, insert, slots, full);
   return cudaGetLastError();
 }
 
 cudaError_t Gather(const TableView& t, const int64_t* unique, const int64_t* slots, int32_t n,
                    float* rows, cudaStream_t stream) {
-  GatherKernel<<<Blocks(n), kThreads, 0, stream>>>(t, unique, slots, n, rows);
+  GatherKernel<<<GridBlocks(n), kGridThreads, 0, stream>>>(t, unique, slots, n, rows);
   return cudaGetLastError();
 }
 
 cudaError_t Scatter(const float* rows, int dim, const int32_t* inverse, int32_t n_ids, float* out,
                     cudaStream_t stream) {
-  ScatterKernel<<<Blocks(static_cast<size_t>(n_ids) * dim), kThreads, 0, stream>>>(
+  ScatterKernel<<<GridBlocks(static_cast<size_t>(n_ids) * dim), kGridThreads, 0, stream>>>(
       rows, dim, inverse, n_ids, out);
   return cudaGetLastError();
 }
 
 cudaError_t Pool(const float* rows, int dim, const int32_t* inverse, const int32_t* offsets,
                  const float* weights, bool mean, int32_t bags, float* out, cudaStream_t stream) {
-  PoolKernel<<<Blocks(static_cast<size_t>(bags) * dim), kThreads, 0, stream>>>(
+  PoolKernel<<<GridBlocks(static_cast<size_t>(bags) * dim), kGridThreads, 0, stream>>>(
       rows, dim, inverse, offsets, weights, mean, bags, out);
   return cudaGetLastError();
 }
 
 cudaError_t BagOf(const int32_t* offsets, int32_t bags, int32_t* bag_of, cudaStream_t stream) {
-  BagOfKernel<<<Blocks(bags), kThreads, 0, stream>>>(offsets, bags, bag_of);
+  BagOfKernel<<<GridBlocks(bags), kGridThreads, 0, stream>>>(offsets, bags, bag_of);
   return cudaGetLastError();
 }
 
@@ -237,38 +229,38 @@ cudaError_t PoolBackward(const float* bag_grads, int dim, const int32_t* sorted_
                          const int32_t* run_begin, const int32_t* run_count, int32_t n_unique,
                          const int32_t* bag_of, const int32_t* offsets, const float* weights,
                          bool mean, float* unique_grads, cudaStream_t stream) {
-  PoolBackwardKernel<<<Blocks(static_cast<size_t>(n_unique) * dim), kThreads, 0, stream>>>(
+  PoolBackwardKernel<<<GridBlocks(static_cast<size_t>(n_unique) * dim), kGridThreads, 0, stream>>>(
       bag_grads, dim, sorted_pos, run_begin, run_count, n_unique, bag_of, offsets, weights, mean,
       unique_grads);
   return cudaGetLastError();
 }
 
 cudaError_t FindNonFinite(const float* values, size_t n, int* bad, cudaStream_t stream) {
-  NonFiniteKernel<<<Blocks(n), kThreads, 0, stream>>>(values, n, bad);
+  NonFiniteKernel<<<GridBlocks(n), kGridThreads, 0, stream>>>(values, n, bad);
   return cudaGetLastError();
 }
 
-cudaError_t Update(const TableView& t, const int64_t* ids, const int64_t* slots,
-                   const float* grads, int32_t n, int64_t step, unsigned long long* refused,
-                   long long* refused_id, cudaStream_t stream) {
-  UpdateKernel<<<Blocks(n), kThreads, 0, stream>>>(t, ids, slots, grads, n, step, refused,
-                                                   refused_id);
+cudaError_t Update(const TableView& t, const int64_t* ids, const int64_t* slots, const float* grads,
+                   int32_t n, int64_t step, unsigned long long* refused, long long* refused_id,
+                   cudaStream_t stream) {
+  UpdateKernel<<<GridBlocks(n), kGridThreads, 0, stream>>>(t, ids, slots, grads, n, step, refused,
+                                                           refused_id);
   return cudaGetLastError();
 }
 
-cudaError_t Import(const TableView& t, const int64_t* ids, const float* weights,
-                   const float* state, const int64_t* update_count, const int64_t* last_step,
-                   int32_t n, int* full, cudaStream_t stream) {
-  ImportKernel<<<Blocks(n), kThreads, 0, stream>>>(t, ids, weights, state, update_count,
-                                                   last_step, n, full);
+cudaError_t Import(const TableView& t, const int64_t* ids, const float* weights, const float* state,
+                   const int64_t* update_count, const int64_t* last_step, int32_t n, int* full,
+                   cudaStream_t stream) {
+  ImportKernel<<<GridBlocks(n), kGridThreads, 0, stream>>>(t, ids, weights, state, update_count,
+                                                           last_step, n, full);
   return cudaGetLastError();
 }
 
 cudaError_t Export(const TableView& t, uint64_t first, int32_t n, int64_t* ids, float* weights,
                    float* state, int64_t* update_count, int64_t* last_step, uint8_t* used,
                    cudaStream_t stream) {
-  ExportKernel<<<Blocks(n), kThreads, 0, stream>>>(t, first, n, ids, weights, state,
-                                                   update_count, last_step, used);
+  ExportKernel<<<GridBlocks(n), kGridThreads, 0, stream>>>(t, first, n, ids, weights, state,
+                                                           update_count, last_step, used);
   return cudaGetLastError();
 }
 

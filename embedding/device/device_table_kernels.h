@@ -59,14 +59,14 @@ cudaError_t FindNonFinite(const float* values, size_t n, int* bad, cudaStream_t 
 
 // table_core's UpdateRow of each row; *refused counts the rows that kept their values,
 // *refused_id one of their ids.
-cudaError_t Update(const TableView& t, const int64_t* ids, const int64_t* slots,
-                   const float* grads, int32_t n, int64_t step, unsigned long long* refused,
-                   long long* refused_id, cudaStream_t stream);
+cudaError_t Update(const TableView& t, const int64_t* ids, const int64_t* slots, const float* grads,
+                   int32_t n, int64_t step, unsigned long long* refused, long long* refused_id,
+                   cudaStream_t stream);
 
 // table_core's ImportRow of each row; *full set to 1 when one found no slot.
-cudaError_t Import(const TableView& t, const int64_t* ids, const float* weights,
-                   const float* state, const int64_t* update_count, const int64_t* last_step,
-                   int32_t n, int* full, cudaStream_t stream);
+cudaError_t Import(const TableView& t, const int64_t* ids, const float* weights, const float* state,
+                   const int64_t* update_count, const int64_t* last_step, int32_t n, int* full,
+                   cudaStream_t stream);
 
 // table_core's ExportRow of slots [first, first + n): used (n) says which hold a row, and
 // for those ids (n), weights (n, dim), state (n, state floats) and counters (n each).

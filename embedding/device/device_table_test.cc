@@ -38,7 +38,8 @@ v1::TableConfig Config(v1::OptimizerType type, v1::Dtype dtype) {
 // Within 1e-5 relative for fp32 (the device's sqrt and division round as the host's; its
 // powf may not), within one unit in the last place of a half type.
 bool Close(float device, float host, v1::Dtype dtype) {
-  if (dtype == v1::FP32) return std::fabs(device - host) <= 1e-5f * std::fmax(1.0f, std::fabs(host));
+  if (dtype == v1::FP32)
+    return std::fabs(device - host) <= 1e-5f * std::fmax(1.0f, std::fabs(host));
   uint16_t a, b;
   EncodeWeights(dtype, &device, 1, &a);
   EncodeWeights(dtype, &host, 1, &b);
@@ -83,24 +84,24 @@ TEST(DeviceTable, TwoHundredPooledStepsFollowTheHostTableForEveryOptimizerAndDty
         PoolBagsBackward(bag_grads.data(), d, inverse, offsets, {}, v1::MEAN, unique.size(),
                          unique_grads.data());
         ASSERT_TRUE(host->ApplyUniqueGradients(unique, unique_grads.data(), step).ok());
-        ASSERT_TRUE(gpu->ApplyPooledGradients(ids, offsets, {}, v1::MEAN, bag_grads.data(), step)
-                        .ok());
+        ASSERT_TRUE(
+            gpu->ApplyPooledGradients(ids, offsets, {}, v1::MEAN, bag_grads.data(), step).ok());
       }
       ASSERT_EQ(gpu->num_rows(), host->num_rows());
       int64_t compared = 0;
-      ASSERT_TRUE(gpu->ForEachRow([&](int64_t id, const float* w, const float* s,
-                                      const RowMeta& meta) {
-                       const RowSnapshot want = host->ReadRow(id).value();
-                       for (int j = 0; j < d; ++j) {
-                         ASSERT_TRUE(Close(w[j], want.weights[j], dtype)) << id << " " << j;
-                       }
-                       for (size_t j = 0; j < want.state.size(); ++j) {
-                         ASSERT_TRUE(Close(s[j], want.state[j], v1::FP32)) << id << " " << j;
-                       }
-                       EXPECT_EQ(meta.update_count, want.meta.update_count);
-                       ++compared;
-                     })
-                      .ok());
+      ASSERT_TRUE(
+          gpu->ForEachRow([&](int64_t id, const float* w, const float* s, const RowMeta& meta) {
+               const RowSnapshot want = host->ReadRow(id).value();
+               for (int j = 0; j < d; ++j) {
+                 ASSERT_TRUE(Close(w[j], want.weights[j], dtype)) << id << " " << j;
+               }
+               for (size_t j = 0; j < want.state.size(); ++j) {
+                 ASSERT_TRUE(Close(s[j], want.state[j], v1::FP32)) << id << " " << j;
+               }
+               EXPECT_EQ(meta.update_count, want.meta.update_count);
+               ++compared;
+             })
+              .ok());
       EXPECT_EQ(compared, host->num_rows());
     }
   }

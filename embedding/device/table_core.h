@@ -33,21 +33,21 @@ enum class StoredDtype : int32_t { kFp32, kFp16, kBf16 };
 // Where a table's arrays are, and how its rows are made and updated. Plain values and
 // pointers, passed to kernels by value.
 struct TableView {
-  uint64_t* keys = nullptr;           // (slots + 1): kEmptyKey when free
-  void* weights = nullptr;            // (slots + 1, dim) in dtype
-  float* state = nullptr;             // (slots + 1, state_floats)
-  int64_t* update_count = nullptr;    // (slots + 1)
-  int64_t* last_step = nullptr;       // (slots + 1)
+  uint64_t* keys = nullptr;            // (slots + 1): kEmptyKey when free
+  void* weights = nullptr;             // (slots + 1, dim) in dtype
+  float* state = nullptr;              // (slots + 1, state_floats)
+  int64_t* update_count = nullptr;     // (slots + 1)
+  int64_t* last_step = nullptr;        // (slots + 1)
   unsigned long long* rows = nullptr;  // (1) rows stored
-  uint64_t slots = 0;                 // a power of two
+  uint64_t slots = 0;                  // a power of two
   int32_t dim = 0;
   StoredDtype dtype = StoredDtype::kFp32;
   row_math::OptimizerKind optimizer = row_math::OptimizerKind::kAdagrad;
   int32_t state_floats = 0;
   row_math::Hyper hyper;
   float initial_accumulator = 0.0f;
-  uint64_t init_key = 0;   // row_math::InitKey(table seed)
-  int32_t init_type = 0;   // 0 uniform, 1 normal, 2 zeros
+  uint64_t init_key = 0;  // row_math::InitKey(table seed)
+  int32_t init_type = 0;  // 0 uniform, 1 normal, 2 zeros
   float init_scale = 0.0f;
 };
 
@@ -141,7 +141,8 @@ TESSERA_HD void ReadWeights(const TableView& t, int64_t slot, float* out) {
   }
   const uint16_t* w = static_cast<const uint16_t*>(t.weights) + base;
   for (int j = 0; j < t.dim; ++j) {
-    out[j] = t.dtype == StoredDtype::kFp16 ? row_math::HalfToFloat(w[j]) : row_math::Bf16ToFloat(w[j]);
+    out[j] =
+        t.dtype == StoredDtype::kFp16 ? row_math::HalfToFloat(w[j]) : row_math::Bf16ToFloat(w[j]);
   }
 }
 
@@ -204,9 +205,9 @@ TESSERA_HD void InitRow(const TableView& t, int64_t slot, int64_t id, float* scr
 TESSERA_HD bool UpdateRow(const TableView& t, int64_t slot, int64_t id, const float* grad,
                           int64_t step, float* scratch) {
   const int d = t.dim;
-  float* w = scratch;                 // (d) widened weights
-  float* g = scratch + d;             // (d) the gradient, preprocessed
-  float* s = scratch + 2 * d;         // (state_floats) the state, updated
+  float* w = scratch;          // (d) widened weights
+  float* g = scratch + d;      // (d) the gradient, preprocessed
+  float* s = scratch + 2 * d;  // (state_floats) the state, updated
   ReadWeights(t, slot, w);
   for (int j = 0; j < d; ++j) g[j] = grad[j];
   float* stored_state = StateOf(t, slot);
@@ -243,8 +244,8 @@ TESSERA_HD void ExportRow(const TableView& t, int64_t slot, float* weights, floa
 
 // Stores a row as given (weights rounded to nearest, as the host's PutRow stores them),
 // claiming its slot when the id has none; false when the table is full.
-TESSERA_HD bool ImportRow(const TableView& t, int64_t id, const float* weights,
-                          const float* state, int64_t update_count, int64_t last_step) {
+TESSERA_HD bool ImportRow(const TableView& t, int64_t id, const float* weights, const float* state,
+                          int64_t update_count, int64_t last_step) {
   bool created = false;
   const int64_t slot = ClaimSlot(t, id, &created);
   if (slot < 0) return false;

@@ -11,8 +11,8 @@
 #include "embedding/batch_ops.h"
 #include "embedding/device/table_layout.h"
 #include "embedding/dtype.h"
-#include "embedding/optimizer.h"
 #include "embedding/embedding_table.h"
+#include "embedding/optimizer.h"
 #include "gtest/gtest.h"
 
 namespace tessera::embedding::device {
@@ -108,8 +108,8 @@ uint32_t BitsOf(float f) {
 
 void ExpectSameBits(const float* a, const float* b, int n, const std::string& what) {
   for (int j = 0; j < n; ++j) {
-    ASSERT_EQ(BitsOf(a[j]), BitsOf(b[j])) << what << " column " << j << ": " << a[j] << " vs "
-                                          << b[j];
+    ASSERT_EQ(BitsOf(a[j]), BitsOf(b[j]))
+        << what << " column " << j << ": " << a[j] << " vs " << b[j];
   }
 }
 
@@ -166,8 +166,8 @@ TEST(DeviceTableCore, TwoHundredStepsMatchTheHostTableForEveryOptimizerAndDtype)
         std::vector<float> cw(d), cs(core.view().state_floats);
         int64_t updates = 0, last = 0;
         ExportRow(core.view(), slot, cw.data(), cs.data(), &updates, &last);
-        const std::string what = OptimizerName(type) + " " + DtypeName(dtype) + " id " +
-                                 std::to_string(id);
+        const std::string what =
+            OptimizerName(type) + " " + DtypeName(dtype) + " id " + std::to_string(id);
         ExpectSameBits(cw.data(), w, d, what + " weights");
         ExpectSameBits(cs.data(), s, core.view().state_floats, what + " state");
         EXPECT_EQ(updates, meta.update_count) << what;
@@ -291,8 +291,8 @@ TEST(DeviceTableCore, PoolingAndItsBackwardSumAsTheHostDoes) {
       const float* w = weighted ? weights.data() : nullptr;
       for (size_t b = 0; b < bags; ++b) {
         for (int j = 0; j < kDim; ++j) {
-          got[b * kDim + j] = PoolColumn(rows.data(), kDim, inverse.data(), offsets.data(), w,
-                                         mean, static_cast<int64_t>(b), j);
+          got[b * kDim + j] = PoolColumn(rows.data(), kDim, inverse.data(), offsets.data(), w, mean,
+                                         static_cast<int64_t>(b), j);
         }
       }
       ExpectSameBits(got.data(), want.data(), static_cast<int>(got.size()), "pooled");
@@ -309,12 +309,13 @@ TEST(DeviceTableCore, PoolingAndItsBackwardSumAsTheHostDoes) {
       for (size_t b = 0; b < bags; ++b) {
         for (int32_t k = offsets[b]; k < offsets[b + 1]; ++k) bag_of[k] = static_cast<int32_t>(b);
       }
-      for (size_t k = 0; k < ids.size(); ++k) positions[inverse[k]].push_back(static_cast<int32_t>(k));
+      for (size_t k = 0; k < ids.size(); ++k)
+        positions[inverse[k]].push_back(static_cast<int32_t>(k));
       for (size_t u = 0; u < unique.size(); ++u) {
         for (int j = 0; j < kDim; ++j) {
-          got_grads[u * kDim + j] = UniqueGradColumn(
-              bag_grads.data(), kDim, positions[u].data(), static_cast<int32_t>(positions[u].size()),
-              bag_of.data(), offsets.data(), w, mean, j);
+          got_grads[u * kDim + j] = UniqueGradColumn(bag_grads.data(), kDim, positions[u].data(),
+                                                     static_cast<int32_t>(positions[u].size()),
+                                                     bag_of.data(), offsets.data(), w, mean, j);
         }
       }
       ExpectSameBits(got_grads.data(), want_grads.data(), static_cast<int>(got_grads.size()),

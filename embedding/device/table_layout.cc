@@ -39,17 +39,18 @@ absl::StatusOr<TableLayout> DescribeTable(const v1::TableConfig& config) {
                                                    "; keep the table on the host"));
   }
   if (config.eviction().policy() != v1::EVICTION_NONE || config.eviction().ttl_steps() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": eviction and ttl_steps need host tables; a device table keeps every row up "
-               "to max_rows"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where,
+                     ": eviction and ttl_steps need host tables; a device table keeps every row up "
+                     "to max_rows"));
   }
   absl::StatusOr<OptimizerParams> params = ResolveOptimizer(config.optimizer());
   if (!params.ok()) return params.status();
   TableLayout layout;
   layout.max_rows = config.max_rows() > 0 ? config.max_rows() : kDefaultDeviceRows;
   TableView& v = layout.view;
-  v.slots = NextPowerOfTwo(static_cast<uint64_t>(
-      std::ceil(static_cast<double>(layout.max_rows) / kMaxLoad)));
+  v.slots = NextPowerOfTwo(
+      static_cast<uint64_t>(std::ceil(static_cast<double>(layout.max_rows) / kMaxLoad)));
   v.dim = config.dim();
   v.dtype = StoredOf(config.dtype());
   v.optimizer = KindOf(params->type);

@@ -24,9 +24,9 @@ inline constexpr int kMaxDeviceDim = 256;
 inline constexpr double kMaxLoad = 0.75;
 
 struct TableLayout {
-  TableView view;            // every field but the pointers
-  int64_t max_rows = 0;      // rows it may hold: a new row past it is RESOURCE_EXHAUSTED
-  int weight_bytes = 0;      // bytes of one stored weight (4, or 2 for fp16 and bf16)
+  TableView view;        // every field but the pointers
+  int64_t max_rows = 0;  // rows it may hold: a new row past it is RESOURCE_EXHAUSTED
+  int weight_bytes = 0;  // bytes of one stored weight (4, or 2 for fp16 and bf16)
   // Bytes of each array, slots + 1 entries each (the last is id -1's).
   uint64_t key_bytes() const { return (view.slots + 1) * sizeof(uint64_t); }
   uint64_t weights_bytes() const { return (view.slots + 1) * view.dim * weight_bytes; }

@@ -29,6 +29,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/cuda_status.h"
 #include "base/status.h"
 #include "trainer/dense_backend.h"
 #include "trainer/internal/cuda_dense_kernels.h"
@@ -92,22 +93,10 @@ absl::Status LoadCublas() {
   return *loaded;
 }
 
-absl::Status CudaError(cudaError_t e, const char* what) {
-  return absl::InternalError(
-      absl::StrCat("CUDA: ", what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
-}
-
 absl::Status CublasError(cublasStatus_t e, const char* what) {
   return absl::InternalError(absl::StrCat("cuBLAS: ", what, ": ", cublas->status_name(e), " (",
                                           cublas->status_string(e), ")"));
 }
-
-#define TESSERA_CUDA_RETURN(expr)                     \
-  do {                                                \
-    if (cudaError_t e_ = (expr); e_ != cudaSuccess) { \
-      return CudaError(e_, #expr);                    \
-    }                                                 \
-  } while (0)
 
 #define TESSERA_CUBLAS_RETURN(expr)                                \
   do {                                                             \

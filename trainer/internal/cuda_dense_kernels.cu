@@ -1,21 +1,14 @@
 // Kernels of the CUDA DenseBackend; see cuda_dense_kernels.h. Each is a grid-stride loop
 // over its elements: they are memory-bound and small next to the GEMMs.
 
+#include "base/cuda_grid.cuh"
 #include "trainer/internal/cuda_dense_kernels.h"
 
 namespace tessera::trainer_internal::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-int Blocks(size_t n) {
-  const size_t blocks = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);
-}
-
-#define TESSERA_GRID_LOOP(i, n)                                                  \
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+using base::GridBlocks;
+using base::kGridThreads;
 
 __global__ void BiasReluKernel(float* h, const float* bias, int out, size_t n, bool relu) {
   TESSERA_GRID_LOOP(i, n) {
@@ -30,8 +23,8 @@ __global__ void ReluBackwardKernel(float* delta, const float* h, size_t n) {
   }
 }
 
-__global__ void GatherInteractionKernel(const float* z0, const float* emb, float* t, int d,
-                                        int f1, int batch) {
+__global__ void GatherInteractionKernel(const float* z0, const float* emb, float* t, int d, int f1,
+                                        int batch) {
   const size_t n = static_cast<size_t>(batch) * f1 * d;
   TESSERA_GRID_LOOP(i, n) {
     const int k = static_cast<int>(i % d);
@@ -138,34 +131,34 @@ __global__ void FillKernel(float* x, size_t n, float value) {
 cudaError_t BiasRelu(float* h, const float* bias, int out, int batch, bool relu,
                      cudaStream_t stream) {
   const size_t n = static_cast<size_t>(out) * batch;
-  BiasReluKernel<<<Blocks(n), kThreads, 0, stream>>>(h, bias, out, n, relu);
+  BiasReluKernel<<<GridBlocks(n), kGridThreads, 0, stream>>>(h, bias, out, n, relu);
   return cudaGetLastError();
 }
 
 cudaError_t ReluBackward(float* delta, const float* h, int n, cudaStream_t stream) {
-  ReluBackwardKernel<<<Blocks(n), kThreads, 0, stream>>>(delta, h, static_cast<size_t>(n));
+  ReluBackwardKernel<<<GridBlocks(n), kGridThreads, 0, stream>>>(delta, h, static_cast<size_t>(n));
   return cudaGetLastError();
 }
 
 cudaError_t GatherInteraction(const float* z0, const float* embeddings, float* t, int d,
                               int num_sparse, int batch, cudaStream_t stream) {
   const size_t n = static_cast<size_t>(batch) * (num_sparse + 1) * d;
-  GatherInteractionKernel<<<Blocks(n), kThreads, 0, stream>>>(z0, embeddings, t, d,
-                                                               num_sparse + 1, batch);
+  GatherInteractionKernel<<<GridBlocks(n), kGridThreads, 0, stream>>>(z0, embeddings, t, d,
+                                                                      num_sparse + 1, batch);
   return cudaGetLastError();
 }
 
 cudaError_t BuildTopInput(const float* z0, const float* gram, float* top_in, int d, int f1,
                           int batch, cudaStream_t stream) {
   const size_t n = static_cast<size_t>(batch) * (d + f1 * (f1 - 1) / 2);
-  BuildTopInputKernel<<<Blocks(n), kThreads, 0, stream>>>(z0, gram, top_in, d, f1, batch);
+  BuildTopInputKernel<<<GridBlocks(n), kGridThreads, 0, stream>>>(z0, gram, top_in, d, f1, batch);
   return cudaGetLastError();
 }
 
 cudaError_t PairGradToSymmetric(const float* d_top_in, float* s, int d, int f1, int batch,
                                 cudaStream_t stream) {
   const size_t n = static_cast<size_t>(batch) * f1 * f1;
-  PairGradToSymmetricKernel<<<Blocks(n), kThreads, 0, stream>>>(d_top_in, s, d, f1, batch);
+  PairGradToSymmetricKernel<<<GridBlocks(n), kGridThreads, 0, stream>>>(d_top_in, s, d, f1, batch);
   return cudaGetLastError();
 }
 
@@ -173,30 +166,31 @@ cudaError_t ScatterInteractionGrad(const float* d_top_in, const float* dt, float
                                    float* embedding_grads, int d, int f1, int batch,
                                    cudaStream_t stream) {
   const size_t n = static_cast<size_t>(batch) * f1 * d;
-  ScatterInteractionGradKernel<<<Blocks(n), kThreads, 0, stream>>>(d_top_in, dt, d_z0,
-                                                                    embedding_grads, d, f1, batch);
+  ScatterInteractionGradKernel<<<GridBlocks(n), kGridThreads, 0, stream>>>(
+      d_top_in, dt, d_z0, embedding_grads, d, f1, batch);
   return cudaGetLastError();
 }
 
 cudaError_t LossAndDelta(const float* logits, const float* labels, float* loss, float* delta,
                          int batch, cudaStream_t stream) {
-  LossAndDeltaKernel<<<Blocks(batch), kThreads, 0, stream>>>(logits, labels, loss, delta, batch);
+  LossAndDeltaKernel<<<GridBlocks(batch), kGridThreads, 0, stream>>>(logits, labels, loss, delta,
+                                                                     batch);
   return cudaGetLastError();
 }
 
 cudaError_t SgdStep(float* p, const float* g, size_t n, float lr, cudaStream_t stream) {
-  SgdKernel<<<Blocks(n), kThreads, 0, stream>>>(p, g, n, lr);
+  SgdKernel<<<GridBlocks(n), kGridThreads, 0, stream>>>(p, g, n, lr);
   return cudaGetLastError();
 }
 
 cudaError_t AdamStep(float* p, float* m, float* v, const float* g, size_t n, float lr, float b1,
                      float b2, float eps, float c1, float c2, cudaStream_t stream) {
-  AdamKernel<<<Blocks(n), kThreads, 0, stream>>>(p, m, v, g, n, lr, b1, b2, eps, c1, c2);
+  AdamKernel<<<GridBlocks(n), kGridThreads, 0, stream>>>(p, m, v, g, n, lr, b1, b2, eps, c1, c2);
   return cudaGetLastError();
 }
 
 cudaError_t Fill(float* x, size_t n, float value, cudaStream_t stream) {
-  FillKernel<<<Blocks(n), kThreads, 0, stream>>>(x, n, value);
+  FillKernel<<<GridBlocks(n), kGridThreads, 0, stream>>>(x, n, value);
   return cudaGetLastError();
 }
 
