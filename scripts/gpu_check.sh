@@ -18,11 +18,13 @@
 # within 0.002; checkpoints resumed across backends) and tessera-bench on
 # benchmarks/scenarios/cuda.json (the dense step at batch 2048 against cuBLAS's GEMM
 # ceiling) and on benchmarks/scenarios/cuda_host_tables.json (Criteo at batch 4096 with 26
-# host tables of 1M rows, synchronous and overlapped). Exits non-zero when any fails or skips.
+# host tables of 1M rows, synchronous and overlapped), and tessera-device-table-benchmark
+# (device tables of 10M and 100M rows against a flat gather). Exits non-zero when any
+# fails or skips.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BINS="build/tessera-train build/tessera-bench build/trainer/cuda_dense_backend_test
-  build/tests/train_e2e_test build/embedding/device_table_test"
+  build/tests/train_e2e_test build/embedding/device_table_test build/tessera-device-table-benchmark"
 
 case "${1:-}" in
   pack)
@@ -88,6 +90,13 @@ case "${1:-}" in
     on_bundle 150 "$dir/bin/tessera-bench" --scenarios=benchmarks/scenarios/cuda_host_tables.json \
       --prices=benchmarks/prices.json --out="$out/bench_host_tables" 2>&1 | tee "$out/bench_host_tables.txt" ||
       failed="$failed tessera-bench-host-tables"
+    # The same Criteo scenario with the 26 tables in the GPU's memory (--shards=cuda).
+    on_bundle 150 "$dir/bin/tessera-bench" --scenarios=benchmarks/scenarios/cuda_device_tables.json \
+      --prices=benchmarks/prices.json --out="$out/bench_device_tables" 2>&1 |
+      tee "$out/bench_device_tables.txt" || failed="$failed tessera-bench-device-tables"
+    # Device tables against a flat gather of the same rows (vs_flat), 10M and 100M rows.
+    on_bundle 240 "$dir/bin/tessera-device-table-benchmark" --repeats=1 --steps=20 2>&1 |
+      tee "$out/device_table_benchmark.txt" || failed="$failed tessera-device-table-benchmark"
     # The default run on the GPU, for its figures (train_cuda_test checked its AUC).
     on_bundle 120 "$dir/bin/tessera-train" --dense_backend=cuda > "$out/train_default_cuda.txt" 2>&1 ||
       failed="$failed tessera-train"

@@ -39,6 +39,11 @@ TEST(Normalize, FillsDefaultsAndNamesBadFields) {
   absl::Status st = Normalize(&bad);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(st.message(), HasSubstr("mode"));
+  Scenario device = s;  // tables in the GPU's memory: one GPU
+  device.set_mode("cuda");
+  EXPECT_TRUE(Normalize(&device).ok());
+  device.set_shards(2);
+  EXPECT_THAT(Normalize(&device).message(), HasSubstr("cuda: one GPU (shards 1)"));
   bad = s;
   bad.set_workload("train");
   bad.set_max_staleness(-1);

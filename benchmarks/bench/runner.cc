@@ -25,6 +25,7 @@
 #endif
 #include "client/embedding_client.h"
 #include "embedding/collection.h"
+#include "embedding/device/device_collection.h"
 #include "embedding/inprocess_collection.h"
 #include "embedding/dtype.h"
 #include "embedding/optimizer.h"
@@ -276,6 +277,9 @@ class ScenarioRun {
       in_process.num_shards = s.shards();
       in_process.pool = sparse_pool;
       TESSERA_ASSIGN_OR_RETURN(tables, embedding::NewInProcessCollection(in_process));
+    } else if (s.mode() == "cuda") {
+      // Every table in GPU 0's memory (device tables), beside a CUDA dense backend.
+      TESSERA_ASSIGN_OR_RETURN(tables, embedding::device::NewDeviceCollection(0));
     } else if (s.mode() == "redis") {
 #if TESSERA_HAVE_HIREDIS
       Progress("starting redis-server");
@@ -353,6 +357,10 @@ class ScenarioRun {
     proto.set_dtype(work[0].dtype);
     proto.set_seed(s.seed());
     proto.mutable_optimizer()->set_type(opt);
+    if (s.mode() == "cuda") {
+      proto.set_placement(v1::DEVICE);
+      proto.set_max_rows(max_rows);  // a device table holds what its ids can reach
+    }
     TESSERA_RETURN_IF_ERROR(dlrm->CreateTables(proto));
     trainer::SyntheticConfig sc;
     sc.num_dense = model.num_dense;
@@ -415,6 +423,10 @@ class ScenarioRun {
       c.set_dtype(t.dtype);
       c.set_seed(s.seed());
       c.mutable_optimizer()->set_type(opt);
+      if (s.mode() == "cuda") {
+        c.set_placement(v1::DEVICE);
+        c.set_max_rows(t.rows);
+      }
       TESSERA_RETURN_IF_ERROR(timed->CreateTable(c));
     }
     return absl::OkStatus();
@@ -770,10 +782,11 @@ absl::Status Normalize(Scenario* s) {
   if (s->name().empty()) return absl::InvalidArgumentError("every scenario needs a name");
   if (s->mode().empty()) s->set_mode("inproc");
   if (s->mode() != "inproc" && s->mode() != "coordinator" && s->mode() != "smart" &&
-      s->mode() != "redis") {
-    return bad(
-        absl::StrCat("mode must be inproc, coordinator, smart or redis, got '", s->mode(), "'"));
+      s->mode() != "redis" && s->mode() != "cuda") {
+    return bad(absl::StrCat("mode must be inproc, coordinator, smart, redis or cuda, got '",
+                            s->mode(), "'"));
   }
+  if (s->mode() == "cuda" && s->shards() > 1) return bad("cuda: one GPU (shards 1)");
   if (s->shards() == 0) s->set_shards(1);
   if (s->shards() < 1 || s->shards() > 64) return bad("shards must be in [1, 64]");
   if (s->mode() == "redis" && s->shards() != 1) return bad("redis: one server (shards 1)");

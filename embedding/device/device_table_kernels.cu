@@ -149,6 +149,13 @@ __global__ void ExportKernel(TableView t, uint64_t first, int32_t n, int64_t* id
   }
 }
 
+__global__ void FlatGatherKernel(const float* table, int dim, const int64_t* rows, int32_t n,
+                                 float* out) {
+  TESSERA_GRID_LOOP(x, static_cast<size_t>(n) * dim) {
+    out[x] = table[static_cast<size_t>(rows[x / dim]) * dim + x % dim];
+  }
+}
+
 }  // namespace
 
 size_t DedupTempBytes(int32_t n) {
@@ -261,6 +268,13 @@ cudaError_t Export(const TableView& t, uint64_t first, int32_t n, int64_t* ids, 
                    cudaStream_t stream) {
   ExportKernel<<<GridBlocks(n), kGridThreads, 0, stream>>>(t, first, n, ids, weights, state,
                                                            update_count, last_step, used);
+  return cudaGetLastError();
+}
+
+cudaError_t FlatGather(const float* table, int dim, const int64_t* rows, int32_t n, float* out,
+                       cudaStream_t stream) {
+  FlatGatherKernel<<<GridBlocks(static_cast<size_t>(n) * dim), kGridThreads, 0, stream>>>(
+      table, dim, rows, n, out);
   return cudaGetLastError();
 }
 

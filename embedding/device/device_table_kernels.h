@@ -74,6 +74,11 @@ cudaError_t Export(const TableView& t, uint64_t first, int32_t n, int64_t* ids, 
                    float* state, int64_t* update_count, int64_t* last_step, uint8_t* used,
                    cudaStream_t stream);
 
+// The ceiling the benchmarks compare with: out (n, dim) gets rows rows[i] of a flat fp32
+// array (any, dim), no map in between.
+cudaError_t FlatGather(const float* table, int dim, const int64_t* rows, int32_t n, float* out,
+                       cudaStream_t stream);
+
 }  // namespace tessera::embedding::device::kernels
 
 #endif  // TESSERA_EMBEDDING_DEVICE_DEVICE_TABLE_KERNELS_H_

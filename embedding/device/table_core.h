@@ -7,7 +7,8 @@
 // EmbeddingTable, so CI checks the device table's logic without a GPU.
 //
 // A table is a hash map keyed by the full 64-bit id (collision-free, like the host
-// table): open addressing with linear probing over a power-of-two number of slots, a
+// table): open addressing with linear probing over its slots (ids hashed onto them by a
+// multiply, not a division), a
 // slot claimed by an atomic compare-and-swap of its key. Rows are structures of arrays:
 // weights in the table's dtype, optimizer state in fp32, and per row its update count
 // and last step. The one id equal to the empty key (-1) has a slot of its own past the
@@ -39,7 +40,7 @@ struct TableView {
   int64_t* update_count = nullptr;     // (slots + 1)
   int64_t* last_step = nullptr;        // (slots + 1)
   unsigned long long* rows = nullptr;  // (1) rows stored
-  uint64_t slots = 0;                  // a power of two
+  uint64_t slots = 0;                  // probed slots: max_rows / kMaxLoad, rounded up
   int32_t dim = 0;
   StoredDtype dtype = StoredDtype::kFp32;
   row_math::OptimizerKind optimizer = row_math::OptimizerKind::kAdagrad;
@@ -82,8 +83,21 @@ TESSERA_HD void AddRows(unsigned long long* p, unsigned long long n) {
 
 // ---- The map ----
 
+// The high 64 bits of a * b: a hash mapped onto [0, slots) without a division.
+TESSERA_HD uint64_t MulHigh(uint64_t a, uint64_t b) {
+#if defined(__CUDA_ARCH__)
+  return __umul64hi(a, b);
+#else
+  return static_cast<uint64_t>((static_cast<unsigned __int128>(a) * b) >> 64);
+#endif
+}
+
 TESSERA_HD uint64_t FirstSlot(const TableView& t, int64_t id) {
-  return row_math::Mix(static_cast<uint64_t>(id) ^ kProbeSalt) & (t.slots - 1);
+  return MulHigh(row_math::Mix(static_cast<uint64_t>(id) ^ kProbeSalt), t.slots);
+}
+
+TESSERA_HD uint64_t NextSlot(const TableView& t, uint64_t s) {
+  return s + 1 == t.slots ? 0 : s + 1;
 }
 
 // The slot holding `id`, or -1.
@@ -95,7 +109,7 @@ TESSERA_HD int64_t FindSlot(const TableView& t, int64_t id) {
     const uint64_t k = LoadKey(t.keys + s);
     if (k == key) return static_cast<int64_t>(s);
     if (k == kEmptyKey) return -1;
-    s = (s + 1) & (t.slots - 1);
+    s = NextSlot(t, s);
   }
   return -1;
 }
@@ -120,7 +134,7 @@ TESSERA_HD int64_t ClaimSlot(const TableView& t, int64_t id, bool* created) {
       return static_cast<int64_t>(s);
     }
     if (k == key) return static_cast<int64_t>(s);
-    s = (s + 1) & (t.slots - 1);
+    s = NextSlot(t, s);
   }
   return -1;
 }

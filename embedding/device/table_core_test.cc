@@ -329,7 +329,7 @@ TEST(DeviceTableCore, ALayoutRefusesEvictionAndSizesItsSlots) {
   config.set_max_rows(1000);
   const TableLayout layout = DescribeTable(config).value();
   EXPECT_EQ(layout.max_rows, 1000);
-  EXPECT_EQ(layout.view.slots, 2048u);  // >= 1000 / 0.75
+  EXPECT_EQ(layout.view.slots, 1334u);  // 1000 / 0.75, rounded up
   EXPECT_EQ(layout.weight_bytes, 2);
   EXPECT_EQ(layout.view.state_floats, 12);
   config.set_max_rows(0);

@@ -11,12 +11,6 @@
 namespace tessera::embedding::device {
 namespace {
 
-uint64_t NextPowerOfTwo(uint64_t n) {
-  uint64_t p = 1;
-  while (p < n) p <<= 1;
-  return p;
-}
-
 StoredDtype StoredOf(v1::Dtype dtype) {
   switch (dtype) {
     case v1::FP16:
@@ -49,8 +43,7 @@ absl::StatusOr<TableLayout> DescribeTable(const v1::TableConfig& config) {
   TableLayout layout;
   layout.max_rows = config.max_rows() > 0 ? config.max_rows() : kDefaultDeviceRows;
   TableView& v = layout.view;
-  v.slots = NextPowerOfTwo(
-      static_cast<uint64_t>(std::ceil(static_cast<double>(layout.max_rows) / kMaxLoad)));
+  v.slots = static_cast<uint64_t>(std::ceil(static_cast<double>(layout.max_rows) / kMaxLoad));
   v.dim = config.dim();
   v.dtype = StoredOf(config.dtype());
   v.optimizer = KindOf(params->type);
