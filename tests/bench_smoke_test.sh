@@ -44,7 +44,7 @@ echo '{"scenarios":[{"name":"bad","mode":"cloud"}]}' > "$OUT/bad.json"
 if "$BIN/tessera-bench" --scenarios="$OUT/bad.json" --out="$OUT/bad" > "$OUT/bad.log" 2>&1; then
   fail "bad scenario accepted"
 fi
-grep -q "mode must be inproc, coordinator, smart or redis" "$OUT/bad.log" || fail "bad mode not named"
+grep -q "mode must be inproc, coordinator, smart, redis or cuda" "$OUT/bad.log" || fail "bad mode not named"
 # No shard process may be left behind.
 sleep 0.5
 if pgrep -f "tessera-shard --port=0 --shard_index=0 --num_shards=2 --max_batch_ids" > /dev/null; then

@@ -265,8 +265,6 @@ TEST(TesseraTrain, DenseBackendFlagRefusesWhatCannotRunHere) {
 TEST(TesseraTrain, DeviceTablesFlagRefusesWhatCannotRunHere) {
   ExpectRefused("--shards=cuda --steps=1", "--shards=cuda keeps the tables in the dense "
                                            "network's GPU: it needs --dense_backend=cuda");
-  ExpectRefused("--shards=cuda --dense_backend=cuda --data_dir=/tmp/x --steps=1",
-                "device tables are not durable yet");
   const absl::Status usable = tessera::embedding::device::DeviceTable::Usable(0);
   if (usable.ok()) GTEST_SKIP() << "a GPU is here: TesseraTrainCuda (ctest label gpu) runs it";
   // No GPU, no driver or no CUDA in the build: a clear failure at start-up naming what is
@@ -312,6 +310,22 @@ TEST(TesseraTrainCuda, DeviceTablesReachTheCpuRunsAuc) {
   std::printf("held-out AUC: cpu with host tables %.5f, cuda with device tables %.5f\n", auc_cpu,
               auc_gpu);
   EXPECT_NEAR(auc_gpu, auc_cpu, 0.002);
+}
+
+// A checkpoint written with device tables resumes on host tables and the other way round
+// (both through the same files), and continues to the losses of an uninterrupted run.
+TEST(TesseraTrainCuda, DeviceTableCheckpointsResumeOnHostTables) {
+  const std::string common = "--log_every=50 --held_out=5000 --dense_backend=cuda";
+  for (const auto& [first, second] : {std::pair{"cuda", "inproc:4"}, std::pair{"inproc:4", "cuda"}}) {
+    const std::string dir = TempPath(absl::StrCat("tables-", first[0] == 'c' ? "device" : "host"));
+    Result a = RunTrain(absl::StrCat(common, " --steps=200 --checkpoint_every=100 --data_dir=", dir,
+                                     " --shards=", first));
+    ASSERT_EQ(a.exit_code, 0) << a.output;
+    Result b = RunTrain(absl::StrCat(common, " --steps=400 --resume --data_dir=", dir,
+                                     " --shards=", second));
+    ASSERT_EQ(b.exit_code, 0) << b.output;
+    EXPECT_THAT(b.output, testing::HasSubstr("resume: restored checkpoint 200"));
+  }
 }
 
 // A checkpoint written with one backend resumes with the other.

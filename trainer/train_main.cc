@@ -32,6 +32,7 @@
 #include "embedding/device/device_collection.h"
 #include "embedding/device/device_table.h"
 #include "embedding/inprocess_collection.h"
+#include "embedding/storage/host_checkpoints.h"
 #include "embedding/dtype.h"
 #include "embedding/optimizer.h"
 #include "base/status.h"
@@ -425,11 +426,6 @@ absl::Status DeviceTableFlags(TrainFlags* f) {
         "--shards=cuda keeps the tables in the dense network's GPU: it needs "
         "--dense_backend=cuda (or use --shards=inproc:N)");
   }
-  if (!f->data_dir.empty()) {
-    return absl::InvalidArgumentError(
-        "--data_dir: device tables are not durable yet; train with --shards=inproc:N to keep "
-        "the tables on disk");
-  }
   if (f->num_workers > 1) {
     return absl::InvalidArgumentError("--num_workers > 1 shares tables on a cluster: device "
                                       "tables are one trainer's");
@@ -439,6 +435,7 @@ absl::Status DeviceTableFlags(TrainFlags* f) {
         absl::StrCat("--shards=cuda: ", usable.message(), " (--shards=inproc:N runs without)"));
   }
   f->device_tables = true;
+  f->keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   return absl::OkStatus();
 }
 
@@ -625,6 +622,16 @@ struct TrainTables {
   std::string where;                          // for the model line
 };
 
+storage::DurableOptions DurableOptionsOf(const TrainFlags& f) {
+  storage::DurableOptions durable;
+  durable.data_dir = f.data_dir;
+  durable.num_shards = std::max(1, f.shards);
+  durable.keep_checkpoints = f.keep_checkpoints;
+  durable.pool = f.options.sparse_pool;
+  durable.log = [](const std::string& line) { std::printf("%s\n", line.c_str()); };
+  return durable;
+}
+
 absl::StatusOr<TrainTables> MakeTables(const TrainFlags& f) {
   TrainTables out;
   if (!f.coordinator.empty()) {
@@ -639,6 +646,13 @@ absl::StatusOr<TrainTables> MakeTables(const TrainFlags& f) {
   } else if (f.device_tables) {
     TESSERA_ASSIGN_OR_RETURN(out.tables, embedding::device::NewDeviceCollection(f.cuda_device));
     out.where = absl::StrCat("device tables on GPU ", f.cuda_device);
+    if (!f.data_dir.empty()) {
+      // Checkpoints through the host: the same files a host run writes and reads.
+      TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<storage::DurableCollection> store,
+                               storage::DurableCollection::Open(DurableOptionsOf(f)));
+      out.tables = storage::CheckpointThroughHost(std::move(out.tables), std::move(store));
+      out.where += absl::StrCat(", checkpointed through the host in ", f.data_dir);
+    }
   } else if (f.data_dir.empty()) {
     embedding::InProcessOptions memory;
     memory.num_shards = f.shards;
@@ -646,13 +660,7 @@ absl::StatusOr<TrainTables> MakeTables(const TrainFlags& f) {
     TESSERA_ASSIGN_OR_RETURN(out.tables, embedding::NewInProcessCollection(memory));
     out.where = absl::StrCat(f.shards, " in-process shards");
   } else {
-    storage::DurableOptions durable;
-    durable.data_dir = f.data_dir;
-    durable.num_shards = f.shards;
-    durable.keep_checkpoints = f.keep_checkpoints;
-    durable.pool = f.options.sparse_pool;
-    durable.log = [](const std::string& line) { std::printf("%s\n", line.c_str()); };
-    TESSERA_ASSIGN_OR_RETURN(out.tables, storage::DurableCollection::Open(durable));
+    TESSERA_ASSIGN_OR_RETURN(out.tables, storage::DurableCollection::Open(DurableOptionsOf(f)));
     out.where = absl::StrCat(f.shards, " in-process shards, durable in ", f.data_dir);
   }
   if (f.options.checkpoint_every > 0 || f.resume) {
