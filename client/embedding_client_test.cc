@@ -7,9 +7,9 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "tests/support/local_server.h"
 #include "server/coordinator_service.h"
 #include "server/shard_service.h"
+#include "tests/support/local_server.h"
 
 namespace tessera::client {
 namespace {
@@ -116,8 +116,7 @@ TEST_F(EmbeddingClientTest, ASmartLookupsPlanCarriesItsDistinctIdsToThePush) {
   const std::vector<int32_t> offsets = {0, 3, 7};
   std::vector<float> pooled(2 * 8);
   embedding::IdPlan plan;
-  const embedding::TableBags bags{"user", ids, offsets, {}, v1::SUM, absl::MakeSpan(pooled),
-                                  &plan};
+  const embedding::TableBags bags{"user", ids, offsets, {}, v1::SUM, absl::MakeSpan(pooled), &plan};
   ASSERT_TRUE(smart->LookupBatch({&bags, 1}).ok());
   ASSERT_TRUE(plan.valid);
   EXPECT_THAT(plan.unique_ids, ::testing::ElementsAre(5, 9, 14, 77));
@@ -149,6 +148,44 @@ TEST_F(EmbeddingClientTest, ASmartLookupsPlanCarriesItsDistinctIdsToThePush) {
   ASSERT_TRUE(smart->Lookup("user", all, absl::MakeSpan(got), {}).ok());
   ASSERT_TRUE(reference->Lookup("user", all, absl::MakeSpan(want), {}).ok());
   EXPECT_EQ(got, want);
+}
+
+TEST_F(EmbeddingClientTest, PoolingsAgreeWithTheInProcessCollectionInBothModes) {
+  auto smart = Connect(ClientOptions::Mode::kSmart);
+  auto via = Connect(ClientOptions::Mode::kCoordinator);
+  ASSERT_TRUE(smart->CreateTable(Config()).ok());
+  auto reference = std::move(embedding::NewInProcessCollection(2)).value();
+  ASSERT_TRUE(reference->CreateTable(Config()).ok());
+  // Bags of many ids (the shards pool their shares) and bags of one id each (the router
+  // pools the rows it gathered).
+  const std::vector<int64_t> ids = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 4, 5};
+  const std::vector<int32_t> many = {0, 4, 4, 13};
+  const embedding::LookupOptions create;
+  std::vector<int32_t> single;
+  for (int32_t i = 0; i <= 13; ++i) single.push_back(i);
+  for (const v1::Pooling pooling : {v1::SUM, v1::MEAN, v1::SQRTN}) {
+    for (const std::vector<int32_t>* offsets :
+         {&many, static_cast<const std::vector<int32_t>*>(&single)}) {
+      const size_t bags = offsets->size() - 1;
+      std::vector<float> want(bags * 8), a(bags * 8), b(bags * 8);
+      ASSERT_TRUE(
+          reference->PooledLookup("user", ids, *offsets, {}, pooling, absl::MakeSpan(want), create)
+              .ok());
+      ASSERT_TRUE(
+          smart->PooledLookup("user", ids, *offsets, {}, pooling, absl::MakeSpan(a), create).ok());
+      ASSERT_TRUE(
+          via->PooledLookup("user", ids, *offsets, {}, pooling, absl::MakeSpan(b), create).ok());
+      EXPECT_THAT(a, ::testing::Pointwise(::testing::FloatNear(1e-6f), want)) << pooling;
+      EXPECT_THAT(b, ::testing::Pointwise(::testing::FloatNear(1e-6f), want)) << pooling;
+    }
+  }
+  // Bag 2 of `many` (9 ids) under SQRTN is its sum over 3.
+  std::vector<float> sum(2 * 8 + 8), scaled(3 * 8);
+  ASSERT_TRUE(
+      reference->PooledLookup("user", ids, many, {}, v1::SUM, absl::MakeSpan(sum), create).ok());
+  ASSERT_TRUE(
+      smart->PooledLookup("user", ids, many, {}, v1::SQRTN, absl::MakeSpan(scaled), create).ok());
+  for (int j = 0; j < 8; ++j) EXPECT_NEAR(scaled[16 + j], sum[16 + j] / 3.0f, 1e-6f);
 }
 
 TEST_F(EmbeddingClientTest, SmartClientRefreshesAStaleShardMap) {

@@ -9,15 +9,15 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "wire/grpc_status.h"
-#include "wire/packed_bytes.h"
-#include "wire/row_chunk.h"
-#include "wire/push_proto.h"
+#include "base/status.h"
 #include "embedding/batch_ops.h"
 #include "embedding/sharding.h"
-#include "base/status.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "wire/grpc_status.h"
+#include "wire/packed_bytes.h"
+#include "wire/push_proto.h"
+#include "wire/row_chunk.h"
 
 namespace tessera::client {
 
@@ -173,25 +173,27 @@ void ShardRouter::ShardRestarted(int k) const {
 }
 
 template <typename Response, typename Prepare>
-std::vector<grpc::Status> ShardRouter::CallShardsWithRetries(
-    std::vector<bool> work, const Prepare& prepare, std::vector<Response>* responses,
-    std::chrono::milliseconds deadline, bool reprovision) const {
+std::vector<grpc::Status> ShardRouter::CallShardsWithRetries(std::vector<bool> work,
+                                                             const Prepare& prepare,
+                                                             std::vector<Response>* responses,
+                                                             std::chrono::milliseconds deadline,
+                                                             bool reprovision) const {
   std::vector<grpc::Status> result(num_shards());
   std::vector<bool> reprovisioned(num_shards(), false);
   int waits = 0;  // backoffs slept so far
   for (int attempt = 0;; ++attempt) {
     std::vector<bool> restarted(num_shards(), false);
-    const std::vector<grpc::Status> statuses = CallShards(
-        [&](int k) { return static_cast<bool>(work[k]); }, prepare, responses, deadline,
-        &restarted);
+    const std::vector<grpc::Status> statuses =
+        CallShards([&](int k) { return static_cast<bool>(work[k]); }, prepare, responses, deadline,
+                   &restarted);
     bool again = false, at_once = false;
     for (int k = 0; k < num_shards(); ++k) {
       if (!work[k]) continue;
       result[k] = statuses[k];
       const auto code = statuses[k].error_code();
-      work[k] = code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
-      if (reprovision && restarted[k] && code == grpc::StatusCode::NOT_FOUND &&
-          !reprovisioned[k]) {
+      work[k] =
+          code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
+      if (reprovision && restarted[k] && code == grpc::StatusCode::NOT_FOUND && !reprovisioned[k]) {
         // Back empty: its tables are made again, then its part is sent again.
         reprovisioned[k] = true;
         ShardRestarted(k);
@@ -209,8 +211,8 @@ embedding::RequestId ShardRouter::NextRequestId() {
   return {client_id_, next_sequence_.fetch_add(1)};
 }
 
-void ShardRouter::Place(const v1::TableConfig& config, absl::Span<const int64_t> ids,
-                        bool distinct, PartPlan* plan) const {
+void ShardRouter::Place(const v1::TableConfig& config, absl::Span<const int64_t> ids, bool distinct,
+                        PartPlan* plan) const {
   if (distinct) {
     plan->unique.assign(ids.begin(), ids.end());
     plan->inverse.resize(ids.size());
@@ -230,7 +232,8 @@ void ShardRouter::Place(const v1::TableConfig& config, absl::Span<const int64_t>
 }
 
 template <typename Request, typename Response>
-absl::Status ShardRouter::SendToEveryShard(const Request& request, StartCall<Request, Response> start,
+absl::Status ShardRouter::SendToEveryShard(const Request& request,
+                                           StartCall<Request, Response> start,
                                            grpc::StatusCode also_done) const {
   std::vector<Response> resps(num_shards());
   const std::vector<grpc::Status> statuses = CallShardsWithRetries(
@@ -278,9 +281,8 @@ uint64_t ShardRouter::IncarnationDigest() const {
   return digest == 0 ? 1 : digest;
 }
 
-absl::Status ShardRouter::ExportFrom(
-    int k, const v1::ExportRowsRequest& request,
-    const std::function<absl::Status(const v1::RowChunk&)>& sink) {
+absl::Status ShardRouter::ExportFrom(int k, const v1::ExportRowsRequest& request,
+                                     const std::function<absl::Status(const v1::RowChunk&)>& sink) {
   auto ctx = NewContext(options_.checkpoint_deadline);
   std::unique_ptr<grpc::ClientReader<v1::RowChunk>> reader =
       stubs_[k]->Get()->ExportRows(ctx.get(), request);
@@ -355,8 +357,7 @@ absl::Status ShardRouter::DropTable(const std::string& table) {
                           grpc::StatusCode::NOT_FOUND);
 }
 
-absl::Status ShardRouter::AlterTable(const std::string& table,
-                                     const v1::OptimizerConfig& changes) {
+absl::Status ShardRouter::AlterTable(const std::string& table, const v1::OptimizerConfig& changes) {
   v1::AlterTableRequest request;
   request.set_table(table);
   *request.mutable_optimizer() = changes;
@@ -441,9 +442,8 @@ absl::Status ShardRouter::FillPushPart(Scratch& s, size_t p, const v1::TableConf
   for (int k = 0; k < shards; ++k) {
     if (plan.count[k] == 0) continue;
     TESSERA_RETURN_IF_ERROR(Annotate(
-        embedding::CheckFiniteGradients(config.name(),
-                                        absl::MakeConstSpan(ids_of(k), plan.count[k]),
-                                        grads_of(k), dim),
+        embedding::CheckFiniteGradients(
+            config.name(), absl::MakeConstSpan(ids_of(k), plan.count[k]), grads_of(k), dim),
         "summed over repeated ids"));
   }
   return absl::OkStatus();
@@ -480,7 +480,7 @@ void ShardRouter::AddShardBags(Scratch& s, size_t p, const v1::TableConfig& conf
     s.part_index[k * num_parts + p] = reqs[k].tables_size();
     v1::TableLookup* t = reqs[k].add_tables();
     t->set_table(config.name());
-    t->set_pooling(v1::SUM);  // MEAN is applied here, over the whole bag
+    t->set_pooling(v1::SUM);  // MEAN and SQRTN are applied here, over the whole bag
     wire::SetPacked<int64_t>(ids[k], t->mutable_ids());
     wire::SetPacked<int32_t>(offsets[k], t->mutable_offsets());
     wire::SetPacked<float>(weights[k], t->mutable_weights());
@@ -521,6 +521,13 @@ absl::Status ShardRouter::MergeShardBags(const Scratch& s, size_t p, size_t num_
       const int n = part.offsets[b + 1] - part.offsets[b];
       if (n == 0) continue;
       for (int j = 0; j < dim; ++j) part.out[b * dim + j] /= static_cast<float>(n);
+    }
+  } else if (part.pooling == v1::SQRTN) {
+    // As the in-process pooling scales: by row_math::BagScale.
+    for (size_t b = 0; b < bags; ++b) {
+      const float scale = embedding::row_math::BagScale(embedding::row_math::PoolingKind::kSqrtN,
+                                                        part.offsets[b + 1] - part.offsets[b]);
+      for (int j = 0; j < dim; ++j) part.out[b * dim + j] *= scale;
     }
   }
   return absl::OkStatus();
@@ -647,8 +654,8 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
   for (size_t p = 0; p < num_parts; ++p) {
     const int dim = configs[p].dim();
     TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(configs[p].name(), "gradients",
-                                                     parts[p].gradients.size(),
-                                                     parts[p].ids.size(), dim, "ids"));
+                                                     parts[p].gradients.size(), parts[p].ids.size(),
+                                                     dim, "ids"));
     TESSERA_RETURN_IF_ERROR(embedding::CheckFiniteGradients(configs[p].name(), parts[p].ids,
                                                             parts[p].gradients.data(), dim));
   }
@@ -695,8 +702,8 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
       if (idx < 0) continue;
       if (idx >= resps[k].rows_updated_size()) {
         return absl::InternalError(absl::StrCat("shard ", k, " (", addresses_[k],
-                                                "): push answer lacks table '",
-                                                configs[p].name(), "'"));
+                                                "): push answer lacks table '", configs[p].name(),
+                                                "'"));
       }
       updated[p] += resps[k].rows_updated(idx);
     }

@@ -10,6 +10,17 @@
 #include "base/status.h"
 
 namespace tessera::embedding {
+row_math::PoolingKind PoolingKindOf(v1::Pooling pooling) {
+  switch (pooling) {
+    case v1::MEAN:
+      return row_math::PoolingKind::kMean;
+    case v1::SQRTN:
+      return row_math::PoolingKind::kSqrtN;
+    default:
+      return row_math::PoolingKind::kSum;
+  }
+}
+
 namespace {
 
 // Per-thread open-addressing map from id to its unique index. A slot keeps key, index
@@ -27,7 +38,7 @@ struct DedupScratch {
 };
 
 float BagScale(v1::Pooling pooling, int32_t begin, int32_t end) {
-  return row_math::BagScale(pooling == v1::MEAN, end - begin);
+  return row_math::BagScale(PoolingKindOf(pooling), end - begin);
 }
 
 // Unweighted sum pooling with the dimension known at compile time: the row loop becomes a

@@ -9,9 +9,13 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "embedding/collection.h"
+#include "embedding/row_math.h"
 #include "tessera/v1/config.pb.h"
 
 namespace tessera::embedding {
+
+// row_math's name for a pooling (SUM for POOLING_UNSPECIFIED and unknown values).
+row_math::PoolingKind PoolingKindOf(v1::Pooling pooling);
 
 // Deduplicates `ids`: `unique_ids` gets each distinct id once, in order of first
 // appearance, and `inverse` (ids.size()) the position of each id in `unique_ids`, so
@@ -80,7 +84,8 @@ absl::StatusOr<size_t> CheckLookupShape(absl::string_view where, size_t num_ids,
 // Pools the rows of each bag. `rows` (unique, dim) holds the row of each distinct id and
 // `inverse` (ids) maps every id of the batch to its row; bag b covers ids
 // [offsets[b], offsets[b+1]). SUM adds weight * row (weight 1 when `weights` is empty);
-// MEAN divides that sum by the bag's id count. An empty bag pools to zeros.
+// MEAN divides that sum by the bag's id count (multiplies by its reciprocal), SQRTN by
+// its square root (row_math::BagScale). An empty bag pools to zeros.
 // out: (bags, dim). Offsets must have passed ValidateBags.
 void PoolBags(const float* rows, int dim, absl::Span<const int32_t> inverse,
               absl::Span<const int32_t> offsets, absl::Span<const float> weights,

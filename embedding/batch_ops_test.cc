@@ -1,5 +1,6 @@
 #include "embedding/batch_ops.h"
 
+#include <cmath>
 #include <random>
 #include <set>
 
@@ -78,6 +79,14 @@ TEST(PoolBags, SumsAndMeansWithOptionalWeights) {
   const std::vector<float> w = {2.0f, 0.5f, 1.0f, -1.0f};
   PoolBags(rows.data(), 2, inverse, offsets, w, v1::SUM, out.data());
   EXPECT_EQ(out, (std::vector<float>{5, 50, 0, 0, -3, -30}));
+  // SQRTN: the sum times 1 / sqrt(count), rounded as float.
+  PoolBags(rows.data(), 2, inverse, offsets, {}, v1::SQRTN, out.data());
+  const float third = 1.0f / std::sqrt(3.0f);
+  EXPECT_EQ(out, (std::vector<float>{5 * third, 50 * third, 0, 0, 3, 30}));
+  const std::vector<int32_t> four = {0, 1, 1, 2}, one_bag = {0, 4};
+  std::vector<float> two(2);
+  PoolBags(rows.data(), 2, four, one_bag, {}, v1::SQRTN, two.data());
+  EXPECT_EQ(two, (std::vector<float>{4, 40}));  // (1 + 2 + 2 + 3) / 2
 }
 
 TEST(PoolBagsBackward, MatchesFiniteDifferenceOfPooledSum) {
@@ -92,7 +101,7 @@ TEST(PoolBagsBackward, MatchesFiniteDifferenceOfPooledSum) {
   std::vector<float> rows(3 * dim), gbag(3 * dim);
   for (auto& v : rows) v = u(rng);
   for (auto& v : gbag) v = u(rng);
-  for (v1::Pooling pooling : {v1::SUM, v1::MEAN}) {
+  for (v1::Pooling pooling : {v1::SUM, v1::MEAN, v1::SQRTN}) {
     for (bool weighted : {false, true}) {
       absl::Span<const float> wspan =
           weighted ? absl::MakeConstSpan(weights) : absl::Span<const float>();

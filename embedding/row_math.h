@@ -222,9 +222,14 @@ TESSERA_HD void StepRow(OptimizerKind kind, const Hyper& h, int dim, float* w, f
 
 // ---- Pooling ----
 
-// The factor a bag of n ids is scaled by after its (weighted) sum: 1 / n for MEAN.
-TESSERA_HD float BagScale(bool mean, int32_t n) {
-  return mean && n > 0 ? 1.0f / static_cast<float>(n) : 1.0f;
+enum class PoolingKind : int32_t { kSum, kMean, kSqrtN };
+
+// The factor a bag of n ids is scaled by after its (weighted) sum: 1 / n for MEAN,
+// 1 / sqrt(n) for SQRTN, 1 for SUM and for an empty bag.
+TESSERA_HD float BagScale(PoolingKind kind, int32_t n) {
+  if (n <= 0 || kind == PoolingKind::kSum) return 1.0f;
+  const float count = static_cast<float>(n);
+  return kind == PoolingKind::kMean ? 1.0f / count : 1.0f / sqrtf(count);
 }
 
 // ---- Stored dtypes ----

@@ -260,7 +260,7 @@ absl::Status CudaDeviceTable::Lookup(absl::Span<const int64_t> ids,
     TESSERA_RETURN_IF_ERROR(CopyIn(pool_weights_, weights.data(), weights.size()));
     TESSERA_CUDA_RETURN(
         kernels::Pool(gathered_.as<float>(), dim, inverse_.as<int32_t>(), offsets_.as<int32_t>(),
-                      weights.empty() ? nullptr : pool_weights_.as<float>(), pooling == v1::MEAN,
+                      weights.empty() ? nullptr : pool_weights_.as<float>(), PoolingKindOf(pooling),
                       static_cast<int32_t>(out_rows), out_.as<float>(), stream_));
   }
   TESSERA_CUDA_RETURN(cudaMemcpyAsync(out, out_.as<float>(), out_rows * dim * sizeof(float),
@@ -338,7 +338,7 @@ absl::Status CudaDeviceTable::ApplyPooledGradients(absl::Span<const int64_t> ids
                                             run_begin_.as<int32_t>(), run_count_.as<int32_t>(), n,
                                             bag_of_.as<int32_t>(), offsets_.as<int32_t>(),
                                             weights.empty() ? nullptr : pool_weights_.as<float>(),
-                                            pooling == v1::MEAN, grads_.as<float>(), stream_));
+                                            PoolingKindOf(pooling), grads_.as<float>(), stream_));
   return ApplySlots(n, step);
 }
 

@@ -79,11 +79,11 @@ __global__ void ScatterKernel(const float* rows, int dim, const int32_t* inverse
 }
 
 __global__ void PoolKernel(const float* rows, int dim, const int32_t* inverse,
-                           const int32_t* offsets, const float* weights, bool mean, int32_t bags,
-                           float* out) {
+                           const int32_t* offsets, const float* weights,
+                           row_math::PoolingKind pooling, int32_t bags, float* out) {
   TESSERA_GRID_LOOP(x, static_cast<size_t>(bags) * dim) {
-    out[x] = PoolColumn(rows, dim, inverse, offsets, weights, mean, static_cast<int64_t>(x / dim),
-                        static_cast<int>(x % dim));
+    out[x] = PoolColumn(rows, dim, inverse, offsets, weights, pooling,
+                        static_cast<int64_t>(x / dim), static_cast<int>(x % dim));
   }
 }
 
@@ -96,11 +96,13 @@ __global__ void BagOfKernel(const int32_t* offsets, int32_t bags, int32_t* bag_o
 __global__ void PoolBackwardKernel(const float* bag_grads, int dim, const int32_t* sorted_pos,
                                    const int32_t* run_begin, const int32_t* run_count,
                                    int32_t n_unique, const int32_t* bag_of, const int32_t* offsets,
-                                   const float* weights, bool mean, float* unique_grads) {
+                                   const float* weights, row_math::PoolingKind pooling,
+                                   float* unique_grads) {
   TESSERA_GRID_LOOP(x, static_cast<size_t>(n_unique) * dim) {
     const size_t u = x / dim;
-    unique_grads[x] = UniqueGradColumn(bag_grads, dim, sorted_pos + run_begin[u], run_count[u],
-                                       bag_of, offsets, weights, mean, static_cast<int>(x % dim));
+    unique_grads[x] =
+        UniqueGradColumn(bag_grads, dim, sorted_pos + run_begin[u], run_count[u], bag_of, offsets,
+                         weights, pooling, static_cast<int>(x % dim));
   }
 }
 
@@ -221,9 +223,10 @@ cudaError_t Scatter(const float* rows, int dim, const int32_t* inverse, int32_t 
 }
 
 cudaError_t Pool(const float* rows, int dim, const int32_t* inverse, const int32_t* offsets,
-                 const float* weights, bool mean, int32_t bags, float* out, cudaStream_t stream) {
+                 const float* weights, row_math::PoolingKind pooling, int32_t bags, float* out,
+                 cudaStream_t stream) {
   PoolKernel<<<GridBlocks(static_cast<size_t>(bags) * dim), kGridThreads, 0, stream>>>(
-      rows, dim, inverse, offsets, weights, mean, bags, out);
+      rows, dim, inverse, offsets, weights, pooling, bags, out);
   return cudaGetLastError();
 }
 
@@ -235,9 +238,9 @@ cudaError_t BagOf(const int32_t* offsets, int32_t bags, int32_t* bag_of, cudaStr
 cudaError_t PoolBackward(const float* bag_grads, int dim, const int32_t* sorted_pos,
                          const int32_t* run_begin, const int32_t* run_count, int32_t n_unique,
                          const int32_t* bag_of, const int32_t* offsets, const float* weights,
-                         bool mean, float* unique_grads, cudaStream_t stream) {
+                         row_math::PoolingKind pooling, float* unique_grads, cudaStream_t stream) {
   PoolBackwardKernel<<<GridBlocks(static_cast<size_t>(n_unique) * dim), kGridThreads, 0, stream>>>(
-      bag_grads, dim, sorted_pos, run_begin, run_count, n_unique, bag_of, offsets, weights, mean,
+      bag_grads, dim, sorted_pos, run_begin, run_count, n_unique, bag_of, offsets, weights, pooling,
       unique_grads);
   return cudaGetLastError();
 }

@@ -43,7 +43,8 @@ cudaError_t Scatter(const float* rows, int dim, const int32_t* inverse, int32_t 
 
 // out (bags, dim): table_core's PoolColumn of each bag; weights may be null.
 cudaError_t Pool(const float* rows, int dim, const int32_t* inverse, const int32_t* offsets,
-                 const float* weights, bool mean, int32_t bags, float* out, cudaStream_t stream);
+                 const float* weights, row_math::PoolingKind pooling, int32_t bags, float* out,
+                 cudaStream_t stream);
 
 // bag_of (offsets[bags]): each position's bag.
 cudaError_t BagOf(const int32_t* offsets, int32_t bags, int32_t* bag_of, cudaStream_t stream);
@@ -52,7 +53,7 @@ cudaError_t BagOf(const int32_t* offsets, int32_t bags, int32_t* bag_of, cudaStr
 cudaError_t PoolBackward(const float* bag_grads, int dim, const int32_t* sorted_pos,
                          const int32_t* run_begin, const int32_t* run_count, int32_t n_unique,
                          const int32_t* bag_of, const int32_t* offsets, const float* weights,
-                         bool mean, float* unique_grads, cudaStream_t stream);
+                         row_math::PoolingKind pooling, float* unique_grads, cudaStream_t stream);
 
 // *bad set to 1 when a value of values (n) is not finite.
 cudaError_t FindNonFinite(const float* values, size_t n, int* bad, cudaStream_t stream);

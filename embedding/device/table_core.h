@@ -274,12 +274,12 @@ TESSERA_HD bool ImportRow(const TableView& t, int64_t id, const float* weights, 
 
 // ---- Pooling ----
 
-// Column j of bag b: the (weighted) sum of its ids' rows in id order, then scaled (MEAN),
-// as the host's PoolBags sums. `rows` (unique, dim) holds the distinct ids' rows,
+// Column j of bag b: the (weighted) sum of its ids' rows in id order, then scaled (MEAN,
+// SQRTN), as the host's PoolBags sums. `rows` (unique, dim) holds the distinct ids' rows,
 // `inverse` each id's place among them; `weights` may be null.
 TESSERA_HD float PoolColumn(const float* rows, int dim, const int32_t* inverse,
-                            const int32_t* offsets, const float* weights, bool mean, int64_t b,
-                            int j) {
+                            const int32_t* offsets, const float* weights,
+                            row_math::PoolingKind pooling, int64_t b, int j) {
   const int32_t begin = offsets[b];
   const int32_t end = offsets[b + 1];
   float sum = 0.0f;
@@ -287,7 +287,7 @@ TESSERA_HD float PoolColumn(const float* rows, int dim, const int32_t* inverse,
     const float w = weights == nullptr ? 1.0f : weights[k];
     sum += w * rows[static_cast<int64_t>(inverse[k]) * dim + j];
   }
-  const float scale = row_math::BagScale(mean, end - begin);
+  const float scale = row_math::BagScale(pooling, end - begin);
   return scale != 1.0f ? sum * scale : sum;
 }
 
@@ -297,12 +297,12 @@ TESSERA_HD float PoolColumn(const float* rows, int dim, const int32_t* inverse,
 // id gives them), `bag_of` each position's bag.
 TESSERA_HD float UniqueGradColumn(const float* bag_grads, int dim, const int32_t* positions,
                                   int32_t count, const int32_t* bag_of, const int32_t* offsets,
-                                  const float* weights, bool mean, int j) {
+                                  const float* weights, row_math::PoolingKind pooling, int j) {
   float sum = 0.0f;
   for (int32_t c = 0; c < count; ++c) {
     const int32_t k = positions[c];
     const int32_t b = bag_of[k];
-    const float scale = row_math::BagScale(mean, offsets[b + 1] - offsets[b]);
+    const float scale = row_math::BagScale(pooling, offsets[b + 1] - offsets[b]);
     const float w = (weights == nullptr ? 1.0f : weights[k]) * scale;
     sum += w * bag_grads[static_cast<int64_t>(b) * dim + j];
   }

@@ -268,7 +268,7 @@ TEST(DeviceTableCore, PoolingAndItsBackwardSumAsTheHostDoes) {
   std::normal_distribution<float> value(0.0f, 1.0f);
   std::uniform_int_distribution<int> id_of(0, 30), bag_size(0, 6);
   for (const bool weighted : {false, true}) {
-    for (const bool mean : {false, true}) {
+    for (const v1::Pooling pooling : {v1::SUM, v1::MEAN, v1::SQRTN}) {
       std::vector<int64_t> ids;
       std::vector<int32_t> offsets = {0};
       for (int b = 0; b < 40; ++b) {
@@ -285,14 +285,13 @@ TEST(DeviceTableCore, PoolingAndItsBackwardSumAsTheHostDoes) {
       std::vector<float> rows(unique.size() * kDim);
       for (float& r : rows) r = value(gen);
       const size_t bags = offsets.size() - 1;
-      const v1::Pooling pooling = mean ? v1::MEAN : v1::SUM;
       std::vector<float> want(bags * kDim), got(bags * kDim);
       PoolBags(rows.data(), kDim, inverse, offsets, weights, pooling, want.data());
       const float* w = weighted ? weights.data() : nullptr;
       for (size_t b = 0; b < bags; ++b) {
         for (int j = 0; j < kDim; ++j) {
-          got[b * kDim + j] = PoolColumn(rows.data(), kDim, inverse.data(), offsets.data(), w, mean,
-                                         static_cast<int64_t>(b), j);
+          got[b * kDim + j] = PoolColumn(rows.data(), kDim, inverse.data(), offsets.data(), w,
+                                         PoolingKindOf(pooling), static_cast<int64_t>(b), j);
         }
       }
       ExpectSameBits(got.data(), want.data(), static_cast<int>(got.size()), "pooled");
@@ -313,9 +312,10 @@ TEST(DeviceTableCore, PoolingAndItsBackwardSumAsTheHostDoes) {
         positions[inverse[k]].push_back(static_cast<int32_t>(k));
       for (size_t u = 0; u < unique.size(); ++u) {
         for (int j = 0; j < kDim; ++j) {
-          got_grads[u * kDim + j] = UniqueGradColumn(bag_grads.data(), kDim, positions[u].data(),
-                                                     static_cast<int32_t>(positions[u].size()),
-                                                     bag_of.data(), offsets.data(), w, mean, j);
+          got_grads[u * kDim + j] =
+              UniqueGradColumn(bag_grads.data(), kDim, positions[u].data(),
+                               static_cast<int32_t>(positions[u].size()), bag_of.data(),
+                               offsets.data(), w, PoolingKindOf(pooling), j);
         }
       }
       ExpectSameBits(got_grads.data(), want_grads.data(), static_cast<int>(got_grads.size()),

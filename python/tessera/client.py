@@ -32,7 +32,7 @@ _OPTIMIZERS = {"sgd": config_pb2.SGD, "adagrad": config_pb2.ADAGRAD,
                "rowwise_adagrad": config_pb2.ROWWISE_ADAGRAD, "adam": config_pb2.ADAM,
                "ftrl": config_pb2.FTRL}
 _DTYPES = {"fp32": config_pb2.FP32, "fp16": config_pb2.FP16, "bf16": config_pb2.BF16}
-_POOLING = {"sum": config_pb2.SUM, "mean": config_pb2.MEAN}
+_POOLING = {"sum": config_pb2.SUM, "mean": config_pb2.MEAN, "sqrtn": config_pb2.SQRTN}
 _DURABILITY = {"checkpoint": config_pb2.CHECKPOINT, "write_through": config_pb2.WRITE_THROUGH}
 _EVICTION = {"none": config_pb2.EVICTION_NONE, "lru": config_pb2.EVICTION_LRU,
              "lfu": config_pb2.EVICTION_LFU}
@@ -177,7 +177,7 @@ def check_lookup(n: int, offsets, weights, pooling: str, where: str = "lookup"):
     anything is sent so both modes refuse the same requests with the servers' messages,
     prefixed with `where` ("table 'T'"). Returns offsets and weights as arrays (or None)."""
     if pooling not in _POOLING:
-        _invalid(f"{where}: pooling must be 'sum' or 'mean', got '{pooling}'")
+        _invalid(f"{where}: pooling must be 'sum', 'mean' or 'sqrtn', got '{pooling}'")
     if offsets is not None:
         offsets = np.asarray(offsets)
         if offsets.dtype.kind not in "iu":
@@ -492,8 +492,8 @@ class Client:
     def lookup(self, table: str, ids, offsets: Optional[Sequence[int]] = None,
                pooling: str = "sum", weights=None, read_only: bool = False) -> np.ndarray:
         """Rows of `ids`: (len(ids), dim) float32; with CSR `offsets` (bags + 1 entries),
-        one pooled row per bag ("sum" or "mean" of weight x row, weights finite, one per
-        id). Ids as as_ids() takes them. TesseraError INVALID_ARGUMENT for a malformed
+        one pooled row per bag ("sum", "mean" or "sqrtn" of weight x row: the sum, divided
+        by the bag's id count or by its square root; weights finite, one per id). Ids as as_ids() takes them. TesseraError INVALID_ARGUMENT for a malformed
         request (in both modes, before anything is sent), NOT_FOUND for an unknown table."""
         ids = as_ids(ids)
         offsets, weights = check_lookup(len(ids), offsets, weights, pooling, f"table '{table}'")
@@ -788,7 +788,17 @@ def _pool(rows: np.ndarray, offsets: np.ndarray, weights, pooling: str) -> np.nd
     np.add.at(pooled, bag, rows)
     if pooling == "mean":
         pooled /= np.maximum(counts, 1)[:, None]
+    elif pooling == "sqrtn":
+        pooled *= sqrtn_scale(counts)[:, None]
     return pooled
+
+
+def sqrtn_scale(counts: np.ndarray) -> np.ndarray:
+    """What a bag of each count is multiplied by under "sqrtn" pooling: 1 / sqrt(count) in
+    float32, as the servers compute it (1 for an empty bag)."""
+    counts = np.asarray(counts).astype(np.float32)
+    return np.where(counts > 0, np.float32(1) / np.sqrt(np.maximum(counts, np.float32(1))),
+                    np.float32(1)).astype(np.float32)
 
 
 def connect(address: str, mode: str = "smart", **kwargs) -> Client:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from tessera.client import (OPTIMIZER_SETTINGS, TABLE_SETTINGS, Client, TesseraError, as_ids,
-                            check_lookup, table_config)
+                            check_lookup, sqrtn_scale, table_config)
 
 __all__ = ["EmbeddingCollection", "Fetched", "prefetch", "TesseraError"]
 
@@ -121,7 +121,8 @@ class EmbeddingCollection(torch.nn.Module):
     dtype, seed, max_rows, initializer, init_scale, durability, eviction, ttl_steps):
     created when missing, else every setting the spec gives is checked against the
     existing table (ValueError naming each field that differs and both values).
-    `pooling`: "sum" or "mean" (of weight x row over a bag's ids). `device`: where the
+    `pooling`: "sum", "mean" or "sqrtn" (of weight x row over a bag's ids: the sum, divided
+    by the bag's id count or by its square root). `device`: where the
     pooled embeddings go (default: the CPU). `step`: the step of the first training
     forward; each training forward takes the next one unless forward(step=) says.
     `grad_scale`: multiplies the gradients pushed (1 / world size under
@@ -136,8 +137,8 @@ class EmbeddingCollection(torch.nn.Module):
         if not (grad_scale > 0 and np.isfinite(grad_scale)):
             raise ValueError(f"grad_scale must be a finite number > 0, got {grad_scale!r}")
         self.grad_scale = float(grad_scale)
-        if pooling not in ("sum", "mean"):
-            raise ValueError(f"pooling must be 'sum' or 'mean', got {pooling!r}")
+        if pooling not in ("sum", "mean", "sqrtn"):
+            raise ValueError(f"pooling must be 'sum', 'mean' or 'sqrtn', got {pooling!r}")
         if not tables:
             raise ValueError("an EmbeddingCollection needs at least one table")
         self.client = client
@@ -241,6 +242,8 @@ class EmbeddingCollection(torch.nn.Module):
         if self.pooling == "mean":
             scale = torch.from_numpy(1.0 / np.maximum(counts, 1).astype(np.float32))
             out = out * scale.to(self.device)[:, None]
+        elif self.pooling == "sqrtn":
+            out = out * torch.from_numpy(sqrtn_scale(counts)).to(self.device)[:, None]
         return out
 
     def _collector(self, pending: "_PendingPush", name: str, unique: np.ndarray):

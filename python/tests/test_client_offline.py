@@ -80,6 +80,12 @@ class PoolTest(unittest.TestCase):
         offsets = np.array([0, 2, 2, 3])
         np.testing.assert_array_equal(_pool(rows, offsets, None, "sum"), [[4, 6], [0, 0], [5, 6]])
         np.testing.assert_array_equal(_pool(rows, offsets, None, "mean"), [[2, 3], [0, 0], [5, 6]])
+        # sqrtn: the sum times float32(1 / sqrt(count)), as the servers compute it.
+        half = np.float32(1) / np.sqrt(np.float32(2))
+        np.testing.assert_array_equal(_pool(rows, offsets, None, "sqrtn"),
+                                      np.array([[4 * half, 6 * half], [0, 0], [5, 6]], np.float32))
+        four = np.array([[1, 2]] * 4, dtype=np.float32)
+        np.testing.assert_array_equal(_pool(four, np.array([0, 4]), None, "sqrtn"), [[2, 4]])
         np.testing.assert_array_equal(_pool(rows, offsets, [1, 0.5, 2], "sum"),
                                       [[2.5, 4], [0, 0], [10, 12]])
         with self.assertRaises(TesseraError):

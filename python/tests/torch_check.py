@@ -65,20 +65,24 @@ def reference_tables(client, names, mode):
 
 def check_gradients(client, prefix):
     rng = np.random.default_rng(7)
-    for mode, weighted in (("sum", False), ("mean", False), ("sum", True)):
+    for mode, weighted in (("sum", False), ("mean", False), ("sum", True), ("sqrtn", False)):
         names = [f"{prefix}.{mode}{int(weighted)}.a", f"{prefix}.{mode}{int(weighted)}.b"]
         spy = Spy(client)
         module = ttorch.EmbeddingCollection(
             spy, [{"name": n, "dim": DIM, "optimizer": "sgd", "learning_rate": 1e-3}
                   for n in names], pooling=mode)
-        ref = reference_tables(client, names, mode)
+        # EmbeddingBag has no sqrtn: its sum, times 1 / sqrt(count) per bag, is the reference.
+        ref = reference_tables(client, names, "sum" if mode == "sqrtn" else mode)
         feats, ref_out = {}, []
         for n in names:
             ids, offsets, weights = batch(rng)
             feats[n] = (ids, offsets, weights) if weighted else (ids, offsets)
-            ref_out.append(ref[n](torch.from_numpy(ids), torch.from_numpy(offsets[:-1]),
-                                  per_sample_weights=torch.from_numpy(weights) if weighted
-                                  else None))
+            pooled = ref[n](torch.from_numpy(ids), torch.from_numpy(offsets[:-1]),
+                            per_sample_weights=torch.from_numpy(weights) if weighted else None)
+            if mode == "sqrtn":
+                scale = tessera.client.sqrtn_scale(np.diff(offsets))
+                pooled = pooled * torch.from_numpy(scale)[:, None]
+            ref_out.append(pooled)
         out = module(feats)
         want = torch.stack(ref_out, dim=1)
         assert out.shape == want.shape, (out.shape, want.shape)
@@ -99,7 +103,7 @@ def check_gradients(client, prefix):
             untouched = np.setdiff1d(np.arange(VOCAB), ids)
             assert not ref[table].weight.grad[torch.from_numpy(untouched)].any(), \
                 "the reference touched rows the module did not push"
-    print("gradients: equal to EmbeddingBag's (sum, mean, weighted; repeated ids)")
+    print("gradients: equal to EmbeddingBag's (sum, mean, sqrtn, weighted; repeated ids)")
 
 
 def train(client, prefix, optimizer, steps=200, lr=0.1):
