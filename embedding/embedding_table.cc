@@ -184,12 +184,16 @@ EmbeddingTable::EmbeddingTable(const v1::TableConfig& config, int64_t row_budget
       policy_(config.eviction().policy()),
       ttl_steps_(config.eviction().ttl_steps()),
       stripes_(new Stripe[kNumStripes]) {
+  // A map slot is 16 bytes at about half load.
+  row_bytes_ = static_cast<int64_t>(layout_.stride_floats) * 4 + 32;
   for (int s = 0; s < kNumStripes; ++s) stripes_[s].set_readers(&readers_);
   absl::MutexLock lock(&optimizers_mu_);
   optimizers_.push_back(std::move(optimizer));
 }
 
-EmbeddingTable::~EmbeddingTable() = default;
+EmbeddingTable::~EmbeddingTable() {
+  if (memory_ != nullptr) memory_->Add(-num_rows() * row_bytes_);
+}
 
 absl::Status EmbeddingTable::SetOptimizer(const v1::OptimizerConfig& config) {
   if (config.type() != config_.optimizer().type()) {
@@ -304,7 +308,21 @@ absl::Status EmbeddingTable::TakeRows(int64_t n) {
     num_rows_.fetch_sub(n, std::memory_order_relaxed);
     return BudgetError();
   }
+  if (memory_ != nullptr && !memory_->TryTake(n * row_bytes_)) {
+    num_rows_.fetch_sub(n, std::memory_order_relaxed);
+    return MemoryBudgetError(n);
+  }
   return absl::OkStatus();
+}
+
+absl::Status EmbeddingTable::MemoryBudgetError(int64_t rows) const {
+  return MemoryBudgetFull(name(), *memory_, rows, row_bytes_);
+}
+
+int64_t EmbeddingTable::MissingRows(absl::Span<const int64_t> ids) const {
+  int64_t present = 0;
+  ReadRows(ids, [&](int64_t, const float*, const float*, const RowMeta&) { ++present; });
+  return static_cast<int64_t>(ids.size()) - present;
 }
 
 float* EmbeddingTable::InsertLocked(Stripe& stripe, int64_t id, uint64_t hash) {
@@ -515,11 +533,14 @@ absl::Status EmbeddingTable::ApplyCheckedGradients(absl::Span<const int64_t> ids
 }
 
 absl::Status EmbeddingTable::CheckRoomFor(absl::Span<const int64_t> ids) const {
-  if (row_budget_ <= 0 || policy_ != v1::EVICTION_NONE) return absl::OkStatus();
-  int64_t present = 0;
-  ReadRows(ids, [&](int64_t, const float*, const float*, const RowMeta&) { ++present; });
-  const int64_t missing = static_cast<int64_t>(ids.size()) - present;
-  if (missing > 0 && num_rows() + missing > row_budget_) return BudgetError();
+  if (policy_ != v1::EVICTION_NONE || !CountsAhead(static_cast<int64_t>(ids.size()))) {
+    return absl::OkStatus();
+  }
+  const int64_t missing = MissingRows(ids);
+  if (missing > 0 && row_budget_ > 0 && num_rows() + missing > row_budget_) return BudgetError();
+  if (missing > 0 && memory_ != nullptr && !memory_->HasRoomFor(missing * row_bytes_)) {
+    return MemoryBudgetError(missing);
+  }
   return absl::OkStatus();
 }
 
@@ -530,7 +551,7 @@ absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const flo
   // rejects the whole batch before any row changes. Without one there is nothing to check
   // and rows are counted as they are created.
   int64_t reserved = 0;
-  if (row_budget_ > 0) {
+  if (CountsAhead(static_cast<int64_t>(ids.size()))) {
     (void)ForEachGroup(plan, [&](int s, int b, int e) {
       const Stripe& stripe = stripes_[s];
       absl::ReaderMutexLock lock(&stripe.mu);

@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "embedding/row_layout.h"
+#include "embedding/memory_budget.h"
 #include "embedding/optimizer.h"
 #include "embedding/row_meta.h"
 #include "tessera/v1/config.pb.h"
@@ -116,6 +117,12 @@ class EmbeddingTable {
   // (null: evicted rows are dropped and start again from their initial weights). Set
   // before first use; `spill` must outlive the table.
   void set_spill(RowSpill* spill) { spill_ = spill; }
+  // Counts this table's rows against `budget` (shared with other tables; it must outlive
+  // the table): a new row past it is refused, or for a table with eviction makes room.
+  // Set before the table holds rows.
+  void set_memory_budget(MemoryBudget* budget) { memory_ = budget; }
+  // Bytes a row counts against a memory budget: its stored size and its map slot's share.
+  int64_t row_bytes() const { return row_bytes_; }
   int64_t evictions() const { return evictions_.load(std::memory_order_relaxed); }
   int64_t expirations() const { return expirations_.load(std::memory_order_relaxed); }
 
@@ -145,6 +152,8 @@ class EmbeddingTable {
   // update may take the room before the caller uses it. Lets a caller that updates
   // several tables as one (the in-process shards of a collection) refuse the whole batch.
   absl::Status CheckRoomFor(absl::Span<const int64_t> ids) const;
+  // How many of `ids` (distinct) have no row.
+  int64_t MissingRows(absl::Span<const int64_t> ids) const;
 
   // Like ApplyUniqueGradients, but `ids` may repeat: gradients of one id are summed in
   // batch order and its row is updated once.
@@ -208,12 +217,21 @@ class EmbeddingTable {
   EmbeddingTable(const v1::TableConfig& config, int64_t row_budget,
                  std::unique_ptr<Optimizer> optimizer);
 
-  // The row budget, accounted here and nowhere else. TakeRows counts `n` new rows, or
-  // counts nothing and returns ResourceExhausted when they would pass the budget;
-  // AdjustRows corrects the count by `delta` (rows erased, reserved but not created, or
-  // created by tables that evict to stay within their budget).
+  // The row budget and the memory budget, accounted here and nowhere else. TakeRows
+  // counts `n` new rows, or counts nothing and returns ResourceExhausted when they would
+  // pass either budget; AdjustRows corrects the count by `delta` (rows erased, reserved
+  // but not created, or created by tables that evict to stay within their budget).
   absl::Status TakeRows(int64_t n);
-  void AdjustRows(int64_t delta) { num_rows_.fetch_add(delta, std::memory_order_relaxed); }
+  void AdjustRows(int64_t delta) {
+    num_rows_.fetch_add(delta, std::memory_order_relaxed);
+    if (memory_ != nullptr) memory_->Add(delta * row_bytes_);
+  }
+  // Whether new rows must be counted before they are made: a row budget, or a memory
+  // budget without room for `new_rows` more.
+  bool CountsAhead(int64_t new_rows) const {
+    return row_budget_ > 0 || (memory_ != nullptr && !memory_->HasRoomFor(new_rows * row_bytes_));
+  }
+  absl::Status MemoryBudgetError(int64_t rows) const;
 
   // The row of `id` in `stripe`, created and initialised when missing (budget taken);
   // ResourceExhausted when the budget is spent or memory runs out.
@@ -288,6 +306,8 @@ class EmbeddingTable {
   v1::EvictionPolicy policy_ = v1::EVICTION_NONE;
   int64_t ttl_steps_ = 0;
   RowSpill* spill_ = nullptr;
+  MemoryBudget* memory_ = nullptr;
+  int64_t row_bytes_ = 0;
   std::atomic<int64_t> latest_step_{-1};  // newest step pushed
   std::atomic<int64_t> next_sweep_{0};    // step of the next TTL sweep
   std::atomic<int64_t> evictions_{0};

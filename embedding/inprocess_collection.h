@@ -45,6 +45,11 @@ struct InProcessOptions {
   int threads = 0;
   // A pool shared with the caller (the trainer runs its own per-table work on it).
   std::shared_ptr<base::ThreadPool> pool;
+  // Bytes every table's rows may take together (embedding/memory_budget.h): past it a new
+  // row is refused, or evicts one in a table with eviction. 0 = DefaultMemoryBudget() (the
+  // process's cgroup limit, else 90% of physical memory, less what serving needs);
+  // negative = no budget.
+  int64_t memory_limit = 0;
 };
 
 // A collection of options.num_shards shards in this process. InvalidArgument for a shard

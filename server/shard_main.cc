@@ -42,6 +42,12 @@ ABSL_FLAG(int, sparse_threads, 0,
           "threads that serve a batched request's tables in parallel; 0 = every CPU this "
           "process may run on (taskset -c 0 gives 1)");
 
+ABSL_FLAG(int64_t, memory_limit, 0,
+          "bytes this shard's rows may take: past it a new row is refused (RESOURCE_EXHAUSTED "
+          "naming the table and the budget) or, in a table with eviction, evicts one; 0 = its "
+          "cgroup's memory limit (else 90% of physical memory) less what serving needs; "
+          "negative = no budget");
+
 namespace {
 
 // This shard's tables: in memory, or durable in `data_dir` (which must have been written
@@ -52,6 +58,7 @@ absl::StatusOr<std::unique_ptr<tessera::embedding::EmbeddingCollection>> OpenTab
   if (data_dir.empty()) {
     tessera::embedding::InProcessOptions in_memory;
     in_memory.threads = threads;
+    in_memory.memory_limit = absl::GetFlag(FLAGS_memory_limit);
     TESSERA_ASSIGN_OR_RETURN(auto memory, tessera::embedding::NewInProcessCollection(in_memory));
     return std::unique_ptr<tessera::embedding::EmbeddingCollection>(std::move(memory));
   }
@@ -63,6 +70,7 @@ absl::StatusOr<std::unique_ptr<tessera::embedding::EmbeddingCollection>> OpenTab
   durable.data_dir = data_dir;
   durable.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   durable.threads = threads;
+  durable.memory_limit = absl::GetFlag(FLAGS_memory_limit);
   absl::StatusOr<std::unique_ptr<tessera::storage::DurableCollection>> opened =
       tessera::storage::DurableCollection::Open(durable);
   if (!opened.ok()) {

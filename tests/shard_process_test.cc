@@ -170,6 +170,43 @@ TEST(ShardProcesses, ABatchOverTheIdLimitNamesTheFlagThatSetsIt) {
                                    "--max_batch_ids)"));
 }
 
+// A shard past its --memory_limit refuses new rows with the reason, over the wire; the
+// rows it holds stay served.
+TEST(ShardProcesses, AShardPastItsMemoryLimitRefusesNewRowsWithTheReason) {
+  // Enough for a few hundred rows of dim 8 with Adagrad (each about 128 bytes stored).
+  tessera::testing::ServerProcess shard(TESSERA_SHARD_BIN,
+                                        {"--shard_index=0", "--num_shards=1",
+                                         "--memory_limit=40000"});
+  ASSERT_FALSE(shard.address().empty());
+  ASSERT_TRUE(tessera::testing::WaitHealthy(shard.address()));
+  auto stub = tessera::v1::EmbeddingShard::NewStub(
+      grpc::CreateChannel(shard.address(), grpc::InsecureChannelCredentials()));
+  {
+    grpc::ClientContext ctx;
+    tessera::v1::CreateTableRequest req;
+    *req.mutable_config() = Config();
+    tessera::v1::CreateTableResponse resp;
+    ASSERT_TRUE(stub->CreateTable(&ctx, req, &resp).ok());
+  }
+  auto lookup = [&](int64_t first, int n, tessera::v1::LookupResponse* resp) {
+    grpc::ClientContext ctx;
+    tessera::v1::LookupRequest req;
+    req.set_table("user");
+    for (int64_t id = first; id < first + n; ++id) req.add_ids(id);
+    return stub->Lookup(&ctx, req, resp);
+  };
+  tessera::v1::LookupResponse kept;
+  ASSERT_TRUE(lookup(0, 100, &kept).ok());
+  tessera::v1::LookupResponse refused;
+  const grpc::Status s = lookup(1000, 1000, &refused);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("table 'user': the memory budget for rows"));
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("--memory_limit"));
+  tessera::v1::LookupResponse again;
+  ASSERT_TRUE(lookup(0, 100, &again).ok());
+  EXPECT_THAT(again.values(), ::testing::ElementsAreArray(kept.values()));
+}
+
 TEST(ShardProcesses, ServeReflectionListingTheirServices) {
   ShardProcess shard(0, 1);
   ASSERT_FALSE(shard.address().empty());

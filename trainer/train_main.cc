@@ -74,6 +74,10 @@ ABSL_FLAG(int, cuda_device, 0,
           "visible (data-parallel workers on one host: one each)");
 ABSL_FLAG(double, init_scale, 0.05, "embedding rows start U(-init_scale, init_scale)");
 ABSL_FLAG(int64_t, max_rows, 0, "row budget per table (0 = unlimited)");
+ABSL_FLAG(int64_t, memory_limit, 0,
+          "in-process tables: bytes their rows may take together (a new row past it is "
+          "refused, naming the table); 0 = the cgroup's memory limit (else 90% of physical "
+          "memory) less what the process needs; negative = no budget");
 ABSL_FLAG(std::string, shards, "inproc:4",
           "where the tables live: inproc:N (N in-process shards), or cuda (in the GPU's memory, "
           "beside the dense network: needs --dense_backend=cuda)");
@@ -628,6 +632,7 @@ storage::DurableOptions DurableOptionsOf(const TrainFlags& f) {
   durable.num_shards = std::max(1, f.shards);
   durable.keep_checkpoints = f.keep_checkpoints;
   durable.pool = f.options.sparse_pool;
+  durable.memory_limit = absl::GetFlag(FLAGS_memory_limit);
   durable.log = [](const std::string& line) { std::printf("%s\n", line.c_str()); };
   return durable;
 }
@@ -657,6 +662,7 @@ absl::StatusOr<TrainTables> MakeTables(const TrainFlags& f) {
     embedding::InProcessOptions memory;
     memory.num_shards = f.shards;
     memory.pool = f.options.sparse_pool;
+    memory.memory_limit = absl::GetFlag(FLAGS_memory_limit);
     TESSERA_ASSIGN_OR_RETURN(out.tables, embedding::NewInProcessCollection(memory));
     out.where = absl::StrCat(f.shards, " in-process shards");
   } else {

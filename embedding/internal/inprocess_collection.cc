@@ -79,6 +79,7 @@ absl::Status InProcessCollectionImpl::CreateTable(const v1::TableConfig& config)
   for (int k = 0; k < num_shards_; ++k) {
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingTable> shard,
                              EmbeddingTable::Create(config, budget));
+    shard->set_memory_budget(memory_.get());
     t->shards.push_back(std::move(shard));
   }
   absl::MutexLock lock(&mu_);
@@ -370,6 +371,7 @@ absl::Status InProcessCollectionImpl::PushBatch(absl::Span<const embedding::Tabl
                                                     p.table->config.dim(), &p.summed));
     return RouteSummed(*p.table, p.summed, &p.routed);
   });
+  if (s.ok()) s = CheckBatchMemory(tables, absl::MakeConstSpan(parts.data(), tables.size()));
   absl::InlinedVector<absl::Status, 32> applied(s.ok() ? n : 0);
   if (s.ok()) {
     pool.ParallelFor(n, [&](int i) {
@@ -437,6 +439,36 @@ absl::Status InProcessCollectionImpl::CheckRoomByShard(const ShardedTable& t,
     TESSERA_RETURN_IF_ERROR(t.shards[k]->CheckRoomFor(ids.subspan(begin, count)));
   }
   return absl::OkStatus();
+}
+
+absl::Status InProcessCollectionImpl::CheckBatchMemory(
+    absl::Span<const embedding::TableGradients> tables, absl::Span<const PushPart> parts) const {
+  if (memory_ == nullptr) return absl::OkStatus();
+  int64_t most = 0;  // every id new
+  for (size_t i = 0; i < parts.size(); ++i) {
+    most += static_cast<int64_t>(parts[i].planned ? tables[i].ids.size() : parts[i].summed.size()) *
+            parts[i].table->shards[0]->row_bytes();
+  }
+  if (memory_->HasRoomFor(most)) return absl::OkStatus();
+  int64_t need = 0, rows = 0;
+  std::string first;  // the first table that would create rows
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const PushPart& p = parts[i];
+    const bool one = !p.planned && num_shards_ == 1;
+    const std::vector<int32_t>& begin = p.planned ? tables[i].plan->shard_begin : p.routed.shard_begin;
+    absl::Span<const int64_t> ids = p.planned ? absl::MakeConstSpan(tables[i].plan->unique_ids)
+                                   : one      ? p.summed.ids()
+                                              : absl::MakeConstSpan(p.routed.ids);
+    for (int k = 0; k < num_shards_; ++k) {
+      const int64_t missing =
+          p.table->shards[k]->MissingRows(ids.subspan(begin[k], begin[k + 1] - begin[k]));
+      need += missing * p.table->shards[k]->row_bytes();
+      rows += missing;
+      if (missing > 0 && first.empty()) first = p.table->config.name();
+    }
+  }
+  if (memory_->HasRoomFor(need)) return absl::OkStatus();
+  return embedding::MemoryBudgetFull(first, *memory_, rows, need / std::max<int64_t>(1, rows));
 }
 
 bool InProcessCollectionImpl::PlannedHere(const ShardedTable& t,
@@ -509,7 +541,9 @@ absl::StatusOr<std::unique_ptr<InProcessCollection>> NewInProcessCollection(
     pool = *std::move(made);
   }
   return std::unique_ptr<InProcessCollection>(
-      new embedding_internal::InProcessCollectionImpl(options.num_shards, std::move(pool)));
+      new embedding_internal::InProcessCollectionImpl(
+          options.num_shards, std::move(pool),
+          options.memory_limit == 0 ? DefaultMemoryBudget() : options.memory_limit));
 }
 
 absl::StatusOr<std::unique_ptr<InProcessCollection>> NewInProcessCollection(int num_shards) {

@@ -10,14 +10,19 @@
 #include "embedding/collection.h"
 #include "embedding/embedding_table.h"
 #include "embedding/inprocess_collection.h"
+#include "embedding/memory_budget.h"
 
 namespace tessera::embedding_internal {
 
 // embedding::InProcessCollection's implementation (see embedding/inprocess_collection.h).
 class InProcessCollectionImpl final : public embedding::InProcessCollection {
  public:
-  InProcessCollectionImpl(int num_shards, std::shared_ptr<base::ThreadPool> pool)
-      : num_shards_(num_shards), pool_(std::move(pool)) {}
+  InProcessCollectionImpl(int num_shards, std::shared_ptr<base::ThreadPool> pool,
+                          int64_t memory_limit)
+      : num_shards_(num_shards),
+        pool_(std::move(pool)),
+        memory_(memory_limit > 0 ? std::make_unique<embedding::MemoryBudget>(memory_limit)
+                                 : nullptr) {}
 
   absl::Status CreateTable(const v1::TableConfig& config) override;
   absl::StatusOr<std::vector<v1::TableConfig>> ListTables() const override;
@@ -80,6 +85,10 @@ class InProcessCollectionImpl final : public embedding::InProcessCollection {
   // True when `part` carries a plan this collection made for its table's seed and shards,
   // its ids the plan's own.
   bool PlannedHere(const ShardedTable& t, const embedding::TableGradients& part) const;
+  // With a memory budget shared by the shards, the rows a whole checked batch would create
+  // must fit in it together (each shard checked only its own).
+  absl::Status CheckBatchMemory(absl::Span<const embedding::TableGradients> tables,
+                                absl::Span<const PushPart> parts) const;
   // A planned part's checks: ids x dim finite gradients, and every shard's room.
   absl::Status CheckPlanned(const ShardedTable& t, const embedding::TableGradients& part);
   // Applies a planned part's gradients shard by shard, straight from the caller's buffer.
@@ -112,6 +121,9 @@ class InProcessCollectionImpl final : public embedding::InProcessCollection {
 
   const int num_shards_;
   const std::shared_ptr<base::ThreadPool> pool_;
+  // Every table's rows count against it (none: no budget). Declared before the tables,
+  // so that it outlives them.
+  const std::unique_ptr<embedding::MemoryBudget> memory_;
   mutable absl::Mutex mu_;
   std::map<std::string, TablePtr, std::less<>> tables_ ABSL_GUARDED_BY(mu_);
 };

@@ -68,7 +68,8 @@ absl::Status EmbeddingTable::EvictOneLocked(Stripe& stripe) {
 
 absl::StatusOr<float*> EmbeddingTable::InsertManagedLocked(Stripe& stripe, int64_t id,
                                                            uint64_t hash) {
-  if (row_budget_ > 0 && num_rows() >= row_budget_) {
+  if ((row_budget_ > 0 && num_rows() >= row_budget_) ||
+      (memory_ != nullptr && !memory_->HasRoomFor(row_bytes_))) {
     TESSERA_RETURN_IF_ERROR(EvictOneLocked(stripe));
   }
   // Counted without a budget check: the eviction above made the room (a concurrent

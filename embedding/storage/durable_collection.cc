@@ -102,6 +102,7 @@ absl::Status DurableCollection::OpenAndLoad() {
   memory.num_shards = options_.num_shards;
   memory.threads = options_.threads;
   memory.pool = options_.pool;
+  memory.memory_limit = options_.memory_limit;
   TESSERA_ASSIGN_OR_RETURN(memory_, embedding::NewInProcessCollection(memory));
   tables_.clear();
   next_table_id_ = 1;

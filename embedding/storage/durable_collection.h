@@ -25,6 +25,9 @@ struct DurableOptions {
   int num_shards = 1;        // in-memory shards (rows are keyed by id alone)
   int threads = 0;           // threads of the in-memory collection; 0 = every CPU
   std::shared_ptr<base::ThreadPool> pool;  // or a pool shared with the caller
+  // Bytes the rows in memory may take (embedding::InProcessOptions::memory_limit): 0 = the
+  // default budget, negative = none.
+  int64_t memory_limit = 0;
   int keep_checkpoints = 3;  // newest complete checkpoints kept; 0 = all
   KvStoreFactory open_store = OpenRocksDbStore;
   // Write-through push parts kept on record by request id (PushGradientsRecorded), newest

@@ -1,0 +1,61 @@
+#include "embedding/memory_budget.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+
+namespace tessera::embedding {
+namespace {
+
+// A cgroup limit file's value; 0 when absent, "max" or absurdly large (no limit).
+int64_t ReadLimit(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!in || !std::getline(in, text)) return 0;
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &v)) return 0;  // "max"
+  return v > 0 && v < (int64_t{1} << 60) ? v : 0;
+}
+
+}  // namespace
+
+bool MemoryBudget::TryTake(int64_t bytes) {
+  int64_t now = used_.load(std::memory_order_relaxed);
+  while (true) {
+    if (now + bytes > limit_) return false;
+    if (used_.compare_exchange_weak(now, now + bytes, std::memory_order_relaxed)) return true;
+  }
+}
+
+int64_t DefaultMemoryBudget(const std::string& cgroup_root) {
+  int64_t limit = ReadLimit(cgroup_root + "/memory.max");                         // v2
+  if (limit == 0) limit = ReadLimit(cgroup_root + "/memory/memory.limit_in_bytes");  // v1
+  if (limit == 0) {
+    const int64_t pages = sysconf(_SC_PHYS_PAGES);
+    const int64_t page = sysconf(_SC_PAGESIZE);
+    limit = pages > 0 && page > 0 ? pages * page / 10 * 9 : int64_t{1} << 32;
+  }
+  const int64_t serving = std::max<int64_t>(int64_t{128} << 20, limit / 8);
+  return std::max<int64_t>(limit - serving, limit / 2);
+}
+
+absl::Status MemoryBudgetFull(const std::string& table, const MemoryBudget& budget, int64_t rows,
+                              int64_t row_bytes) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "table '", table, "': the memory budget for rows (", Mebibytes(budget.limit()),
+      ") is full: ", Mebibytes(budget.used()), " taken, ", rows, " new row(s) of ", row_bytes,
+      " bytes refused; raise --memory_limit, add shards, or give the table max_rows with "
+      "eviction (and a data directory) so that cold rows leave memory"));
+}
+
+std::string Mebibytes(int64_t bytes) {
+  return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+}
+
+}  // namespace tessera::embedding
