@@ -134,6 +134,18 @@ Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer, const std::string
                       .Help("Bytes of rows and id maps in memory, by table")
                       .Labels(labels)
                       .Register(*registry_);
+  budget_bytes_ = &prometheus::BuildGauge()
+                       .Name("tessera_memory_budget_bytes")
+                       .Help("Bytes the rows of every table may take (--memory_limit; 0: none)")
+                       .Labels(labels)
+                       .Register(*registry_)
+                       .Add({});
+  budget_used_bytes_ = &prometheus::BuildGauge()
+                            .Name("tessera_memory_budget_used_bytes")
+                            .Help("Bytes the rows of every table take of the memory budget")
+                            .Labels(labels)
+                            .Register(*registry_)
+                            .Add({});
   evictions_ = &prometheus::BuildCounter()
                     .Name("tessera_table_evictions_total")
                     .Help("Rows evicted to make room, by table")
@@ -164,6 +176,8 @@ void Metrics::ReadTables(const std::vector<TableReading>& tables) {
     const prometheus::Labels table = {{"table", t.table}};
     table_rows_->Add(table).Set(static_cast<double>(t.rows));
     table_bytes_->Add(table).Set(static_cast<double>(t.bytes));
+    budget_bytes_->Set(static_cast<double>(t.budget_bytes));  // the same for every table
+    budget_used_bytes_->Set(static_cast<double>(t.budget_used_bytes));
     // Counters move by what is new (and exist at 0).
     auto advance = [&table](prometheus::Family<prometheus::Counter>* family, int64_t* seen,
                             int64_t total) {

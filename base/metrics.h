@@ -42,6 +42,8 @@ struct TableReading {
   int64_t bytes = 0;
   int64_t evictions = 0;
   int64_t expirations = 0;
+  int64_t budget_bytes = 0;       // the collection's memory budget for rows (0: none)
+  int64_t budget_used_bytes = 0;  // what all its tables' rows take of it
 };
 
 // Readings of every table of `tables`, an embedding::EmbeddingCollection (taken by shape so
@@ -55,7 +57,7 @@ std::vector<TableReading> ReadingsOf(Collection* tables) {
     auto usage = tables->Usage(config.name());
     if (!usage.ok()) continue;
     out.push_back({config.name(), usage->rows, usage->memory_bytes, usage->evictions,
-                   usage->expirations});
+                   usage->expirations, usage->budget_bytes, usage->budget_used_bytes});
   }
   return out;
 }
@@ -101,6 +103,8 @@ class Metrics {
   prometheus::Gauge* in_flight_;
   prometheus::Family<prometheus::Gauge>* table_rows_;
   prometheus::Family<prometheus::Gauge>* table_bytes_;
+  prometheus::Gauge* budget_bytes_;       // tessera_memory_budget_bytes
+  prometheus::Gauge* budget_used_bytes_;  // tessera_memory_budget_used_bytes
   prometheus::Family<prometheus::Counter>* evictions_;
   prometheus::Family<prometheus::Counter>* expirations_;
   absl::Mutex mu_;

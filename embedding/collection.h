@@ -29,6 +29,10 @@ struct TableUsage {
   int64_t memory_bytes = 0;  // bytes of rows and id maps
   int64_t evictions = 0;     // rows evicted for room since the process started
   int64_t expirations = 0;   // rows dropped by their TTL since the process started
+  // The memory budget the table's rows count against (0: none), shared with the other
+  // tables of its collection, and what all their rows take of it.
+  int64_t budget_bytes = 0;
+  int64_t budget_used_bytes = 0;
 };
 
 // A durable snapshot of a model's tables (or of every table) of a collection.

@@ -121,6 +121,10 @@ TEST(Metrics, AShardServesRpcCountsLatenciesAndTableSizes) {
   EXPECT_EQ(Sample(text, "tessera_table_rows", {"table=\"user\""}), 300);
   EXPECT_GT(Sample(text, "tessera_table_bytes", {"table=\"user\""}), 300 * 8 * 4);
   EXPECT_EQ(Sample(text, "tessera_table_evictions_total", {"table=\"user\""}), 0);
+  // The collection's memory budget (the default: some of this machine's memory) and the
+  // 300 rows' share of it.
+  EXPECT_GT(Sample(text, "tessera_memory_budget_bytes", {}), 0);
+  EXPECT_GE(Sample(text, "tessera_memory_budget_used_bytes", {}), 300 * 8 * 4);
   (*server)->Shutdown();
 }
 

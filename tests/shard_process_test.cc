@@ -205,6 +205,25 @@ TEST(ShardProcesses, AShardPastItsMemoryLimitRefusesNewRowsWithTheReason) {
   tessera::v1::LookupResponse again;
   ASSERT_TRUE(lookup(0, 100, &again).ok());
   EXPECT_THAT(again.values(), ::testing::ElementsAreArray(kept.values()));
+  // Its stats show the budget and what the rows take of it, and so does tessera-cli.
+  grpc::ClientContext ctx;
+  tessera::v1::StatsResponse stats;
+  ASSERT_TRUE(stub->Stats(&ctx, tessera::v1::StatsRequest(), &stats).ok());
+  ASSERT_EQ(stats.tables_size(), 1);
+  EXPECT_EQ(stats.tables(0).memory_budget_bytes(), 40000);
+  EXPECT_GT(stats.tables(0).memory_budget_used_bytes(), 100 * 128);
+  EXPECT_LE(stats.tables(0).memory_budget_used_bytes(), 40000);
+  tessera::testing::ServerProcess coordinator(TESSERA_COORDINATOR_BIN,
+                                              {absl::StrCat("--shards=", shard.address())});
+  ASSERT_TRUE(tessera::testing::WaitHealthy(coordinator.address()));
+  std::string out;
+  FILE* p = popen(
+      absl::StrCat(TESSERA_CLI_BIN, " --coordinator=", coordinator.address(), " stats 2>&1").c_str(),
+      "r");
+  char buf[1024];
+  for (size_t n; p != nullptr && (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
+  if (p != nullptr) pclose(p);
+  EXPECT_THAT(out, ::testing::HasSubstr("shard 0 memory budget: "));
 }
 
 TEST(ShardProcesses, ServeReflectionListingTheirServices) {

@@ -683,6 +683,20 @@ int Lookup(Coordinator::Stub& stub, const std::string& table) {
   return 0;
 }
 
+// Per shard with a memory budget (--memory_limit): the bytes its rows take of it.
+void PrintMemoryBudgets(const tessera::v1::StatsResponse& resp) {
+  std::map<int, const tessera::v1::TableStats*> by_shard;  // any of its tables
+  for (const auto& t : resp.tables()) {
+    if (t.memory_budget_bytes() > 0) by_shard.emplace(t.shard_index(), &t);
+  }
+  for (const auto& [shard, t] : by_shard) {
+    std::printf("shard %d memory budget: %s of %s taken by rows (%.1f%%)\n", shard,
+                Bytes(t->memory_budget_used_bytes()).c_str(),
+                Bytes(t->memory_budget_bytes()).c_str(),
+                100.0 * t->memory_budget_used_bytes() / t->memory_budget_bytes());
+  }
+}
+
 int Stats(Coordinator::Stub& stub, const std::string& table) {
   tessera::v1::StatsRequest req;
   req.set_table(table);
@@ -691,6 +705,7 @@ int Stats(Coordinator::Stub& stub, const std::string& table) {
   grpc::Status s = stub.Stats(ctx.get(), req, &resp);
   if (!s.ok()) return Fail("stats", s);
   PrintStats(stub, resp);
+  PrintMemoryBudgets(resp);
   for (const auto& c : resp.checkpoints()) {
     std::printf("checkpoint ");
     PrintCheckpoint(c);

@@ -215,6 +215,10 @@ absl::StatusOr<embedding::TableUsage> InProcessCollectionImpl::Usage(absl::strin
     usage.evictions += shard->evictions();
     usage.expirations += shard->expirations();
   }
+  if (memory_ != nullptr) {
+    usage.budget_bytes = memory_->limit();
+    usage.budget_used_bytes = memory_->used();
+  }
   return usage;
 }
 
