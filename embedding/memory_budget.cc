@@ -23,6 +23,41 @@ int64_t ReadLimit(const std::string& path) {
   return v > 0 && v < (int64_t{1} << 60) ? v : 0;
 }
 
+// The tightest limit named by `file` in `dir` and the directories above it up to `root`.
+int64_t TightestLimit(const std::string& root, std::string dir, const std::string& file) {
+  int64_t tightest = 0;
+  while (true) {
+    const int64_t v = ReadLimit(root + dir + "/" + file);
+    if (v > 0 && (tightest == 0 || v < tightest)) tightest = v;
+    if (dir.empty() || dir == "/") break;
+    const size_t slash = dir.rfind('/');
+    dir = slash == std::string::npos ? "" : dir.substr(0, slash);
+  }
+  return tightest;
+}
+
+// This process's memory limit from its cgroups (0: none found).
+int64_t CgroupLimit(const std::string& cgroup_root, const std::string& self_cgroup) {
+  std::ifstream in(self_cgroup);
+  int64_t limit = 0;
+  for (std::string line; std::getline(in, line);) {
+    // "0::/path" (v2) or "4:memory:/path" (v1; the controllers may be a list).
+    const size_t a = line.find(':');
+    const size_t b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    const std::string path = line.substr(b + 1);
+    int64_t v = 0;
+    if (controllers.empty()) {
+      v = TightestLimit(cgroup_root, path, "memory.max");
+    } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {
+      v = TightestLimit(cgroup_root + "/memory", path, "memory.limit_in_bytes");
+    }
+    if (v > 0 && (limit == 0 || v < limit)) limit = v;
+  }
+  return limit;
+}
+
 }  // namespace
 
 bool MemoryBudget::TryTake(int64_t bytes) {
@@ -33,9 +68,8 @@ bool MemoryBudget::TryTake(int64_t bytes) {
   }
 }
 
-int64_t DefaultMemoryBudget(const std::string& cgroup_root) {
-  int64_t limit = ReadLimit(cgroup_root + "/memory.max");                         // v2
-  if (limit == 0) limit = ReadLimit(cgroup_root + "/memory/memory.limit_in_bytes");  // v1
+int64_t DefaultMemoryBudget(const std::string& cgroup_root, const std::string& self_cgroup) {
+  int64_t limit = CgroupLimit(cgroup_root, self_cgroup);
   if (limit == 0) {
     const int64_t pages = sysconf(_SC_PHYS_PAGES);
     const int64_t page = sysconf(_SC_PAGESIZE);

@@ -33,11 +33,13 @@ class MemoryBudget {
   std::atomic<int64_t> used_{0};
 };
 
-// The default budget for rows in this process: the memory it may use (its cgroup's limit,
-// cgroup v2 or v1, else 90% of physical memory) minus what it needs besides its rows to
-// serve (an eighth of that, at least 128 MiB). `cgroup_root` is where cgroups are
-// mounted (tests pass their own).
-int64_t DefaultMemoryBudget(const std::string& cgroup_root = "/sys/fs/cgroup");
+// The default budget for rows in this process: the memory it may use (the tightest limit
+// of its memory cgroup and the cgroups above it, cgroup v2 or v1, else 90% of physical
+// memory) minus what it needs besides its rows to serve (an eighth of that, at least
+// 128 MiB). `cgroup_root` is where cgroups are mounted and `self_cgroup` the file naming
+// this process's cgroups (tests pass their own).
+int64_t DefaultMemoryBudget(const std::string& cgroup_root = "/sys/fs/cgroup",
+                            const std::string& self_cgroup = "/proc/self/cgroup");
 
 // ResourceExhausted: table `table`'s `rows` new rows of `row_bytes` each do not fit in
 // `budget`; says what to do.

@@ -114,23 +114,31 @@ TEST(MemoryBudget, AnInProcessCollectionSharesOneBudgetOverItsTablesAndShards) {
   EXPECT_TRUE(unlimited->PushGradients("a", Range(0, 30), grads, 1).ok());
 }
 
-TEST(MemoryBudget, TheDefaultIsTheCgroupLimitLessWhatServingNeeds) {
-  const std::filesystem::path root =
-      std::filesystem::temp_directory_path() / "tessera-cgroup-test";
-  std::filesystem::remove_all(root);
-  std::filesystem::create_directories(root / "memory");
-  auto write = [](const std::filesystem::path& p, const std::string& text) {
+TEST(MemoryBudget, TheDefaultIsTheTightestCgroupLimitLessWhatServingNeeds) {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / "tessera-cgroup-test";
+  fs::remove_all(root);
+  auto write = [](const fs::path& p, const std::string& text) {
+    fs::create_directories(p.parent_path());
     std::ofstream(p) << text << "\n";
   };
-  write(root / "memory.max", "629145600");  // cgroup v2: 600 MiB
-  EXPECT_EQ(DefaultMemoryBudget(root.string()), (600 - 128) * (int64_t{1} << 20));
-  write(root / "memory.max", "max");  // no v2 limit: v1's
-  write(root / "memory" / "memory.limit_in_bytes", "17179869184");  // 16 GiB
-  EXPECT_EQ(DefaultMemoryBudget(root.string()), int64_t{14} << 30);  // less an eighth
-  write(root / "memory" / "memory.limit_in_bytes", "9223372036854771712");  // v1's "none"
-  const int64_t physical = DefaultMemoryBudget(root.string());
-  EXPECT_GT(physical, int64_t{64} << 20);
-  std::filesystem::remove_all(root);
+  const std::string self = (root / "self").string();
+  // cgroup v2: this process in /jobs/shard, whose parent /jobs has the tighter limit.
+  write(root / "self", "0::/jobs/shard");
+  write(root / "jobs" / "shard" / "memory.max", "max");
+  write(root / "jobs" / "memory.max", "629145600");  // 600 MiB
+  EXPECT_EQ(DefaultMemoryBudget(root.string(), self), (600 - 128) * (int64_t{1} << 20));
+  write(root / "jobs" / "shard" / "memory.max", "314572800");  // its own, 300 MiB
+  EXPECT_EQ(DefaultMemoryBudget(root.string(), self), (300 - 128) * (int64_t{1} << 20));
+  // cgroup v1: the memory controller's own hierarchy (listed with others on one line).
+  write(root / "self", "9:name=systemd:/\n4:cpu,memory:/process/a\n0::/");
+  write(root / "memory" / "process" / "a" / "memory.limit_in_bytes", "9223372036854771712");
+  write(root / "memory" / "process" / "memory.limit_in_bytes", "17179869184");  // 16 GiB
+  EXPECT_EQ(DefaultMemoryBudget(root.string(), self), int64_t{14} << 30);  // less an eighth
+  // No limit anywhere: most of physical memory.
+  write(root / "memory" / "process" / "memory.limit_in_bytes", "9223372036854771712");
+  EXPECT_GT(DefaultMemoryBudget(root.string(), self), int64_t{64} << 20);
+  fs::remove_all(root);
 }
 
 }  // namespace
