@@ -185,11 +185,11 @@ EmbeddingTable::EmbeddingTable(const v1::TableConfig& config, int64_t row_budget
       ttl_steps_(config.eviction().ttl_steps()),
       stripes_(new Stripe[kNumStripes]) {
   // What a row takes of a process's memory, on the safe side: the row (a 64-byte
-  // multiple) half as much again for the free room of its stripe's growing blocks, and a
-  // 16-byte map slot at about half load. Resident memory measured 168, 302 and 306 bytes
-  // a row (dim 16 SGD fp32, dim 16 Adagrad fp32, dim 64 row-wise Adagrad bf16) where
-  // this counts 224, 320 and 320.
-  row_bytes_ = static_cast<int64_t>(layout_.stride_floats) * 4 * 3 / 2 + 32;
+  // multiple) half as much again for the free room of its stripe's growing blocks, and
+  // 64 bytes of map (16-byte slots at a quarter to half load). A shard's resident memory
+  // grew by 241, 309 and 325 bytes a row over 2M rows (dim 16 SGD fp32, dim 16 Adagrad
+  // fp32, dim 64 row-wise Adagrad bf16), where this counts 256, 352 and 352.
+  row_bytes_ = static_cast<int64_t>(layout_.stride_floats) * 4 * 3 / 2 + 64;
   for (int s = 0; s < kNumStripes; ++s) stripes_[s].set_readers(&readers_);
   absl::MutexLock lock(&optimizers_mu_);
   optimizers_.push_back(std::move(optimizer));

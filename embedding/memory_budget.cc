@@ -89,6 +89,7 @@ absl::Status MemoryBudgetFull(const std::string& table, const MemoryBudget& budg
 }
 
 std::string Mebibytes(int64_t bytes) {
+  if (bytes < (1 << 20)) return absl::StrCat(bytes, " bytes");
   return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20));
 }
 

@@ -46,7 +46,7 @@ int64_t DefaultMemoryBudget(const std::string& cgroup_root = "/sys/fs/cgroup",
 absl::Status MemoryBudgetFull(const std::string& table, const MemoryBudget& budget, int64_t rows,
                               int64_t row_bytes);
 
-// "512.0 MiB": how messages show a byte count.
+// "512.0 MiB" (or "40000 bytes" below a mebibyte): how messages show a byte count.
 std::string Mebibytes(int64_t bytes);
 
 }  // namespace tessera::embedding
