@@ -8,10 +8,10 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
-#include "embedding/batch_ops.h"
-#include "embedding/sharding.h"
 #include "base/check.h"
 #include "base/status.h"
+#include "embedding/batch_ops.h"
+#include "embedding/sharding.h"
 #include "embedding/table_config.h"
 
 namespace tessera::embedding_internal {
@@ -148,15 +148,15 @@ absl::Status InProcessCollectionImpl::ExportRows(
   for (const auto& shard : t->shards) {
     // Copied out under the table's locks, handed to the sink outside them.
     std::vector<embedding::RowBlock> full;
-    shard->ForEachRow([&](int64_t id, const float* w, const float* st,
-                          const embedding::RowMeta& m) {
-      if (options.since_step >= 0 && m.last_step < options.since_step) return;
-      block.Append(id, w, st, m.last_step, m.update_count);
-      if (block.size() >= chunk) {
-        full.push_back(block);
-        block.Clear();
-      }
-    });
+    shard->ForEachRow(
+        [&](int64_t id, const float* w, const float* st, const embedding::RowMeta& m) {
+          if (options.since_step >= 0 && m.last_step < options.since_step) return;
+          block.Append(id, w, st, m.last_step, m.update_count);
+          if (block.size() >= chunk) {
+            full.push_back(block);
+            block.Clear();
+          }
+        });
     for (const auto& b : full) TESSERA_RETURN_IF_ERROR(sink(b));
   }
   if (block.size() > 0) TESSERA_RETURN_IF_ERROR(sink(block));
@@ -164,7 +164,7 @@ absl::Status InProcessCollectionImpl::ExportRows(
 }
 
 absl::Status InProcessCollectionImpl::ImportRows(absl::string_view table,
-                                             const embedding::RowBlock& rows) {
+                                                 const embedding::RowBlock& rows) {
   TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(table));
   TESSERA_RETURN_IF_ERROR(embedding::CheckRowBlock(t->config.name(), t->config.dim(),
                                                    t->shards[0]->optimizer().StateFloats(), rows));
@@ -188,9 +188,9 @@ absl::Status InProcessCollectionImpl::ImportRows(absl::string_view table,
     embedding::RowMeta meta;
     if (!rows.last_steps.empty()) meta.last_step = rows.last_steps[i];
     if (!rows.update_counts.empty()) meta.update_count = rows.update_counts[i];
-    const absl::Span<const float> state =
-        rows.state.empty() ? absl::MakeConstSpan(initial)
-                           : absl::MakeConstSpan(rows.state).subspan(i * sf, sf);
+    const absl::Span<const float> state = rows.state.empty()
+                                              ? absl::MakeConstSpan(initial)
+                                              : absl::MakeConstSpan(rows.state).subspan(i * sf, sf);
     TESSERA_RETURN_IF_ERROR(
         t->shards[embedding::ShardOf(id, t->config.seed(), num_shards_)]->PutRow(
             id, absl::MakeConstSpan(rows.weights).subspan(i * dim, dim), state, meta,
@@ -206,7 +206,8 @@ const std::vector<std::unique_ptr<EmbeddingTable>>* InProcessCollectionImpl::Sha
   return t.ok() ? &(*t)->shards : nullptr;
 }
 
-absl::StatusOr<embedding::TableUsage> InProcessCollectionImpl::Usage(absl::string_view table) const {
+absl::StatusOr<embedding::TableUsage> InProcessCollectionImpl::Usage(
+    absl::string_view table) const {
   TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(table));
   embedding::TableUsage usage;
   for (const auto& shard : t->shards) {
@@ -253,9 +254,9 @@ absl::Status InProcessCollectionImpl::GatherPlanned(ShardedTable& t, const embed
     const int32_t begin = plan.shard_begin[k];
     const int32_t count = plan.shard_begin[k + 1] - begin;
     if (count == 0) continue;
-    TESSERA_RETURN_IF_ERROR(t.shards[k]->Lookup(
-        absl::MakeConstSpan(plan.unique_ids).subspan(begin, count),
-        rows + static_cast<size_t>(begin) * dim, insert_missing));
+    TESSERA_RETURN_IF_ERROR(
+        t.shards[k]->Lookup(absl::MakeConstSpan(plan.unique_ids).subspan(begin, count),
+                            rows + static_cast<size_t>(begin) * dim, insert_missing));
   }
   return absl::OkStatus();
 }
@@ -281,8 +282,8 @@ absl::Status InProcessCollectionImpl::PooledLookup(absl::string_view table,
   const size_t bags = offsets.size() - 1;
   TESSERA_RETURN_IF_ERROR(
       embedding::CheckRowsSize(table, "output", out.size(), bags, t->config.dim(), "bags"));
-  TESSERA_RETURN_IF_ERROR(embedding::CheckFiniteWeights(absl::StrCat("table '", table, "'"),
-                                                        weights));
+  TESSERA_RETURN_IF_ERROR(
+      embedding::CheckFiniteWeights(absl::StrCat("table '", table, "'"), weights));
   return LookupChecked(*t, {std::string(table), ids, offsets, weights, pooling, out}, options);
 }
 
@@ -297,10 +298,9 @@ absl::Status InProcessCollectionImpl::LookupBatch(absl::Span<const embedding::Ta
   absl::Cleanup release = [&found] { found.clear(); };
   for (const embedding::TableBags& part : tables) {
     TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(part.table));
-    TESSERA_ASSIGN_OR_RETURN(const size_t rows,
-                             embedding::CheckLookupShape(absl::StrCat("table '", part.table, "'"),
-                                                         part.ids.size(), part.offsets,
-                                                         part.weights));
+    TESSERA_ASSIGN_OR_RETURN(const size_t rows, embedding::CheckLookupShape(
+                                                    absl::StrCat("table '", part.table, "'"),
+                                                    part.ids.size(), part.offsets, part.weights));
     TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(part.table, "output", part.out.size(), rows,
                                                      t->config.dim(),
                                                      part.offsets.empty() ? "ids" : "bags"));
@@ -329,8 +329,8 @@ absl::Status InProcessCollectionImpl::LookupChecked(ShardedTable& t,
   s.rows.resize(plan.unique_ids.size() * dim);
   TESSERA_RETURN_IF_ERROR(GatherPlanned(t, plan, s.rows.data(), options.insert_missing));
   if (pooled) {
-    embedding::PoolBags(s.rows.data(), dim, plan.inverse, part.offsets, part.weights,
-                        part.pooling, part.out.data());
+    embedding::PoolBags(s.rows.data(), dim, plan.inverse, part.offsets, part.weights, part.pooling,
+                        part.out.data());
   } else {
     for (size_t i = 0; i < part.ids.size(); ++i) {
       std::copy_n(s.rows.data() + static_cast<size_t>(plan.inverse[i]) * dim, dim,
@@ -388,8 +388,8 @@ absl::Status InProcessCollectionImpl::PushBatch(absl::Span<const embedding::Tabl
   if (options.rows_updated != nullptr) {
     options.rows_updated->resize(tables.size());
     for (size_t i = 0; i < tables.size(); ++i) {
-      (*options.rows_updated)[i] = static_cast<int64_t>(
-          parts[i].planned ? tables[i].ids.size() : parts[i].summed.size());
+      (*options.rows_updated)[i] =
+          static_cast<int64_t>(parts[i].planned ? tables[i].ids.size() : parts[i].summed.size());
     }
   }
   // Every part was checked: whatever failed now did so beside parts that applied (or after
@@ -442,7 +442,18 @@ absl::Status InProcessCollectionImpl::CheckRoomByShard(const ShardedTable& t,
     if (count == 0) continue;
     TESSERA_RETURN_IF_ERROR(t.shards[k]->CheckRoomFor(ids.subspan(begin, count)));
   }
-  return absl::OkStatus();
+  // The shards share one memory budget: their new rows must fit in it together.
+  const int64_t row_bytes = t.shards[0]->row_bytes();
+  if (memory_ == nullptr || memory_->HasRoomFor(static_cast<int64_t>(ids.size()) * row_bytes)) {
+    return absl::OkStatus();
+  }
+  int64_t missing = 0;
+  for (int k = 0; k < num_shards_; ++k) {
+    missing +=
+        t.shards[k]->MissingRows(ids.subspan(shard_begin[k], shard_begin[k + 1] - shard_begin[k]));
+  }
+  if (missing == 0 || memory_->HasRoomFor(missing * row_bytes)) return absl::OkStatus();
+  return embedding::MemoryBudgetFull(t.config.name(), *memory_, missing, row_bytes);
 }
 
 absl::Status InProcessCollectionImpl::CheckBatchMemory(
@@ -459,9 +470,10 @@ absl::Status InProcessCollectionImpl::CheckBatchMemory(
   for (size_t i = 0; i < parts.size(); ++i) {
     const PushPart& p = parts[i];
     const bool one = !p.planned && num_shards_ == 1;
-    const std::vector<int32_t>& begin = p.planned ? tables[i].plan->shard_begin : p.routed.shard_begin;
+    const std::vector<int32_t>& begin =
+        p.planned ? tables[i].plan->shard_begin : p.routed.shard_begin;
     absl::Span<const int64_t> ids = p.planned ? absl::MakeConstSpan(tables[i].plan->unique_ids)
-                                   : one      ? p.summed.ids()
+                                    : one     ? p.summed.ids()
                                               : absl::MakeConstSpan(p.routed.ids);
     for (int k = 0; k < num_shards_; ++k) {
       const int64_t missing =
@@ -512,8 +524,8 @@ absl::Status InProcessCollectionImpl::ApplyRouted(ShardedTable& t,
 
 absl::Status InProcessCollectionImpl::ApplyByShard(ShardedTable& t,
                                                    absl::Span<const int32_t> shard_begin,
-                                                   absl::Span<const int64_t> ids,
-                                                   const float* rows, int64_t step) {
+                                                   absl::Span<const int64_t> ids, const float* rows,
+                                                   int64_t step) {
   const int dim = t.config.dim();
   absl::Status partly;  // a shard that kept some rows (non-finite results); the rest go on
   for (int k = 0; k < num_shards_; ++k) {
@@ -535,8 +547,8 @@ namespace tessera::embedding {
 absl::StatusOr<std::unique_ptr<InProcessCollection>> NewInProcessCollection(
     const InProcessOptions& options) {
   if (options.num_shards < 1 || options.num_shards > 4096) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "in-process shard count must be in [1, 4096], got ", options.num_shards));
+    return absl::InvalidArgumentError(
+        absl::StrCat("in-process shard count must be in [1, 4096], got ", options.num_shards));
   }
   std::shared_ptr<base::ThreadPool> pool = options.pool;
   if (pool == nullptr) {
@@ -544,10 +556,9 @@ absl::StatusOr<std::unique_ptr<InProcessCollection>> NewInProcessCollection(
     TESSERA_RETURN_IF_ERROR(Annotate(made.status(), "in-process collection"));
     pool = *std::move(made);
   }
-  return std::unique_ptr<InProcessCollection>(
-      new embedding_internal::InProcessCollectionImpl(
-          options.num_shards, std::move(pool),
-          options.memory_limit == 0 ? DefaultMemoryBudget() : options.memory_limit));
+  return std::unique_ptr<InProcessCollection>(new embedding_internal::InProcessCollectionImpl(
+      options.num_shards, std::move(pool),
+      options.memory_limit == 0 ? DefaultMemoryBudget() : options.memory_limit));
 }
 
 absl::StatusOr<std::unique_ptr<InProcessCollection>> NewInProcessCollection(int num_shards) {

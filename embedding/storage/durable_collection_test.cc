@@ -8,6 +8,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "embedding/embedding_table.h"
 #include "embedding/storage/files.h"
 #include "embedding/storage/row_codec.h"
 #include "gmock/gmock.h"
@@ -148,6 +149,27 @@ TEST(DurableCollection, WriteThroughPushRecordsSurviveAReopenUpToTheirLimit) {
   ASSERT_TRUE(c->PushGradientsRecorded("wt", ids, g, 1, tag(7)).ok());
   EXPECT_TRUE(c->RecordedPush(tag(7)).has_value());
   EXPECT_FALSE(c->RecordedPush(tag(3)).has_value());
+}
+
+TEST(DurableCollection, AWriteThroughPushPastTheMemoryBudgetIsRefusedWhole) {
+  ScopedDir dir;
+  Harness h(dir.path, /*shards=*/3);
+  auto probe = embedding::EmbeddingTable::Create(Config("probe", 4, v1::WRITE_THROUGH)).value();
+  h.options.memory_limit = 40 * probe->row_bytes();  // 40 rows over all three shards
+  auto c = h.Open();
+  ASSERT_TRUE(c->CreateTable(Config("w", 4, v1::WRITE_THROUGH)).ok());
+  std::vector<int64_t> ids(30);
+  for (int i = 0; i < 30; ++i) ids[i] = i;
+  std::vector<float> grads(30 * 4, 0.5f);
+  ASSERT_TRUE(c->PushGradients("w", ids, grads, 1).ok());
+  // 15 more: each shard alone has room for its ~5 (10 left), together they do not.
+  ids.assign(15, 0);
+  for (int i = 0; i < 15; ++i) ids[i] = 100 + i;
+  grads.assign(15 * 4, 0.5f);
+  const absl::Status s = c->PushGradients("w", ids, grads, 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(s.message(), HasSubstr("memory budget"));
+  EXPECT_EQ(c->Usage("w")->rows, 30);
 }
 
 TEST(DurableCollection, CheckpointTableComesBackAsOfItsNewestCheckpoint) {
