@@ -17,6 +17,37 @@ inline absl::Status CudaError(cudaError_t e, const char* what) {
       absl::StrCat("CUDA: ", what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")"));
 }
 
+// Why CUDA device `device` cannot be used, naming what is missing (the driver, one new
+// enough for this build's runtime, a device, that device), as FailedPrecondition;
+// `who_needs` says what needs it ("the CUDA backend needs"). OK when it can.
+inline absl::Status CudaDeviceUsable(int device, absl::string_view who_needs) {
+  int driver = 0, runtime = 0;
+  cudaRuntimeGetVersion(&runtime);
+  if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no NVIDIA driver is installed (libcuda.so.1 not found); ", who_needs,
+                     " a driver and a GPU"));
+  }
+  auto version = [](int v) { return absl::StrCat(v / 1000, ".", v % 1000 / 10); };
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e == cudaErrorInsufficientDriver) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the NVIDIA driver supports CUDA ", version(driver),
+                     " but this build needs CUDA ", version(runtime), "; update the driver"));
+  }
+  if (e != cudaSuccess || count == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no CUDA device (driver for CUDA ", version(driver),
+        "): ", e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports 0 devices"));
+  }
+  if (device < 0 || device >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA device ", device, " does not exist (", count, " visible)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace tessera::base
 
 // Returns CudaError from the enclosing function when `expr` is not cudaSuccess.

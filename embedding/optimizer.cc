@@ -233,22 +233,7 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const v1::Optimizer
 }
 
 void Optimizer::Update(float* w, float* state, float* g, int64_t prior_updates) const {
-  if (params_.clip_value > 0.0f) {
-    const float c = params_.clip_value;
-    for (int i = 0; i < dim_; ++i) g[i] = row_math::ClipValue(g[i], c);
-  }
-  if (params_.clip_norm > 0.0f) {
-    float sq = 0.0f;
-    for (int i = 0; i < dim_; ++i) sq += g[i] * g[i];
-    const float scale = row_math::NormScale(sq, params_.clip_norm);
-    if (scale != 1.0f) {
-      for (int i = 0; i < dim_; ++i) g[i] *= scale;
-    }
-  }
-  if (params_.weight_decay > 0.0f) {
-    const float wd = params_.weight_decay;
-    for (int i = 0; i < dim_; ++i) g[i] = row_math::WeightDecay(g[i], w[i], wd);
-  }
+  row_math::PreprocessRow(hyper_, dim_, w, g);  // clipping and weight decay, as on a device
   Step(w, state, g, prior_updates);
 }
 

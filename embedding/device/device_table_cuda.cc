@@ -53,23 +53,7 @@ class DeviceBuffer {
 };
 
 absl::Status CheckDevice(int device) {
-  int driver = 0;
-  if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0) {
-    return absl::FailedPreconditionError(
-        "no NVIDIA driver is installed (libcuda.so.1 not found); device tables need a driver "
-        "and a GPU");
-  }
-  int count = 0;
-  if (cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("no CUDA device for device tables: ",
-                     e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports 0 devices"));
-  }
-  if (device < 0 || device >= count) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("CUDA device ", device, " does not exist (", count, " visible)"));
-  }
-  return absl::OkStatus();
+  return base::CudaDeviceUsable(device, "device tables need");
 }
 
 class CudaDeviceTable final : public DeviceTable {

@@ -6,6 +6,7 @@
 #include "base/status.h"
 #include "embedding/dtype.h"
 #include "embedding/embedding_table.h"
+#include "embedding/internal/row_initializer.h"
 #include "embedding/optimizer.h"
 
 namespace tessera::embedding::device {
@@ -50,7 +51,10 @@ absl::StatusOr<TableLayout> DescribeTable(const v1::TableConfig& config) {
   v.state_floats = row_math::StateFloatsOf(v.optimizer, v.dim);
   v.hyper = HyperOf(*params);
   v.initial_accumulator = params->initial_accumulator;
-  v.init_key = row_math::InitKey(config.seed());
+  // The host table's initializer: the same key and scale, so rows start the same.
+  const embedding_internal::RowInitializer init(config);
+  v.init_key = init.key();
+  v.init_scale = init.scale();
   switch (config.initializer().type()) {
     case v1::NORMAL:
       v.init_type = 1;
@@ -61,10 +65,6 @@ absl::StatusOr<TableLayout> DescribeTable(const v1::TableConfig& config) {
     default:
       v.init_type = 0;
   }
-  // The host table's default scale, 1/sqrt(dim), computed the same way.
-  v.init_scale = config.initializer().has_scale()
-                     ? config.initializer().scale()
-                     : 1.0f / std::sqrt(static_cast<float>(config.dim()));
   layout.weight_bytes = DtypeBytes(config.dtype());
   return layout;
 }

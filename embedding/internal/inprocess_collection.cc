@@ -447,13 +447,20 @@ absl::Status InProcessCollectionImpl::CheckRoomByShard(const ShardedTable& t,
   if (memory_ == nullptr || memory_->HasRoomFor(static_cast<int64_t>(ids.size()) * row_bytes)) {
     return absl::OkStatus();
   }
+  const int64_t missing = MissingByShard(t, shard_begin, ids);
+  if (missing == 0 || memory_->HasRoomFor(missing * row_bytes)) return absl::OkStatus();
+  return embedding::MemoryBudgetFull(t.config.name(), *memory_, missing, row_bytes);
+}
+
+int64_t InProcessCollectionImpl::MissingByShard(const ShardedTable& t,
+                                                absl::Span<const int32_t> shard_begin,
+                                                absl::Span<const int64_t> ids) const {
   int64_t missing = 0;
   for (int k = 0; k < num_shards_; ++k) {
     missing +=
         t.shards[k]->MissingRows(ids.subspan(shard_begin[k], shard_begin[k + 1] - shard_begin[k]));
   }
-  if (missing == 0 || memory_->HasRoomFor(missing * row_bytes)) return absl::OkStatus();
-  return embedding::MemoryBudgetFull(t.config.name(), *memory_, missing, row_bytes);
+  return missing;
 }
 
 absl::Status InProcessCollectionImpl::CheckBatchMemory(
@@ -475,13 +482,10 @@ absl::Status InProcessCollectionImpl::CheckBatchMemory(
     absl::Span<const int64_t> ids = p.planned ? absl::MakeConstSpan(tables[i].plan->unique_ids)
                                     : one     ? p.summed.ids()
                                               : absl::MakeConstSpan(p.routed.ids);
-    for (int k = 0; k < num_shards_; ++k) {
-      const int64_t missing =
-          p.table->shards[k]->MissingRows(ids.subspan(begin[k], begin[k + 1] - begin[k]));
-      need += missing * p.table->shards[k]->row_bytes();
-      rows += missing;
-      if (missing > 0 && first.empty()) first = p.table->config.name();
-    }
+    const int64_t missing = MissingByShard(*p.table, begin, ids);
+    need += missing * p.table->shards[0]->row_bytes();
+    rows += missing;
+    if (missing > 0 && first.empty()) first = p.table->config.name();
   }
   if (memory_->HasRoomFor(need)) return absl::OkStatus();
   return embedding::MemoryBudgetFull(first, *memory_, rows, need / std::max<int64_t>(1, rows));

@@ -89,6 +89,9 @@ class InProcessCollectionImpl final : public embedding::InProcessCollection {
   // must fit in it together (each shard checked only its own).
   absl::Status CheckBatchMemory(absl::Span<const embedding::TableGradients> tables,
                                 absl::Span<const PushPart> parts) const;
+  // How many of `ids` (distinct, grouped by shard as shard_begin says) have no row.
+  int64_t MissingByShard(const ShardedTable& t, absl::Span<const int32_t> shard_begin,
+                         absl::Span<const int64_t> ids) const;
   // A planned part's checks: ids x dim finite gradients, and every shard's room.
   absl::Status CheckPlanned(const ShardedTable& t, const embedding::TableGradients& part);
   // Applies a planned part's gradients shard by shard, straight from the caller's buffer.

@@ -19,6 +19,8 @@ class RowInitializer {
   void InitialWeights(int64_t id, float* out) const;
   // The table's key for per-row random bits (stochastic rounding).
   uint64_t key() const { return key_; }
+  // The scale the weights are drawn with (the config's, or 1/sqrt(dim) when it has none).
+  float scale() const { return scale_; }
 
  private:
   int dim_;

@@ -720,30 +720,7 @@ class CudaDenseBackend final : public trainer::DenseBackend {
 
 // Why GPU `device` cannot run the backend, naming what is missing; OK when it can.
 absl::Status CudaUsable(int device) {
-  int driver = 0, runtime = 0;
-  cudaRuntimeGetVersion(&runtime);
-  if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0) {
-    return absl::FailedPreconditionError(
-        "no NVIDIA driver is installed (libcuda.so.1 not found); the CUDA backend needs a "
-        "driver and a GPU");
-  }
-  auto version = [](int v) { return absl::StrCat(v / 1000, ".", v % 1000 / 10); };
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e == cudaErrorInsufficientDriver) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the NVIDIA driver supports CUDA ", version(driver),
-                     " but this build needs CUDA ", version(runtime), "; update the driver"));
-  }
-  if (e != cudaSuccess || count == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no CUDA device (driver for CUDA ", version(driver),
-        "): ", e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports 0 devices"));
-  }
-  if (device < 0 || device >= count) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("CUDA device ", device, " does not exist (", count, " visible)"));
-  }
+  TESSERA_RETURN_IF_ERROR(base::CudaDeviceUsable(device, "the CUDA backend needs"));
   return LoadCublas();
 }
 
