@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "embedding/batch_ops.h"
 #include "embedding/dtype.h"
+#include "embedding/internal/admission.h"
 #include "embedding/internal/row_initializer.h"
 #include "embedding/internal/stripe.h"
 #include "embedding/internal/stripe_plan.h"
@@ -103,6 +104,26 @@ bool AllFinite(const float* p, size_t n) {
   return least != 0;
 }
 
+absl::Status ValidateAdmission(const v1::AdmissionConfig& a, const std::string& label) {
+  using embedding_internal::AdmissionFilter;
+  if (a.min_count() < 0 || a.min_count() > AdmissionFilter::kMaxMinCount) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": admission.min_count must be in [0, ",
+                     AdmissionFilter::kMaxMinCount, "], got ", a.min_count()));
+  }
+  if (!(a.probability() >= 0.0f && a.probability() <= 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        label, ": admission.probability must be in [0, 1] (0: every id), got ", a.probability()));
+  }
+  constexpr int64_t kMaxSketchWidth = int64_t{1} << 32;
+  if (a.sketch_width() < 0 || a.sketch_width() > kMaxSketchWidth) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, ": admission.sketch_width must be in [0, ", kMaxSketchWidth,
+                     "] (0: ", AdmissionFilter::kDefaultSketchWidth, "), got ", a.sketch_width()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateTableConfig(const v1::TableConfig& config) {
@@ -144,6 +165,7 @@ absl::Status ValidateTableConfig(const v1::TableConfig& config) {
     return absl::InvalidArgumentError(
         absl::StrCat(label, ": ttl_steps must be >= 0, got ", config.eviction().ttl_steps()));
   }
+  TESSERA_RETURN_IF_ERROR(ValidateAdmission(config.admission(), label));
   absl::StatusOr<OptimizerParams> params = ResolveOptimizer(config.optimizer());
   return Annotate(params.status(), label);
 }
@@ -167,8 +189,17 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(
   }
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
                            Optimizer::Create(config.optimizer(), config.dim()));
-  return std::unique_ptr<EmbeddingTable>(
+  bool out_of_memory = false;
+  std::unique_ptr<embedding_internal::AdmissionFilter> admission =
+      embedding_internal::AdmissionFilter::Create(config, &out_of_memory);
+  if (out_of_memory) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("table '", config.name(), "': out of memory allocating the admission sketch"));
+  }
+  auto table = std::unique_ptr<EmbeddingTable>(
       new EmbeddingTable(config, row_budget, std::move(optimizer)));
+  table->admission_ = std::move(admission);
+  return table;
 }
 
 EmbeddingTable::EmbeddingTable(const v1::TableConfig& config, int64_t row_budget,
@@ -324,9 +355,16 @@ absl::Status EmbeddingTable::MemoryBudgetError(int64_t rows) const {
 }
 
 int64_t EmbeddingTable::MissingRows(absl::Span<const int64_t> ids) const {
-  int64_t present = 0;
-  ReadRows(ids, [&](int64_t, const float*, const float*, const RowMeta&) { ++present; });
-  return static_cast<int64_t>(ids.size()) - present;
+  int64_t missing = 0;
+  for (const int64_t id : ids) {
+    const uint64_t h = MapHash(id);
+    const Stripe& stripe = stripes_[h >> kStripeShift];
+    absl::ReaderMutexLock lock(&stripe.mu);
+    if (stripe.Find(id, h) == nullptr && (admission_ == nullptr || admission_->WouldAdmit(id, h))) {
+      ++missing;
+    }
+  }
+  return missing;
 }
 
 float* EmbeddingTable::InsertLocked(Stripe& stripe, int64_t id, uint64_t hash) {
@@ -470,6 +508,7 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
     });
   }
   const bool managed = policy_ != v1::EVICTION_NONE;
+  if (admission_ != nullptr) insert_missing = false;  // pushes make rows
   for (const int32_t pos : plan.missing) {
     const int64_t id = ids[pos];
     const uint64_t h = MapHash(id);
@@ -560,7 +599,11 @@ absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const flo
       const Stripe& stripe = stripes_[s];
       absl::ReaderMutexLock lock(&stripe.mu);
       FindGroup(stripe.current(), ids, plan, b, e, 0, false);
-      for (int k = b; k < e; ++k) reserved += plan.rows[k] == nullptr;
+      for (int k = b; k < e; ++k) {
+        const int32_t pos = plan.order[k];
+        reserved += plan.rows[k] == nullptr &&
+                    (admission_ == nullptr || admission_->WouldAdmit(ids[pos], plan.hash[pos]));
+      }
       return absl::OkStatus();
     });
   }
@@ -573,7 +616,7 @@ absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const flo
   thread_local std::vector<float> scratch;
   scratch.resize(ScratchFloats());
   int64_t refused = 0, first_refused = 0;
-  int64_t created = 0;
+  int64_t created = 0, not_admitted = 0;
   TESSERA_RETURN_IF_ERROR(ForEachGroup(plan, [&](int s, int b, int e) {
     Stripe& stripe = stripes_[s];
     StripeWriter lock(stripe);
@@ -585,6 +628,11 @@ absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const flo
       for (int k = c; k < ce; ++k) {
         const int32_t pos = plan.order[k];
         float* row = plan.rows[k];
+        if (row == nullptr && admission_ != nullptr &&
+            !admission_->Count(ids[pos], plan.hash[pos])) {
+          ++not_admitted;  // no row yet: the gradient is dropped
+          continue;
+        }
         if (row == nullptr) {
           row = InsertLocked(stripe, ids[pos], plan.hash[pos]);
           if (row == nullptr) {
@@ -605,6 +653,7 @@ absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const flo
   // Another thread may have created some of the reserved rows meanwhile; without a budget
   // nothing was reserved and every created row is counted here.
   if (created != reserved) AdjustRows(created - reserved);
+  if (not_admitted > 0) refused_ids_.fetch_add(not_admitted, std::memory_order_relaxed);
   return refused == 0 ? absl::OkStatus() : NonFiniteUpdateError(refused, first_refused);
 }
 
@@ -757,7 +806,7 @@ int64_t EmbeddingTable::MemoryBytes() const {
     absl::ReaderMutexLock lock(&stripes_[s].mu);
     bytes += stripes_[s].Bytes();
   }
-  return bytes;
+  return bytes + (admission_ != nullptr ? admission_->bytes() : 0);
 }
 
 }  // namespace tessera::embedding

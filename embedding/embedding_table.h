@@ -19,6 +19,7 @@
 #include "tessera/v1/config.pb.h"
 
 namespace tessera::embedding_internal {
+class AdmissionFilter;
 class RowInitializer;
 class Stripe;
 struct StripePlan;
@@ -124,10 +125,15 @@ class EmbeddingTable {
   // Bytes a row counts against a memory budget: its stored size and its map slot's share.
   int64_t row_bytes() const { return row_bytes_; }
   int64_t evictions() const { return evictions_.load(std::memory_order_relaxed); }
+  // Feature admission: gradients dropped because their id has no row and was not admitted
+  // (config().admission()); counted per id and push.
+  int64_t refused_ids() const { return refused_ids_.load(std::memory_order_relaxed); }
   int64_t expirations() const { return expirations_.load(std::memory_order_relaxed); }
 
   // Copies the weights of each id into `out` (ids.size(), dim). Missing rows are created
   // when `insert_missing`, else their initial weights are written and nothing is stored.
+  // A table with admission (config().admission()) never creates rows here: its rows are
+  // made by the pushes that admit them.
   // ResourceExhausted when a new row would pass the row budget; rows earlier in the
   // batch have then been copied and the rest of `out` is unspecified.
   absl::Status Lookup(absl::Span<const int64_t> ids, float* out, bool insert_missing = true);
@@ -136,7 +142,9 @@ class EmbeddingTable {
   // for batches with repeats); `grads` (ids.size(), dim) is each row's summed gradient;
   // missing rows are created first. InvalidArgument when any gradient is NaN or Inf,
   // ResourceExhausted when a new row would pass the budget; in both cases no row
-  // changes. `step` is recorded as the rows' last step. A row whose update would make a
+  // changes. `step` is recorded as the rows' last step. With admission, a missing row is
+  // created only when its id is admitted (counted here, once per call), else its gradient
+  // is dropped (refused_ids()). A row whose update would make a
   // weight or state value non-finite keeps its values: the others are updated and the
   // answer is an InvalidArgument marked PartlyApplied (base/status.h).
   absl::Status ApplyUniqueGradients(absl::Span<const int64_t> ids, const float* grads,
@@ -152,7 +160,8 @@ class EmbeddingTable {
   // update may take the room before the caller uses it. Lets a caller that updates
   // several tables as one (the in-process shards of a collection) refuse the whole batch.
   absl::Status CheckRoomFor(absl::Span<const int64_t> ids) const;
-  // How many of `ids` (distinct) have no row.
+  // How many rows updating `ids` (distinct) would create: ids without a row (and, with
+  // admission, that their next push admits).
   int64_t MissingRows(absl::Span<const int64_t> ids) const;
 
   // Like ApplyUniqueGradients, but `ids` may repeat: gradients of one id are summed in
@@ -252,6 +261,8 @@ class EmbeddingTable {
   // Removes `id`'s row from `stripe` and frees it.
   void EraseLocked(Stripe& stripe, int64_t id, uint64_t hash) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
   void MarkDirtyLocked(Stripe& stripe, int64_t id, float* row) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
+  // Whether the spill keeps a row of `id` (false without a spill).
+  absl::StatusOr<bool> KeptInSpill(int64_t id) const;
   // Updates (ApplyUniqueGradients) for eviction tables: one id at a time, as a row found
   // early in a batch may be evicted to make room for a later one.
   absl::Status ApplyManaged(absl::Span<const int64_t> ids, const float* grads, int64_t step);
@@ -302,6 +313,10 @@ class EmbeddingTable {
   // Every optimizer the table has used: updates in flight may hold any of them.
   std::vector<std::unique_ptr<Optimizer>> optimizers_ ABSL_GUARDED_BY(optimizers_mu_);
   std::unique_ptr<embedding_internal::RowInitializer> initializer_;
+  // Feature admission (config().admission()); null when every id gets a row. Each
+  // stripe's slice of its sketch is guarded by that stripe's lock.
+  std::unique_ptr<embedding_internal::AdmissionFilter> admission_;
+  std::atomic<int64_t> refused_ids_{0};
   std::atomic<int64_t> num_rows_{0};
   v1::EvictionPolicy policy_ = v1::EVICTION_NONE;
   int64_t ttl_steps_ = 0;

@@ -239,7 +239,39 @@ TEST(TesseraTrain, TrainsOnCriteoTsvAndReportsMalformedLines) {
   EXPECT_THAT(short_file.output, testing::HasSubstr("model: 'tsv' (DLRM) on cpu"));
 }
 
+// The number after `label` in tessera-train's output ("auc 0.9" -> 0.9), or -1.
+double Figure(const std::string& output, const std::string& label) {
+  const size_t at = output.find(label);
+  double value = -1;
+  if (at == std::string::npos) return value;
+  const std::string rest = output.substr(at + label.size(), 20);
+  if (!absl::SimpleAtod(rest.substr(0, rest.find_first_of(" \n,")), &value)) return -1;
+  return value;
+}
+
+// Feature admission on ids with a long tail (200k per feature, most seen once): rows only
+// for ids seen in 3 steps, a fraction of the rows, at the same held-out AUC.
+TEST(TesseraTrain, AdmissionKeepsRareIdsOutAtTheSameAuc) {
+  std::string cardinalities = "200000";
+  for (int f = 1; f < 26; ++f) absl::StrAppend(&cardinalities, ",200000");
+  const std::string common = absl::StrCat("--cardinalities=", cardinalities,
+                                          " --steps=600 --held_out=10000 --log_every=0");
+  const Result all = RunTrain(common);
+  const Result admitted = RunTrain(absl::StrCat(common, " --admit_min_count=3"));
+  ASSERT_EQ(all.exit_code, 0) << all.output;
+  ASSERT_EQ(admitted.exit_code, 0) << admitted.output;
+  const double rows_all = Figure(all.output, "tables: "),
+               rows_admitted = Figure(admitted.output, "tables: ");
+  ASSERT_GT(rows_all, 0) << all.output;
+  EXPECT_LT(rows_admitted, 0.3 * rows_all) << admitted.output;
+  EXPECT_GT(rows_admitted, 0.02 * rows_all) << admitted.output;
+  EXPECT_NEAR(Figure(admitted.output, "auc "), Figure(all.output, "auc "), 0.01)
+      << all.output << admitted.output;
+}
+
 TEST(TesseraTrain, BadFlagsGiveClearErrors) {
+  ExpectRefused("--admit_min_count=300", "--admit_min_count must be <= 255");
+  ExpectRefused("--admit_probability=1.5", "--admit_probability");
   ExpectRefused("--shards=remote", "--shards must be inproc:N");
   ExpectRefused("--optimizer=lamb --steps=1", "unknown optimizer 'lamb'");
   ExpectRefused("--checkpoint_every=10 --steps=20", "--data_dir");

@@ -4,7 +4,8 @@
 //   tessera-cli tables
 //   tessera-cli apply --tables_file=tables.json
 //   tessera-cli create --table=user --dim=16 [--optimizer=adagrad --lr=0.05 --seed=1 --dtype=bf16
-//                      --eviction=lru --max_rows=N --ttl_steps=N --clip_norm=X ...: every field]
+//                      --eviction=lru --max_rows=N --ttl_steps=N --clip_norm=X
+//                      --admit_min_count=K ...: every field]
 //   tessera-cli lookup --table=user --ids=1,2,3
 //   tessera-cli stats [--table=user]
 //   tessera-cli shardmap
@@ -80,6 +81,13 @@ ABSL_FLAG(double, init_scale, 0.05,
 ABSL_FLAG(std::string, eviction, "none",
           "create: what a table full at --max_rows does: none (refuses new rows), lru or lfu");
 ABSL_FLAG(int64_t, ttl_steps, 0, "create: rows not updated for this many steps are dropped (0 = never)");
+ABSL_FLAG(int, admit_min_count, 0,
+          "create: feature admission: an id gets a row once pushes of this many steps carried "
+          "it (0 or 1: at once)");
+ABSL_FLAG(double, admit_probability, 0,
+          "create: feature admission: a new id gets a row with this probability (0 or 1: every id)");
+ABSL_FLAG(int64_t, admit_sketch_width, 0,
+          "create: counters per row of each shard's admission sketch (0: 65536)");
 ABSL_FLAG(std::optional<double>, epsilon, std::nullopt,
           "create: optimizer epsilon (default 1e-8 for Adam, 1e-10 for the Adagrads)");
 ABSL_FLAG(std::optional<double>, beta1, std::nullopt, "create: Adam beta1 (default 0.9)");
@@ -604,6 +612,13 @@ absl::StatusOr<tessera::v1::TableConfig> CreateConfig(const std::string& table) 
                                          tessera::v1::EvictionPolicy_descriptor(), "EVICTION_"));
   c.mutable_eviction()->set_policy(static_cast<tessera::v1::EvictionPolicy>(eviction));
   c.mutable_eviction()->set_ttl_steps(absl::GetFlag(FLAGS_ttl_steps));
+  if (absl::GetFlag(FLAGS_admit_min_count) != 0 || absl::GetFlag(FLAGS_admit_probability) != 0 ||
+      absl::GetFlag(FLAGS_admit_sketch_width) != 0) {
+    tessera::v1::AdmissionConfig* a = c.mutable_admission();
+    a->set_min_count(absl::GetFlag(FLAGS_admit_min_count));
+    a->set_probability(static_cast<float>(absl::GetFlag(FLAGS_admit_probability)));
+    a->set_sketch_width(absl::GetFlag(FLAGS_admit_sketch_width));
+  }
   return c;
 }
 

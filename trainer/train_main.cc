@@ -74,6 +74,13 @@ ABSL_FLAG(int, cuda_device, 0,
           "visible (data-parallel workers on one host: one each)");
 ABSL_FLAG(double, init_scale, 0.05, "embedding rows start U(-init_scale, init_scale)");
 ABSL_FLAG(int64_t, max_rows, 0, "row budget per table (0 = unlimited)");
+ABSL_FLAG(int, admit_min_count, 0,
+          "feature admission: an id gets a row once this many steps carried it (0 or 1: at "
+          "once; at most 255); until then it reads its initial weights and its gradients are "
+          "dropped");
+ABSL_FLAG(double, admit_probability, 0,
+          "feature admission: a new id gets a row with this probability, the same for every "
+          "shard and replay (0 or 1: every id)");
 ABSL_FLAG(int64_t, memory_limit, 0,
           "in-process tables: bytes their rows may take together (a new row past it is "
           "refused, naming the table); 0 = the cgroup's memory limit (else 90% of physical "
@@ -238,6 +245,10 @@ absl::Status CheckFlagRanges() {
   TESSERA_RETURN_IF_ERROR(CheckRange("init_scale", absl::GetFlag(FLAGS_init_scale), 0.0, 1e6));
   TESSERA_RETURN_IF_ERROR(CheckRange("max_rows", absl::GetFlag(FLAGS_max_rows), int64_t{0}, kMax,
                                      " (0 = unlimited)"));
+  TESSERA_RETURN_IF_ERROR(CheckRange("admit_min_count", absl::GetFlag(FLAGS_admit_min_count), 0,
+                                     255, " (0 = every id)"));
+  TESSERA_RETURN_IF_ERROR(CheckRange("admit_probability", absl::GetFlag(FLAGS_admit_probability),
+                                     0.0, 1.0, " (0 = every id)"));
   TESSERA_RETURN_IF_ERROR(CheckRange("log_every", absl::GetFlag(FLAGS_log_every), int64_t{0},
                                      kMax, " (0 = no progress lines)"));
   TESSERA_RETURN_IF_ERROR(CheckRange("zipf", absl::GetFlag(FLAGS_zipf), 0.0, 100.0));
@@ -499,6 +510,11 @@ absl::Status ParseTrainingFlags(TrainFlags* f) {
   table.mutable_optimizer()->set_learning_rate(static_cast<float>(absl::GetFlag(FLAGS_lr)));
   table.mutable_initializer()->set_type(v1::UNIFORM);
   table.mutable_initializer()->set_scale(static_cast<float>(absl::GetFlag(FLAGS_init_scale)));
+  if (absl::GetFlag(FLAGS_admit_min_count) > 1 || absl::GetFlag(FLAGS_admit_probability) > 0) {
+    table.mutable_admission()->set_min_count(absl::GetFlag(FLAGS_admit_min_count));
+    table.mutable_admission()->set_probability(
+        static_cast<float>(absl::GetFlag(FLAGS_admit_probability)));
+  }
 
   TrainerOptions& options = f->options;
   options.model = absl::GetFlag(FLAGS_model);
@@ -944,6 +960,19 @@ absl::Status CheckWorkersAgree(DataParallel* dp, DenseBackend* dense, int worker
   return absl::OkStatus();
 }
 
+// The rows the model's tables hold (feature admission keeps rare ids out of them).
+absl::Status ReportRows(const embedding::EmbeddingCollection& tables, const std::string& model,
+                        int num_sparse) {
+  int64_t rows = 0, bytes = 0;
+  for (const std::string& name : Trainer::TableNames(num_sparse, model)) {
+    TESSERA_ASSIGN_OR_RETURN(const embedding::TableUsage usage, tables.Usage(name));
+    rows += usage.rows;
+    bytes += usage.memory_bytes;
+  }
+  std::printf("tables: %lld rows stored, %.1f MB\n", static_cast<long long>(rows), bytes / 1e6);
+  return absl::OkStatus();
+}
+
 absl::Status ReportEvaluation(Trainer& trainer, const Batch& held_out, const Trained& t) {
   TESSERA_ASSIGN_OR_RETURN(EvalResult eval, trainer.Evaluate(held_out));
   if (eval.samples == 0) {
@@ -993,6 +1022,7 @@ absl::Status Run() {
   }
   TESSERA_RETURN_IF_ERROR(ReportTraining(f, trainer, trained, first_step));
   if (dp != nullptr) TESSERA_RETURN_IF_ERROR(CheckWorkersAgree(dp, dense.get(), f.worker));
+  TESSERA_RETURN_IF_ERROR(ReportRows(*tables.tables, options.model, f.model.num_sparse));
   return ReportEvaluation(trainer, data.held_out, trained);
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "embedding/embedding_table.h"
+#include "embedding/internal/admission.h"
 #include "embedding/internal/stripe.h"
 #include "base/status.h"
 
@@ -104,6 +105,16 @@ absl::StatusOr<float*> EmbeddingTable::InsertManagedLocked(Stripe& stripe, int64
   return row;
 }
 
+absl::StatusOr<bool> EmbeddingTable::KeptInSpill(int64_t id) const {
+  if (spill_ == nullptr) return false;
+  thread_local std::vector<float> weights, state;
+  weights.resize(dim_);
+  state.resize(state_floats_);
+  RowMeta meta;
+  bool dirty = false;
+  return spill_->Fetch(id, weights.data(), state.data(), &meta, &dirty);
+}
+
 absl::Status EmbeddingTable::ApplyManaged(absl::Span<const int64_t> ids, const float* grads,
                                           int64_t step) {
   thread_local std::vector<float> scratch;
@@ -114,6 +125,15 @@ absl::Status EmbeddingTable::ApplyManaged(absl::Span<const int64_t> ids, const f
     Stripe& stripe = stripes_[h >> kStripeShift];
     StripeWriter lock(stripe);
     float* row = stripe.Find(ids[i], h);
+    if (row == nullptr && admission_ != nullptr && !admission_->Count(ids[i], h)) {
+      // Not admitted, unless a row of it is kept on disk (evicted before a restart that
+      // emptied the sketch): such a row was admitted already.
+      TESSERA_ASSIGN_OR_RETURN(const bool kept, KeptInSpill(ids[i]));
+      if (!kept) {
+        refused_ids_.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+    }
     if (row == nullptr) {
       TESSERA_ASSIGN_OR_RETURN(row, InsertManagedLocked(stripe, ids[i], h));
     }

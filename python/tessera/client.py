@@ -52,7 +52,8 @@ OPTIMIZER_SETTINGS = ("learning_rate", "epsilon", "beta1", "beta2", "initial_acc
                       "l2", "learning_rate_power", "clip_norm", "clip_value", "weight_decay")
 # Every keyword argument of create_table and table_config (besides name and dim).
 TABLE_SETTINGS = ("optimizer", *OPTIMIZER_SETTINGS, "dtype", "seed", "max_rows", "initializer",
-                  "init_scale", "durability", "eviction", "ttl_steps")
+                  "init_scale", "durability", "eviction", "ttl_steps", "admit_min_count",
+                  "admit_probability", "admit_sketch_width")
 
 
 def parse_enum(kind: str, value, names: Dict[str, int], prefix: str = "") -> int:
@@ -81,13 +82,18 @@ def table_config(name: str, dim: int, optimizer: str = "adagrad", learning_rate:
                  dtype: str = "fp32", seed: int = 1, max_rows: int = 0,
                  initializer: str = "uniform", init_scale: Optional[float] = 0.05,
                  durability: str = "checkpoint", eviction: str = "none", ttl_steps: int = 0,
+                 admit_min_count: int = 0, admit_probability: float = 0.0,
+                 admit_sketch_width: int = 0,
                  **optimizer_settings) -> config_pb2.TableConfig:
     """The TableConfig create_table sends, with tessera-train's and tessera-cli create's
     defaults (Adagrad at 0.05, seed 1, rows U(-0.05, 0.05), fp32). Optimizer settings
     (OPTIMIZER_SETTINGS: epsilon, beta1, beta2, initial_accumulator, l1, l2,
     learning_rate_power, clip_norm, clip_value, weight_decay) left out keep the server's
-    defaults; init_scale=None is 1/sqrt(dim). Enum names in any case. ValueError for an
-    unknown name or setting."""
+    defaults; init_scale=None is 1/sqrt(dim). Feature admission (TableConfig.admission):
+    admit_min_count=K gives an id a row once pushes of K steps carried it,
+    admit_probability=p gives a new id a row with probability p (decided per id by the
+    table's seed), admit_sketch_width sizes each shard's count sketch; 0 leaves each off.
+    Enum names in any case. ValueError for an unknown name or setting."""
     unknown = set(optimizer_settings) - set(OPTIMIZER_SETTINGS)
     if unknown:
         raise ValueError(f"table {name!r}: unknown settings {sorted(unknown)}; "
@@ -103,6 +109,10 @@ def table_config(name: str, dim: int, optimizer: str = "adagrad", learning_rate:
         eviction=config_pb2.EvictionConfig(
             policy=parse_enum("eviction", eviction, _EVICTION, prefix="eviction_"),
             ttl_steps=ttl_steps))
+    if admit_min_count or admit_probability or admit_sketch_width:
+        config.admission.min_count = admit_min_count
+        config.admission.probability = admit_probability
+        config.admission.sketch_width = admit_sketch_width
     for key, value in optimizer_settings.items():
         if value is not None:
             setattr(config.optimizer, key, value)

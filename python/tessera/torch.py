@@ -43,6 +43,9 @@ def _spec_differences(config, spec: Mapping) -> List[str]:
               "seed": ("seed",), "max_rows": ("max_rows",), "durability": ("durability",),
               "initializer": ("initializer", "type"), "init_scale": ("initializer", "scale"),
               "eviction": ("eviction", "policy"), "ttl_steps": ("eviction", "ttl_steps"),
+              "admit_min_count": ("admission", "min_count"),
+              "admit_probability": ("admission", "probability"),
+              "admit_sketch_width": ("admission", "sketch_width"),
               **{k: ("optimizer", k) for k in OPTIMIZER_SETTINGS}}
     out = []
     for key in spec:
@@ -118,7 +121,8 @@ class EmbeddingCollection(torch.nn.Module):
 
     `tables`: each a table name (the table must exist) or a dict with "name", "dim" and
     any of create_table's keyword arguments (TABLE_SETTINGS: optimizer and its settings,
-    dtype, seed, max_rows, initializer, init_scale, durability, eviction, ttl_steps):
+    dtype, seed, max_rows, initializer, init_scale, durability, eviction, ttl_steps,
+    admit_min_count, admit_probability, admit_sketch_width):
     created when missing, else every setting the spec gives is checked against the
     existing table (ValueError naming each field that differs and both values).
     `pooling`: "sum", "mean" or "sqrtn" (of weight x row over a bag's ids: the sum, divided

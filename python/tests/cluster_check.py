@@ -203,6 +203,24 @@ def main(address: str) -> int:
                  lambda: smart.push_many({"pyc": (ids, g1), "pyc_b": (other, bad)}))
     np.testing.assert_array_equal(smart.lookup("pyc", ids), before_bad)  # nothing applied
 
+    # Feature admission on the shards: an id gets its row at the push of its third step;
+    # a push sent again under its request id counts nothing again.
+    smart.create_table("pyc_adm", dim=4, optimizer="sgd", learning_rate=0.5, admit_min_count=3)
+    fresh = np.arange(7 * 10**9, 7 * 10**9 + 300)
+    initial = smart.lookup("pyc_adm", fresh)
+    ones = np.ones((len(fresh), 4), np.float32)
+    for client in (smart, via):
+        rid = client.next_request_id()
+        client.push("pyc_adm", fresh, ones, step=20, request_id=rid)
+        client.push("pyc_adm", fresh, ones, step=20, request_id=rid)
+        assert sum(t.rows for t in smart.stats("pyc_adm").tables) == 0
+        np.testing.assert_array_equal(smart.lookup("pyc_adm", fresh), initial)
+    smart.push("pyc_adm", fresh[:100], ones[:100], step=21)  # their 3rd step: admitted
+    assert sum(t.rows for t in smart.stats("pyc_adm").tables) == 100
+    np.testing.assert_allclose(via.lookup("pyc_adm", fresh[:100]), initial[:100] - 0.5, atol=1e-6)
+    np.testing.assert_array_equal(via.lookup("pyc_adm", fresh[100:]), initial[100:])
+    assert smart.tables()["pyc_adm"].admission.min_count == 3
+
     smart.checkpoint(12)
     assert 12 in [c.step for c in smart.checkpoints().checkpoints]
     # A restore of every model needs all_models: in the client and on the coordinator.
