@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "base/status.h"
 #include "embedding/batch_ops.h"
+#include "embedding/embedding_table.h"
 #include "embedding/sharding.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -225,7 +226,7 @@ void ShardRouter::Place(const v1::TableConfig& config, absl::Span<const int64_t>
   plan->slot.resize(n);
   plan->count.assign(num_shards(), 0);
   for (size_t u = 0; u < n; ++u) {
-    const int k = embedding::ShardOf(plan->unique[u], config.seed(), num_shards());
+    const int k = embedding::ShardOfRow(config, plan->unique[u], num_shards());
     plan->shard_of[u] = k;
     plan->slot[u] = plan->count[k]++;
   }
@@ -299,6 +300,7 @@ absl::Status ShardRouter::ExportFrom(int k, const v1::ExportRowsRequest& request
 
 absl::Status ShardRouter::ImportRows(const v1::TableConfig& config,
                                      const embedding::RowBlock& rows) {
+  TESSERA_RETURN_IF_ERROR(embedding::CheckVocabulary(config, rows.ids));
   const int shards = num_shards();
   std::vector<embedding::RowBlock> parts(shards);
   const int sf = rows.state.empty() ? 0 : rows.state_floats;
@@ -308,7 +310,7 @@ absl::Status ShardRouter::ImportRows(const v1::TableConfig& config,
   }
   const size_t d = static_cast<size_t>(rows.dim);
   for (size_t i = 0; i < rows.size(); ++i) {
-    embedding::RowBlock& p = parts[embedding::ShardOf(rows.ids[i], config.seed(), shards)];
+    embedding::RowBlock& p = parts[embedding::ShardOfRow(config, rows.ids[i], shards)];
     p.ids.push_back(rows.ids[i]);
     p.weights.insert(p.weights.end(), rows.weights.begin() + i * d,
                      rows.weights.begin() + (i + 1) * d);
@@ -466,7 +468,7 @@ void ShardRouter::AddShardBags(Scratch& s, size_t p, const v1::TableConfig& conf
   std::vector<std::vector<int32_t>> offsets(shards, std::vector<int32_t>{0});
   plan.shard_of.resize(part.ids.size());
   for (size_t i = 0; i < part.ids.size(); ++i) {
-    plan.shard_of[i] = embedding::ShardOf(part.ids[i], config.seed(), shards);
+    plan.shard_of[i] = embedding::ShardOfRow(config, part.ids[i], shards);
   }
   for (size_t b = 0; b < bags; ++b) {
     for (int32_t i = part.offsets[b]; i < part.offsets[b + 1]; ++i) {
@@ -582,6 +584,9 @@ absl::Status ShardRouter::LookupBatch(absl::Span<const v1::TableConfig> configs,
                                       bool read_only) {
   const int shards = num_shards();
   const size_t num_parts = parts.size();
+  for (size_t p = 0; p < num_parts; ++p) {
+    TESSERA_RETURN_IF_ERROR(embedding::CheckVocabulary(configs[p], parts[p].ids));
+  }
   auto s = scratch_.Acquire();
   s->parts.resize(std::max(s->parts.size(), num_parts));
   s->part_index.assign(static_cast<size_t>(shards) * num_parts, -1);
@@ -658,6 +663,7 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
                                                      dim, "ids"));
     TESSERA_RETURN_IF_ERROR(embedding::CheckFiniteGradients(configs[p].name(), parts[p].ids,
                                                             parts[p].gradients.data(), dim));
+    TESSERA_RETURN_IF_ERROR(embedding::CheckVocabulary(configs[p], parts[p].ids));
   }
   const embedding::RequestId id = request_id.empty() ? NextRequestId() : request_id;
   auto s = scratch_.Acquire();

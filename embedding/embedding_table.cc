@@ -13,7 +13,9 @@
 #include "embedding/batch_ops.h"
 #include "embedding/dtype.h"
 #include "embedding/internal/admission.h"
+#include "embedding/internal/fixed_rows.h"
 #include "embedding/internal/row_initializer.h"
+#include "embedding/internal/row_ops.h"
 #include "embedding/internal/stripe.h"
 #include "embedding/internal/stripe_plan.h"
 #include "embedding/row_math.h"
@@ -30,6 +32,10 @@ using embedding_internal::MapHash;
 using embedding_internal::ReaderScope;
 using embedding_internal::StripePlan;
 using embedding_internal::StripeWriter;
+using embedding_internal::AllFinite;
+using embedding_internal::CopyFloats;
+using embedding_internal::PrefetchLines;
+using embedding_internal::SpinPause;
 
 static_assert(EmbeddingTable::kNumStripes == embedding_internal::kNumStripes);
 
@@ -48,61 +54,6 @@ bool ThinGroups(size_t ids) {
   return ids < 8 * static_cast<size_t>(embedding_internal::kNumStripes);
 }
 
-void PrefetchLines(const float* p, int lines, bool for_write) {
-  const char* c = reinterpret_cast<const char*>(p);
-  for (int l = 0; l < lines; ++l) {
-    if (for_write) {
-      __builtin_prefetch(c + 64 * l, 1, 3);
-    } else {
-      __builtin_prefetch(c + 64 * l, 0, 3);
-    }
-  }
-}
-
-// Copies `n` floats with vector loads and stores in line: a row is a few of them, and
-// the library call a copy loop would otherwise become costs more than the copy.
-inline void CopyFloats(float* dst, const float* src, int n) {
-#if defined(__AVX512F__)
-  int j = 0;
-  for (; j + 16 <= n; j += 16) _mm512_storeu_ps(dst + j, _mm512_loadu_ps(src + j));
-  if (j < n) {
-    const __mmask16 tail = static_cast<__mmask16>((1u << (n - j)) - 1);
-    _mm512_mask_storeu_ps(dst + j, tail, _mm512_maskz_loadu_ps(tail, src + j));
-  }
-#elif defined(__SSE2__)
-  int j = 0;
-#if defined(__AVX__)
-  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(dst + j, _mm256_loadu_ps(src + j));
-#endif
-  for (; j + 4 <= n; j += 4) _mm_storeu_ps(dst + j, _mm_loadu_ps(src + j));
-  for (; j < n; ++j) _mm_store_ss(dst + j, _mm_load_ss(src + j));
-#else
-  std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
-#endif
-}
-
-// A short wait while a writer holds a stripe.
-inline void SpinPause() {
-  for (int spin = 0; spin < 32; ++spin) {
-#if defined(__x86_64__) || defined(__i386__)
-    _mm_pause();
-#endif
-  }
-}
-
-// True when every value of p[0, n) is finite: Inf and NaN have an exponent of all ones,
-// so ~bits & exponent is 0 for them alone. A min over integers, which vectorises (a float
-// reduction would be a serial chain).
-bool AllFinite(const float* p, size_t n) {
-  constexpr uint32_t kExponent = 0x7f800000u;
-  uint32_t least = kExponent;
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, p + i, sizeof(bits));
-    least = std::min(least, ~bits & kExponent);
-  }
-  return least != 0;
-}
 
 absl::Status ValidateAdmission(const v1::AdmissionConfig& a, const std::string& label) {
   using embedding_internal::AdmissionFilter;
@@ -124,7 +75,42 @@ absl::Status ValidateAdmission(const v1::AdmissionConfig& a, const std::string& 
   return absl::OkStatus();
 }
 
+absl::Status ValidateVocabulary(const v1::TableConfig& c, const std::string& label) {
+  if (c.vocabulary_size() == 0) return absl::OkStatus();
+  if (c.vocabulary_size() < 0 || c.vocabulary_size() > kMaxVocabularySize) {
+    return absl::InvalidArgumentError(absl::StrCat(label, ": vocabulary_size must be in [0, ",
+                                                   kMaxVocabularySize, "] (0: any id), got ",
+                                                   c.vocabulary_size()));
+  }
+  if (c.max_rows() != 0 || c.eviction().policy() != v1::EVICTION_NONE ||
+      c.eviction().ttl_steps() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        label, ": a fixed-vocabulary table (vocabulary_size ", c.vocabulary_size(),
+        ") holds a row for every id of its vocabulary; it takes no max_rows, eviction or "
+        "ttl_steps"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+int32_t ShardOfRow(const v1::TableConfig& config, int64_t id, int32_t num_shards, int32_t outer) {
+  if (config.vocabulary_size() == 0) return ShardOf(id, config.seed(), num_shards);
+  return static_cast<int32_t>(static_cast<uint64_t>(id) / static_cast<uint64_t>(outer) %
+                              static_cast<uint64_t>(num_shards));
+}
+
+absl::Status CheckVocabulary(const v1::TableConfig& config, absl::Span<const int64_t> ids) {
+  const int64_t n = config.vocabulary_size();
+  if (n == 0) return absl::OkStatus();
+  for (const int64_t id : ids) {
+    if (id < 0 || id >= n) {
+      return absl::InvalidArgumentError(absl::StrCat("table '", config.name(), "': id ", id,
+                                                     " is outside its vocabulary [0, ", n, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ValidateTableConfig(const v1::TableConfig& config) {
   if (config.name().empty()) return absl::InvalidArgumentError("table name must not be empty");
@@ -166,6 +152,7 @@ absl::Status ValidateTableConfig(const v1::TableConfig& config) {
         absl::StrCat(label, ": ttl_steps must be >= 0, got ", config.eviction().ttl_steps()));
   }
   TESSERA_RETURN_IF_ERROR(ValidateAdmission(config.admission(), label));
+  TESSERA_RETURN_IF_ERROR(ValidateVocabulary(config, label));
   absl::StatusOr<OptimizerParams> params = ResolveOptimizer(config.optimizer());
   return Annotate(params.status(), label);
 }
@@ -180,7 +167,7 @@ absl::Status RequireHostPlacement(const v1::TableConfig& config) {
 }
 
 absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(
-    const v1::TableConfig& config, int64_t row_budget) {
+    const v1::TableConfig& config, int64_t row_budget, VocabularyPart part) {
   TESSERA_RETURN_IF_ERROR(ValidateTableConfig(config));
   TESSERA_RETURN_IF_ERROR(RequireHostPlacement(config));
   if (row_budget < 0) {
@@ -199,6 +186,23 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(
   auto table = std::unique_ptr<EmbeddingTable>(
       new EmbeddingTable(config, row_budget, std::move(optimizer)));
   table->admission_ = std::move(admission);
+  if (config.vocabulary_size() > 0) {
+    if (part.count < 1 || part.index < 0 || part.index >= part.count) {
+      return absl::InvalidArgumentError(absl::StrCat("table '", config.name(), "': part ",
+                                                     part.index, " of ", part.count));
+    }
+    const bool counts = config.optimizer().type() == v1::ADAM || config.dtype() != v1::FP32;
+    table->fixed_ = embedding_internal::FixedRows::Create(
+        config.vocabulary_size(), part.index, part.count, table->layout_.weight_floats,
+        table->state_floats_, counts);
+    if (table->fixed_ == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "table '", config.name(), "': cannot map the arrays of a vocabulary of ",
+          config.vocabulary_size(), " rows"));
+    }
+    table->row_bytes_ = 0;  // the arrays count against a memory budget as a whole
+    table->row_budget_ = 0;
+  }
   return table;
 }
 
@@ -227,7 +231,12 @@ EmbeddingTable::EmbeddingTable(const v1::TableConfig& config, int64_t row_budget
 }
 
 EmbeddingTable::~EmbeddingTable() {
-  if (memory_ != nullptr) memory_->Add(-num_rows() * row_bytes_);
+  if (memory_ != nullptr) memory_->Add(-num_rows() * row_bytes_ - ReservedBytes());
+}
+
+void EmbeddingTable::set_memory_budget(MemoryBudget* budget) {
+  memory_ = budget;
+  if (memory_ != nullptr) memory_->Add(ReservedBytes());
 }
 
 absl::Status EmbeddingTable::SetOptimizer(const v1::OptimizerConfig& config) {
@@ -355,6 +364,7 @@ absl::Status EmbeddingTable::MemoryBudgetError(int64_t rows) const {
 }
 
 int64_t EmbeddingTable::MissingRows(absl::Span<const int64_t> ids) const {
+  if (fixed_ != nullptr) return 0;  // every row has its place already
   int64_t missing = 0;
   for (const int64_t id : ids) {
     const uint64_t h = MapHash(id);
@@ -473,6 +483,7 @@ void EmbeddingTable::CopyGroup(const StripePlan& plan, int b, int e, float* out)
 
 absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
                                     bool insert_missing) {
+  if (fixed_ != nullptr) return FixedLookup(ids, out);
   StripePlan& plan = embedding_internal::PlanByStripe(ids);
   {
     ReaderScope reading(readers_);
@@ -561,8 +572,9 @@ absl::Status EmbeddingTable::ApplyCheckedGradients(absl::Span<const int64_t> ids
   int64_t latest = latest_step_.load(std::memory_order_relaxed);
   while (step > latest && !latest_step_.compare_exchange_weak(latest, step)) {
   }
-  absl::Status applied =
-      policy_ != v1::EVICTION_NONE ? ApplyManaged(ids, grads, step) : ApplyBatch(ids, grads, step);
+  absl::Status applied = fixed_ != nullptr               ? FixedApply(ids, grads, step)
+                         : policy_ != v1::EVICTION_NONE ? ApplyManaged(ids, grads, step)
+                                                        : ApplyBatch(ids, grads, step);
   TESSERA_RETURN_IF_ERROR(applied);
   // TTL: sweep once the step has moved a quarter of the TTL on since the last sweep.
   if (ttl_steps_ > 0) {
@@ -576,6 +588,7 @@ absl::Status EmbeddingTable::ApplyCheckedGradients(absl::Span<const int64_t> ids
 }
 
 absl::Status EmbeddingTable::CheckRoomFor(absl::Span<const int64_t> ids) const {
+  if (fixed_ != nullptr) return CheckIds(ids);  // its memory was counted whole
   if (policy_ != v1::EVICTION_NONE || !CountsAhead(static_cast<int64_t>(ids.size()))) {
     return absl::OkStatus();
   }
@@ -666,6 +679,20 @@ absl::Status EmbeddingTable::PushGradients(absl::Span<const int64_t> ids, const 
 }
 
 absl::StatusOr<RowSnapshot> EmbeddingTable::ReadRow(int64_t id) const {
+  if (fixed_ != nullptr) {
+    RowSnapshot snap;
+    bool found = false;
+    if (fixed_->Holds(id)) {
+      ReadRows({id}, [&](int64_t, const float* w, const float* state, const RowMeta& meta) {
+        snap.weights.assign(w, w + dim_);
+        snap.state.assign(state, state + state_floats_);
+        snap.meta = meta;
+        found = true;
+      });
+    }
+    if (found) return snap;
+    return absl::NotFoundError(absl::StrCat("table '", name(), "': no row for id ", id));
+  }
   const uint64_t h = MapHash(id);
   const Stripe& stripe = stripes_[h >> kStripeShift];
   absl::ReaderMutexLock lock(&stripe.mu);
@@ -682,6 +709,19 @@ absl::StatusOr<RowSnapshot> EmbeddingTable::ReadRow(int64_t id) const {
 }
 
 void EmbeddingTable::ReadRows(absl::Span<const int64_t> ids, const RowFn& fn) const {
+  if (fixed_ != nullptr) {
+    const embedding_internal::FixedRows& f = *fixed_;
+    for (const int64_t id : ids) {
+      if (!f.Holds(id)) continue;
+      const int64_t row = f.RowOf(id);
+      absl::ReaderMutexLock lock(&FixedStripe(row).mu);
+      if (!f.Live(row)) continue;
+      RowMeta meta;
+      meta.update_count = f.Count(row);
+      fn(id, WeightsView(f.Weights(row)), f.State(row), meta);
+    }
+    return;
+  }
   for (const int64_t id : ids) {
     const uint64_t h = MapHash(id);
     const Stripe& stripe = stripes_[h >> kStripeShift];
@@ -721,6 +761,7 @@ absl::Status EmbeddingTable::PutRow(int64_t id, absl::Span<const float> weights,
         absl::StrCat("table '", name(), "': row ", id, " has ", weights.size(), " weights and ",
                      state.size(), " state floats, expected ", dim_, " and ", state_floats_));
   }
+  if (fixed_ != nullptr) return FixedPutRow(id, weights.data(), state.data(), meta, mark_dirty);
   const uint64_t h = MapHash(id);
   Stripe& stripe = stripes_[h >> kStripeShift];
   StripeWriter lock(stripe);
@@ -728,6 +769,7 @@ absl::Status EmbeddingTable::PutRow(int64_t id, absl::Span<const float> weights,
 }
 
 absl::Status EmbeddingTable::Reserve(int64_t rows) {
+  if (fixed_ != nullptr) return absl::OkStatus();  // every row has its place
   // Ids spread over the stripes evenly, give or take a few standard deviations.
   const int64_t per_stripe = rows / kNumStripes;
   const int64_t want = per_stripe + 4 * static_cast<int64_t>(std::sqrt(per_stripe)) + 16;
@@ -740,6 +782,13 @@ absl::Status EmbeddingTable::Reserve(int64_t rows) {
 
 absl::Status EmbeddingTable::PutRows(absl::Span<const int64_t> ids, const float* weights,
                                      const float* state, absl::Span<const RowMeta> metas) {
+  if (fixed_ != nullptr) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      TESSERA_RETURN_IF_ERROR(FixedPutRow(ids[i], weights + i * dim_, state + i * state_floats_,
+                                          metas[i], /*mark_dirty=*/false));
+    }
+    return absl::OkStatus();
+  }
   StripePlan& plan = embedding_internal::PlanByStripe(ids);
   return ForEachGroup(plan, [&](int s, int b, int e) {
     Stripe& stripe = stripes_[s];
@@ -755,6 +804,7 @@ absl::Status EmbeddingTable::PutRows(absl::Span<const int64_t> ids, const float*
 }
 
 void EmbeddingTable::Forget(int64_t id) {
+  if (fixed_ != nullptr) return FixedForget(id);
   const uint64_t h = MapHash(id);
   Stripe& stripe = stripes_[h >> kStripeShift];
   StripeWriter lock(stripe);
@@ -762,6 +812,7 @@ void EmbeddingTable::Forget(int64_t id) {
 }
 
 void EmbeddingTable::ForEachDirtyRow(const RowFn& fn) const {
+  if (fixed_ != nullptr) return FixedForEach(fn, /*dirty_only=*/true);
   for (int s = 0; s < kNumStripes; ++s) {
     const Stripe& stripe = stripes_[s];
     absl::ReaderMutexLock lock(&stripe.mu);
@@ -771,6 +822,7 @@ void EmbeddingTable::ForEachDirtyRow(const RowFn& fn) const {
 }
 
 int64_t EmbeddingTable::DirtyRows() const {
+  if (fixed_ != nullptr) return fixed_dirty_.load(std::memory_order_relaxed);
   int64_t n = 0;
   for (int s = 0; s < kNumStripes; ++s) {
     absl::ReaderMutexLock lock(&stripes_[s].mu);
@@ -780,6 +832,7 @@ int64_t EmbeddingTable::DirtyRows() const {
 }
 
 void EmbeddingTable::ClearDirty() {
+  if (fixed_ != nullptr) return FixedClearDirty();
   for (int s = 0; s < kNumStripes; ++s) {
     Stripe& stripe = stripes_[s];
     StripeWriter lock(stripe);
@@ -789,6 +842,7 @@ void EmbeddingTable::ClearDirty() {
 }
 
 void EmbeddingTable::ForEachRow(const RowFn& fn) const {
+  if (fixed_ != nullptr) return FixedForEach(fn, /*dirty_only=*/false);
   for (int s = 0; s < kNumStripes; ++s) {
     const Stripe& stripe = stripes_[s];
     absl::ReaderMutexLock lock(&stripe.mu);
@@ -801,7 +855,7 @@ void EmbeddingTable::ForEachRow(const RowFn& fn) const {
 }
 
 int64_t EmbeddingTable::MemoryBytes() const {
-  int64_t bytes = 0;
+  int64_t bytes = ReservedBytes();
   for (int s = 0; s < kNumStripes; ++s) {
     absl::ReaderMutexLock lock(&stripes_[s].mu);
     bytes += stripes_[s].Bytes();

@@ -20,6 +20,7 @@
 
 namespace tessera::embedding_internal {
 class AdmissionFilter;
+class FixedRows;
 class RowInitializer;
 class Stripe;
 struct StripePlan;
@@ -55,6 +56,22 @@ class RowSpill {
   virtual void Drop(int64_t id) = 0;
 };
 
+// The largest TableConfig.vocabulary_size.
+constexpr int64_t kMaxVocabularySize = int64_t{1} << 40;
+
+// The shard among `num_shards` that holds `id` of table `config`: ShardOf (a jump hash of
+// the mixed id) for a dynamic vocabulary; for a fixed one (vocabulary_size > 0) every
+// num_shards-th id, counted in units of `outer` (the shard count of the level above: a
+// cluster's shard k of M holds ids k + M i and splits them by i), so a shard's rows sit
+// densely at id / (outer * num_shards). Any id maps somewhere; its table refuses ids
+// outside the vocabulary.
+int32_t ShardOfRow(const v1::TableConfig& config, int64_t id, int32_t num_shards,
+                   int32_t outer = 1);
+
+// InvalidArgument naming the first of `ids` outside the fixed vocabulary of `config`
+// (vocabulary_size > 0); OK for a dynamic vocabulary.
+absl::Status CheckVocabulary(const v1::TableConfig& config, absl::Span<const int64_t> ids);
+
 // Checks a table config (name, dim, optimizer, initializer) and fills nothing in;
 // InvalidArgument names the bad field.
 absl::Status ValidateTableConfig(const v1::TableConfig& config);
@@ -85,13 +102,24 @@ absl::Status RequireHostPlacement(const v1::TableConfig& config);
 // An update rounds the new weights back stochastically, with random bits that are a pure
 // function of (table seed, id, the row's update count), so small updates are not lost
 // and a run replays bit for bit whatever the shard count.
+// The ids of a fixed-vocabulary table that one table object holds: those congruent to
+// `index` modulo `count`, `count` being the shards of every level together (ShardOfRow).
+struct VocabularyPart {
+  int64_t index = 0;
+  int64_t count = 1;
+};
+
 class EmbeddingTable {
  public:
   static constexpr int kNumStripes = 64;
 
   // Creates an empty table. `row_budget` caps the rows this table may hold (0 = no cap).
+  // A fixed-vocabulary table (config.vocabulary_size() > 0) holds the ids of `part`, in
+  // arrays addressed by id (embedding/internal/fixed_rows.h), takes no row budget and
+  // refuses other ids with InvalidArgument; lookups never store rows.
   static absl::StatusOr<std::unique_ptr<EmbeddingTable>> Create(const v1::TableConfig& config,
-                                                                int64_t row_budget = 0);
+                                                                int64_t row_budget = 0,
+                                                                VocabularyPart part = {});
   ~EmbeddingTable();
   EmbeddingTable(const EmbeddingTable&) = delete;
   EmbeddingTable& operator=(const EmbeddingTable&) = delete;
@@ -108,8 +136,15 @@ class EmbeddingTable {
   // table's (InvalidArgument otherwise, or for a bad value). Safe during updates: each row
   // update uses one optimizer or the other; replaced ones are kept until the table goes.
   absl::Status SetOptimizer(const v1::OptimizerConfig& config);
-  // Bytes held by rows and the id maps.
+  // Bytes held by rows and the id maps (a fixed-vocabulary table: its arrays, whole).
   int64_t MemoryBytes() const;
+  // A fixed-vocabulary table's arrays at most, which its memory budget counts from the
+  // start; 0 for a dynamic table.
+  int64_t ReservedBytes() const;
+  bool fixed_vocabulary() const { return fixed_ != nullptr; }
+  // InvalidArgument naming the first of `ids` a fixed-vocabulary table does not hold
+  // (outside its vocabulary, or another shard's); OK for a dynamic table.
+  absl::Status CheckIds(absl::Span<const int64_t> ids) const;
 
   // With an eviction policy (config().eviction()) a full table evicts a sampled least
   // recently (LRU, by last update step) or least frequently (LFU, by update count)
@@ -121,7 +156,8 @@ class EmbeddingTable {
   // Counts this table's rows against `budget` (shared with other tables; it must outlive
   // the table): a new row past it is refused, or for a table with eviction makes room.
   // Set before the table holds rows.
-  void set_memory_budget(MemoryBudget* budget) { memory_ = budget; }
+  // A fixed-vocabulary table counts its arrays whole from here on.
+  void set_memory_budget(MemoryBudget* budget);
   // Bytes a row counts against a memory budget: its stored size and its map slot's share.
   int64_t row_bytes() const { return row_bytes_; }
   int64_t evictions() const { return evictions_.load(std::memory_order_relaxed); }
@@ -263,6 +299,18 @@ class EmbeddingTable {
   void MarkDirtyLocked(Stripe& stripe, int64_t id, float* row) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
   // Whether the spill keeps a row of `id` (false without a spill).
   absl::StatusOr<bool> KeptInSpill(int64_t id) const;
+  // Fixed-vocabulary tables (embedding/internal/fixed_rows.cc).
+  Stripe& FixedStripe(int64_t row) const;
+  absl::Status FixedLookup(absl::Span<const int64_t> ids, float* out) const;
+  absl::Status FixedApply(absl::Span<const int64_t> ids, const float* grads, int64_t step);
+  // Row `row` (of `id`) stored with its initial weights and state.
+  void FixedInitLocked(int64_t id, int64_t row);
+  bool FixedUpdateLocked(int64_t id, int64_t row, const float* grad, float* scratch);
+  absl::Status FixedPutRow(int64_t id, const float* weights, const float* state,
+                           const RowMeta& meta, bool mark_dirty);
+  void FixedForEach(const RowFn& fn, bool dirty_only) const;
+  void FixedForget(int64_t id);
+  void FixedClearDirty();
   // Updates (ApplyUniqueGradients) for eviction tables: one id at a time, as a row found
   // early in a batch may be evicted to make room for a later one.
   absl::Status ApplyManaged(absl::Span<const int64_t> ids, const float* grads, int64_t step);
@@ -317,6 +365,9 @@ class EmbeddingTable {
   // stripe's slice of its sketch is guarded by that stripe's lock.
   std::unique_ptr<embedding_internal::AdmissionFilter> admission_;
   std::atomic<int64_t> refused_ids_{0};
+  // A fixed vocabulary's rows (null for a dynamic table), and its dirty rows' count.
+  std::unique_ptr<embedding_internal::FixedRows> fixed_;
+  std::atomic<int64_t> fixed_dirty_{0};
   std::atomic<int64_t> num_rows_{0};
   v1::EvictionPolicy policy_ = v1::EVICTION_NONE;
   int64_t ttl_steps_ = 0;

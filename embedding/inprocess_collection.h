@@ -50,6 +50,11 @@ struct InProcessOptions {
   // process's cgroup limit, else 90% of physical memory, less what serving needs);
   // negative = no budget.
   int64_t memory_limit = 0;
+  // The place of this collection in a cluster: shard `cluster_shard_index` of
+  // `cluster_num_shards` (a shard server's tables). Fixed-vocabulary tables hold that
+  // shard's ids (every cluster_num_shards-th) densely; other tables do not depend on it.
+  int cluster_shard_index = 0;
+  int cluster_num_shards = 1;
 };
 
 // A collection of options.num_shards shards in this process. InvalidArgument for a shard

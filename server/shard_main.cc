@@ -59,6 +59,8 @@ absl::StatusOr<std::unique_ptr<tessera::embedding::EmbeddingCollection>> OpenTab
     tessera::embedding::InProcessOptions in_memory;
     in_memory.threads = threads;
     in_memory.memory_limit = absl::GetFlag(FLAGS_memory_limit);
+    in_memory.cluster_shard_index = options.shard_index;
+    in_memory.cluster_num_shards = options.num_shards;
     TESSERA_ASSIGN_OR_RETURN(auto memory, tessera::embedding::NewInProcessCollection(in_memory));
     return std::unique_ptr<tessera::embedding::EmbeddingCollection>(std::move(memory));
   }
@@ -71,6 +73,8 @@ absl::StatusOr<std::unique_ptr<tessera::embedding::EmbeddingCollection>> OpenTab
   durable.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
   durable.threads = threads;
   durable.memory_limit = absl::GetFlag(FLAGS_memory_limit);
+  durable.cluster_shard_index = options.shard_index;
+  durable.cluster_num_shards = options.num_shards;
   absl::StatusOr<std::unique_ptr<tessera::storage::DurableCollection>> opened =
       tessera::storage::DurableCollection::Open(durable);
   if (!opened.ok()) {

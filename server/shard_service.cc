@@ -11,6 +11,7 @@
 #include "wire/packed_bytes.h"
 #include "wire/row_chunk.h"
 #include "embedding/batch_ops.h"
+#include "embedding/embedding_table.h"
 #include "embedding/sharding.h"
 #include "base/check.h"
 #include "base/status.h"
@@ -200,9 +201,10 @@ absl::Status ShardService::CheckBatch(const std::string& table, int64_t ids,
 
 absl::Status ShardService::CheckOwnership(const v1::TableConfig& config,
                                           absl::Span<const int64_t> ids) const {
+  TESSERA_RETURN_IF_ERROR(embedding::CheckVocabulary(config, ids));
   if (options_.num_shards <= 1) return absl::OkStatus();
   for (const int64_t id : ids) {
-    const int owner = embedding::ShardOf(id, config.seed(), options_.num_shards);
+    const int owner = embedding::ShardOfRow(config, id, options_.num_shards);
     if (owner != options_.shard_index) {
       return absl::FailedPreconditionError(
           absl::StrCat("table '", config.name(), "': id ", id, " belongs to shard ", owner,

@@ -39,6 +39,10 @@ absl::StatusOr<TableLayout> DescribeTable(const v1::TableConfig& config) {
                      ": eviction and ttl_steps need host tables; a device table keeps every row up "
                      "to max_rows"));
   }
+  if (config.vocabulary_size() > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": a fixed vocabulary needs a host table"));
+  }
   if (config.admission().min_count() > 1 ||
       (config.admission().probability() > 0.0f && config.admission().probability() < 1.0f)) {
     return absl::InvalidArgumentError(

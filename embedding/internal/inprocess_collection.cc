@@ -49,12 +49,13 @@ RequestScratch& Scratch() {
 }
 
 // Groups the positions of `ids` by shard (a counting sort, stable within a shard).
-void Route(absl::Span<const int64_t> ids, uint64_t seed, int num_shards, RequestScratch& s) {
+void Route(absl::Span<const int64_t> ids, const v1::TableConfig& config, int num_shards,
+           int outer, RequestScratch& s) {
   const size_t n = ids.size();
   s.shard_of.resize(n);
   s.shard_begin.assign(num_shards + 1, 0);
   for (size_t i = 0; i < n; ++i) {
-    s.shard_of[i] = embedding::ShardOf(ids[i], seed, num_shards);
+    s.shard_of[i] = embedding::ShardOfRow(config, ids[i], num_shards, outer);
     ++s.shard_begin[s.shard_of[i] + 1];
   }
   for (int k = 0; k < num_shards; ++k) s.shard_begin[k + 1] += s.shard_begin[k];
@@ -77,17 +78,34 @@ absl::Status InProcessCollectionImpl::CreateTable(const v1::TableConfig& config)
   int64_t budget = 0;
   if (config.max_rows() > 0) budget = (config.max_rows() + num_shards_ - 1) / num_shards_;
   for (int k = 0; k < num_shards_; ++k) {
+    // A fixed vocabulary's ids of this shard: those of the cluster shard, every
+    // num_shards-th of them.
+    const embedding::VocabularyPart part{cluster_index_ + int64_t{cluster_shards_} * k,
+                                         int64_t{cluster_shards_} * num_shards_};
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingTable> shard,
-                             EmbeddingTable::Create(config, budget));
-    shard->set_memory_budget(memory_.get());
+                             EmbeddingTable::Create(config, budget, part));
     t->shards.push_back(std::move(shard));
   }
+  TESSERA_RETURN_IF_ERROR(CheckFixedMemory(*t));
+  for (auto& shard : t->shards) shard->set_memory_budget(memory_.get());
   absl::MutexLock lock(&mu_);
   if (tables_.count(config.name()) > 0) {
     return absl::AlreadyExistsError(absl::StrCat("table '", config.name(), "' already exists"));
   }
   tables_.emplace(config.name(), std::move(t));
   return absl::OkStatus();
+}
+
+absl::Status InProcessCollectionImpl::CheckFixedMemory(const ShardedTable& t) const {
+  int64_t bytes = 0;
+  for (const auto& shard : t.shards) bytes += shard->ReservedBytes();
+  if (bytes == 0 || memory_ == nullptr || memory_->HasRoomFor(bytes)) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "table '", t.config.name(), "': a vocabulary of ", t.config.vocabulary_size(),
+      " rows takes ", embedding::Mebibytes(bytes), " here, and the memory budget has ",
+      embedding::Mebibytes(std::max<int64_t>(0, memory_->limit() - memory_->used())),
+      " left of ", embedding::Mebibytes(memory_->limit()),
+      "; add shards, shrink the vocabulary or raise the memory limit"));
 }
 
 absl::StatusOr<v1::TableConfig> InProcessCollectionImpl::AlterTable(
@@ -173,7 +191,7 @@ absl::Status InProcessCollectionImpl::ImportRows(absl::string_view table,
   // A shard whose budget cannot take the new rows refuses the whole import first.
   std::vector<std::vector<int64_t>> per_shard(num_shards_);
   for (const int64_t id : rows.ids) {
-    per_shard[embedding::ShardOf(id, t->config.seed(), num_shards_)].push_back(id);
+    per_shard[embedding::ShardOfRow(t->config, id, num_shards_, cluster_shards_)].push_back(id);
   }
   std::vector<int32_t> inverse;
   std::vector<int64_t> distinct;
@@ -192,7 +210,7 @@ absl::Status InProcessCollectionImpl::ImportRows(absl::string_view table,
                                               ? absl::MakeConstSpan(initial)
                                               : absl::MakeConstSpan(rows.state).subspan(i * sf, sf);
     TESSERA_RETURN_IF_ERROR(
-        t->shards[embedding::ShardOf(id, t->config.seed(), num_shards_)]->PutRow(
+        t->shards[embedding::ShardOfRow(t->config, id, num_shards_, cluster_shards_)]->PutRow(
             id, absl::MakeConstSpan(rows.weights).subspan(i * dim, dim), state, meta,
             /*mark_dirty=*/true));
   }
@@ -234,7 +252,7 @@ void InProcessCollectionImpl::PlanIds(const ShardedTable& t, absl::Span<const in
   }
   RequestScratch& s = Scratch();
   embedding::Unique(ids, &s.unique_ids, &s.inverse);
-  Route(s.unique_ids, t.config.seed(), num_shards_, s);
+  Route(s.unique_ids, t.config, num_shards_, cluster_shards_, s);
   plan->unique_ids.assign(s.routed_ids.begin(), s.routed_ids.end());
   plan->shard_begin.assign(s.shard_begin.begin(), s.shard_begin.end());
   // routed_pos[r] is the first-seen position of the r-th routed id: invert it, then map
@@ -420,7 +438,7 @@ absl::Status InProcessCollectionImpl::RouteSummed(const ShardedTable& t,
     return t.shards[0]->CheckRoomFor(g.ids());
   }
   RequestScratch& s = Scratch();
-  Route(g.ids(), t.config.seed(), num_shards_, s);
+  Route(g.ids(), t.config, num_shards_, cluster_shards_, s);
   out->shard_begin = s.shard_begin;
   out->ids = s.routed_ids;
   out->rows.resize(g.size() * dim);
@@ -562,7 +580,8 @@ absl::StatusOr<std::unique_ptr<InProcessCollection>> NewInProcessCollection(
   }
   return std::unique_ptr<InProcessCollection>(new embedding_internal::InProcessCollectionImpl(
       options.num_shards, std::move(pool),
-      options.memory_limit == 0 ? DefaultMemoryBudget() : options.memory_limit));
+      options.memory_limit == 0 ? DefaultMemoryBudget() : options.memory_limit,
+      options.cluster_shard_index, options.cluster_num_shards));
 }
 
 absl::StatusOr<std::unique_ptr<InProcessCollection>> NewInProcessCollection(int num_shards) {

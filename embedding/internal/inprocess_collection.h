@@ -18,8 +18,10 @@ namespace tessera::embedding_internal {
 class InProcessCollectionImpl final : public embedding::InProcessCollection {
  public:
   InProcessCollectionImpl(int num_shards, std::shared_ptr<base::ThreadPool> pool,
-                          int64_t memory_limit)
+                          int64_t memory_limit, int cluster_index = 0, int cluster_shards = 1)
       : num_shards_(num_shards),
+        cluster_index_(cluster_index),
+        cluster_shards_(cluster_shards),
         pool_(std::move(pool)),
         memory_(memory_limit > 0 ? std::make_unique<embedding::MemoryBudget>(memory_limit)
                                  : nullptr) {}
@@ -122,7 +124,12 @@ class InProcessCollectionImpl final : public embedding::InProcessCollection {
   absl::Status GatherPlanned(ShardedTable& t, const embedding::IdPlan& plan, float* rows,
                              bool insert_missing);
 
+  // ResourceExhausted when the arrays of a fixed-vocabulary table `t` do not fit the
+  // memory budget (before it counts them).
+  absl::Status CheckFixedMemory(const ShardedTable& t) const;
   const int num_shards_;
+  const int cluster_index_;   // InProcessOptions::cluster_shard_index
+  const int cluster_shards_;  // InProcessOptions::cluster_num_shards
   const std::shared_ptr<base::ThreadPool> pool_;
   // Every table's rows count against it (none: no budget). Declared before the tables,
   // so that it outlives them.

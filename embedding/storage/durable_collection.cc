@@ -103,6 +103,8 @@ absl::Status DurableCollection::OpenAndLoad() {
   memory.threads = options_.threads;
   memory.pool = options_.pool;
   memory.memory_limit = options_.memory_limit;
+  memory.cluster_shard_index = options_.cluster_shard_index;
+  memory.cluster_num_shards = options_.cluster_num_shards;
   TESSERA_ASSIGN_OR_RETURN(memory_, embedding::NewInProcessCollection(memory));
   tables_.clear();
   next_table_id_ = 1;
@@ -141,6 +143,8 @@ absl::Status DurableCollection::LoadRows(const std::string& name, const Table& t
     load.table = name;
     load.table_id = t.id;
     load.seed = t.config.seed();
+    load.vocabulary_size = t.config.vocabulary_size();
+    load.cluster_num_shards = options_.cluster_num_shards;
     load.progress_every = kProgressRows;
     const int64_t before = rows_loaded_;
     load.progress = [&](int64_t rows) {
@@ -169,7 +173,8 @@ absl::Status DurableCollection::LoadRows(const std::string& name, const Table& t
               absl::StrCat("table '", name, "': malformed row key in the store"));
         }
         TESSERA_RETURN_IF_ERROR(DecodeRow(name, id, value, dim, state_floats, &row));
-        const int shard = embedding::ShardOf(id, t.config.seed(), options_.num_shards);
+        const int shard = embedding::ShardOfRow(t.config, id, options_.num_shards,
+                                                  options_.cluster_num_shards);
         absl::Status put = shards[shard]->PutRow(id, row.weights, row.state, row.meta);
         if (absl::IsResourceExhausted(put)) return absl::OkStatus();
         TESSERA_RETURN_IF_ERROR(Annotate(put, "loading from disk"));
@@ -292,7 +297,8 @@ absl::Status DurableCollection::ImportRows(absl::string_view table,
   std::vector<KvWrite> writes;
   writes.reserve(rows.size());
   for (size_t i = 0; i < rows.size(); ++i) {
-    shards[embedding::ShardOf(rows.ids[i], t->config.seed(), options_.num_shards)]->ReadRows(
+    shards[embedding::ShardOfRow(t->config, rows.ids[i], options_.num_shards,
+                                 options_.cluster_num_shards)]->ReadRows(
         {&rows.ids[i], 1},
         [&](int64_t id, const float* w, const float* st, const embedding::RowMeta& m) {
           KvWrite kv;

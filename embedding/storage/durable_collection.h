@@ -29,6 +29,9 @@ struct DurableOptions {
   // default budget, negative = none.
   int64_t memory_limit = 0;
   int keep_checkpoints = 3;  // newest complete checkpoints kept; 0 = all
+  // This collection's place in a cluster (embedding::InProcessOptions).
+  int cluster_shard_index = 0;
+  int cluster_num_shards = 1;
   KvStoreFactory open_store = OpenRocksDbStore;
   // Write-through push parts kept on record by request id (PushGradientsRecorded), newest
   // first; older ones are erased with the write that records a new one.

@@ -103,7 +103,7 @@ absl::Status DurableCollection::WriteThroughPush(const Table& t, absl::Span<cons
   std::map<int64_t, Before> before;
   for (const int64_t id : unique) before[id];
   for (const int64_t id : unique) {
-    shards[embedding::ShardOf(id, t.config.seed(), n)]->ReadRows(
+    shards[embedding::ShardOfRow(t.config, id, n, options_.cluster_num_shards)]->ReadRows(
         {&id, 1}, [&](int64_t rid, const float* w, const float* s, const embedding::RowMeta& m) {
           Before& b = before[rid];
           const int dim = t.config.dim();
@@ -118,7 +118,7 @@ absl::Status DurableCollection::WriteThroughPush(const Table& t, absl::Span<cons
   // read finds the stored value (or initial weights) again.
   auto undo = [&] {
     for (auto& [id, b] : before) {
-      auto& shard = shards[embedding::ShardOf(id, t.config.seed(), n)];
+      auto& shard = shards[embedding::ShardOfRow(t.config, id, n, options_.cluster_num_shards)];
       // A row that cannot be put back (out of memory) is forgotten instead: its next
       // read finds its stored value, which the refused write did not change.
       if (!b.existed || !shard->PutRow(id, b.weights, b.state, b.meta).ok()) shard->Forget(id);
@@ -138,7 +138,7 @@ absl::Status DurableCollection::WriteThroughPush(const Table& t, absl::Span<cons
   std::vector<KvWrite> writes;
   writes.reserve(unique.size());
   for (const int64_t id : unique) {
-    shards[embedding::ShardOf(id, t.config.seed(), n)]->ReadRows(
+    shards[embedding::ShardOfRow(t.config, id, n, options_.cluster_num_shards)]->ReadRows(
         {&id, 1}, [&](int64_t rid, const float* w, const float* s, const embedding::RowMeta& m) {
           KvWrite kv;
           kv.key = RowKey(t.id, rid);

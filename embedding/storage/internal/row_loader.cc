@@ -21,6 +21,13 @@ using storage::ParseRowKey;
 using storage::RowPrefix;
 namespace {
 
+// The shard of `id` among `n` (embedding::ShardOfRow for the loaded table).
+int ShardOfLoaded(const RowLoad& load, int64_t id, int n) {
+  if (load.vocabulary_size == 0) return embedding::ShardOf(id, load.seed, n);
+  return static_cast<int>(static_cast<uint64_t>(id) / static_cast<uint64_t>(load.cluster_num_shards) %
+                          static_cast<uint64_t>(n));
+}
+
 constexpr size_t kBatchRows = 4096;
 // Bytes of a stored row besides its floats: key, value header, checksum.
 constexpr int64_t kStoredRowOverhead = 13 + 28 + 4;
@@ -121,7 +128,7 @@ absl::Status StoreBatch(const RawBatch& batch, const RowLoad& load,
     const int64_t id = batch.ids[i];
     const absl::string_view value(batch.bytes.data() + begin, batch.ends[i] - begin);
     begin = batch.ends[i];
-    ShardRows& r = by_shard[n_shards == 1 ? 0 : embedding::ShardOf(id, load.seed, n_shards)];
+    ShardRows& r = by_shard[n_shards == 1 ? 0 : ShardOfLoaded(load, id, n_shards)];
     r.ids.push_back(id);
     r.weights.resize(r.weights.size() + dim);
     r.state.resize(r.state.size() + sf);

@@ -24,6 +24,10 @@ struct RowLoad {
   std::string table;      // the table's name, for errors
   uint32_t table_id = 0;  // its id in the store's keys
   uint64_t seed = 0;      // routes rows to shards (ShardOf)
+  // A fixed vocabulary routes by id instead (ShardOfRow): its size, and the cluster's
+  // shard count above these shards.
+  int64_t vocabulary_size = 0;
+  int cluster_num_shards = 1;
   int threads = 0;        // workers; 0 = one per core
   // Called on the scanning thread after every `progress_every` rows handed out.
   std::function<void(int64_t rows)> progress;

@@ -1,0 +1,300 @@
+// Fixed-vocabulary tables: FixedRows' arrays and the EmbeddingTable operations over them.
+
+#include "embedding/internal/fixed_rows.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "embedding/dtype.h"
+#include "embedding/embedding_table.h"
+#include "embedding/internal/admission.h"
+#include "embedding/internal/row_initializer.h"
+#include "embedding/internal/row_ops.h"
+#include "embedding/internal/stripe.h"
+#include "embedding/internal/stripe_plan.h"
+#include "embedding/row_math.h"
+
+namespace tessera::embedding_internal {
+
+std::unique_ptr<FixedRows> FixedRows::Create(int64_t vocabulary, int64_t part_index,
+                                             int64_t part_count, int weight_floats,
+                                             int state_floats, bool counts) {
+  std::unique_ptr<FixedRows> f(new FixedRows);
+  f->vocabulary_ = vocabulary;
+  f->part_index_ = part_index;
+  f->part_count_ = part_count;
+  f->rows_ = vocabulary > part_index ? (vocabulary - part_index + part_count - 1) / part_count : 0;
+  f->weight_floats_ = weight_floats;
+  f->state_floats_ = state_floats;
+  const size_t rows = static_cast<size_t>(std::max<int64_t>(f->rows_, 1));
+  const size_t words = (rows + 63) / 64;
+  f->weights_block_ = AlignedBlock(rows * weight_floats * sizeof(float));
+  f->live_block_ = AlignedBlock(words * sizeof(uint64_t));
+  f->dirty_block_ = AlignedBlock(words * sizeof(uint64_t));
+  if (f->weights_block_.empty() || f->live_block_.empty() || f->dirty_block_.empty()) {
+    return nullptr;
+  }
+  if (state_floats > 0) {
+    f->state_block_ = AlignedBlock(rows * state_floats * sizeof(float));
+    if (f->state_block_.empty()) return nullptr;
+    f->state_ = static_cast<float*>(f->state_block_.data());
+  }
+  if (counts) {
+    f->counts_block_ = AlignedBlock(rows * sizeof(uint32_t));
+    if (f->counts_block_.empty()) return nullptr;
+    f->counts_ = static_cast<uint32_t*>(f->counts_block_.data());
+  }
+  f->weights_ = static_cast<float*>(f->weights_block_.data());
+  f->live_ = static_cast<uint64_t*>(f->live_block_.data());
+  f->dirty_ = static_cast<uint64_t*>(f->dirty_block_.data());
+  f->reserved_bytes_ = static_cast<int64_t>(
+      f->weights_block_.bytes() + f->state_block_.bytes() + f->counts_block_.bytes() +
+      f->live_block_.bytes() + f->dirty_block_.bytes());
+  return f;
+}
+
+}  // namespace tessera::embedding_internal
+
+namespace tessera::embedding {
+
+using embedding_internal::AllFinite;
+using embedding_internal::CopyFloats;
+using embedding_internal::FixedRows;
+using embedding_internal::PrefetchLines;
+using embedding_internal::SpinPause;
+using embedding_internal::StripeWriter;
+
+namespace {
+
+constexpr int kFixedAhead = 16;     // rows prefetched ahead of the one copied
+constexpr int kOptimisticTries = 8;  // lock-free reads of a row before taking its lock
+
+}  // namespace
+
+int64_t EmbeddingTable::ReservedBytes() const {
+  return fixed_ != nullptr ? fixed_->ReservedBytes() : 0;
+}
+
+absl::Status EmbeddingTable::CheckIds(absl::Span<const int64_t> ids) const {
+  if (fixed_ == nullptr) return absl::OkStatus();
+  const FixedRows& f = *fixed_;
+  for (const int64_t id : ids) {
+    if (f.Holds(id)) continue;
+    if (id < 0 || id >= f.vocabulary()) {
+      return absl::InvalidArgumentError(absl::StrCat("table '", name(), "': id ", id,
+                                                     " is outside its vocabulary [0, ",
+                                                     f.vocabulary(), ")"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table '", name(), "': id ", id, " is not held here (this part holds the ids ",
+        f.part_index(), " modulo ", f.part_count(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+EmbeddingTable::Stripe& EmbeddingTable::FixedStripe(int64_t row) const {
+  return stripes_[FixedRows::StripeOf(row)];
+}
+
+absl::Status EmbeddingTable::FixedLookup(absl::Span<const int64_t> ids, float* out) const {
+  TESSERA_RETURN_IF_ERROR(CheckIds(ids));
+  const FixedRows& f = *fixed_;
+  const int lines = layout_.read_lines;
+  const size_t n = ids.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kFixedAhead < n) {
+      PrefetchLines(f.Weights(f.RowOf(ids[i + kFixedAhead])), lines, /*for_write=*/false);
+    }
+    const int64_t row = f.RowOf(ids[i]);
+    float* dst = out + i * static_cast<size_t>(dim_);
+    const Stripe& stripe = FixedStripe(row);
+    bool valid = false;
+    for (int attempt = 0; attempt < kOptimisticTries && !valid; ++attempt) {
+      const uint32_t begin = stripe.ReadBegin();
+      if (begin & 1) {  // a writer is changing this stripe right now
+        SpinPause();
+        continue;
+      }
+      if (f.Live(row)) {
+        CopyWeightsOut(f.Weights(row), dst);
+      } else {
+        InitialWeights(ids[i], dst);
+      }
+      valid = stripe.ReadValid(begin);
+    }
+    if (!valid) {
+      absl::ReaderMutexLock lock(&stripe.mu);
+      if (f.Live(row)) {
+        CopyWeightsOut(f.Weights(row), dst);
+      } else {
+        InitialWeights(ids[i], dst);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void EmbeddingTable::FixedInitLocked(int64_t id, int64_t row) {
+  FixedRows& f = *fixed_;
+  thread_local std::vector<float> w;
+  w.resize(dim_);
+  InitialWeights(id, w.data());
+  StoreWeights(w.data(), f.Weights(row));
+  optimizer().InitState(f.State(row));
+  f.SetCount(row, 0);
+  f.SetLive(row, true);
+}
+
+bool EmbeddingTable::FixedUpdateLocked(int64_t id, int64_t row, const float* grad,
+                                       float* scratch) {
+  FixedRows& f = *fixed_;
+  const size_t d = static_cast<size_t>(dim_);
+  const size_t sf = static_cast<size_t>(state_floats_);
+  float* saved_state = scratch;  // (sf) the state before the step, to put back
+  float* w = scratch + sf;       // (d) the weights before the step (fp32) or widened
+  float* g = w + d;              // (d) the gradient, when the optimizer must change it
+  float* state = f.State(row);
+  const uint32_t prior = f.Count(row);
+  CopyFloats(saved_state, state, static_cast<int>(sf));
+  if (dtype_ == v1::FP32) {
+    float* weights = f.Weights(row);
+    CopyFloats(w, weights, static_cast<int>(d));
+    optimizer().Update(weights, state, grad, g, prior);
+    if (!AllFinite(weights, d) || !AllFinite(state, sf)) {
+      CopyFloats(weights, w, static_cast<int>(d));
+      CopyFloats(state, saved_state, static_cast<int>(sf));
+      return false;
+    }
+  } else {
+    DecodeWeights(dtype_, f.Weights(row), dim_, w);
+    optimizer().Update(w, state, grad, g, prior);
+    if (!AllFinite(w, d) || !AllFinite(state, sf)) {
+      CopyFloats(state, saved_state, static_cast<int>(sf));
+      return false;
+    }
+    const uint64_t seed = row_math::UpdateRoundingSeed(initializer_->key(), id, prior);
+    EncodeWeightsStochastic(dtype_, w, dim_, seed, f.Weights(row));
+  }
+  f.SetCount(row, prior + 1);
+  if (!f.Dirty(row)) {
+    f.SetDirty(row, true);
+    fixed_dirty_.fetch_add(1, std::memory_order_relaxed);
+  }
+  return true;
+}
+
+absl::Status EmbeddingTable::FixedApply(absl::Span<const int64_t> ids, const float* grads,
+                                        int64_t) {
+  TESSERA_RETURN_IF_ERROR(CheckIds(ids));
+  FixedRows& f = *fixed_;
+  const int lines = (layout_.weight_floats * 4 + 63) / 64;
+  const int state_lines = (state_floats_ * 4 + 63) / 64;
+  thread_local std::vector<float> scratch;
+  scratch.resize(ScratchFloats());
+  int64_t refused = 0, first_refused = 0, created = 0, not_admitted = 0;
+  const size_t n = ids.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kFixedAhead < n) {
+      const int64_t ahead = f.RowOf(ids[i + kFixedAhead]);
+      PrefetchLines(f.Weights(ahead), lines, /*for_write=*/true);
+      if (state_lines > 0) PrefetchLines(f.State(ahead), state_lines, /*for_write=*/true);
+    }
+    const int64_t id = ids[i];
+    const int64_t row = f.RowOf(id);
+    Stripe& stripe = FixedStripe(row);
+    StripeWriter lock(stripe);
+    stripe.BeginChange();
+    if (!f.Live(row)) {
+      // The admission sketch's slice is the one of the stripe whose lock is held.
+      const uint64_t h = (static_cast<uint64_t>(FixedRows::StripeOf(row))
+                          << embedding_internal::kStripeShift) |
+                         (embedding_internal::MapHash(id) >> 6);
+      if (admission_ != nullptr && !admission_->Count(id, h)) {
+        ++not_admitted;
+        continue;
+      }
+      FixedInitLocked(id, row);
+      ++created;
+    }
+    if (!FixedUpdateLocked(id, row, grads + i * static_cast<size_t>(dim_), scratch.data()) &&
+        refused++ == 0) {
+      first_refused = id;
+    }
+  }
+  if (created > 0) AdjustRows(created);
+  if (not_admitted > 0) refused_ids_.fetch_add(not_admitted, std::memory_order_relaxed);
+  return refused == 0 ? absl::OkStatus() : NonFiniteUpdateError(refused, first_refused);
+}
+
+absl::Status EmbeddingTable::FixedPutRow(int64_t id, const float* weights, const float* state,
+                                         const RowMeta& meta, bool mark_dirty) {
+  TESSERA_RETURN_IF_ERROR(CheckIds({id}));
+  FixedRows& f = *fixed_;
+  const int64_t row = f.RowOf(id);
+  Stripe& stripe = FixedStripe(row);
+  StripeWriter lock(stripe);
+  stripe.BeginChange();
+  StoreWeights(weights, f.Weights(row));
+  std::copy(state, state + state_floats_, f.State(row));
+  f.SetCount(row, static_cast<uint32_t>(std::clamp<int64_t>(meta.update_count, 0, UINT32_MAX)));
+  if (!f.Live(row)) {
+    f.SetLive(row, true);
+    AdjustRows(1);
+  }
+  if (mark_dirty && !f.Dirty(row)) {
+    f.SetDirty(row, true);
+    fixed_dirty_.fetch_add(1, std::memory_order_relaxed);
+  }
+  return absl::OkStatus();
+}
+
+void EmbeddingTable::FixedForEach(const RowFn& fn, bool dirty_only) const {
+  const FixedRows& f = *fixed_;
+  for (int s = 0; s < kNumStripes; ++s) {
+    absl::ReaderMutexLock lock(&stripes_[s].mu);
+    for (int64_t w = s; w < f.words(); w += kNumStripes) {
+      uint64_t bits = dirty_only ? f.DirtyWord(w) : f.LiveWord(w);
+      while (bits != 0) {
+        const int64_t row = w * 64 + __builtin_ctzll(bits);
+        bits &= bits - 1;
+        RowMeta meta;
+        meta.update_count = f.Count(row);
+        fn(f.IdOf(row), WeightsView(f.Weights(row)), f.State(row), meta);
+      }
+    }
+  }
+}
+
+void EmbeddingTable::FixedForget(int64_t id) {
+  FixedRows& f = *fixed_;
+  if (!f.Holds(id)) return;
+  const int64_t row = f.RowOf(id);
+  Stripe& stripe = FixedStripe(row);
+  StripeWriter lock(stripe);
+  stripe.BeginChange();
+  if (f.Live(row)) {
+    f.SetLive(row, false);
+    AdjustRows(-1);
+  }
+  if (f.Dirty(row)) {
+    f.SetDirty(row, false);
+    fixed_dirty_.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+void EmbeddingTable::FixedClearDirty() {
+  FixedRows& f = *fixed_;
+  for (int s = 0; s < kNumStripes; ++s) {
+    StripeWriter lock(stripes_[s]);
+    for (int64_t w = s; w < f.words(); w += kNumStripes) {
+      const int64_t cleared = __builtin_popcountll(f.DirtyWord(w));
+      if (cleared == 0) continue;
+      f.ClearDirtyWord(w);
+      fixed_dirty_.fetch_sub(cleared, std::memory_order_relaxed);
+    }
+  }
+}
+
+}  // namespace tessera::embedding

@@ -1,0 +1,97 @@
+#ifndef TESSERA_EMBEDDING_INTERNAL_FIXED_ROWS_H_
+#define TESSERA_EMBEDDING_INTERNAL_FIXED_ROWS_H_
+
+// The storage of a fixed-vocabulary table (TableConfig.vocabulary_size): its part's rows in
+// arrays addressed by id, no map and no stored ids.
+//
+//   weights  (rows, weight_floats)  the stored weights in the table's dtype, unpadded
+//   state    (rows, state_floats)   the optimizer's state (fp32); none for SGD
+//   counts   (rows) uint32          update counts, only where the math needs them (Adam's
+//                                   bias correction, half-precision rounding bits)
+//   live     one bit a row          the row was stored (updated or put); a row without
+//                                   it reads its initial weights, computed on use
+//   dirty    one bit a row          changed since the last checkpoint
+//
+// The table's part holds the ids `index + count * i` of the vocabulary (count: the shards
+// of every level together), row i of the arrays. Arrays are mapped lazily (aligned_block):
+// memory is taken as rows are first written.
+//
+// Concurrency: row i belongs to the table's stripe (i / 64) % 64, so the 64 bits of one
+// bitmap word share a stripe and its writer lock; writers change rows and bits inside the
+// stripe's sequence-number window, and lock-free readers validate against it, as for
+// dynamic tables (stripe.h).
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "embedding/internal/aligned_block.h"
+
+namespace tessera::embedding_internal {
+
+class FixedRows {
+ public:
+  // Null when the arrays cannot be mapped. `vocabulary` ids, of which this part holds
+  // those congruent to `part_index` modulo `part_count`.
+  static std::unique_ptr<FixedRows> Create(int64_t vocabulary, int64_t part_index,
+                                           int64_t part_count, int weight_floats,
+                                           int state_floats, bool counts);
+
+  int64_t rows() const { return rows_; }
+  int64_t vocabulary() const { return vocabulary_; }
+  int64_t part_index() const { return part_index_; }
+  int64_t part_count() const { return part_count_; }
+  bool keeps_counts() const { return counts_ != nullptr; }
+  // Bytes of the arrays at most (every row written).
+  int64_t ReservedBytes() const { return reserved_bytes_; }
+
+  // True when `id` is one of this part's ids.
+  bool Holds(int64_t id) const {
+    return id >= 0 && id < vocabulary_ && id % part_count_ == part_index_;
+  }
+  int64_t RowOf(int64_t id) const { return id / part_count_; }
+  int64_t IdOf(int64_t row) const { return row * part_count_ + part_index_; }
+  static int StripeOf(int64_t row) { return static_cast<int>((row >> 6) & 63); }
+
+  float* Weights(int64_t row) const { return weights_ + row * weight_floats_; }
+  float* State(int64_t row) const { return state_ + row * state_floats_; }
+  uint32_t Count(int64_t row) const { return counts_ != nullptr ? counts_[row] : 0; }
+  void SetCount(int64_t row, uint32_t n) const {
+    if (counts_ != nullptr) counts_[row] = n;
+  }
+
+  // Lock-free readers may call Live; the setters need the row's stripe lock.
+  bool Live(int64_t row) const { return Bit(live_, row); }
+  void SetLive(int64_t row, bool on) { SetBit(live_, row, on); }
+  bool Dirty(int64_t row) const { return Bit(dirty_, row); }
+  void SetDirty(int64_t row, bool on) { SetBit(dirty_, row, on); }
+  int64_t words() const { return (rows_ + 63) / 64; }
+  uint64_t LiveWord(int64_t w) const { return __atomic_load_n(live_ + w, __ATOMIC_RELAXED); }
+  uint64_t DirtyWord(int64_t w) const { return __atomic_load_n(dirty_ + w, __ATOMIC_RELAXED); }
+  void ClearDirtyWord(int64_t w) { __atomic_store_n(dirty_ + w, 0, __ATOMIC_RELAXED); }
+
+ private:
+  FixedRows() = default;
+  static bool Bit(const uint64_t* words, int64_t row) {
+    return (__atomic_load_n(words + (row >> 6), __ATOMIC_RELAXED) >> (row & 63)) & 1;
+  }
+  static void SetBit(uint64_t* words, int64_t row, bool on) {
+    const uint64_t w = __atomic_load_n(words + (row >> 6), __ATOMIC_RELAXED);
+    const uint64_t bit = uint64_t{1} << (row & 63);
+    __atomic_store_n(words + (row >> 6), on ? (w | bit) : (w & ~bit), __ATOMIC_RELAXED);
+  }
+
+  int64_t rows_ = 0, vocabulary_ = 0, part_index_ = 0, part_count_ = 1;
+  int weight_floats_ = 0, state_floats_ = 0;
+  int64_t reserved_bytes_ = 0;
+  AlignedBlock weights_block_, state_block_, counts_block_, live_block_, dirty_block_;
+  float* weights_ = nullptr;
+  float* state_ = nullptr;
+  uint32_t* counts_ = nullptr;
+  uint64_t* live_ = nullptr;
+  uint64_t* dirty_ = nullptr;
+};
+
+}  // namespace tessera::embedding_internal
+
+#endif  // TESSERA_EMBEDDING_INTERNAL_FIXED_ROWS_H_

@@ -1,0 +1,74 @@
+#ifndef TESSERA_EMBEDDING_INTERNAL_ROW_OPS_H_
+#define TESSERA_EMBEDDING_INTERNAL_ROW_OPS_H_
+
+// Small row operations the table's hot loops share (dynamic and fixed-vocabulary rows).
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+namespace tessera::embedding_internal {
+
+inline void PrefetchLines(const float* p, int lines, bool for_write) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int l = 0; l < lines; ++l) {
+    if (for_write) {
+      __builtin_prefetch(c + 64 * l, 1, 3);
+    } else {
+      __builtin_prefetch(c + 64 * l, 0, 3);
+    }
+  }
+}
+
+// Copies `n` floats with vector loads and stores in line: a row is a few of them, and
+// the library call a copy loop would otherwise become costs more than the copy.
+inline void CopyFloats(float* dst, const float* src, int n) {
+#if defined(__AVX512F__)
+  int j = 0;
+  for (; j + 16 <= n; j += 16) _mm512_storeu_ps(dst + j, _mm512_loadu_ps(src + j));
+  if (j < n) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (n - j)) - 1);
+    _mm512_mask_storeu_ps(dst + j, tail, _mm512_maskz_loadu_ps(tail, src + j));
+  }
+#elif defined(__SSE2__)
+  int j = 0;
+#if defined(__AVX__)
+  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(dst + j, _mm256_loadu_ps(src + j));
+#endif
+  for (; j + 4 <= n; j += 4) _mm_storeu_ps(dst + j, _mm_loadu_ps(src + j));
+  for (; j < n; ++j) _mm_store_ss(dst + j, _mm_load_ss(src + j));
+#else
+  std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+#endif
+}
+
+// A short wait while a writer holds a stripe.
+inline void SpinPause() {
+  for (int spin = 0; spin < 32; ++spin) {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#endif
+  }
+}
+
+// True when every value of p[0, n) is finite: Inf and NaN have an exponent of all ones,
+// so ~bits & exponent is 0 for them alone. A min over integers, which vectorises (a float
+// reduction would be a serial chain).
+inline bool AllFinite(const float* p, size_t n) {
+  constexpr uint32_t kExponent = 0x7f800000u;
+  uint32_t least = kExponent;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, p + i, sizeof(bits));
+    least = std::min(least, ~bits & kExponent);
+  }
+  return least != 0;
+}
+
+}  // namespace tessera::embedding_internal
+
+#endif  // TESSERA_EMBEDDING_INTERNAL_ROW_OPS_H_
