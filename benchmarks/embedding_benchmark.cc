@@ -84,14 +84,19 @@ struct Fixture {
   v1::OptimizerType opt = v1::OPTIMIZER_UNSPECIFIED;
   int dim = 0;
   bool big = false;
+  bool fixed = false;  // a fixed-vocabulary table (rows addressed by id)
   int64_t rows = 0;
   std::unique_ptr<EmbeddingTable> table;
   std::unique_ptr<EmbeddingCollection> collection;  // same rows, for pooled lookups
 };
 
-Fixture& GetTable(v1::OptimizerType opt, int dim, bool big, bool want_collection) {
+// Bytes a row of a fixed-vocabulary table takes: its weights and state, unpadded.
+int64_t FixedRowBytes(int dim, int state_floats) { return int64_t{dim + state_floats} * 4; }
+
+Fixture& GetTable(v1::OptimizerType opt, int dim, bool big, bool want_collection,
+                  bool fixed = false) {
   static Fixture f;
-  if (f.table && f.opt == opt && f.dim == dim && f.big == big &&
+  if (f.table && f.opt == opt && f.dim == dim && f.big == big && f.fixed == fixed &&
       (!want_collection || f.collection)) {
     return f;
   }
@@ -100,19 +105,27 @@ Fixture& GetTable(v1::OptimizerType opt, int dim, bool big, bool want_collection
   f.opt = opt;
   f.dim = dim;
   f.big = big;
-  f.rows = std::max<int64_t>(1024, budget / RowBytes(dim, StateFloats(opt, dim)));
+  f.fixed = fixed;
+  const int64_t row_bytes = fixed ? FixedRowBytes(dim, StateFloats(opt, dim))
+                                  : RowBytes(dim, StateFloats(opt, dim));
+  f.rows = std::max<int64_t>(1024, budget / row_bytes);
   v1::TableConfig c;
   c.set_name("bench");
   c.set_dim(dim);
   c.mutable_optimizer()->set_type(opt);
+  if (fixed) c.set_vocabulary_size(f.rows);
   auto t = EmbeddingTable::Create(c);
   f.table = std::move(t).value();
   std::vector<int64_t> ids(65536);
   std::vector<float> out(ids.size() * dim);
+  const std::vector<float> zeros(ids.size() * dim, 0.0f);
   for (int64_t begin = 0; begin < f.rows; begin += ids.size()) {
     const int64_t n = std::min<int64_t>(ids.size(), f.rows - begin);
     for (int64_t i = 0; i < n; ++i) ids[i] = begin + i;
-    CheckOk(f.table->Lookup(absl::MakeConstSpan(ids).first(n), out.data()), "filling the table");
+    // A fixed vocabulary stores rows on their first update, not on lookups.
+    CheckOk(fixed ? f.table->ApplyUniqueGradients(absl::MakeConstSpan(ids).first(n), zeros.data(), 0)
+                  : f.table->Lookup(absl::MakeConstSpan(ids).first(n), out.data()),
+            "filling the table");
   }
   if (f.table->num_rows() != f.rows) {
     std::fprintf(stderr, "the table holds %lld rows, not %lld\n",
@@ -255,6 +268,28 @@ void BM_Gather(benchmark::State& state) {
   state.counters["rows"] = f.rows;
 }
 
+// A fixed-vocabulary table (rows addressed by id) against the same flat gather over an
+// array of its weights' size. Args: dim, zipf, big.
+void BM_FixedGather(benchmark::State& state) {
+  const int dim = state.range(0);
+  Fixture& f = GetTable(v1::SGD, dim, state.range(2), false, /*fixed=*/true);
+  const int kBatches = 64;
+  std::vector<int64_t> ids = MakeIds(f.rows, state.range(1), kBatch * kBatches, 1);
+  std::vector<float> out(static_cast<size_t>(kBatch) * dim);
+  const int64_t bytes = static_cast<int64_t>(kBatch) * dim * 4;
+  const int64_t row = FixedRowBytes(dim, 0);
+  const double ceiling = MemcpyBytesPerSecond(f.rows * row, bytes);
+  const double flat = FlatRowsBytesPerSecond(f.rows * row, row, dim, /*update=*/false, dim * 4);
+  int b = 0;
+  for (auto _ : state) {
+    auto span = absl::MakeConstSpan(ids).subspan(static_cast<size_t>(b) * kBatch, kBatch);
+    benchmark::DoNotOptimize(f.table->Lookup(span, out.data()));
+    b = (b + 1) % kBatches;
+  }
+  Report(state, bytes, ceiling, flat);
+  state.counters["rows"] = f.rows;
+}
+
 void BM_PooledLookup(benchmark::State& state) {
   const int dim = state.range(0);
   Fixture& f = GetTable(v1::SGD, dim, state.range(2), true);
@@ -275,9 +310,12 @@ void BM_PooledLookup(benchmark::State& state) {
   Report(state, bytes, ceiling);
 }
 
-void RunUpdate(benchmark::State& state, v1::OptimizerType opt, int traffic_floats_per_dim) {
+void RunUpdate(benchmark::State& state, v1::OptimizerType opt, int traffic_floats_per_dim,
+               bool fixed = false) {
   const int dim = state.range(0);
-  Fixture& f = GetTable(opt, dim, state.range(2), false);
+  Fixture& f = GetTable(opt, dim, state.range(2), false, fixed);
+  const int64_t row_bytes = fixed ? FixedRowBytes(dim, StateFloats(opt, dim))
+                                  : RowBytes(dim, StateFloats(opt, dim));
   const int kBatches = 16;
   std::vector<std::vector<int64_t>> batches;
   size_t unique_total = 0;
@@ -297,11 +335,10 @@ void RunUpdate(benchmark::State& state, v1::OptimizerType opt, int traffic_float
   const int64_t traffic = avg_unique * traffic_floats_per_dim * dim * 4;
   // memcpy traffic is read + write: twice the bytes it copies.
   const double ceiling =
-      2 * MemcpyBytesPerSecond(f.rows * RowBytes(dim, StateFloats(opt, dim)), traffic / 2);
+      2 * MemcpyBytesPerSecond(f.rows * row_bytes, traffic / 2);
   // Adagrad's flat ceiling (Adam's does more math on the same kind of traffic).
   const double flat =
-      opt == v1::ADAGRAD ? FlatRowsBytesPerSecond(f.rows * RowBytes(dim, StateFloats(opt, dim)),
-                                                  RowBytes(dim, StateFloats(opt, dim)), dim,
+      opt == v1::ADAGRAD ? FlatRowsBytesPerSecond(f.rows * row_bytes, row_bytes, dim,
                                                   /*update=*/true, traffic_floats_per_dim * dim * 4)
                          : 0;
   int b = 0;
@@ -316,6 +353,9 @@ void RunUpdate(benchmark::State& state, v1::OptimizerType opt, int traffic_float
 
 void BM_AdagradUpdate(benchmark::State& state) { RunUpdate(state, v1::ADAGRAD, 5); }
 void BM_AdamUpdate(benchmark::State& state) { RunUpdate(state, v1::ADAM, 7); }
+void BM_FixedAdagradUpdate(benchmark::State& state) {
+  RunUpdate(state, v1::ADAGRAD, 5, /*fixed=*/true);
+}
 
 // Args: batch, zipf.
 void BM_Unique(benchmark::State& state) {
@@ -345,6 +385,8 @@ void TableArgs(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_Gather)->Apply(TableArgs)->MinTime(0.5)->UseRealTime();
 BENCHMARK(BM_PooledLookup)->Apply(TableArgs)->MinTime(0.5)->UseRealTime();
+BENCHMARK(BM_FixedGather)->Apply(TableArgs)->MinTime(0.5)->UseRealTime();
+BENCHMARK(BM_FixedAdagradUpdate)->Apply(TableArgs)->MinTime(0.5)->UseRealTime();
 BENCHMARK(BM_AdagradUpdate)->Apply(TableArgs)->MinTime(0.5)->UseRealTime();
 BENCHMARK(BM_AdamUpdate)->Apply(TableArgs)->MinTime(0.5)->UseRealTime();
 BENCHMARK(BM_Unique)

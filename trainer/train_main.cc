@@ -74,6 +74,10 @@ ABSL_FLAG(int, cuda_device, 0,
           "visible (data-parallel workers on one host: one each)");
 ABSL_FLAG(double, init_scale, 0.05, "embedding rows start U(-init_scale, init_scale)");
 ABSL_FLAG(int64_t, max_rows, 0, "row budget per table (0 = unlimited)");
+ABSL_FLAG(std::string, vocabulary, "dynamic",
+          "dynamic: tables take any id (a hash map); hashed: each feature's ids are taken "
+          "modulo its cardinality (--cardinalities; synthetic data: its own) into "
+          "fixed-vocabulary tables, rows addressed by id");
 ABSL_FLAG(int, admit_min_count, 0,
           "feature admission: an id gets a row once this many steps carried it (0 or 1: at "
           "once; at most 255); until then it reads its initial weights and its gradients are "
@@ -398,6 +402,8 @@ struct TrainFlags {
   int worker = 0;
   DataParallelOptions data_parallel;  // with --num_workers > 1
   SyntheticConfig synthetic_data;     // synthetic
+  // --vocabulary=hashed: each feature's cardinality (ids are taken modulo it); else empty.
+  std::vector<int64_t> vocabulary;
   int64_t held_out = 0;               // synthetic: held-out samples
   CriteoOptions criteo;               // TSV
   int reader_threads = 1;
@@ -578,6 +584,45 @@ absl::StatusOr<std::vector<int64_t>> ParseCardinalities(const std::string& cards
   return out;
 }
 
+// --vocabulary: dynamic, or hashed into fixed vocabularies of `cardinalities`.
+absl::Status ParseVocabularyFlag(const std::vector<int64_t>& cardinalities, TrainFlags* f) {
+  const std::string v = absl::GetFlag(FLAGS_vocabulary);
+  if (v == "dynamic") return absl::OkStatus();
+  if (v != "hashed") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--vocabulary must be dynamic or hashed, got '", v, "'"));
+  }
+  if (f->device_tables) {
+    return absl::InvalidArgumentError("--vocabulary=hashed needs host tables (not --shards=cuda)");
+  }
+  f->vocabulary = cardinalities;
+  return absl::OkStatus();
+}
+
+// Each id of `b` taken modulo its feature's vocabulary (--vocabulary=hashed).
+void HashIds(const std::vector<int64_t>& vocabulary, Batch* b) {
+  for (size_t f = 0; f < vocabulary.size() && f < b->ids.size(); ++f) {
+    const uint64_t n = static_cast<uint64_t>(vocabulary[f]);
+    for (int64_t& id : b->ids[f]) id = static_cast<int64_t>(static_cast<uint64_t>(id) % n);
+  }
+}
+
+// A source whose batches' ids are hashed into fixed vocabularies.
+class HashedIdsSource : public BatchSource {
+ public:
+  HashedIdsSource(std::unique_ptr<BatchSource> inner, std::vector<int64_t> vocabulary)
+      : inner_(std::move(inner)), vocabulary_(std::move(vocabulary)) {}
+  absl::StatusOr<bool> Next(Batch* batch) override {
+    TESSERA_ASSIGN_OR_RETURN(const bool more, inner_->Next(batch));
+    if (more) HashIds(vocabulary_, batch);
+    return more;
+  }
+
+ private:
+  std::unique_ptr<BatchSource> inner_;
+  std::vector<int64_t> vocabulary_;
+};
+
 // The input: synthetic data's shape, or how to read TSV files.
 absl::Status ParseDataFlags(TrainFlags* f) {
   f->reader_threads = absl::GetFlag(FLAGS_reader_threads);
@@ -591,7 +636,7 @@ absl::Status ParseDataFlags(TrainFlags* f) {
                                                                   f->model.num_sparse));
     f->held_out = absl::GetFlag(FLAGS_held_out);
     if (f->steps == 0) f->steps = 10000;
-    return absl::OkStatus();
+    return ParseVocabularyFlag(sc.cardinalities, f);
   }
   CriteoOptions& co = f->criteo;
   co.num_dense = f->model.num_dense;
@@ -607,7 +652,14 @@ absl::Status ParseDataFlags(TrainFlags* f) {
     return absl::InvalidArgumentError("--on_bad_line must be skip or stop");
   }
   co.stop_on_bad_line = bad == "stop";
-  return absl::OkStatus();
+  if (absl::GetFlag(FLAGS_vocabulary) == "hashed" && absl::GetFlag(FLAGS_cardinalities).empty()) {
+    return absl::InvalidArgumentError(
+        "--vocabulary=hashed on TSV data needs --cardinalities (each feature's vocabulary)");
+  }
+  TESSERA_ASSIGN_OR_RETURN(const std::vector<int64_t> cards,
+                           ParseCardinalities(absl::GetFlag(FLAGS_cardinalities),
+                                              f->model.num_sparse));
+  return ParseVocabularyFlag(cards, f);
 }
 
 absl::StatusOr<TrainFlags> ParseTrainFlags() {
@@ -759,7 +811,7 @@ absl::StatusOr<int64_t> PrepareTables(Trainer& trainer, const TrainFlags& f, Den
     }
     // Creates what is missing (all of it on a first run) and checks what exists (tables
     // an operator created with tessera-cli apply, or an earlier run).
-    TESSERA_RETURN_IF_ERROR(trainer.CreateTables(f.table));
+    TESSERA_RETURN_IF_ERROR(trainer.CreateTables(f.table, f.vocabulary));
   }
   if (dp != nullptr) {
     // Worker 0 made the tables; the others check them once it has.
@@ -848,6 +900,19 @@ absl::Status OpenFileData(const TrainFlags& f, TrainData* d) {
     return std::unique_ptr<BatchSource>(std::move(prefetching));
   };
   return absl::OkStatus();
+}
+
+// --vocabulary=hashed: the held-out batch and every batch of the sources hashed.
+void HashData(const TrainFlags& f, TrainData* d) {
+  HashIds(f.vocabulary, &d->held_out);
+  auto inner = std::move(d->make_source);
+  d->make_source = [inner, &f](int64_t first) -> absl::StatusOr<std::unique_ptr<BatchSource>> {
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source, inner(first));
+    return std::unique_ptr<BatchSource>(
+        std::make_unique<HashedIdsSource>(std::move(source), f.vocabulary));
+  };
+  std::printf("vocabulary: hashed, ids taken modulo each feature's cardinality into "
+              "fixed-vocabulary tables\n");
 }
 
 // What the training legs of a run came to.
@@ -1008,6 +1073,7 @@ absl::Status Run() {
                            PrepareTables(trainer, f, dense.get(), dp, options));
   TrainData data;
   TESSERA_RETURN_IF_ERROR(f.synthetic ? OpenSyntheticData(f, &data) : OpenFileData(f, &data));
+  if (!f.vocabulary.empty()) HashData(f, &data);
   std::printf("model: '%s' (DLRM) on %s, emb_dim %d, tables %s.C1-C%d on %s, optimizer %s, "
               "%d sparse thread(s)\n",
               options.model.c_str(), dense->name().c_str(), f.model.emb_dim,

@@ -141,7 +141,8 @@ std::vector<std::string> Trainer::TableNames(int num_sparse, const std::string& 
   return names;
 }
 
-absl::Status Trainer::CreateTables(const v1::TableConfig& prototype) {
+absl::Status Trainer::CreateTables(const v1::TableConfig& prototype,
+                                   const std::vector<int64_t>& vocabulary_sizes) {
   if (prototype.dim() != dense_->config().emb_dim) {
     return absl::InvalidArgumentError(absl::StrCat("table dim ", prototype.dim(),
                                                    " differs from the model's emb_dim ",
@@ -156,6 +157,7 @@ absl::Status Trainer::CreateTables(const v1::TableConfig& prototype) {
     v1::TableConfig c = prototype;
     c.set_name(names_[f]);
     c.set_seed(prototype.seed() + f);
+    if (f < vocabulary_sizes.size()) c.set_vocabulary_size(vocabulary_sizes[f]);
     TESSERA_RETURN_IF_ERROR(tables_->CreateTable(c));
   }
   return CheckTables(prototype);

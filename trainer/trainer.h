@@ -135,7 +135,10 @@ class Trainer {
   // Creates the tables from `prototype` (dim must equal the model's emb_dim); table f is
   // named TableNames()[f] and seeded with prototype.seed() + f. Tables that exist already
   // (created by an operator, or by an earlier run) are checked instead (CheckTables).
-  absl::Status CreateTables(const v1::TableConfig& prototype);
+  // `vocabulary_sizes` (one per table, or empty): each table's fixed vocabulary
+  // (TableConfig.vocabulary_size; the ids must already lie in it).
+  absl::Status CreateTables(const v1::TableConfig& prototype,
+                            const std::vector<int64_t>& vocabulary_sizes = {});
 
   // The name of the first of this model's tables that exists already, or "" when none does.
   absl::StatusOr<std::string> FirstExistingTable() const;

@@ -194,6 +194,43 @@ TEST(DurableCollection, CheckpointTableComesBackAsOfItsNewestCheckpoint) {
   EXPECT_EQ(Read(*c, "ck", AllIds(), 4), at_checkpoint);
 }
 
+// Fixed-vocabulary tables are durable like others: write-through rows and checkpoints
+// come back (onto another in-memory shard count), and a restore puts rows updated after
+// the checkpoint back to what it holds (rows it does not hold: their initial weights).
+TEST(DurableCollection, FixedVocabularyTablesComeBackAndRestore) {
+  ScopedDir dir;
+  Harness h(dir.path, /*shards=*/3);
+  v1::TableConfig wt = Config("fixed_wt", 4, v1::WRITE_THROUGH, v1::ADAM);
+  wt.set_vocabulary_size(200);
+  v1::TableConfig ck = Config("fixed_ck", 4, v1::CHECKPOINT);
+  ck.set_vocabulary_size(1000);
+  std::vector<float> wt_rows, ck_rows, ck_initial;
+  {
+    auto c = h.Open();
+    ASSERT_TRUE(c->CreateTable(wt).ok());
+    ASSERT_TRUE(c->CreateTable(ck).ok());
+    ck_initial = Read(*c, "fixed_ck", AllIds(), 4);
+    Train(*c, "fixed_wt", 4, 0, 10, 8);
+    Train(*c, "fixed_ck", 4, 0, 10, 9);
+    ASSERT_TRUE(c->Checkpoint(10, {}).ok());
+    ck_rows = Read(*c, "fixed_ck", AllIds(), 4);
+    Train(*c, "fixed_ck", 4, 10, 3, 10);  // not checkpointed
+    wt_rows = Read(*c, "fixed_wt", AllIds(), 4);
+    const std::vector<float> g(4, 1.0f);
+    EXPECT_EQ(c->PushGradients("fixed_ck", {1000}, g, 13).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  h.options.num_shards = 2;
+  auto c = h.Open();
+  EXPECT_EQ(Read(*c, "fixed_wt", AllIds(), 4), wt_rows);
+  EXPECT_EQ(Read(*c, "fixed_ck", AllIds(), 4), ck_rows);
+  Train(*c, "fixed_ck", 4, 10, 3, 11);
+  EXPECT_NE(Read(*c, "fixed_ck", AllIds(), 4), ck_rows);
+  ASSERT_TRUE(c->Restore(10, nullptr).ok());
+  EXPECT_EQ(Read(*c, "fixed_ck", AllIds(), 4), ck_rows);
+  EXPECT_NE(ck_rows, ck_initial);
+}
+
 TEST(DurableCollection, RestoreGoesBackToAChosenOrTheNewestCheckpointWithAttachments) {
   ScopedDir dir;
   Harness h(dir.path);
