@@ -54,6 +54,15 @@ int64_t LlcBytes() {
   return l3 > 0 ? l3 : 32LL << 20;
 }
 
+// Batches of ids a benchmark cycles through for rows of `row_bytes`: enough that the rows
+// they name span eight times the last-level cache (at least 64 batches), so that neither
+// a table nor the flat ceiling finds rows of an earlier round still in cache. (Rows of a
+// few batches recycled fit a 32 MiB cache whole and measure it, not memory.)
+int IdBatches(int64_t row_bytes) {
+  const int64_t want = 8 * LlcBytes() / (static_cast<int64_t>(kBatch) * row_bytes);
+  return static_cast<int>(std::clamp<int64_t>(want, 64, 4096));
+}
+
 // Bytes a row of fp32 weights of this shape occupies in the table.
 int64_t RowBytes(int dim, int state_floats) {
   return int64_t{embedding::RowLayout(dim, state_floats).stride_floats} * 4;
@@ -197,7 +206,8 @@ double FlatRowsBytesPerSecond(int64_t region, int stride, int dim, bool update,
   std::fill(flat.begin(), flat.end(), 0.5f);
   std::vector<float> out(static_cast<size_t>(kBatch) * dim), g(dim, 1e-3f);
   std::mt19937_64 rng(9);
-  std::vector<int64_t> at(static_cast<size_t>(kBatch) * 16);
+  const int batches = IdBatches(stride);
+  std::vector<int64_t> at(static_cast<size_t>(kBatch) * batches);
   for (auto& a : at) a = static_cast<int64_t>(rng() % rows) * floats;
   constexpr int kAhead = 16;
   const int lines = (update ? 2 * dim * 4 + 63 : dim * 4 + 63) / 64;
@@ -205,7 +215,7 @@ double FlatRowsBytesPerSecond(int64_t region, int stride, int dim, bool update,
   int64_t done = 0;
   const auto start = Clock::now();
   double seconds = 0;
-  for (int b = 0; seconds < 0.3; b = (b + 1) % 16) {
+  for (int b = 0; seconds < 0.3; b = (b + 1) % batches) {
     const int64_t* idx = at.data() + static_cast<size_t>(b) * kBatch;
     for (int i = 0; i < kBatch; ++i) {
       if (i + kAhead < kBatch) {
@@ -251,7 +261,7 @@ void Report(benchmark::State& state, int64_t bytes_per_iter, double ceiling_byte
 void BM_Gather(benchmark::State& state) {
   const int dim = state.range(0);
   Fixture& f = GetTable(v1::SGD, dim, state.range(2), false);
-  const int kBatches = 64;
+  const int kBatches = IdBatches(int64_t{dim} * 4);
   std::vector<int64_t> ids = MakeIds(f.rows, state.range(1), kBatch * kBatches, 1);
   std::vector<float> out(static_cast<size_t>(kBatch) * dim);
   const int64_t bytes = static_cast<int64_t>(kBatch) * dim * 4;
@@ -273,7 +283,7 @@ void BM_Gather(benchmark::State& state) {
 void BM_FixedGather(benchmark::State& state) {
   const int dim = state.range(0);
   Fixture& f = GetTable(v1::SGD, dim, state.range(2), false, /*fixed=*/true);
-  const int kBatches = 64;
+  const int kBatches = IdBatches(int64_t{dim} * 4);
   std::vector<int64_t> ids = MakeIds(f.rows, state.range(1), kBatch * kBatches, 1);
   std::vector<float> out(static_cast<size_t>(kBatch) * dim);
   const int64_t bytes = static_cast<int64_t>(kBatch) * dim * 4;
@@ -316,7 +326,7 @@ void RunUpdate(benchmark::State& state, v1::OptimizerType opt, int traffic_float
   Fixture& f = GetTable(opt, dim, state.range(2), false, fixed);
   const int64_t row_bytes = fixed ? FixedRowBytes(dim, StateFloats(opt, dim))
                                   : RowBytes(dim, StateFloats(opt, dim));
-  const int kBatches = 16;
+  const int kBatches = IdBatches(row_bytes);
   std::vector<std::vector<int64_t>> batches;
   size_t unique_total = 0;
   for (int b = 0; b < kBatches; ++b) {

@@ -302,6 +302,8 @@ class EmbeddingTable {
   // Fixed-vocabulary tables (embedding/internal/fixed_rows.cc).
   Stripe& FixedStripe(int64_t row) const;
   absl::Status FixedLookup(absl::Span<const int64_t> ids, float* out) const;
+  // The weights of `row` (of `id`) into `out` (dim): stored, or initial when never stored.
+  void ReadFixedRow(int64_t id, int64_t row, float* out) const;
   absl::Status FixedApply(absl::Span<const int64_t> ids, const float* grads, int64_t step);
   // Row `row` (of `id`) stored with its initial weights and state.
   void FixedInitLocked(int64_t id, int64_t row);

@@ -3,6 +3,7 @@
 #include "embedding/internal/fixed_rows.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -25,6 +26,7 @@ std::unique_ptr<FixedRows> FixedRows::Create(int64_t vocabulary, int64_t part_in
   f->vocabulary_ = vocabulary;
   f->part_index_ = part_index;
   f->part_count_ = part_count;
+  f->reciprocal_ = 1.0 / static_cast<double>(part_count);
   f->rows_ = vocabulary > part_index ? (vocabulary - part_index + part_count - 1) / part_count : 0;
   f->weight_floats_ = weight_floats;
   f->state_floats_ = state_floats;
@@ -63,13 +65,22 @@ using embedding_internal::AllFinite;
 using embedding_internal::CopyFloats;
 using embedding_internal::FixedRows;
 using embedding_internal::PrefetchLines;
-using embedding_internal::SpinPause;
 using embedding_internal::StripeWriter;
 
 namespace {
 
-constexpr int kFixedAhead = 16;     // rows prefetched ahead of the one copied
-constexpr int kOptimisticTries = 8;  // lock-free reads of a row before taking its lock
+constexpr int kFixedAhead = 32;     // rows prefetched ahead of the one copied
+
+// True when `n` floats at `p` are all zero bits (+0.0): what a row never stored reads as.
+bool ZeroFloats(const float* p, int n) {
+  uint32_t any = 0;
+  for (int j = 0; j < n; ++j) {
+    uint32_t bits;
+    std::memcpy(&bits, p + j, sizeof(bits));
+    any |= bits;
+  }
+  return any == 0;
+}
 
 }  // namespace
 
@@ -98,39 +109,62 @@ EmbeddingTable::Stripe& EmbeddingTable::FixedStripe(int64_t row) const {
   return stripes_[FixedRows::StripeOf(row)];
 }
 
+void EmbeddingTable::ReadFixedRow(int64_t id, int64_t row, float* out) const {
+  const FixedRows& f = *fixed_;
+  const float* stored = f.Weights(row);
+  if (dtype_ == v1::FP32) {
+    CopyFloats(out, stored, dim_);
+  } else {
+    DecodeWeights(dtype_, stored, dim_, out);
+  }
+  // A row never stored is zero bytes (fresh pages; Forget zeroes them again), and a stored
+  // row almost never is: only an all-zero row needs its live bit, which would otherwise
+  // cost a second cache miss per id.
+  if (f.ZeroBytes(row) && !f.Live(row)) InitialWeights(id, out);
+}
+
 absl::Status EmbeddingTable::FixedLookup(absl::Span<const int64_t> ids, float* out) const {
   TESSERA_RETURN_IF_ERROR(CheckIds(ids));
   const FixedRows& f = *fixed_;
   const int lines = layout_.read_lines;
   const size_t n = ids.size();
-  for (size_t i = 0; i < n; ++i) {
-    if (i + kFixedAhead < n) {
-      PrefetchLines(f.Weights(f.RowOf(ids[i + kFixedAhead])), lines, /*for_write=*/false);
-    }
-    const int64_t row = f.RowOf(ids[i]);
-    float* dst = out + i * static_cast<size_t>(dim_);
-    const Stripe& stripe = FixedStripe(row);
-    bool valid = false;
-    for (int attempt = 0; attempt < kOptimisticTries && !valid; ++attempt) {
-      const uint32_t begin = stripe.ReadBegin();
-      if (begin & 1) {  // a writer is changing this stripe right now
-        SpinPause();
-        continue;
+  const size_t d = static_cast<size_t>(dim_);
+  const bool fp32 = dtype_ == v1::FP32;
+  // A run of ids is copied out with each id's stripe sequence number noted, then checked:
+  // the copies overlap their cache misses, and a row a writer changed meanwhile (or one
+  // that reads as zero bytes: never stored, or stored as zeros) is read again alone.
+  constexpr size_t kRun = 16;
+  uint32_t seen[kRun];
+  int64_t rows[kRun];
+  for (size_t c = 0; c < n; c += kRun) {
+    const size_t ce = std::min(n, c + kRun);
+    const uint64_t quiet = f.QuietBegin();
+    for (size_t i = c; i < ce; ++i) {
+      if (i + kFixedAhead < n) {
+        PrefetchLines(f.Weights(f.RowOf(ids[i + kFixedAhead])), lines, /*for_write=*/false);
       }
-      if (f.Live(row)) {
-        CopyWeightsOut(f.Weights(row), dst);
+      const int64_t row = f.RowOf(ids[i]);
+      rows[i - c] = row;
+      // Stripe sequence numbers only while a writer is at work.
+      if (quiet == FixedRows::kNotQuiet) seen[i - c] = stripes_[FixedRows::StripeOf(row)].ReadBegin();
+      if (fp32) {
+        CopyFloats(out + i * d, f.Weights(row), dim_);
       } else {
-        InitialWeights(ids[i], dst);
+        DecodeWeights(dtype_, f.Weights(row), dim_, out + i * d);
       }
-      valid = stripe.ReadValid(begin);
     }
-    if (!valid) {
+    const bool quiet_run = f.QuietEnd(quiet);  // no writer overlapped the run
+    for (size_t i = c; i < ce; ++i) {
+      const int64_t row = rows[i - c];
+      const Stripe& stripe = stripes_[FixedRows::StripeOf(row)];
+      // A run that began quiet and was not at its end has no sequence numbers to check:
+      // every row of it is read again.
+      const bool changed =
+          !quiet_run && (quiet != FixedRows::kNotQuiet || (seen[i - c] & 1) ||
+                         !stripe.ReadValid(seen[i - c]));
+      if (!changed && !ZeroFloats(out + i * d, dim_)) continue;
       absl::ReaderMutexLock lock(&stripe.mu);
-      if (f.Live(row)) {
-        CopyWeightsOut(f.Weights(row), dst);
-      } else {
-        InitialWeights(ids[i], dst);
-      }
+      ReadFixedRow(ids[i], row, out + i * d);
     }
   }
   return absl::OkStatus();
@@ -195,6 +229,7 @@ absl::Status EmbeddingTable::FixedApply(absl::Span<const int64_t> ids, const flo
   scratch.resize(ScratchFloats());
   int64_t refused = 0, first_refused = 0, created = 0, not_admitted = 0;
   const size_t n = ids.size();
+  FixedRows::WriteScope writing(f);
   for (size_t i = 0; i < n; ++i) {
     if (i + kFixedAhead < n) {
       const int64_t ahead = f.RowOf(ids[i + kFixedAhead]);
@@ -233,6 +268,7 @@ absl::Status EmbeddingTable::FixedPutRow(int64_t id, const float* weights, const
   TESSERA_RETURN_IF_ERROR(CheckIds({id}));
   FixedRows& f = *fixed_;
   const int64_t row = f.RowOf(id);
+  FixedRows::WriteScope writing(f);
   Stripe& stripe = FixedStripe(row);
   StripeWriter lock(stripe);
   stripe.BeginChange();
@@ -271,11 +307,13 @@ void EmbeddingTable::FixedForget(int64_t id) {
   FixedRows& f = *fixed_;
   if (!f.Holds(id)) return;
   const int64_t row = f.RowOf(id);
+  FixedRows::WriteScope writing(f);
   Stripe& stripe = FixedStripe(row);
   StripeWriter lock(stripe);
   stripe.BeginChange();
   if (f.Live(row)) {
     f.SetLive(row, false);
+    f.ZeroRow(row);  // what a row never stored reads as (ReadFixedRow)
     AdjustRows(-1);
   }
   if (f.Dirty(row)) {

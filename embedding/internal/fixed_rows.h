@@ -9,7 +9,9 @@
 //   counts   (rows) uint32          update counts, only where the math needs them (Adam's
 //                                   bias correction, half-precision rounding bits)
 //   live     one bit a row          the row was stored (updated or put); a row without
-//                                   it reads its initial weights, computed on use
+//                                   it reads its initial weights, computed on use. A
+//                                   row not stored is zero bytes, so a lookup reads the
+//                                   bit only for a row of zero bytes
 //   dirty    one bit a row          changed since the last checkpoint
 //
 // The table's part holds the ids `index + count * i` of the vocabulary (count: the shards
@@ -23,6 +25,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 
 #include "embedding/internal/aligned_block.h"
@@ -47,13 +50,41 @@ class FixedRows {
 
   // True when `id` is one of this part's ids.
   bool Holds(int64_t id) const {
-    return id >= 0 && id < vocabulary_ && id % part_count_ == part_index_;
+    if (id < 0 || id >= vocabulary_) return false;
+    return part_count_ == 1 || id - RowOf(id) * part_count_ == part_index_;
   }
-  int64_t RowOf(int64_t id) const { return id / part_count_; }
+  // id / part_count for an id of the vocabulary (below 2^40), without a division
+  // instruction (tens of cycles, more than the row's copy): a multiply by the reciprocal
+  // in double precision is off by at most one, which the remainder corrects.
+  int64_t RowOf(int64_t id) const {
+    if (part_count_ == 1) return id;
+    int64_t q = static_cast<int64_t>(static_cast<double>(id) * reciprocal_);
+    const int64_t r = id - q * part_count_;
+    if (r < 0) {
+      --q;
+    } else if (r >= part_count_) {
+      ++q;
+    }
+    return q;
+  }
+  // The bitmap word that says whether `row` is live (to prefetch).
+  const uint64_t* LiveWordOf(int64_t row) const { return live_ + (row >> 6); }
   int64_t IdOf(int64_t row) const { return row * part_count_ + part_index_; }
   static int StripeOf(int64_t row) { return static_cast<int>((row >> 6) & 63); }
 
   float* Weights(int64_t row) const { return weights_ + row * weight_floats_; }
+  // True when the stored weights of `row` are all zero bytes, as a row's never stored are.
+  bool ZeroBytes(int64_t row) const {
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(Weights(row));
+    uint32_t any = 0;
+    for (int j = 0; j < weight_floats_; ++j) any |= w[j];
+    return any == 0;
+  }
+  // Zeroes the stored weights and state of `row`.
+  void ZeroRow(int64_t row) const {
+    std::memset(Weights(row), 0, sizeof(float) * weight_floats_);
+    if (state_floats_ > 0) std::memset(State(row), 0, sizeof(float) * state_floats_);
+  }
   float* State(int64_t row) const { return state_ + row * state_floats_; }
   uint32_t Count(int64_t row) const { return counts_ != nullptr ? counts_[row] : 0; }
   void SetCount(int64_t row, uint32_t n) const {
@@ -66,6 +97,38 @@ class FixedRows {
   bool Dirty(int64_t row) const { return Bit(dirty_, row); }
   void SetDirty(int64_t row, bool on) { SetBit(dirty_, row, on); }
   int64_t words() const { return (rows_ + 63) / 64; }
+
+  // Writers of rows count themselves for their whole call, so that a lookup that
+  // overlapped no writer (the common case) checks nothing per row: QuietBegin before its
+  // reads (kNotQuiet while a writer is at work), QuietEnd after them.
+  static constexpr uint64_t kNotQuiet = ~uint64_t{0};
+  uint64_t QuietBegin() const {
+    const uint64_t writes = writes_.load(std::memory_order_seq_cst);
+    return writers_.load(std::memory_order_seq_cst) == 0 ? writes : kNotQuiet;
+  }
+  bool QuietEnd(uint64_t begin) const {
+    std::atomic_thread_fence(std::memory_order_acquire);
+    // A row store this lookup saw makes its writer's count visible here (the writer's
+    // release fence after counting itself); a writer seen gone had counted its write.
+    return begin != kNotQuiet && writers_.load(std::memory_order_acquire) == 0 &&
+           writes_.load(std::memory_order_relaxed) == begin;
+  }
+  class WriteScope {
+   public:
+    explicit WriteScope(const FixedRows& f) : f_(f) {
+      f_.writers_.fetch_add(1, std::memory_order_seq_cst);
+      std::atomic_thread_fence(std::memory_order_release);  // before any row store
+    }
+    ~WriteScope() {
+      f_.writes_.fetch_add(1, std::memory_order_release);
+      f_.writers_.fetch_sub(1, std::memory_order_release);
+    }
+    WriteScope(const WriteScope&) = delete;
+    WriteScope& operator=(const WriteScope&) = delete;
+
+   private:
+    const FixedRows& f_;
+  };
   uint64_t LiveWord(int64_t w) const { return __atomic_load_n(live_ + w, __ATOMIC_RELAXED); }
   uint64_t DirtyWord(int64_t w) const { return __atomic_load_n(dirty_ + w, __ATOMIC_RELAXED); }
   void ClearDirtyWord(int64_t w) { __atomic_store_n(dirty_ + w, 0, __ATOMIC_RELAXED); }
@@ -82,6 +145,9 @@ class FixedRows {
   }
 
   int64_t rows_ = 0, vocabulary_ = 0, part_index_ = 0, part_count_ = 1;
+  double reciprocal_ = 1.0;  // 1 / part_count_
+  mutable std::atomic<int32_t> writers_{0};  // writers at work (WriteScope)
+  mutable std::atomic<uint64_t> writes_{0};  // writers done
   int weight_floats_ = 0, state_floats_ = 0;
   int64_t reserved_bytes_ = 0;
   AlignedBlock weights_block_, state_block_, counts_block_, live_block_, dirty_block_;
