@@ -81,6 +81,8 @@ ABSL_FLAG(double, init_scale, 0.05,
 ABSL_FLAG(std::string, eviction, "none",
           "create: what a table full at --max_rows does: none (refuses new rows), lru or lfu");
 ABSL_FLAG(int64_t, ttl_steps, 0, "create: rows not updated for this many steps are dropped (0 = never)");
+ABSL_FLAG(int64_t, vocabulary_size, 0,
+          "create: a fixed vocabulary: ids in [0, N), rows addressed by id (0: any id)");
 ABSL_FLAG(int, admit_min_count, 0,
           "create: feature admission: an id gets a row once pushes of this many steps carried "
           "it (0 or 1: at once)");
@@ -612,6 +614,7 @@ absl::StatusOr<tessera::v1::TableConfig> CreateConfig(const std::string& table) 
                                          tessera::v1::EvictionPolicy_descriptor(), "EVICTION_"));
   c.mutable_eviction()->set_policy(static_cast<tessera::v1::EvictionPolicy>(eviction));
   c.mutable_eviction()->set_ttl_steps(absl::GetFlag(FLAGS_ttl_steps));
+  c.set_vocabulary_size(absl::GetFlag(FLAGS_vocabulary_size));
   if (absl::GetFlag(FLAGS_admit_min_count) != 0 || absl::GetFlag(FLAGS_admit_probability) != 0 ||
       absl::GetFlag(FLAGS_admit_sketch_width) != 0) {
     tessera::v1::AdmissionConfig* a = c.mutable_admission();

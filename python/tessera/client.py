@@ -53,7 +53,7 @@ OPTIMIZER_SETTINGS = ("learning_rate", "epsilon", "beta1", "beta2", "initial_acc
 # Every keyword argument of create_table and table_config (besides name and dim).
 TABLE_SETTINGS = ("optimizer", *OPTIMIZER_SETTINGS, "dtype", "seed", "max_rows", "initializer",
                   "init_scale", "durability", "eviction", "ttl_steps", "admit_min_count",
-                  "admit_probability", "admit_sketch_width")
+                  "admit_probability", "admit_sketch_width", "vocabulary_size")
 
 
 def parse_enum(kind: str, value, names: Dict[str, int], prefix: str = "") -> int:
@@ -83,7 +83,7 @@ def table_config(name: str, dim: int, optimizer: str = "adagrad", learning_rate:
                  initializer: str = "uniform", init_scale: Optional[float] = 0.05,
                  durability: str = "checkpoint", eviction: str = "none", ttl_steps: int = 0,
                  admit_min_count: int = 0, admit_probability: float = 0.0,
-                 admit_sketch_width: int = 0,
+                 admit_sketch_width: int = 0, vocabulary_size: int = 0,
                  **optimizer_settings) -> config_pb2.TableConfig:
     """The TableConfig create_table sends, with tessera-train's and tessera-cli create's
     defaults (Adagrad at 0.05, seed 1, rows U(-0.05, 0.05), fp32). Optimizer settings
@@ -93,13 +93,14 @@ def table_config(name: str, dim: int, optimizer: str = "adagrad", learning_rate:
     admit_min_count=K gives an id a row once pushes of K steps carried it,
     admit_probability=p gives a new id a row with probability p (decided per id by the
     table's seed), admit_sketch_width sizes each shard's count sketch; 0 leaves each off.
+    vocabulary_size=N makes a fixed-vocabulary table: ids in [0, N), rows addressed by id.
     Enum names in any case. ValueError for an unknown name or setting."""
     unknown = set(optimizer_settings) - set(OPTIMIZER_SETTINGS)
     if unknown:
         raise ValueError(f"table {name!r}: unknown settings {sorted(unknown)}; "
                          f"create_table takes {list(TABLE_SETTINGS)}")
     config = config_pb2.TableConfig(
-        name=name, dim=dim, seed=seed, max_rows=max_rows,
+        name=name, dim=dim, seed=seed, max_rows=max_rows, vocabulary_size=vocabulary_size,
         dtype=parse_enum("dtype", dtype, _DTYPES),
         durability=parse_enum("durability", durability, _DURABILITY),
         optimizer=config_pb2.OptimizerConfig(
@@ -678,7 +679,12 @@ class Client:
         return answers
 
     def _split(self, config, unique: np.ndarray):
-        owner = sharding.shard_of(unique, config.seed, len(self._shards))
+        if config.vocabulary_size > 0 and len(unique) and (
+                unique.min() < 0 or unique.max() >= config.vocabulary_size):
+            bad = unique[(unique < 0) | (unique >= config.vocabulary_size)][0]
+            _invalid(f"table '{config.name}': id {bad} is outside its vocabulary "
+                     f"[0, {config.vocabulary_size})")
+        owner = sharding.shard_of_row(unique, config, len(self._shards))
         return [(k, np.flatnonzero(owner == k)) for k in range(len(self._shards))
                 if np.any(owner == k)]
 

@@ -39,6 +39,16 @@ def jump_consistent_hash(keys: np.ndarray, num_buckets: int) -> np.ndarray:
     return b.astype(np.int32)
 
 
+def shard_of_row(ids: np.ndarray, config, num_shards: int) -> np.ndarray:
+    """The shard of each id of table `config` (a TableConfig): shard_of for a dynamic
+    vocabulary; for a fixed one (vocabulary_size > 0) the id modulo num_shards, as the C++
+    ShardOfRow routes it."""
+    if config.vocabulary_size > 0:
+        ids = np.asarray(ids, dtype=np.int64).view(np.uint64)
+        return (ids % np.uint64(num_shards)).astype(np.int32)
+    return shard_of(ids, config.seed, num_shards)
+
+
 def shard_of(ids: np.ndarray, table_seed: int, num_shards: int) -> np.ndarray:
     """The shard of each id of a table with `table_seed` among `num_shards` shards."""
     ids = np.asarray(ids, dtype=np.int64).view(np.uint64)

@@ -46,6 +46,7 @@ def _spec_differences(config, spec: Mapping) -> List[str]:
               "admit_min_count": ("admission", "min_count"),
               "admit_probability": ("admission", "probability"),
               "admit_sketch_width": ("admission", "sketch_width"),
+              "vocabulary_size": ("vocabulary_size",),
               **{k: ("optimizer", k) for k in OPTIMIZER_SETTINGS}}
     out = []
     for key in spec:
@@ -122,7 +123,7 @@ class EmbeddingCollection(torch.nn.Module):
     `tables`: each a table name (the table must exist) or a dict with "name", "dim" and
     any of create_table's keyword arguments (TABLE_SETTINGS: optimizer and its settings,
     dtype, seed, max_rows, initializer, init_scale, durability, eviction, ttl_steps,
-    admit_min_count, admit_probability, admit_sketch_width):
+    admit_min_count, admit_probability, admit_sketch_width, vocabulary_size):
     created when missing, else every setting the spec gives is checked against the
     existing table (ValueError naming each field that differs and both values).
     `pooling`: "sum", "mean" or "sqrtn" (of weight x row over a bag's ids: the sum, divided

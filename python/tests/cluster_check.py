@@ -221,6 +221,23 @@ def main(address: str) -> int:
     np.testing.assert_array_equal(via.lookup("pyc_adm", fresh[100:]), initial[100:])
     assert smart.tables()["pyc_adm"].admission.min_count == 3
 
+    # A fixed vocabulary: ids in [0, 1000) on every shard, others refused before any
+    # shard changes.
+    smart.create_table("pyc_fixed", dim=4, optimizer="sgd", learning_rate=0.5,
+                       vocabulary_size=1000)
+    vocab_ids = np.arange(0, 1000, 3)
+    start = smart.lookup("pyc_fixed", vocab_ids)
+    np.testing.assert_array_equal(start, via.lookup("pyc_fixed", vocab_ids))
+    smart.push("pyc_fixed", vocab_ids, np.ones((len(vocab_ids), 4), np.float32), step=30)
+    np.testing.assert_allclose(via.lookup("pyc_fixed", vocab_ids), start - 0.5, atol=1e-6)
+    for client in (smart, via):
+        error = expect_error(grpc.StatusCode.INVALID_ARGUMENT,
+                             lambda: client.push("pyc_fixed", [1, 1000], np.ones((2, 4), np.float32)))
+        assert "outside its vocabulary" in error.message, error.message
+        expect_error(grpc.StatusCode.INVALID_ARGUMENT, lambda: client.lookup("pyc_fixed", [-1]))
+    np.testing.assert_allclose(smart.lookup("pyc_fixed", vocab_ids), start - 0.5, atol=1e-6)
+    assert sum(t.rows for t in smart.stats("pyc_fixed").tables) == len(vocab_ids)
+
     smart.checkpoint(12)
     assert 12 in [c.step for c in smart.checkpoints().checkpoints]
     # A restore of every model needs all_models: in the client and on the coordinator.
