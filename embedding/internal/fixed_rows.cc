@@ -225,37 +225,56 @@ absl::Status EmbeddingTable::FixedApply(absl::Span<const int64_t> ids, const flo
   FixedRows& f = *fixed_;
   const int lines = (layout_.weight_floats * 4 + 63) / 64;
   const int state_lines = (state_floats_ * 4 + 63) / 64;
+  // The ids grouped by stripe (a counting sort, stable), so that each stripe's lock is
+  // taken once per batch; rows are prefetched ahead along that order.
+  thread_local std::vector<int64_t> rows;
+  thread_local std::vector<int32_t> order;
+  int32_t begin[kNumStripes + 1] = {};
+  const size_t n = ids.size();
+  rows.resize(n);
+  order.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    rows[i] = f.RowOf(ids[i]);
+    ++begin[FixedRows::StripeOf(rows[i]) + 1];
+  }
+  for (int s = 0; s < kNumStripes; ++s) begin[s + 1] += begin[s];
+  int32_t cursor[kNumStripes];
+  std::copy(begin, begin + kNumStripes, cursor);
+  for (size_t i = 0; i < n; ++i) order[cursor[FixedRows::StripeOf(rows[i])]++] = static_cast<int32_t>(i);
+
   thread_local std::vector<float> scratch;
   scratch.resize(ScratchFloats());
   int64_t refused = 0, first_refused = 0, created = 0, not_admitted = 0;
-  const size_t n = ids.size();
   FixedRows::WriteScope writing(f);
-  for (size_t i = 0; i < n; ++i) {
-    if (i + kFixedAhead < n) {
-      const int64_t ahead = f.RowOf(ids[i + kFixedAhead]);
-      PrefetchLines(f.Weights(ahead), lines, /*for_write=*/true);
-      if (state_lines > 0) PrefetchLines(f.State(ahead), state_lines, /*for_write=*/true);
-    }
-    const int64_t id = ids[i];
-    const int64_t row = f.RowOf(id);
-    Stripe& stripe = FixedStripe(row);
+  for (int s = 0; s < kNumStripes; ++s) {
+    if (begin[s] == begin[s + 1]) continue;
+    Stripe& stripe = stripes_[s];
     StripeWriter lock(stripe);
     stripe.BeginChange();
-    if (!f.Live(row)) {
-      // The admission sketch's slice is the one of the stripe whose lock is held.
-      const uint64_t h = (static_cast<uint64_t>(FixedRows::StripeOf(row))
-                          << embedding_internal::kStripeShift) |
-                         (embedding_internal::MapHash(id) >> 6);
-      if (admission_ != nullptr && !admission_->Count(id, h)) {
-        ++not_admitted;
-        continue;
+    for (int32_t k = begin[s]; k < begin[s + 1]; ++k) {
+      if (static_cast<size_t>(k) + kFixedAhead < n) {
+        const int64_t ahead = rows[order[k + kFixedAhead]];
+        PrefetchLines(f.Weights(ahead), lines, /*for_write=*/true);
+        if (state_lines > 0) PrefetchLines(f.State(ahead), state_lines, /*for_write=*/true);
       }
-      FixedInitLocked(id, row);
-      ++created;
-    }
-    if (!FixedUpdateLocked(id, row, grads + i * static_cast<size_t>(dim_), scratch.data()) &&
-        refused++ == 0) {
-      first_refused = id;
+      const size_t i = static_cast<size_t>(order[k]);
+      const int64_t id = ids[i];
+      const int64_t row = rows[i];
+      if (!f.Live(row)) {
+        // The admission sketch's slice is the one of the stripe whose lock is held.
+        const uint64_t h = (static_cast<uint64_t>(s) << embedding_internal::kStripeShift) |
+                           (embedding_internal::MapHash(id) >> 6);
+        if (admission_ != nullptr && !admission_->Count(id, h)) {
+          ++not_admitted;
+          continue;
+        }
+        FixedInitLocked(id, row);
+        ++created;
+      }
+      if (!FixedUpdateLocked(id, row, grads + i * static_cast<size_t>(dim_), scratch.data()) &&
+          refused++ == 0) {
+        first_refused = id;
+      }
     }
   }
   if (created > 0) AdjustRows(created);
