@@ -126,6 +126,19 @@ class DurableCollection final : public embedding::EmbeddingCollection {
       const embedding::RestoreOptions& options = {}) override;
   absl::StatusOr<std::vector<embedding::CheckpointInfo>> ListCheckpoints() const override;
 
+  // Restores a checkpoint taken on another set of shards: `dirs` are the directories of
+  // one checkpoint (its MANIFEST in each; the same model and step) of each shard of that
+  // cluster, readable here. This collection, shard options().cluster_shard_index of
+  // cluster_num_shards, takes from them the rows it owns now (embedding::ShardOfRow), in
+  // place of its tables of the checkpoint's model (every table for a whole-collection
+  // checkpoint). `options.model` must name the checkpoint's model. Attachments come from
+  // the first directory. InvalidArgument for directories of different checkpoints;
+  // NotFound for one without a complete checkpoint. A crash during it is finished on the
+  // next open, as for Restore.
+  absl::StatusOr<embedding::CheckpointInfo> RestoreFromShards(
+      const std::vector<std::string>& dirs, embedding::Attachments* attachments,
+      const embedding::RestoreOptions& options = {});
+
   // Rows loaded from disk by the last Open or Restore.
   int64_t rows_loaded() const;
   // The directory of checkpoint `step` of `model` (complete or not).
@@ -153,8 +166,10 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   // spilled rows to `writes`.
   absl::Status ForgetTable(const std::string& name, std::vector<KvWrite>* writes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Replaces the tables of `m.model` with those of the checkpoint in `dir`.
-  absl::Status RestoreModel(const std::string& dir, const CheckpointManifest& m)
+  // Replaces the tables of `m.model` with those of the checkpoint in `dirs` (one
+  // checkpoint of each shard of a cluster, or this collection's own): the rows this
+  // collection owns in its cluster (all of them outside one).
+  absl::Status RestoreModel(const std::vector<std::string>& dirs, const CheckpointManifest& m)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Finishes a model restore that a crash interrupted (its marker names the checkpoint).
   absl::Status FinishInterruptedRestore() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

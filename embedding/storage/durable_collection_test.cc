@@ -231,6 +231,115 @@ TEST(DurableCollection, FixedVocabularyTablesComeBackAndRestore) {
   EXPECT_NE(ck_rows, ck_initial);
 }
 
+// A checkpoint taken on 3 shards of a cluster restored onto 2: each new shard takes the
+// rows it owns now from the 3 shards' checkpoint directories, serves the same rows (a
+// dynamic and a fixed-vocabulary table), holds only its own, and keeps them on disk.
+TEST(DurableCollection, ACheckpointOfThreeShardsRestoresOntoTwo) {
+  v1::TableConfig dyn = Config("m.dyn", 4, v1::CHECKPOINT, v1::ADAM);
+  v1::TableConfig fixed = Config("m.fixed", 4, v1::WRITE_THROUGH);
+  fixed.set_vocabulary_size(500);
+  const std::vector<int64_t> ids = AllIds();  // [0, 200)
+  std::vector<std::string> old_dirs;
+  std::vector<float> want_dyn(ids.size() * 4), want_fixed(ids.size() * 4);
+  {
+    std::vector<ScopedDir> dirs(3);
+    std::vector<std::unique_ptr<Harness>> h;
+    std::vector<std::unique_ptr<DurableCollection>> shards;
+    for (int k = 0; k < 3; ++k) {
+      h.push_back(std::make_unique<Harness>(dirs[k].path));
+      h[k]->options.cluster_shard_index = k;
+      h[k]->options.cluster_num_shards = 3;
+      shards.push_back(h[k]->Open());
+      ASSERT_TRUE(shards[k]->CreateTable(dyn).ok());
+      ASSERT_TRUE(shards[k]->CreateTable(fixed).ok());
+    }
+    std::mt19937 rng(5);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    for (int step = 1; step <= 6; ++step) {
+      for (const v1::TableConfig* c : {&dyn, &fixed}) {
+        std::vector<std::vector<int64_t>> part(3);
+        for (const int64_t id : ids) part[embedding::ShardOfRow(*c, id, 3)].push_back(id);
+        for (int k = 0; k < 3; ++k) {
+          std::vector<float> grads(part[k].size() * 4);
+          for (float& x : grads) x = g(rng);
+          ASSERT_TRUE(shards[k]->PushGradients(c->name(), part[k], grads, step).ok());
+        }
+      }
+    }
+    for (int k = 0; k < 3; ++k) ASSERT_TRUE(shards[k]->Checkpoint(6, {}, {"m"}).ok());
+    for (const v1::TableConfig* c : {&dyn, &fixed}) {
+      std::vector<float>& want = c == &dyn ? want_dyn : want_fixed;
+      for (size_t i = 0; i < ids.size(); ++i) {
+        const auto row = Read(*shards[embedding::ShardOfRow(*c, ids[i], 3)], c->name(), {ids[i]}, 4);
+        std::copy(row.begin(), row.end(), want.begin() + i * 4);
+      }
+    }
+    for (int k = 0; k < 3; ++k) {
+      old_dirs.push_back(shards[k]->CheckpointDir(6, "m"));
+      shards[k].reset();
+      // The old shards' directories outlive their processes: move them aside.
+      const std::string kept = TempDir();
+      fs::remove(kept);
+      fs::rename(dirs[k].path, kept);
+      old_dirs.back().replace(0, dirs[k].path.size(), kept);
+    }
+  }
+  std::vector<ScopedDir> dirs(2);
+  for (int round = 0; round < 2; ++round) {  // restored, then reopened from disk
+    std::vector<std::unique_ptr<Harness>> h;
+    std::vector<std::unique_ptr<DurableCollection>> shards;
+    for (int k = 0; k < 2; ++k) {
+      h.push_back(std::make_unique<Harness>(dirs[k].path));
+      h[k]->options.cluster_shard_index = k;
+      h[k]->options.cluster_num_shards = 2;
+      shards.push_back(h[k]->Open());
+      if (round == 0) {
+        embedding::RestoreOptions o;
+        o.model = "m";
+        auto info = shards[k]->RestoreFromShards(old_dirs, nullptr, o);
+        ASSERT_TRUE(info.ok()) << info.status();
+        EXPECT_EQ(info->step, 6);
+      }
+    }
+    int64_t rows = 0;
+    for (const v1::TableConfig* c : {&dyn, &fixed}) {
+      const std::vector<float>& want = c == &dyn ? want_dyn : want_fixed;
+      for (size_t i = 0; i < ids.size(); ++i) {
+        const int owner = embedding::ShardOfRow(*c, ids[i], 2);
+        ASSERT_EQ(Read(*shards[owner], c->name(), {ids[i]}, 4),
+                  std::vector<float>(want.begin() + i * 4, want.begin() + (i + 1) * 4))
+            << c->name() << " id " << ids[i] << " round " << round;
+      }
+      for (int k = 0; k < 2; ++k) {
+        ASSERT_TRUE(shards[k]
+                        ->ExportRows(c->name(), {},
+                                     [&](const embedding::RowBlock& block) {
+                                       for (const int64_t id : block.ids) {
+                                         EXPECT_EQ(embedding::ShardOfRow(*c, id, 2), k)
+                                             << c->name() << " id " << id;
+                                         ++rows;
+                                       }
+                                       return absl::OkStatus();
+                                     })
+                        .ok());
+      }
+    }
+    EXPECT_EQ(rows, 400) << "round " << round;  // every id of both tables was pushed
+  }
+  // Directories of different checkpoints are refused before anything changes.
+  Harness other(dirs[0].path);
+  other.options.cluster_num_shards = 2;
+  auto c = other.Open();
+  embedding::RestoreOptions o;
+  o.model = "m";
+  EXPECT_EQ(c->RestoreFromShards({old_dirs[0], "/nonexistent"}, nullptr, o).status().code(),
+            absl::StatusCode::kNotFound);
+  o.model = "other";
+  EXPECT_EQ(c->RestoreFromShards(old_dirs, nullptr, o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  for (const std::string& d : old_dirs) fs::remove_all(fs::path(d).parent_path().parent_path());
+}
+
 TEST(DurableCollection, RestoreGoesBackToAChosenOrTheNewestCheckpointWithAttachments) {
   ScopedDir dir;
   Harness h(dir.path);

@@ -7,10 +7,14 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "embedding/embedding_table.h"
 #include "base/status.h"
 #include "embedding/storage/files.h"
 #include "embedding/storage/internal/durable_store.h"
@@ -29,50 +33,117 @@ using storage_internal::OpenCheckpointStore;
 using storage_internal::ReadCatalog;
 using storage_internal::SecondsSince;
 
-absl::Status DurableCollection::RestoreModel(const std::string& dir, const CheckpointManifest& m) {
+absl::Status DurableCollection::RestoreModel(const std::vector<std::string>& dirs,
+                                             const CheckpointManifest& m) {
   const auto start = Clock::now();
-  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<KvStore> source,
-                           OpenCheckpointStore(options_.open_store, dir));
-  TESSERA_ASSIGN_OR_RETURN(auto catalog, ReadCatalog(*source));
-  // A marker first: a crash before the end redoes the whole restore on the next open.
-  TESSERA_RETURN_IF_ERROR(WriteFileAtomically(RestoringPath(), dir));
+  // A marker first (the directories, a line each): a crash before the end redoes the
+  // whole restore on the next open.
+  TESSERA_RETURN_IF_ERROR(WriteFileAtomically(RestoringPath(), absl::StrJoin(dirs, "\n")));
   std::vector<KvWrite> writes;
   std::vector<std::string> mine;
   for (const auto& [name, t] : tables_) {
     if (embedding::TableOfModel(name, m.model)) mine.push_back(name);
   }
   for (const std::string& name : mine) TESSERA_RETURN_IF_ERROR(ForgetTable(name, &writes));
-  std::vector<std::pair<uint32_t, v1::TableConfig>> restored;
-  for (const auto& [from_id, config] : catalog) {
-    if (std::find(m.tables.begin(), m.tables.end(), config.name()) == m.tables.end()) continue;
-    // Fresh ids: the checkpoint's may name another table here by now.
-    const uint32_t id = next_table_id_++;
-    writes.push_back(KvWrite{CatalogKey(id), EncodeCatalogEntry(config)});
-    TESSERA_RETURN_IF_ERROR(CopyRows(*source, from_id, id, &writes));
-    restored.emplace_back(id, config);
+  // Each table of the checkpoint gets a fresh id here (a source's may name another table
+  // by now) and the rows of every source that this collection owns.
+  std::map<std::string, std::pair<uint32_t, v1::TableConfig>> restored;
+  for (const std::string& dir : dirs) {
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<KvStore> source,
+                             OpenCheckpointStore(options_.open_store, dir));
+    TESSERA_ASSIGN_OR_RETURN(auto catalog, ReadCatalog(*source));
+    for (const auto& [from_id, config] : catalog) {
+      if (std::find(m.tables.begin(), m.tables.end(), config.name()) == m.tables.end()) continue;
+      auto it = restored.find(config.name());
+      if (it == restored.end()) {
+        const uint32_t id = next_table_id_++;
+        writes.push_back(KvWrite{CatalogKey(id), EncodeCatalogEntry(config)});
+        it = restored.emplace(config.name(), std::make_pair(id, config)).first;
+      }
+      const v1::TableConfig& c = it->second.second;
+      TESSERA_RETURN_IF_ERROR(CopyRows(*source, from_id, it->second.first, &writes,
+                                       [&](int64_t row_id) {
+                                         return embedding::ShardOfRow(
+                                                    c, row_id, options_.cluster_num_shards) ==
+                                                options_.cluster_shard_index;
+                                       }));
+    }
   }
-  source.reset();
   for (size_t begin = 0; begin < writes.size(); begin += kRowsPerBatch) {
     const size_t n = std::min(writes.size() - begin, static_cast<size_t>(kRowsPerBatch));
     TESSERA_RETURN_IF_ERROR(store_->Write(absl::MakeConstSpan(writes).subspan(begin, n),
                                           /*sync=*/false));
   }
   TESSERA_RETURN_IF_ERROR(store_->Write({}, /*sync=*/true));
-  for (const auto& [id, config] : restored) {
-    TESSERA_RETURN_IF_ERROR(memory_->CreateTable(config));
-    auto [it, inserted] = tables_.emplace(config.name(), MakeTable(id, config));
+  for (const auto& [name, entry] : restored) {
+    TESSERA_RETURN_IF_ERROR(memory_->CreateTable(entry.second));
+    auto [it, inserted] = tables_.emplace(name, MakeTable(entry.first, entry.second));
     TESSERA_RETURN_IF_ERROR(LoadRows(it->first, it->second, start));
   }
   return RemoveTree(RestoringPath());
 }
 
 absl::Status DurableCollection::FinishInterruptedRestore() {
-  absl::StatusOr<std::string> dir = ReadFile(RestoringPath());
-  if (absl::IsNotFound(dir.status())) return absl::OkStatus();
-  TESSERA_RETURN_IF_ERROR(dir.status());
-  TESSERA_ASSIGN_OR_RETURN(CheckpointManifest m, ReadManifest(absl::StrCat(*dir, "/", kManifest)));
-  Log(absl::StrCat("tessera: the restore of ", *dir, " was interrupted; finishing it"));
-  return RestoreModel(*dir, m);
+  absl::StatusOr<std::string> marker = ReadFile(RestoringPath());
+  if (absl::IsNotFound(marker.status())) return absl::OkStatus();
+  TESSERA_RETURN_IF_ERROR(marker.status());
+  const std::vector<std::string> dirs = absl::StrSplit(*marker, '\n', absl::SkipEmpty());
+  if (dirs.empty()) return RemoveTree(RestoringPath());
+  TESSERA_ASSIGN_OR_RETURN(CheckpointManifest m,
+                           ReadManifest(absl::StrCat(dirs[0], "/", kManifest)));
+  Log(absl::StrCat("tessera: the restore of ", absl::StrJoin(dirs, ", "),
+                   " was interrupted; finishing it"));
+  return RestoreModel(dirs, m);
+}
+
+absl::StatusOr<embedding::CheckpointInfo> DurableCollection::RestoreFromShards(
+    const std::vector<std::string>& dirs, embedding::Attachments* attachments,
+    const embedding::RestoreOptions& options) {
+  const auto start = Clock::now();
+  if (dirs.empty()) {
+    return absl::InvalidArgumentError("a restore from shards needs their checkpoint directories");
+  }
+  std::vector<CheckpointManifest> manifests;
+  for (const std::string& dir : dirs) {
+    absl::StatusOr<CheckpointManifest> m = ReadManifest(absl::StrCat(dir, "/", kManifest));
+    if (!m.ok()) {
+      return absl::NotFoundError(absl::StrCat("no complete checkpoint in ", dir, ": ",
+                                              m.status().message()));
+    }
+    manifests.push_back(*std::move(m));
+  }
+  const CheckpointManifest& m = manifests[0];
+  for (size_t i = 1; i < manifests.size(); ++i) {
+    if (manifests[i].step != m.step || manifests[i].model != m.model) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dirs[i], " holds ", embedding::CheckpointName(manifests[i].model, manifests[i].step),
+          ", ", dirs[0], " holds ", embedding::CheckpointName(m.model, m.step),
+          ": a restore takes one checkpoint from every shard"));
+    }
+  }
+  if (options.model != m.model) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the directories hold ", embedding::CheckpointName(m.model, m.step),
+        "; the restore names model '", options.model, "'"));
+  }
+  embedding::Attachments blobs;
+  TESSERA_RETURN_IF_ERROR(ReadAttachments(dirs[0], m, &blobs));
+  TESSERA_RETURN_IF_ERROR(embedding::CheckRestorable(m.step, blobs, options));
+  absl::MutexLock lock(&mu_);
+  TESSERA_RETURN_IF_ERROR(Usable());
+  absl::Status s = RestoreModel(dirs, m);
+  if (!s.ok()) {
+    broken_ = Annotate(s, absl::StrCat("restore from ", dirs.size(), " shards' checkpoints "
+                                       "stopped half-way; restart the server, which finishes it"));
+    return broken_;
+  }
+  if (attachments != nullptr) *attachments = std::move(blobs);
+  embedding::CheckpointInfo info = InfoOf(m);
+  info.seconds = SecondsSince(start);
+  Log(absl::StrCat("tessera: restored ", embedding::CheckpointName(m.model, m.step), " from ",
+                   dirs.size(), " shards' checkpoints in ", absl::StrFormat("%.2f", info.seconds),
+                   " s"));
+  return info;
 }
 
 absl::StatusOr<embedding::CheckpointInfo> DurableCollection::Restore(
@@ -90,7 +161,7 @@ absl::StatusOr<embedding::CheckpointInfo> DurableCollection::Restore(
   TESSERA_RETURN_IF_ERROR(embedding::CheckRestorable(chosen->second.step, blobs, options));
   if (!options.model.empty()) {
     TESSERA_RETURN_IF_ERROR(Usable());
-    absl::Status s = RestoreModel(dir, chosen->second);
+    absl::Status s = RestoreModel({dir}, chosen->second);
     if (!s.ok()) {
       broken_ = Annotate(s, absl::StrCat("restore of ", dir, " stopped half-way; restart the "
                                          "server, which finishes it"));

@@ -58,11 +58,12 @@ absl::StatusOr<std::vector<std::pair<uint32_t, v1::TableConfig>>> ReadCatalog(
 }
 
 absl::Status CopyRows(const KvStore& source, uint32_t from_id, uint32_t to_id,
-                      std::vector<KvWrite>* writes) {
+                      std::vector<KvWrite>* writes, const std::function<bool(int64_t id)>& keep) {
   return source.Scan(RowPrefix(from_id), [&](absl::string_view key, absl::string_view value) {
     uint32_t table_id = 0;
     int64_t id = 0;
     if (!ParseRowKey(key, &table_id, &id)) return absl::OkStatus();
+    if (keep != nullptr && !keep(id)) return absl::OkStatus();
     writes->push_back(KvWrite{RowKey(to_id, id), std::string(value)});
     return absl::OkStatus();
   });

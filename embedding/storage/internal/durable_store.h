@@ -5,6 +5,7 @@
 // of a table's rows, checkpoint stores opened for reading, and the clock of its progress
 // lines.
 
+#include <functional>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -39,7 +40,8 @@ absl::StatusOr<std::vector<std::pair<uint32_t, v1::TableConfig>>> ReadCatalog(
 
 // Appends puts of every row of table `from_id` in `source` under table id `to_id`.
 absl::Status CopyRows(const storage::KvStore& source, uint32_t from_id, uint32_t to_id,
-                      std::vector<storage::KvWrite>* writes);
+                      std::vector<storage::KvWrite>* writes,
+                      const std::function<bool(int64_t id)>& keep = nullptr);
 
 // Appends deletes of every key under `prefix`.
 absl::Status EraseAll(const storage::KvStore& store, const std::string& prefix,
