@@ -246,11 +246,17 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Checkpoint(
   storage::CheckpointManifest m;
   m.model = model;
   m.step = step;
+  bool dirs = true;
   for (const auto& info : *shards) {
     m.rows += info.rows();
     m.bytes += info.bytes();
+    dirs = dirs && info.dirs_size() == 1;
   }
   m.shards = router_->addresses();
+  // Each shard's checkpoint directory, for a restore onto another shard count.
+  for (const auto& info : *shards) {
+    if (dirs) m.shard_dirs.push_back(info.dirs(0));
+  }
   m.tables = TablesOf(model);
   return store_->CommitCheckpoint(m, attachments);
 }
@@ -303,10 +309,15 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(
                            store_->FindCheckpoint(step, &blobs, options.model));
   // Checked here, before any shard changes.
   TESSERA_RETURN_IF_ERROR(embedding::CheckRestorable(m.step, blobs, options));
-  if (m.shards.size() != router_->addresses().size()) {
-    return absl::FailedPreconditionError(absl::StrCat("checkpoint ", m.step, " spans ",
-                                                      m.shards.size(), " shards, this cluster has ",
-                                                      router_->addresses().size()));
+  // Taken on another shard count: every shard reads every old shard's checkpoint
+  // directory and keeps the rows it owns now.
+  const bool reshaped = m.shards.size() != router_->addresses().size();
+  if (reshaped && m.shard_dirs.size() != m.shards.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", m.step, " spans ", m.shards.size(), " shards, this cluster has ",
+        router_->addresses().size(), ", and it does not record the shards' checkpoint "
+        "directories (taken by an older coordinator); restore it on ", m.shards.size(),
+        " shards"));
   }
   absl::MutexLock barrier(&barrier_mu_);
   const RestoredTables changes = RestoreOutcome(m);
@@ -314,6 +325,9 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(
   request.set_step(m.step);
   request.set_model(m.model);
   request.set_all_models(m.model.empty());
+  if (reshaped) {
+    for (const std::string& dir : m.shard_dirs) request.add_source_dirs(dir);
+  }
   absl::StatusOr<std::vector<v1::CheckpointInfo>> shards = router_->RestoreShards(request);
   const std::string which = embedding::CheckpointName(m.model, m.step);
   if (!shards.ok()) {

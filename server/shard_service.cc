@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +14,7 @@
 #include "embedding/batch_ops.h"
 #include "embedding/embedding_table.h"
 #include "embedding/sharding.h"
+#include "embedding/storage/durable_collection.h"
 #include "base/check.h"
 #include "base/status.h"
 #include "embedding/table_config.h"
@@ -65,16 +67,35 @@ grpc::Status ShardService::Checkpoint(grpc::ServerContext* context,
         tables_->Checkpoint(request->step(), attachments, options);
     if (!info.ok()) return Annotate(info.status(), absl::StrCat("shard ", options_.shard_index));
     wire::ToProto(*info, response->mutable_checkpoint());
+    // Where it lies, for a restore onto another shard count (which reads every shard's).
+    if (auto* durable = dynamic_cast<storage::DurableCollection*>(tables_)) {
+      response->mutable_checkpoint()->add_dirs(
+          std::filesystem::absolute(durable->CheckpointDir(info->step, options.model)).string());
+    }
     return absl::OkStatus();
   });
+}
+
+absl::StatusOr<embedding::CheckpointInfo> ShardService::RestoreTables(
+    const v1::RestoreRequest& request, embedding::Attachments* attachments) {
+  if (request.source_dirs().empty()) {
+    return tables_->Restore(request.step(), attachments, wire::RestoreOptionsOf(request));
+  }
+  auto* durable = dynamic_cast<storage::DurableCollection*>(tables_);
+  if (durable == nullptr) {
+    return absl::FailedPreconditionError(
+        "a restore from another shard count's checkpoint needs a shard with a data directory");
+  }
+  return durable->RestoreFromShards(
+      std::vector<std::string>(request.source_dirs().begin(), request.source_dirs().end()),
+      attachments, wire::RestoreOptionsOf(request));
 }
 
 grpc::Status ShardService::Restore(grpc::ServerContext* context, const v1::RestoreRequest* request,
                                    v1::RestoreResponse* response) {
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
     embedding::Attachments attachments;
-    absl::StatusOr<embedding::CheckpointInfo> info =
-        tables_->Restore(request->step(), &attachments, wire::RestoreOptionsOf(*request));
+    absl::StatusOr<embedding::CheckpointInfo> info = RestoreTables(*request, &attachments);
     if (!info.ok()) return Annotate(info.status(), absl::StrCat("shard ", options_.shard_index));
     // Every row is the checkpoint's now: pushes remembered as applied no longer are. (A
     // model's restore leaves the other models' pushes on record: their rows stand.)

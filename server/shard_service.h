@@ -120,6 +120,9 @@ class ShardService final : public v1::EmbeddingShard::Service {
   // Serves exactly the tables `tables_` holds (after start-up or a restore).
   absl::Status ReloadConfigs();
 
+  // Restore: of this shard's own checkpoint, or from every old shard's (source_dirs).
+  absl::StatusOr<embedding::CheckpointInfo> RestoreTables(const v1::RestoreRequest& request,
+                                                          embedding::Attachments* attachments);
   embedding::EmbeddingCollection* tables_;
   const ShardOptions options_;
   const uint64_t incarnation_;  // random at each start: answers carry it

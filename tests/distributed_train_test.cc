@@ -180,6 +180,49 @@ TEST(DistributedTraining, ResumesAfterTheWholeClusterRestarts) {
   std::filesystem::remove_all(root);
 }
 
+// A checkpoint taken on 3 shards (new processes, data directories of their own) resumes on
+// 2: each new shard reads the 3 old shards' checkpoint directories and keeps the rows it
+// owns; the run goes on exactly as one that never stopped.
+TEST(DistributedTraining, ResumesOnTwoShardsFromACheckpointOfThree) {
+  const std::string common = "--log_every=10 --held_out=2000 --batch_size=128";
+  const std::string local = absl::StrCat(ScratchDir(), "/local-3to2.jsonl");
+  std::string out;
+  ASSERT_EQ(RunTrain(absl::StrCat(common, " --steps=200 --metrics_out=", local), &out), 0) << out;
+  const auto want = TrainRecords(local);
+  ASSERT_EQ(want.size(), 20u);
+
+  const std::string root = absl::StrCat(ScratchDir(), "/three-shards");
+  const std::string root2 = absl::StrCat(ScratchDir(), "/two-shards");
+  std::filesystem::remove_all(root);
+  std::filesystem::remove_all(root2);
+  {
+    DurableCluster three(3, root);
+    ASSERT_TRUE(three.Start());
+    out.clear();
+    ASSERT_EQ(RunTrain(absl::StrCat(common, " --steps=100 --checkpoint_every=100 --coordinator=",
+                                    three.coordinator->address()),
+                       &out),
+              0)
+        << out;
+    three.KillAll();
+  }
+  DurableCluster two(2, root2);
+  two.coordinator_dir = root + "/coordinator";  // its checkpoints, and the old shards'
+  ASSERT_TRUE(two.Start());
+  const std::string resumed = absl::StrCat(ScratchDir(), "/resumed-3to2.jsonl");
+  out.clear();
+  ASSERT_EQ(RunTrain(absl::StrCat(common, " --steps=200 --resume --coordinator=",
+                                  two.coordinator->address(), " --metrics_out=", resumed),
+                     &out),
+            0)
+      << out;
+  EXPECT_THAT(out, testing::HasSubstr("resume: restored checkpoint 100"));
+  EXPECT_EQ(TrainRecords(resumed), std::vector<std::string>(want.begin() + 10, want.end()));
+  two.KillAll();
+  std::filesystem::remove_all(root);
+  std::filesystem::remove_all(root2);
+}
+
 TEST(DistributedTraining, ADeadClusterIsAClearError) {
   Cluster cluster(1);
   ASSERT_TRUE(cluster.ok);

@@ -44,7 +44,9 @@ struct DurableCluster {
       if (!StartShard(k)) return false;
       absl::StrAppend(&list, k ? "," : "", shards[k]->address());
     }
-    std::vector<std::string> args = {"--shards=" + list, "--data_dir=" + root + "/coordinator"};
+    std::vector<std::string> args = {
+        "--shards=" + list,
+        "--data_dir=" + (coordinator_dir.empty() ? root + "/coordinator" : coordinator_dir)};
     if (!coordinator_port.empty()) args.push_back("--port=" + coordinator_port);
     coordinator = std::make_unique<ServerProcess>(TESSERA_COORDINATOR_BIN, args);
     const std::string& a = coordinator->address();
@@ -75,6 +77,7 @@ struct DurableCluster {
 
   const int n;
   const std::string root;
+  std::string coordinator_dir;  // empty: root/coordinator
   std::vector<std::string> ports;
   std::string coordinator_port;
   std::vector<std::unique_ptr<ServerProcess>> shards;

@@ -28,6 +28,7 @@ std::string EncodeManifest(const CheckpointManifest& m) {
   for (const auto& t : m.tables) absl::StrAppend(&out, "table=", t, "\n");
   for (const auto& a : m.attachments) absl::StrAppend(&out, "attachment=", a, "\n");
   for (const auto& s : m.shards) absl::StrAppend(&out, "shard=", s, "\n");
+  for (const auto& d : m.shard_dirs) absl::StrAppend(&out, "shard_dir=", d, "\n");
   absl::StrAppend(&out, "crc32c=", absl::StrFormat("%08x", Crc32c(out.data(), out.size())), "\n");
   return out;
 }
@@ -69,6 +70,8 @@ absl::StatusOr<CheckpointManifest> DecodeManifest(absl::string_view text, const 
       m.attachments.emplace_back(kv.second);
     } else if (kv.first == "shard") {
       m.shards.emplace_back(kv.second);
+    } else if (kv.first == "shard_dir") {
+      m.shard_dirs.emplace_back(kv.second);
     }
   }
   if (!has_step) return bad("no step");

@@ -25,6 +25,9 @@ struct CheckpointManifest {
   std::vector<std::string> tables;       // table names
   std::vector<std::string> attachments;  // names of the attached files (dense state, ...)
   std::vector<std::string> shards;       // cluster manifests: the address of each shard
+  // Cluster manifests: each shard's checkpoint directory (empty for checkpoints taken
+  // before shards reported them); a restore onto another shard count reads them.
+  std::vector<std::string> shard_dirs;
 };
 
 // Text, one `key=value` per line, ending with a `crc32c=` line over everything before it.

@@ -169,8 +169,10 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   // Replaces the tables of `m.model` with those of the checkpoint in `dirs` (one
   // checkpoint of each shard of a cluster, or this collection's own): the rows this
   // collection owns in its cluster (all of them outside one).
-  absl::Status RestoreModel(const std::vector<std::string>& dirs, const CheckpointManifest& m)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `resharded`: `dirs` are the checkpoints of every shard of another shard count (a
+  // table's per-shard row budget is split anew).
+  absl::Status RestoreModel(const std::vector<std::string>& dirs, const CheckpointManifest& m,
+                            bool resharded = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Finishes a model restore that a crash interrupted (its marker names the checkpoint).
   absl::Status FinishInterruptedRestore() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<const Table*> Find(absl::string_view table) const ABSL_SHARED_LOCKS_REQUIRED(mu_);

@@ -33,12 +33,17 @@ using storage_internal::OpenCheckpointStore;
 using storage_internal::ReadCatalog;
 using storage_internal::SecondsSince;
 
+// The first line of a restore marker for another shard count's checkpoints.
+constexpr char kResharded[] = "resharded";
+
 absl::Status DurableCollection::RestoreModel(const std::vector<std::string>& dirs,
-                                             const CheckpointManifest& m) {
+                                             const CheckpointManifest& m, bool resharded) {
   const auto start = Clock::now();
-  // A marker first (the directories, a line each): a crash before the end redoes the
-  // whole restore on the next open.
-  TESSERA_RETURN_IF_ERROR(WriteFileAtomically(RestoringPath(), absl::StrJoin(dirs, "\n")));
+  // A marker first (the directories, a line each, after a line "resharded" for another
+  // shard count's): a crash before the end redoes the whole restore on the next open.
+  TESSERA_RETURN_IF_ERROR(WriteFileAtomically(
+      RestoringPath(),
+      absl::StrCat(resharded ? absl::StrCat(kResharded, "\n") : "", absl::StrJoin(dirs, "\n"))));
   std::vector<KvWrite> writes;
   std::vector<std::string> mine;
   for (const auto& [name, t] : tables_) {
@@ -57,8 +62,14 @@ absl::Status DurableCollection::RestoreModel(const std::vector<std::string>& dir
       auto it = restored.find(config.name());
       if (it == restored.end()) {
         const uint32_t id = next_table_id_++;
-        writes.push_back(KvWrite{CatalogKey(id), EncodeCatalogEntry(config)});
-        it = restored.emplace(config.name(), std::make_pair(id, config)).first;
+        v1::TableConfig here = config;
+        if (resharded && here.max_rows() > 0) {
+          // A shard's part of the row budget, split over the old shards, split over the new.
+          const int64_t total = here.max_rows() * static_cast<int64_t>(dirs.size());
+          here.set_max_rows((total + options_.cluster_num_shards - 1) / options_.cluster_num_shards);
+        }
+        writes.push_back(KvWrite{CatalogKey(id), EncodeCatalogEntry(here)});
+        it = restored.emplace(config.name(), std::make_pair(id, here)).first;
       }
       const v1::TableConfig& c = it->second.second;
       TESSERA_RETURN_IF_ERROR(CopyRows(*source, from_id, it->second.first, &writes,
@@ -87,13 +98,15 @@ absl::Status DurableCollection::FinishInterruptedRestore() {
   absl::StatusOr<std::string> marker = ReadFile(RestoringPath());
   if (absl::IsNotFound(marker.status())) return absl::OkStatus();
   TESSERA_RETURN_IF_ERROR(marker.status());
-  const std::vector<std::string> dirs = absl::StrSplit(*marker, '\n', absl::SkipEmpty());
+  std::vector<std::string> dirs = absl::StrSplit(*marker, '\n', absl::SkipEmpty());
+  const bool resharded = !dirs.empty() && dirs[0] == kResharded;
+  if (resharded) dirs.erase(dirs.begin());
   if (dirs.empty()) return RemoveTree(RestoringPath());
   TESSERA_ASSIGN_OR_RETURN(CheckpointManifest m,
                            ReadManifest(absl::StrCat(dirs[0], "/", kManifest)));
   Log(absl::StrCat("tessera: the restore of ", absl::StrJoin(dirs, ", "),
                    " was interrupted; finishing it"));
-  return RestoreModel(dirs, m);
+  return RestoreModel(dirs, m, resharded);
 }
 
 absl::StatusOr<embedding::CheckpointInfo> DurableCollection::RestoreFromShards(
@@ -131,7 +144,7 @@ absl::StatusOr<embedding::CheckpointInfo> DurableCollection::RestoreFromShards(
   TESSERA_RETURN_IF_ERROR(embedding::CheckRestorable(m.step, blobs, options));
   absl::MutexLock lock(&mu_);
   TESSERA_RETURN_IF_ERROR(Usable());
-  absl::Status s = RestoreModel(dirs, m);
+  absl::Status s = RestoreModel(dirs, m, /*resharded=*/true);
   if (!s.ok()) {
     broken_ = Annotate(s, absl::StrCat("restore from ", dirs.size(), " shards' checkpoints "
                                        "stopped half-way; restart the server, which finishes it"));
