@@ -67,7 +67,8 @@ absl::StatusOr<std::unique_ptr<tessera::embedding::EmbeddingCollection>> OpenTab
   // Rows belong to the shard ShardOf(id, num_shards) names: a data directory written for
   // another place in the map would serve the wrong rows.
   TESSERA_RETURN_IF_ERROR(
-      tessera::storage::CheckShardPlacement(data_dir, options.shard_index, options.num_shards));
+      tessera::storage::CheckShardPlacement(data_dir, options.shard_index, options.num_shards,
+                                            options.shard_map_version));
   tessera::storage::DurableOptions durable;
   durable.data_dir = data_dir;
   durable.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);

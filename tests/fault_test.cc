@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -392,6 +393,19 @@ TEST(FaultTest, ServersRefuseDataDirectoriesTheyCannotUse) {
   ServerProcess misplaced(TESSERA_SHARD_BIN,
                           {"--shard_index=1", "--num_shards=2", "--data_dir=" + root + "/shard"});
   EXPECT_TRUE(misplaced.address().empty());
+  // The directory records the map version it serves: a shard started on it with an older
+  // one is refused, a newer one is recorded.
+  {
+    ServerProcess newer(TESSERA_SHARD_BIN, {"--shard_index=0", "--num_shards=2",
+                                            "--shard_map_version=3", "--data_dir=" + root + "/shard"});
+    EXPECT_FALSE(newer.address().empty());
+  }
+  std::ifstream shard_file(root + "/shard/SHARD");
+  std::string recorded((std::istreambuf_iterator<char>(shard_file)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(recorded, "shard 0 of 2\nmap version 3\n");
+  ServerProcess stale(TESSERA_SHARD_BIN, {"--shard_index=0", "--num_shards=2",
+                                          "--shard_map_version=2", "--data_dir=" + root + "/shard"});
+  EXPECT_TRUE(stale.address().empty());
   fs::remove_all(root);
 }
 

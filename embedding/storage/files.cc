@@ -7,8 +7,12 @@
 #include <cstring>
 #include <filesystem>
 #include <system_error>
+#include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "base/status.h"
 
 namespace tessera::storage {
@@ -140,21 +144,38 @@ absl::Status RemoveTree(const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::Status CheckShardPlacement(const std::string& data_dir, int shard_index, int num_shards) {
+absl::Status CheckShardPlacement(const std::string& data_dir, int shard_index, int num_shards,
+                                 uint64_t map_version) {
   const std::string path = data_dir + "/SHARD";
-  const std::string want = absl::StrCat("shard ", shard_index, " of ", num_shards, "\n");
+  const std::string place = absl::StrCat("shard ", shard_index, " of ", num_shards);
   absl::StatusOr<std::string> have = ReadFile(path);
+  uint64_t held = 0;
   if (have.ok()) {
-    if (*have == want) return absl::OkStatus();
-    std::string was(*have);
-    if (!was.empty() && was.back() == '\n') was.pop_back();
-    return absl::FailedPreconditionError(
-        absl::StrCat("data directory ", data_dir, " belongs to ", was, ", not shard ", shard_index,
-                     " of ", num_shards, "; start with the same --shard_index and --num_shards"));
+    // "shard i of n\n" and, since map versions are recorded, "map version v\n".
+    const std::vector<std::string> lines = absl::StrSplit(*have, '\n', absl::SkipEmpty());
+    const std::string was = lines.empty() ? "" : lines[0];
+    if (was != place) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("data directory ", data_dir, " belongs to ", was, ", not ", place,
+                       "; start with the same --shard_index and --num_shards"));
+    }
+    constexpr absl::string_view kVersion = "map version ";
+    if (lines.size() > 1 && absl::StartsWith(lines[1], kVersion) &&
+        !absl::SimpleAtoi(absl::string_view(lines[1]).substr(kVersion.size()), &held)) {
+      return absl::DataLossError(absl::StrCat(path, ": bad line '", lines[1], "'"));
+    }
+    if (held > map_version) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "data directory ", data_dir, " holds shard map version ", held,
+          ", newer than --shard_map_version=", map_version, "; start with --shard_map_version=",
+          held, " (or the coordinator's current version)"));
+    }
+    if (held == map_version) return absl::OkStatus();
+  } else if (have.status().code() != absl::StatusCode::kNotFound) {
+    return have.status();
   }
-  if (have.status().code() != absl::StatusCode::kNotFound) return have.status();
   TESSERA_RETURN_IF_ERROR(EnsureWritableDirectory(data_dir));
-  return WriteFileAtomically(path, want);
+  return WriteFileAtomically(path, absl::StrCat(place, "\nmap version ", map_version, "\n"));
 }
 
 int64_t TreeBytes(const std::string& path) {

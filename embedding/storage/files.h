@@ -28,10 +28,13 @@ absl::Status CopyTree(const std::string& from, const std::string& to);
 // Removes `path` and everything under it; OK when it does not exist.
 absl::Status RemoveTree(const std::string& path);
 
-// Records in `data_dir` (file SHARD) which shard of how many it holds, or checks the
-// record: FailedPrecondition when the directory was written by shard i of n and is now
-// given to another place in the shard map.
-absl::Status CheckShardPlacement(const std::string& data_dir, int shard_index, int num_shards);
+// Records in `data_dir` (file SHARD) which shard of how many it holds and the shard map
+// version it serves, or checks the record: FailedPrecondition when the directory was
+// written by shard i of n and is now given to another place in the shard map, or holds a
+// newer map version than `map_version` (a shard started with a stale map would take
+// requests routed by it). A newer `map_version` is recorded.
+absl::Status CheckShardPlacement(const std::string& data_dir, int shard_index, int num_shards,
+                                 uint64_t map_version = 1);
 
 // Bytes of the files under `path` (hard links counted at full size).
 int64_t TreeBytes(const std::string& path);
