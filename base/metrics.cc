@@ -156,6 +156,11 @@ Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer, const std::string
                       .Help("Rows dropped by their TTL, by table")
                       .Labels(labels)
                       .Register(*registry_);
+  admission_refused_ = &prometheus::BuildCounter()
+                            .Name("tessera_table_admission_refused_total")
+                            .Help("Gradients dropped because their id was not admitted yet, by table")
+                            .Labels(labels)
+                            .Register(*registry_);
   exposer_->RegisterCollectable(registry_);
 }
 
@@ -187,6 +192,7 @@ void Metrics::ReadTables(const std::vector<TableReading>& tables) {
     };
     advance(evictions_, &seen_evictions_[t.table], t.evictions);
     advance(expirations_, &seen_expirations_[t.table], t.expirations);
+    advance(admission_refused_, &seen_refused_[t.table], t.admission_refused);
   }
 }
 

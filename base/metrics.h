@@ -31,6 +31,7 @@ namespace tessera::base {
 //   tessera_rpc_in_flight                          RPCs being served now (the queue depth)
 //   tessera_table_rows{table}, tessera_table_bytes{table}
 //   tessera_table_evictions_total{table}, tessera_table_expirations_total{table}
+//   tessera_table_admission_refused_total{table}   gradients dropped by feature admission
 //   tessera_train_samples_per_second, _loss, _step, _samples   (tessera-train's progress,
 //                                                  registered in trainer/train_main.cc)
 class Metrics;
@@ -44,6 +45,7 @@ struct TableReading {
   int64_t expirations = 0;
   int64_t budget_bytes = 0;       // the collection's memory budget for rows (0: none)
   int64_t budget_used_bytes = 0;  // what all its tables' rows take of it
+  int64_t admission_refused = 0;  // gradients dropped for ids not admitted
 };
 
 // Readings of every table of `tables`, an embedding::EmbeddingCollection (taken by shape so
@@ -57,7 +59,8 @@ std::vector<TableReading> ReadingsOf(Collection* tables) {
     auto usage = tables->Usage(config.name());
     if (!usage.ok()) continue;
     out.push_back({config.name(), usage->rows, usage->memory_bytes, usage->evictions,
-                   usage->expirations, usage->budget_bytes, usage->budget_used_bytes});
+                   usage->expirations, usage->budget_bytes, usage->budget_used_bytes,
+                   usage->admission_refused});
   }
   return out;
 }
@@ -107,9 +110,11 @@ class Metrics {
   prometheus::Gauge* budget_used_bytes_;  // tessera_memory_budget_used_bytes
   prometheus::Family<prometheus::Counter>* evictions_;
   prometheus::Family<prometheus::Counter>* expirations_;
+  prometheus::Family<prometheus::Counter>* admission_refused_;  // tessera_table_admission_refused_total
   absl::Mutex mu_;
   std::map<std::string, int64_t> seen_evictions_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> seen_expirations_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> seen_refused_ ABSL_GUARDED_BY(mu_);
   absl::Mutex watch_mu_;
   bool stop_ ABSL_GUARDED_BY(watch_mu_) = false;
   std::thread watcher_;

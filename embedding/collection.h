@@ -33,6 +33,8 @@ struct TableUsage {
   // tables of its collection, and what all their rows take of it.
   int64_t budget_bytes = 0;
   int64_t budget_used_bytes = 0;
+  // Feature admission: gradients dropped for ids not admitted, since the process started.
+  int64_t admission_refused = 0;
 };
 
 // A durable snapshot of a model's tables (or of every table) of a collection.

@@ -90,6 +90,31 @@ TEST(Metrics, AShardServesRpcCountsLatenciesAndTableSizes) {
     grpc::ClientContext ctx;
     ASSERT_TRUE(stub->Lookup(&ctx, req, &resp).ok());
   }
+  // A table with feature admission: 5 ids pushed once, none admitted (they need 2 steps).
+  v1::CreateTableRequest rare;
+  rare.mutable_config()->set_name("rare");
+  rare.mutable_config()->set_dim(2);
+  rare.mutable_config()->mutable_admission()->set_min_count(2);
+  grpc::ClientContext c1;
+  ASSERT_TRUE(stub->CreateTable(&c1, rare, &created).ok());
+  v1::PushGradientsRequest push;
+  push.set_table("rare");
+  for (int id = 0; id < 5; ++id) {
+    push.add_ids(id);
+    push.add_gradients(0.5f);
+    push.add_gradients(0.5f);
+  }
+  v1::PushGradientsResponse pushed;
+  grpc::ClientContext c2;
+  ASSERT_TRUE(stub->PushGradients(&c2, push, &pushed).ok());
+  v1::StatsRequest stats_request;
+  stats_request.set_table("rare");
+  v1::StatsResponse stats;
+  grpc::ClientContext c3;
+  ASSERT_TRUE(stub->Stats(&c3, stats_request, &stats).ok());
+  ASSERT_EQ(stats.tables_size(), 1);
+  EXPECT_EQ(stats.tables(0).admission_refused(), 5);
+  EXPECT_EQ(stats.tables(0).rows(), 0);
   v1::LookupRequest missing;
   missing.set_table("nope");
   missing.add_ids(1);
@@ -113,7 +138,7 @@ TEST(Metrics, AShardServesRpcCountsLatenciesAndTableSizes) {
   EXPECT_EQ(Sample(text, "tessera_rpc_requests_total", {lookup, "code=\"NOT_FOUND\""}), 1);
   EXPECT_EQ(Sample(text, "tessera_rpc_requests_total",
                    {"method=\"EmbeddingShard/CreateTable\"", "code=\"OK\""}),
-            1);
+            2);  // user and rare
   EXPECT_EQ(Sample(text, "tessera_rpc_latency_seconds_count", {lookup, "code=\"OK\""}), 3);
   EXPECT_EQ(Sample(text, "tessera_rpc_latency_seconds_count", {lookup, "code=\"NOT_FOUND\""}), 1);
   EXPECT_GT(Sample(text, "tessera_rpc_latency_seconds_sum", {lookup, "code=\"OK\""}), 0);
@@ -121,6 +146,8 @@ TEST(Metrics, AShardServesRpcCountsLatenciesAndTableSizes) {
   EXPECT_EQ(Sample(text, "tessera_table_rows", {"table=\"user\""}), 300);
   EXPECT_GT(Sample(text, "tessera_table_bytes", {"table=\"user\""}), 300 * 8 * 4);
   EXPECT_EQ(Sample(text, "tessera_table_evictions_total", {"table=\"user\""}), 0);
+  EXPECT_EQ(Sample(text, "tessera_table_admission_refused_total", {"table=\"rare\""}), 5);
+  EXPECT_EQ(Sample(text, "tessera_table_admission_refused_total", {"table=\"user\""}), 0);
   // The collection's memory budget (the default: some of this machine's memory) and the
   // 300 rows' share of it.
   EXPECT_GT(Sample(text, "tessera_memory_budget_bytes", {}), 0);

@@ -532,6 +532,7 @@ grpc::Status ShardService::Stats(grpc::ServerContext* context, const v1::StatsRe
       t->set_evictions(usage.evictions);
       t->set_memory_budget_bytes(usage.budget_bytes);
       t->set_memory_budget_used_bytes(usage.budget_used_bytes);
+      t->set_admission_refused(usage.admission_refused);
     }
     // Servers without storage have no checkpoints to report.
     absl::StatusOr<std::vector<embedding::CheckpointInfo>> list = tables_->ListCheckpoints();

@@ -715,6 +715,18 @@ void PrintMemoryBudgets(const tessera::v1::StatsResponse& resp) {
   }
 }
 
+// Per table with feature admission at work: the gradients it dropped for ids not admitted.
+void PrintAdmission(const tessera::v1::StatsResponse& resp) {
+  std::map<std::string, int64_t> refused;
+  for (const auto& t : resp.tables()) {
+    if (t.admission_refused() > 0) refused[t.table()] += t.admission_refused();
+  }
+  for (const auto& [name, n] : refused) {
+    std::printf("table %s admission: %lld gradient(s) of ids not admitted yet dropped\n",
+                name.c_str(), static_cast<long long>(n));
+  }
+}
+
 int Stats(Coordinator::Stub& stub, const std::string& table) {
   tessera::v1::StatsRequest req;
   req.set_table(table);
@@ -724,6 +736,7 @@ int Stats(Coordinator::Stub& stub, const std::string& table) {
   if (!s.ok()) return Fail("stats", s);
   PrintStats(stub, resp);
   PrintMemoryBudgets(resp);
+  PrintAdmission(resp);
   for (const auto& c : resp.checkpoints()) {
     std::printf("checkpoint ");
     PrintCheckpoint(c);

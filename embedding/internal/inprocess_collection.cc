@@ -233,6 +233,7 @@ absl::StatusOr<embedding::TableUsage> InProcessCollectionImpl::Usage(
     usage.memory_bytes += shard->MemoryBytes();
     usage.evictions += shard->evictions();
     usage.expirations += shard->expirations();
+    usage.admission_refused += shard->refused_ids();
   }
   if (memory_ != nullptr) {
     usage.budget_bytes = memory_->limit();

@@ -215,6 +215,8 @@ def main(address: str) -> int:
         client.push("pyc_adm", fresh, ones, step=20, request_id=rid)
         assert sum(t.rows for t in smart.stats("pyc_adm").tables) == 0
         np.testing.assert_array_equal(smart.lookup("pyc_adm", fresh), initial)
+    # Each client's push was dropped once per id (its repeat was recognised, not counted).
+    assert sum(t.admission_refused for t in smart.stats("pyc_adm").tables) == 600
     smart.push("pyc_adm", fresh[:100], ones[:100], step=21)  # their 3rd step: admitted
     assert sum(t.rows for t in smart.stats("pyc_adm").tables) == 100
     np.testing.assert_allclose(via.lookup("pyc_adm", fresh[:100]), initial[:100] - 0.5, atol=1e-6)
