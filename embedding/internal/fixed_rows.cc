@@ -63,6 +63,7 @@ namespace tessera::embedding {
 
 using embedding_internal::AllFinite;
 using embedding_internal::CopyFloats;
+using embedding_internal::CopyFloatsAnyBits;
 using embedding_internal::FixedRows;
 using embedding_internal::PrefetchLines;
 using embedding_internal::StripeWriter;
@@ -136,6 +137,7 @@ absl::Status EmbeddingTable::FixedLookup(absl::Span<const int64_t> ids, float* o
   constexpr size_t kRun = 16;
   uint32_t seen[kRun];
   int64_t rows[kRun];
+  bool zero[kRun];  // the row read as zero bytes
   for (size_t c = 0; c < n; c += kRun) {
     const size_t ce = std::min(n, c + kRun);
     const uint64_t quiet = f.QuietBegin();
@@ -148,9 +150,10 @@ absl::Status EmbeddingTable::FixedLookup(absl::Span<const int64_t> ids, float* o
       // Stripe sequence numbers only while a writer is at work.
       if (quiet == FixedRows::kNotQuiet) seen[i - c] = stripes_[FixedRows::StripeOf(row)].ReadBegin();
       if (fp32) {
-        CopyFloats(out + i * d, f.Weights(row), dim_);
+        zero[i - c] = !CopyFloatsAnyBits(out + i * d, f.Weights(row), dim_);
       } else {
         DecodeWeights(dtype_, f.Weights(row), dim_, out + i * d);
+        zero[i - c] = ZeroFloats(out + i * d, dim_);
       }
     }
     const bool quiet_run = f.QuietEnd(quiet);  // no writer overlapped the run
@@ -162,7 +165,7 @@ absl::Status EmbeddingTable::FixedLookup(absl::Span<const int64_t> ids, float* o
       const bool changed =
           !quiet_run && (quiet != FixedRows::kNotQuiet || (seen[i - c] & 1) ||
                          !stripe.ReadValid(seen[i - c]));
-      if (!changed && !ZeroFloats(out + i * d, dim_)) continue;
+      if (!changed && !zero[i - c]) continue;
       absl::ReaderMutexLock lock(&stripe.mu);
       ReadFixedRow(ids[i], row, out + i * d);
     }
