@@ -54,7 +54,6 @@ bool ThinGroups(size_t ids) {
   return ids < 8 * static_cast<size_t>(embedding_internal::kNumStripes);
 }
 
-
 absl::Status ValidateAdmission(const v1::AdmissionConfig& a, const std::string& label) {
   using embedding_internal::AdmissionFilter;
   if (a.min_count() < 0 || a.min_count() > AdmissionFilter::kMaxMinCount) {

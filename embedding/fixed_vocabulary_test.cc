@@ -76,8 +76,8 @@ TEST(FixedVocabulary, UpdatesMatchADynamicTableBitForBit) {
   for (const v1::OptimizerType opt :
        {v1::SGD, v1::ADAGRAD, v1::ROWWISE_ADAGRAD, v1::ADAM, v1::FTRL}) {
     for (const v1::Dtype dtype : {v1::FP32, v1::BF16}) {
-      SCOPED_TRACE(testing::Message() << v1::OptimizerType_Name(opt) << " "
-                                      << v1::Dtype_Name(dtype));
+      SCOPED_TRACE(testing::Message()
+                   << v1::OptimizerType_Name(opt) << " " << v1::Dtype_Name(dtype));
       const int dim = 16;
       auto fixed = Make(Config(dim, opt, dtype));
       v1::TableConfig dc = Config(dim, opt, dtype);
@@ -119,8 +119,7 @@ TEST(FixedVocabulary, IdsOutsideTheVocabularyAreRefusedAndChangeNothing) {
     absl::Status s = t->Lookup(ids, out.data());
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(s.message().find("outside its vocabulary [0, 10000)"), std::string::npos) << s;
-    EXPECT_EQ(t->ApplyUniqueGradients(ids, g.data(), 1).code(),
-              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(t->ApplyUniqueGradients(ids, g.data(), 1).code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(t->PushGradients(ids, g.data(), 1).code(), absl::StatusCode::kInvalidArgument);
   }
   EXPECT_EQ(t->num_rows(), 0);  // id 3 was not updated either
@@ -229,9 +228,8 @@ TEST(FixedVocabulary, ShardedCollectionsHoldEveryNthIdAndAgree) {
   const auto& shards = *three->ShardsOf("item");
   int64_t rows = 0;
   for (int k = 0; k < 3; ++k) {
-    shards[k]->ForEachRow([&](int64_t id, const float*, const float*, const RowMeta&) {
-      EXPECT_EQ(id % 3, k);
-    });
+    shards[k]->ForEachRow(
+        [&](int64_t id, const float*, const float*, const RowMeta&) { EXPECT_EQ(id % 3, k); });
     rows += shards[k]->num_rows();
   }
   EXPECT_EQ(rows, (*one->ShardsOf("item"))[0]->num_rows());

@@ -51,9 +51,9 @@ std::unique_ptr<FixedRows> FixedRows::Create(int64_t vocabulary, int64_t part_in
   f->weights_ = static_cast<float*>(f->weights_block_.data());
   f->live_ = static_cast<uint64_t*>(f->live_block_.data());
   f->dirty_ = static_cast<uint64_t*>(f->dirty_block_.data());
-  f->reserved_bytes_ = static_cast<int64_t>(
-      f->weights_block_.bytes() + f->state_block_.bytes() + f->counts_block_.bytes() +
-      f->live_block_.bytes() + f->dirty_block_.bytes());
+  f->reserved_bytes_ = static_cast<int64_t>(f->weights_block_.bytes() + f->state_block_.bytes() +
+                                            f->counts_block_.bytes() + f->live_block_.bytes() +
+                                            f->dirty_block_.bytes());
   return f;
 }
 
@@ -70,7 +70,7 @@ using embedding_internal::StripeWriter;
 
 namespace {
 
-constexpr int kFixedAhead = 32;     // rows prefetched ahead of the one copied
+constexpr int kFixedAhead = 32;  // rows prefetched ahead of the one copied
 
 // True when `n` floats at `p` are all zero bits (+0.0): what a row never stored reads as.
 bool ZeroFloats(const float* p, int n) {
@@ -95,13 +95,12 @@ absl::Status EmbeddingTable::CheckIds(absl::Span<const int64_t> ids) const {
   for (const int64_t id : ids) {
     if (f.Holds(id)) continue;
     if (id < 0 || id >= f.vocabulary()) {
-      return absl::InvalidArgumentError(absl::StrCat("table '", name(), "': id ", id,
-                                                     " is outside its vocabulary [0, ",
-                                                     f.vocabulary(), ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", name(), "': id ", id, " is outside its vocabulary [0, ", f.vocabulary(), ")"));
     }
-    return absl::InvalidArgumentError(absl::StrCat(
-        "table '", name(), "': id ", id, " is not held here (this part holds the ids ",
-        f.part_index(), " modulo ", f.part_count(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("table '", name(), "': id ", id, " is not held here (this part holds the ids ",
+                     f.part_index(), " modulo ", f.part_count(), ")"));
   }
   return absl::OkStatus();
 }
@@ -148,7 +147,8 @@ absl::Status EmbeddingTable::FixedLookup(absl::Span<const int64_t> ids, float* o
       const int64_t row = f.RowOf(ids[i]);
       rows[i - c] = row;
       // Stripe sequence numbers only while a writer is at work.
-      if (quiet == FixedRows::kNotQuiet) seen[i - c] = stripes_[FixedRows::StripeOf(row)].ReadBegin();
+      if (quiet == FixedRows::kNotQuiet)
+        seen[i - c] = stripes_[FixedRows::StripeOf(row)].ReadBegin();
       if (fp32) {
         zero[i - c] = !CopyFloatsAnyBits(out + i * d, f.Weights(row), dim_);
       } else {
@@ -162,9 +162,8 @@ absl::Status EmbeddingTable::FixedLookup(absl::Span<const int64_t> ids, float* o
       const Stripe& stripe = stripes_[FixedRows::StripeOf(row)];
       // A run that began quiet and was not at its end has no sequence numbers to check:
       // every row of it is read again.
-      const bool changed =
-          !quiet_run && (quiet != FixedRows::kNotQuiet || (seen[i - c] & 1) ||
-                         !stripe.ReadValid(seen[i - c]));
+      const bool changed = !quiet_run && (quiet != FixedRows::kNotQuiet || (seen[i - c] & 1) ||
+                                          !stripe.ReadValid(seen[i - c]));
       if (!changed && !zero[i - c]) continue;
       absl::ReaderMutexLock lock(&stripe.mu);
       ReadFixedRow(ids[i], row, out + i * d);
@@ -184,8 +183,7 @@ void EmbeddingTable::FixedInitLocked(int64_t id, int64_t row) {
   f.SetLive(row, true);
 }
 
-bool EmbeddingTable::FixedUpdateLocked(int64_t id, int64_t row, const float* grad,
-                                       float* scratch) {
+bool EmbeddingTable::FixedUpdateLocked(int64_t id, int64_t row, const float* grad, float* scratch) {
   FixedRows& f = *fixed_;
   const size_t d = static_cast<size_t>(dim_);
   const size_t sf = static_cast<size_t>(state_floats_);
@@ -243,7 +241,8 @@ absl::Status EmbeddingTable::FixedApply(absl::Span<const int64_t> ids, const flo
   for (int s = 0; s < kNumStripes; ++s) begin[s + 1] += begin[s];
   int32_t cursor[kNumStripes];
   std::copy(begin, begin + kNumStripes, cursor);
-  for (size_t i = 0; i < n; ++i) order[cursor[FixedRows::StripeOf(rows[i])]++] = static_cast<int32_t>(i);
+  for (size_t i = 0; i < n; ++i)
+    order[cursor[FixedRows::StripeOf(rows[i])]++] = static_cast<int32_t>(i);
 
   thread_local std::vector<float> scratch;
   scratch.resize(ScratchFloats());

@@ -37,8 +37,8 @@ class FixedRows {
   // Null when the arrays cannot be mapped. `vocabulary` ids, of which this part holds
   // those congruent to `part_index` modulo `part_count`.
   static std::unique_ptr<FixedRows> Create(int64_t vocabulary, int64_t part_index,
-                                           int64_t part_count, int weight_floats,
-                                           int state_floats, bool counts);
+                                           int64_t part_count, int weight_floats, int state_floats,
+                                           bool counts);
 
   int64_t rows() const { return rows_; }
   int64_t vocabulary() const { return vocabulary_; }
@@ -145,7 +145,7 @@ class FixedRows {
   }
 
   int64_t rows_ = 0, vocabulary_ = 0, part_index_ = 0, part_count_ = 1;
-  double reciprocal_ = 1.0;  // 1 / part_count_
+  double reciprocal_ = 1.0;                  // 1 / part_count_
   mutable std::atomic<int32_t> writers_{0};  // writers at work (WriteScope)
   mutable std::atomic<uint64_t> writes_{0};  // writers done
   int weight_floats_ = 0, state_floats_ = 0;
