@@ -257,37 +257,17 @@ void Report(benchmark::State& state, int64_t bytes_per_iter, double ceiling_byte
   }
 }
 
-// Args: dim, zipf (0/1), big (0/1).
-void BM_Gather(benchmark::State& state) {
+// A gather of 4,096 ids a batch against a flat gather over rows of the table's stride:
+// a dynamic table's (padded rows), or a fixed-vocabulary table's (rows addressed by id,
+// its weights unpadded). Args: dim, zipf (0/1), big (0/1).
+void RunGather(benchmark::State& state, bool fixed) {
   const int dim = state.range(0);
-  Fixture& f = GetTable(v1::SGD, dim, state.range(2), false);
+  Fixture& f = GetTable(v1::SGD, dim, state.range(2), false, fixed);
   const int kBatches = IdBatches(int64_t{dim} * 4);
   std::vector<int64_t> ids = MakeIds(f.rows, state.range(1), kBatch * kBatches, 1);
   std::vector<float> out(static_cast<size_t>(kBatch) * dim);
   const int64_t bytes = static_cast<int64_t>(kBatch) * dim * 4;
-  const double ceiling = MemcpyBytesPerSecond(f.rows * RowBytes(dim, 0), bytes);
-  const double flat = FlatRowsBytesPerSecond(f.rows * RowBytes(dim, 0), RowBytes(dim, 0), dim,
-                                             /*update=*/false, dim * 4);
-  int b = 0;
-  for (auto _ : state) {
-    auto span = absl::MakeConstSpan(ids).subspan(static_cast<size_t>(b) * kBatch, kBatch);
-    benchmark::DoNotOptimize(f.table->Lookup(span, out.data()));
-    b = (b + 1) % kBatches;
-  }
-  Report(state, bytes, ceiling, flat);
-  state.counters["rows"] = f.rows;
-}
-
-// A fixed-vocabulary table (rows addressed by id) against the same flat gather over an
-// array of its weights' size. Args: dim, zipf, big.
-void BM_FixedGather(benchmark::State& state) {
-  const int dim = state.range(0);
-  Fixture& f = GetTable(v1::SGD, dim, state.range(2), false, /*fixed=*/true);
-  const int kBatches = IdBatches(int64_t{dim} * 4);
-  std::vector<int64_t> ids = MakeIds(f.rows, state.range(1), kBatch * kBatches, 1);
-  std::vector<float> out(static_cast<size_t>(kBatch) * dim);
-  const int64_t bytes = static_cast<int64_t>(kBatch) * dim * 4;
-  const int64_t row = FixedRowBytes(dim, 0);
+  const int64_t row = fixed ? FixedRowBytes(dim, 0) : RowBytes(dim, 0);
   const double ceiling = MemcpyBytesPerSecond(f.rows * row, bytes);
   const double flat = FlatRowsBytesPerSecond(f.rows * row, row, dim, /*update=*/false, dim * 4);
   int b = 0;
@@ -299,6 +279,9 @@ void BM_FixedGather(benchmark::State& state) {
   Report(state, bytes, ceiling, flat);
   state.counters["rows"] = f.rows;
 }
+
+void BM_Gather(benchmark::State& state) { RunGather(state, /*fixed=*/false); }
+void BM_FixedGather(benchmark::State& state) { RunGather(state, /*fixed=*/true); }
 
 void BM_PooledLookup(benchmark::State& state) {
   const int dim = state.range(0);

@@ -535,21 +535,8 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
     }
     if (!insert_missing) {
       // Read-only on an evicting table: a row kept on disk is read, not brought back.
-      thread_local std::vector<float> weights, state;
-      weights.resize(dim_);
-      state.resize(state_floats_);
-      RowMeta meta;
-      bool dirty = false;
-      bool kept = false;
-      if (spill_ != nullptr) {
-        TESSERA_ASSIGN_OR_RETURN(kept,
-                                 spill_->Fetch(id, weights.data(), state.data(), &meta, &dirty));
-      }
-      if (kept) {
-        std::memcpy(dst, weights.data(), static_cast<size_t>(dim_) * sizeof(float));
-      } else {
-        InitialWeights(id, dst);
-      }
+      TESSERA_ASSIGN_OR_RETURN(const bool kept, ReadSpilled(id, dst));
+      if (!kept) InitialWeights(id, dst);
       continue;
     }
     TESSERA_ASSIGN_OR_RETURN(float* row, managed ? InsertManagedLocked(stripe, id, h)
@@ -821,7 +808,7 @@ void EmbeddingTable::ForEachDirtyRow(const RowFn& fn) const {
 }
 
 int64_t EmbeddingTable::DirtyRows() const {
-  if (fixed_ != nullptr) return fixed_dirty_.load(std::memory_order_relaxed);
+  if (fixed_ != nullptr) return fixed_->dirty_rows();
   int64_t n = 0;
   for (int s = 0; s < kNumStripes; ++s) {
     absl::ReaderMutexLock lock(&stripes_[s].mu);

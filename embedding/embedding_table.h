@@ -297,8 +297,9 @@ class EmbeddingTable {
   // Removes `id`'s row from `stripe` and frees it.
   void EraseLocked(Stripe& stripe, int64_t id, uint64_t hash) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
   void MarkDirtyLocked(Stripe& stripe, int64_t id, float* row) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
-  // Whether the spill keeps a row of `id` (false without a spill).
-  absl::StatusOr<bool> KeptInSpill(int64_t id) const;
+  // Whether the spill keeps a row of `id` (false without a spill), with its weights in
+  // `weights` (dim) when not null.
+  absl::StatusOr<bool> ReadSpilled(int64_t id, float* weights) const;
   // Fixed-vocabulary tables (embedding/internal/fixed_rows.cc).
   Stripe& FixedStripe(int64_t row) const;
   absl::Status FixedLookup(absl::Span<const int64_t> ids, float* out) const;
@@ -367,9 +368,8 @@ class EmbeddingTable {
   // stripe's slice of its sketch is guarded by that stripe's lock.
   std::unique_ptr<embedding_internal::AdmissionFilter> admission_;
   std::atomic<int64_t> refused_ids_{0};
-  // A fixed vocabulary's rows (null for a dynamic table), and its dirty rows' count.
+  // A fixed vocabulary's rows (null for a dynamic table).
   std::unique_ptr<embedding_internal::FixedRows> fixed_;
-  std::atomic<int64_t> fixed_dirty_{0};
   std::atomic<int64_t> num_rows_{0};
   v1::EvictionPolicy policy_ = v1::EVICTION_NONE;
   int64_t ttl_steps_ = 0;

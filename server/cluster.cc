@@ -246,17 +246,14 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Checkpoint(
   storage::CheckpointManifest m;
   m.model = model;
   m.step = step;
-  bool dirs = true;
   for (const auto& info : *shards) {
     m.rows += info.rows();
     m.bytes += info.bytes();
-    dirs = dirs && info.dirs_size() == 1;
+    // Each shard's checkpoint directory, for a restore onto another shard count.
+    if (info.dirs_size() == 1) m.shard_dirs.push_back(info.dirs(0));
   }
+  if (m.shard_dirs.size() != shards->size()) m.shard_dirs.clear();  // all of them or none
   m.shards = router_->addresses();
-  // Each shard's checkpoint directory, for a restore onto another shard count.
-  for (const auto& info : *shards) {
-    if (dirs) m.shard_dirs.push_back(info.dirs(0));
-  }
   m.tables = TablesOf(model);
   return store_->CommitCheckpoint(m, attachments);
 }

@@ -72,17 +72,6 @@ namespace {
 
 constexpr int kFixedAhead = 32;  // rows prefetched ahead of the one copied
 
-// True when `n` floats at `p` are all zero bits (+0.0): what a row never stored reads as.
-bool ZeroFloats(const float* p, int n) {
-  uint32_t any = 0;
-  for (int j = 0; j < n; ++j) {
-    uint32_t bits;
-    std::memcpy(&bits, p + j, sizeof(bits));
-    any |= bits;
-  }
-  return any == 0;
-}
-
 }  // namespace
 
 int64_t EmbeddingTable::ReservedBytes() const {
@@ -91,13 +80,11 @@ int64_t EmbeddingTable::ReservedBytes() const {
 
 absl::Status EmbeddingTable::CheckIds(absl::Span<const int64_t> ids) const {
   if (fixed_ == nullptr) return absl::OkStatus();
+  TESSERA_RETURN_IF_ERROR(CheckVocabulary(config_, ids));
   const FixedRows& f = *fixed_;
+  if (f.part_count() == 1) return absl::OkStatus();
   for (const int64_t id : ids) {
     if (f.Holds(id)) continue;
-    if (id < 0 || id >= f.vocabulary()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table '", name(), "': id ", id, " is outside its vocabulary [0, ", f.vocabulary(), ")"));
-    }
     return absl::InvalidArgumentError(
         absl::StrCat("table '", name(), "': id ", id, " is not held here (this part holds the ids ",
                      f.part_index(), " modulo ", f.part_count(), ")"));
@@ -153,7 +140,7 @@ absl::Status EmbeddingTable::FixedLookup(absl::Span<const int64_t> ids, float* o
         zero[i - c] = !CopyFloatsAnyBits(out + i * d, f.Weights(row), dim_);
       } else {
         DecodeWeights(dtype_, f.Weights(row), dim_, out + i * d);
-        zero[i - c] = ZeroFloats(out + i * d, dim_);
+        zero[i - c] = f.ZeroBytes(row);
       }
     }
     const bool quiet_run = f.QuietEnd(quiet);  // no writer overlapped the run
@@ -213,10 +200,7 @@ bool EmbeddingTable::FixedUpdateLocked(int64_t id, int64_t row, const float* gra
     EncodeWeightsStochastic(dtype_, w, dim_, seed, f.Weights(row));
   }
   f.SetCount(row, prior + 1);
-  if (!f.Dirty(row)) {
-    f.SetDirty(row, true);
-    fixed_dirty_.fetch_add(1, std::memory_order_relaxed);
-  }
+  f.MarkDirty(row);
   return true;
 }
 
@@ -300,10 +284,7 @@ absl::Status EmbeddingTable::FixedPutRow(int64_t id, const float* weights, const
     f.SetLive(row, true);
     AdjustRows(1);
   }
-  if (mark_dirty && !f.Dirty(row)) {
-    f.SetDirty(row, true);
-    fixed_dirty_.fetch_add(1, std::memory_order_relaxed);
-  }
+  if (mark_dirty) f.MarkDirty(row);
   return absl::OkStatus();
 }
 
@@ -337,22 +318,14 @@ void EmbeddingTable::FixedForget(int64_t id) {
     f.ZeroRow(row);  // what a row never stored reads as (ReadFixedRow)
     AdjustRows(-1);
   }
-  if (f.Dirty(row)) {
-    f.SetDirty(row, false);
-    fixed_dirty_.fetch_sub(1, std::memory_order_relaxed);
-  }
+  f.MarkClean(row);
 }
 
 void EmbeddingTable::FixedClearDirty() {
   FixedRows& f = *fixed_;
   for (int s = 0; s < kNumStripes; ++s) {
     StripeWriter lock(stripes_[s]);
-    for (int64_t w = s; w < f.words(); w += kNumStripes) {
-      const int64_t cleared = __builtin_popcountll(f.DirtyWord(w));
-      if (cleared == 0) continue;
-      f.ClearDirtyWord(w);
-      fixed_dirty_.fetch_sub(cleared, std::memory_order_relaxed);
-    }
+    for (int64_t w = s; w < f.words(); w += kNumStripes) f.ClearDirtyWord(w);
   }
 }
 

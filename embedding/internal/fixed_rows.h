@@ -94,8 +94,25 @@ class FixedRows {
   // Lock-free readers may call Live; the setters need the row's stripe lock.
   bool Live(int64_t row) const { return Bit(live_, row); }
   void SetLive(int64_t row, bool on) { SetBit(live_, row, on); }
-  bool Dirty(int64_t row) const { return Bit(dirty_, row); }
-  void SetDirty(int64_t row, bool on) { SetBit(dirty_, row, on); }
+  // The dirty bit of `row`, and the count of dirty rows that goes with it.
+  void MarkDirty(int64_t row) {
+    if (Bit(dirty_, row)) return;
+    SetBit(dirty_, row, true);
+    dirty_rows_.fetch_add(1, std::memory_order_relaxed);
+  }
+  void MarkClean(int64_t row) {
+    if (!Bit(dirty_, row)) return;
+    SetBit(dirty_, row, false);
+    dirty_rows_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  // Clears the dirty bits of word `w` (its stripe's lock held).
+  void ClearDirtyWord(int64_t w) {
+    const int64_t cleared = __builtin_popcountll(DirtyWord(w));
+    if (cleared == 0) return;
+    __atomic_store_n(dirty_ + w, 0, __ATOMIC_RELAXED);
+    dirty_rows_.fetch_sub(cleared, std::memory_order_relaxed);
+  }
+  int64_t dirty_rows() const { return dirty_rows_.load(std::memory_order_relaxed); }
   int64_t words() const { return (rows_ + 63) / 64; }
 
   // Writers of rows count themselves for their whole call, so that a lookup that
@@ -131,7 +148,6 @@ class FixedRows {
   };
   uint64_t LiveWord(int64_t w) const { return __atomic_load_n(live_ + w, __ATOMIC_RELAXED); }
   uint64_t DirtyWord(int64_t w) const { return __atomic_load_n(dirty_ + w, __ATOMIC_RELAXED); }
-  void ClearDirtyWord(int64_t w) { __atomic_store_n(dirty_ + w, 0, __ATOMIC_RELAXED); }
 
  private:
   FixedRows() = default;
@@ -148,6 +164,7 @@ class FixedRows {
   double reciprocal_ = 1.0;                  // 1 / part_count_
   mutable std::atomic<int32_t> writers_{0};  // writers at work (WriteScope)
   mutable std::atomic<uint64_t> writes_{0};  // writers done
+  std::atomic<int64_t> dirty_rows_{0};       // dirty bits set
   int weight_floats_ = 0, state_floats_ = 0;
   int64_t reserved_bytes_ = 0;
   AlignedBlock weights_block_, state_block_, counts_block_, live_block_, dirty_block_;

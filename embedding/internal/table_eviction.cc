@@ -105,14 +105,17 @@ absl::StatusOr<float*> EmbeddingTable::InsertManagedLocked(Stripe& stripe, int64
   return row;
 }
 
-absl::StatusOr<bool> EmbeddingTable::KeptInSpill(int64_t id) const {
+absl::StatusOr<bool> EmbeddingTable::ReadSpilled(int64_t id, float* weights) const {
   if (spill_ == nullptr) return false;
-  thread_local std::vector<float> weights, state;
-  weights.resize(dim_);
+  thread_local std::vector<float> scratch, state;
+  if (weights == nullptr) {
+    scratch.resize(dim_);
+    weights = scratch.data();
+  }
   state.resize(state_floats_);
   RowMeta meta;
   bool dirty = false;
-  return spill_->Fetch(id, weights.data(), state.data(), &meta, &dirty);
+  return spill_->Fetch(id, weights, state.data(), &meta, &dirty);
 }
 
 absl::Status EmbeddingTable::ApplyManaged(absl::Span<const int64_t> ids, const float* grads,
@@ -128,7 +131,7 @@ absl::Status EmbeddingTable::ApplyManaged(absl::Span<const int64_t> ids, const f
     if (row == nullptr && admission_ != nullptr && !admission_->Count(ids[i], h)) {
       // Not admitted, unless a row of it is kept on disk (evicted before a restart that
       // emptied the sketch): such a row was admitted already.
-      TESSERA_ASSIGN_OR_RETURN(const bool kept, KeptInSpill(ids[i]));
+      TESSERA_ASSIGN_OR_RETURN(const bool kept, ReadSpilled(ids[i], nullptr));
       if (!kept) {
         refused_ids_.fetch_add(1, std::memory_order_relaxed);
         continue;

@@ -142,8 +142,6 @@ absl::Status DurableCollection::LoadRows(const std::string& name, const Table& t
     storage_internal::RowLoad load;
     load.table = name;
     load.table_id = t.id;
-    load.seed = t.config.seed();
-    load.vocabulary_size = t.config.vocabulary_size();
     load.cluster_num_shards = options_.cluster_num_shards;
     load.progress_every = kProgressRows;
     const int64_t before = rows_loaded_;

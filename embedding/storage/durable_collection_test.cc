@@ -231,6 +231,14 @@ TEST(DurableCollection, FixedVocabularyTablesComeBackAndRestore) {
   EXPECT_NE(ck_rows, ck_initial);
 }
 
+// A harness for shard `k` of a cluster of `n` on `dir`.
+std::unique_ptr<Harness> ClusterShard(const std::string& dir, int k, int n) {
+  auto h = std::make_unique<Harness>(dir);
+  h->options.cluster_shard_index = k;
+  h->options.cluster_num_shards = n;
+  return h;
+}
+
 // A checkpoint taken on 3 shards of a cluster restored onto 2: each new shard takes the
 // rows it owns now from the 3 shards' checkpoint directories, serves the same rows (a
 // dynamic and a fixed-vocabulary table), holds only its own, and keeps them on disk.
@@ -246,9 +254,7 @@ TEST(DurableCollection, ACheckpointOfThreeShardsRestoresOntoTwo) {
     std::vector<std::unique_ptr<Harness>> h;
     std::vector<std::unique_ptr<DurableCollection>> shards;
     for (int k = 0; k < 3; ++k) {
-      h.push_back(std::make_unique<Harness>(dirs[k].path));
-      h[k]->options.cluster_shard_index = k;
-      h[k]->options.cluster_num_shards = 3;
+      h.push_back(ClusterShard(dirs[k].path, k, 3));
       shards.push_back(h[k]->Open());
       ASSERT_TRUE(shards[k]->CreateTable(dyn).ok());
       ASSERT_TRUE(shards[k]->CreateTable(fixed).ok());
@@ -289,9 +295,7 @@ TEST(DurableCollection, ACheckpointOfThreeShardsRestoresOntoTwo) {
     std::vector<std::unique_ptr<Harness>> h;
     std::vector<std::unique_ptr<DurableCollection>> shards;
     for (int k = 0; k < 2; ++k) {
-      h.push_back(std::make_unique<Harness>(dirs[k].path));
-      h[k]->options.cluster_shard_index = k;
-      h[k]->options.cluster_num_shards = 2;
+      h.push_back(ClusterShard(dirs[k].path, k, 2));
       shards.push_back(h[k]->Open());
       if (round == 0) {
         embedding::RestoreOptions o;

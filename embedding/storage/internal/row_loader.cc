@@ -9,7 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "embedding/sharding.h"
+#include "embedding/embedding_table.h"
 #include "base/status.h"
 #include "embedding/storage/row_codec.h"
 
@@ -20,13 +20,6 @@ using storage::DecodeRowInto;
 using storage::ParseRowKey;
 using storage::RowPrefix;
 namespace {
-
-// The shard of `id` among `n` (embedding::ShardOfRow for the loaded table).
-int ShardOfLoaded(const RowLoad& load, int64_t id, int n) {
-  if (load.vocabulary_size == 0) return embedding::ShardOf(id, load.seed, n);
-  return static_cast<int>(static_cast<uint64_t>(id) / static_cast<uint64_t>(load.cluster_num_shards) %
-                          static_cast<uint64_t>(n));
-}
 
 constexpr size_t kBatchRows = 4096;
 // Bytes of a stored row besides its floats: key, value header, checksum.
@@ -110,6 +103,7 @@ absl::Status StoreBatch(const RawBatch& batch, const RowLoad& load,
   const int dim = shards[0]->dim();
   const int sf = shards[0]->optimizer().StateFloats();
   const int n_shards = static_cast<int>(shards.size());
+  const v1::TableConfig& config = shards[0]->config();
   struct ShardRows {
     std::vector<int64_t> ids;
     std::vector<float> weights, state;
@@ -128,7 +122,9 @@ absl::Status StoreBatch(const RawBatch& batch, const RowLoad& load,
     const int64_t id = batch.ids[i];
     const absl::string_view value(batch.bytes.data() + begin, batch.ends[i] - begin);
     begin = batch.ends[i];
-    ShardRows& r = by_shard[n_shards == 1 ? 0 : ShardOfLoaded(load, id, n_shards)];
+    ShardRows& r =
+        by_shard[n_shards == 1 ? 0
+                               : embedding::ShardOfRow(config, id, n_shards, load.cluster_num_shards)];
     r.ids.push_back(id);
     r.weights.resize(r.weights.size() + dim);
     r.state.resize(r.state.size() + sf);

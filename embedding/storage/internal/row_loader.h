@@ -23,10 +23,8 @@ using storage::KvStore;
 struct RowLoad {
   std::string table;      // the table's name, for errors
   uint32_t table_id = 0;  // its id in the store's keys
-  uint64_t seed = 0;      // routes rows to shards (ShardOf)
-  // A fixed vocabulary routes by id instead (ShardOfRow): its size, and the cluster's
-  // shard count above these shards.
-  int64_t vocabulary_size = 0;
+  // The cluster's shard count above these shards (rows are routed by
+  // embedding::ShardOfRow of the shards' table config).
   int cluster_num_shards = 1;
   int threads = 0;        // workers; 0 = one per core
   // Called on the scanning thread after every `progress_every` rows handed out.
@@ -35,7 +33,7 @@ struct RowLoad {
 };
 
 // Loads every row of table `load.table_id` in `store` into `shards` (one table per
-// shard, ShardOf order). Returns the first error of any thread (a corrupt row names the
+// shard, ShardOfRow order). Returns the first error of any thread (a corrupt row names the
 // table and row, an unreadable store says after which row) and then stops; rows loaded
 // before it stay. `*loaded` counts the rows stored.
 absl::Status LoadRowsInParallel(
