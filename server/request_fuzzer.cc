@@ -26,7 +26,13 @@ using namespace tessera;
 
 struct Fixture {
   Fixture() {
-    tables = std::move(embedding::NewInProcessCollection(2)).value();
+    // Rows (and fixed vocabularies' arrays, counted whole) get a memory budget well below
+    // the fuzzer's RSS limit (-rss_limit_mb=2048): past it the service refuses them, as a
+    // shard with --memory_limit does, instead of the process running out of memory.
+    embedding::InProcessOptions options;
+    options.num_shards = 2;
+    options.memory_limit = int64_t{512} << 20;
+    tables = std::move(embedding::NewInProcessCollection(options)).value();
     server::ShardOptions o;
     o.shard_index = 0;
     o.num_shards = 1;
