@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "embedding/embedding_table.h"
+#include "embedding/inprocess_collection.h"
 #include "gtest/gtest.h"
 
 namespace tessera::embedding {
@@ -220,6 +221,36 @@ TEST(Admission, RowsKeptOnDiskStayAdmittedAfterARestart) {
   EXPECT_EQ(restarted->refused_ids(), 1);  // 7 only
   ASSERT_TRUE(restarted->Lookup(std::vector<int64_t>{5}, w.data(), false).ok());
   EXPECT_FLOAT_EQ(w[0], initial[0] - 1.0f);  // its first update, then this one
+}
+
+// The sketch is memory the table takes from creation: the memory budget counts it, and a
+// sketch wider than the budget has room for is refused when the table is created.
+TEST(Admission, TheMemoryBudgetCountsTheSketch) {
+  InProcessOptions o;
+  o.num_shards = 2;
+  o.memory_limit = 64 << 20;
+  auto c = NewInProcessCollection(o).value();
+  v1::TableConfig fits = Config(3);
+  fits.mutable_admission()->set_sketch_width(1 << 20);  // 4 MiB a shard
+  ASSERT_TRUE(c->CreateTable(fits).ok());
+  auto usage = c->Usage("ads");
+  ASSERT_TRUE(usage.ok());
+  EXPECT_GE(usage->budget_used_bytes, 2 * 4 * (1 << 20));
+  EXPECT_GE(usage->memory_bytes, 2 * 4 * (1 << 20));
+  v1::TableConfig wide = Config(3);
+  wide.set_name("wide");
+  wide.mutable_admission()->set_sketch_width(int64_t{1} << 24);  // 64 MiB a shard
+  absl::Status s = c->CreateTable(wide);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("admission sketch"), std::string::npos) << s;
+  // A dropped table gives its sketch back.
+  ASSERT_TRUE(c->DropTable("ads").ok());
+  v1::TableConfig plain = Config(0);
+  plain.set_name("plain");
+  ASSERT_TRUE(c->CreateTable(plain).ok());
+  usage = c->Usage("plain");
+  ASSERT_TRUE(usage.ok());
+  EXPECT_EQ(usage->budget_used_bytes, 0);
 }
 
 TEST(Admission, ConfigIsValidated) {

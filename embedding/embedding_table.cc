@@ -846,7 +846,12 @@ int64_t EmbeddingTable::MemoryBytes() const {
     absl::ReaderMutexLock lock(&stripes_[s].mu);
     bytes += stripes_[s].Bytes();
   }
-  return bytes + (admission_ != nullptr ? admission_->bytes() : 0);
+  return bytes;
+}
+
+int64_t EmbeddingTable::ReservedBytes() const {
+  return (fixed_ != nullptr ? fixed_->ReservedBytes() : 0) +
+         (admission_ != nullptr ? admission_->bytes() : 0);
 }
 
 }  // namespace tessera::embedding

@@ -136,10 +136,10 @@ class EmbeddingTable {
   // table's (InvalidArgument otherwise, or for a bad value). Safe during updates: each row
   // update uses one optimizer or the other; replaced ones are kept until the table goes.
   absl::Status SetOptimizer(const v1::OptimizerConfig& config);
-  // Bytes held by rows and the id maps (a fixed-vocabulary table: its arrays, whole).
+  // Bytes held by rows and the id maps, and ReservedBytes().
   int64_t MemoryBytes() const;
-  // A fixed-vocabulary table's arrays at most, which its memory budget counts from the
-  // start; 0 for a dynamic table.
+  // Bytes the table takes from creation, which its memory budget counts from the start:
+  // a fixed vocabulary's arrays (whole) and an admission sketch.
   int64_t ReservedBytes() const;
   bool fixed_vocabulary() const { return fixed_ != nullptr; }
   // InvalidArgument naming the first of `ids` a fixed-vocabulary table does not hold

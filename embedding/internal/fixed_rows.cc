@@ -74,10 +74,6 @@ constexpr int kFixedAhead = 32;  // rows prefetched ahead of the one copied
 
 }  // namespace
 
-int64_t EmbeddingTable::ReservedBytes() const {
-  return fixed_ != nullptr ? fixed_->ReservedBytes() : 0;
-}
-
 absl::Status EmbeddingTable::CheckIds(absl::Span<const int64_t> ids) const {
   if (fixed_ == nullptr) return absl::OkStatus();
   TESSERA_RETURN_IF_ERROR(CheckVocabulary(config_, ids));

@@ -8,6 +8,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/check.h"
 #include "base/status.h"
 #include "embedding/batch_ops.h"
@@ -86,7 +87,7 @@ absl::Status InProcessCollectionImpl::CreateTable(const v1::TableConfig& config)
                              EmbeddingTable::Create(config, budget, part));
     t->shards.push_back(std::move(shard));
   }
-  TESSERA_RETURN_IF_ERROR(CheckFixedMemory(*t));
+  TESSERA_RETURN_IF_ERROR(CheckReservedMemory(*t));
   for (auto& shard : t->shards) shard->set_memory_budget(memory_.get());
   absl::MutexLock lock(&mu_);
   if (tables_.count(config.name()) > 0) {
@@ -96,16 +97,24 @@ absl::Status InProcessCollectionImpl::CreateTable(const v1::TableConfig& config)
   return absl::OkStatus();
 }
 
-absl::Status InProcessCollectionImpl::CheckFixedMemory(const ShardedTable& t) const {
+absl::Status InProcessCollectionImpl::CheckReservedMemory(const ShardedTable& t) const {
   int64_t bytes = 0;
   for (const auto& shard : t.shards) bytes += shard->ReservedBytes();
   if (bytes == 0 || memory_ == nullptr || memory_->HasRoomFor(bytes)) return absl::OkStatus();
+  std::vector<std::string> what;
+  if (t.config.vocabulary_size() > 0) {
+    what.push_back(absl::StrCat("the arrays of a vocabulary of ", t.config.vocabulary_size(),
+                                " rows"));
+  }
+  if (t.config.admission().min_count() > 1) {
+    what.push_back("its admission sketch (admission.sketch_width)");
+  }
   return absl::ResourceExhaustedError(absl::StrCat(
-      "table '", t.config.name(), "': a vocabulary of ", t.config.vocabulary_size(),
-      " rows takes ", embedding::Mebibytes(bytes), " here, and the memory budget has ",
+      "table '", t.config.name(), "': ", absl::StrJoin(what, " and "), " take ",
+      embedding::Mebibytes(bytes), " here, and the memory budget has ",
       embedding::Mebibytes(std::max<int64_t>(0, memory_->limit() - memory_->used())),
       " left of ", embedding::Mebibytes(memory_->limit()),
-      "; add shards, shrink the vocabulary or raise the memory limit"));
+      "; add shards, shrink the vocabulary or the sketch, or raise the memory limit"));
 }
 
 absl::StatusOr<v1::TableConfig> InProcessCollectionImpl::AlterTable(

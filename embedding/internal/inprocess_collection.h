@@ -124,9 +124,9 @@ class InProcessCollectionImpl final : public embedding::InProcessCollection {
   absl::Status GatherPlanned(ShardedTable& t, const embedding::IdPlan& plan, float* rows,
                              bool insert_missing);
 
-  // ResourceExhausted when the arrays of a fixed-vocabulary table `t` do not fit the
-  // memory budget (before it counts them).
-  absl::Status CheckFixedMemory(const ShardedTable& t) const;
+  // ResourceExhausted when what table `t` takes from creation (a fixed vocabulary's
+  // arrays, an admission sketch) does not fit the memory budget (before it counts it).
+  absl::Status CheckReservedMemory(const ShardedTable& t) const;
   const int num_shards_;
   const int cluster_index_;   // InProcessOptions::cluster_shard_index
   const int cluster_shards_;  // InProcessOptions::cluster_num_shards
