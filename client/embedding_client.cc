@@ -121,9 +121,15 @@ absl::Status EmbeddingClient::OnShards(const std::function<absl::Status(ShardRou
       router = router_;
     }
     absl::Status s = call(*router);
-    // A stale shard map: fetch the new one and try once more.
-    if (s.code() != absl::StatusCode::kFailedPrecondition || attempt > 0) return s;
+    // A stale shard map: fetch the new one and try again (while the map keeps changing:
+    // a reshard's shards take the new map's requests once they commit).
+    if (s.code() != absl::StatusCode::kFailedPrecondition || attempt > 3) return s;
+    const uint64_t was = router->shard_map_version();
     TESSERA_RETURN_IF_ERROR(RefreshShardMap());
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      if (attempt > 0 && router_->shard_map_version() == was) return s;
+    }
   }
 }
 
@@ -240,7 +246,7 @@ absl::Status EmbeddingClient::LookupBatch(absl::Span<const embedding::TableBags>
   return WithRetries([&] {
     auto ctx = NewContext();
     TESSERA_RETURN_IF_ERROR(wire::FromGrpcStatus(coordinator_.Get()->BatchLookup(ctx.get(), req, &resp)));
-    NoteCoordinatorDigest(resp.incarnation());
+    NoteCoordinatorDigest(resp.incarnation(), resp.shard_map_version());
     if (resp.tables_size() != static_cast<int>(tables.size())) {
       return absl::InternalError(absl::StrCat("coordinator answered ", resp.tables_size(),
                                               " tables, expected ", tables.size()));
@@ -304,7 +310,7 @@ absl::Status EmbeddingClient::PushBatch(absl::Span<const embedding::TableGradien
     auto ctx = NewContext(deadline);
     v1::BatchPushResponse resp;
     TESSERA_RETURN_IF_ERROR(wire::FromGrpcStatus(coordinator_.Get()->BatchPush(ctx.get(), req, &resp)));
-    NoteCoordinatorDigest(resp.incarnation());
+    NoteCoordinatorDigest(resp.incarnation(), resp.shard_map_version());
     if (options.rows_updated != nullptr) {
       options.rows_updated->assign(resp.rows_updated().begin(), resp.rows_updated().end());
     }
@@ -329,9 +335,11 @@ absl::StatusOr<embedding::TableUsage> EmbeddingClient::Usage(absl::string_view t
   return usage;
 }
 
-void EmbeddingClient::NoteCoordinatorDigest(uint64_t digest) {
+void EmbeddingClient::NoteCoordinatorDigest(uint64_t digest, uint64_t map_version) {
   if (digest == 0) return;  // the coordinator has not heard from every shard yet
   const uint64_t before = digest_.exchange(digest);
+  // A digest of another map's shards (a reshard) is a new baseline, not a restart.
+  if (map_version_.exchange(map_version) != map_version) return;
   if (before != 0 && before != digest) coordinator_restarts_.fetch_add(1);
 }
 

@@ -128,9 +128,11 @@ class EmbeddingClient final : public embedding::EmbeddingCollection {
   std::shared_ptr<ShardRouter> router_ ABSL_GUARDED_BY(mu_);  // smart mode
   int num_shards_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t retired_router_restarts_ ABSL_GUARDED_BY(mu_) = 0;  // of routers replaced
-  // Coordinator mode: its last incarnation digest, and how often it changed.
-  void NoteCoordinatorDigest(uint64_t digest);
+  // Coordinator mode: its last incarnation digest (of the shards of map `map_version`),
+  // and how often it changed under one map.
+  void NoteCoordinatorDigest(uint64_t digest, uint64_t map_version);
   std::atomic<uint64_t> digest_{0};
+  std::atomic<uint64_t> map_version_{0};
   std::atomic<int64_t> coordinator_restarts_{0};
   const uint64_t client_id_;  // of this client's request ids: random
   std::atomic<uint64_t> next_sequence_{1};

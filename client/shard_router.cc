@@ -374,6 +374,15 @@ absl::Status ShardRouter::CreateTableOn(int k, const v1::TableConfig& config) {
   return FromShardStatus(stubs_[k]->Get()->CreateTable(ctx.get(), req, &resp), k, addresses_[k]);
 }
 
+absl::StatusOr<v1::ReshardResponse> ShardRouter::ReshardOn(int k,
+                                                            const v1::ReshardRequest& request) {
+  auto ctx = NewContext(options_.checkpoint_deadline);
+  v1::ReshardResponse resp;
+  TESSERA_RETURN_IF_ERROR(
+      FromShardStatus(stubs_[k]->Get()->Reshard(ctx.get(), request, &resp), k, addresses_[k]));
+  return resp;
+}
+
 void ShardRouter::AddUniqueIds(Scratch& s, size_t p, const v1::TableConfig& config,
                                std::vector<bool>& work) {
   const int shards = num_shards();

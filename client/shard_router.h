@@ -68,6 +68,7 @@ class ShardRouter {
   int num_shards() const { return static_cast<int>(addresses_.size()); }
   // The shard-map version stamped on requests from now on.
   void set_shard_map_version(uint64_t version) { version_.store(version); }
+  uint64_t shard_map_version() const { return version_.load(); }
   const std::vector<std::string>& addresses() const { return addresses_; }
 
   // Whether shard k passes its health checks (always true without health checking).
@@ -96,6 +97,11 @@ class ShardRouter {
 
   // Creates `config` on shard k alone (idempotent).
   absl::Status CreateTableOn(int k, const v1::TableConfig& config);
+
+  // One phase of a reshard on shard k (ReshardRequest), under the checkpoint deadline.
+  absl::StatusOr<v1::ReshardResponse> ReshardOn(int k, const v1::ReshardRequest& request);
+
+  const RouterOptions& options() const { return options_; }
 
   // Streams shard k's export of `request` into `sink` (one chunk at a time).
   absl::Status ExportFrom(int k, const v1::ExportRowsRequest& request,

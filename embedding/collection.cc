@@ -160,4 +160,8 @@ absl::StatusOr<std::vector<CheckpointInfo>> EmbeddingCollection::ListCheckpoints
   return NoStorage();
 }
 
+absl::Status EmbeddingCollection::Repartition(int, int) {
+  return absl::UnimplementedError("this collection cannot move to another shard map");
+}
+
 }  // namespace tessera::embedding

@@ -316,6 +316,15 @@ class EmbeddingCollection {
                                                  const RestoreOptions& options = {});
   // Complete checkpoints of every model, oldest (first created) first.
   virtual absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints() const;
+
+  // Makes this collection shard `shard_index` of `num_shards` of its cluster from now on (a
+  // live reshard moved the rows it gains here already): the rows it no longer owns
+  // (ShardOfRow) are forgotten, in memory and on disk, and a durable collection writes
+  // every row it holds, so that rows moved here survive a restart. Callers hold pushes
+  // back while it runs. FailedPrecondition, with nothing changed, while it holds a
+  // fixed-vocabulary table (its arrays are laid out for one place); collections that
+  // cannot, Unimplemented.
+  virtual absl::Status Repartition(int shard_index, int num_shards);
 };
 
 }  // namespace tessera::embedding

@@ -1,12 +1,14 @@
 #include "server/cluster.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "embedding/batch_ops.h"
+#include "wire/row_chunk.h"
 #include "embedding/embedding_table.h"
 #include "base/status.h"
 #include "embedding/table_config.h"
@@ -25,18 +27,22 @@ Cluster::Cluster(client::ShardRouter* router, uint64_t shard_map_version,
     absl::MutexLock lock(&readmit_target_->mu);
     readmit_target_->cluster = this;
   }
+  WatchShards(router);
+  if (store_ == nullptr) return;
+  const v1::CoordinatorState state = store_->state();
+  absl::MutexLock lock(&mu_);
+  for (const auto& t : state.tables()) configs_[t.name()] = t;
+}
+
+void Cluster::WatchShards(client::ShardRouter* router) {
   auto reprovision = [target = readmit_target_](int k) {
     absl::MutexLock lock(&target->mu);
     if (target->cluster != nullptr) target->cluster->Reprovision(k);
   };
   // A shard back after failing its health checks, or one seen answering with a new
   // incarnation (back before the health checks noticed): either may have come back empty.
-  router_->SetReadmitCallback(reprovision);
-  router_->SetRestartCallback(reprovision);
-  if (store_ == nullptr) return;
-  const v1::CoordinatorState state = store_->state();
-  absl::MutexLock lock(&mu_);
-  for (const auto& t : state.tables()) configs_[t.name()] = t;
+  router->SetReadmitCallback(reprovision);
+  router->SetRestartCallback(reprovision);
 }
 
 // The router may be gone already (it is not the cluster's): leave it alone, and make a
@@ -56,13 +62,13 @@ v1::CoordinatorState Cluster::StateLocked() const {
   v1::CoordinatorState state;
   for (const auto& [name, config] : configs_) *state.add_tables() = config;
   state.set_shard_map_version(version_.load());
-  for (const auto& a : router_->addresses()) state.add_shards(a);
+  for (const auto& a : live()->addresses()) state.add_shards(a);
   return state;
 }
 
 void Cluster::SetShardMapVersion(uint64_t version) {
   version_.store(version);
-  router_->set_shard_map_version(version);
+  live()->set_shard_map_version(version);
 }
 
 absl::StatusOr<v1::TableConfig> Cluster::Config(const std::string& table) const {
@@ -93,7 +99,7 @@ absl::Status Cluster::CreateTable(const v1::TableConfig& config) {
     }
     // The same table again (a retry, or a create that failed on some shard): make sure
     // every shard has it; shards answer OK for a table they hold with this config.
-    return router_->CreateTable(config);
+    return live()->CreateTable(config);
   }
   {
     absl::ReaderMutexLock lock(&mu_);
@@ -114,7 +120,7 @@ absl::Status Cluster::CreateTable(const v1::TableConfig& config) {
     *state.add_tables() = config;
     TESSERA_RETURN_IF_ERROR(Annotate(store_->Save(state), "cannot record the new table"));
   }
-  absl::Status s = router_->CreateTable(config);
+  absl::Status s = live()->CreateTable(config);
   if (!s.ok()) {
     if (store_ != nullptr) {
       // The registry goes back to what it was; if that fails too, the table stays recorded
@@ -137,7 +143,7 @@ absl::StatusOr<v1::TableConfig> Cluster::AlterTable(const std::string& table,
   absl::MutexLock create(&create_mu_);
   TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(table));
   TESSERA_ASSIGN_OR_RETURN(v1::TableConfig altered, embedding::AlterOptimizer(config, changes));
-  TESSERA_RETURN_IF_ERROR(Annotate(router_->AlterTable(table, changes),
+  TESSERA_RETURN_IF_ERROR(Annotate(live()->AlterTable(table, changes),
                                    absl::StrCat("alter of table '", table, "' not finished; retry")));
   absl::MutexLock lock(&mu_);
   configs_[table] = altered;
@@ -152,7 +158,7 @@ absl::Status Cluster::DropTable(const std::string& table) {
   TESSERA_RETURN_IF_ERROR(Config(table).status());
   // Shards first: a drop that fails half-way is still registered, and repeating it
   // finishes it (a shard without the table counts as done).
-  TESSERA_RETURN_IF_ERROR(Annotate(router_->DropTable(table),
+  TESSERA_RETURN_IF_ERROR(Annotate(live()->DropTable(table),
                                    absl::StrCat("drop of table '", table, "' not finished; retry")));
   absl::MutexLock lock(&mu_);
   configs_.erase(table);
@@ -165,8 +171,9 @@ absl::Status Cluster::DropTable(const std::string& table) {
 absl::Status Cluster::ExportRows(const v1::ExportRowsRequest& request,
                                  const std::function<absl::Status(const v1::RowChunk&)>& sink) {
   TESSERA_RETURN_IF_ERROR(Config(request.table()).status());
-  for (int k = 0; k < static_cast<int>(router_->addresses().size()); ++k) {
-    TESSERA_RETURN_IF_ERROR(router_->ExportFrom(k, request, sink));
+  client::ShardRouter* router = live();
+  for (int k = 0; k < router->num_shards(); ++k) {
+    TESSERA_RETURN_IF_ERROR(router->ExportFrom(k, request, sink));
   }
   return absl::OkStatus();
 }
@@ -177,7 +184,7 @@ absl::Status Cluster::ImportRows(const std::string& table, const embedding::RowB
   TESSERA_RETURN_IF_ERROR(embedding::CheckRowBlock(
       table, config.dim(), rows.state.empty() ? 0 : rows.state_floats, rows));
   absl::ReaderMutexLock barrier(&barrier_mu_);
-  return router_->ImportRows(config, rows);
+  return live()->ImportRows(config, rows);
 }
 
 void Cluster::Reprovision(int k) {
@@ -186,7 +193,7 @@ void Cluster::Reprovision(int k) {
   int failed = 0;
   for (const v1::TableConfig& config : configs) {
     // Idempotent: a table the shard holds (loaded from its data directory) is left as is.
-    absl::Status s = router_->CreateTableOn(k, config);
+    absl::Status s = live()->CreateTableOn(k, config);
     if (!s.ok()) {
       ++failed;
       std::fprintf(stderr, "tessera: shard %d: cannot re-create table '%s': %s\n", k,
@@ -199,19 +206,19 @@ void Cluster::Reprovision(int k) {
 
 absl::Status Cluster::LookupBatch(absl::Span<const v1::TableConfig> configs,
                                   absl::Span<const embedding::TableBags> parts, bool read_only) {
-  return router_->LookupBatch(configs, parts, read_only);
+  return live()->LookupBatch(configs, parts, read_only);
 }
 
 absl::StatusOr<std::vector<int64_t>> Cluster::PushBatch(
     absl::Span<const v1::TableConfig> configs, absl::Span<const embedding::TableGradients> parts,
     int64_t step, const embedding::RequestId& id, const embedding::PushSync& sync) {
   absl::ReaderMutexLock barrier(&barrier_mu_);
-  return router_->PushBatch(configs, parts, step, id, sync);
+  return live()->PushBatch(configs, parts, step, id, sync);
 }
 
 absl::StatusOr<std::vector<v1::TableStats>> Cluster::Stats(const std::string& table) {
   if (!table.empty()) TESSERA_RETURN_IF_ERROR(Config(table).status());
-  return router_->Stats(table);
+  return live()->Stats(table);
 }
 
 absl::StatusOr<storage::CheckpointManifest> Cluster::Checkpoint(
@@ -241,7 +248,7 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Checkpoint(
   // This coordinator has no such checkpoint: what shards hold of that step is from one
   // that never completed, and is replaced.
   request.set_replace(true);
-  absl::StatusOr<std::vector<v1::CheckpointInfo>> shards = router_->CheckpointShards(request);
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> shards = live()->CheckpointShards(request);
   if (!shards.ok()) return Annotate(shards.status(), "checkpoint not taken");
   storage::CheckpointManifest m;
   m.model = model;
@@ -253,7 +260,7 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Checkpoint(
     if (info.dirs_size() == 1) m.shard_dirs.push_back(info.dirs(0));
   }
   if (m.shard_dirs.size() != shards->size()) m.shard_dirs.clear();  // all of them or none
-  m.shards = router_->addresses();
+  m.shards = live()->addresses();
   m.tables = TablesOf(model);
   return store_->CommitCheckpoint(m, attachments);
 }
@@ -306,17 +313,17 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(
                            store_->FindCheckpoint(step, &blobs, options.model));
   // Checked here, before any shard changes.
   TESSERA_RETURN_IF_ERROR(embedding::CheckRestorable(m.step, blobs, options));
+  absl::MutexLock barrier(&barrier_mu_);  // also keeps the shard map as it is
   // Taken on another shard count: every shard reads every old shard's checkpoint
   // directory and keeps the rows it owns now.
-  const bool reshaped = m.shards.size() != router_->addresses().size();
+  const bool reshaped = m.shards.size() != live()->addresses().size();
   if (reshaped && m.shard_dirs.size() != m.shards.size()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint ", m.step, " spans ", m.shards.size(), " shards, this cluster has ",
-        router_->addresses().size(), ", and it does not record the shards' checkpoint "
+        live()->addresses().size(), ", and it does not record the shards' checkpoint "
         "directories (taken by an older coordinator); restore it on ", m.shards.size(),
         " shards"));
   }
-  absl::MutexLock barrier(&barrier_mu_);
   const RestoredTables changes = RestoreOutcome(m);
   v1::RestoreRequest request;
   request.set_step(m.step);
@@ -325,7 +332,7 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(
   if (reshaped) {
     for (const std::string& dir : m.shard_dirs) request.add_source_dirs(dir);
   }
-  absl::StatusOr<std::vector<v1::CheckpointInfo>> shards = router_->RestoreShards(request);
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> shards = live()->RestoreShards(request);
   const std::string which = embedding::CheckpointName(m.model, m.step);
   if (!shards.ok()) {
     return Annotate(shards.status(), absl::StrCat("restore of ", which, " failed; retry it"));
@@ -339,7 +346,7 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(
 }
 
 absl::Status Cluster::AdoptRestoredTables(const storage::CheckpointManifest& m) {
-  TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> held, router_->ListTablesOn(0));
+  TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> held, live()->ListTablesOn(0));
   absl::MutexLock create(&create_mu_);
   absl::MutexLock lock(&mu_);
   std::map<std::string, v1::TableConfig> before;
@@ -355,11 +362,183 @@ absl::Status Cluster::AdoptRestoredTables(const storage::CheckpointManifest& m) 
     if (registered != before.end()) {
       config.set_max_rows(registered->second.max_rows());
     } else {
-      config.set_max_rows(config.max_rows() * static_cast<int64_t>(router_->addresses().size()));
+      config.set_max_rows(config.max_rows() * static_cast<int64_t>(live()->addresses().size()));
     }
     configs_[config.name()] = std::move(config);
   }
   return store_->Save(StateLocked());
+}
+
+absl::StatusOr<ReshardOutcome> Cluster::Reshard(const std::vector<std::string>& shards) {
+  const auto start = std::chrono::steady_clock::now();
+  if (shards.empty()) return absl::InvalidArgumentError("reshard: name at least one shard");
+  if (std::set<std::string>(shards.begin(), shards.end()).size() != shards.size() ||
+      std::count(shards.begin(), shards.end(), "") > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reshard: the shards must be distinct host:port addresses, got ", absl::StrJoin(shards, ",")));
+  }
+  absl::MutexLock create(&create_mu_);
+  absl::MutexLock barrier(&barrier_mu_);
+  ReshardOutcome out;
+  if (shards == live()->addresses()) {
+    // The map served now: finish a reshard whose old shards did not all commit.
+    if (unfinished_ != nullptr) {
+      TESSERA_RETURN_IF_ERROR(CommitOldShards(*unfinished_));
+      unfinished_.reset();
+    }
+    out.version = version_.load();
+    return out;
+  }
+  if (unfinished_ != nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the reshard to version ", version_.load(), " is not finished: repeat it first "
+        "(tessera-cli reshard --shards=", absl::StrJoin(live()->addresses(), ","), ")"));
+  }
+  for (const v1::TableConfig& config : Tables()) {
+    if (config.vocabulary_size() > 0 || config.max_rows() > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "table '", config.name(), "' has ",
+          config.vocabulary_size() > 0 ? "a fixed vocabulary (arrays laid out per shard)"
+                                       : "a row budget (max_rows, split per shard)",
+          " and cannot move live; move the cluster with a checkpoint restored onto the new "
+          "shards (docs/deploy.md, \"Changing the shard count\")"));
+    }
+  }
+  const uint64_t version = version_.load() + 1;
+  client::RouterOptions options = live()->options();
+  options.shard_map_version = version;
+  auto next = std::make_unique<client::ShardRouter>(shards, options);
+  auto u = std::make_unique<UnfinishedReshard>();
+  TESSERA_RETURN_IF_ERROR(PrepareReshard(next.get(), u.get(), &out));
+  // Published: clients that refresh their map (and this coordinator) use the new one.
+  // Requests they send the old shards wait there until those commit.
+  client::ShardRouter* old = live();
+  old->SetReadmitCallback(nullptr);
+  old->SetRestartCallback(nullptr);
+  WatchShards(next.get());
+  router_.store(next.get());
+  routers_.push_back(std::move(next));
+  SetShardMapVersion(version);
+  if (store_ != nullptr) {
+    absl::ReaderMutexLock lock(&mu_);
+    if (absl::Status saved = store_->Save(StateLocked()); !saved.ok()) {
+      std::fprintf(stderr, "tessera: shard map version %llu is not recorded: %s\n",
+                   static_cast<unsigned long long>(version), saved.ToString().c_str());
+    }
+  }
+  if (absl::Status s = CommitOldShards(*u); !s.ok()) {
+    unfinished_ = std::move(u);
+    return s;
+  }
+  out.version = version;
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "tessera: resharded to %zu shards (map version %llu): %lld rows moved in %.1f s\n",
+               shards.size(), static_cast<unsigned long long>(version),
+               static_cast<long long>(out.rows_moved), out.seconds);
+  return out;
+}
+
+absl::Status Cluster::PrepareReshard(client::ShardRouter* next, UnfinishedReshard* u,
+                                     ReshardOutcome* out) {
+  client::ShardRouter* old = live();
+  const std::vector<std::string>& to = next->addresses();
+  const int m = next->num_shards();
+  const std::vector<v1::TableConfig> configs = Tables();
+  // Every shard of the new map holds every table (shards of both maps have them).
+  for (int k = 0; k < m; ++k) {
+    for (const v1::TableConfig& config : configs) {
+      TESSERA_RETURN_IF_ERROR(Annotate(
+          next->CreateTableOn(k, config),
+          absl::StrCat("reshard not started: shard ", k, " of the new map (", to[k], ") must run "
+                       "empty with --shard_index=", k, " --num_shards=", m,
+                       " --shard_map_version=", next->options().shard_map_version)));
+    }
+  }
+  u->old = old;
+  u->commit.set_phase(v1::ReshardRequest::COMMIT);
+  u->commit.set_version(next->options().shard_map_version);
+  u->commit.set_num_shards(m);
+  for (const std::string& a : old->addresses()) {
+    auto it = std::find(to.begin(), to.end(), a);
+    u->new_index.push_back(it == to.end() ? -1 : static_cast<int32_t>(it - to.begin()));
+  }
+  v1::ReshardRequest freeze = u->commit;
+  freeze.set_phase(v1::ReshardRequest::FREEZE);
+  for (int j = 0; j < old->num_shards(); ++j) {
+    freeze.set_shard_index(u->new_index[j]);
+    absl::StatusOr<v1::ReshardResponse> r = old->ReshardOn(j, freeze);
+    if (!r.ok()) {
+      AbortReshard(*u, j);
+      return Annotate(r.status(), "reshard aborted: a shard could not freeze");
+    }
+    for (const v1::AppliedPush& p : r->applied()) *u->commit.add_applied() = p;
+  }
+  out->pushes_kept = u->commit.applied_size();
+  // The rows that change owner, from each old shard to their new one.
+  for (int j = 0; j < old->num_shards(); ++j) {
+    for (const v1::TableConfig& config : configs) {
+      v1::ExportRowsRequest request;
+      request.set_table(config.name());
+      request.set_since_step(-1);
+      request.set_with_state(true);
+      request.mutable_moving()->set_num_shards(m);
+      request.mutable_moving()->set_keep_index(u->new_index[j]);
+      absl::Status s = old->ExportFrom(j, request, [&](const v1::RowChunk& chunk) -> absl::Status {
+        TESSERA_ASSIGN_OR_RETURN(embedding::RowBlock rows, wire::FromChunk(chunk));
+        TESSERA_RETURN_IF_ERROR(next->ImportRows(config, rows));
+        out->rows_moved += static_cast<int64_t>(rows.size());
+        return absl::OkStatus();
+      });
+      if (!s.ok()) {
+        AbortReshard(*u, old->num_shards());
+        return Annotate(s, absl::StrCat("reshard aborted: rows of table '", config.name(),
+                                        "' did not move"));
+      }
+    }
+  }
+  // Shards only in the new map learn the applied pushes before any request reaches them.
+  for (int k = 0; k < m; ++k) {
+    if (std::find(old->addresses().begin(), old->addresses().end(), to[k]) !=
+        old->addresses().end()) {
+      continue;
+    }
+    v1::ReshardRequest commit = u->commit;
+    commit.set_shard_index(k);
+    if (absl::Status s = next->ReshardOn(k, commit).status(); !s.ok()) {
+      AbortReshard(*u, old->num_shards());
+      return Annotate(s, "reshard aborted: a new shard did not take the applied pushes");
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Cluster::AbortReshard(const UnfinishedReshard& u, int frozen) {
+  v1::ReshardRequest abort = u.commit;
+  abort.set_phase(v1::ReshardRequest::ABORT);
+  abort.clear_applied();
+  for (int j = 0; j < frozen; ++j) {
+    abort.set_shard_index(u.new_index[j]);
+    if (absl::Status s = u.old->ReshardOn(j, abort).status(); !s.ok()) {
+      std::fprintf(stderr, "tessera: shard %d stays frozen for the aborted reshard: %s\n", j,
+                   s.ToString().c_str());
+    }
+  }
+}
+
+absl::Status Cluster::CommitOldShards(const UnfinishedReshard& u) {
+  std::vector<std::string> failed;
+  v1::ReshardRequest commit = u.commit;
+  for (int j = 0; j < u.old->num_shards(); ++j) {
+    commit.set_shard_index(u.new_index[j]);
+    if (absl::Status s = u.old->ReshardOn(j, commit).status(); !s.ok()) {
+      failed.push_back(std::string(s.message()));
+    }
+  }
+  if (failed.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "shard map version ", u.commit.version(), " is published, but ", failed.size(),
+      " old shard(s) did not commit to it (", absl::StrJoin(failed, "; "),
+      "); requests to them wait: repeat the same reshard to finish it"));
 }
 
 absl::StatusOr<std::vector<storage::CheckpointManifest>> Cluster::ListCheckpoints() const {

@@ -21,6 +21,14 @@ struct ClusterOptions {
   int32_t max_tables = 1024;  // tables held; creating one more is ResourceExhausted
 };
 
+// What a reshard did.
+struct ReshardOutcome {
+  uint64_t version = 0;    // of the map served now
+  int64_t rows_moved = 0;
+  int64_t pushes_kept = 0;  // applied pushes handed to the new map's shards
+  double seconds = 0;
+};
+
 // What a restore did to the registry's tables (of its model, or of every model).
 struct RestoredTables {
   std::vector<std::string> rolled_back;   // there before and after: rows as checkpointed
@@ -68,7 +76,18 @@ class Cluster {
   uint64_t shard_map_version() const { return version_.load(); }
   // Advertise (and route with) another shard-map version from now on.
   void SetShardMapVersion(uint64_t version);
-  const client::ShardRouter& router() const { return *router_; }
+  // The router of the map served now (a reshard replaces it; replaced ones live on).
+  const client::ShardRouter& router() const { return *router_.load(); }
+
+  // Moves the cluster to the shards `shards` (in shard order): every old shard is frozen
+  // (pushes wait), the rows whose owner changes move with their optimizer state, the
+  // pushes the old shards applied go to every new shard (a retry is applied once), map
+  // version v+1 is published and the old shards commit to it. Runs alone (at the barrier,
+  // no creates meanwhile). A failure before the publish aborts it (nothing changed but
+  // copies on the new shards); one after it is finished by repeating the call.
+  // InvalidArgument for a bad list, FailedPrecondition for tables that cannot move live
+  // (fixed vocabulary, a row budget) or a new shard that is not ready.
+  absl::StatusOr<ReshardOutcome> Reshard(const std::vector<std::string>& shards);
 
   // Routes a lookup (see ShardRouter::LookupBatch).
   absl::Status LookupBatch(absl::Span<const v1::TableConfig> configs,
@@ -132,7 +151,26 @@ class Cluster {
     Cluster* cluster ABSL_GUARDED_BY(mu) = nullptr;
   };
 
-  client::ShardRouter* router_;
+  // Sets the readmit and restart callbacks of `router` to re-provision its shards.
+  void WatchShards(client::ShardRouter* router);
+  client::ShardRouter* live() const { return router_.load(); }
+  // A published reshard whose old shards did not all commit: what finishing it needs.
+  struct UnfinishedReshard {
+    client::ShardRouter* old = nullptr;
+    v1::ReshardRequest commit;         // applied pushes, version, map size
+    std::vector<int32_t> new_index;    // per old shard: its place in the new map, -1 = none
+  };
+  // Commits every old shard of `u` (idempotent); FailedPrecondition naming those that fail.
+  absl::Status CommitOldShards(const UnfinishedReshard& u);
+  // Freezes the old shards, moves their rows into `next` and hands the new shards the
+  // applied pushes; aborts the frozen shards on failure. Fills *u and *out.
+  absl::Status PrepareReshard(client::ShardRouter* next, UnfinishedReshard* u,
+                              ReshardOutcome* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(barrier_mu_);
+  void AbortReshard(const UnfinishedReshard& u, int frozen);
+
+  std::atomic<client::ShardRouter*> router_;
+  std::vector<std::unique_ptr<client::ShardRouter>> routers_ ABSL_GUARDED_BY(create_mu_);
+  std::unique_ptr<UnfinishedReshard> unfinished_ ABSL_GUARDED_BY(create_mu_);
   std::atomic<uint64_t> version_;
   const ClusterOptions options_;
   storage::CoordinatorStore* store_;

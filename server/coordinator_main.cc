@@ -16,6 +16,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/channel_policy.h"
 #include "client/security_flags.h"
@@ -90,6 +91,14 @@ absl::StatusOr<std::unique_ptr<storage::CoordinatorStore>> OpenStore(
   std::unique_ptr<storage::CoordinatorStore> store = *std::move(opened);
   v1::CoordinatorState state = store->state();
   const std::vector<std::string> before(state.shards().begin(), state.shards().end());
+  if (state.shard_map_version() > version) {
+    // Resharded since: the shards of the old map no longer serve it.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the cluster recorded in ", data_dir, " serves shard map version ",
+        state.shard_map_version(), " on shards ", absl::StrJoin(before, ","),
+        "; start with --shard_map_version=", state.shard_map_version(), " --shards=",
+        absl::StrJoin(before, ",")));
+  }
   if (!before.empty() && before != shards) {
     std::cerr << "tessera-coordinator: note: the shard list differs from the one recorded in "
               << data_dir << " (" << before.size() << " shards before, " << shards.size()

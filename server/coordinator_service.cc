@@ -96,13 +96,28 @@ grpc::Status CoordinatorService::GetShardMap(grpc::ServerContext* context,
                                              v1::ShardMap* response) {
   return Serve(context, Access::kRead, [&]() -> absl::Status {
     const client::ShardRouter& router = cluster_.router();
-    response->set_version(cluster_.shard_map_version());
+    response->set_version(router.shard_map_version());  // the map's own, even mid-reshard
     for (int k = 0; k < router.num_shards(); ++k) {
       v1::ShardInfo* s = response->add_shards();
       s->set_index(k);
       s->set_address(router.addresses()[k]);
       s->set_serving(router.serving(k));
     }
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status CoordinatorService::Reshard(grpc::ServerContext* context,
+                                         const v1::ReshardClusterRequest* request,
+                                         v1::ReshardClusterResponse* response) {
+  return Serve(context, Access::kWrite, [&]() -> absl::Status {
+    TESSERA_ASSIGN_OR_RETURN(
+        ReshardOutcome out,
+        cluster_.Reshard(std::vector<std::string>(request->shards().begin(), request->shards().end())));
+    response->set_version(out.version);
+    response->set_rows_moved(out.rows_moved);
+    response->set_seconds(out.seconds);
+    response->set_pushes_kept(out.pushes_kept);
     return absl::OkStatus();
   });
 }
@@ -132,7 +147,9 @@ grpc::Status CoordinatorService::BatchLookup(grpc::ServerContext* context,
     TESSERA_RETURN_IF_ERROR(CheckBatch("batched lookup", batch.total_ids));
     absl::Status s = cluster_.LookupBatch(batch.configs, batch.lookups, request->read_only());
     if (!s.ok()) response->Clear();
-    response->set_incarnation(cluster_.router().IncarnationDigest());
+    const client::ShardRouter& router = cluster_.router();
+    response->set_incarnation(router.IncarnationDigest());
+    response->set_shard_map_version(router.shard_map_version());
     return s;
   });
 }
@@ -170,7 +187,9 @@ grpc::Status CoordinatorService::BatchPush(grpc::ServerContext* context,
         cluster_.PushBatch(batch.configs, batch.pushes, request->step(),
                            wire::RequestIdOf(request->request_id()), wire::PushSyncOf(*request)));
     for (const int64_t u : updated) response->add_rows_updated(u);
-    response->set_incarnation(cluster_.router().IncarnationDigest());
+    const client::ShardRouter& router = cluster_.router();
+    response->set_incarnation(router.IncarnationDigest());
+    response->set_shard_map_version(router.shard_map_version());
     return absl::OkStatus();
   });
 }

@@ -46,6 +46,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
                           v1::ImportRowsResponse* response) override;
   grpc::Status GetShardMap(grpc::ServerContext* context, const v1::GetShardMapRequest* request,
                            v1::ShardMap* response) override;
+  grpc::Status Reshard(grpc::ServerContext* context, const v1::ReshardClusterRequest* request,
+                       v1::ReshardClusterResponse* response) override;
   grpc::Status Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
                       v1::LookupResponse* response) override;
   grpc::Status PushGradients(grpc::ServerContext* context, const v1::PushGradientsRequest* request,

@@ -6,12 +6,15 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "embedding/collection.h"
+#include "tessera/v1/embedding_service.pb.h"
 
 namespace tessera::server {
 
@@ -29,9 +32,21 @@ class PushJournal {
   // parts already applied and appends one per part it applies, in order, stopping at its
   // first failure. Returns every part's result once all `parts` are applied, now or by an
   // earlier attempt, or apply's failure. An empty id is applied every time.
+  // `table_of` (optional) names part i's table: an attempt that stops part-way keeps the
+  // names of the parts it applied, for Applied().
   absl::StatusOr<std::vector<int64_t>> Run(
       const embedding::RequestId& id, size_t parts,
-      const std::function<absl::Status(std::vector<int64_t>* done)>& apply);
+      const std::function<absl::Status(std::vector<int64_t>* done)>& apply,
+      const std::function<std::string(size_t part)>& table_of = nullptr);
+
+  // A push held as applied: all its parts, or (complete false) the parts of `tables`.
+  struct Applied {
+    embedding::RequestId id;
+    bool complete = false;
+    std::vector<std::string> tables;
+  };
+  // Every idle id with a part applied (a reshard hands them to the next map's shards).
+  std::vector<Applied> AppliedPushes() const;
 
   // Forgets every idle id (the rows were replaced by a restore, so what they say was
   // applied no longer is).
@@ -45,6 +60,7 @@ class PushJournal {
     bool in_flight = false;
     bool complete = false;
     std::vector<int64_t> done;
+    std::vector<std::string> tables;  // of the parts done, when incomplete
   };
   using Key = std::pair<uint64_t, uint64_t>;
   // The entry of `key`, created (and the oldest idle one dropped past capacity) if new.
@@ -56,6 +72,33 @@ class PushJournal {
   std::map<Key, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
   std::deque<Key> order_ ABSL_GUARDED_BY(mu_);  // oldest first
 };
+
+// Pushes applied under earlier shard maps (v1::AppliedPush, from every shard of the map
+// before a reshard): a push retried under the new map skips the ids whose rows carry it
+// already, wherever they moved. Keeps the newest `capacity`. Thread-safe.
+class MovedPushes {
+ public:
+  explicit MovedPushes(size_t capacity = 1 << 18) : capacity_(capacity) {}
+
+  void Add(const google::protobuf::RepeatedPtrField<v1::AppliedPush>& pushes);
+  // Every push held (a later reshard hands them on).
+  std::vector<v1::AppliedPush> All() const;
+  // Those of request `id` (none: empty).
+  std::vector<v1::AppliedPush> Of(const embedding::RequestId& id) const;
+  bool empty() const;
+  // Forgets every push (a restore replaced the rows).
+  void Clear();
+
+ private:
+  using Key = std::pair<uint64_t, uint64_t>;
+  const size_t capacity_;
+  mutable absl::Mutex mu_;
+  std::multimap<Key, v1::AppliedPush> pushes_ ABSL_GUARDED_BY(mu_);
+  std::deque<Key> order_ ABSL_GUARDED_BY(mu_);  // oldest first, one per push added
+};
+
+// True when `id` of `table` (config) is one of whose rows `applied` says it updated.
+bool AppliedTo(const v1::AppliedPush& applied, const v1::TableConfig& table, int64_t id);
 
 }  // namespace tessera::server
 

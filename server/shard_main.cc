@@ -121,6 +121,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::unique_ptr<tessera::embedding::EmbeddingCollection> tables = *std::move(opened);
+  if (!data_dir.empty()) {
+    // A reshard's new place is recorded before it is served: a restart must name it.
+    options.on_placement = [data_dir](int index, int num_shards, uint64_t version) {
+      return tessera::storage::RecordShardPlacement(data_dir, index, num_shards, version);
+    };
+  }
   tessera::server::ShardService service(tables.get(), options);
   std::unique_ptr<tessera::base::Metrics> metrics;
   if (auto started = tessera::base::StartMetricsFromFlags("shard"); !started.ok()) {

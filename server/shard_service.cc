@@ -5,7 +5,9 @@
 #include <filesystem>
 #include <random>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "absl/strings/str_join.h"
 #include "wire/push_proto.h"
 #include "wire/checkpoint_proto.h"
@@ -23,17 +25,33 @@
 
 namespace tessera::server {
 
+class ShardService::Admitted {
+ public:
+  Admitted(ShardService* service, Traffic traffic) : service_(service), traffic_(traffic) {}
+  ~Admitted() { service_->Leave(traffic_); }
+  Admitted(const Admitted&) = delete;
+  Admitted& operator=(const Admitted&) = delete;
+
+ private:
+  ShardService* service_;
+  Traffic traffic_;
+};
+
+
 ShardService::ShardService(embedding::EmbeddingCollection* tables, const ShardOptions& options)
     : tables_(tables),
       options_(options),
       incarnation_(embedding::RandomNonZeroId()),
       version_(options.shard_map_version),
       journal_(options.push_window),
+      moved_(options.push_window * 4),
+      index_(options.shard_index),
+      num_shards_(options.num_shards),
       steps_(absl::StrCat("shard ", options.shard_index)) {
   // Unlisted tables are refused as unknown until a restore lists them again: say why.
   if (absl::Status s = ReloadConfigs(); !s.ok()) {
     std::fprintf(stderr, "tessera: shard %d: cannot list the tables it holds: %s\n",
-                 options_.shard_index, s.ToString().c_str());
+                 index_.load(), s.ToString().c_str());
   }
 }
 
@@ -65,7 +83,7 @@ grpc::Status ShardService::Checkpoint(grpc::ServerContext* context,
     options.replace = request->replace();
     absl::StatusOr<embedding::CheckpointInfo> info =
         tables_->Checkpoint(request->step(), attachments, options);
-    if (!info.ok()) return Annotate(info.status(), absl::StrCat("shard ", options_.shard_index));
+    if (!info.ok()) return Annotate(info.status(), absl::StrCat("shard ", index_.load()));
     wire::ToProto(*info, response->mutable_checkpoint());
     // Where it lies, for a restore onto another shard count (which reads every shard's).
     if (auto* durable = dynamic_cast<storage::DurableCollection*>(tables_)) {
@@ -96,10 +114,13 @@ grpc::Status ShardService::Restore(grpc::ServerContext* context, const v1::Resto
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
     embedding::Attachments attachments;
     absl::StatusOr<embedding::CheckpointInfo> info = RestoreTables(*request, &attachments);
-    if (!info.ok()) return Annotate(info.status(), absl::StrCat("shard ", options_.shard_index));
+    if (!info.ok()) return Annotate(info.status(), absl::StrCat("shard ", index_.load()));
     // Every row is the checkpoint's now: pushes remembered as applied no longer are. (A
     // model's restore leaves the other models' pushes on record: their rows stand.)
-    if (request->model().empty()) journal_.Clear();
+    if (request->model().empty()) {
+      journal_.Clear();
+      moved_.Clear();
+    }
     TESSERA_RETURN_IF_ERROR(ReloadConfigs());
     wire::ToProto(*info, response->mutable_checkpoint());
     for (auto& [name, blob] : attachments) (*response->mutable_attachments())[name] = blob;
@@ -115,7 +136,7 @@ grpc::Status ShardService::AlterTable(grpc::ServerContext* context,
         tables_->AlterTable(request->table(), request->optimizer());
     if (absl::IsNotFound(altered.status())) {
       return absl::NotFoundError(absl::StrCat("table '", request->table(), "' not found on shard ",
-                                              options_.shard_index));
+                                              index_.load()));
     }
     TESSERA_RETURN_IF_ERROR(altered.status());
     absl::MutexLock lock(&mu_);
@@ -133,7 +154,7 @@ grpc::Status ShardService::DropTable(grpc::ServerContext* context,
     absl::Status s = tables_->DropTable(request->table());
     if (absl::IsNotFound(s)) {
       return absl::NotFoundError(absl::StrCat("table '", request->table(), "' not found on shard ",
-                                              options_.shard_index));
+                                              index_.load()));
     }
     TESSERA_RETURN_IF_ERROR(s);
     absl::MutexLock lock(&mu_);
@@ -147,14 +168,34 @@ grpc::Status ShardService::ExportRows(grpc::ServerContext* context,
                                       const v1::ExportRowsRequest* request,
                                       grpc::ServerWriter<v1::RowChunk>* writer) {
   return Serve(context, Access::kRead, [&]() -> absl::Status {
-    TESSERA_RETURN_IF_ERROR(Config(request->table()).status());
     embedding::ExportOptions options;
     options.since_step = request->since_step();
     options.with_state = request->with_state();
     if (request->chunk_rows() > 0) options.chunk_rows = static_cast<size_t>(request->chunk_rows());
+    TESSERA_ASSIGN_OR_RETURN(const v1::TableConfig config, Config(request->table()));
+    const v1::MovingRows& moving = request->moving();
     v1::RowChunk chunk;
-    return tables_->ExportRows(request->table(), options, [&](const embedding::RowBlock& b) {
-      wire::ToChunk(b, &chunk);
+    embedding::RowBlock leaving;
+    return tables_->ExportRows(request->table(), options, [&](const embedding::RowBlock& all) {
+      const embedding::RowBlock* b = &all;
+      if (moving.num_shards() > 0) {
+        // Only the rows that leave this shard for the new map.
+        leaving.dim = all.dim;
+        leaving.state_floats = all.state_floats;
+        leaving.Clear();
+        for (size_t i = 0; i < all.size(); ++i) {
+          if (embedding::ShardOfRow(config, all.ids[i], moving.num_shards()) ==
+              moving.keep_index()) {
+            continue;
+          }
+          leaving.Append(all.ids[i], &all.weights[i * all.dim],
+                         all.state_floats > 0 ? &all.state[i * all.state_floats] : nullptr,
+                         all.last_steps[i], all.update_counts[i]);
+        }
+        if (leaving.size() == 0) return absl::OkStatus();
+        b = &leaving;
+      }
+      wire::ToChunk(*b, &chunk);
       if (!writer->Write(chunk)) return absl::CancelledError("the caller went away");
       return absl::OkStatus();
     });
@@ -165,12 +206,30 @@ grpc::Status ShardService::ImportRows(grpc::ServerContext* context,
                                       const v1::ImportRowsRequest* request,
                                       v1::ImportRowsResponse* response) {
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
+    TESSERA_RETURN_IF_ERROR(Enter(Traffic::kImport, request->shard_map_version(), *context));
+    Admitted admitted(this, Traffic::kImport);
     TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(request->table()));
     TESSERA_ASSIGN_OR_RETURN(embedding::RowBlock rows, wire::FromChunk(request->rows()));
+    // During a reshard, rows moving here come stamped with the new map, for this shard's
+    // place in it.
+    uint64_t version = request->shard_map_version();
+    int32_t index = -1;
+    int32_t shards = -1;
+    {
+      absl::MutexLock lock(&gate_mu_);
+      if (frozen_ && version != 0 && version == pending_version_) {
+        if (pending_index_ < 0) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "shard ", index_.load(), " leaves the map at version ", version, ": it takes no rows"));
+        }
+        version = 0;
+        index = pending_index_;
+        shards = pending_shards_;
+      }
+    }
     TESSERA_RETURN_IF_ERROR(CheckBatch(absl::StrCat("table '", request->table(), "'"),
-                                       static_cast<int64_t>(rows.size()),
-                                       request->shard_map_version()));
-    TESSERA_RETURN_IF_ERROR(CheckOwnership(config, rows.ids));
+                                       static_cast<int64_t>(rows.size()), version));
+    TESSERA_RETURN_IF_ERROR(CheckOwnership(config, rows.ids, index, shards));
     TESSERA_RETURN_IF_ERROR(tables_->ImportRows(request->table(), rows));
     response->set_rows(static_cast<int64_t>(rows.size()));
     return absl::OkStatus();
@@ -194,7 +253,7 @@ absl::StatusOr<v1::TableConfig> ShardService::Config(
   auto it = configs_.find(table);
   if (it == configs_.end()) {
     return absl::NotFoundError(
-        absl::StrCat("table '", table, "' not found on shard ", options_.shard_index));
+        absl::StrCat("table '", table, "' not found on shard ", index_.load()));
   }
   if (counters != nullptr) {
     auto c = counters_.find(table);
@@ -207,29 +266,34 @@ absl::Status ShardService::CheckBatch(const std::string& table, int64_t ids,
                                       uint64_t version) const {
   if (ids > options_.max_batch_ids) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        table, ": batch of ", ids, " ids is over shard ", options_.shard_index, "'s limit of ",
+        table, ": batch of ", ids, " ids is over shard ", index_.load(), "'s limit of ",
         options_.max_batch_ids, " (tessera-shard --max_batch_ids): send smaller batches, or "
         "raise the limit"));
   }
   const uint64_t serving = version_.load();
   if (version != 0 && version != serving) {
     return absl::FailedPreconditionError(
-        absl::StrCat("shard ", options_.shard_index, ": request built on shard map version ",
+        absl::StrCat("shard ", index_.load(), ": request built on shard map version ",
                      version, ", this shard serves version ", serving, "; refresh the shard map"));
   }
   return absl::OkStatus();
 }
 
 absl::Status ShardService::CheckOwnership(const v1::TableConfig& config,
-                                          absl::Span<const int64_t> ids) const {
+                                          absl::Span<const int64_t> ids, int32_t index,
+                                          int32_t num_shards) const {
   TESSERA_RETURN_IF_ERROR(embedding::CheckVocabulary(config, ids));
-  if (options_.num_shards <= 1) return absl::OkStatus();
+  if (index < 0) {
+    index = index_.load();
+    num_shards = num_shards_.load();
+  }
+  if (num_shards <= 1) return absl::OkStatus();
   for (const int64_t id : ids) {
-    const int owner = embedding::ShardOfRow(config, id, options_.num_shards);
-    if (owner != options_.shard_index) {
+    const int owner = embedding::ShardOfRow(config, id, num_shards);
+    if (owner != index) {
       return absl::FailedPreconditionError(
           absl::StrCat("table '", config.name(), "': id ", id, " belongs to shard ", owner,
-                       ", not shard ", options_.shard_index, "; refresh the shard map"));
+                       ", not shard ", index, "; refresh the shard map"));
     }
   }
   return absl::OkStatus();
@@ -243,7 +307,7 @@ grpc::Status ShardService::CreateTable(grpc::ServerContext* context,
     // Each shard holds 1/num_shards of the rows, so of the row budget too.
     v1::TableConfig local = config;
     if (local.max_rows() > 0) {
-      local.set_max_rows((local.max_rows() + options_.num_shards - 1) / options_.num_shards);
+      local.set_max_rows((local.max_rows() + num_shards_.load() - 1) / num_shards_.load());
     }
     // The same table again is done already (a retried or re-driven create): OK. Tables
     // loaded from disk carry this shard's part of max_rows.
@@ -257,7 +321,7 @@ grpc::Status ShardService::CreateTable(grpc::ServerContext* context,
         return true;
       }
       return absl::AlreadyExistsError(absl::StrCat(
-          "table '", config.name(), "' already exists on shard ", options_.shard_index,
+          "table '", config.name(), "' already exists on shard ", index_.load(),
           " with another config: ",
           absl::StrJoin(embedding::TableConfigDifferences(it->second, local), "; ")));
     };
@@ -302,6 +366,8 @@ grpc::Status ShardService::ListTables(grpc::ServerContext* context, const v1::Li
 grpc::Status ShardService::Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
                                   v1::LookupResponse* response) {
   return Serve(context, Access::kRead, [&]() -> absl::Status {
+    TESSERA_RETURN_IF_ERROR(Enter(Traffic::kRead, request->shard_map_version(), *context));
+    Admitted admitted(this, Traffic::kRead);
     std::shared_ptr<TableCounters> counters;
     TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(request->table(), &counters));
     TESSERA_RETURN_IF_ERROR(CheckBatch(absl::StrCat("table '", request->table(), "'"),
@@ -328,6 +394,8 @@ grpc::Status ShardService::BatchLookup(grpc::ServerContext* context,
                                        const v1::BatchLookupRequest* request,
                                        v1::BatchLookupResponse* response) {
   return Serve(context, Access::kRead, [&]() -> absl::Status {
+    TESSERA_RETURN_IF_ERROR(Enter(Traffic::kRead, request->shard_map_version(), *context));
+    Admitted admitted(this, Traffic::kRead);
     thread_local DecodedBatch batch;
     TESSERA_RETURN_IF_ERROR(PrepareBatchLookup(*request, Configs(), response, &batch));
     TESSERA_RETURN_IF_ERROR(CheckBatch("batched lookup", batch.total_ids,
@@ -352,9 +420,17 @@ grpc::Status ShardService::BatchLookup(grpc::ServerContext* context,
   });
 }
 
-absl::StatusOr<std::vector<int64_t>> ShardService::ApplyPush(const DecodedBatch& batch,
+absl::StatusOr<std::vector<int64_t>> ShardService::ApplyPush(const DecodedBatch& whole,
                                                              int64_t step,
-                                                             const embedding::RequestId& id) {
+                                                             const embedding::RequestId& request) {
+  // A push retried across a reshard: the ids whose rows took it under the old map are left
+  // out (and counted as updated).
+  DecodedBatch kept;
+  std::vector<int64_t> skipped;
+  const bool filtered = WithoutMovedPushes(whole, request, &kept, &skipped);
+  const DecodedBatch& batch = filtered ? kept : whole;
+  const embedding::RequestId id = JournalId(request);
+  auto table_of = [&](size_t i) { return batch.pushes[i].table; };
   TESSERA_ASSIGN_OR_RETURN(
       std::vector<int64_t> updated,
       journal_.Run(id, batch.pushes.size(), [&](std::vector<int64_t>* done) -> absl::Status {
@@ -389,8 +465,67 @@ absl::StatusOr<std::vector<int64_t>> ShardService::ApplyPush(const DecodedBatch&
           }
         }
         return partly;
-      }));
+      }, table_of));
+  for (size_t i = 0; filtered && i < updated.size() && i < skipped.size(); ++i) {
+    updated[i] += skipped[i];
+  }
   return updated;
+}
+
+embedding::RequestId ShardService::JournalId(const embedding::RequestId& id) const {
+  const uint64_t version = version_.load();
+  if (id.empty() || version <= 1) return id;
+  embedding::RequestId out = id;
+  out.client_id ^= embedding::Mix64(version ^ 0x6a09e667f3bcc908ULL);
+  if (out.client_id == 0) out.client_id = 1;
+  return out;
+}
+
+bool ShardService::WithoutMovedPushes(const DecodedBatch& batch, const embedding::RequestId& id,
+                                      DecodedBatch* kept, std::vector<int64_t>* skipped) const {
+  if (id.empty() || moved_.empty()) return false;
+  const std::vector<v1::AppliedPush> applied = moved_.Of(id);
+  if (applied.empty()) return false;
+  const size_t n = batch.pushes.size();
+  kept->configs = batch.configs;
+  kept->counters = batch.counters;
+  kept->id_copies.assign(n, {});
+  kept->float_copies.assign(n, {});
+  skipped->assign(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const embedding::TableGradients& part = batch.pushes[i];
+    absl::StatusOr<v1::TableConfig> config =
+        i < batch.configs.size() ? absl::StatusOr<v1::TableConfig>(batch.configs[i])
+                                 : Config(part.table);
+    std::vector<int64_t>& ids = kept->id_copies[i];
+    std::vector<float>& gradients = kept->float_copies[i];
+    const size_t dim = part.ids.empty() ? 0 : part.gradients.size() / part.ids.size();
+    absl::flat_hash_set<int64_t> left_out;
+    for (size_t j = 0; j < part.ids.size(); ++j) {
+      const int64_t row = part.ids[j];
+      // A table unknown here keeps its ids: the push refuses it as it would have.
+      const bool done = config.ok() && std::any_of(applied.begin(), applied.end(),
+                                                   [&](const v1::AppliedPush& a) {
+                                                     return AppliedTo(a, *config, row);
+                                                   });
+      if (done) {
+        left_out.insert(row);
+        continue;
+      }
+      ids.push_back(row);
+      gradients.insert(gradients.end(), part.gradients.begin() + j * dim,
+                       part.gradients.begin() + (j + 1) * dim);
+    }
+    (*skipped)[i] = static_cast<int64_t>(left_out.size());
+  }
+  kept->pushes.clear();
+  kept->total_ids = 0;
+  for (size_t i = 0; i < n; ++i) {
+    kept->pushes.push_back(embedding::TableGradients{batch.pushes[i].table, kept->id_copies[i],
+                                                     kept->float_copies[i]});
+    kept->total_ids += static_cast<int64_t>(kept->id_copies[i].size());
+  }
+  return true;
 }
 
 absl::Status ShardService::ApplyWhole(const DecodedBatch& batch, int64_t step,
@@ -415,6 +550,8 @@ grpc::Status ShardService::PushGradients(grpc::ServerContext* context,
                                          const v1::PushGradientsRequest* request,
                                          v1::PushGradientsResponse* response) {
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
+    TESSERA_RETURN_IF_ERROR(Enter(Traffic::kPush, request->shard_map_version(), *context));
+    Admitted admitted(this, Traffic::kPush);
     std::shared_ptr<TableCounters> counters;
     TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(request->table(), &counters));
     TESSERA_RETURN_IF_ERROR(CheckBatch(absl::StrCat("table '", request->table(), "'"),
@@ -442,6 +579,8 @@ grpc::Status ShardService::BatchPush(grpc::ServerContext* context,
                                      const v1::BatchPushRequest* request,
                                      v1::BatchPushResponse* response) {
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
+    TESSERA_RETURN_IF_ERROR(Enter(Traffic::kPush, request->shard_map_version(), *context));
+    Admitted admitted(this, Traffic::kPush);
     thread_local DecodedBatch batch;
     TESSERA_RETURN_IF_ERROR(PrepareBatchPush(*request, Configs(), &batch));
     TESSERA_RETURN_IF_ERROR(
@@ -473,7 +612,7 @@ absl::StatusOr<std::vector<int64_t>> ShardService::ApplySyncPush(
   const size_t parts = batch.pushes.size();
   TESSERA_ASSIGN_OR_RETURN(
       std::vector<int64_t> updated,
-      journal_.Run(id, parts + 1, [&](std::vector<int64_t>* done) -> absl::Status {
+      journal_.Run(JournalId(id), parts + 1, [&](std::vector<int64_t>* done) -> absl::Status {
         TESSERA_ASSIGN_OR_RETURN(
             std::vector<int64_t> rows,
             steps_.Contribute(member, request.step(), part,
@@ -515,7 +654,7 @@ grpc::Status ShardService::Stats(grpc::ServerContext* context, const v1::StatsRe
       absl::ReaderMutexLock lock(&mu_);
       if (!request->table().empty() && configs_.count(request->table()) == 0) {
         return absl::NotFoundError(absl::StrCat("table '", request->table(),
-                                                "' not found on shard ", options_.shard_index));
+                                                "' not found on shard ", index_.load()));
       }
       counters = counters_;
     }
@@ -524,7 +663,7 @@ grpc::Status ShardService::Stats(grpc::ServerContext* context, const v1::StatsRe
       TESSERA_ASSIGN_OR_RETURN(embedding::TableUsage usage, tables_->Usage(name));
       v1::TableStats* t = response->add_tables();
       t->set_table(name);
-      t->set_shard_index(options_.shard_index);
+      t->set_shard_index(index_.load());
       t->set_rows(usage.rows);
       t->set_memory_bytes(usage.memory_bytes);
       t->set_lookups(c->lookups.load());
@@ -541,6 +680,152 @@ grpc::Status ShardService::Stats(grpc::ServerContext* context, const v1::StatsRe
     }
     return absl::OkStatus();
   });
+}
+
+absl::Status ShardService::Enter(Traffic traffic, uint64_t version,
+                                 const grpc::ServerContext& context) {
+  // Waits no longer than shortly before the caller gives up, so that it hears why.
+  const absl::Time deadline = std::min(absl::FromChrono(context.deadline()) - absl::Milliseconds(250),
+                                       absl::Now() + absl::Minutes(2));
+  absl::MutexLock lock(&gate_mu_);
+  auto waits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gate_mu_) {
+    if (committing_) return true;
+    if (!frozen_) return false;
+    if (traffic == Traffic::kPush) return true;
+    return traffic == Traffic::kRead && version != 0 && version == pending_version_;
+  };
+  while (waits()) {
+    if (gate_cv_.WaitWithDeadline(&gate_mu_, deadline) && waits()) {
+      return absl::UnavailableError(absl::StrCat(
+          "shard ", index_.load(), " is moving rows to shard map version ", pending_version_,
+          " (a reshard); retry"));
+    }
+  }
+  if (left_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", index_.load(), " is no longer in the shard map (it left at version ",
+        version_.load(), "); refresh the shard map"));
+  }
+  ++(traffic == Traffic::kPush ? pushes_in_flight_ : reads_in_flight_);
+  return absl::OkStatus();
+}
+
+void ShardService::Leave(Traffic traffic) {
+  absl::MutexLock lock(&gate_mu_);
+  --(traffic == Traffic::kPush ? pushes_in_flight_ : reads_in_flight_);
+  if (pushes_in_flight_ == 0 || reads_in_flight_ == 0) gate_cv_.SignalAll();
+}
+
+grpc::Status ShardService::Reshard(grpc::ServerContext* context, const v1::ReshardRequest* request,
+                                   v1::ReshardResponse* response) {
+  return Serve(context, Access::kWrite, [&]() -> absl::Status {
+    const int32_t m = request->num_shards();
+    if (request->version() == 0 || m < 1 || request->shard_index() < -1 ||
+        request->shard_index() >= m) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "reshard: version ", request->version(), ", shard ", request->shard_index(), " of ", m,
+          " is not a place in a shard map"));
+    }
+    switch (request->phase()) {
+      case v1::ReshardRequest::FREEZE:
+        TESSERA_RETURN_IF_ERROR(Freeze(*request, response));
+        break;
+      case v1::ReshardRequest::COMMIT:
+        TESSERA_RETURN_IF_ERROR(Commit(*request));
+        break;
+      case v1::ReshardRequest::ABORT: {
+        absl::MutexLock lock(&gate_mu_);
+        if (frozen_ && !committing_ && pending_version_ == request->version()) {
+          frozen_ = false;
+          gate_cv_.SignalAll();
+        }
+        break;
+      }
+      default:
+        return absl::InvalidArgumentError("reshard: phase must be FREEZE, COMMIT or ABORT");
+    }
+    response->set_version(version_.load());
+    return absl::OkStatus();
+  });
+}
+
+absl::Status ShardService::Freeze(const v1::ReshardRequest& request,
+                                  v1::ReshardResponse* response) {
+  const uint64_t serving = version_.load();
+  if (serving < request.version()) {
+    absl::MutexLock lock(&gate_mu_);
+    if (frozen_ && pending_version_ != request.version()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", index_.load(), " is frozen for a reshard to version ", pending_version_,
+          ", not ", request.version(), "; finish or abort that one first"));
+    }
+    frozen_ = true;
+    pending_version_ = request.version();
+    pending_index_ = request.shard_index();
+    pending_shards_ = request.num_shards();
+    // Pushes in flight finish under the map they were checked against.
+    gate_mu_.Await(absl::Condition(
+        +[](int64_t* n) { return *n == 0; }, &pushes_in_flight_));
+    // Its own pushes, under its place in the map it serves.
+    for (const PushJournal::Applied& a : journal_.AppliedPushes()) {
+      v1::AppliedPush* p = response->add_applied();
+      // Journaled under JournalId: the client's id back (the mix is its own inverse).
+      const embedding::RequestId client = JournalId(a.id);
+      p->mutable_request_id()->set_client_id(client.client_id);
+      p->mutable_request_id()->set_sequence(client.sequence);
+      p->set_owner(index_.load());
+      p->set_num_shards(num_shards_.load());
+      for (const std::string& t : a.tables) p->add_tables(t);
+    }
+  } else if (serving > request.version()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", index_.load(), " serves shard map version ", serving, ", newer than ",
+        request.version()));
+  }
+  // Those it kept from earlier reshards (a repeated FREEZE after its COMMIT: only these).
+  for (v1::AppliedPush& p : moved_.All()) *response->add_applied() = std::move(p);
+  return absl::OkStatus();
+}
+
+absl::Status ShardService::Commit(const v1::ReshardRequest& request) {
+  moved_.Add(request.applied());
+  if (version_.load() >= request.version()) return absl::OkStatus();  // done, or a new shard
+  absl::MutexLock lock(&gate_mu_);
+  if (!frozen_ || pending_version_ != request.version() ||
+      pending_index_ != request.shard_index() || pending_shards_ != request.num_shards()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", index_.load(), " was not frozen for shard ", request.shard_index(), " of ",
+        request.num_shards(), " at version ", request.version(), "; freeze it first"));
+  }
+  committing_ = true;
+  gate_mu_.Await(absl::Condition(
+      +[](ShardService* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->gate_mu_) {
+        return s->reads_in_flight_ == 0 && s->pushes_in_flight_ == 0;
+      },
+      this));
+  absl::Status s = absl::OkStatus();
+  if (request.shard_index() >= 0) s = tables_->Repartition(request.shard_index(), request.num_shards());
+  if (s.ok() && options_.on_placement) {
+    s = options_.on_placement(request.shard_index(), request.num_shards(), request.version());
+  }
+  if (!s.ok()) {
+    committing_ = false;  // still frozen: the coordinator repeats the commit, or aborts
+    gate_cv_.SignalAll();
+    return Annotate(s, absl::StrCat("shard ", index_.load(), ": reshard not committed"));
+  }
+  if (request.shard_index() >= 0) {
+    index_.store(request.shard_index());
+    num_shards_.store(request.num_shards());
+  } else {
+    left_ = true;
+  }
+  version_.store(request.version());
+  // Its journal speaks of its place in the old map; what it said is in moved_ now.
+  journal_.Clear();
+  committing_ = false;
+  frozen_ = false;
+  gate_cv_.SignalAll();
+  return absl::OkStatus();
 }
 
 }  // namespace tessera::server

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -26,6 +27,10 @@ struct ShardOptions {
   int32_t max_tables = 1024;        // tables held; creating one more is RESOURCE_EXHAUSTED
   size_t push_window = 1 << 16;     // request ids of recent pushes remembered (exactly-once)
   CallAuthorizer auth;              // the token each call must carry (default: none)
+  // Called at a reshard's COMMIT with this shard's new place (index -1: none) and map
+  // version, before it serves them; an error stops the commit (shard_main records it in
+  // the data directory's SHARD file).
+  std::function<absl::Status(int index, int num_shards, uint64_t version)> on_placement;
 };
 
 // The EmbeddingShard gRPC service: converts requests to calls on the embedding core held
@@ -46,6 +51,7 @@ class ShardService final : public v1::EmbeddingShard::Service {
 
   // Serve another shard-map version from now on (the map was rebalanced).
   void SetShardMapVersion(uint64_t version) { version_.store(version); }
+  uint64_t shard_map_version() const { return version_.load(); }
 
   grpc::Status CreateTable(grpc::ServerContext* context, const v1::CreateTableRequest* request,
                            v1::CreateTableResponse* response) override;
@@ -76,8 +82,32 @@ class ShardService final : public v1::EmbeddingShard::Service {
   grpc::Status ListCheckpoints(grpc::ServerContext* context,
                                const v1::ListCheckpointsRequest* request,
                                v1::ListCheckpointsResponse* response) override;
+  grpc::Status Reshard(grpc::ServerContext* context, const v1::ReshardRequest* request,
+                       v1::ReshardResponse* response) override;
 
  private:
+  // What a data request is, for the reshard gate.
+  enum class Traffic { kRead, kPush, kImport };
+  // Admits a data request of map `version`: while the shard is frozen for a reshard,
+  // pushes and requests of the new map wait (until the commit or abort, or shortly before
+  // the call's deadline: then UNAVAILABLE, which callers retry); during a commit every
+  // request waits. A shard no longer in the map refuses all (FAILED_PRECONDITION). The
+  // request counts as in flight until Leave.
+  absl::Status Enter(Traffic traffic, uint64_t version, const grpc::ServerContext& context);
+  void Leave(Traffic traffic);
+  class Admitted;
+  // FREEZE, COMMIT and ABORT (ReshardRequest).
+  absl::Status Freeze(const v1::ReshardRequest& request, v1::ReshardResponse* response);
+  absl::Status Commit(const v1::ReshardRequest& request);
+  // The id a push is journaled (and recorded) under: `id` mixed with the map version, so
+  // that a push retried under a new map is not taken for its part under the old one.
+  embedding::RequestId JournalId(const embedding::RequestId& id) const;
+  // `batch` without the ids whose rows already carry request `id` (applied under an
+  // earlier map, MovedPushes), into *kept (its copies hold them); (*skipped)[i]: distinct
+  // ids part i left out. False (nothing filled) when no earlier map applied `id`.
+  bool WithoutMovedPushes(const DecodedBatch& batch, const embedding::RequestId& id,
+                          DecodedBatch* kept, std::vector<int64_t>* skipped) const;
+
   // Checks the caller's token for `access`, then runs `handler` and maps its status.
   // Every answer, refusals included, carries this process's incarnation in its trailing
   // metadata (client::kIncarnationMetadata), so that a caller sees a restart even in an
@@ -100,8 +130,10 @@ class ShardService final : public v1::EmbeddingShard::Service {
   }
   // Checks the ids of a request: their count against the limit, the map version.
   absl::Status CheckBatch(const std::string& table, int64_t ids, uint64_t version) const;
-  // Checks that every id belongs to this shard.
-  absl::Status CheckOwnership(const v1::TableConfig& config, absl::Span<const int64_t> ids) const;
+  // Checks that every id belongs to this shard (shard `index` of `num_shards`; -1: its
+  // place now).
+  absl::Status CheckOwnership(const v1::TableConfig& config, absl::Span<const int64_t> ids,
+                              int32_t index = -1, int32_t num_shards = -1) const;
   // Applies the decoded parts `batch->pushes` of a push, exactly once per request id.
   // A data-parallel worker's push (request.sync): its part of the step, applied with the
   // other workers' once all have pushed. Deduplicated by the worker's request id.
@@ -128,6 +160,21 @@ class ShardService final : public v1::EmbeddingShard::Service {
   const uint64_t incarnation_;  // random at each start: answers carry it
   std::atomic<uint64_t> version_;
   PushJournal journal_;
+  MovedPushes moved_;  // applied under earlier maps (reshards)
+  // This shard's place in the map (a reshard's COMMIT changes it).
+  std::atomic<int32_t> index_;
+  std::atomic<int32_t> num_shards_;
+  // The reshard gate (Enter / Leave).
+  absl::Mutex gate_mu_;
+  absl::CondVar gate_cv_;
+  int64_t reads_in_flight_ ABSL_GUARDED_BY(gate_mu_) = 0;   // lookups and imports
+  int64_t pushes_in_flight_ ABSL_GUARDED_BY(gate_mu_) = 0;
+  bool frozen_ ABSL_GUARDED_BY(gate_mu_) = false;      // FREEZE until COMMIT or ABORT
+  bool committing_ ABSL_GUARDED_BY(gate_mu_) = false;  // every request waits
+  bool left_ ABSL_GUARDED_BY(gate_mu_) = false;        // not in the map any more
+  uint64_t pending_version_ ABSL_GUARDED_BY(gate_mu_) = 0;
+  int32_t pending_index_ ABSL_GUARDED_BY(gate_mu_) = 0;
+  int32_t pending_shards_ ABSL_GUARDED_BY(gate_mu_) = 1;
   StepAggregator steps_;  // synchronous pushes of data-parallel workers
   mutable absl::Mutex mu_;
   std::map<std::string, v1::TableConfig> configs_ ABSL_GUARDED_BY(mu_);

@@ -20,11 +20,13 @@ namespace {
 using tessera::testing::Cluster;
 using tessera::testing::DurableCluster;
 using tessera::testing::HeldOutAuc;
+using tessera::testing::RunCommand;
 using tessera::testing::RunTrain;
 using tessera::testing::ScratchDir;
 using tessera::testing::ServerProcess;
 using tessera::testing::ShardProcess;
 using tessera::testing::TrainRecords;
+using tessera::testing::WaitHealthy;
 
 TEST(DistributedTraining, LossTrajectoryEqualsTheInProcessRunBitForBit) {
   const std::string common = "--steps=200 --log_every=10 --held_out=2000 --batch_size=128";
@@ -221,6 +223,59 @@ TEST(DistributedTraining, ResumesOnTwoShardsFromACheckpointOfThree) {
   two.KillAll();
   std::filesystem::remove_all(root);
   std::filesystem::remove_all(root2);
+}
+
+// The train records `path` holds now (a run in progress writes them as it goes).
+size_t RecordsSoFar(const std::string& path) { return TrainRecords(path).size(); }
+
+// Waits (at most 120 s) until the run writing `path` has written `n` train records.
+bool WaitForRecords(const std::string& path, size_t n) {
+  for (int i = 0; i < 12000 && RecordsSoFar(path) < n; ++i) usleep(10000);
+  return RecordsSoFar(path) >= n;
+}
+
+// A running cluster moves from 2 shards to 3 and back to 2 while tessera-train trains
+// through it (each client mode): rows move with their optimizer state, pushes in flight
+// wait and are re-split, and the run's losses equal an un-resharded run's bit for bit.
+TEST(DistributedTraining, ReshardsFromTwoToThreeAndBackWhileTrainingWithTheSameLosses) {
+  const std::string common = "--steps=2500 --log_every=10 --held_out=2000 --batch_size=128";
+  const std::string local = absl::StrCat(ScratchDir(), "/local-reshard.jsonl");
+  std::string out;
+  ASSERT_EQ(RunTrain(absl::StrCat(common, " --metrics_out=", local), &out), 0) << out;
+  const auto want = TrainRecords(local);
+  ASSERT_EQ(want.size(), 250u);
+
+  for (const std::string mode : {"smart", "coordinator"}) {
+    SCOPED_TRACE(mode);
+    Cluster cluster(2);
+    ASSERT_TRUE(cluster.ok) << "cluster did not come up";
+    // The third shard starts empty, with its place in map version 2.
+    ShardProcess third(2, 3, {"--shard_map_version=2"});
+    ASSERT_TRUE(!third.address().empty() && WaitHealthy(third.address()));
+    const std::string two = absl::StrCat(cluster.shards[0]->address(), ",",
+                                         cluster.shards[1]->address());
+    const std::string three = absl::StrCat(two, ",", third.address());
+    const std::string metrics = absl::StrCat(ScratchDir(), "/reshard-", mode, ".jsonl");
+    tessera::testing::TrainProcess run(
+        absl::StrCat(common, " --coordinator=", cluster.coordinator->address(),
+                     " --client_mode=", mode, " --metrics_out=", metrics),
+        absl::StrCat(ScratchDir(), "/reshard-", mode, ".log"));
+    const std::string cli =
+        absl::StrCat(TESSERA_CLI_BIN, " --coordinator=", cluster.coordinator->address(), " ");
+    ASSERT_TRUE(WaitForRecords(metrics, 3));
+    out.clear();
+    ASSERT_EQ(RunCommand(cli + "reshard --shards=" + three, &out), 0) << out;
+    EXPECT_THAT(out, testing::HasSubstr("resharded: 3 shards, shard map version 2"));
+    EXPECT_THAT(out, testing::Not(testing::HasSubstr("; 0 rows moved")));
+    EXPECT_LT(RecordsSoFar(metrics), want.size()) << "the run ended before the reshard did";
+    ASSERT_TRUE(WaitForRecords(metrics, RecordsSoFar(metrics) + 3));
+    out.clear();
+    ASSERT_EQ(RunCommand(cli + "reshard --shards=" + two, &out), 0) << out;
+    EXPECT_THAT(out, testing::HasSubstr("resharded: 2 shards, shard map version 3"));
+    EXPECT_LT(RecordsSoFar(metrics), want.size()) << "the run ended before the reshard did";
+    EXPECT_EQ(run.WaitForExit(), 0) << run.Output();
+    EXPECT_EQ(TrainRecords(metrics), want);
+  }
 }
 
 TEST(DistributedTraining, ADeadClusterIsAClearError) {

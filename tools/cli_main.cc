@@ -15,6 +15,7 @@
 //   tessera-cli restore [--step=N] --model=NAME   (or --all_models: every model)
 //   tessera-cli export --table=user [--since_step=S] [--with_state] --out=user.npz
 //   tessera-cli import --table=user --in=user.npz
+//   tessera-cli reshard --shards=host:port,host:port,...   (the new map, in shard order)
 
 #include <algorithm>
 #include <cstdio>
@@ -113,6 +114,9 @@ ABSL_FLAG(bool, with_state, false, "export: include optimizer state (to train on
 ABSL_FLAG(std::string, out, "", "export: the .npz file to write");
 ABSL_FLAG(std::string, in, "", "import: the .npz file to read (tessera-cli export's, or np.savez's "
           "with ids and weights)");
+ABSL_FLAG(std::string, shards, "",
+          "reshard: the shards of the new map, host:port in shard order (new ones started "
+          "empty with their --shard_index, --num_shards and the next --shard_map_version)");
 ABSL_FLAG(std::string, tables_file, "",
           "apply: JSON file {\"tables\": [TableConfig, ...]} (proto3 JSON field names)");
 
@@ -513,6 +517,29 @@ int Restore(Coordinator::Stub& stub) {
   return 0;
 }
 
+// Moves the cluster to the shards of --shards while it trains on.
+int Reshard(Coordinator::Stub& stub) {
+  const std::vector<std::string> shards =
+      absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty());
+  if (shards.empty()) {
+    std::cerr << "tessera-cli: reshard needs --shards=host:port,... (the new map's shards, in "
+                 "shard order)\n";
+    return 1;
+  }
+  tessera::v1::ReshardClusterRequest req;
+  for (const std::string& a : shards) req.add_shards(a);
+  auto ctx = Context(kCheckpointDeadlineMs);
+  tessera::v1::ReshardClusterResponse resp;
+  grpc::Status s = stub.Reshard(ctx.get(), req, &resp);
+  if (!s.ok()) return Fail("reshard", s);
+  std::printf("resharded: %zu shards, shard map version %llu; %lld rows moved in %.1f s, %lld "
+              "applied pushes handed over\n",
+              shards.size(), static_cast<unsigned long long>(resp.version()),
+              static_cast<long long>(resp.rows_moved()), resp.seconds(),
+              static_cast<long long>(resp.pushes_kept()));
+  return 0;
+}
+
 // `value` of enum flag `flag` in any case, '-' for '_', with or without the proto's
 // `prefix` ("lru", "EVICTION_LRU"); InvalidArgument naming the choices.
 absl::StatusOr<int> ParseEnumFlag(const std::string& flag, const std::string& value,
@@ -839,6 +866,7 @@ constexpr Command kCommands[] = {
     {"checkpoints", Checkpoints},
     {"export", Export},
     {"import", Import},
+    {"reshard", [](Coordinator::Stub& stub, const std::string&) { return Reshard(stub); }},
 };
 
 // "health|tables|...|import", or with `last` before the last: "health, ..., export or import".

@@ -190,6 +190,38 @@ absl::Status InProcessCollectionImpl::ExportRows(
   return absl::OkStatus();
 }
 
+absl::Status InProcessCollectionImpl::Repartition(int shard_index, int num_shards) {
+  if (num_shards < 1 || shard_index < 0 || shard_index >= num_shards) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard ", shard_index, " of ", num_shards, " is not a place in a shard map"));
+  }
+  std::vector<TablePtr> tables;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const auto& [name, t] : tables_) {
+      if (t->config.vocabulary_size() > 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "table '", name, "' has a fixed vocabulary, whose arrays are laid out for shard ",
+            cluster_index_.load(), " of ", cluster_shards_.load(), "; move it to another "
+            "shard count with a checkpoint restored there (docs/deploy.md)"));
+      }
+      tables.push_back(t);
+    }
+  }
+  for (const TablePtr& t : tables) {
+    for (const auto& shard : t->shards) {
+      std::vector<int64_t> leaving;
+      shard->ForEachRow([&](int64_t id, const float*, const float*, const embedding::RowMeta&) {
+        if (embedding::ShardOfRow(t->config, id, num_shards) != shard_index) leaving.push_back(id);
+      });
+      for (const int64_t id : leaving) shard->Forget(id);
+    }
+  }
+  cluster_index_.store(shard_index);
+  cluster_shards_.store(num_shards);
+  return absl::OkStatus();
+}
+
 absl::Status InProcessCollectionImpl::ImportRows(absl::string_view table,
                                                  const embedding::RowBlock& rows) {
   TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(table));

@@ -1,6 +1,7 @@
 #ifndef TESSERA_EMBEDDING_INTERNAL_INPROCESS_COLLECTION_H_
 #define TESSERA_EMBEDDING_INTERNAL_INPROCESS_COLLECTION_H_
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -57,6 +58,7 @@ class InProcessCollectionImpl final : public embedding::InProcessCollection {
   // Imported rows are marked dirty: a durable collection's next checkpoint writes them.
   absl::Status ImportRows(absl::string_view table, const embedding::RowBlock& rows) override;
   int num_shards() const override { return num_shards_; }
+  absl::Status Repartition(int shard_index, int num_shards) override;
 
   const std::vector<std::unique_ptr<embedding::EmbeddingTable>>* ShardsOf(
       absl::string_view table) const override;
@@ -128,8 +130,9 @@ class InProcessCollectionImpl final : public embedding::InProcessCollection {
   // arrays, an admission sketch) does not fit the memory budget (before it counts it).
   absl::Status CheckReservedMemory(const ShardedTable& t) const;
   const int num_shards_;
-  const int cluster_index_;   // InProcessOptions::cluster_shard_index
-  const int cluster_shards_;  // InProcessOptions::cluster_num_shards
+  // InProcessOptions::cluster_shard_index and cluster_num_shards (Repartition changes them).
+  std::atomic<int> cluster_index_;
+  std::atomic<int> cluster_shards_;
   const std::shared_ptr<base::ThreadPool> pool_;
   // Every table's rows count against it (none: no budget). Declared before the tables,
   // so that it outlives them.

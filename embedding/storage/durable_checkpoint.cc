@@ -72,9 +72,13 @@ absl::Status DurableCollection::RecoverInterruptedCheckpoint() {
   return RemoveTree(InProgressPath());
 }
 
-absl::StatusOr<int64_t> DurableCollection::FlushDirtyRows(const std::string& model) {
+absl::StatusOr<int64_t> DurableCollection::FlushDirtyRows(const std::string& model,
+                                                           bool logged) {
   int64_t written = 0;
   std::vector<KvWrite> writes;
+  auto write = [&](absl::Span<const KvWrite> w) {
+    return logged ? store_->Write(w, /*sync=*/true) : store_->WriteUnlogged(w);
+  };
   // Rows evicted since the last checkpoint join the durable rows first; rows in memory,
   // newer where both exist, are written after them.
   for (const auto& [name, t] : tables_) {
@@ -93,7 +97,7 @@ absl::StatusOr<int64_t> DurableCollection::FlushDirtyRows(const std::string& mod
   // Flushed rows need no log: the checkpoint that follows puts them in table files, and
   // a crash before it loses only what a crash before a checkpoint may lose.
   if (!writes.empty()) {
-    TESSERA_RETURN_IF_ERROR(store_->WriteUnlogged(writes));
+    TESSERA_RETURN_IF_ERROR(write(writes));
     written += static_cast<int64_t>(writes.size() / 2);
     writes.clear();
   }
@@ -144,7 +148,7 @@ absl::StatusOr<int64_t> DurableCollection::FlushDirtyRows(const std::string& mod
         kv.key = RowKey(t.id, static_cast<int64_t>(dirty[i].id));
         EncodeRow(dirty[i].weights, dim, dirty[i].state, sf, dirty[i].meta, &kv.value);
       }
-      TESSERA_RETURN_IF_ERROR(store_->WriteUnlogged(writes));
+      TESSERA_RETURN_IF_ERROR(write(writes));
       written += static_cast<int64_t>(writes.size());
     }
   }

@@ -309,6 +309,34 @@ absl::Status DurableCollection::ImportRows(absl::string_view table,
                   absl::StrCat("table '", table, "': imported rows not on disk"));
 }
 
+absl::Status DurableCollection::Repartition(int shard_index, int num_shards) {
+  absl::MutexLock lock(&mu_);
+  TESSERA_RETURN_IF_ERROR(Usable());
+  std::vector<KvWrite> erases;
+  for (const auto& [name, t] : tables_) {
+    if (t.config.vocabulary_size() > 0) break;  // refused below, before anything changes
+    const v1::TableConfig& config = t.config;
+    auto leaving = [&](absl::string_view key, absl::string_view) {
+      uint32_t table_id = 0;
+      int64_t id = 0;
+      if (ParseRowKey(key, &table_id, &id) &&
+          embedding::ShardOfRow(config, id, num_shards) != shard_index) {
+        erases.push_back(KvWrite{std::string(key), "", /*erase=*/true});
+      }
+      return absl::OkStatus();
+    };
+    TESSERA_RETURN_IF_ERROR(store_->Scan(RowPrefix(t.id), leaving));
+    TESSERA_RETURN_IF_ERROR(store_->Scan(SpillPrefix(t.id), leaving));
+  }
+  TESSERA_RETURN_IF_ERROR(memory_->Repartition(shard_index, num_shards));
+  options_.cluster_shard_index = shard_index;
+  options_.cluster_num_shards = num_shards;
+  TESSERA_RETURN_IF_ERROR(Annotate(store_->Write(erases, /*sync=*/true),
+                                   "rows that left this shard are still on its disk"));
+  return Annotate(FlushDirtyRows("", /*logged=*/true).status(),
+                  "rows that came to this shard are not all on its disk");
+}
+
 absl::Status DurableCollection::Usable() const {
   if (!broken_.ok()) return broken_;
   return absl::OkStatus();

@@ -139,6 +139,10 @@ class DurableCollection final : public embedding::EmbeddingCollection {
       const std::vector<std::string>& dirs, embedding::Attachments* attachments,
       const embedding::RestoreOptions& options = {});
 
+  // Forgets the rows it no longer owns (in memory, on disk and spilled), then writes
+  // every dirty row (synced), so that rows imported for the new place survive a restart.
+  absl::Status Repartition(int shard_index, int num_shards) override;
+
   // Rows loaded from disk by the last Open or Restore.
   int64_t rows_loaded() const;
   // The directory of checkpoint `step` of `model` (complete or not).
@@ -191,7 +195,8 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   absl::Status LoadPushRecords() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes every dirty row of `model`'s tables to the live store and marks it clean;
   // returns rows written.
-  absl::StatusOr<int64_t> FlushDirtyRows(const std::string& model)
+  // `logged`: through the write-ahead log, synced (no checkpoint follows to flush them).
+  absl::StatusOr<int64_t> FlushDirtyRows(const std::string& model, bool logged = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Complete checkpoints with their manifests, oldest first; torn ones are logged.
   std::vector<std::pair<std::string, CheckpointManifest>> CompleteCheckpoints() const;
@@ -201,7 +206,7 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   std::string InProgressPath() const;  // exists while a checkpoint is being taken
   std::string RestoringPath() const;   // exists while a model restore is being applied
 
-  const DurableOptions options_;
+  DurableOptions options_;  // its placement (cluster_*) changes under mu_ (Repartition)
   mutable absl::Mutex mu_;
   std::unique_ptr<KvStore> store_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<embedding::InProcessCollection> memory_ ABSL_GUARDED_BY(mu_);

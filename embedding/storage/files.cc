@@ -175,7 +175,14 @@ absl::Status CheckShardPlacement(const std::string& data_dir, int shard_index, i
     return have.status();
   }
   TESSERA_RETURN_IF_ERROR(EnsureWritableDirectory(data_dir));
-  return WriteFileAtomically(path, absl::StrCat(place, "\nmap version ", map_version, "\n"));
+  return RecordShardPlacement(data_dir, shard_index, num_shards, map_version);
+}
+
+absl::Status RecordShardPlacement(const std::string& data_dir, int shard_index, int num_shards,
+                                  uint64_t map_version) {
+  return WriteFileAtomically(data_dir + "/SHARD",
+                             absl::StrCat("shard ", shard_index, " of ", num_shards,
+                                          "\nmap version ", map_version, "\n"));
 }
 
 int64_t TreeBytes(const std::string& path) {

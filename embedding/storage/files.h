@@ -35,6 +35,10 @@ absl::Status RemoveTree(const std::string& path);
 // requests routed by it). A newer `map_version` is recorded.
 absl::Status CheckShardPlacement(const std::string& data_dir, int shard_index, int num_shards,
                                  uint64_t map_version = 1);
+// Records in `data_dir` that it holds shard `shard_index` of `num_shards` of map version
+// `map_version` from now on (a live reshard moved it), in place of what it recorded.
+absl::Status RecordShardPlacement(const std::string& data_dir, int shard_index, int num_shards,
+                                  uint64_t map_version);
 
 // Bytes of the files under `path` (hard links counted at full size).
 int64_t TreeBytes(const std::string& path);
