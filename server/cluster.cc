@@ -468,7 +468,7 @@ absl::Status Cluster::PrepareReshard(client::ShardRouter* next, UnfinishedReshar
     freeze.set_shard_index(u->new_index[j]);
     absl::StatusOr<v1::ReshardResponse> r = old->ReshardOn(j, freeze);
     if (!r.ok()) {
-      AbortReshard(*u, j);
+      AbortReshard(*u, j + 1);  // shard j too: it may have frozen and lost its answer
       return Annotate(r.status(), "reshard aborted: a shard could not freeze");
     }
     for (const v1::AppliedPush& p : r->applied()) *u->commit.add_applied() = p;

@@ -1,0 +1,379 @@
+// Live resharding through a coordinator (in this process, over gRPC on 127.0.0.1) with
+// durable write-through shards: pushes go on while the cluster moves from 2 shards to 3
+// and back, shards lose answers meanwhile, and every row must equal a replay of the
+// acknowledged pushes, each applied once, held by its owner alone, and still there when
+// its shard opens its data directory again.
+
+#include <atomic>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/embedding_client.h"
+#include "embedding/embedding_table.h"
+#include "embedding/inprocess_collection.h"
+#include "embedding/storage/durable_collection.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "server/coordinator_service.h"
+#include "server/shard_service.h"
+#include "tests/support/answer_loser.h"
+#include "tests/support/local_server.h"
+
+namespace tessera {
+namespace {
+
+using testing::StartLocalServer;
+
+constexpr int kDim = 4;
+
+v1::TableConfig Table(const std::string& name, v1::OptimizerType type, uint64_t seed) {
+  v1::TableConfig c;
+  c.set_name(name);
+  c.set_dim(kDim);
+  c.set_seed(seed);
+  c.set_durability(v1::WRITE_THROUGH);
+  c.mutable_optimizer()->set_type(type);
+  c.mutable_optimizer()->set_learning_rate(0.5f);
+  return c;
+}
+
+// One shard: a durable collection in its own directory, served with an answer loser.
+struct Shard {
+  std::string dir;
+  int index = 0;
+  int num_shards = 1;
+  uint64_t version = 1;
+  std::unique_ptr<storage::DurableCollection> tables;
+  std::unique_ptr<server::ShardService> service;
+  std::unique_ptr<testing::AnswerLoser> loser;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+
+  void Start() {
+    storage::DurableOptions o;
+    o.data_dir = dir;
+    o.cluster_shard_index = index;
+    o.cluster_num_shards = num_shards;
+    o.threads = 1;
+    auto opened = storage::DurableCollection::Open(o);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    tables = *std::move(opened);
+    server::ShardOptions so;
+    so.shard_index = index;
+    so.num_shards = num_shards;
+    so.shard_map_version = version;
+    service = std::make_unique<server::ShardService>(tables.get(), so);
+    // What the tests make each shard lose: shard 0 its reshard answers, shard 1 its
+    // pushes', shard 2 (the new one) its imports'.
+    const char* losable[] = {"/Reshard", "/BatchPush", "/ImportRows"};
+    loser = std::make_unique<testing::AnswerLoser>(std::vector<std::string>{losable[index]});
+    server = StartLocalServer(service.get(), &port, loser.get());
+  }
+  void Stop() {
+    if (server) server->Shutdown();
+    server.reset();
+    service.reset();
+    tables.reset();
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port); }
+};
+
+// Every stored row of `table` in `c`, by id: weights, then optimizer state.
+std::map<int64_t, std::vector<float>> Rows(embedding::EmbeddingCollection& c,
+                                           const std::string& table) {
+  std::map<int64_t, std::vector<float>> out;
+  embedding::ExportOptions options;
+  options.with_state = true;
+  absl::Status s = c.ExportRows(table, options, [&](const embedding::RowBlock& b) {
+    for (size_t i = 0; i < b.size(); ++i) {
+      std::vector<float>& row = out[b.ids[i]];
+      row.assign(b.weights.begin() + i * b.dim, b.weights.begin() + (i + 1) * b.dim);
+      row.insert(row.end(), b.state.begin() + i * b.state_floats,
+                 b.state.begin() + (i + 1) * b.state_floats);
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+class ReshardTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = absl::StrCat(::testing::TempDir(), "/reshard-", ::getpid());
+    std::filesystem::remove_all(root_);
+    shards_.resize(3);
+    for (int k = 0; k < 3; ++k) {
+      shards_[k].dir = absl::StrCat(root_, "/shard-", k);
+      shards_[k].index = k;
+      // Shards 0 and 1 serve map version 1; shard 2 starts empty with its place in 2.
+      shards_[k].num_shards = k < 2 ? 2 : 3;
+      shards_[k].version = k < 2 ? 1 : 2;
+      ASSERT_NO_FATAL_FAILURE(shards_[k].Start());
+    }
+    client::RouterOptions ro;
+    ro.deadline = std::chrono::milliseconds(5000);
+    ro.retry.max_retries = 4;
+    ro.retry.initial_backoff = std::chrono::milliseconds(20);
+    router_ = std::make_unique<client::ShardRouter>(
+        std::vector<std::string>{shards_[0].address(), shards_[1].address()}, ro);
+    coordinator_ = std::make_unique<server::CoordinatorService>(router_.get(), 1,
+                                                                server::CoordinatorOptions());
+    int port = 0;
+    coordinator_server_ = StartLocalServer(coordinator_.get(), &port);
+    coordinator_address_ = "127.0.0.1:" + std::to_string(port);
+    coordinator_stub_ = v1::Coordinator::NewStub(testing::LocalChannel(port));
+    reference_ = std::move(embedding::NewInProcessCollection(1)).value();
+  }
+  void TearDown() override {
+    coordinator_server_->Shutdown();
+    for (Shard& s : shards_) s.Stop();
+    std::filesystem::remove_all(root_);
+  }
+
+  std::unique_ptr<client::EmbeddingClient> Connect(client::ClientOptions::Mode mode) {
+    client::ClientOptions o;
+    o.mode = mode;
+    o.deadline = std::chrono::milliseconds(5000);
+    o.retry.max_retries = 8;
+    o.retry.initial_backoff = std::chrono::milliseconds(20);
+    o.retry.max_backoff = std::chrono::milliseconds(200);
+    auto c = client::EmbeddingClient::Connect(coordinator_address_, o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return std::move(c).value();
+  }
+
+  void CreateBoth(client::EmbeddingClient& c, const v1::TableConfig& config) {
+    ASSERT_TRUE(c.CreateTable(config).ok());
+    ASSERT_TRUE(reference_->CreateTable(config).ok());
+  }
+
+  // The coordinator's Reshard to `shards` (indices into shards_).
+  grpc::Status Reshard(const std::vector<int>& shards, v1::ReshardClusterResponse* out) {
+    v1::ReshardClusterRequest request;
+    for (int k : shards) request.add_shards(shards_[k].address());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    return coordinator_stub_->Reshard(&ctx, request, out);
+  }
+
+  // Every row of `tables` lives on the shard that owns it in the map of `serving` (indices
+  // into shards_, in shard order), and the rows together equal the reference's.
+  void ExpectRowsPlacedAndEqualTheReference(const std::vector<std::string>& tables,
+                                            const std::vector<int>& serving) {
+    for (const std::string& table : tables) {
+      SCOPED_TRACE(table);
+      v1::TableConfig config;
+      const std::vector<v1::TableConfig> configs = reference_->ListTables().value();
+      for (const v1::TableConfig& c : configs) {
+        if (c.name() == table) config = c;
+      }
+      std::map<int64_t, std::vector<float>> all;
+      for (size_t k = 0; k < serving.size(); ++k) {
+        for (auto& [id, row] : Rows(*shards_[serving[k]].tables, table)) {
+          EXPECT_EQ(embedding::ShardOfRow(config, id, static_cast<int>(serving.size())),
+                    static_cast<int>(k))
+              << "row " << id << " on shard " << k;
+          EXPECT_TRUE(all.emplace(id, row).second) << "row " << id << " on two shards";
+        }
+      }
+      const auto want = Rows(*reference_, table);
+      EXPECT_EQ(all.size(), want.size());
+      EXPECT_TRUE(all == want) << "rows differ from a replay of the acknowledged pushes";
+    }
+  }
+
+  std::string root_;
+  std::vector<Shard> shards_;
+  std::unique_ptr<client::ShardRouter> router_;
+  std::unique_ptr<server::CoordinatorService> coordinator_;
+  std::unique_ptr<grpc::Server> coordinator_server_;
+  std::string coordinator_address_;
+  std::unique_ptr<v1::Coordinator::Stub> coordinator_stub_;
+  std::unique_ptr<embedding::EmbeddingCollection> reference_;
+};
+
+// One push of the pusher: ids drawn from a pool (rows updated many times) and new ones.
+struct Push {
+  std::vector<int64_t> a, b;
+  std::vector<float> ga, gb;
+};
+
+Push MakePush(std::mt19937_64& rng, int i) {
+  Push p;
+  std::uniform_int_distribution<int64_t> pool(0, 3000);
+  for (int j = 0; j < 64; ++j) {
+    p.a.push_back(j % 4 == 0 ? static_cast<int64_t>(rng()) : pool(rng) * 7919);
+    p.b.push_back(pool(rng) * 104729 + (i % 3));
+  }
+  std::uniform_real_distribution<float> g(-1.0f, 1.0f);
+  for (size_t j = 0; j < p.a.size() * kDim; ++j) p.ga.push_back(g(rng));
+  for (size_t j = 0; j < p.b.size() * kDim; ++j) p.gb.push_back(g(rng));
+  return p;
+}
+
+TEST_F(ReshardTest, PushesDuringTwoToThreeToTwoWithLostAnswersEqualAReplay) {
+  for (auto mode : {client::ClientOptions::Mode::kSmart, client::ClientOptions::Mode::kCoordinator}) {
+    SCOPED_TRACE(mode == client::ClientOptions::Mode::kSmart ? "smart" : "coordinator");
+    auto c = Connect(mode);
+    CreateBoth(*c, Table("a", v1::SGD, 11));
+    CreateBoth(*c, Table("b", v1::ADAGRAD, 12));
+    constexpr int kPushes = 240;
+    std::atomic<int> acknowledged{0};
+    std::thread pusher([&] {
+      std::mt19937_64 rng(7);
+      for (int i = 0; i < kPushes; ++i) {
+        const Push p = MakePush(rng, i);
+        const std::vector<embedding::TableGradients> parts = {{"a", p.a, p.ga}, {"b", p.b, p.gb}};
+        // Shard 1 applies a push and loses its answer now and then (retried with its id).
+        if (i % 7 == 3) shards_[1].loser->LoseAnswers(1);
+        embedding::PushOptions options;
+        options.request_id = c->NextRequestId();
+        absl::Status s = c->PushBatch(parts, i, options);
+        for (int retry = 0; !s.ok() && retry < 20; ++retry) s = c->PushBatch(parts, i, options);
+        ASSERT_TRUE(s.ok()) << "push " << i << ": " << s;
+        ASSERT_TRUE(reference_->PushBatch(parts, i).ok());
+        acknowledged.store(i + 1);
+      }
+    });
+    auto wait_for = [&](int n) {
+      for (int i = 0; i < 6000 && acknowledged.load() < n; ++i) usleep(10000);
+    };
+    // The reshards, while the pusher pushes (joined whatever they assert).
+    [&] {
+      wait_for(60);
+      // The new shard loses the answers of two imports (the coordinator repeats them).
+      shards_[2].loser->LoseAnswers(2);
+      v1::ReshardClusterResponse r;
+      grpc::Status s = Reshard({0, 1, 2}, &r);
+      ASSERT_TRUE(s.ok()) << s.error_message();
+      EXPECT_EQ(r.version(), 2u);
+      EXPECT_GT(r.rows_moved(), 0);
+      EXPECT_LE(shards_[2].loser->answers_left_to_lose(), 0) << "no import answer was lost";
+      EXPECT_LT(acknowledged.load(), kPushes) << "the pushes ended before the reshard";
+      wait_for(acknowledged.load() + 40);
+      s = Reshard({0, 1}, &r);
+      ASSERT_TRUE(s.ok()) << s.error_message();
+      EXPECT_EQ(r.version(), 3u);
+      EXPECT_LT(acknowledged.load(), kPushes) << "the pushes ended before the reshard";
+    }();
+    pusher.join();
+    ExpectRowsPlacedAndEqualTheReference({"a", "b"}, {0, 1});
+    // The shards' disks hold what they serve: open them again.
+    std::map<int64_t, std::vector<float>> before = Rows(*shards_[0].tables, "b");
+    shards_[0].Stop();
+    shards_[0].num_shards = 2;
+    shards_[0].version = 3;
+    ASSERT_NO_FATAL_FAILURE(shards_[0].Start());
+    EXPECT_TRUE(Rows(*shards_[0].tables, "b") == before) << "shard 0's rows after a restart";
+    // A fresh cluster for the next mode.
+    c.reset();
+    TearDown();
+    SetUp();
+  }
+}
+
+// A push that one shard applied before the reshard and the other never saw, repeated
+// with its request id once the cluster is on 3 shards: the rows that took it (some now on
+// the new shard) do not take it again, the others do.
+TEST_F(ReshardTest, APushHalfAppliedBeforeAReshardIsCompletedOnceAfterIt) {
+  auto c = Connect(client::ClientOptions::Mode::kSmart);
+  CreateBoth(*c, Table("a", v1::SGD, 11));
+  CreateBoth(*c, Table("b", v1::ADAGRAD, 12));
+  std::mt19937_64 rng(3);
+  const Push p = MakePush(rng, 0);
+  const embedding::RequestId id = c->NextRequestId();
+  {
+    // Shard 0's part alone, straight to shard 0.
+    v1::BatchPushRequest request;
+    request.set_step(1);
+    request.set_shard_map_version(1);
+    request.mutable_request_id()->set_client_id(id.client_id);
+    request.mutable_request_id()->set_sequence(id.sequence);
+    for (const auto& [name, ids, grads, seed] :
+         {std::tuple{"a", &p.a, &p.ga, 11}, std::tuple{"b", &p.b, &p.gb, 12}}) {
+      std::vector<int64_t> mine;
+      std::vector<float> g;
+      v1::TableConfig config = Table(name, v1::SGD, seed);
+      for (size_t j = 0; j < ids->size(); ++j) {
+        if (embedding::ShardOfRow(config, (*ids)[j], 2) != 0) continue;
+        mine.push_back((*ids)[j]);
+        g.insert(g.end(), grads->begin() + j * kDim, grads->begin() + (j + 1) * kDim);
+      }
+      v1::TableGradients* t = request.add_tables();
+      t->set_table(name);
+      t->set_ids(mine.data(), mine.size() * sizeof(int64_t));
+      t->set_gradients(g.data(), g.size() * sizeof(float));
+    }
+    auto stub = v1::EmbeddingShard::NewStub(testing::LocalChannel(shards_[0].port));
+    grpc::ClientContext ctx;
+    v1::BatchPushResponse response;
+    ASSERT_TRUE(stub->BatchPush(&ctx, request, &response).ok());
+  }
+  v1::ReshardClusterResponse r;
+  ASSERT_TRUE(Reshard({0, 1, 2}, &r).ok());
+  EXPECT_GT(r.pushes_kept(), 0);
+  const std::vector<embedding::TableGradients> parts = {{"a", p.a, p.ga}, {"b", p.b, p.gb}};
+  embedding::PushOptions options;
+  options.request_id = id;
+  ASSERT_TRUE(c->PushBatch(parts, 1, options).ok());
+  ASSERT_TRUE(reference_->PushBatch(parts, 1).ok());
+  ExpectRowsPlacedAndEqualTheReference({"a", "b"}, {0, 1, 2});
+  // Once more with the same id: nothing changes.
+  ASSERT_TRUE(c->PushBatch(parts, 1, options).ok());
+  ExpectRowsPlacedAndEqualTheReference({"a", "b"}, {0, 1, 2});
+}
+
+// A reshard that fails before it publishes changes nothing (the frozen shards go on);
+// one that fails after it publishes is finished by repeating it.
+TEST_F(ReshardTest, AFailedReshardIsAbortedOrFinishedByRepeatingIt) {
+  auto c = Connect(client::ClientOptions::Mode::kSmart);
+  CreateBoth(*c, Table("a", v1::SGD, 11));
+  std::mt19937_64 rng(5);
+  const Push p = MakePush(rng, 0);
+  ASSERT_TRUE(c->PushGradients("a", p.a, p.ga, 1).ok());
+  ASSERT_TRUE(reference_->PushGradients("a", p.a, p.ga, 1).ok());
+  // Shard 0 freezes and loses its answer: the reshard is aborted, shard 0 included.
+  shards_[0].loser->LoseAnswers(1);
+  v1::ReshardClusterResponse r;
+  grpc::Status s = Reshard({0, 1, 2}, &r);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.error_message().find("aborted"), std::string::npos) << s.error_message();
+  ASSERT_TRUE(c->PushGradients("a", p.a, p.ga, 2).ok()) << "the old map serves on";
+  ASSERT_TRUE(reference_->PushGradients("a", p.a, p.ga, 2).ok());
+
+  // Shard 1 holds a table the coordinator does not know, with a fixed vocabulary: it cannot
+  // commit, after the new map is published.
+  v1::TableConfig fixed = Table("local", v1::SGD, 3);
+  fixed.set_vocabulary_size(100);
+  fixed.set_durability(v1::CHECKPOINT);
+  ASSERT_TRUE(shards_[1].tables->CreateTable(fixed).ok());
+  s = Reshard({0, 1, 2}, &r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_NE(s.error_message().find("repeat the same reshard"), std::string::npos)
+      << s.error_message();
+  ASSERT_TRUE(shards_[1].tables->DropTable("local").ok());
+  s = Reshard({0, 1, 2}, &r);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(r.version(), 2u);
+  ASSERT_TRUE(c->PushGradients("a", p.a, p.ga, 3).ok());
+  ASSERT_TRUE(reference_->PushGradients("a", p.a, p.ga, 3).ok());
+  ExpectRowsPlacedAndEqualTheReference({"a"}, {0, 1, 2});
+
+  // Tables that cannot move live are named before anything is frozen.
+  v1::TableConfig budget = Table("capped", v1::SGD, 4);
+  budget.set_max_rows(1000);
+  ASSERT_TRUE(c->CreateTable(budget).ok());
+  s = Reshard({0, 1}, &r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("'capped'"), std::string::npos) << s.error_message();
+  s = Reshard({0, 0}, &r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+}  // namespace
+}  // namespace tessera
