@@ -420,3 +420,69 @@ TEST(InProcessCollection, ListsTablesSortedByName) {
 
 }  // namespace
 }  // namespace tessera::embedding
+
+namespace tessera::embedding {
+namespace {
+
+// A cluster shard's collection moving to another place (a live reshard): the rows it no
+// longer owns go, the others stay as they were; a fixed vocabulary refuses (nothing lost).
+TEST(InProcessCollection, RepartitionKeepsOnlyTheRowsOfItsNewPlace) {
+  InProcessOptions o;
+  o.num_shards = 2;
+  o.cluster_shard_index = 0;
+  o.cluster_num_shards = 2;
+  auto c = NewInProcessCollection(o).value();
+  v1::TableConfig config;
+  config.set_name("t");
+  config.set_dim(4);
+  config.set_seed(21);
+  config.mutable_optimizer()->set_type(v1::ADAGRAD);
+  config.mutable_optimizer()->set_learning_rate(0.1f);
+  ASSERT_TRUE(c->CreateTable(config).ok());
+  std::vector<int64_t> mine;
+  for (int64_t id = 0; mine.size() < 3000; ++id) {
+    if (ShardOfRow(config, id * 977, 2) == 0) mine.push_back(id * 977);
+  }
+  std::vector<float> g(mine.size() * 4, 0.5f);
+  ASSERT_TRUE(c->PushGradients("t", mine, g, 3).ok());
+  std::vector<float> before(mine.size() * 4);
+  ASSERT_TRUE(c->Lookup("t", mine, absl::MakeSpan(before)).ok());
+
+  ASSERT_TRUE(c->Repartition(0, 3).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(c->Repartition(3, 3)));
+  int64_t kept = 0;
+  ASSERT_TRUE(c->ExportRows("t", {}, [&](const RowBlock& b) {
+                  for (int64_t id : b.ids) {
+                    EXPECT_EQ(ShardOfRow(config, id, 3), 0) << id;
+                    ++kept;
+                  }
+                  return absl::OkStatus();
+                }).ok());
+  int64_t staying = 0;
+  for (int64_t id : mine) staying += ShardOfRow(config, id, 3) == 0;
+  EXPECT_EQ(kept, staying);
+  EXPECT_GT(staying, 1500);  // jump hash: about 2/3 stay
+  EXPECT_LT(staying, static_cast<int64_t>(mine.size()));
+  EXPECT_EQ(c->Usage("t").value().rows, staying);
+  // The rows that stayed are as they were.
+  std::vector<float> after(mine.size() * 4);
+  LookupOptions read_only;
+  read_only.insert_missing = false;
+  ASSERT_TRUE(c->Lookup("t", mine, absl::MakeSpan(after), read_only).ok());
+  for (size_t i = 0; i < mine.size(); ++i) {
+    if (ShardOfRow(config, mine[i], 3) != 0) continue;
+    for (int d = 0; d < 4; ++d) EXPECT_EQ(after[i * 4 + d], before[i * 4 + d]);
+  }
+
+  v1::TableConfig fixed = config;
+  fixed.set_name("f");
+  fixed.set_vocabulary_size(1000);
+  ASSERT_TRUE(c->CreateTable(fixed).ok());
+  const absl::Status refused = c->Repartition(0, 2);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+  EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("'f'"));
+  EXPECT_EQ(c->Usage("t").value().rows, staying);
+}
+
+}  // namespace
+}  // namespace tessera::embedding

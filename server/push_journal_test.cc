@@ -1,8 +1,10 @@
 #include "server/push_journal.h"
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
+#include "embedding/embedding_table.h"
 #include "gtest/gtest.h"
 
 namespace tessera::server {
@@ -125,6 +127,81 @@ TEST(PushJournal, ClearForgetsAppliedIds) {
   journal.Clear();
   ASSERT_TRUE(journal.Run({1, 1}, 1, apply).ok());
   EXPECT_EQ(applied, 2);
+}
+
+}  // namespace
+}  // namespace tessera::server
+
+namespace tessera::server {
+namespace {
+
+TEST(PushJournal, ListsTheAppliedPushesWithThePartsOfAnUnfinishedOne) {
+  PushJournal journal;
+  auto two = [](std::vector<int64_t>* done) {
+    done->assign({1, 2});
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE(journal.Run({5, 1}, 2, two).ok());
+  // The second part fails: the first stays applied, named.
+  auto half = [](std::vector<int64_t>* done) {
+    done->push_back(1);
+    return absl::ResourceExhaustedError("full");
+  };
+  auto table_of = [](size_t i) { return std::string(i == 0 ? "a" : "b"); };
+  EXPECT_FALSE(journal.Run({5, 2}, 2, half, table_of).ok());
+  // Refused whole: nothing applied, not listed.
+  EXPECT_FALSE(
+      journal.Run({5, 3}, 1, [](std::vector<int64_t>*) { return absl::InternalError("no"); }).ok());
+  std::vector<PushJournal::Applied> applied = journal.AppliedPushes();
+  ASSERT_EQ(applied.size(), 2u);
+  std::sort(applied.begin(), applied.end(),
+            [](const auto& x, const auto& y) { return x.id.sequence < y.id.sequence; });
+  EXPECT_TRUE(applied[0].complete);
+  EXPECT_TRUE(applied[0].tables.empty());
+  EXPECT_FALSE(applied[1].complete);
+  EXPECT_EQ(applied[1].tables, std::vector<std::string>{"a"});
+}
+
+v1::AppliedPush Moved(uint64_t client, uint64_t sequence, int owner, int shards,
+                      std::vector<std::string> tables = {}) {
+  v1::AppliedPush p;
+  p.mutable_request_id()->set_client_id(client);
+  p.mutable_request_id()->set_sequence(sequence);
+  p.set_owner(owner);
+  p.set_num_shards(shards);
+  for (const auto& t : tables) p.add_tables(t);
+  return p;
+}
+
+TEST(MovedPushes, FindsAPushByIdAndItsRowsByTheOldOwner) {
+  MovedPushes moved(/*capacity=*/2);
+  google::protobuf::RepeatedPtrField<v1::AppliedPush> add;
+  *add.Add() = Moved(1, 1, 0, 2);
+  *add.Add() = Moved(1, 1, 0, 2);  // a repeated COMMIT adds nothing
+  *add.Add() = Moved(1, 2, 1, 2, {"b"});
+  moved.Add(add);
+  EXPECT_EQ(moved.Of({1, 1}).size(), 1u);
+  EXPECT_TRUE(moved.Of({1, 3}).empty());
+  v1::TableConfig a;
+  a.set_name("a");
+  a.set_seed(9);
+  v1::TableConfig b = a;
+  b.set_name("b");
+  for (int64_t id = 0; id < 200; ++id) {
+    const bool old_owner_0 = embedding::ShardOfRow(a, id, 2) == 0;
+    EXPECT_EQ(AppliedTo(moved.Of({1, 1})[0], a, id), old_owner_0);
+    // Only its table b was applied.
+    EXPECT_FALSE(AppliedTo(moved.Of({1, 2})[0], a, id));
+    EXPECT_EQ(AppliedTo(moved.Of({1, 2})[0], b, id), !old_owner_0);
+  }
+  // Past its capacity the oldest goes.
+  google::protobuf::RepeatedPtrField<v1::AppliedPush> more;
+  *more.Add() = Moved(2, 1, 0, 3);
+  moved.Add(more);
+  EXPECT_TRUE(moved.Of({1, 1}).empty());
+  EXPECT_EQ(moved.All().size(), 2u);
+  moved.Clear();
+  EXPECT_TRUE(moved.empty());
 }
 
 }  // namespace

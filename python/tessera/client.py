@@ -595,13 +595,18 @@ class Client:
                 delay = min(delay * 2, _MAX_BACKOFF)
 
     def _with_map_refresh(self, call):
-        try:
-            return call()
-        except TesseraError as error:
-            if error.code != grpc.StatusCode.FAILED_PRECONDITION:
-                raise
-            self.refresh_shard_map()
-            return call()
+        # A stale map: refresh and retry, again while the map keeps changing (the shards of
+        # a reshard take the new map's requests once they commit to it).
+        for attempt in range(5):
+            try:
+                return call()
+            except TesseraError as error:
+                if error.code != grpc.StatusCode.FAILED_PRECONDITION or attempt == 4:
+                    raise
+                was = self._version
+                self.refresh_shard_map()
+                if attempt > 0 and self._version == was:
+                    raise
 
     def _restarted(self, shard: int, call) -> bool:
         """Records the incarnation a shard's answer (or refusal) carries; True when it
