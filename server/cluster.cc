@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -378,11 +379,11 @@ absl::StatusOr<ReshardOutcome> Cluster::Reshard(const std::vector<std::string>& 
         "reshard: the shards must be distinct host:port addresses, got ", absl::StrJoin(shards, ",")));
   }
   absl::MutexLock create(&create_mu_);
-  absl::MutexLock barrier(&barrier_mu_);
   ReshardOutcome out;
   if (shards == live()->addresses()) {
     // The map served now: finish a reshard whose old shards did not all commit.
     if (unfinished_ != nullptr) {
+      absl::MutexLock barrier(&barrier_mu_);
       TESSERA_RETURN_IF_ERROR(CommitOldShards(*unfinished_));
       unfinished_.reset();
     }
@@ -410,6 +411,10 @@ absl::StatusOr<ReshardOutcome> Cluster::Reshard(const std::vector<std::string>& 
   auto next = std::make_unique<client::ShardRouter>(shards, options);
   auto u = std::make_unique<UnfinishedReshard>();
   TESSERA_RETURN_IF_ERROR(PrepareReshard(next.get(), u.get(), &out));
+  // From the freeze on, pushes routed here wait at the barrier (the old shards hold back
+  // those of smart clients), then go to the new map.
+  absl::MutexLock barrier(&barrier_mu_);
+  TESSERA_RETURN_IF_ERROR(FreezeAndCatchUp(next.get(), u.get(), &out));
   // Published: clients that refresh their map (and this coordinator) use the new one.
   // Requests they send the old shards wait there until those commit.
   client::ShardRouter* old = live();
@@ -431,10 +436,16 @@ absl::StatusOr<ReshardOutcome> Cluster::Reshard(const std::vector<std::string>& 
     return s;
   }
   out.version = version;
-  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::fprintf(stderr, "tessera: resharded to %zu shards (map version %llu): %lld rows moved in %.1f s\n",
+  const auto end = std::chrono::steady_clock::now();
+  out.seconds = std::chrono::duration<double>(end - start).count();
+  out.frozen_seconds = std::chrono::duration<double>(end - out.frozen_at).count();
+  std::fprintf(stderr,
+               "tessera: resharded to %zu shards (map version %llu): %lld rows moved in %.1f s, "
+               "%lld then %lld copied again (the second while pushes waited %.2f s)\n",
                shards.size(), static_cast<unsigned long long>(version),
-               static_cast<long long>(out.rows_moved), out.seconds);
+               static_cast<long long>(out.rows_moved), out.seconds,
+               static_cast<long long>(out.rows_caught_up),
+               static_cast<long long>(out.rows_copied_again), out.frozen_seconds);
   return out;
 }
 
@@ -462,40 +473,56 @@ absl::Status Cluster::PrepareReshard(client::ShardRouter* next, UnfinishedReshar
     auto it = std::find(to.begin(), to.end(), a);
     u->new_index.push_back(it == to.end() ? -1 : static_cast<int32_t>(it - to.begin()));
   }
-  v1::ReshardRequest freeze = u->commit;
-  freeze.set_phase(v1::ReshardRequest::FREEZE);
+  // The copy, while the old shards serve on (noting the steps of the pushes they apply).
+  v1::ReshardRequest phase = u->commit;
+  phase.set_phase(v1::ReshardRequest::COPY);
   for (int j = 0; j < old->num_shards(); ++j) {
-    freeze.set_shard_index(u->new_index[j]);
-    absl::StatusOr<v1::ReshardResponse> r = old->ReshardOn(j, freeze);
+    phase.set_shard_index(u->new_index[j]);
+    if (absl::Status s = old->ReshardOn(j, phase).status(); !s.ok()) {
+      AbortReshard(*u, j + 1);
+      return Annotate(s, "reshard aborted: a shard could not start the copy");
+    }
+  }
+  TESSERA_RETURN_IF_ERROR(MoveRows(next, configs, *u, std::vector<int64_t>(old->num_shards(), -1),
+                                   &out->rows_moved));
+  // One catch-up round, still serving: the rows updated during the copy. (Those updated
+  // during this round are copied again while frozen.)
+  std::vector<int64_t> since(old->num_shards(), -1);
+  for (int j = 0; j < old->num_shards(); ++j) {
+    phase.set_shard_index(u->new_index[j]);
+    absl::StatusOr<v1::ReshardResponse> r = old->ReshardOn(j, phase);
     if (!r.ok()) {
-      AbortReshard(*u, j + 1);  // shard j too: it may have frozen and lost its answer
+      AbortReshard(*u, old->num_shards());
+      return Annotate(r.status(), "reshard aborted: a shard could not start the catch-up");
+    }
+    since[j] = r->changed_since_step();
+  }
+  return MoveRows(next, configs, *u, since, &out->rows_caught_up);
+}
+
+absl::Status Cluster::FreezeAndCatchUp(client::ShardRouter* next, UnfinishedReshard* u,
+                                       ReshardOutcome* out) {
+  client::ShardRouter* old = u->old;
+  const std::vector<std::string>& to = next->addresses();
+  const int m = next->num_shards();
+  const std::vector<v1::TableConfig> configs = Tables();
+  std::vector<int64_t> since(old->num_shards(), -1);
+  v1::ReshardRequest phase = u->commit;
+  // Frozen: the pushes applied since the copy began re-copy the rows they changed.
+  out->frozen_at = std::chrono::steady_clock::now();
+  phase.set_phase(v1::ReshardRequest::FREEZE);
+  for (int j = 0; j < old->num_shards(); ++j) {
+    phase.set_shard_index(u->new_index[j]);
+    absl::StatusOr<v1::ReshardResponse> r = old->ReshardOn(j, phase);
+    if (!r.ok()) {
+      AbortReshard(*u, old->num_shards());  // shard j too: it may have frozen and lost its answer
       return Annotate(r.status(), "reshard aborted: a shard could not freeze");
     }
     for (const v1::AppliedPush& p : r->applied()) *u->commit.add_applied() = p;
+    since[j] = r->changed_since_step();
   }
   out->pushes_kept = u->commit.applied_size();
-  // The rows that change owner, from each old shard to their new one.
-  for (int j = 0; j < old->num_shards(); ++j) {
-    for (const v1::TableConfig& config : configs) {
-      v1::ExportRowsRequest request;
-      request.set_table(config.name());
-      request.set_since_step(-1);
-      request.set_with_state(true);
-      request.mutable_moving()->set_num_shards(m);
-      request.mutable_moving()->set_keep_index(u->new_index[j]);
-      absl::Status s = old->ExportFrom(j, request, [&](const v1::RowChunk& chunk) -> absl::Status {
-        TESSERA_ASSIGN_OR_RETURN(embedding::RowBlock rows, wire::FromChunk(chunk));
-        TESSERA_RETURN_IF_ERROR(next->ImportRows(config, rows));
-        out->rows_moved += static_cast<int64_t>(rows.size());
-        return absl::OkStatus();
-      });
-      if (!s.ok()) {
-        AbortReshard(*u, old->num_shards());
-        return Annotate(s, absl::StrCat("reshard aborted: rows of table '", config.name(),
-                                        "' did not move"));
-      }
-    }
-  }
+  TESSERA_RETURN_IF_ERROR(MoveRows(next, configs, *u, since, &out->rows_copied_again));
   // Shards only in the new map learn the applied pushes before any request reaches them.
   for (int k = 0; k < m; ++k) {
     if (std::find(old->addresses().begin(), old->addresses().end(), to[k]) !=
@@ -507,6 +534,49 @@ absl::Status Cluster::PrepareReshard(client::ShardRouter* next, UnfinishedReshar
     if (absl::Status s = next->ReshardOn(k, commit).status(); !s.ok()) {
       AbortReshard(*u, old->num_shards());
       return Annotate(s, "reshard aborted: a new shard did not take the applied pushes");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::MoveRows(client::ShardRouter* next, const std::vector<v1::TableConfig>& configs,
+                               const UnfinishedReshard& u, const std::vector<int64_t>& since,
+                               int64_t* moved) {
+  client::ShardRouter* old = u.old;
+  // Every old shard's rows at once (each one scans its tables).
+  std::vector<absl::Status> status(old->num_shards());
+  std::vector<int64_t> rows(old->num_shards(), 0);
+  auto move = [&](int j) {
+    for (const v1::TableConfig& config : configs) {
+      v1::ExportRowsRequest request;
+      request.set_table(config.name());
+      request.set_since_step(since[j]);
+      request.set_with_state(true);
+      request.mutable_moving()->set_num_shards(next->num_shards());
+      request.mutable_moving()->set_keep_index(u.new_index[j]);
+      status[j] = old->ExportFrom(j, request, [&](const v1::RowChunk& chunk) -> absl::Status {
+        TESSERA_ASSIGN_OR_RETURN(embedding::RowBlock block, wire::FromChunk(chunk));
+        TESSERA_RETURN_IF_ERROR(next->ImportRows(config, block));
+        rows[j] += static_cast<int64_t>(block.size());
+        return absl::OkStatus();
+      });
+      if (!status[j].ok()) {
+        status[j] = Annotate(status[j], absl::StrCat("reshard aborted: rows of table '",
+                                                     config.name(), "' did not move"));
+        return;
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int j = 0; j < old->num_shards(); ++j) {
+    if (since[j] != INT64_MAX) threads.emplace_back(move, j);  // INT64_MAX: nothing changed
+  }
+  for (std::thread& t : threads) t.join();
+  for (int j = 0; j < old->num_shards(); ++j) {
+    *moved += rows[j];
+    if (!status[j].ok()) {
+      AbortReshard(u, old->num_shards());
+      return status[j];
     }
   }
   return absl::OkStatus();

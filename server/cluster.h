@@ -2,6 +2,7 @@
 #define TESSERA_SERVER_CLUSTER_H_
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <cstdint>
 #include <map>
@@ -26,7 +27,11 @@ struct ReshardOutcome {
   uint64_t version = 0;    // of the map served now
   int64_t rows_moved = 0;
   int64_t pushes_kept = 0;  // applied pushes handed to the new map's shards
+  int64_t rows_caught_up = 0;     // updated during the copy, sent again while serving
+  int64_t rows_copied_again = 0;  // updated during the catch-up, sent again while frozen
   double seconds = 0;
+  double frozen_seconds = 0;  // pushes held back (freeze to commit)
+  std::chrono::steady_clock::time_point frozen_at;
 };
 
 // What a restore did to the registry's tables (of its model, or of every model).
@@ -162,11 +167,20 @@ class Cluster {
   };
   // Commits every old shard of `u` (idempotent); FailedPrecondition naming those that fail.
   absl::Status CommitOldShards(const UnfinishedReshard& u);
-  // Freezes the old shards, moves their rows into `next` and hands the new shards the
-  // applied pushes; aborts the frozen shards on failure. Fills *u and *out.
+  // The reshard's first half, while the old map serves on: every table on every new shard,
+  // the old shards told to COPY, and the rows that change owner copied into `next`. Then,
+  // at the barrier: the old shards frozen, the rows updated since copied again, and the
+  // new shards handed the applied pushes. Abort the old shards on failure; fill *u, *out.
   absl::Status PrepareReshard(client::ShardRouter* next, UnfinishedReshard* u,
-                              ReshardOutcome* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(barrier_mu_);
+                              ReshardOutcome* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(create_mu_);
+  absl::Status FreezeAndCatchUp(client::ShardRouter* next, UnfinishedReshard* u,
+                                ReshardOutcome* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(barrier_mu_);
   void AbortReshard(const UnfinishedReshard& u, int frozen);
+  // Copies into `next` the rows of every table that leave each old shard j (updated at or
+  // after step since[j]; INT64_MAX: none), adding them to *moved; aborts on failure.
+  absl::Status MoveRows(client::ShardRouter* next, const std::vector<v1::TableConfig>& configs,
+                        const UnfinishedReshard& u, const std::vector<int64_t>& since,
+                        int64_t* moved);
 
   std::atomic<client::ShardRouter*> router_;
   std::vector<std::unique_ptr<client::ShardRouter>> routers_ ABSL_GUARDED_BY(create_mu_);

@@ -118,6 +118,9 @@ grpc::Status CoordinatorService::Reshard(grpc::ServerContext* context,
     response->set_rows_moved(out.rows_moved);
     response->set_seconds(out.seconds);
     response->set_pushes_kept(out.pushes_kept);
+    response->set_rows_copied_again(out.rows_copied_again);
+    response->set_rows_caught_up(out.rows_caught_up);
+    response->set_frozen_seconds(out.frozen_seconds);
     return absl::OkStatus();
   });
 }

@@ -28,13 +28,16 @@ namespace tessera::server {
 class ShardService::Admitted {
  public:
   Admitted(ShardService* service, Traffic traffic) : service_(service), traffic_(traffic) {}
-  ~Admitted() { service_->Leave(traffic_); }
+  ~Admitted() { service_->Leave(traffic_, step_); }
   Admitted(const Admitted&) = delete;
   Admitted& operator=(const Admitted&) = delete;
+  // A push that applied at `step` (noted as it leaves, after its rows changed).
+  void set_step(int64_t step) { step_ = step; }
 
  private:
   ShardService* service_;
   Traffic traffic_;
+  int64_t step_ = INT64_MAX;
 };
 
 
@@ -217,7 +220,7 @@ grpc::Status ShardService::ImportRows(grpc::ServerContext* context,
     int32_t shards = -1;
     {
       absl::MutexLock lock(&gate_mu_);
-      if (frozen_ && version != 0 && version == pending_version_) {
+      if (pending_version_ != 0 && version != 0 && version == pending_version_) {
         if (pending_index_ < 0) {
           return absl::FailedPreconditionError(absl::StrCat(
               "shard ", index_.load(), " leaves the map at version ", version, ": it takes no rows"));
@@ -552,6 +555,7 @@ grpc::Status ShardService::PushGradients(grpc::ServerContext* context,
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
     TESSERA_RETURN_IF_ERROR(Enter(Traffic::kPush, request->shard_map_version(), *context));
     Admitted admitted(this, Traffic::kPush);
+    admitted.set_step(request->step());  // noted as it leaves, applied or not
     std::shared_ptr<TableCounters> counters;
     TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(request->table(), &counters));
     TESSERA_RETURN_IF_ERROR(CheckBatch(absl::StrCat("table '", request->table(), "'"),
@@ -581,6 +585,7 @@ grpc::Status ShardService::BatchPush(grpc::ServerContext* context,
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
     TESSERA_RETURN_IF_ERROR(Enter(Traffic::kPush, request->shard_map_version(), *context));
     Admitted admitted(this, Traffic::kPush);
+    admitted.set_step(request->step());  // noted as it leaves, applied or not
     thread_local DecodedBatch batch;
     TESSERA_RETURN_IF_ERROR(PrepareBatchPush(*request, Configs(), &batch));
     TESSERA_RETURN_IF_ERROR(
@@ -710,9 +715,12 @@ absl::Status ShardService::Enter(Traffic traffic, uint64_t version,
   return absl::OkStatus();
 }
 
-void ShardService::Leave(Traffic traffic) {
+void ShardService::Leave(Traffic traffic, int64_t step) {
   absl::MutexLock lock(&gate_mu_);
   --(traffic == Traffic::kPush ? pushes_in_flight_ : reads_in_flight_);
+  // Under the gate's lock: a push that left before COPY took it had changed its rows
+  // before the copy began, one that leaves after is noted.
+  if (tracking_) changed_since_ = std::min(changed_since_, step);
   if (pushes_in_flight_ == 0 || reads_in_flight_ == 0) gate_cv_.SignalAll();
 }
 
@@ -727,6 +735,9 @@ grpc::Status ShardService::Reshard(grpc::ServerContext* context, const v1::Resha
           " is not a place in a shard map"));
     }
     switch (request->phase()) {
+      case v1::ReshardRequest::COPY:
+        TESSERA_RETURN_IF_ERROR(Copy(*request, response));
+        break;
       case v1::ReshardRequest::FREEZE:
         TESSERA_RETURN_IF_ERROR(Freeze(*request, response));
         break;
@@ -735,29 +746,52 @@ grpc::Status ShardService::Reshard(grpc::ServerContext* context, const v1::Resha
         break;
       case v1::ReshardRequest::ABORT: {
         absl::MutexLock lock(&gate_mu_);
-        if (frozen_ && !committing_ && pending_version_ == request->version()) {
+        if (!committing_ && pending_version_ == request->version()) {
           frozen_ = false;
+          tracking_ = false;
+          pending_version_ = 0;
           gate_cv_.SignalAll();
         }
         break;
       }
       default:
-        return absl::InvalidArgumentError("reshard: phase must be FREEZE, COMMIT or ABORT");
+        return absl::InvalidArgumentError("reshard: phase must be COPY, FREEZE, COMMIT or ABORT");
     }
     response->set_version(version_.load());
     return absl::OkStatus();
   });
 }
 
+absl::Status ShardService::Copy(const v1::ReshardRequest& request,
+                                v1::ReshardResponse* response) {
+  response->set_changed_since_step(INT64_MAX);
+  if (version_.load() >= request.version()) return absl::OkStatus();  // committed already
+  absl::MutexLock lock(&gate_mu_);
+  if (pending_version_ != 0 && pending_version_ != request.version()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", index_.load(), " is moving to shard map version ", pending_version_, ", not ",
+        request.version(), "; finish or abort that reshard first"));
+  }
+  // A COPY after the first starts another round: what changed in the last one.
+  response->set_changed_since_step(tracking_ ? changed_since_ : -1);
+  tracking_ = true;
+  changed_since_ = INT64_MAX;
+  pending_version_ = request.version();
+  pending_index_ = request.shard_index();
+  pending_shards_ = request.num_shards();
+  return absl::OkStatus();
+}
+
 absl::Status ShardService::Freeze(const v1::ReshardRequest& request,
                                   v1::ReshardResponse* response) {
   const uint64_t serving = version_.load();
+  response->set_changed_since_step(-1);
   if (serving < request.version()) {
     absl::MutexLock lock(&gate_mu_);
-    if (frozen_ && pending_version_ != request.version()) {
+    if (pending_version_ != 0 && pending_version_ != request.version()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", index_.load(), " is frozen for a reshard to version ", pending_version_,
-          ", not ", request.version(), "; finish or abort that one first"));
+          "shard ", index_.load(), " is moving to shard map version ", pending_version_,
+          ", not ", request.version(), "; finish or abort that reshard first"));
     }
     frozen_ = true;
     pending_version_ = request.version();
@@ -766,6 +800,7 @@ absl::Status ShardService::Freeze(const v1::ReshardRequest& request,
     // Pushes in flight finish under the map they were checked against.
     gate_mu_.Await(absl::Condition(
         +[](int64_t* n) { return *n == 0; }, &pushes_in_flight_));
+    if (tracking_) response->set_changed_since_step(changed_since_);
     // Its own pushes, under its place in the map it serves.
     for (const PushJournal::Applied& a : journal_.AppliedPushes()) {
       v1::AppliedPush* p = response->add_applied();
@@ -824,6 +859,8 @@ absl::Status ShardService::Commit(const v1::ReshardRequest& request) {
   journal_.Clear();
   committing_ = false;
   frozen_ = false;
+  tracking_ = false;
+  pending_version_ = 0;
   gate_cv_.SignalAll();
   return absl::OkStatus();
 }

@@ -94,9 +94,11 @@ class ShardService final : public v1::EmbeddingShard::Service {
   // request waits. A shard no longer in the map refuses all (FAILED_PRECONDITION). The
   // request counts as in flight until Leave.
   absl::Status Enter(Traffic traffic, uint64_t version, const grpc::ServerContext& context);
-  void Leave(Traffic traffic);
+  // `step`: of a push that applied (a reshard's COPY notes the smallest).
+  void Leave(Traffic traffic, int64_t step);
   class Admitted;
-  // FREEZE, COMMIT and ABORT (ReshardRequest).
+  // COPY, FREEZE, COMMIT and ABORT (ReshardRequest).
+  absl::Status Copy(const v1::ReshardRequest& request, v1::ReshardResponse* response);
   absl::Status Freeze(const v1::ReshardRequest& request, v1::ReshardResponse* response);
   absl::Status Commit(const v1::ReshardRequest& request);
   // The id a push is journaled (and recorded) under: `id` mixed with the map version, so
@@ -172,7 +174,9 @@ class ShardService final : public v1::EmbeddingShard::Service {
   bool frozen_ ABSL_GUARDED_BY(gate_mu_) = false;      // FREEZE until COMMIT or ABORT
   bool committing_ ABSL_GUARDED_BY(gate_mu_) = false;  // every request waits
   bool left_ ABSL_GUARDED_BY(gate_mu_) = false;        // not in the map any more
-  uint64_t pending_version_ ABSL_GUARDED_BY(gate_mu_) = 0;
+  uint64_t pending_version_ ABSL_GUARDED_BY(gate_mu_) = 0;  // COPY or FREEZE until COMMIT/ABORT
+  bool tracking_ ABSL_GUARDED_BY(gate_mu_) = false;          // since COPY
+  int64_t changed_since_ ABSL_GUARDED_BY(gate_mu_) = INT64_MAX;
   int32_t pending_index_ ABSL_GUARDED_BY(gate_mu_) = 0;
   int32_t pending_shards_ ABSL_GUARDED_BY(gate_mu_) = 1;
   StepAggregator steps_;  // synchronous pushes of data-parallel workers

@@ -532,10 +532,13 @@ int Reshard(Coordinator::Stub& stub) {
   tessera::v1::ReshardClusterResponse resp;
   grpc::Status s = stub.Reshard(ctx.get(), req, &resp);
   if (!s.ok()) return Fail("reshard", s);
-  std::printf("resharded: %zu shards, shard map version %llu; %lld rows moved in %.1f s, %lld "
-              "applied pushes handed over\n",
+  std::printf("resharded: %zu shards, shard map version %llu; %lld rows moved in %.1f s (rows "
+              "updated meanwhile copied again: %lld while serving, %lld while pushes waited "
+              "%.2f s), %lld applied pushes handed over\n",
               shards.size(), static_cast<unsigned long long>(resp.version()),
               static_cast<long long>(resp.rows_moved()), resp.seconds(),
+              static_cast<long long>(resp.rows_caught_up()),
+              static_cast<long long>(resp.rows_copied_again()), resp.frozen_seconds(),
               static_cast<long long>(resp.pushes_kept()));
   return 0;
 }
