@@ -827,7 +827,15 @@ absl::Status ShardService::Freeze(const v1::ReshardRequest& request,
 
 absl::Status ShardService::Commit(const v1::ReshardRequest& request) {
   moved_.Add(request.applied());
-  if (version_.load() >= request.version()) return absl::OkStatus();  // done, or a new shard
+  const uint64_t serving = version_.load();
+  if (serving == request.version() && index_.load() == request.shard_index() &&
+      num_shards_.load() == request.num_shards()) {
+    // A shard only in the new map (started on it): the rows copied here are written like
+    // those of a shard that commits (a CHECKPOINT table's would wait for a checkpoint).
+    return Annotate(tables_->Repartition(request.shard_index(), request.num_shards()),
+                    absl::StrCat("shard ", index_.load(), ": the rows moved here"));
+  }
+  if (serving >= request.version()) return absl::OkStatus();  // committed already
   absl::MutexLock lock(&gate_mu_);
   if (!frozen_ || pending_version_ != request.version() ||
       pending_index_ != request.shard_index() || pending_shards_ != request.num_shards()) {

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "client/embedding_client.h"
 #include "embedding/embedding_table.h"
 #include "embedding/sharding.h"
@@ -37,13 +38,14 @@ std::string TempDir() {
 // A shard server on a data directory that can be killed and restarted on the same port.
 class DurableShard {
  public:
-  DurableShard(int index, int shards, std::string data_dir)
-      : index_(index), shards_(shards), data_dir_(std::move(data_dir)) {}
+  DurableShard(int index, int shards, std::string data_dir, uint64_t map_version = 1)
+      : index_(index), shards_(shards), data_dir_(std::move(data_dir)), version_(map_version) {}
 
   bool Start() {
     std::vector<std::string> args = {absl::StrCat("--shard_index=", index_),
                                      absl::StrCat("--num_shards=", shards_),
-                                     absl::StrCat("--data_dir=", data_dir_)};
+                                     absl::StrCat("--data_dir=", data_dir_),
+                                     absl::StrCat("--shard_map_version=", version_)};
     if (!address_.empty()) args.push_back("--port=" + address_.substr(address_.rfind(':') + 1));
     process_ = std::make_unique<ServerProcess>(TESSERA_SHARD_BIN, args);
     if (process_->address().empty()) return false;
@@ -56,6 +58,7 @@ class DurableShard {
  private:
   const int index_, shards_;
   const std::string data_dir_;
+  const uint64_t version_;
   std::string address_;
   std::unique_ptr<ServerProcess> process_;
 };
@@ -406,6 +409,100 @@ TEST(FaultTest, ServersRefuseDataDirectoriesTheyCannotUse) {
   ServerProcess stale(TESSERA_SHARD_BIN, {"--shard_index=0", "--num_shards=2",
                                           "--shard_map_version=2", "--data_dir=" + root + "/shard"});
   EXPECT_TRUE(stale.address().empty());
+  fs::remove_all(root);
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// A cluster resharded from 2 to 3 durable shards: each data directory records its new
+// place, shards and coordinator restarted on the old map are refused (naming the new one),
+// restarted on the new map they serve the same rows; back to 2, the shard that left says so.
+TEST(FaultTest, AReshardedClusterRestartsOnItsNewMap) {
+  const std::string root = TempDir();
+  std::vector<std::unique_ptr<DurableShard>> shards;
+  for (int k = 0; k < 2; ++k) {
+    shards.push_back(std::make_unique<DurableShard>(k, 2, absl::StrCat(root, "/s", k)));
+    ASSERT_TRUE(shards[k]->Start());
+  }
+  auto third = std::make_unique<DurableShard>(2, 3, root + "/s2", 2);
+  ASSERT_TRUE(third->Start());
+  const std::string two = shards[0]->address() + "," + shards[1]->address();
+  const std::string three = two + "," + third->address();
+  auto coordinator = std::make_unique<ServerProcess>(
+      TESSERA_COORDINATOR_BIN,
+      std::vector<std::string>{"--shards=" + two, "--data_dir=" + root + "/coordinator"});
+  ASSERT_TRUE(WaitHealthy(coordinator->address()));
+  const std::string port = coordinator->address().substr(coordinator->address().rfind(':') + 1);
+  client::ClientOptions o;
+  o.mode = client::ClientOptions::Mode::kSmart;
+  auto c = client::EmbeddingClient::Connect(coordinator->address(), o).value();
+  ASSERT_TRUE(c->CreateTable(Table("w", v1::WRITE_THROUGH)).ok());
+  ASSERT_TRUE(c->CreateTable(Table("k", v1::CHECKPOINT)).ok());
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < 3000; ++i) ids.push_back(i * 7919 + 1);
+  const std::vector<float> g(ids.size() * 8, 0.25f);
+  for (const char* t : {"w", "k"}) ASSERT_TRUE(c->PushGradients(t, ids, g, 1).ok());
+  std::map<std::string, std::vector<float>> before;
+  for (const char* t : {"w", "k"}) {
+    before[t].resize(ids.size() * 8);
+    ASSERT_TRUE(c->Lookup(t, ids, absl::MakeSpan(before[t]), {}).ok());
+  }
+
+  auto reshard = [&](const std::string& list) {
+    auto stub = v1::Coordinator::NewStub(
+        grpc::CreateChannel(coordinator->address(), grpc::InsecureChannelCredentials()));
+    v1::ReshardClusterRequest request;
+    for (absl::string_view a : absl::StrSplit(list, ',')) request.add_shards(std::string(a));
+    v1::ReshardClusterResponse response;
+    return stub->Reshard(Context(60000).get(), request, &response);
+  };
+  grpc::Status s = reshard(three);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(ReadAll(root + "/s0/SHARD"), "shard 0 of 3\nmap version 2\n");
+  EXPECT_EQ(ReadAll(root + "/s1/SHARD"), "shard 1 of 3\nmap version 2\n");
+
+  // Every server killed; started on the old map, each is refused.
+  coordinator.reset();
+  for (auto& shard : shards) shard->Kill();
+  third->Kill();
+  ServerProcess old_shard(TESSERA_SHARD_BIN, {"--shard_index=0", "--num_shards=2",
+                                              "--data_dir=" + root + "/s0"});
+  EXPECT_TRUE(old_shard.address().empty());
+  ServerProcess old_coordinator(TESSERA_COORDINATOR_BIN,
+                                {"--shards=" + two, "--data_dir=" + root + "/coordinator"});
+  EXPECT_TRUE(old_coordinator.address().empty());
+  // On the new map they serve the rows as they were (both durabilities: the reshard
+  // wrote every row a shard holds).
+  // On the ports the map names.
+  std::vector<std::unique_ptr<ServerProcess>> restarted;
+  const std::vector<std::string> addresses = absl::StrSplit(three, ',');
+  for (int k = 0; k < 3; ++k) {
+    restarted.push_back(std::make_unique<ServerProcess>(
+        TESSERA_SHARD_BIN,
+        std::vector<std::string>{absl::StrCat("--shard_index=", k), "--num_shards=3",
+                                 "--shard_map_version=2", absl::StrCat("--data_dir=", root, "/s", k),
+                                 "--port=" + addresses[k].substr(addresses[k].rfind(':') + 1)}));
+    ASSERT_TRUE(WaitHealthy(restarted[k]->address()));
+  }
+  coordinator = std::make_unique<ServerProcess>(
+      TESSERA_COORDINATOR_BIN,
+      std::vector<std::string>{"--shards=" + three, "--shard_map_version=2",
+                               "--data_dir=" + root + "/coordinator", "--port=" + port});
+  ASSERT_TRUE(WaitHealthy(coordinator->address()));
+  c = client::EmbeddingClient::Connect(coordinator->address(), o).value();
+  for (const char* t : {"w", "k"}) {
+    std::vector<float> after(ids.size() * 8);
+    ASSERT_TRUE(c->Lookup(t, ids, absl::MakeSpan(after), {}).ok());
+    EXPECT_EQ(after, before[t]) << "table " << t;
+  }
+  s = reshard(two);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(ReadAll(root + "/s2/SHARD"), "shard -1 of 2\nmap version 3\n");
+  coordinator.reset();
+  restarted.clear();
   fs::remove_all(root);
 }
 
