@@ -16,7 +16,7 @@ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=
 # The table's lock-free lookup stress test too, for tests/sanitized_stress_test.sh, and the
 # cluster suites of tests/sanitized_cluster_test.sh with the binaries they start.
 cmake --build build-fuzz -j"${JOBS:-2}" --target request_fuzzer embedding_table_stress_test \
-  train_e2e_test exactly_once_test shared_cluster_test
+  train_e2e_test exactly_once_test shared_cluster_test reshard_test
 [ "$SECONDS_TO_RUN" = build ] && exit 0
 mkdir -p build-fuzz/corpus build-fuzz/findings
 # -rss_limit_mb: the fixture's tables and a 512-id batch of dim 1024 fit well inside it.

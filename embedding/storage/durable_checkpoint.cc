@@ -76,8 +76,9 @@ absl::StatusOr<int64_t> DurableCollection::FlushDirtyRows(const std::string& mod
                                                            bool logged) {
   int64_t written = 0;
   std::vector<KvWrite> writes;
-  auto write = [&](absl::Span<const KvWrite> w) {
-    return logged ? store_->Write(w, /*sync=*/true) : store_->WriteUnlogged(w);
+  KvStore* store = store_.get();
+  auto write = [store, logged](absl::Span<const KvWrite> w) {
+    return logged ? store->Write(w, /*sync=*/true) : store->WriteUnlogged(w);
   };
   // Rows evicted since the last checkpoint join the durable rows first; rows in memory,
   // newer where both exist, are written after them.
