@@ -161,6 +161,9 @@ struct ExportOptions {
   int64_t since_step = -1;  // rows updated at or after this step; -1: every stored row
   bool with_state = false;  // include optimizer state (to resume training from an import)
   size_t chunk_rows = 1 << 16;  // rows per block handed to the sink
+  // Only the rows of these ids (those stored; a reshard's rows updated during its copy);
+  // empty: every row.
+  absl::Span<const int64_t> ids;
 };
 
 // A model is a namespace of tables: model "ads" owns the tables named "ads.<anything>", and

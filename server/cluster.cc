@@ -487,7 +487,7 @@ absl::Status Cluster::PrepareReshard(client::ShardRouter* next, UnfinishedReshar
                                    &out->rows_moved));
   // One catch-up round, still serving: the rows updated during the copy. (Those updated
   // during this round are copied again while frozen.)
-  std::vector<int64_t> since(old->num_shards(), -1);
+  std::vector<int64_t> changed(old->num_shards(), -1);
   for (int j = 0; j < old->num_shards(); ++j) {
     phase.set_shard_index(u->new_index[j]);
     absl::StatusOr<v1::ReshardResponse> r = old->ReshardOn(j, phase);
@@ -495,9 +495,9 @@ absl::Status Cluster::PrepareReshard(client::ShardRouter* next, UnfinishedReshar
       AbortReshard(*u, old->num_shards());
       return Annotate(r.status(), "reshard aborted: a shard could not start the catch-up");
     }
-    since[j] = r->changed_since_step();
+    changed[j] = r->changed_rows();
   }
-  return MoveRows(next, configs, *u, since, &out->rows_caught_up);
+  return MoveRows(next, configs, *u, changed, &out->rows_caught_up);
 }
 
 absl::Status Cluster::FreezeAndCatchUp(client::ShardRouter* next, UnfinishedReshard* u,
@@ -506,7 +506,7 @@ absl::Status Cluster::FreezeAndCatchUp(client::ShardRouter* next, UnfinishedResh
   const std::vector<std::string>& to = next->addresses();
   const int m = next->num_shards();
   const std::vector<v1::TableConfig> configs = Tables();
-  std::vector<int64_t> since(old->num_shards(), -1);
+  std::vector<int64_t> changed(old->num_shards(), -1);
   v1::ReshardRequest phase = u->commit;
   // Frozen: the pushes applied since the copy began re-copy the rows they changed.
   out->frozen_at = std::chrono::steady_clock::now();
@@ -519,10 +519,10 @@ absl::Status Cluster::FreezeAndCatchUp(client::ShardRouter* next, UnfinishedResh
       return Annotate(r.status(), "reshard aborted: a shard could not freeze");
     }
     for (const v1::AppliedPush& p : r->applied()) *u->commit.add_applied() = p;
-    since[j] = r->changed_since_step();
+    changed[j] = r->changed_rows();
   }
   out->pushes_kept = u->commit.applied_size();
-  TESSERA_RETURN_IF_ERROR(MoveRows(next, configs, *u, since, &out->rows_copied_again));
+  TESSERA_RETURN_IF_ERROR(MoveRows(next, configs, *u, changed, &out->rows_copied_again));
   // Shards only in the new map learn the applied pushes before any request reaches them.
   for (int k = 0; k < m; ++k) {
     if (std::find(old->addresses().begin(), old->addresses().end(), to[k]) !=
@@ -540,7 +540,7 @@ absl::Status Cluster::FreezeAndCatchUp(client::ShardRouter* next, UnfinishedResh
 }
 
 absl::Status Cluster::MoveRows(client::ShardRouter* next, const std::vector<v1::TableConfig>& configs,
-                               const UnfinishedReshard& u, const std::vector<int64_t>& since,
+                               const UnfinishedReshard& u, const std::vector<int64_t>& changed,
                                int64_t* moved) {
   client::ShardRouter* old = u.old;
   // Every old shard's rows at once (each one scans its tables).
@@ -550,10 +550,11 @@ absl::Status Cluster::MoveRows(client::ShardRouter* next, const std::vector<v1::
     for (const v1::TableConfig& config : configs) {
       v1::ExportRowsRequest request;
       request.set_table(config.name());
-      request.set_since_step(since[j]);
+      request.set_since_step(-1);
       request.set_with_state(true);
       request.mutable_moving()->set_num_shards(next->num_shards());
       request.mutable_moving()->set_keep_index(u.new_index[j]);
+      request.mutable_moving()->set_changed_only(changed[j] >= 0);
       status[j] = old->ExportFrom(j, request, [&](const v1::RowChunk& chunk) -> absl::Status {
         TESSERA_ASSIGN_OR_RETURN(embedding::RowBlock block, wire::FromChunk(chunk));
         TESSERA_RETURN_IF_ERROR(next->ImportRows(config, block));
@@ -569,7 +570,7 @@ absl::Status Cluster::MoveRows(client::ShardRouter* next, const std::vector<v1::
   };
   std::vector<std::thread> threads;
   for (int j = 0; j < old->num_shards(); ++j) {
-    if (since[j] != INT64_MAX) threads.emplace_back(move, j);  // INT64_MAX: nothing changed
+    if (changed[j] != 0) threads.emplace_back(move, j);  // 0: nothing changed there
   }
   for (std::thread& t : threads) t.join();
   for (int j = 0; j < old->num_shards(); ++j) {

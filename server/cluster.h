@@ -176,10 +176,11 @@ class Cluster {
   absl::Status FreezeAndCatchUp(client::ShardRouter* next, UnfinishedReshard* u,
                                 ReshardOutcome* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(barrier_mu_);
   void AbortReshard(const UnfinishedReshard& u, int frozen);
-  // Copies into `next` the rows of every table that leave each old shard j (updated at or
-  // after step since[j]; INT64_MAX: none), adding them to *moved; aborts on failure.
+  // Copies into `next` the rows of every table that leave each old shard j: all of them
+  // (changed[j] -1), none (0), or those changed in the round it ended (> 0); adds them to
+  // *moved; aborts on failure.
   absl::Status MoveRows(client::ShardRouter* next, const std::vector<v1::TableConfig>& configs,
-                        const UnfinishedReshard& u, const std::vector<int64_t>& since,
+                        const UnfinishedReshard& u, const std::vector<int64_t>& changed,
                         int64_t* moved);
 
   std::atomic<client::ShardRouter*> router_;

@@ -28,16 +28,13 @@ namespace tessera::server {
 class ShardService::Admitted {
  public:
   Admitted(ShardService* service, Traffic traffic) : service_(service), traffic_(traffic) {}
-  ~Admitted() { service_->Leave(traffic_, step_); }
+  ~Admitted() { service_->Leave(traffic_); }
   Admitted(const Admitted&) = delete;
   Admitted& operator=(const Admitted&) = delete;
-  // A push that applied at `step` (noted as it leaves, after its rows changed).
-  void set_step(int64_t step) { step_ = step; }
 
  private:
   ShardService* service_;
   Traffic traffic_;
-  int64_t step_ = INT64_MAX;
 };
 
 
@@ -177,6 +174,16 @@ grpc::Status ShardService::ExportRows(grpc::ServerContext* context,
     if (request->chunk_rows() > 0) options.chunk_rows = static_cast<size_t>(request->chunk_rows());
     TESSERA_ASSIGN_OR_RETURN(const v1::TableConfig config, Config(request->table()));
     const v1::MovingRows& moving = request->moving();
+    std::vector<int64_t> changed;
+    if (moving.changed_only()) {
+      {
+        absl::MutexLock lock(&changed_mu_);
+        auto it = to_send_.find(request->table());
+        if (it != to_send_.end()) changed = it->second;
+      }
+      if (changed.empty()) return absl::OkStatus();
+      options.ids = changed;
+    }
     v1::RowChunk chunk;
     embedding::RowBlock leaving;
     return tables_->ExportRows(request->table(), options, [&](const embedding::RowBlock& all) {
@@ -233,10 +240,9 @@ grpc::Status ShardService::ImportRows(grpc::ServerContext* context,
     TESSERA_RETURN_IF_ERROR(CheckBatch(absl::StrCat("table '", request->table(), "'"),
                                        static_cast<int64_t>(rows.size()), version));
     TESSERA_RETURN_IF_ERROR(CheckOwnership(config, rows.ids, index, shards));
-    // A caller's import (not the reshard's own) carries last steps of its own: during a
-    // reshard's copy every row counts as changed.
-    if (index < 0) admitted.set_step(-1);
     TESSERA_RETURN_IF_ERROR(tables_->ImportRows(request->table(), rows));
+    // A caller's import (not the reshard's own) changes rows a reshard's copy may have sent.
+    if (index < 0) NoteChanged(config, rows.ids);
     response->set_rows(static_cast<int64_t>(rows.size()));
     return absl::OkStatus();
   });
@@ -472,6 +478,14 @@ absl::StatusOr<std::vector<int64_t>> ShardService::ApplyPush(const DecodedBatch&
         }
         return partly;
       }, table_of));
+  for (size_t i = 0; i < batch.pushes.size(); ++i) {
+    if (!noting_.load()) break;
+    if (i < batch.configs.size()) {
+      NoteChanged(batch.configs[i], batch.pushes[i].ids);
+    } else if (absl::StatusOr<v1::TableConfig> c = Config(batch.pushes[i].table); c.ok()) {
+      NoteChanged(*c, batch.pushes[i].ids);
+    }
+  }
   for (size_t i = 0; filtered && i < updated.size() && i < skipped.size(); ++i) {
     updated[i] += skipped[i];
   }
@@ -558,7 +572,6 @@ grpc::Status ShardService::PushGradients(grpc::ServerContext* context,
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
     TESSERA_RETURN_IF_ERROR(Enter(Traffic::kPush, request->shard_map_version(), *context));
     Admitted admitted(this, Traffic::kPush);
-    admitted.set_step(request->step());  // noted as it leaves, applied or not
     std::shared_ptr<TableCounters> counters;
     TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(request->table(), &counters));
     TESSERA_RETURN_IF_ERROR(CheckBatch(absl::StrCat("table '", request->table(), "'"),
@@ -588,7 +601,6 @@ grpc::Status ShardService::BatchPush(grpc::ServerContext* context,
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
     TESSERA_RETURN_IF_ERROR(Enter(Traffic::kPush, request->shard_map_version(), *context));
     Admitted admitted(this, Traffic::kPush);
-    admitted.set_step(request->step());  // noted as it leaves, applied or not
     thread_local DecodedBatch batch;
     TESSERA_RETURN_IF_ERROR(PrepareBatchPush(*request, Configs(), &batch));
     TESSERA_RETURN_IF_ERROR(
@@ -718,13 +730,41 @@ absl::Status ShardService::Enter(Traffic traffic, uint64_t version,
   return absl::OkStatus();
 }
 
-void ShardService::Leave(Traffic traffic, int64_t step) {
+void ShardService::Leave(Traffic traffic) {
   absl::MutexLock lock(&gate_mu_);
   --(traffic == Traffic::kPush ? pushes_in_flight_ : reads_in_flight_);
-  // Under the gate's lock: a push that left before COPY took it had changed its rows
-  // before the copy began, one that leaves after is noted.
-  if (tracking_) changed_since_ = std::min(changed_since_, step);
   if (pushes_in_flight_ == 0 || reads_in_flight_ == 0) gate_cv_.SignalAll();
+}
+
+void ShardService::NoteChanged(const v1::TableConfig& config, absl::Span<const int64_t> ids) {
+  // Read after the rows changed: a push that finds it false changed them before COPY set
+  // it, so before the copy read them (COPY's store happens before the copy's reads).
+  if (!noting_.load()) return;
+  int32_t index = 0;
+  int32_t shards = 1;
+  {
+    absl::MutexLock lock(&gate_mu_);
+    if (!tracking_) return;
+    index = pending_index_;
+    shards = pending_shards_;
+  }
+  absl::MutexLock lock(&changed_mu_);
+  absl::flat_hash_set<int64_t>& changed = changed_[config.name()];
+  for (const int64_t id : ids) {
+    if (embedding::ShardOfRow(config, id, shards) != index) changed.insert(id);
+  }
+}
+
+int64_t ShardService::EndRound() {
+  absl::MutexLock lock(&changed_mu_);
+  int64_t n = 0;
+  to_send_.clear();
+  for (auto& [table, ids] : changed_) {
+    to_send_[table].assign(ids.begin(), ids.end());
+    n += static_cast<int64_t>(ids.size());
+  }
+  changed_.clear();
+  return n;
 }
 
 grpc::Status ShardService::Reshard(grpc::ServerContext* context, const v1::ReshardRequest* request,
@@ -752,6 +792,7 @@ grpc::Status ShardService::Reshard(grpc::ServerContext* context, const v1::Resha
         if (!committing_ && pending_version_ == request->version()) {
           frozen_ = false;
           tracking_ = false;
+          noting_.store(false);
           pending_version_ = 0;
           gate_cv_.SignalAll();
         }
@@ -767,7 +808,7 @@ grpc::Status ShardService::Reshard(grpc::ServerContext* context, const v1::Resha
 
 absl::Status ShardService::Copy(const v1::ReshardRequest& request,
                                 v1::ReshardResponse* response) {
-  response->set_changed_since_step(INT64_MAX);
+  response->set_changed_rows(0);
   if (version_.load() >= request.version()) return absl::OkStatus();  // committed already
   absl::MutexLock lock(&gate_mu_);
   if (pending_version_ != 0 && pending_version_ != request.version()) {
@@ -776,9 +817,9 @@ absl::Status ShardService::Copy(const v1::ReshardRequest& request,
         request.version(), "; finish or abort that reshard first"));
   }
   // A COPY after the first starts another round: what changed in the last one.
-  response->set_changed_since_step(tracking_ ? changed_since_ : -1);
+  response->set_changed_rows(tracking_ ? EndRound() : -1);
   tracking_ = true;
-  changed_since_ = INT64_MAX;
+  noting_.store(true);
   pending_version_ = request.version();
   pending_index_ = request.shard_index();
   pending_shards_ = request.num_shards();
@@ -788,7 +829,7 @@ absl::Status ShardService::Copy(const v1::ReshardRequest& request,
 absl::Status ShardService::Freeze(const v1::ReshardRequest& request,
                                   v1::ReshardResponse* response) {
   const uint64_t serving = version_.load();
-  response->set_changed_since_step(-1);
+  response->set_changed_rows(-1);
   if (serving < request.version()) {
     absl::MutexLock lock(&gate_mu_);
     if (pending_version_ != 0 && pending_version_ != request.version()) {
@@ -803,7 +844,8 @@ absl::Status ShardService::Freeze(const v1::ReshardRequest& request,
     // Pushes in flight finish under the map they were checked against.
     gate_mu_.Await(absl::Condition(
         +[](int64_t* n) { return *n == 0; }, &pushes_in_flight_));
-    if (tracking_) response->set_changed_since_step(changed_since_);
+    // Every push has noted what it changed before it left.
+    if (tracking_) response->set_changed_rows(EndRound());
     // Its own pushes, under its place in the map it serves.
     for (const PushJournal::Applied& a : journal_.AppliedPushes()) {
       v1::AppliedPush* p = response->add_applied();
@@ -871,6 +913,7 @@ absl::Status ShardService::Commit(const v1::ReshardRequest& request) {
   committing_ = false;
   frozen_ = false;
   tracking_ = false;
+  noting_.store(false);
   pending_version_ = 0;
   gate_cv_.SignalAll();
   return absl::OkStatus();

@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/shard_router.h"
@@ -94,8 +95,13 @@ class ShardService final : public v1::EmbeddingShard::Service {
   // request waits. A shard no longer in the map refuses all (FAILED_PRECONDITION). The
   // request counts as in flight until Leave.
   absl::Status Enter(Traffic traffic, uint64_t version, const grpc::ServerContext& context);
-  // `step`: of a push that applied (a reshard's COPY notes the smallest).
-  void Leave(Traffic traffic, int64_t step);
+  void Leave(Traffic traffic);
+  // During a reshard's copy: notes the ids of `ids` that leave this shard as changed (after
+  // their rows changed), for the next round to copy again.
+  void NoteChanged(const v1::TableConfig& config, absl::Span<const int64_t> ids);
+  // Ends a copy round: the ids changed in it become those ExportRows sends
+  // (MovingRows.changed_only); returns how many.
+  int64_t EndRound();
   class Admitted;
   // COPY, FREEZE, COMMIT and ABORT (ReshardRequest).
   absl::Status Copy(const v1::ReshardRequest& request, v1::ReshardResponse* response);
@@ -176,7 +182,10 @@ class ShardService final : public v1::EmbeddingShard::Service {
   bool left_ ABSL_GUARDED_BY(gate_mu_) = false;        // not in the map any more
   uint64_t pending_version_ ABSL_GUARDED_BY(gate_mu_) = 0;  // COPY or FREEZE until COMMIT/ABORT
   bool tracking_ ABSL_GUARDED_BY(gate_mu_) = false;          // since COPY
-  int64_t changed_since_ ABSL_GUARDED_BY(gate_mu_) = INT64_MAX;
+  std::atomic<bool> noting_{false};                          // tracking_, for NoteChanged
+  absl::Mutex changed_mu_;
+  std::map<std::string, absl::flat_hash_set<int64_t>> changed_ ABSL_GUARDED_BY(changed_mu_);
+  std::map<std::string, std::vector<int64_t>> to_send_ ABSL_GUARDED_BY(changed_mu_);
   int32_t pending_index_ ABSL_GUARDED_BY(gate_mu_) = 0;
   int32_t pending_shards_ ABSL_GUARDED_BY(gate_mu_) = 1;
   StepAggregator steps_;  // synchronous pushes of data-parallel workers

@@ -172,18 +172,27 @@ absl::Status InProcessCollectionImpl::ExportRows(
   block.dim = dim;
   block.state_floats = options.with_state ? sf : 0;
   const size_t chunk = std::max<size_t>(1, options.chunk_rows);
-  for (const auto& shard : t->shards) {
+  // Only some ids: each shard reads its own.
+  std::vector<std::vector<int64_t>> ids_of(options.ids.empty() ? 0 : t->shards.size());
+  for (const int64_t id : options.ids) {
+    ids_of[embedding::ShardOfRow(t->config, id, num_shards_, cluster_shards_)].push_back(id);
+  }
+  for (size_t k = 0; k < t->shards.size(); ++k) {
     // Copied out under the table's locks, handed to the sink outside them.
     std::vector<embedding::RowBlock> full;
-    shard->ForEachRow(
-        [&](int64_t id, const float* w, const float* st, const embedding::RowMeta& m) {
-          if (options.since_step >= 0 && m.last_step < options.since_step) return;
-          block.Append(id, w, st, m.last_step, m.update_count);
-          if (block.size() >= chunk) {
-            full.push_back(block);
-            block.Clear();
-          }
-        });
+    auto add = [&](int64_t id, const float* w, const float* st, const embedding::RowMeta& m) {
+      if (options.since_step >= 0 && m.last_step < options.since_step) return;
+      block.Append(id, w, st, m.last_step, m.update_count);
+      if (block.size() >= chunk) {
+        full.push_back(block);
+        block.Clear();
+      }
+    };
+    if (options.ids.empty()) {
+      t->shards[k]->ForEachRow(add);
+    } else {
+      t->shards[k]->ReadRows(ids_of[k], add);
+    }
     for (const auto& b : full) TESSERA_RETURN_IF_ERROR(sink(b));
   }
   if (block.size() > 0) TESSERA_RETURN_IF_ERROR(sink(block));

@@ -254,6 +254,7 @@ absl::Status DurableCollection::ExportRows(
   }));
   if (!evicting) return absl::OkStatus();
   // Rows evicted to disk: spilled ones (CHECKPOINT tables, newer) before the durable ones.
+  const std::set<int64_t> wanted(options.ids.begin(), options.ids.end());
   const int dim = t->config.dim();
   const int sf = (*memory_->ShardsOf(table))[0]->optimizer().StateFloats();
   embedding::RowBlock block;
@@ -266,6 +267,7 @@ absl::Status DurableCollection::ExportRows(
     if (!ParseRowKey(key, &table_id, &id) || !in_memory.insert(id).second) {
       return absl::OkStatus();
     }
+    if (!wanted.empty() && wanted.count(id) == 0) return absl::OkStatus();
     TESSERA_RETURN_IF_ERROR(DecodeRow(t->config.name(), id, value, dim, sf, &row));
     if (options.since_step >= 0 && row.meta.last_step < options.since_step) return absl::OkStatus();
     block.Append(id, row.weights.data(), row.state.data(), row.meta.last_step,
