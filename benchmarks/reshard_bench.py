@@ -57,7 +57,7 @@ def rate(recs, t0, t1):
 
 def main():
     root = tempfile.mkdtemp(prefix="reshard-bench-")
-    log = open(os.path.join(root, "servers.log"), "w")
+    log = sys.stderr if os.environ.get("RESHARD_LOG") else open(os.path.join(root, "servers.log"), "w")
     procs = []
     try:
         shards = []

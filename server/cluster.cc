@@ -438,7 +438,7 @@ absl::StatusOr<ReshardOutcome> Cluster::Reshard(const std::vector<std::string>& 
   out.version = version;
   const auto end = std::chrono::steady_clock::now();
   out.seconds = std::chrono::duration<double>(end - start).count();
-  out.frozen_seconds = std::chrono::duration<double>(end - out.frozen_at).count();
+  out.frozen_seconds = std::chrono::duration<double>(frozen_until_ - out.frozen_at).count();
   std::fprintf(stderr,
                "tessera: resharded to %zu shards (map version %llu): %lld rows moved in %.1f s, "
                "%lld then %lld copied again (the second while pushes waited %.2f s)\n",
@@ -597,13 +597,28 @@ void Cluster::AbortReshard(const UnfinishedReshard& u, int frozen) {
 }
 
 absl::Status Cluster::CommitOldShards(const UnfinishedReshard& u) {
-  std::vector<std::string> failed;
-  v1::ReshardRequest commit = u.commit;
-  for (int j = 0; j < u.old->num_shards(); ++j) {
-    commit.set_shard_index(u.new_index[j]);
-    if (absl::Status s = u.old->ReshardOn(j, commit).status(); !s.ok()) {
-      failed.push_back(std::string(s.message()));
+  // All at once; requests go on at each as it commits.
+  std::vector<absl::Status> status(u.old->num_shards());
+  auto each = [&](v1::ReshardRequest::Phase phase) {
+    std::vector<std::thread> threads;
+    for (int j = 0; j < u.old->num_shards(); ++j) {
+      if (!status[j].ok()) continue;
+      threads.emplace_back([&, j] {
+        v1::ReshardRequest request = u.commit;
+        request.set_phase(phase);
+        request.set_shard_index(u.new_index[j]);
+        status[j] = u.old->ReshardOn(j, request).status();
+      });
     }
+    for (std::thread& t : threads) t.join();
+  };
+  each(v1::ReshardRequest::COMMIT);
+  frozen_until_ = std::chrono::steady_clock::now();
+  // Then each has dropped the rows that left it and written those it holds.
+  each(v1::ReshardRequest::SETTLE);
+  std::vector<std::string> failed;
+  for (const absl::Status& s : status) {
+    if (!s.ok()) failed.push_back(std::string(s.message()));
   }
   if (failed.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(

@@ -186,6 +186,7 @@ class Cluster {
   std::atomic<client::ShardRouter*> router_;
   std::vector<std::unique_ptr<client::ShardRouter>> routers_ ABSL_GUARDED_BY(create_mu_);
   std::unique_ptr<UnfinishedReshard> unfinished_ ABSL_GUARDED_BY(create_mu_);
+  std::chrono::steady_clock::time_point frozen_until_;  // the last reshard's commits answered
   std::atomic<uint64_t> version_;
   const ClusterOptions options_;
   storage::CoordinatorStore* store_;

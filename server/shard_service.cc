@@ -55,6 +55,36 @@ ShardService::ShardService(embedding::EmbeddingCollection* tables, const ShardOp
   }
 }
 
+ShardService::~ShardService() {
+  absl::MutexLock lock(&repartition_mu_);
+  if (repartition_.joinable()) repartition_.join();
+}
+
+void ShardService::StartRepartition(int32_t index, int32_t num_shards) {
+  absl::MutexLock lock(&repartition_mu_);
+  if (repartition_.joinable()) repartition_.join();
+  repartition_index_ = index;
+  repartition_shards_ = num_shards;
+  repartition_ = std::thread([this, index, num_shards] {
+    absl::Status s = tables_->Repartition(index, num_shards);
+    if (!s.ok()) {
+      std::fprintf(stderr, "tessera: shard %d: the rows that left it are not all dropped: %s\n",
+                   index, s.ToString().c_str());
+    }
+    repartitioned_ = s;
+  });
+}
+
+absl::Status ShardService::FinishRepartition() {
+  absl::MutexLock lock(&repartition_mu_);
+  if (!repartition_.joinable()) return absl::OkStatus();
+  repartition_.join();
+  if (repartitioned_.ok()) return absl::OkStatus();
+  repartitioned_ = tables_->Repartition(repartition_index_, repartition_shards_);
+  return Annotate(repartitioned_, absl::StrCat("shard ", index_.load(),
+                                               ": the rows that left it are not all dropped"));
+}
+
 absl::Status ShardService::ReloadConfigs() {
   // Tables loaded from disk carry this shard's part of max_rows (what CreateTable stored).
   absl::StatusOr<std::vector<v1::TableConfig>> tables = tables_->ListTables();
@@ -777,10 +807,14 @@ grpc::Status ShardService::Reshard(grpc::ServerContext* context, const v1::Resha
           "reshard: version ", request->version(), ", shard ", request->shard_index(), " of ", m,
           " is not a place in a shard map"));
     }
+    // A phase of the next reshard waits until the last one's rows are dropped.
+    TESSERA_RETURN_IF_ERROR(FinishRepartition());
     switch (request->phase()) {
       case v1::ReshardRequest::COPY:
         TESSERA_RETURN_IF_ERROR(Copy(*request, response));
         break;
+      case v1::ReshardRequest::SETTLE:
+        break;  // FinishRepartition above
       case v1::ReshardRequest::FREEZE:
         TESSERA_RETURN_IF_ERROR(Freeze(*request, response));
         break;
@@ -799,7 +833,8 @@ grpc::Status ShardService::Reshard(grpc::ServerContext* context, const v1::Resha
         break;
       }
       default:
-        return absl::InvalidArgumentError("reshard: phase must be COPY, FREEZE, COMMIT or ABORT");
+        return absl::InvalidArgumentError(
+            "reshard: phase must be COPY, FREEZE, COMMIT, SETTLE or ABORT");
     }
     response->set_version(version_.load());
     return absl::OkStatus();
@@ -872,50 +907,67 @@ absl::Status ShardService::Commit(const v1::ReshardRequest& request) {
   const uint64_t serving = version_.load();
   if (serving == request.version() && index_.load() == request.shard_index() &&
       num_shards_.load() == request.num_shards()) {
-    // A shard only in the new map (started on it): the rows copied here are written like
-    // those of a shard that commits (a CHECKPOINT table's would wait for a checkpoint).
+    // A shard only in the new map (started on it), or a repeated commit: the rows copied
+    // here are written (a CHECKPOINT table's would wait for a checkpoint), those that left
+    // dropped.
     return Annotate(tables_->Repartition(request.shard_index(), request.num_shards()),
-                    absl::StrCat("shard ", index_.load(), ": the rows moved here"));
+                    absl::StrCat("shard ", index_.load(), ": the rows moved"));
   }
   if (serving >= request.version()) return absl::OkStatus();  // committed already
-  absl::MutexLock lock(&gate_mu_);
-  if (!frozen_ || pending_version_ != request.version() ||
-      pending_index_ != request.shard_index() || pending_shards_ != request.num_shards()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shard ", index_.load(), " was not frozen for shard ", request.shard_index(), " of ",
-        request.num_shards(), " at version ", request.version(), "; freeze it first"));
-  }
-  committing_ = true;
-  gate_mu_.Await(absl::Condition(
-      +[](ShardService* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->gate_mu_) {
-        return s->reads_in_flight_ == 0 && s->pushes_in_flight_ == 0;
-      },
-      this));
-  absl::Status s = absl::OkStatus();
-  if (request.shard_index() >= 0) s = tables_->Repartition(request.shard_index(), request.num_shards());
-  if (s.ok() && options_.on_placement) {
-    s = options_.on_placement(request.shard_index(), request.num_shards(), request.version());
-  }
-  if (!s.ok()) {
-    committing_ = false;  // still frozen: the coordinator repeats the commit, or aborts
+  {
+    absl::MutexLock lock(&gate_mu_);
+    if (!frozen_ || pending_version_ != request.version() ||
+        pending_index_ != request.shard_index() || pending_shards_ != request.num_shards()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", index_.load(), " was not frozen for shard ", request.shard_index(), " of ",
+          request.num_shards(), " at version ", request.version(), "; freeze it first"));
+    }
+    committing_ = true;
+    gate_mu_.Await(absl::Condition(
+        +[](ShardService* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->gate_mu_) {
+          return s->reads_in_flight_ == 0 && s->pushes_in_flight_ == 0;
+        },
+        this));
+    absl::Status s = CheckRepartition();
+    if (s.ok() && options_.on_placement) {
+      s = options_.on_placement(request.shard_index(), request.num_shards(), request.version());
+    }
+    if (!s.ok()) {
+      committing_ = false;  // still frozen: the coordinator repeats the commit, or aborts
+      gate_cv_.SignalAll();
+      return Annotate(s, absl::StrCat("shard ", index_.load(), ": reshard not committed"));
+    }
+    if (request.shard_index() >= 0) {
+      index_.store(request.shard_index());
+      num_shards_.store(request.num_shards());
+    } else {
+      left_ = true;
+    }
+    version_.store(request.version());
+    // Its journal speaks of its place in the old map; what it said is in moved_ now.
+    journal_.Clear();
+    committing_ = false;
+    frozen_ = false;
+    tracking_ = false;
+    noting_.store(false);
+    pending_version_ = 0;
     gate_cv_.SignalAll();
-    return Annotate(s, absl::StrCat("shard ", index_.load(), ": reshard not committed"));
   }
-  if (request.shard_index() >= 0) {
-    index_.store(request.shard_index());
-    num_shards_.store(request.num_shards());
-  } else {
-    left_ = true;
+  // Serving the new map already: the rows that left are no longer asked for, and go now.
+  if (request.shard_index() >= 0) StartRepartition(request.shard_index(), request.num_shards());
+  return absl::OkStatus();
+}
+
+absl::Status ShardService::CheckRepartition() const {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> tables, tables_->ListTables());
+  for (const v1::TableConfig& t : tables) {
+    if (t.vocabulary_size() > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "table '", t.name(), "' has a fixed vocabulary, whose arrays are laid out for shard ",
+          index_.load(), " of ", num_shards_.load(), "; move it to another shard count with a "
+          "checkpoint restored there (docs/deploy.md)"));
+    }
   }
-  version_.store(request.version());
-  // Its journal speaks of its place in the old map; what it said is in moved_ now.
-  journal_.Clear();
-  committing_ = false;
-  frozen_ = false;
-  tracking_ = false;
-  noting_.store(false);
-  pending_version_ = 0;
-  gate_cv_.SignalAll();
   return absl::OkStatus();
 }
 

@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <thread>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -45,6 +46,7 @@ class ShardService final : public v1::EmbeddingShard::Service {
   // `tables` must outlive the service. Tables it already holds (loaded from disk) are
   // served at once.
   ShardService(embedding::EmbeddingCollection* tables, const ShardOptions& options);
+  ~ShardService() override;
 
   // Random at each start, sent with every push answer: a client can tell a shard that
   // came back.
@@ -107,6 +109,13 @@ class ShardService final : public v1::EmbeddingShard::Service {
   absl::Status Copy(const v1::ReshardRequest& request, v1::ReshardResponse* response);
   absl::Status Freeze(const v1::ReshardRequest& request, v1::ReshardResponse* response);
   absl::Status Commit(const v1::ReshardRequest& request);
+  // FailedPrecondition, naming it, for a table that cannot change place (fixed vocabulary).
+  absl::Status CheckRepartition() const;
+  // After a commit, while the new map is served: the rows that left are dropped (and the
+  // rows held written, with a data directory) on a thread of its own. The next reshard
+  // phase waits for it (FinishRepartition: its result, retried once when it failed).
+  void StartRepartition(int32_t index, int32_t num_shards);
+  absl::Status FinishRepartition();
   // The id a push is journaled (and recorded) under: `id` mixed with the map version, so
   // that a push retried under a new map is not taken for its part under the old one.
   embedding::RequestId JournalId(const embedding::RequestId& id) const;
@@ -188,6 +197,11 @@ class ShardService final : public v1::EmbeddingShard::Service {
   std::map<std::string, std::vector<int64_t>> to_send_ ABSL_GUARDED_BY(changed_mu_);
   int32_t pending_index_ ABSL_GUARDED_BY(gate_mu_) = 0;
   int32_t pending_shards_ ABSL_GUARDED_BY(gate_mu_) = 1;
+  absl::Mutex repartition_mu_;  // one reshard phase at a time, after the last drop
+  std::thread repartition_ ABSL_GUARDED_BY(repartition_mu_);
+  absl::Status repartitioned_;  // written by that thread, read once it is joined
+  int32_t repartition_index_ ABSL_GUARDED_BY(repartition_mu_) = 0;
+  int32_t repartition_shards_ ABSL_GUARDED_BY(repartition_mu_) = 1;
   StepAggregator steps_;  // synchronous pushes of data-parallel workers
   mutable absl::Mutex mu_;
   std::map<std::string, v1::TableConfig> configs_ ABSL_GUARDED_BY(mu_);

@@ -49,6 +49,13 @@ absl::StatusOr<std::vector<int64_t>> StepAggregator::Contribute(const embedding:
                                                    " of ", member.workers,
                                                    " is not a worker of a group of 2 or more"));
   }
+  // A step holds a slot per worker: a group size from the wire is bounded before any is
+  // made (a fuzzed one of 2^31 took the process out of memory).
+  if (member.workers > kMaxWorkers) {
+    return absl::InvalidArgumentError(absl::StrCat("job '", member.job, "': ", member.workers,
+                                                   " workers, more than the ", kMaxWorkers,
+                                                   " a synchronous step may have"));
+  }
   const Key key{member.job, step};
   std::shared_ptr<Step> s;
   bool last = false;

@@ -32,6 +32,9 @@ struct Contribution {
 
 class StepAggregator {
  public:
+  // Workers a group may have (SyncGroup.workers): more is InvalidArgument.
+  static constexpr int kMaxWorkers = 4096;
+
   // `where` is what errors call this server: "shard 1".
   explicit StepAggregator(std::string where) : where_(std::move(where)) {}
 
