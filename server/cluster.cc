@@ -315,15 +315,16 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(
   // Checked here, before any shard changes.
   TESSERA_RETURN_IF_ERROR(embedding::CheckRestorable(m.step, blobs, options));
   absl::MutexLock barrier(&barrier_mu_);  // also keeps the shard map as it is
-  // Taken on another shard count: every shard reads every old shard's checkpoint
-  // directory and keeps the rows it owns now.
-  const bool reshaped = m.shards.size() != live()->addresses().size();
+  // Taken on another shard map (another count, or shards replaced or moved by a reshard):
+  // every shard reads every old shard's checkpoint directory and keeps the rows it owns
+  // now.
+  const bool reshaped = m.shards != live()->addresses();
   if (reshaped && m.shard_dirs.size() != m.shards.size()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", m.step, " spans ", m.shards.size(), " shards, this cluster has ",
-        live()->addresses().size(), ", and it does not record the shards' checkpoint "
-        "directories (taken by an older coordinator); restore it on ", m.shards.size(),
-        " shards"));
+        "checkpoint ", m.step, " was taken on shards ", absl::StrJoin(m.shards, ","),
+        ", this cluster has ", absl::StrJoin(live()->addresses(), ","), ", and it does not "
+        "record the shards' checkpoint directories (taken by an older coordinator); restore "
+        "it on its shards"));
   }
   const RestoredTables changes = RestoreOutcome(m);
   v1::RestoreRequest request;

@@ -450,6 +450,8 @@ TEST(FaultTest, AReshardedClusterRestartsOnItsNewMap) {
     before[t].resize(ids.size() * 8);
     ASSERT_TRUE(c->Lookup(t, ids, absl::MakeSpan(before[t]), {}).ok());
   }
+  // A whole-cluster checkpoint of the 2-shard map, restored at the end on 3 shards.
+  ASSERT_TRUE(c->Checkpoint(1, {}).ok());
 
   auto reshard = [&](const std::string& list) {
     auto stub = v1::Coordinator::NewStub(
@@ -497,6 +499,17 @@ TEST(FaultTest, AReshardedClusterRestartsOnItsNewMap) {
     std::vector<float> after(ids.size() * 8);
     ASSERT_TRUE(c->Lookup(t, ids, absl::MakeSpan(after), {}).ok());
     EXPECT_EQ(after, before[t]) << "table " << t;
+  }
+  // Trained on, then back to the checkpoint taken before the reshard.
+  for (const char* t : {"w", "k"}) ASSERT_TRUE(c->PushGradients(t, ids, g, 2).ok());
+  embedding::RestoreOptions all;
+  all.all_models = true;
+  const absl::StatusOr<embedding::CheckpointInfo> restored = c->Restore(1, nullptr, all);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  for (const char* t : {"w", "k"}) {
+    std::vector<float> after(ids.size() * 8);
+    ASSERT_TRUE(c->Lookup(t, ids, absl::MakeSpan(after), {}).ok());
+    EXPECT_EQ(after, before[t]) << "table " << t << " after the restore";
   }
   s = reshard(two);
   ASSERT_TRUE(s.ok()) << s.error_message();
