@@ -473,8 +473,7 @@ absl::StatusOr<std::vector<int64_t>> ShardService::ApplyPush(const DecodedBatch&
   const DecodedBatch& batch = filtered ? kept : whole;
   const embedding::RequestId id = JournalId(request);
   auto table_of = [&](size_t i) { return batch.pushes[i].table; };
-  TESSERA_ASSIGN_OR_RETURN(
-      std::vector<int64_t> updated,
+  absl::StatusOr<std::vector<int64_t>> result =
       journal_.Run(id, batch.pushes.size(), [&](std::vector<int64_t>* done) -> absl::Status {
         // A collection that applies a batch whole (every part checked first, then every
         // part applied, its tables in parallel) takes it in one call.
@@ -507,7 +506,8 @@ absl::StatusOr<std::vector<int64_t>> ShardService::ApplyPush(const DecodedBatch&
           }
         }
         return partly;
-      }, table_of));
+      }, table_of);
+  // Applied, in part or whole, or not at all: a reshard's copy sends these rows again.
   for (size_t i = 0; i < batch.pushes.size(); ++i) {
     if (!noting_.load()) break;
     if (i < batch.configs.size()) {
@@ -516,6 +516,7 @@ absl::StatusOr<std::vector<int64_t>> ShardService::ApplyPush(const DecodedBatch&
       NoteChanged(*c, batch.pushes[i].ids);
     }
   }
+  TESSERA_ASSIGN_OR_RETURN(std::vector<int64_t> updated, std::move(result));
   for (size_t i = 0; filtered && i < updated.size() && i < skipped.size(); ++i) {
     updated[i] += skipped[i];
   }
