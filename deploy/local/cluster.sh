@@ -3,6 +3,8 @@
 #
 #   deploy/local/cluster.sh start N    # shards on BASE+1..BASE+N, coordinator on BASE
 #   deploy/local/cluster.sh status
+#   deploy/local/cluster.sh reshard M  # the running cluster to M shards, live (tessera-cli
+#                                      # reshard); start then takes M
 #   deploy/local/cluster.sh stop
 #
 # Environment: TESSERA_CLUSTER_DIR (state, logs; default .tessera-cluster in the repo),
@@ -41,6 +43,63 @@ wait_healthy() {  # address, log
   die "$1 did not become healthy in 10 s; see $2"
 }
 
+start_shard() {  # index, shards, map version
+  local port=$((BASE + 1 + $1))
+  mkdir -p "$DIR/data/shard-$1"
+  "$BIN/tessera-shard" --port="$port" --shard_index="$1" --num_shards="$2" \
+    --shard_map_version="$3" --data_dir="$DIR/data/shard-$1" "${SERVER_FLAGS[@]}" \
+    >> "$DIR/logs/shard-$1.log" 2>&1 &
+  echo $! > "$DIR/pids/shard-$1.pid"
+}
+
+stop_shard() {  # index: SIGTERM, up to 5 s to exit, then SIGKILL
+  if alive "$DIR/pids/shard-$1.pid"; then
+    local pid
+    pid="$(cat "$DIR/pids/shard-$1.pid")"
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$DIR/pids/shard-$1.pid"
+}
+
+# Moves the running cluster to M shards while it serves: new shards start empty with their
+# place in the next map, tessera-cli reshard moves the rows, shards left out are stopped and
+# their data directories kept aside (shard-K.left-V).
+reshard() {
+  local m="${1:-}"
+  [[ "$m" =~ ^[1-9][0-9]*$ ]] || die "usage: cluster.sh reshard M (M >= 1 shards)"
+  alive "$DIR/pids/coordinator.pid" || die "no cluster running in $DIR"
+  local n version base shards=""
+  n="$(cat "$DIR/num_shards")"
+  version="$(cat "$DIR/map_version")"
+  base="$(cat "$DIR/base_port")"
+  [ "$base" = "$BASE" ] || die "the cluster runs on base port $base; set TESSERA_BASE_PORT=$base"
+  for ((k = n; k < m; k++)); do
+    [ -e "$DIR/data/shard-$k" ] && mv "$DIR/data/shard-$k" "$DIR/data/shard-$k.old-$(date +%s)"
+    start_shard "$k" "$m" "$((version + 1))"
+  done
+  for ((k = n; k < m; k++)); do
+    wait_healthy "127.0.0.1:$((BASE + 1 + k))" "$DIR/logs/shard-$k.log"
+  done
+  for ((k = 0; k < m; k++)); do shards="${shards:+$shards,}127.0.0.1:$((BASE + 1 + k))"; done
+  if ! "$CLI" "${CLIENT_FLAGS[@]}" --coordinator="127.0.0.1:$BASE" reshard --shards="$shards"; then
+    # Not published: the new shards go (running it again finishes one that published).
+    if "$CLI" "${CLIENT_FLAGS[@]}" --coordinator="127.0.0.1:$BASE" shardmap 2>/dev/null \
+        | grep -qx "version $version"; then
+      for ((k = n; k < m; k++)); do stop_shard "$k"; done
+    fi
+    die "reshard to $m shards failed (see above)"
+  fi
+  echo "$m" > "$DIR/num_shards"
+  echo "$((version + 1))" > "$DIR/map_version"
+  for ((k = m; k < n; k++)); do
+    stop_shard "$k"
+    mv "$DIR/data/shard-$k" "$DIR/data/shard-$k.left-$((version + 1))"
+  done
+  echo "cluster: $m shard(s), shard map version $((version + 1))"
+}
+
 start() {
   local n="${1:-}"
   [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "usage: cluster.sh start N (N >= 1 shards)"
@@ -55,6 +114,10 @@ start() {
   fi
   mkdir -p "$DIR/logs" "$DIR/pids"
   echo "$n" > "$DIR/num_shards"
+  # The shard map version: 1, then one more at each reshard.
+  local version=1
+  [ -f "$DIR/map_version" ] && [ -d "$DIR/data" ] && version="$(cat "$DIR/map_version")"
+  echo "$version" > "$DIR/map_version"
   rm -f "$DIR/tls"
   case " ${SERVER_FLAGS[*]:-} " in *" --tls_cert_file="*) touch "$DIR/tls" ;; esac
   echo "$BASE" > "$DIR/base_port"
@@ -62,16 +125,14 @@ start() {
   for ((k = 0; k < n; k++)); do
     local port=$((BASE + 1 + k))
     mkdir -p "$DIR/data/shard-$k"
-    "$BIN/tessera-shard" --port="$port" --shard_index="$k" --num_shards="$n" \
-      --data_dir="$DIR/data/shard-$k" "${SERVER_FLAGS[@]}" >> "$DIR/logs/shard-$k.log" 2>&1 &
-    echo $! > "$DIR/pids/shard-$k.pid"
+    start_shard "$k" "$n" "$version"
     shards="${shards:+$shards,}127.0.0.1:$port"
   done
   for ((k = 0; k < n; k++)); do
     wait_healthy "127.0.0.1:$((BASE + 1 + k))" "$DIR/logs/shard-$k.log"
   done
   mkdir -p "$DIR/data/coordinator"
-  "$BIN/tessera-coordinator" --port="$BASE" --shards="$shards" \
+  "$BIN/tessera-coordinator" --port="$BASE" --shards="$shards" --shard_map_version="$version" \
     --data_dir="$DIR/data/coordinator" "${SERVER_FLAGS[@]}" >> "$DIR/logs/coordinator.log" 2>&1 &
   echo $! > "$DIR/pids/coordinator.pid"
   wait_healthy "127.0.0.1:$BASE" "$DIR/logs/coordinator.log"
@@ -132,6 +193,7 @@ stop() {
 case "${1:-}" in
   start) start "${2:-}" ;;
   status) status ;;
+  reshard) reshard "${2:-}" ;;
   stop) stop ;;
-  *) die "usage: cluster.sh start N | status | stop" ;;
+  *) die "usage: cluster.sh start N | status | reshard M | stop" ;;
 esac
