@@ -160,6 +160,10 @@ absl::StatusOr<std::vector<CheckpointInfo>> EmbeddingCollection::ListCheckpoints
   return NoStorage();
 }
 
+absl::Status EmbeddingCollection::SetRowBudget(absl::string_view, int64_t) {
+  return absl::UnimplementedError("this collection cannot change a table's row budget");
+}
+
 absl::Status EmbeddingCollection::Repartition(int, int) {
   return absl::UnimplementedError("this collection cannot move to another shard map");
 }

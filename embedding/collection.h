@@ -328,6 +328,13 @@ class EmbeddingCollection {
   // fixed-vocabulary table (its arrays are laid out for one place); collections that
   // cannot, Unimplemented.
   virtual absl::Status Repartition(int shard_index, int num_shards);
+
+  // Gives `table` the row budget `max_rows` (0: none) from now on, its config (and a durable
+  // collection's catalog) saying so: a reshard lifts a table's budget while rows move and
+  // splits it anew after (EmbeddingTable::SetRowBudget: a table with eviction evicts down
+  // to it). NotFound for an unknown table, FailedPrecondition for a fixed vocabulary;
+  // collections that cannot, Unimplemented.
+  virtual absl::Status SetRowBudget(absl::string_view table, int64_t max_rows);
 };
 
 }  // namespace tessera::embedding

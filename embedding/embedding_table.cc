@@ -336,7 +336,7 @@ absl::Status EmbeddingTable::NonFiniteUpdateError(int64_t refused, int64_t first
 
 absl::Status EmbeddingTable::BudgetError() const {
   return absl::ResourceExhaustedError(absl::StrCat("table '", name(), "': row budget of ",
-                                                   row_budget_,
+                                                   row_budget(),
                                                    " rows is full; raise max_rows or add shards"));
 }
 
@@ -347,7 +347,7 @@ absl::Status EmbeddingTable::OutOfMemoryError() const {
 
 absl::Status EmbeddingTable::TakeRows(int64_t n) {
   const int64_t before = num_rows_.fetch_add(n, std::memory_order_relaxed);
-  if (row_budget_ > 0 && before + n > row_budget_) {
+  if (const int64_t budget = row_budget(); budget > 0 && before + n > budget) {
     num_rows_.fetch_sub(n, std::memory_order_relaxed);
     return BudgetError();
   }
@@ -579,7 +579,10 @@ absl::Status EmbeddingTable::CheckRoomFor(absl::Span<const int64_t> ids) const {
     return absl::OkStatus();
   }
   const int64_t missing = MissingRows(ids);
-  if (missing > 0 && row_budget_ > 0 && num_rows() + missing > row_budget_) return BudgetError();
+  if (const int64_t budget = row_budget();
+      missing > 0 && budget > 0 && num_rows() + missing > budget) {
+    return BudgetError();
+  }
   if (missing > 0 && memory_ != nullptr && !memory_->HasRoomFor(missing * row_bytes_)) {
     return MemoryBudgetError(missing);
   }

@@ -127,7 +127,11 @@ class EmbeddingTable {
   const v1::TableConfig& config() const { return config_; }
   const std::string& name() const { return config_.name(); }
   int dim() const { return dim_; }
-  int64_t row_budget() const { return row_budget_; }
+  int64_t row_budget() const { return row_budget_.load(std::memory_order_relaxed); }
+  // Another row budget from now on (0 = none; a reshard splits a table's anew). A table
+  // with eviction holding more rows evicts down to it now (to disk with a spill); one
+  // without takes no new row until it holds fewer. Not for fixed-vocabulary tables.
+  absl::Status SetRowBudget(int64_t row_budget);
   int64_t num_rows() const { return num_rows_.load(std::memory_order_relaxed); }
   // The optimizer updates use now (SetOptimizer may replace it; the one returned stays
   // valid for the table's lifetime).
@@ -274,7 +278,8 @@ class EmbeddingTable {
   // Whether new rows must be counted before they are made: a row budget, or a memory
   // budget without room for `new_rows` more.
   bool CountsAhead(int64_t new_rows) const {
-    return row_budget_ > 0 || (memory_ != nullptr && !memory_->HasRoomFor(new_rows * row_bytes_));
+    return row_budget() > 0 ||
+           (memory_ != nullptr && !memory_->HasRoomFor(new_rows * row_bytes_));
   }
   absl::Status MemoryBudgetError(int64_t rows) const;
 
@@ -358,7 +363,7 @@ class EmbeddingTable {
   v1::Dtype dtype_;
   int state_floats_;
   RowLayout layout_;
-  int64_t row_budget_;
+  std::atomic<int64_t> row_budget_;
   std::atomic<const Optimizer*> optimizer_;
   absl::Mutex optimizers_mu_;  // one SetOptimizer at a time
   // Every optimizer the table has used: updates in flight may hold any of them.

@@ -397,13 +397,11 @@ absl::StatusOr<ReshardOutcome> Cluster::Reshard(const std::vector<std::string>& 
         "(tessera-cli reshard --shards=", absl::StrJoin(live()->addresses(), ","), ")"));
   }
   for (const v1::TableConfig& config : Tables()) {
-    if (config.vocabulary_size() > 0 || config.max_rows() > 0) {
+    if (config.vocabulary_size() > 0) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "table '", config.name(), "' has ",
-          config.vocabulary_size() > 0 ? "a fixed vocabulary (arrays laid out per shard)"
-                                       : "a row budget (max_rows, split per shard)",
-          " and cannot move live; move the cluster with a checkpoint restored onto the new "
-          "shards (docs/deploy.md, \"Changing the shard count\")"));
+          "table '", config.name(), "' has a fixed vocabulary (arrays laid out per shard) and "
+          "cannot move live; move the cluster with a checkpoint restored onto the new shards "
+          "(docs/deploy.md, \"Changing the shard count\")"));
     }
   }
   const uint64_t version = version_.load() + 1;
@@ -470,13 +468,27 @@ absl::Status Cluster::PrepareReshard(client::ShardRouter* next, UnfinishedReshar
   u->commit.set_phase(v1::ReshardRequest::COMMIT);
   u->commit.set_version(next->options().shard_map_version);
   u->commit.set_num_shards(m);
+  for (const v1::TableConfig& config : configs) {
+    if (config.max_rows() > 0) (*u->commit.mutable_row_budgets())[config.name()] = config.max_rows();
+  }
   for (const std::string& a : old->addresses()) {
     auto it = std::find(to.begin(), to.end(), a);
     u->new_index.push_back(it == to.end() ? -1 : static_cast<int32_t>(it - to.begin()));
   }
-  // The copy, while the old shards serve on (noting the steps of the pushes they apply).
+  // The copy, while the old shards serve on (noting the rows that pushes change). Shards
+  // only in the new map lift their row budgets for it too.
   v1::ReshardRequest phase = u->commit;
   phase.set_phase(v1::ReshardRequest::COPY);
+  for (int k = 0; k < m; ++k) {
+    if (std::find(old->addresses().begin(), old->addresses().end(), to[k]) !=
+        old->addresses().end()) {
+      continue;
+    }
+    phase.set_shard_index(k);
+    TESSERA_RETURN_IF_ERROR(Annotate(next->ReshardOn(k, phase).status(),
+                                     absl::StrCat("reshard not started: shard ", k,
+                                                  " of the new map (", to[k], ")")));
+  }
   for (int j = 0; j < old->num_shards(); ++j) {
     phase.set_shard_index(u->new_index[j]);
     if (absl::Status s = old->ReshardOn(j, phase).status(); !s.ok()) {

@@ -60,13 +60,26 @@ ShardService::~ShardService() {
   if (repartition_.joinable()) repartition_.join();
 }
 
-void ShardService::StartRepartition(int32_t index, int32_t num_shards) {
+absl::Status ShardService::SplitRowBudgets(const std::map<std::string, int64_t>& row_budgets,
+                                           int32_t num_shards) {
+  for (const auto& [table, whole] : row_budgets) {
+    const int64_t part = num_shards > 0 ? (whole + num_shards - 1) / num_shards : 0;
+    absl::Status s = tables_->SetRowBudget(table, part);
+    if (!s.ok() && !absl::IsNotFound(s)) return s;  // a table dropped meanwhile has none
+  }
+  return absl::OkStatus();
+}
+
+void ShardService::StartRepartition(int32_t index, int32_t num_shards,
+                                    std::map<std::string, int64_t> row_budgets) {
   absl::MutexLock lock(&repartition_mu_);
   if (repartition_.joinable()) repartition_.join();
   repartition_index_ = index;
   repartition_shards_ = num_shards;
-  repartition_ = std::thread([this, index, num_shards] {
+  repartition_ = std::thread([this, index, num_shards, budgets = std::move(row_budgets)] {
     absl::Status s = tables_->Repartition(index, num_shards);
+    // Then the budgets of the new map (fewer rows to evict down once those that left went).
+    if (s.ok()) s = SplitRowBudgets(budgets, num_shards);
     if (!s.ok()) {
       std::fprintf(stderr, "tessera: shard %d: the rows that left it are not all dropped: %s\n",
                    index, s.ToString().c_str());
@@ -823,6 +836,10 @@ grpc::Status ShardService::Reshard(grpc::ServerContext* context, const v1::Resha
         TESSERA_RETURN_IF_ERROR(Commit(*request));
         break;
       case v1::ReshardRequest::ABORT: {
+        // The budgets of the map it serves again.
+        TESSERA_RETURN_IF_ERROR(
+            SplitRowBudgets({request->row_budgets().begin(), request->row_budgets().end()},
+                            num_shards_.load()));
         absl::MutexLock lock(&gate_mu_);
         if (!committing_ && pending_version_ == request->version()) {
           frozen_ = false;
@@ -845,7 +862,10 @@ grpc::Status ShardService::Reshard(grpc::ServerContext* context, const v1::Resha
 absl::Status ShardService::Copy(const v1::ReshardRequest& request,
                                 v1::ReshardResponse* response) {
   response->set_changed_rows(0);
-  if (version_.load() >= request.version()) return absl::OkStatus();  // committed already
+  // Rows arrive while they move: no budget refuses (or evicts) them until the commit.
+  TESSERA_RETURN_IF_ERROR(SplitRowBudgets(
+      {request.row_budgets().begin(), request.row_budgets().end()}, /*num_shards=*/0));
+  if (version_.load() >= request.version()) return absl::OkStatus();  // a shard of the new map
   absl::MutexLock lock(&gate_mu_);
   if (pending_version_ != 0 && pending_version_ != request.version()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -911,8 +931,12 @@ absl::Status ShardService::Commit(const v1::ReshardRequest& request) {
     // A shard only in the new map (started on it), or a repeated commit: the rows copied
     // here are written (a CHECKPOINT table's would wait for a checkpoint), those that left
     // dropped.
-    return Annotate(tables_->Repartition(request.shard_index(), request.num_shards()),
-                    absl::StrCat("shard ", index_.load(), ": the rows moved"));
+    absl::Status s = tables_->Repartition(request.shard_index(), request.num_shards());
+    if (s.ok()) {
+      s = SplitRowBudgets({request.row_budgets().begin(), request.row_budgets().end()},
+                          request.num_shards());
+    }
+    return Annotate(s, absl::StrCat("shard ", index_.load(), ": the rows moved"));
   }
   if (serving >= request.version()) return absl::OkStatus();  // committed already
   {
@@ -955,7 +979,10 @@ absl::Status ShardService::Commit(const v1::ReshardRequest& request) {
     gate_cv_.SignalAll();
   }
   // Serving the new map already: the rows that left are no longer asked for, and go now.
-  if (request.shard_index() >= 0) StartRepartition(request.shard_index(), request.num_shards());
+  if (request.shard_index() >= 0) {
+    StartRepartition(request.shard_index(), request.num_shards(),
+                     {request.row_budgets().begin(), request.row_budgets().end()});
+  }
   return absl::OkStatus();
 }
 

@@ -114,7 +114,11 @@ class ShardService final : public v1::EmbeddingShard::Service {
   // After a commit, while the new map is served: the rows that left are dropped (and the
   // rows held written, with a data directory) on a thread of its own. The next reshard
   // phase waits for it (FinishRepartition: its result, retried once when it failed).
-  void StartRepartition(int32_t index, int32_t num_shards);
+  void StartRepartition(int32_t index, int32_t num_shards,
+                        std::map<std::string, int64_t> row_budgets);
+  // Each table of `row_budgets` (whole budgets) gets its part of `num_shards` (0: none).
+  absl::Status SplitRowBudgets(const std::map<std::string, int64_t>& row_budgets,
+                               int32_t num_shards);
   absl::Status FinishRepartition();
   // The id a push is journaled (and recorded) under: `id` mixed with the map version, so
   // that a push retried under a new map is not taken for its part under the old one.

@@ -117,12 +117,13 @@ rows() {  # a digest of table dlrm.C3's rows, sorted by id
 }
 trained="$(rows)"
 [ "${trained%% *}" -gt 20 ] || fail "too few trained rows: $trained"
-# The criteo tables have row budgets: refused by name, and nothing changes.
-out="$("$CLUSTER" reshard 4 2>&1)" && fail "a reshard over budgeted tables must be refused"
-echo "$out" | grep -q "table 'criteo.C10' has a row budget" \
-  || fail "a reshard over budgeted tables must name one: $out"
+# A fixed-vocabulary table cannot move live: refused by name, and nothing changes.
+$CLI create --table=fixed --dim=4 --vocabulary_size=1000 >/dev/null
+out="$("$CLUSTER" reshard 4 2>&1)" && fail "a reshard over a fixed vocabulary must be refused"
+echo "$out" | grep -q "table 'fixed' has a fixed vocabulary" \
+  || fail "a reshard over a fixed vocabulary must name the table: $out"
 "$CLUSTER" status | grep -c SERVING | grep -qx 4 || fail "a refused reshard left a new shard running"
-$CLI drop --model=criteo >/dev/null
+$CLI drop --table=fixed >/dev/null
 out="$("$CLUSTER" reshard 4 2>&1)" || fail "reshard to 4: $out"
 echo "$out" | grep -q "resharded: 4 shards, shard map version 2" || fail "reshard to 4: $out"
 "$CLUSTER" status | grep -c SERVING | grep -qx 5 || fail "not all 5 processes serving after the reshard"

@@ -365,14 +365,66 @@ TEST_F(ReshardTest, AFailedReshardIsAbortedOrFinishedByRepeatingIt) {
   ExpectRowsPlacedAndEqualTheReference({"a"}, {0, 1, 2});
 
   // Tables that cannot move live are named before anything is frozen.
-  v1::TableConfig budget = Table("capped", v1::SGD, 4);
-  budget.set_max_rows(1000);
-  ASSERT_TRUE(c->CreateTable(budget).ok());
+  v1::TableConfig fixed_everywhere = Table("dense", v1::SGD, 4);
+  fixed_everywhere.set_vocabulary_size(1000);
+  ASSERT_TRUE(c->CreateTable(fixed_everywhere).ok());
   s = Reshard({0, 1}, &r);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_NE(s.error_message().find("'capped'"), std::string::npos) << s.error_message();
+  EXPECT_NE(s.error_message().find("'dense'"), std::string::npos) << s.error_message();
   s = Reshard({0, 0}, &r);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// A table with a row budget and eviction (rows evicted to disk) moves with its budget
+// split anew: while rows move no shard evicts, after the commit each holds at most its
+// part in memory, and every row, in memory or on disk, reads as a replay says.
+TEST_F(ReshardTest, ABudgetedTableMovesWithItsBudgetSplitAnew) {
+  auto c = Connect(client::ClientOptions::Mode::kSmart);
+  v1::TableConfig lru = Table("lru", v1::ADAGRAD, 13);
+  lru.set_max_rows(600);
+  lru.mutable_eviction()->set_policy(v1::EVICTION_LRU);
+  ASSERT_TRUE(c->CreateTable(lru).ok());
+  v1::TableConfig unbounded = lru;
+  unbounded.clear_max_rows();
+  unbounded.clear_eviction();
+  ASSERT_TRUE(reference_->CreateTable(unbounded).ok());
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < 1000; ++i) ids.push_back(i * 7919 + 5);
+  std::mt19937_64 rng(9);
+  std::uniform_real_distribution<float> g(-1.0f, 1.0f);
+  for (int step = 0; step < 3; ++step) {
+    std::vector<float> grads(ids.size() * kDim);
+    for (float& x : grads) x = g(rng);
+    ASSERT_TRUE(c->PushGradients("lru", ids, grads, step).ok());
+    ASSERT_TRUE(reference_->PushGradients("lru", ids, grads, step).ok());
+  }
+  auto expect_parts = [&](const std::vector<int>& serving, int64_t part) {
+    for (int k : serving) {
+      const std::vector<v1::TableConfig> held = shards_[k].tables->ListTables().value();
+      ASSERT_EQ(held.size(), 1u);
+      EXPECT_EQ(held[0].max_rows(), part) << "shard " << k;
+      EXPECT_LE(shards_[k].tables->Usage("lru").value().rows, part) << "shard " << k;
+    }
+  };
+  expect_parts({0, 1}, 300);
+  auto expect_rows = [&] {
+    std::vector<float> got(ids.size() * kDim), want(ids.size() * kDim);
+    embedding::LookupOptions read_only;
+    read_only.insert_missing = false;
+    ASSERT_TRUE(c->Lookup("lru", ids, absl::MakeSpan(got), read_only).ok());
+    ASSERT_TRUE(reference_->Lookup("lru", ids, absl::MakeSpan(want), read_only).ok());
+    EXPECT_EQ(got, want);
+  };
+  expect_rows();
+  v1::ReshardClusterResponse r;
+  grpc::Status s = Reshard({0, 1, 2}, &r);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  expect_parts({0, 1, 2}, 200);
+  expect_rows();
+  s = Reshard({0, 1}, &r);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  expect_parts({0, 1}, 300);
+  expect_rows();
 }
 
 }  // namespace

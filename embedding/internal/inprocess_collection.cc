@@ -199,6 +199,28 @@ absl::Status InProcessCollectionImpl::ExportRows(
   return absl::OkStatus();
 }
 
+absl::Status InProcessCollectionImpl::SetRowBudget(absl::string_view table, int64_t max_rows) {
+  TablePtr t;
+  {
+    // Exclusive, as AlterTable: ListTables copies configs under the shared lock.
+    absl::MutexLock lock(&mu_);
+    auto it = tables_.find(table);
+    if (it == tables_.end()) {
+      return absl::NotFoundError(absl::StrCat("table '", table, "' not found"));
+    }
+    t = it->second;
+    if (t->config.vocabulary_size() > 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("table '", table, "' has a fixed vocabulary: no row budget"));
+    }
+    t->config.set_max_rows(std::max<int64_t>(0, max_rows));
+  }
+  // Split over its shards as CreateTable splits it.
+  const int64_t each = max_rows > 0 ? (max_rows + num_shards_ - 1) / num_shards_ : 0;
+  for (const auto& shard : t->shards) TESSERA_RETURN_IF_ERROR(shard->SetRowBudget(each));
+  return absl::OkStatus();
+}
+
 absl::Status InProcessCollectionImpl::Repartition(int shard_index, int num_shards) {
   if (num_shards < 1 || shard_index < 0 || shard_index >= num_shards) {
     return absl::InvalidArgumentError(

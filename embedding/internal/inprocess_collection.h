@@ -59,6 +59,7 @@ class InProcessCollectionImpl final : public embedding::InProcessCollection {
   absl::Status ImportRows(absl::string_view table, const embedding::RowBlock& rows) override;
   int num_shards() const override { return num_shards_; }
   absl::Status Repartition(int shard_index, int num_shards) override;
+  absl::Status SetRowBudget(absl::string_view table, int64_t max_rows) override;
 
   const std::vector<std::unique_ptr<embedding::EmbeddingTable>>* ShardsOf(
       absl::string_view table) const override;

@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "embedding/embedding_table.h"
 #include "embedding/internal/admission.h"
 #include "embedding/internal/stripe.h"
@@ -16,6 +17,25 @@ using embedding_internal::kStripeShift;
 using embedding_internal::MapEntry;
 using embedding_internal::MapHash;
 using embedding_internal::StripeWriter;
+
+absl::Status EmbeddingTable::SetRowBudget(int64_t row_budget) {
+  if (fixed_ != nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("table '", name(), "' has a fixed vocabulary: no row budget"));
+  }
+  row_budget_.store(row_budget, std::memory_order_relaxed);
+  if (row_budget <= 0 || policy_ == v1::EVICTION_NONE) return absl::OkStatus();
+  // Evicted down to it, a row of each stripe in turn.
+  while (num_rows() > row_budget) {
+    const int64_t before = num_rows();
+    for (int s = 0; s < kNumStripes && num_rows() > row_budget; ++s) {
+      StripeWriter lock(stripes_[s]);
+      if (stripes_[s].size() > 0) TESSERA_RETURN_IF_ERROR(EvictOneLocked(stripes_[s]));
+    }
+    if (num_rows() >= before) break;  // nothing left to evict
+  }
+  return absl::OkStatus();
+}
 
 absl::Status EmbeddingTable::EvictOneLocked(Stripe& stripe) {
   if (stripe.size() == 0) {
@@ -69,7 +89,7 @@ absl::Status EmbeddingTable::EvictOneLocked(Stripe& stripe) {
 
 absl::StatusOr<float*> EmbeddingTable::InsertManagedLocked(Stripe& stripe, int64_t id,
                                                            uint64_t hash) {
-  if ((row_budget_ > 0 && num_rows() >= row_budget_) ||
+  if ((row_budget() > 0 && num_rows() >= row_budget()) ||
       (memory_ != nullptr && !memory_->HasRoomFor(row_bytes_))) {
     TESSERA_RETURN_IF_ERROR(EvictOneLocked(stripe));
   }

@@ -311,6 +311,27 @@ absl::Status DurableCollection::ImportRows(absl::string_view table,
                   absl::StrCat("table '", table, "': imported rows not on disk"));
 }
 
+absl::Status DurableCollection::SetRowBudget(absl::string_view table, int64_t max_rows) {
+  absl::MutexLock lock(&mu_);
+  TESSERA_RETURN_IF_ERROR(Usable());
+  auto it = tables_.find(table);
+  if (it == tables_.end()) {
+    return absl::NotFoundError(absl::StrCat("table '", table, "' not found"));
+  }
+  Table& t = it->second;
+  if (t.config.vocabulary_size() > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("table '", table, "' has a fixed vocabulary: no row budget"));
+  }
+  v1::TableConfig changed = t.config;
+  changed.set_max_rows(std::max<int64_t>(0, max_rows));
+  TESSERA_RETURN_IF_ERROR(Annotate(
+      store_->Write({KvWrite{CatalogKey(t.id), EncodeCatalogEntry(changed)}}, /*sync=*/true),
+      absl::StrCat("table '", table, "': cannot store its new row budget (nothing changed)")));
+  t.config = changed;
+  return memory_->SetRowBudget(table, changed.max_rows());
+}
+
 absl::Status DurableCollection::Repartition(int shard_index, int num_shards) {
   absl::MutexLock lock(&mu_);
   TESSERA_RETURN_IF_ERROR(Usable());

@@ -142,6 +142,8 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   // Forgets the rows it no longer owns (in memory, on disk and spilled), then writes
   // every dirty row (synced), so that rows imported for the new place survive a restart.
   absl::Status Repartition(int shard_index, int num_shards) override;
+  // The catalog takes the new config (synced) before the memory tables take the budget.
+  absl::Status SetRowBudget(absl::string_view table, int64_t max_rows) override;
 
   // Rows loaded from disk by the last Open or Restore.
   int64_t rows_loaded() const;
