@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Live resharding under load: a cluster of 2 memory-only shards holding ROWS rows (one
-table, dim 16, Adagrad, imported with state) moves to 3 shards while tessera-train trains
+table, dim 16, Adagrad, imported with state) moves to 3 shards (RESHARD_DATA_DIRS=1: shards with data directories) while tessera-train trains
 through it (smart client) and a Python client pushes gradients of PUSH_ROWS random rows of
 the big table in a loop (0: no pusher). Prints the rows moved, how long the reshard took and how long pushes
 waited, the run's samples/s and the pusher's rows/s before, during and after it, and checks
@@ -61,13 +61,19 @@ def main():
     procs = []
     try:
         shards = []
+        # RESHARD_DATA_DIRS=1: every shard on a data directory (CHECKPOINT tables).
+        durable = os.environ.get("RESHARD_DATA_DIRS") == "1"
+
+        def data_dir(k):
+            return [f"--data_dir={root}/shard-{k}"] if durable else []
+
         for k in range(2):
             p, a = start([f"{BUILD}/tessera-shard", "--port=0", f"--shard_index={k}",
-                          "--num_shards=2"], log)
+                          "--num_shards=2"] + data_dir(k), log)
             procs.append(p)
             shards.append(a)
         p, third = start([f"{BUILD}/tessera-shard", "--port=0", "--shard_index=2",
-                          "--num_shards=3", "--shard_map_version=2"], log)
+                          "--num_shards=3", "--shard_map_version=2"] + data_dir(2), log)
         procs.append(p)
         p, coordinator = start([f"{BUILD}/tessera-coordinator", "--port=0",
                                 "--shards=" + ",".join(shards)], log)
