@@ -322,11 +322,11 @@ class EmbeddingCollection {
 
   // Makes this collection shard `shard_index` of `num_shards` of its cluster from now on (a
   // live reshard moved the rows it gains here already): the rows it no longer owns
-  // (ShardOfRow) are forgotten, in memory and on disk, and a durable collection writes
-  // every row it holds, so that rows moved here survive a restart. Callers hold pushes
-  // back while it runs. FailedPrecondition, with nothing changed, while it holds a
-  // fixed-vocabulary table (its arrays are laid out for one place); collections that
-  // cannot, Unimplemented.
+  // (ShardOfRow) are forgotten, in memory and on disk (nothing to forget when its place is
+  // the one it has), and a durable collection writes every dirty row, so that rows moved
+  // here survive a restart (and the rows it kept come back as of the same moment).
+  // FailedPrecondition, with nothing changed, while it holds a fixed-vocabulary table (its
+  // arrays are laid out for one place); collections that cannot, Unimplemented.
   virtual absl::Status Repartition(int shard_index, int num_shards);
 
   // Gives `table` the row budget `max_rows` (0: none) from now on, its config (and a durable

@@ -510,7 +510,21 @@ absl::Status Cluster::PrepareReshard(client::ShardRouter* next, UnfinishedReshar
     }
     changed[j] = r->changed_rows();
   }
-  return MoveRows(next, configs, *u, changed, &out->rows_caught_up);
+  TESSERA_RETURN_IF_ERROR(MoveRows(next, configs, *u, changed, &out->rows_caught_up));
+  // Shards only in the new map write what they received, before pushes wait.
+  for (int k = 0; k < m; ++k) {
+    if (std::find(old->addresses().begin(), old->addresses().end(), to[k]) !=
+        old->addresses().end()) {
+      continue;
+    }
+    phase.set_shard_index(k);
+    if (absl::Status s = next->ReshardOn(k, phase).status(); !s.ok()) {
+      AbortReshard(*u, old->num_shards());
+      return Annotate(s, absl::StrCat("reshard aborted: shard ", k, " of the new map (", to[k],
+                                      ") could not write the rows it received"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Cluster::FreezeAndCatchUp(client::ShardRouter* next, UnfinishedReshard* u,

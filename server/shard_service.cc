@@ -865,7 +865,15 @@ absl::Status ShardService::Copy(const v1::ReshardRequest& request,
   // Rows arrive while they move: no budget refuses (or evicts) them until the commit.
   TESSERA_RETURN_IF_ERROR(SplitRowBudgets(
       {request.row_budgets().begin(), request.row_budgets().end()}, /*num_shards=*/0));
-  if (version_.load() >= request.version()) return absl::OkStatus();  // a shard of the new map
+  if (version_.load() >= request.version()) {
+    // A shard of the new map: the rows that came so far are written now, while the old
+    // map serves, and not while pushes wait at the commit.
+    if (index_.load() != request.shard_index() || num_shards_.load() != request.num_shards()) {
+      return absl::OkStatus();
+    }
+    return Annotate(tables_->Repartition(request.shard_index(), request.num_shards()),
+                    absl::StrCat("shard ", index_.load(), ": the rows moved here"));
+  }
   absl::MutexLock lock(&gate_mu_);
   if (pending_version_ != 0 && pending_version_ != request.version()) {
     return absl::FailedPreconditionError(absl::StrCat(

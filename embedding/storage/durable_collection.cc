@@ -335,6 +335,14 @@ absl::Status DurableCollection::SetRowBudget(absl::string_view table, int64_t ma
 absl::Status DurableCollection::Repartition(int shard_index, int num_shards) {
   absl::MutexLock lock(&mu_);
   TESSERA_RETURN_IF_ERROR(Usable());
+  auto write = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+    return Annotate(FlushDirtyRows("", /*logged=*/true).status(),
+                    "rows that came to this shard are not all on its disk");
+  };
+  // Its place already (a shard started on the new map): nothing to forget.
+  if (shard_index == options_.cluster_shard_index && num_shards == options_.cluster_num_shards) {
+    return write();
+  }
   std::vector<KvWrite> erases;
   for (const auto& [name, t] : tables_) {
     if (t.config.vocabulary_size() > 0) break;  // refused below, before anything changes
@@ -356,8 +364,7 @@ absl::Status DurableCollection::Repartition(int shard_index, int num_shards) {
   options_.cluster_num_shards = num_shards;
   TESSERA_RETURN_IF_ERROR(Annotate(store_->Write(erases, /*sync=*/true),
                                    "rows that left this shard are still on its disk"));
-  return Annotate(FlushDirtyRows("", /*logged=*/true).status(),
-                  "rows that came to this shard are not all on its disk");
+  return write();
 }
 
 absl::Status DurableCollection::Usable() const {
