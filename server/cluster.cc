@@ -475,15 +475,16 @@ absl::Status Cluster::PrepareReshard(client::ShardRouter* next, UnfinishedReshar
     auto it = std::find(to.begin(), to.end(), a);
     u->new_index.push_back(it == to.end() ? -1 : static_cast<int32_t>(it - to.begin()));
   }
+  for (int32_t k = 0; k < m; ++k) {
+    if (std::find(u->new_index.begin(), u->new_index.end(), k) == u->new_index.end()) {
+      u->only_new.push_back(k);
+    }
+  }
   // The copy, while the old shards serve on (noting the rows that pushes change). Shards
   // only in the new map lift their row budgets for it too.
   v1::ReshardRequest phase = u->commit;
   phase.set_phase(v1::ReshardRequest::COPY);
-  for (int k = 0; k < m; ++k) {
-    if (std::find(old->addresses().begin(), old->addresses().end(), to[k]) !=
-        old->addresses().end()) {
-      continue;
-    }
+  for (const int32_t k : u->only_new) {
     phase.set_shard_index(k);
     TESSERA_RETURN_IF_ERROR(Annotate(next->ReshardOn(k, phase).status(),
                                      absl::StrCat("reshard not started: shard ", k,
@@ -512,11 +513,7 @@ absl::Status Cluster::PrepareReshard(client::ShardRouter* next, UnfinishedReshar
   }
   TESSERA_RETURN_IF_ERROR(MoveRows(next, configs, *u, changed, &out->rows_caught_up));
   // Shards only in the new map write what they received, before pushes wait.
-  for (int k = 0; k < m; ++k) {
-    if (std::find(old->addresses().begin(), old->addresses().end(), to[k]) !=
-        old->addresses().end()) {
-      continue;
-    }
+  for (const int32_t k : u->only_new) {
     phase.set_shard_index(k);
     if (absl::Status s = next->ReshardOn(k, phase).status(); !s.ok()) {
       AbortReshard(*u, old->num_shards());
@@ -530,8 +527,6 @@ absl::Status Cluster::PrepareReshard(client::ShardRouter* next, UnfinishedReshar
 absl::Status Cluster::FreezeAndCatchUp(client::ShardRouter* next, UnfinishedReshard* u,
                                        ReshardOutcome* out) {
   client::ShardRouter* old = u->old;
-  const std::vector<std::string>& to = next->addresses();
-  const int m = next->num_shards();
   const std::vector<v1::TableConfig> configs = Tables();
   std::vector<int64_t> changed(old->num_shards(), -1);
   v1::ReshardRequest phase = u->commit;
@@ -551,11 +546,7 @@ absl::Status Cluster::FreezeAndCatchUp(client::ShardRouter* next, UnfinishedResh
   out->pushes_kept = u->commit.applied_size();
   TESSERA_RETURN_IF_ERROR(MoveRows(next, configs, *u, changed, &out->rows_copied_again));
   // Shards only in the new map learn the applied pushes before any request reaches them.
-  for (int k = 0; k < m; ++k) {
-    if (std::find(old->addresses().begin(), old->addresses().end(), to[k]) !=
-        old->addresses().end()) {
-      continue;
-    }
+  for (const int32_t k : u->only_new) {
     v1::ReshardRequest commit = u->commit;
     commit.set_shard_index(k);
     if (absl::Status s = next->ReshardOn(k, commit).status(); !s.ok()) {

@@ -164,6 +164,7 @@ class Cluster {
     client::ShardRouter* old = nullptr;
     v1::ReshardRequest commit;         // applied pushes, version, map size
     std::vector<int32_t> new_index;    // per old shard: its place in the new map, -1 = none
+    std::vector<int32_t> only_new;     // places of the new map no old shard takes
   };
   // Commits every old shard of `u` (idempotent); FailedPrecondition naming those that fail.
   absl::Status CommitOldShards(const UnfinishedReshard& u);

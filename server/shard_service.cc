@@ -776,8 +776,8 @@ absl::Status ShardService::Enter(Traffic traffic, uint64_t version,
 
 void ShardService::Leave(Traffic traffic) {
   absl::MutexLock lock(&gate_mu_);
+  // Freeze and Commit await the counts with conditions, which the mutex checks itself.
   --(traffic == Traffic::kPush ? pushes_in_flight_ : reads_in_flight_);
-  if (pushes_in_flight_ == 0 || reads_in_flight_ == 0) gate_cv_.SignalAll();
 }
 
 void ShardService::NoteChanged(const v1::TableConfig& config, absl::Span<const int64_t> ids) {

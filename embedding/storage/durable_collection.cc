@@ -223,19 +223,31 @@ absl::Status DurableCollection::DropTable(absl::string_view table) {
                                "the delete (it comes back on a restart)"));
 }
 
-absl::StatusOr<v1::TableConfig> DurableCollection::AlterTable(
-    absl::string_view table, const v1::OptimizerConfig& changes) {
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<DurableCollection::Table*> DurableCollection::FindToChange(
+    absl::string_view table) {
   TESSERA_RETURN_IF_ERROR(Usable());
   auto it = tables_.find(table);
   if (it == tables_.end()) {
     return absl::NotFoundError(absl::StrCat("table '", table, "' not found"));
   }
-  Table& t = it->second;
+  return &it->second;
+}
+
+absl::Status DurableCollection::StoreConfig(const Table& t, const v1::TableConfig& config,
+                                            absl::string_view what) {
+  return Annotate(
+      store_->Write({KvWrite{CatalogKey(t.id), EncodeCatalogEntry(config)}}, /*sync=*/true),
+      absl::StrCat("table '", t.config.name(), "': cannot store its new ", what,
+                   " (nothing changed)"));
+}
+
+absl::StatusOr<v1::TableConfig> DurableCollection::AlterTable(
+    absl::string_view table, const v1::OptimizerConfig& changes) {
+  absl::MutexLock lock(&mu_);
+  TESSERA_ASSIGN_OR_RETURN(Table * found, FindToChange(table));
+  Table& t = *found;
   TESSERA_ASSIGN_OR_RETURN(v1::TableConfig altered, embedding::AlterOptimizer(t.config, changes));
-  TESSERA_RETURN_IF_ERROR(Annotate(
-      store_->Write({KvWrite{CatalogKey(t.id), EncodeCatalogEntry(altered)}}, /*sync=*/true),
-      absl::StrCat("table '", table, "': cannot store its new config (nothing changed)")));
+  TESSERA_RETURN_IF_ERROR(StoreConfig(t, altered, "config"));
   TESSERA_ASSIGN_OR_RETURN(v1::TableConfig now, memory_->AlterTable(table, changes));
   t.config = now;
   return now;
@@ -313,21 +325,15 @@ absl::Status DurableCollection::ImportRows(absl::string_view table,
 
 absl::Status DurableCollection::SetRowBudget(absl::string_view table, int64_t max_rows) {
   absl::MutexLock lock(&mu_);
-  TESSERA_RETURN_IF_ERROR(Usable());
-  auto it = tables_.find(table);
-  if (it == tables_.end()) {
-    return absl::NotFoundError(absl::StrCat("table '", table, "' not found"));
-  }
-  Table& t = it->second;
+  TESSERA_ASSIGN_OR_RETURN(Table * found, FindToChange(table));
+  Table& t = *found;
   if (t.config.vocabulary_size() > 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("table '", table, "' has a fixed vocabulary: no row budget"));
   }
   v1::TableConfig changed = t.config;
   changed.set_max_rows(std::max<int64_t>(0, max_rows));
-  TESSERA_RETURN_IF_ERROR(Annotate(
-      store_->Write({KvWrite{CatalogKey(t.id), EncodeCatalogEntry(changed)}}, /*sync=*/true),
-      absl::StrCat("table '", table, "': cannot store its new row budget (nothing changed)")));
+  TESSERA_RETURN_IF_ERROR(StoreConfig(t, changed, "row budget"));
   t.config = changed;
   return memory_->SetRowBudget(table, changed.max_rows());
 }

@@ -182,6 +182,11 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   // Finishes a model restore that a crash interrupted (its marker names the checkpoint).
   absl::Status FinishInterruptedRestore() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<const Table*> Find(absl::string_view table) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The table to change (AlterTable, SetRowBudget), or NotFound.
+  absl::StatusOr<Table*> FindToChange(absl::string_view table) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes `config` as the catalog entry of `t` (synced); `what` names the change.
+  absl::Status StoreConfig(const Table& t, const v1::TableConfig& config, absl::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Usable() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // After a crash during a checkpoint: CHECKPOINT tables' rows back to the newest complete
   // checkpoint (the live store may hold part of the interrupted one).
