@@ -37,7 +37,6 @@
 #include "embedding/collection.h"
 #include "embedding/inprocess_collection.h"
 #include "embedding/embedding_table.h"
-#include "embedding/row_layout.h"
 
 namespace tessera::embedding {
 namespace {
@@ -63,10 +62,9 @@ int IdBatches(int64_t row_bytes) {
   return static_cast<int>(std::clamp<int64_t>(want, 64, 4096));
 }
 
-// Bytes a row of fp32 weights of this shape occupies in the table.
-int64_t RowBytes(int dim, int state_floats) {
-  return int64_t{embedding::RowLayout(dim, state_floats).stride_floats} * 4;
-}
+// Bytes a row of fp32 weights of this shape occupies in the table: weights, state and
+// meta (its map slot aside).
+int64_t RowBytes(int dim, int state_floats) { return int64_t{dim + state_floats} * 4 + 8; }
 
 int StateFloats(v1::OptimizerType opt, int dim) {
   switch (opt) {

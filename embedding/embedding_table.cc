@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -16,6 +17,7 @@
 #include "embedding/internal/fixed_rows.h"
 #include "embedding/internal/row_initializer.h"
 #include "embedding/internal/row_ops.h"
+#include "embedding/internal/row_store.h"
 #include "embedding/internal/stripe.h"
 #include "embedding/internal/stripe_plan.h"
 #include "embedding/row_math.h"
@@ -26,9 +28,13 @@
 namespace tessera::embedding {
 
 using embedding_internal::IdMap;
+using embedding_internal::kNoRow;
 using embedding_internal::kStripeShift;
 using embedding_internal::MapEntry;
 using embedding_internal::MapHash;
+using embedding_internal::MapId;
+using embedding_internal::PackedMeta;
+using embedding_internal::RowStore;
 using embedding_internal::ReaderScope;
 using embedding_internal::StripePlan;
 using embedding_internal::StripeWriter;
@@ -185,6 +191,10 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(
   auto table = std::unique_ptr<EmbeddingTable>(
       new EmbeddingTable(config, row_budget, std::move(optimizer)));
   table->admission_ = std::move(admission);
+  if (!table->rows_->ok()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("table '", config.name(), "': cannot map the directory of its rows"));
+  }
   if (config.vocabulary_size() > 0) {
     if (part.count < 1 || part.index < 0 || part.index >= part.count) {
       return absl::InvalidArgumentError(absl::StrCat("table '", config.name(), "': part ",
@@ -192,7 +202,7 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(
     }
     const bool counts = config.optimizer().type() == v1::ADAM || config.dtype() != v1::FP32;
     table->fixed_ = embedding_internal::FixedRows::Create(
-        config.vocabulary_size(), part.index, part.count, table->layout_.weight_floats,
+        config.vocabulary_size(), part.index, part.count, table->weight_floats_,
         table->state_floats_, counts);
     if (table->fixed_ == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -211,22 +221,30 @@ EmbeddingTable::EmbeddingTable(const v1::TableConfig& config, int64_t row_budget
       dim_(config.dim()),
       dtype_(config.dtype()),
       state_floats_(optimizer->StateFloats()),
-      layout_((config.dim() * DtypeBytes(config.dtype()) + 3) / 4, optimizer->StateFloats()),
+      weight_floats_((config.dim() * DtypeBytes(config.dtype()) + 3) / 4),
+      read_lines_((weight_floats_ * 4 + 63) / 64),
       row_budget_(row_budget),
       optimizer_(optimizer.get()),
       initializer_(std::make_unique<embedding_internal::RowInitializer>(config)),
       policy_(config.eviction().policy()),
       ttl_steps_(config.eviction().ttl_steps()),
+      rows_(std::make_unique<RowStore>(weight_floats_ * 4, state_floats_)),
       stripes_(new Stripe[kNumStripes]) {
-  // What a row takes of a process's memory, on the safe side: the row (a 64-byte
-  // multiple) half as much again for the free room of its stripe's growing blocks, and
-  // 64 bytes of map (16-byte slots at a quarter to half load). A shard's resident memory
-  // grew by 241, 309 and 325 bytes a row over 2M rows (dim 16 SGD fp32, dim 16 Adagrad
-  // fp32, dim 64 row-wise Adagrad bf16), where this counts 256, 352 and 352.
-  row_bytes_ = static_cast<int64_t>(layout_.stride_floats) * 4 * 3 / 2 + 64;
-  for (int s = 0; s < kNumStripes; ++s) stripes_[s].set_readers(&readers_);
+  // What a row takes of a process's memory: weights, state and meta, a map slot (12
+  // bytes at a load of at least 0.8: 15) and a byte for its dirty bit and the store's
+  // blocks.
+  row_bytes_ = StoredRowBytes(config) + 16;
+  for (int s = 0; s < kNumStripes; ++s) stripes_[s].Init(&readers_, rows_.get());
   absl::MutexLock lock(&optimizers_mu_);
   optimizers_.push_back(std::move(optimizer));
+}
+
+int64_t EmbeddingTable::StoredRowBytes(const v1::TableConfig& config) {
+  const int64_t weight_bytes = (config.dim() * DtypeBytes(config.dtype()) + 3) / 4 * 4;
+  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer =
+      Optimizer::Create(config.optimizer(), config.dim());
+  const int64_t state_bytes = optimizer.ok() ? 4 * int64_t{(*optimizer)->StateFloats()} : 0;
+  return weight_bytes + state_bytes + static_cast<int64_t>(sizeof(PackedMeta));
 }
 
 EmbeddingTable::~EmbeddingTable() {
@@ -255,74 +273,103 @@ void EmbeddingTable::InitialWeights(int64_t id, float* out) const {
   initializer_->InitialWeights(id, out);
 }
 
-void EmbeddingTable::InitRow(int64_t id, float* row) const {
+float* EmbeddingTable::WeightsOf(Row row) const { return rows_->Weights(row); }
+float* EmbeddingTable::StateOf(Row row) const { return rows_->State(row); }
+
+RowMeta EmbeddingTable::MetaOf(Row row) const {
+  const PackedMeta& packed = *rows_->Meta(row);
+  RowMeta meta;
+  meta.update_count = packed.updates;
+  if (packed.updates == 0 && packed.step == PackedMeta{}.step) return meta;  // never updated
+  const int64_t latest = latest_step_.load(std::memory_order_relaxed);
+  meta.last_step =
+      latest - static_cast<int64_t>(static_cast<uint32_t>(static_cast<uint32_t>(latest) - packed.step));
+  return meta;
+}
+
+void EmbeddingTable::SetMeta(Row row, const RowMeta& meta) const {
+  PackedMeta& packed = *rows_->Meta(row);
+  packed.updates = static_cast<uint32_t>(
+      std::clamp<int64_t>(meta.update_count, 0, std::numeric_limits<uint32_t>::max()));
+  packed.step = static_cast<uint32_t>(meta.last_step);
+}
+
+void EmbeddingTable::NoteStep(int64_t step) {
+  int64_t latest = latest_step_.load(std::memory_order_relaxed);
+  while (step > latest && !latest_step_.compare_exchange_weak(latest, step)) {
+  }
+}
+
+void EmbeddingTable::InitRow(int64_t id, Row row) const {
+  float* weights = WeightsOf(row);
   if (dtype_ == v1::FP32) {
-    InitialWeights(id, row);
+    InitialWeights(id, weights);
   } else {
     thread_local std::vector<float> w;
     w.resize(dim_);
     InitialWeights(id, w.data());
-    StoreWeights(w.data(), row);
+    StoreWeights(w.data(), weights);
   }
   optimizer().InitState(StateOf(row));
-  *StoredMetaOf(row) = StoredMeta{};
+  *rows_->Meta(row) = PackedMeta{};
 }
 
-void EmbeddingTable::CopyWeightsOut(const float* row, float* out) const {
+void EmbeddingTable::CopyWeightsOut(const float* stored, float* out) const {
   if (dtype_ == v1::FP32) {
-    CopyFloats(out, row, dim_);
+    CopyFloats(out, stored, dim_);
   } else {
-    DecodeWeights(dtype_, row, dim_, out);
+    DecodeWeights(dtype_, stored, dim_, out);
   }
 }
 
-const float* EmbeddingTable::WeightsView(const float* row) const {
-  if (dtype_ == v1::FP32) return row;
+const float* EmbeddingTable::WeightsView(const float* stored) const {
+  if (dtype_ == v1::FP32) return stored;
   thread_local std::vector<float> w;
   w.resize(dim_);
-  DecodeWeights(dtype_, row, dim_, w.data());
+  DecodeWeights(dtype_, stored, dim_, w.data());
   return w.data();
 }
 
-void EmbeddingTable::StoreWeights(const float* w, float* row) const {
-  EncodeWeights(dtype_, w, dim_, row);
+void EmbeddingTable::StoreWeights(const float* w, float* stored) const {
+  EncodeWeights(dtype_, w, dim_, stored);
 }
 
-bool EmbeddingTable::UpdateRowLocked(Stripe& stripe, int64_t id, float* row, const float* grad,
+bool EmbeddingTable::UpdateRowLocked(Stripe& stripe, int64_t id, Row row, const float* grad,
                                      int64_t step, float* scratch) {
   const size_t d = static_cast<size_t>(dim_);
   const size_t sf = static_cast<size_t>(state_floats_);
   float* saved = scratch;       // (d + sf) the row's values before the step, to put back
   float* g = scratch + d + sf;  // (d) the gradient, when the optimizer must change it
   stripe.BeginChange();
-  StoredMeta* stored = StoredMetaOf(row);
-  const int64_t prior = stored->meta.update_count;
-  float* state = StateOf(row);
+  PackedMeta& packed = *rows_->Meta(row);
+  const uint32_t prior = packed.updates;
+  float* weights = rows_->Weights(row);
+  float* state = rows_->State(row);
+  CopyFloats(saved, state, static_cast<int>(sf));
   if (dtype_ == v1::FP32) {
-    // Weights and state are contiguous in the row: one copy saves both.
-    CopyFloats(saved, row, static_cast<int>(d + sf));
-    optimizer().Update(row, state, grad, g, prior);
+    CopyFloats(saved + sf, weights, static_cast<int>(d));
+    optimizer().Update(weights, state, grad, g, prior);
     // A weight or accumulator that overflowed would be stored, served and checkpointed;
     // the row keeps its last finite values instead.
-    if (!AllFinite(row, d + sf)) {  // weights and state, contiguous
-      CopyFloats(row, saved, static_cast<int>(d + sf));
+    if (!AllFinite(weights, d) || !AllFinite(state, sf)) {
+      CopyFloats(weights, saved + sf, static_cast<int>(d));
+      CopyFloats(state, saved, static_cast<int>(sf));
       return false;
     }
   } else {
     float* widened = saved + sf;
-    CopyFloats(saved, state, static_cast<int>(sf));
-    DecodeWeights(dtype_, row, dim_, widened);
+    DecodeWeights(dtype_, weights, dim_, widened);
     optimizer().Update(widened, state, grad, g, prior);
     if (!AllFinite(widened, d) || !AllFinite(state, sf)) {
       CopyFloats(state, saved, static_cast<int>(sf));
       return false;
     }
     const uint64_t seed = row_math::UpdateRoundingSeed(initializer_->key(), id, prior);
-    EncodeWeightsStochastic(dtype_, widened, dim_, seed, row);
+    EncodeWeightsStochastic(dtype_, widened, dim_, seed, weights);
   }
-  stored->meta.update_count = prior + 1;
-  stored->meta.last_step = step;
-  if (stored->dirty == 0) MarkDirtyLocked(stripe, id, row);
+  if (prior != std::numeric_limits<uint32_t>::max()) packed.updates = prior + 1;
+  packed.step = static_cast<uint32_t>(step);
+  MarkDirtyLocked(stripe, row);
   return true;
 }
 
@@ -369,47 +416,42 @@ int64_t EmbeddingTable::MissingRows(absl::Span<const int64_t> ids) const {
     const uint64_t h = MapHash(id);
     const Stripe& stripe = stripes_[h >> kStripeShift];
     absl::ReaderMutexLock lock(&stripe.mu);
-    if (stripe.Find(id, h) == nullptr && (admission_ == nullptr || admission_->WouldAdmit(id, h))) {
+    if (stripe.Find(h) == kNoRow && (admission_ == nullptr || admission_->WouldAdmit(id, h))) {
       ++missing;
     }
   }
   return missing;
 }
 
-float* EmbeddingTable::InsertLocked(Stripe& stripe, int64_t id, uint64_t hash) {
-  float* row = stripe.Insert(id, hash, layout_.stride_floats);
-  if (row != nullptr) InitRow(id, row);
+EmbeddingTable::Row EmbeddingTable::InsertLocked(Stripe& stripe, int64_t id, uint64_t hash) {
+  const Row row = stripe.Insert(hash);
+  if (row != kNoRow) InitRow(id, row);
   return row;
 }
 
-absl::StatusOr<float*> EmbeddingTable::FindOrInsertLocked(Stripe& stripe, int64_t id,
-                                                          uint64_t hash) {
-  if (float* row = stripe.Find(id, hash)) return row;
+absl::StatusOr<EmbeddingTable::Row> EmbeddingTable::FindOrInsertLocked(Stripe& stripe, int64_t id,
+                                                                       uint64_t hash) {
+  if (const Row row = stripe.Find(hash); row != kNoRow) return row;
   TESSERA_RETURN_IF_ERROR(TakeRows(1));
-  float* row = InsertLocked(stripe, id, hash);
-  if (row == nullptr) {
+  const Row row = InsertLocked(stripe, id, hash);
+  if (row == kNoRow) {
     AdjustRows(-1);
     return OutOfMemoryError();
   }
   return row;
 }
 
-void EmbeddingTable::MarkDirtyLocked(Stripe& stripe, int64_t id, float* row) {
-  stripe.dirty.push_back(MapEntry{id, row});
-  StoredMetaOf(row)->dirty = static_cast<uint32_t>(stripe.dirty.size());
+void EmbeddingTable::MarkDirtyLocked(Stripe& stripe, Row row) {
+  (void)stripe;
+  if (rows_->SetDirty(row)) dirty_rows_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void EmbeddingTable::EraseLocked(Stripe& stripe, int64_t id, uint64_t hash) {
-  const int64_t pos = stripe.current() ? stripe.current()->FindSlot(id, hash) : -1;
+  (void)id;
+  const int64_t pos = stripe.current() ? stripe.current()->FindSlot(hash) : -1;
   if (pos < 0) return;
-  float* row = stripe.current()->entries()[pos].row;
-  StoredMeta* stored = StoredMetaOf(row);
-  if (stored->dirty != 0) {  // swap-remove from the dirty list
-    const size_t at = stored->dirty - 1;
-    stripe.dirty[at] = stripe.dirty.back();
-    StoredMetaOf(stripe.dirty[at].row)->dirty = static_cast<uint32_t>(at + 1);
-    stripe.dirty.pop_back();
-    stored->dirty = 0;
+  if (rows_->ClearDirty(stripe.current()->entries()[pos].row)) {
+    dirty_rows_.fetch_sub(1, std::memory_order_relaxed);
   }
   stripe.EraseSlot(static_cast<uint64_t>(pos));
   AdjustRows(-1);
@@ -417,22 +459,36 @@ void EmbeddingTable::EraseLocked(Stripe& stripe, int64_t id, uint64_t hash) {
 
 namespace {
 
-// Finds the rows of group [b, e) of `plan` in `map` (under its stripe's lock, or validated by
-// a lock-free reader afterwards)
-// into plan.rows[b..e): the map slot of id j is prefetched while id j - 8 is probed and
-// its `row_lines` cache lines are prefetched, so the caller's pass over the rows that
-// follows finds them on their way.
-void FindGroup(const IdMap* map, absl::Span<const int64_t> ids, StripePlan& plan, int b, int e,
-               int row_lines, bool for_write) {
+// Brings the slots an id's probe reads towards the cache: at the map's load a probe
+// reads about four 12-byte slots from its home on, often into the next line.
+inline void PrefetchSlots(const MapEntry* home) {
+  __builtin_prefetch(home, 0, 3);
+  __builtin_prefetch(reinterpret_cast<const char*>(home) + 64, 0, 3);
+}
+
+// Brings row `row` of `rows` towards the cache: its weights, and for a write its state
+// and meta too.
+void PrefetchRow(const RowStore& rows, uint32_t row, bool for_write) {
+  embedding_internal::PrefetchBytes(rows.Weights(row), rows.weight_bytes(), for_write);
+  if (for_write) embedding_internal::PrefetchBytes(rows.State(row), rows.cold_bytes(), true);
+}
+
+// Finds the rows of group [b, e) of `plan` in `map` (under its stripe's lock, or validated
+// by a lock-free reader afterwards) into plan.rows[b..e): the map slot of id j is
+// prefetched while id j - 8 is probed and its row prefetched (when `prefetch`), so the
+// caller's pass over the rows that follows finds them on their way. A row number that is
+// not the store's (read torn beside a writer) counts as none.
+void FindGroup(const IdMap* map, const RowStore& rows, StripePlan& plan, int b, int e,
+               bool prefetch, bool for_write) {
   constexpr int kProbeAhead = 8;
   for (int j = b; j < e + kProbeAhead; ++j) {
-    if (j < e && map != nullptr) __builtin_prefetch(map->HomeOf(plan.hash[plan.order[j]]), 0, 3);
+    if (j < e && map != nullptr) PrefetchSlots(map->HomeOf(plan.hash[plan.order[j]]));
     const int k = j - kProbeAhead;
     if (k >= b) {
-      const int32_t pos = plan.order[k];
-      float* row = map != nullptr ? map->Find(ids[pos], plan.hash[pos]) : nullptr;
+      uint32_t row = map != nullptr ? map->Find(plan.hash[plan.order[k]]) : kNoRow;
+      if (row != kNoRow && !rows.Valid(row)) row = kNoRow;
       plan.rows[k] = row;
-      if (row != nullptr) PrefetchLines(row, row_lines, for_write);
+      if (row != kNoRow && prefetch) PrefetchRow(rows, row, for_write);
     }
   }
 }
@@ -451,31 +507,33 @@ absl::Status ForEachGroup(const StripePlan& plan, Fn&& fn) {
 }  // namespace
 
 void EmbeddingTable::WarmRows(const StripePlan& plan, absl::Span<const int64_t> ids,
-                              int row_lines, bool for_write) const {
+                              bool for_write) const {
+  (void)ids;
   constexpr int kProbeAhead = 8;
   const int n = static_cast<int>(plan.order.size());
   for (int j = 0; j < n + kProbeAhead; ++j) {
     if (j < n) {
       const uint64_t h = plan.hash[plan.order[j]];
-      if (const IdMap* map = stripes_[h >> kStripeShift].map()) {
-        __builtin_prefetch(map->HomeOf(h), 0, 3);
-      }
+      if (const IdMap* map = stripes_[h >> kStripeShift].map()) PrefetchSlots(map->HomeOf(h));
     }
     const int k = j - kProbeAhead;
     if (k < 0) continue;
-    const int32_t pos = plan.order[k];
-    const uint64_t h = plan.hash[pos];
+    const uint64_t h = plan.hash[plan.order[k]];
     const IdMap* map = stripes_[h >> kStripeShift].map();
-    if (const float* row = map != nullptr ? map->Find(ids[pos], h) : nullptr) {
-      PrefetchLines(row, row_lines, for_write);
-    }
+    const uint32_t row = map != nullptr ? map->Find(h) : kNoRow;
+    if (row != kNoRow && rows_->Valid(row)) PrefetchRow(*rows_, row, for_write);
   }
 }
 
 void EmbeddingTable::CopyGroup(const StripePlan& plan, int b, int e, float* out) const {
+  const RowStore& rows = *rows_;
   for (int k = b; k < e; ++k) {
-    if (plan.rows[k] != nullptr) {
-      CopyWeightsOut(plan.rows[k], out + static_cast<size_t>(plan.order[k]) * dim_);
+    if (plan.rows[k] == kNoRow) continue;
+    float* dst = out + static_cast<size_t>(plan.order[k]) * dim_;
+    if (dtype_ == v1::FP32) {
+      CopyFloats(dst, rows.Weights(plan.rows[k]), dim_);
+    } else {
+      DecodeWeights(dtype_, rows.Weights(plan.rows[k]), dim_, dst);
     }
   }
 }
@@ -486,7 +544,7 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
   StripePlan& plan = embedding_internal::PlanByStripe(ids);
   {
     ReaderScope reading(readers_);
-    if (ThinGroups(ids.size())) WarmRows(plan, ids, layout_.read_lines, /*for_write=*/false);
+    if (ThinGroups(ids.size())) WarmRows(plan, ids, /*for_write=*/false);
     (void)ForEachGroup(plan, [&](int s, int b, int e) {
       const Stripe& stripe = stripes_[s];
       for (int c = b; c < e; c += kChunk) {
@@ -500,18 +558,18 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
             SpinPause();
             continue;
           }
-          FindGroup(stripe.map(), ids, plan, c, ce, layout_.read_lines, /*for_write=*/false);
+          FindGroup(stripe.map(), *rows_, plan, c, ce, /*prefetch=*/true, /*for_write=*/false);
           CopyGroup(plan, c, ce, out);
           valid = stripe.ReadValid(begin);
         }
         if (!valid) {
           // Writers kept getting in the way: read under the lock instead.
           absl::ReaderMutexLock lock(&stripe.mu);
-          FindGroup(stripe.current(), ids, plan, c, ce, layout_.read_lines, false);
+          FindGroup(stripe.current(), *rows_, plan, c, ce, /*prefetch=*/true, false);
           CopyGroup(plan, c, ce, out);
         }
         for (int k = c; k < ce; ++k) {
-          if (plan.rows[k] == nullptr) plan.missing.push_back(plan.order[k]);
+          if (plan.rows[k] == kNoRow) plan.missing.push_back(plan.order[k]);
         }
       }
       return absl::OkStatus();
@@ -529,8 +587,8 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
     }
     Stripe& stripe = stripes_[h >> kStripeShift];
     StripeWriter lock(stripe);
-    if (const float* row = stripe.Find(id, h)) {
-      CopyWeightsOut(row, dst);
+    if (const Row row = stripe.Find(h); row != kNoRow) {
+      CopyWeightsOut(WeightsOf(row), dst);
       continue;
     }
     if (!insert_missing) {
@@ -539,9 +597,9 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
       if (!kept) InitialWeights(id, dst);
       continue;
     }
-    TESSERA_ASSIGN_OR_RETURN(float* row, managed ? InsertManagedLocked(stripe, id, h)
-                                                 : FindOrInsertLocked(stripe, id, h));
-    CopyWeightsOut(row, dst);
+    TESSERA_ASSIGN_OR_RETURN(const Row row, managed ? InsertManagedLocked(stripe, id, h)
+                                                    : FindOrInsertLocked(stripe, id, h));
+    CopyWeightsOut(WeightsOf(row), dst);
   }
   return absl::OkStatus();
 }
@@ -555,9 +613,7 @@ absl::Status EmbeddingTable::ApplyUniqueGradients(absl::Span<const int64_t> ids,
 absl::Status EmbeddingTable::ApplyCheckedGradients(absl::Span<const int64_t> ids,
                                                    const float* grads, int64_t step) {
   TESSERA_DCHECK(CheckFiniteGradients(name(), ids, grads, dim_).ok());
-  int64_t latest = latest_step_.load(std::memory_order_relaxed);
-  while (step > latest && !latest_step_.compare_exchange_weak(latest, step)) {
-  }
+  NoteStep(step);
   absl::Status applied = fixed_ != nullptr               ? FixedApply(ids, grads, step)
                          : policy_ != v1::EVICTION_NONE ? ApplyManaged(ids, grads, step)
                                                         : ApplyBatch(ids, grads, step);
@@ -600,10 +656,10 @@ absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const flo
     (void)ForEachGroup(plan, [&](int s, int b, int e) {
       const Stripe& stripe = stripes_[s];
       absl::ReaderMutexLock lock(&stripe.mu);
-      FindGroup(stripe.current(), ids, plan, b, e, 0, false);
+      FindGroup(stripe.current(), *rows_, plan, b, e, /*prefetch=*/false, false);
       for (int k = b; k < e; ++k) {
         const int32_t pos = plan.order[k];
-        reserved += plan.rows[k] == nullptr &&
+        reserved += plan.rows[k] == kNoRow &&
                     (admission_ == nullptr || admission_->WouldAdmit(ids[pos], plan.hash[pos]));
       }
       return absl::OkStatus();
@@ -613,7 +669,7 @@ absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const flo
 
   if (ThinGroups(ids.size())) {
     ReaderScope reading(readers_);
-    WarmRows(plan, ids, layout_.lines, /*for_write=*/true);
+    WarmRows(plan, ids, /*for_write=*/true);
   }
   thread_local std::vector<float> scratch;
   scratch.resize(ScratchFloats());
@@ -624,20 +680,20 @@ absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const flo
     StripeWriter lock(stripe);
     for (int c = b; c < e; c += kChunk) {
       const int ce = std::min(e, c + kChunk);
-      // The whole row: weights, state and the meta after them (update count, dirty flag),
+      // The whole row: weights, state and the meta after them (update count, step),
       // which every update reads and writes.
-      FindGroup(stripe.current(), ids, plan, c, ce, layout_.lines, /*for_write=*/true);
+      FindGroup(stripe.current(), *rows_, plan, c, ce, /*prefetch=*/true, /*for_write=*/true);
       for (int k = c; k < ce; ++k) {
         const int32_t pos = plan.order[k];
-        float* row = plan.rows[k];
-        if (row == nullptr && admission_ != nullptr &&
+        Row row = plan.rows[k];
+        if (row == kNoRow && admission_ != nullptr &&
             !admission_->Count(ids[pos], plan.hash[pos])) {
           ++not_admitted;  // no row yet: the gradient is dropped
           continue;
         }
-        if (row == nullptr) {
+        if (row == kNoRow) {
           row = InsertLocked(stripe, ids[pos], plan.hash[pos]);
-          if (row == nullptr) {
+          if (row == kNoRow) {
             AdjustRows(created - reserved);
             return OutOfMemoryError();
           }
@@ -685,13 +741,13 @@ absl::StatusOr<RowSnapshot> EmbeddingTable::ReadRow(int64_t id) const {
   const uint64_t h = MapHash(id);
   const Stripe& stripe = stripes_[h >> kStripeShift];
   absl::ReaderMutexLock lock(&stripe.mu);
-  const float* row = stripe.Find(id, h);
-  if (row == nullptr) {
+  const Row row = stripe.Find(h);
+  if (row == kNoRow) {
     return absl::NotFoundError(absl::StrCat("table '", name(), "': no row for id ", id));
   }
   RowSnapshot snap;
   snap.weights.resize(dim_);
-  CopyWeightsOut(row, snap.weights.data());
+  CopyWeightsOut(WeightsOf(row), snap.weights.data());
   snap.state.assign(StateOf(row), StateOf(row) + state_floats_);
   snap.meta = MetaOf(row);
   return snap;
@@ -715,29 +771,32 @@ void EmbeddingTable::ReadRows(absl::Span<const int64_t> ids, const RowFn& fn) co
     const uint64_t h = MapHash(id);
     const Stripe& stripe = stripes_[h >> kStripeShift];
     absl::ReaderMutexLock lock(&stripe.mu);
-    if (const float* row = stripe.Find(id, h)) fn(id, WeightsView(row), StateOf(row), MetaOf(row));
+    if (const Row row = stripe.Find(h); row != kNoRow) {
+      fn(id, WeightsView(WeightsOf(row)), StateOf(row), MetaOf(row));
+    }
   }
 }
 
 absl::Status EmbeddingTable::PutRowLocked(Stripe& stripe, int64_t id, uint64_t h,
                                           const float* weights, const float* state,
                                           const RowMeta& meta, bool mark_dirty) {
-  float* row = stripe.Find(id, h);
-  if (row == nullptr) {
+  (void)id;
+  Row row = stripe.Find(h);
+  if (row == kNoRow) {
     TESSERA_RETURN_IF_ERROR(TakeRows(1));
     // Not initialised: every field is written below.
-    row = stripe.Insert(id, h, layout_.stride_floats);
-    if (row == nullptr) {
+    row = stripe.Insert(h);
+    if (row == kNoRow) {
       AdjustRows(-1);
       return OutOfMemoryError();
     }
-    *StoredMetaOf(row) = StoredMeta{};
   }
+  NoteStep(meta.last_step);
   stripe.BeginChange();
-  StoreWeights(weights, row);
+  StoreWeights(weights, WeightsOf(row));
   std::copy(state, state + state_floats_, StateOf(row));
-  StoredMetaOf(row)->meta = meta;
-  if (mark_dirty && StoredMetaOf(row)->dirty == 0) MarkDirtyLocked(stripe, id, row);
+  SetMeta(row, meta);
+  if (mark_dirty) MarkDirtyLocked(stripe, row);
   return absl::OkStatus();
 }
 
@@ -802,31 +861,36 @@ void EmbeddingTable::Forget(int64_t id) {
 
 void EmbeddingTable::ForEachDirtyRow(const RowFn& fn) const {
   if (fixed_ != nullptr) return FixedForEach(fn, /*dirty_only=*/true);
+  if (DirtyRows() == 0) return;
   for (int s = 0; s < kNumStripes; ++s) {
     const Stripe& stripe = stripes_[s];
     absl::ReaderMutexLock lock(&stripe.mu);
-    for (const MapEntry& e : stripe.dirty)
-      fn(e.id, WeightsView(e.row), StateOf(e.row), MetaOf(e.row));
+    const IdMap* map = stripe.current();
+    for (uint64_t pos = 0; map != nullptr && pos < map->capacity(); ++pos) {
+      const MapEntry& e = map->entries()[pos];
+      if (e.row == kNoRow || !rows_->Dirty(e.row)) continue;
+      fn(MapId(e.hash), WeightsView(WeightsOf(e.row)), StateOf(e.row), MetaOf(e.row));
+    }
   }
 }
 
 int64_t EmbeddingTable::DirtyRows() const {
   if (fixed_ != nullptr) return fixed_->dirty_rows();
-  int64_t n = 0;
-  for (int s = 0; s < kNumStripes; ++s) {
-    absl::ReaderMutexLock lock(&stripes_[s].mu);
-    n += static_cast<int64_t>(stripes_[s].dirty.size());
-  }
-  return n;
+  return dirty_rows_.load(std::memory_order_relaxed);
 }
 
 void EmbeddingTable::ClearDirty() {
   if (fixed_ != nullptr) return FixedClearDirty();
-  for (int s = 0; s < kNumStripes; ++s) {
+  for (int s = 0; s < kNumStripes && DirtyRows() > 0; ++s) {
     Stripe& stripe = stripes_[s];
     StripeWriter lock(stripe);
-    for (const MapEntry& e : stripe.dirty) StoredMetaOf(e.row)->dirty = 0;
-    stripe.dirty.clear();
+    const IdMap* map = stripe.current();
+    for (uint64_t pos = 0; map != nullptr && pos < map->capacity(); ++pos) {
+      const uint32_t row = map->entries()[pos].row;
+      if (row != kNoRow && rows_->ClearDirty(row)) {
+        dirty_rows_.fetch_sub(1, std::memory_order_relaxed);
+      }
+    }
   }
 }
 
@@ -838,13 +902,14 @@ void EmbeddingTable::ForEachRow(const RowFn& fn) const {
     const IdMap* map = stripe.current();
     for (uint64_t pos = 0; map != nullptr && pos < map->capacity(); ++pos) {
       const MapEntry& e = map->entries()[pos];
-      if (e.row != nullptr) fn(e.id, WeightsView(e.row), StateOf(e.row), MetaOf(e.row));
+      if (e.row == kNoRow) continue;
+      fn(MapId(e.hash), WeightsView(WeightsOf(e.row)), StateOf(e.row), MetaOf(e.row));
     }
   }
 }
 
 int64_t EmbeddingTable::MemoryBytes() const {
-  int64_t bytes = ReservedBytes();
+  int64_t bytes = ReservedBytes() + (fixed_ == nullptr ? rows_->Bytes() : 0);
   for (int s = 0; s < kNumStripes; ++s) {
     absl::ReaderMutexLock lock(&stripes_[s].mu);
     bytes += stripes_[s].Bytes();

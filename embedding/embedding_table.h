@@ -12,7 +12,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "embedding/row_layout.h"
 #include "embedding/memory_budget.h"
 #include "embedding/optimizer.h"
 #include "embedding/row_meta.h"
@@ -22,6 +21,7 @@ namespace tessera::embedding_internal {
 class AdmissionFilter;
 class FixedRows;
 class RowInitializer;
+class RowStore;
 class Stripe;
 struct StripePlan;
 // The writer lock of `stripe` (Stripe::mu), named where Stripe is not defined so that the
@@ -83,12 +83,15 @@ absl::Status RequireHostPlacement(const v1::TableConfig& config);
 // One embedding table (or one shard's part of it): a dynamic vocabulary over arbitrary
 // 64-bit ids. A row is created on first touch with weights that are a pure function of
 // (table seed, id), so the same id gets the same row whatever the shard, the request
-// order or the process. Ids never collide: the id->row map stores the full id.
+// order or the process. Ids never collide: the id->row map stores a one-to-one hash of
+// the full id.
 //
-// Storage: each row is [weights (dim, in the config's dtype) | optimizer state (fp32) |
-// RowMeta] padded to a multiple of 64 bytes (embedding/row_layout.h), carved from
-// 64-byte-aligned slabs that never move, so a row's address is stable for the table's
-// lifetime.
+// Storage at the rows' payload size (embedding/internal/row_store.h): weights (dim, in
+// the config's dtype, unpadded) in one array; optimizer state (fp32) and 8 bytes of meta
+// in another; a dirty bit. A row never moves. Its meta keeps the update count (saturating
+// at 2^32 - 1) and the low 32 bits of the last update step, widened against the newest
+// step the table has seen: a row's last step reads right while it lies within 2^32 steps
+// of that. The id map takes 12 bytes a slot at a load of 0.8-0.9 (stripe.h).
 //
 // Thread safety: the id space is split into 64 stripes by a hash of the id, each with
 // its own absl::Mutex, open-addressing map and slabs (embedding/internal/stripe.h).
@@ -164,6 +167,9 @@ class EmbeddingTable {
   void set_memory_budget(MemoryBudget* budget);
   // Bytes a row counts against a memory budget: its stored size and its map slot's share.
   int64_t row_bytes() const { return row_bytes_; }
+  // What a row of a dynamic table of `config` takes of memory: weights, optimizer state and
+  // meta (without its map slot, 12 bytes at a load of 0.8-0.9).
+  static int64_t StoredRowBytes(const v1::TableConfig& config);
   int64_t evictions() const { return evictions_.load(std::memory_order_relaxed); }
   // Feature admission: gradients dropped because their id has no row and was not admitted
   // (config().admission()); counted per id and push.
@@ -262,6 +268,7 @@ class EmbeddingTable {
 
  private:
   using Stripe = embedding_internal::Stripe;
+  using Row = uint32_t;  // a row number in rows_ (embedding_internal::kNoRow: none)
 
   EmbeddingTable(const v1::TableConfig& config, int64_t row_budget,
                  std::unique_ptr<Optimizer> optimizer);
@@ -285,13 +292,13 @@ class EmbeddingTable {
 
   // The row of `id` in `stripe`, created and initialised when missing (budget taken);
   // ResourceExhausted when the budget is spent or memory runs out.
-  absl::StatusOr<float*> FindOrInsertLocked(Stripe& stripe, int64_t id, uint64_t hash)
+  absl::StatusOr<Row> FindOrInsertLocked(Stripe& stripe, int64_t id, uint64_t hash)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
-  // A new row of `id` (not present), budget already taken; null when out of memory.
-  float* InsertLocked(Stripe& stripe, int64_t id, uint64_t hash) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
+  // A new row of `id` (not present), budget already taken; kNoRow when out of memory.
+  Row InsertLocked(Stripe& stripe, int64_t id, uint64_t hash) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
   // Eviction tables: the row of `id` (not in memory), made room for by evicting another
   // when the table is full, read from the spill when kept there, else initialised.
-  absl::StatusOr<float*> InsertManagedLocked(Stripe& stripe, int64_t id, uint64_t hash)
+  absl::StatusOr<Row> InsertManagedLocked(Stripe& stripe, int64_t id, uint64_t hash)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
   // Evicts one sampled row of `stripe`; OK without evicting when the stripe is empty.
   absl::Status EvictOneLocked(Stripe& stripe) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
@@ -301,7 +308,7 @@ class EmbeddingTable {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
   // Removes `id`'s row from `stripe` and frees it.
   void EraseLocked(Stripe& stripe, int64_t id, uint64_t hash) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
-  void MarkDirtyLocked(Stripe& stripe, int64_t id, float* row) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
+  void MarkDirtyLocked(Stripe& stripe, Row row) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
   // Whether the spill keeps a row of `id` (false without a spill), with its weights in
   // `weights` (dim) when not null.
   absl::StatusOr<bool> ReadSpilled(int64_t id, float* weights) const;
@@ -329,28 +336,32 @@ class EmbeddingTable {
   // shard's part of a batch spreads thin over the stripes). Finds without locks and keeps
   // nothing; needs a ReaderScope.
   void WarmRows(const embedding_internal::StripePlan& plan, absl::Span<const int64_t> ids,
-                int row_lines, bool for_write) const;
+                bool for_write) const;
   // Copies the weights of the rows found for group [b, e) of `plan` into `out`.
   void CopyGroup(const embedding_internal::StripePlan& plan, int b, int e, float* out) const;
   // TTL: drops every row not updated since step - ttl.
   void ExpireRows(int64_t step);
-  void InitRow(int64_t id, float* row) const;
-  float* StateOf(float* row) const { return layout_.StateOf(row); }
-  const float* StateOf(const float* row) const { return layout_.StateOf(row); }
-  StoredMeta* StoredMetaOf(float* row) const { return layout_.MetaOf(row); }
-  const RowMeta& MetaOf(const float* row) const { return layout_.MetaOf(row)->meta; }
-  // Widens the row's stored weights into `out` (dim).
-  void CopyWeightsOut(const float* row, float* out) const;
-  // The row's weights as floats: the row itself for fp32, else widened into a
-  // thread-local buffer that the next call reuses.
-  const float* WeightsView(const float* row) const;
-  // Stores `w` (dim) as the row's weights, rounded to nearest.
-  void StoreWeights(const float* w, float* row) const;
+  void InitRow(int64_t id, Row row) const;
+  float* WeightsOf(Row row) const;
+  float* StateOf(Row row) const;
+  // The row's meta, its last step widened (see the class comment).
+  RowMeta MetaOf(Row row) const;
+  // Stores `meta` as the row's; the table's newest step must be at least its last step.
+  void SetMeta(Row row, const RowMeta& meta) const;
+  // Raises the newest step the table has seen to `step`.
+  void NoteStep(int64_t step);
+  // Widens stored weights `stored` into `out` (dim).
+  void CopyWeightsOut(const float* stored, float* out) const;
+  // Stored weights as floats: themselves for fp32, else widened into a thread-local
+  // buffer that the next call reuses.
+  const float* WeightsView(const float* stored) const;
+  // Stores `w` (dim) as weights at `stored`, rounded to nearest.
+  void StoreWeights(const float* w, float* stored) const;
   // One optimizer step on `row` with gradient `grad` (dim; not changed); records `step`.
   // The step runs on a copy: when it would make a weight or a state value non-finite
   // (a gradient too large for the learning rate) the row is left as it was and false is
   // returned. `scratch`: ScratchFloats().
-  bool UpdateRowLocked(Stripe& stripe, int64_t id, float* row, const float* grad, int64_t step,
+  bool UpdateRowLocked(Stripe& stripe, int64_t id, Row row, const float* grad, int64_t step,
                        float* scratch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
   size_t ScratchFloats() const { return 2 * static_cast<size_t>(dim_) + state_floats_; }
   // InvalidArgument for `refused` rows whose update UpdateRowLocked refused.
@@ -362,7 +373,8 @@ class EmbeddingTable {
   int dim_;
   v1::Dtype dtype_;
   int state_floats_;
-  RowLayout layout_;
+  int weight_floats_;  // floats the stored weights take (dim, or dim / 2 for half precision)
+  int read_lines_;     // cache lines a lookup of a fixed-vocabulary row reads
   std::atomic<int64_t> row_budget_;
   std::atomic<const Optimizer*> optimizer_;
   absl::Mutex optimizers_mu_;  // one SetOptimizer at a time
@@ -381,11 +393,13 @@ class EmbeddingTable {
   RowSpill* spill_ = nullptr;
   MemoryBudget* memory_ = nullptr;
   int64_t row_bytes_ = 0;
-  std::atomic<int64_t> latest_step_{-1};  // newest step pushed
+  std::atomic<int64_t> latest_step_{-1};  // newest step pushed or stored
+  std::atomic<int64_t> dirty_rows_{0};    // dirty bits set (dynamic tables)
   std::atomic<int64_t> next_sweep_{0};    // step of the next TTL sweep
   std::atomic<int64_t> evictions_{0};
   std::atomic<int64_t> expirations_{0};
   mutable std::atomic<int32_t> readers_{0};  // lock-free lookups in flight
+  std::unique_ptr<embedding_internal::RowStore> rows_;  // a dynamic table's rows
   std::unique_ptr<Stripe[]> stripes_;
 };
 

@@ -28,8 +28,30 @@ AlignedBlock::AlignedBlock(size_t bytes, bool zeroed) {
     if (zeroed) std::memset(data_, 0, bytes_);
     return;
   }
-  // Map one huge page more than needed and trim both ends to a 2 MiB boundary.
-  const size_t want = RoundUp(bytes, kHugePage);
+  Map(bytes, /*huge=*/true);
+}
+
+AlignedBlock AlignedBlock::Lazy(size_t bytes, bool huge) {
+  AlignedBlock block;
+  if (bytes > 0) block.Map(bytes, huge);
+  return block;
+}
+
+void AlignedBlock::Map(size_t bytes, bool huge) {
+  if (!huge) {
+    const size_t want = RoundUp(bytes, 4096);
+    void* raw = mmap(nullptr, want, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw == MAP_FAILED) return;
+    data_ = raw;
+    bytes_ = want;
+    mapped_ = true;
+    return;
+  }
+  // Map one huge page more than needed and trim both ends: 2 MiB aligned, whole pages.
+  // Only the whole huge pages are advised: the tail's small pages become resident one by
+  // one (a huge page there would take 2 MiB for what may be a few kilobytes).
+  const size_t want = RoundUp(bytes, 4096);
   void* raw = mmap(nullptr, want + kHugePage, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (raw == MAP_FAILED) return;
@@ -41,7 +63,9 @@ AlignedBlock::AlignedBlock(size_t bytes, bool zeroed) {
   data_ = reinterpret_cast<void*>(aligned);
   bytes_ = want;
   mapped_ = true;
-  madvise(data_, bytes_, MADV_HUGEPAGE);
+  if (const size_t huge_bytes = want / kHugePage * kHugePage; huge_bytes > 0) {
+    madvise(data_, huge_bytes, MADV_HUGEPAGE);
+  }
 }
 
 AlignedBlock::~AlignedBlock() { Release(); }

@@ -17,6 +17,12 @@ class AlignedBlock {
   // whatever the allocator gives: for rows that are written before they are read);
   // empty() when out of memory.
   explicit AlignedBlock(size_t bytes, bool zeroed = true);
+  // `bytes` bytes mapped from the kernel whatever the size: zero, and resident only as
+  // pages are first touched (memory grows with the rows written, not the block's size).
+  // `huge`: 2 MiB aligned, its whole 2 MiB pages advised for transparent huge pages (then
+  // resident 2 MiB at a time; a tail of less than that in small pages).
+  // empty() when out of address space.
+  static AlignedBlock Lazy(size_t bytes, bool huge);
   ~AlignedBlock();
   AlignedBlock(AlignedBlock&& other) noexcept;
   AlignedBlock& operator=(AlignedBlock&& other) noexcept;
@@ -30,6 +36,7 @@ class AlignedBlock {
 
  private:
   void Release();
+  void Map(size_t bytes, bool huge);
 
   void* data_ = nullptr;
   size_t bytes_ = 0;

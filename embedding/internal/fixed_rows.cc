@@ -109,7 +109,7 @@ void EmbeddingTable::ReadFixedRow(int64_t id, int64_t row, float* out) const {
 absl::Status EmbeddingTable::FixedLookup(absl::Span<const int64_t> ids, float* out) const {
   TESSERA_RETURN_IF_ERROR(CheckIds(ids));
   const FixedRows& f = *fixed_;
-  const int lines = layout_.read_lines;
+  const int lines = read_lines_;
   const size_t n = ids.size();
   const size_t d = static_cast<size_t>(dim_);
   const bool fp32 = dtype_ == v1::FP32;
@@ -204,7 +204,7 @@ absl::Status EmbeddingTable::FixedApply(absl::Span<const int64_t> ids, const flo
                                         int64_t) {
   TESSERA_RETURN_IF_ERROR(CheckIds(ids));
   FixedRows& f = *fixed_;
-  const int lines = (layout_.weight_floats * 4 + 63) / 64;
+  const int lines = read_lines_;
   const int state_lines = (state_floats_ * 4 + 63) / 64;
   // The ids grouped by stripe (a counting sort, stable), so that each stripe's lock is
   // taken once per batch; rows are prefetched ahead along that order.

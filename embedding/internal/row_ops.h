@@ -24,6 +24,21 @@ inline void PrefetchLines(const float* p, int lines, bool for_write) {
   }
 }
 
+// Prefetches the cache lines of [p, p + bytes). (The empty asm keeps the loop: a loop of
+// prefetches alone counts as free of effects, and GCC deletes it.)
+inline void PrefetchBytes(const void* p, int bytes, bool for_write) {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes);
+  for (uintptr_t a = begin; a < end; a += 64) {
+    if (for_write) {
+      __builtin_prefetch(reinterpret_cast<const void*>(a), 1, 3);
+    } else {
+      __builtin_prefetch(reinterpret_cast<const void*>(a), 0, 3);
+    }
+    asm volatile("");
+  }
+}
+
 // Copies `n` floats with vector loads and stores in line: a row is a few of them, and
 // the library call a copy loop would otherwise become costs more than the copy.
 inline void CopyFloats(float* dst, const float* src, int n) {

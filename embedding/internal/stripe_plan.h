@@ -18,7 +18,7 @@ struct StripePlan {
   std::vector<uint64_t> hash;    // (ids) map hash of each id
   std::vector<int32_t> order;    // positions of the ids, grouped by stripe
   std::vector<int32_t> begin;    // (stripes + 1) group bounds in `order`
-  std::vector<float*> rows;      // (ids) row found for order[k], or null
+  std::vector<uint32_t> rows;    // (ids) row number found for order[k], or kNoRow
   std::vector<int32_t> missing;  // positions whose row does not exist
 };
 

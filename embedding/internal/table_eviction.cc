@@ -13,9 +13,11 @@
 namespace tessera::embedding {
 
 using embedding_internal::IdMap;
+using embedding_internal::kNoRow;
 using embedding_internal::kStripeShift;
 using embedding_internal::MapEntry;
 using embedding_internal::MapHash;
+using embedding_internal::MapId;
 using embedding_internal::StripeWriter;
 
 absl::Status EmbeddingTable::SetRowBudget(int64_t row_budget) {
@@ -58,11 +60,10 @@ absl::Status EmbeddingTable::EvictOneLocked(Stripe& stripe) {
   x ^= x >> 7;
   x ^= x << 17;
   const IdMap& map = *stripe.current();
-  uint64_t pos = x & map.mask();
+  uint64_t pos = x % map.capacity();
   const MapEntry* victim = nullptr;
-  auto colder = [this](const MapEntry& a, const MapEntry& b) {
-    const RowMeta& ma = MetaOf(a.row);
-    const RowMeta& mb = MetaOf(b.row);
+  RowMeta victim_meta;
+  auto colder = [this](const RowMeta& ma, const RowMeta& mb) {
     if (policy_ == v1::EVICTION_LFU) {
       return ma.update_count != mb.update_count ? ma.update_count < mb.update_count
                                                 : ma.last_step < mb.last_step;
@@ -70,25 +71,32 @@ absl::Status EmbeddingTable::EvictOneLocked(Stripe& stripe) {
     return ma.last_step != mb.last_step ? ma.last_step < mb.last_step
                                         : ma.update_count < mb.update_count;
   };
-  for (int found = 0; found < kSamples && found < stripe.size(); pos = (pos + 1) & map.mask()) {
+  for (int found = 0; found < kSamples && found < stripe.size();
+       pos = pos + 1 == map.capacity() ? 0 : pos + 1) {
     const MapEntry& e = map.entries()[pos];
-    if (e.row == nullptr) continue;
+    if (e.row == kNoRow) continue;
     ++found;
-    if (victim == nullptr || colder(e, *victim)) victim = &e;
+    const RowMeta meta = MetaOf(e.row);
+    if (victim == nullptr || colder(meta, victim_meta)) {
+      victim = &e;
+      victim_meta = meta;
+    }
   }
-  const int64_t id = victim->id;
-  float* row = victim->row;
+  const uint64_t hash = victim->hash;
+  const Row row = victim->row;
+  const int64_t id = MapId(hash);
   if (spill_ != nullptr) {
-    TESSERA_RETURN_IF_ERROR(spill_->Evict(id, WeightsView(row), StateOf(row), MetaOf(row),
-                                          StoredMetaOf(row)->dirty != 0));
+    TESSERA_RETURN_IF_ERROR(spill_->Evict(id, WeightsView(WeightsOf(row)), StateOf(row),
+                                          victim_meta, rows_->Dirty(row)));
   }
-  EraseLocked(stripe, id, MapHash(id));
+  EraseLocked(stripe, id, hash);
   evictions_.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
-absl::StatusOr<float*> EmbeddingTable::InsertManagedLocked(Stripe& stripe, int64_t id,
-                                                           uint64_t hash) {
+absl::StatusOr<EmbeddingTable::Row> EmbeddingTable::InsertManagedLocked(Stripe& stripe,
+                                                                        int64_t id,
+                                                                        uint64_t hash) {
   if ((row_budget() > 0 && num_rows() >= row_budget()) ||
       (memory_ != nullptr && !memory_->HasRoomFor(row_bytes_))) {
     TESSERA_RETURN_IF_ERROR(EvictOneLocked(stripe));
@@ -96,8 +104,8 @@ absl::StatusOr<float*> EmbeddingTable::InsertManagedLocked(Stripe& stripe, int64
   // Counted without a budget check: the eviction above made the room (a concurrent
   // insert may take the table one row over for a moment).
   AdjustRows(1);
-  float* row = InsertLocked(stripe, id, hash);
-  if (row == nullptr) {
+  const Row row = InsertLocked(stripe, id, hash);
+  if (row == kNoRow) {
     AdjustRows(-1);
     return OutOfMemoryError();
   }
@@ -117,9 +125,10 @@ absl::StatusOr<float*> EmbeddingTable::InsertManagedLocked(Stripe& stripe, int64
       InitRow(id, row);
       expirations_.fetch_add(1, std::memory_order_relaxed);
     } else if (*kept) {
-      StoreWeights(weights.data(), row);
-      StoredMetaOf(row)->meta = meta;
-      if (dirty) MarkDirtyLocked(stripe, id, row);
+      StoreWeights(weights.data(), WeightsOf(row));
+      NoteStep(meta.last_step);
+      SetMeta(row, meta);
+      if (dirty) MarkDirtyLocked(stripe, row);
     }
   }
   return row;
@@ -147,8 +156,8 @@ absl::Status EmbeddingTable::ApplyManaged(absl::Span<const int64_t> ids, const f
     const uint64_t h = MapHash(ids[i]);
     Stripe& stripe = stripes_[h >> kStripeShift];
     StripeWriter lock(stripe);
-    float* row = stripe.Find(ids[i], h);
-    if (row == nullptr && admission_ != nullptr && !admission_->Count(ids[i], h)) {
+    Row row = stripe.Find(h);
+    if (row == kNoRow && admission_ != nullptr && !admission_->Count(ids[i], h)) {
       // Not admitted, unless a row of it is kept on disk (evicted before a restart that
       // emptied the sketch): such a row was admitted already.
       TESSERA_ASSIGN_OR_RETURN(const bool kept, ReadSpilled(ids[i], nullptr));
@@ -157,7 +166,7 @@ absl::Status EmbeddingTable::ApplyManaged(absl::Span<const int64_t> ids, const f
         continue;
       }
     }
-    if (row == nullptr) {
+    if (row == kNoRow) {
       TESSERA_ASSIGN_OR_RETURN(row, InsertManagedLocked(stripe, ids[i], h));
     }
     if (!UpdateRowLocked(stripe, ids[i], row, grads + i * dim_, step, scratch.data()) &&
@@ -177,7 +186,9 @@ void EmbeddingTable::ExpireRows(int64_t step) {
     const IdMap* map = stripe.current();
     for (uint64_t pos = 0; map != nullptr && pos < map->capacity(); ++pos) {
       const MapEntry& e = map->entries()[pos];
-      if (e.row != nullptr && step - MetaOf(e.row).last_step > ttl_steps_) expired.push_back(e.id);
+      if (e.row != kNoRow && step - MetaOf(e.row).last_step > ttl_steps_) {
+        expired.push_back(MapId(e.hash));
+      }
     }
     for (const int64_t id : expired) {
       EraseLocked(stripe, id, MapHash(id));

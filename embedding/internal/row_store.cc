@@ -1,0 +1,48 @@
+#include "embedding/internal/row_store.h"
+
+namespace tessera::embedding_internal {
+
+RowStore::RowStore(int weight_bytes, int state_floats)
+    : weight_bytes_(weight_bytes),
+      // The meta is 4-byte aligned after the state's floats.
+      cold_bytes_(state_floats * 4 + static_cast<int>(sizeof(PackedMeta))),
+      meta_at_(state_floats * 4),
+      directory_(AlignedBlock::Lazy(sizeof(Chunk) * kMaxChunks, /*huge=*/false)) {
+  static_assert(sizeof(PackedMeta) == 8);
+  static_assert(kChunkRows % kBlockRows == 0);
+  if (!directory_.empty()) chunks_ = static_cast<Chunk*>(directory_.data());
+}
+
+bool RowStore::TakeBlock(uint32_t* first) {
+  absl::MutexLock lock(&mu_);
+  const uint32_t next = handed_out_.load(std::memory_order_relaxed);
+  if (next >= kNoRow - kBlockRows) return false;  // kNoRow stays free
+  const uint32_t c = next >> kChunkShift;
+  if ((next & (kChunkRows - 1)) == 0) {
+    // The first chunk stays on small pages, so a small table takes little memory; later
+    // ones take huge pages where they fill them.
+    const bool huge = c > 0;
+    AlignedBlock weights = AlignedBlock::Lazy(size_t{kChunkRows} * weight_bytes_, huge);
+    AlignedBlock cold = AlignedBlock::Lazy(size_t{kChunkRows} * cold_bytes_, huge);
+    AlignedBlock dirty = AlignedBlock::Lazy(kChunkRows / 8, /*huge=*/false);
+    if ((weight_bytes_ > 0 && weights.empty()) || cold.empty() || dirty.empty()) return false;
+    Chunk& chunk = chunks_[c];
+    chunk.weights = static_cast<char*>(weights.data());
+    chunk.cold = static_cast<char*>(cold.data());
+    chunk.dirty = static_cast<uint64_t*>(dirty.data());
+    blocks_.push_back(std::move(weights));
+    blocks_.push_back(std::move(cold));
+    blocks_.push_back(std::move(dirty));
+  }
+  *first = next;
+  handed_out_.store(next + kBlockRows, std::memory_order_release);
+  return true;
+}
+
+int64_t RowStore::Bytes() const {
+  const int64_t rows = handed_out_.load(std::memory_order_relaxed);
+  const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
+  return rows * (weight_bytes_ + cold_bytes_) + chunks * (kChunkRows / 8);
+}
+
+}  // namespace tessera::embedding_internal

@@ -1,0 +1,124 @@
+#ifndef TESSERA_EMBEDDING_INTERNAL_ROW_STORE_H_
+#define TESSERA_EMBEDDING_INTERNAL_ROW_STORE_H_
+
+// The rows of a dynamic table, addressed by a 32-bit row number and laid out at their
+// payload's size:
+//
+//   weights  (rows, weight bytes)            the stored weights in the table's dtype,
+//                                            unpadded: a lookup reads these alone
+//   cold     (rows, state floats + 8 bytes)  the optimizer's state (fp32) and a PackedMeta
+//   dirty    one bit a row                   changed since the last checkpoint
+//
+// in chunks of 2^16 rows that are mapped as rows are first handed out and never move or
+// go before the table (lock-free readers may read any row a map entry names). A chunk's
+// pages become resident as rows are written; chunks after the first are advised for
+// transparent huge pages (random rows over gigabytes miss the TLB otherwise), so a
+// table's memory runs ahead of its rows by at most one huge page per array.
+//
+// Row numbers are table-wide (at most 2^32 - 1 rows per table object, that is per shard
+// of a table); stripes take them kBlockRows at a time and keep the numbers of rows they
+// erase for reuse.
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "embedding/internal/aligned_block.h"
+
+namespace tessera::embedding_internal {
+
+constexpr uint32_t kNoRow = 0xffffffffu;
+
+// A row's bookkeeping in 8 bytes: its update count (saturating; Adam's t and the seed of
+// half-precision rounding) and the low 32 bits of its last update step, which the table
+// widens against the newest step it has seen (a row's last step is taken to lie within
+// 2^32 steps of it).
+struct PackedMeta {
+  uint32_t updates = 0;
+  uint32_t step = 0xffffffffu;  // low bits of -1: never updated
+};
+
+class RowStore {
+ public:
+  static constexpr int kChunkShift = 16;
+  static constexpr uint32_t kChunkRows = uint32_t{1} << kChunkShift;
+  static constexpr uint32_t kMaxChunks = uint32_t{1} << (32 - kChunkShift);
+  static constexpr uint32_t kBlockRows = 64;  // a multiple dividing kChunkRows
+
+  // Rows of `weight_bytes` stored weights and `state_floats` floats of optimizer state.
+  RowStore(int weight_bytes, int state_floats);
+  RowStore(const RowStore&) = delete;
+  RowStore& operator=(const RowStore&) = delete;
+
+  // False when the chunk directory could not be mapped.
+  bool ok() const { return chunks_ != nullptr; }
+  int weight_bytes() const { return weight_bytes_; }
+  int cold_bytes() const { return cold_bytes_; }
+
+  float* Weights(uint32_t r) const {
+    return reinterpret_cast<float*>(chunks_[r >> kChunkShift].weights +
+                                    static_cast<size_t>(r & (kChunkRows - 1)) * weight_bytes_);
+  }
+  float* State(uint32_t r) const {
+    return reinterpret_cast<float*>(chunks_[r >> kChunkShift].cold +
+                                    static_cast<size_t>(r & (kChunkRows - 1)) * cold_bytes_);
+  }
+  PackedMeta* Meta(uint32_t r) const {
+    return reinterpret_cast<PackedMeta*>(reinterpret_cast<char*>(State(r)) + meta_at_);
+  }
+  // True for a row number handed out (any value a lock-free reader may have read torn is
+  // checked with this before it is used).
+  bool Valid(uint32_t r) const { return r < handed_out_.load(std::memory_order_acquire); }
+
+  // Hands out kBlockRows fresh row numbers from *first on, their memory mapped; false
+  // when out of memory or of row numbers.
+  bool TakeBlock(uint32_t* first);
+
+  // Dirty bits. Callers hold the row's stripe lock; rows of other stripes share the
+  // words, so the bits change atomically.
+  bool Dirty(uint32_t r) const {
+    return (__atomic_load_n(DirtyWord(r), __ATOMIC_RELAXED) >> (r & 63)) & 1;
+  }
+  // Sets the bit; true when it was clear. (A row updated again finds it set: a plain
+  // load, no locked instruction.)
+  bool SetDirty(uint32_t r) {
+    const uint64_t bit = uint64_t{1} << (r & 63);
+    uint64_t* word = DirtyWord(r);
+    if (__atomic_load_n(word, __ATOMIC_RELAXED) & bit) return false;
+    return (__atomic_fetch_or(word, bit, __ATOMIC_RELAXED) & bit) == 0;
+  }
+  // Clears the bit; true when it was set.
+  bool ClearDirty(uint32_t r) {
+    const uint64_t bit = uint64_t{1} << (r & 63);
+    return (__atomic_fetch_and(DirtyWord(r), ~bit, __ATOMIC_RELAXED) & bit) != 0;
+  }
+
+  // Bytes of the rows handed out (weights, cold part and dirty bits): what the table's
+  // rows take of resident memory, give or take a huge page per array.
+  int64_t Bytes() const;
+
+ private:
+  struct Chunk {
+    char* weights = nullptr;
+    char* cold = nullptr;
+    uint64_t* dirty = nullptr;
+  };
+  uint64_t* DirtyWord(uint32_t r) const {
+    return chunks_[r >> kChunkShift].dirty + ((r & (kChunkRows - 1)) >> 6);
+  }
+
+  const int weight_bytes_;
+  const int cold_bytes_;
+  const int meta_at_;
+  AlignedBlock directory_;  // kMaxChunks Chunk entries, resident as they are used
+  Chunk* chunks_ = nullptr;
+  std::atomic<uint32_t> handed_out_{0};  // rows [0, handed_out_) have memory
+  absl::Mutex mu_;
+  std::vector<AlignedBlock> blocks_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tessera::embedding_internal
+
+#endif  // TESSERA_EMBEDDING_INTERNAL_ROW_STORE_H_

@@ -1,0 +1,212 @@
+// The storage under a dynamic table: the Robin Hood id map of a stripe, the row store, and
+// the table's rows at their payload's size (meta packed into 8 bytes).
+
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "embedding/embedding_table.h"
+#include "embedding/internal/row_store.h"
+#include "embedding/internal/stripe.h"
+#include "gtest/gtest.h"
+
+namespace tessera::embedding {
+namespace {
+
+using embedding_internal::IdMap;
+using embedding_internal::kNoRow;
+using embedding_internal::MapHash;
+using embedding_internal::MapId;
+using embedding_internal::RowStore;
+using embedding_internal::Stripe;
+using embedding_internal::StripeWriter;
+
+TEST(MapIdTest, InvertsTheMapHash) {
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 10000; ++i) {
+    const int64_t id = static_cast<int64_t>(rng());
+    ASSERT_EQ(MapId(MapHash(id)), id);
+  }
+  for (const int64_t id : {int64_t{0}, int64_t{-1}, std::numeric_limits<int64_t>::min(),
+                           std::numeric_limits<int64_t>::max()}) {
+    EXPECT_EQ(MapId(MapHash(id)), id);
+  }
+}
+
+// Every id placed is found, every id erased is gone, and ids never placed are not found,
+// through a mix of places and erases that leaves the map at its highest load.
+TEST(IdMapTest, FindsWhatItHoldsAtHighLoadThroughErases) {
+  for (const uint64_t capacity : {uint64_t{17}, uint64_t{1000}, uint64_t{4099}}) {
+    std::unique_ptr<IdMap> map = IdMap::Create(capacity);
+    ASSERT_NE(map, nullptr);
+    std::mt19937_64 rng(capacity);
+    std::vector<uint64_t> held;
+    std::set<uint64_t> gone;
+    for (int round = 0; round < 20; ++round) {
+      while (held.size() < map->limit()) {
+        const uint64_t h = MapHash(static_cast<int64_t>(rng()));
+        map->Place(h, static_cast<uint32_t>(held.size() * 7 + round));
+        held.push_back(h);
+      }
+      // Erase a third, at random.
+      for (size_t k = 0; k < held.size() / 3; ++k) {
+        const size_t at = rng() % held.size();
+        const int64_t slot = map->FindSlot(held[at]);
+        ASSERT_GE(slot, 0);
+        map->EraseSlot(static_cast<uint64_t>(slot));
+        gone.insert(held[at]);
+        held[at] = held.back();
+        held.pop_back();
+      }
+      for (const uint64_t h : held) ASSERT_NE(map->Find(h), kNoRow) << "capacity " << capacity;
+      for (const uint64_t h : gone) {
+        if (std::find(held.begin(), held.end(), h) == held.end()) {
+          ASSERT_EQ(map->Find(h), kNoRow);
+        }
+      }
+      for (int k = 0; k < 100; ++k) ASSERT_EQ(map->Find(MapHash(static_cast<int64_t>(rng()))), kNoRow);
+    }
+  }
+}
+
+// A stripe's map stays between 0.8 and 0.9 full as it grows (past its first sizes).
+TEST(StripeTest, GrowsByAnEighthAndStaysAtHighLoad) {
+  std::atomic<int32_t> readers{0};
+  RowStore rows(64, 0);
+  ASSERT_TRUE(rows.ok());
+  Stripe stripe;
+  stripe.Init(&readers, &rows);
+  StripeWriter lock(stripe);
+  std::set<uint32_t> numbers;
+  for (int64_t i = 0; i < 200000; ++i) {
+    const uint32_t row = stripe.Insert(MapHash(i));
+    ASSERT_NE(row, kNoRow);
+    ASSERT_TRUE(numbers.insert(row).second) << "row " << row << " handed out twice";
+    if (i >= 1000) {
+      const double load = static_cast<double>(stripe.size()) /
+                          static_cast<double>(stripe.current()->capacity());
+      ASSERT_GE(load, 0.79) << i;
+      ASSERT_LE(load, 0.9) << i;
+    }
+  }
+  for (int64_t i = 0; i < 200000; ++i) ASSERT_NE(stripe.Find(MapHash(i)), kNoRow);
+}
+
+TEST(RowStoreTest, RowsDoNotOverlapAndDirtyBitsAreTheirOwn) {
+  RowStore rows(/*weight_bytes=*/36, /*state_floats=*/3);
+  ASSERT_TRUE(rows.ok());
+  EXPECT_EQ(rows.cold_bytes(), 3 * 4 + 8);
+  std::vector<uint32_t> firsts;
+  for (uint32_t b = 0; b < 2 * RowStore::kChunkRows / RowStore::kBlockRows + 3; ++b) {
+    uint32_t first = 0;
+    ASSERT_TRUE(rows.TakeBlock(&first));
+    firsts.push_back(first);
+  }
+  const uint32_t n = static_cast<uint32_t>(firsts.size()) * RowStore::kBlockRows;
+  for (uint32_t r = 0; r < n; ++r) {
+    ASSERT_TRUE(rows.Valid(r));
+    std::memset(rows.Weights(r), static_cast<int>(r & 0xff), 36);
+    for (int k = 0; k < 3; ++k) rows.State(r)[k] = static_cast<float>(r);
+    rows.Meta(r)->updates = r;
+  }
+  EXPECT_FALSE(rows.Valid(n));
+  for (uint32_t r = 0; r < n; ++r) {
+    const auto* w = reinterpret_cast<const unsigned char*>(rows.Weights(r));
+    ASSERT_EQ(w[0], r & 0xff);
+    ASSERT_EQ(w[35], r & 0xff);
+    ASSERT_EQ(rows.State(r)[2], static_cast<float>(r));
+    ASSERT_EQ(rows.Meta(r)->updates, r);
+  }
+  EXPECT_TRUE(rows.SetDirty(70));
+  EXPECT_FALSE(rows.SetDirty(70));
+  EXPECT_TRUE(rows.Dirty(70));
+  EXPECT_FALSE(rows.Dirty(71));
+  EXPECT_FALSE(rows.Dirty(69));
+  EXPECT_TRUE(rows.ClearDirty(70));
+  EXPECT_FALSE(rows.ClearDirty(70));
+  EXPECT_GE(rows.Bytes(), int64_t{n} * (36 + 20));
+}
+
+v1::TableConfig Config(v1::OptimizerType type, v1::Dtype dtype = v1::FP32) {
+  v1::TableConfig c;
+  c.set_name("t");
+  c.set_dim(16);
+  c.set_dtype(dtype);
+  c.mutable_optimizer()->set_type(type);
+  c.mutable_optimizer()->set_learning_rate(0.1f);
+  return c;
+}
+
+// The meta a row is given is the meta it reads back: the last step widened against the
+// table's newest, the update count saturating at 2^32 - 1.
+TEST(PackedMetaTest, LastStepsAndCountsReadBackAsStored) {
+  auto table = EmbeddingTable::Create(Config(v1::ADAM)).value();
+  const std::vector<float> w(16, 0.5f), state(32, 0.25f);
+  const int64_t big = (int64_t{1} << 40) + 12345;
+  struct Case {
+    int64_t id, last_step, update_count;
+  };
+  // Steps within 2^32 of the newest (a row 2^32 or more behind it reads as more recent).
+  const std::vector<Case> cases = {{1, -1, 0},
+                                   {2, big - (int64_t{1} << 32) + 1, 1},
+                                   {3, big - 100000, 3},
+                                   {4, big, 99},
+                                   {5, big - 3, 5},
+                                   {6, big - 1, int64_t{1} << 33}};
+  for (const Case& c : cases) {
+    ASSERT_TRUE(table->PutRow(c.id, w, state, RowMeta{c.last_step, c.update_count}).ok());
+  }
+  for (const Case& c : cases) {
+    absl::StatusOr<RowSnapshot> row = table->ReadRow(c.id);
+    ASSERT_TRUE(row.ok());
+    EXPECT_EQ(row->meta.last_step, c.last_step) << c.id;
+    EXPECT_EQ(row->meta.update_count, std::min<int64_t>(c.update_count, 0xffffffffLL)) << c.id;
+    EXPECT_EQ(row->weights, w);
+    EXPECT_EQ(row->state, state);
+  }
+  // An update records its step and counts one more.
+  const std::vector<int64_t> ids = {3};
+  const std::vector<float> g(16, 0.01f);
+  ASSERT_TRUE(table->ApplyUniqueGradients(ids, g.data(), big + 1).ok());
+  EXPECT_EQ(table->ReadRow(3)->meta.last_step, big + 1);
+  EXPECT_EQ(table->ReadRow(3)->meta.update_count, 4);
+  EXPECT_EQ(table->ReadRow(4)->meta.last_step, big);
+  EXPECT_EQ(table->ReadRow(1)->meta.last_step, -1);
+
+  // Small steps, as most runs have.
+  auto small = EmbeddingTable::Create(Config(v1::SGD, v1::BF16)).value();
+  const std::vector<float> none;
+  ASSERT_TRUE(small->PutRow(1, w, none, RowMeta{0, 1}).ok());
+  ASSERT_TRUE(small->PutRow(2, w, none, RowMeta{7, 3}).ok());
+  ASSERT_TRUE(small->ApplyUniqueGradients(std::vector<int64_t>{3}, g.data(), 5).ok());
+  EXPECT_EQ(small->ReadRow(1)->meta.last_step, 0);
+  EXPECT_EQ(small->ReadRow(2)->meta.last_step, 7);
+  EXPECT_EQ(small->ReadRow(3)->meta.last_step, 5);
+  EXPECT_EQ(small->ReadRow(3)->meta.update_count, 1);
+}
+
+// Rows take their payload and 8 bytes of meta, and the maps 12 bytes a slot at a load of
+// at least 0.8 (bf16 SGD at dim 16: 32 bytes of payload, at most 56 in all).
+TEST(RowSizeTest, MemoryPerRowIsThePayloadAndLittleMore) {
+  for (const v1::Dtype dtype : {v1::FP32, v1::BF16}) {
+    for (const v1::OptimizerType type : {v1::SGD, v1::ADAGRAD, v1::ROWWISE_ADAGRAD, v1::ADAM}) {
+      auto table = EmbeddingTable::Create(Config(type, dtype)).value();
+      const int64_t payload = EmbeddingTable::StoredRowBytes(table->config()) - 8;
+      constexpr int64_t kRows = 300000;
+      std::vector<int64_t> ids(kRows);
+      for (int64_t i = 0; i < kRows; ++i) ids[i] = i * 7919;
+      std::vector<float> out(kRows * 16);
+      ASSERT_TRUE(table->Lookup(ids, out.data()).ok());
+      const double per_row = static_cast<double>(table->MemoryBytes()) / kRows;
+      EXPECT_LE(per_row, 1.25 * static_cast<double>(payload) + 16)
+          << v1::OptimizerType_Name(type) << " " << v1::Dtype_Name(dtype);
+      EXPECT_GE(per_row, static_cast<double>(payload) + 8 + 12);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera::embedding
