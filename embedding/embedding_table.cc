@@ -230,9 +230,9 @@ EmbeddingTable::EmbeddingTable(const v1::TableConfig& config, int64_t row_budget
       ttl_steps_(config.eviction().ttl_steps()),
       rows_(std::make_unique<RowStore>(weight_floats_ * 4, state_floats_)),
       stripes_(new Stripe[kNumStripes]) {
-  // What a row takes of a process's memory: weights, state and meta, a map slot (12
-  // bytes at a load of at least 0.8: 15) and a byte for its dirty bit and the store's
-  // blocks.
+  // What a row takes of a process's memory: weights, state and meta, a map slot (12.8
+  // bytes at a load of about 0.85 or more: 15) and a byte for its dirty bit and the
+  // store's blocks.
   row_bytes_ = StoredRowBytes(config) + 16;
   for (int s = 0; s < kNumStripes; ++s) stripes_[s].Init(&readers_, rows_.get());
   absl::MutexLock lock(&optimizers_mu_);
@@ -450,7 +450,7 @@ void EmbeddingTable::EraseLocked(Stripe& stripe, int64_t id, uint64_t hash) {
   (void)id;
   const int64_t pos = stripe.current() ? stripe.current()->FindSlot(hash) : -1;
   if (pos < 0) return;
-  if (rows_->ClearDirty(stripe.current()->entries()[pos].row)) {
+  if (rows_->ClearDirty(stripe.current()->Slot(pos).row)) {
     dirty_rows_.fetch_sub(1, std::memory_order_relaxed);
   }
   stripe.EraseSlot(static_cast<uint64_t>(pos));
@@ -458,13 +458,6 @@ void EmbeddingTable::EraseLocked(Stripe& stripe, int64_t id, uint64_t hash) {
 }
 
 namespace {
-
-// Brings the slots an id's probe reads towards the cache: at the map's load a probe
-// reads about four 12-byte slots from its home on, often into the next line.
-inline void PrefetchSlots(const MapEntry* home) {
-  __builtin_prefetch(home, 0, 3);
-  __builtin_prefetch(reinterpret_cast<const char*>(home) + 64, 0, 3);
-}
 
 // Brings row `row` of `rows` towards the cache: its weights, and for a write its state
 // and meta too.
@@ -474,22 +467,47 @@ void PrefetchRow(const RowStore& rows, uint32_t row, bool for_write) {
 }
 
 // Finds the rows of group [b, e) of `plan` in `map` (under its stripe's lock, or validated
-// by a lock-free reader afterwards) into plan.rows[b..e): the map slot of id j is
-// prefetched while id j - 8 is probed and its row prefetched (when `prefetch`), so the
-// caller's pass over the rows that follows finds them on their way. A row number that is
-// not the store's (read torn beside a writer) counts as none.
+// by a lock-free reader afterwards) into plan.rows[b..e): the first map bucket of id j is
+// prefetched while id j - 8 is looked up and its row prefetched (when `prefetch`), so the
+// caller's pass over the rows that follows finds them on their way. An id its first
+// bucket does not settle has its second bucket prefetched and is looked up after the
+// others (a miss then overlaps the group's work instead of stalling it). A row number
+// that is not the store's (read torn beside a writer) counts as none.
 void FindGroup(const IdMap* map, const RowStore& rows, StripePlan& plan, int b, int e,
                bool prefetch, bool for_write) {
   constexpr int kProbeAhead = 8;
+  constexpr int kMaxDeferred = 64;
+  int deferred[kMaxDeferred];
+  int num_deferred = 0;
+  // Rows handed out later than this are counted as not found (the caller's locked path
+  // finds them): every row number read stays below it unless read torn.
+  const uint32_t handed_out = rows.HandedOut();
+  auto found = [&](int k, uint32_t row) {
+    if (row >= handed_out) row = kNoRow;
+    plan.rows[k] = row;
+    if (row != kNoRow && prefetch) PrefetchRow(rows, row, for_write);
+  };
   for (int j = b; j < e + kProbeAhead; ++j) {
-    if (j < e && map != nullptr) PrefetchSlots(map->HomeOf(plan.hash[plan.order[j]]));
+    if (j < e && map != nullptr) map->Prefetch(plan.hash[plan.order[j]]);
     const int k = j - kProbeAhead;
-    if (k >= b) {
-      uint32_t row = map != nullptr ? map->Find(plan.hash[plan.order[k]]) : kNoRow;
-      if (row != kNoRow && !rows.Valid(row)) row = kNoRow;
-      plan.rows[k] = row;
-      if (row != kNoRow && prefetch) PrefetchRow(rows, row, for_write);
+    if (k < b) continue;
+    if (map == nullptr) {
+      plan.rows[k] = kNoRow;
+      continue;
     }
+    const uint64_t h = plan.hash[plan.order[k]];
+    uint32_t row;
+    if (map->FindInFirst(h, &row)) {
+      found(k, row);
+    } else if (num_deferred < kMaxDeferred) {
+      map->PrefetchSecond(h);
+      deferred[num_deferred++] = k;
+    } else {
+      found(k, map->FindInSecond(h));
+    }
+  }
+  for (int d = 0; d < num_deferred; ++d) {
+    found(deferred[d], map->FindInSecond(plan.hash[plan.order[deferred[d]]]));
   }
 }
 
@@ -514,7 +532,7 @@ void EmbeddingTable::WarmRows(const StripePlan& plan, absl::Span<const int64_t> 
   for (int j = 0; j < n + kProbeAhead; ++j) {
     if (j < n) {
       const uint64_t h = plan.hash[plan.order[j]];
-      if (const IdMap* map = stripes_[h >> kStripeShift].map()) PrefetchSlots(map->HomeOf(h));
+      if (const IdMap* map = stripes_[h >> kStripeShift].map()) map->Prefetch(h);
     }
     const int k = j - kProbeAhead;
     if (k < 0) continue;
@@ -867,7 +885,7 @@ void EmbeddingTable::ForEachDirtyRow(const RowFn& fn) const {
     absl::ReaderMutexLock lock(&stripe.mu);
     const IdMap* map = stripe.current();
     for (uint64_t pos = 0; map != nullptr && pos < map->capacity(); ++pos) {
-      const MapEntry& e = map->entries()[pos];
+      const MapEntry& e = map->Slot(pos);
       if (e.row == kNoRow || !rows_->Dirty(e.row)) continue;
       fn(MapId(e.hash), WeightsView(WeightsOf(e.row)), StateOf(e.row), MetaOf(e.row));
     }
@@ -886,7 +904,7 @@ void EmbeddingTable::ClearDirty() {
     StripeWriter lock(stripe);
     const IdMap* map = stripe.current();
     for (uint64_t pos = 0; map != nullptr && pos < map->capacity(); ++pos) {
-      const uint32_t row = map->entries()[pos].row;
+      const uint32_t row = map->Slot(pos).row;
       if (row != kNoRow && rows_->ClearDirty(row)) {
         dirty_rows_.fetch_sub(1, std::memory_order_relaxed);
       }
@@ -901,7 +919,7 @@ void EmbeddingTable::ForEachRow(const RowFn& fn) const {
     absl::ReaderMutexLock lock(&stripe.mu);
     const IdMap* map = stripe.current();
     for (uint64_t pos = 0; map != nullptr && pos < map->capacity(); ++pos) {
-      const MapEntry& e = map->entries()[pos];
+      const MapEntry& e = map->Slot(pos);
       if (e.row == kNoRow) continue;
       fn(MapId(e.hash), WeightsView(WeightsOf(e.row)), StateOf(e.row), MetaOf(e.row));
     }

@@ -91,7 +91,7 @@ absl::Status RequireHostPlacement(const v1::TableConfig& config);
 // in another; a dirty bit. A row never moves. Its meta keeps the update count (saturating
 // at 2^32 - 1) and the low 32 bits of the last update step, widened against the newest
 // step the table has seen: a row's last step reads right while it lies within 2^32 steps
-// of that. The id map takes 12 bytes a slot at a load of 0.8-0.9 (stripe.h).
+// of that. The id map takes 12.8 bytes a slot at a load of 0.85-0.94 (stripe.h).
 //
 // Thread safety: the id space is split into 64 stripes by a hash of the id, each with
 // its own absl::Mutex, open-addressing map and slabs (embedding/internal/stripe.h).
@@ -168,7 +168,7 @@ class EmbeddingTable {
   // Bytes a row counts against a memory budget: its stored size and its map slot's share.
   int64_t row_bytes() const { return row_bytes_; }
   // What a row of a dynamic table of `config` takes of memory: weights, optimizer state and
-  // meta (without its map slot, 12 bytes at a load of 0.8-0.9).
+  // meta (without its map slot: 12.8 bytes at a load of 0.85-0.94).
   static int64_t StoredRowBytes(const v1::TableConfig& config);
   int64_t evictions() const { return evictions_.load(std::memory_order_relaxed); }
   // Feature admission: gradients dropped because their id has no row and was not admitted

@@ -1,4 +1,4 @@
-// The storage under a dynamic table: the Robin Hood id map of a stripe, the row store, and
+// The storage under a dynamic table: the cuckoo id map of a stripe, the row store, and
 // the table's rows at their payload's size (meta packed into 8 bytes).
 
 #include <atomic>
@@ -37,7 +37,7 @@ TEST(MapIdTest, InvertsTheMapHash) {
 }
 
 // Every id placed is found, every id erased is gone, and ids never placed are not found,
-// through a mix of places and erases that leaves the map at its highest load.
+// through a mix of places and erases that fills the map to its load limit each round.
 TEST(IdMapTest, FindsWhatItHoldsAtHighLoadThroughErases) {
   for (const uint64_t capacity : {uint64_t{17}, uint64_t{1000}, uint64_t{4099}}) {
     std::unique_ptr<IdMap> map = IdMap::Create(capacity);
@@ -46,10 +46,18 @@ TEST(IdMapTest, FindsWhatItHoldsAtHighLoadThroughErases) {
     std::vector<uint64_t> held;
     std::set<uint64_t> gone;
     for (int round = 0; round < 20; ++round) {
+      // A walk may find no room short of the limit (the stripe then grows the map); a
+      // failed walk changes nothing.
       while (held.size() < map->limit()) {
         const uint64_t h = MapHash(static_cast<int64_t>(rng()));
-        map->Place(h, static_cast<uint32_t>(held.size() * 7 + round));
+        if (!map->Place(h, static_cast<uint32_t>(held.size() * 7 + round))) {
+          gone.insert(h);
+          break;
+        }
         held.push_back(h);
+      }
+      if (capacity >= 1000) {
+        ASSERT_GE(held.size(), map->capacity() * 8 / 10) << "capacity " << capacity;
       }
       // Erase a third, at random.
       for (size_t k = 0; k < held.size() / 3; ++k) {
@@ -72,8 +80,8 @@ TEST(IdMapTest, FindsWhatItHoldsAtHighLoadThroughErases) {
   }
 }
 
-// A stripe's map stays between 0.8 and 0.9 full as it grows (past its first sizes).
-TEST(StripeTest, GrowsByAnEighthAndStaysAtHighLoad) {
+// A stripe's map stays near its load limit as it grows (past its first sizes).
+TEST(StripeTest, GrowsByATenthAndStaysAtHighLoad) {
   std::atomic<int32_t> readers{0};
   RowStore rows(64, 0);
   ASSERT_TRUE(rows.ok());
@@ -81,17 +89,21 @@ TEST(StripeTest, GrowsByAnEighthAndStaysAtHighLoad) {
   stripe.Init(&readers, &rows);
   StripeWriter lock(stripe);
   std::set<uint32_t> numbers;
+  double lowest = 1.0;
   for (int64_t i = 0; i < 200000; ++i) {
     const uint32_t row = stripe.Insert(MapHash(i));
     ASSERT_NE(row, kNoRow);
     ASSERT_TRUE(numbers.insert(row).second) << "row " << row << " handed out twice";
-    if (i >= 1000) {
+    if (i >= 10000) {
       const double load = static_cast<double>(stripe.size()) /
                           static_cast<double>(stripe.current()->capacity());
-      ASSERT_GE(load, 0.79) << i;
-      ASSERT_LE(load, 0.9) << i;
+      lowest = std::min(lowest, load);
+      ASSERT_LE(load, IdMap::kMaxLoad) << i;
     }
   }
+  // Grown by a tenth at the limit (a walk that found no room grows it a little early).
+  std::printf("lowest load %.3f\n", lowest);
+  EXPECT_GE(lowest, IdMap::kMaxLoad / 1.1 - 0.02);
   for (int64_t i = 0; i < 200000; ++i) ASSERT_NE(stripe.Find(MapHash(i)), kNoRow);
 }
 
@@ -188,8 +200,8 @@ TEST(PackedMetaTest, LastStepsAndCountsReadBackAsStored) {
   EXPECT_EQ(small->ReadRow(3)->meta.update_count, 1);
 }
 
-// Rows take their payload and 8 bytes of meta, and the maps 12 bytes a slot at a load of
-// at least 0.8 (bf16 SGD at dim 16: 32 bytes of payload, at most 56 in all).
+// Rows take their payload and 8 bytes of meta, and the maps 12.8 bytes a slot at a load of
+// about 0.85 (bf16 SGD at dim 16: 32 bytes of payload, at most 56 in all).
 TEST(RowSizeTest, MemoryPerRowIsThePayloadAndLittleMore) {
   for (const v1::Dtype dtype : {v1::FP32, v1::BF16}) {
     for (const v1::OptimizerType type : {v1::SGD, v1::ADAGRAD, v1::ROWWISE_ADAGRAD, v1::ADAM}) {

@@ -70,7 +70,9 @@ class RowStore {
   }
   // True for a row number handed out (any value a lock-free reader may have read torn is
   // checked with this before it is used).
-  bool Valid(uint32_t r) const { return r < handed_out_.load(std::memory_order_acquire); }
+  bool Valid(uint32_t r) const { return r < HandedOut(); }
+  // Rows [0, HandedOut()) have memory (it only grows: a bound read once serves a batch).
+  uint32_t HandedOut() const { return handed_out_.load(std::memory_order_acquire); }
 
   // Hands out kBlockRows fresh row numbers from *first on, their memory mapped; false
   // when out of memory or of row numbers.

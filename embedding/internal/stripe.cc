@@ -42,54 +42,68 @@ constexpr size_t kMappedBytes = 16 << 10;
 int64_t MapId(uint64_t h) { return static_cast<int64_t>(UnMix(h) ^ kMapSalt); }
 
 std::unique_ptr<IdMap> IdMap::Create(uint64_t capacity) {
-  const size_t bytes = capacity * sizeof(MapEntry);
+  const uint64_t buckets = std::max<uint64_t>(2, (capacity + kSlots - 1) / kSlots);
+  if (buckets > (uint64_t{1} << 32)) return nullptr;
+  const size_t bytes = buckets * sizeof(Bucket);
   AlignedBlock block = bytes >= kMappedBytes ? AlignedBlock::Lazy(bytes, /*huge=*/bytes >= (2 << 20))
                                              : AlignedBlock(bytes, /*zeroed=*/false);
   if (block.empty()) return nullptr;
   std::memset(block.data(), 0xff, bytes);  // every slot empty (row kNoRow)
-  return std::unique_ptr<IdMap>(new IdMap(std::move(block), capacity));
+  auto map = std::unique_ptr<IdMap>(new IdMap(std::move(block), buckets));
+  for (uint64_t b = 0; b < buckets; ++b) map->buckets_of_[b].overflow = 0;
+  return map;
 }
 
 int64_t IdMap::FindSlot(uint64_t h) const {
-  uint64_t pos = HomeSlot(h);
-  for (uint64_t dist = 0; dist < capacity_; ++dist) {
-    const MapEntry& e = entries_[pos];
-    if (e.row == kNoRow || Distance(pos, e.hash) < dist) return -1;
-    if (e.hash == h) return static_cast<int64_t>(pos);
-    if (++pos == capacity_) pos = 0;
+  for (const uint64_t b : {FirstBucket(h), SecondBucket(h)}) {
+    if (b != FirstBucket(h) && (buckets_of_[FirstBucket(h)].overflow & TagBit(h)) == 0) break;
+    for (int i = 0; i < kSlots; ++i) {
+      const MapEntry& e = buckets_of_[b].slot[i];
+      if (e.row != kNoRow && e.hash == h) return static_cast<int64_t>(b * kSlots + i);
+    }
   }
   return -1;
 }
 
-void IdMap::Place(uint64_t h, uint32_t row) {
+bool IdMap::Place(uint64_t h, uint32_t row) {
+  constexpr int kMaxKicks = 128;
+  constexpr uint64_t kNone = ~uint64_t{0};
+  struct Step {
+    uint64_t bucket;
+    int slot;
+  };
+  Step path[kMaxKicks];
   MapEntry carried{h, row};
-  uint64_t pos = HomeSlot(h);
-  for (uint64_t dist = 0;; ++dist) {
-    MapEntry& e = entries_[pos];
-    if (e.row == kNoRow) {
-      e = carried;
-      return;
+  uint64_t from = kNone;  // the bucket the carried entry was moved out of
+  for (int kick = 0; kick < kMaxKicks; ++kick) {
+    const uint64_t first = FirstBucket(carried.hash);
+    const uint64_t second = SecondBucket(carried.hash);
+    for (const uint64_t b : {first, second}) {
+      if (b == from) continue;
+      if (const int i = FreeSlot(b); i >= 0) {
+        buckets_of_[b].slot[i] = carried;
+        if (b == second) buckets_of_[first].overflow |= TagBit(carried.hash);
+        return true;
+      }
     }
-    // Robin Hood: the entry nearer its home gives its slot up and moves on.
-    if (const uint64_t d = Distance(pos, e.hash); d < dist) {
-      const MapEntry displaced = e;
-      e = carried;
-      carried = displaced;
-      dist = d;
-    }
-    if (++pos == capacity_) pos = 0;
+    // Both full: the carried entry takes a slot, picked at random, of the bucket it did
+    // not come from, and the entry there moves on.
+    const uint64_t b = first != from ? first : second;
+    kicks_ ^= kicks_ << 13;
+    kicks_ ^= kicks_ >> 7;
+    kicks_ ^= kicks_ << 17;
+    const int victim = static_cast<int>((kicks_ >> 32) % kSlots);
+    if (b == second) buckets_of_[first].overflow |= TagBit(carried.hash);
+    path[kick] = Step{b, victim};
+    std::swap(carried, buckets_of_[b].slot[victim]);
+    from = b;
   }
-}
-
-void IdMap::EraseSlot(uint64_t pos) {
-  for (;;) {
-    uint64_t next = pos + 1 == capacity_ ? 0 : pos + 1;
-    const MapEntry& e = entries_[next];
-    if (e.row == kNoRow || Distance(next, e.hash) == 0) break;
-    entries_[pos] = e;
-    pos = next;
+  // No room on this walk: undo it, so the map holds what it held (overflow tags set on
+  // the way stay: a tag only sends a lookup to a second bucket in vain).
+  for (int kick = kMaxKicks - 1; kick >= 0; --kick) {
+    std::swap(carried, buckets_of_[path[kick].bucket].slot[path[kick].slot]);
   }
-  entries_[pos] = MapEntry{0, kNoRow};
+  return false;
 }
 
 int64_t Stripe::Bytes() const {
@@ -98,27 +112,32 @@ int64_t Stripe::Bytes() const {
   return bytes;
 }
 
-bool Stripe::Reserve(int64_t rows) {
+bool Stripe::Grow(uint64_t rows, const MapEntry* extra) {
   const uint64_t cap = current_ ? current_->capacity() : 0;
-  if (current_ && static_cast<uint64_t>(rows) <= current_->limit()) return true;
-  uint64_t grown_cap = std::max(kMinCapacity, cap + cap / 8);
-  const uint64_t need = static_cast<uint64_t>(static_cast<double>(rows) / IdMap::kMaxLoad) + 1;
-  grown_cap = std::max(grown_cap, need);
-  if (grown_cap > (uint64_t{1} << 32)) return false;
-  std::unique_ptr<IdMap> grown = IdMap::Create(grown_cap);
-  if (!grown) return false;
-  if (current_) {
-    // Slot order is nearly home order, so the new map fills nearly in order.
-    const MapEntry* old = current_->entries();
-    for (uint64_t pos = 0; pos < cap; ++pos) {
-      if (old[pos].row != kNoRow) grown->Place(old[pos].hash, old[pos].row);
+  uint64_t want = std::max<uint64_t>({kMinCapacity, cap + cap / 10,
+                                      static_cast<uint64_t>(static_cast<double>(rows) / IdMap::kMaxLoad) + 1});
+  for (int attempt = 0; attempt < 8; ++attempt, want += want / 10) {
+    std::unique_ptr<IdMap> grown = IdMap::Create(want);
+    if (!grown) return false;
+    bool placed = true;
+    for (uint64_t pos = 0; placed && current_ && pos < cap; ++pos) {
+      const MapEntry& e = current_->Slot(pos);
+      if (e.row != kNoRow) placed = grown->Place(e.hash, e.row);
     }
-    retired_.push_back(std::move(current_));
+    if (placed && extra != nullptr) placed = grown->Place(extra->hash, extra->row);
+    if (!placed) continue;  // a crowded corner: a larger map
+    if (current_) retired_.push_back(std::move(current_));
+    // A reader still probing the old map finds what the new one holds: it is unchanged.
+    current_ = std::move(grown);
+    published_.store(current_.get(), std::memory_order_seq_cst);
+    return true;
   }
-  // A reader still probing the old map finds what the new one holds: it is unchanged.
-  current_ = std::move(grown);
-  published_.store(current_.get(), std::memory_order_seq_cst);
-  return true;
+  return false;
+}
+
+bool Stripe::Reserve(int64_t rows) {
+  if (current_ && static_cast<uint64_t>(rows) <= current_->limit()) return true;
+  return Grow(static_cast<uint64_t>(rows), nullptr);
 }
 
 uint32_t Stripe::AllocateRow() {
@@ -140,14 +159,19 @@ uint32_t Stripe::Insert(uint64_t h) {
   const uint32_t row = AllocateRow();
   if (row == kNoRow) return kNoRow;
   BeginChange();
-  current_->Place(h, row);
+  const MapEntry entry{h, row};
+  // A walk that finds no room leaves the map as it was: a larger one takes the entry.
+  if (!current_->Place(h, row) && !Grow(static_cast<uint64_t>(size_) + 1, &entry)) {
+    free_rows_.push_back(row);
+    return kNoRow;
+  }
   ++size_;
   return row;
 }
 
 void Stripe::EraseSlot(uint64_t pos) {
   BeginChange();
-  free_rows_.push_back(current_->entries()[pos].row);
+  free_rows_.push_back(current_->Slot(pos).row);
   current_->EraseSlot(pos);
   --size_;
 }

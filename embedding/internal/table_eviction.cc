@@ -73,7 +73,7 @@ absl::Status EmbeddingTable::EvictOneLocked(Stripe& stripe) {
   };
   for (int found = 0; found < kSamples && found < stripe.size();
        pos = pos + 1 == map.capacity() ? 0 : pos + 1) {
-    const MapEntry& e = map.entries()[pos];
+    const MapEntry& e = map.Slot(pos);
     if (e.row == kNoRow) continue;
     ++found;
     const RowMeta meta = MetaOf(e.row);
@@ -185,7 +185,7 @@ void EmbeddingTable::ExpireRows(int64_t step) {
     expired.clear();
     const IdMap* map = stripe.current();
     for (uint64_t pos = 0; map != nullptr && pos < map->capacity(); ++pos) {
-      const MapEntry& e = map->entries()[pos];
+      const MapEntry& e = map->Slot(pos);
       if (e.row != kNoRow && step - MetaOf(e.row).last_step > ttl_steps_) {
         expired.push_back(MapId(e.hash));
       }
