@@ -112,7 +112,9 @@ TEST(RowStoreTest, RowsDoNotOverlapAndDirtyBitsAreTheirOwn) {
   ASSERT_TRUE(rows.ok());
   EXPECT_EQ(rows.cold_bytes(), 3 * 4 + 8);
   std::vector<uint32_t> firsts;
-  for (uint32_t b = 0; b < 2 * RowStore::kChunkRows / RowStore::kBlockRows + 3; ++b) {
+  // 36-byte weights (two twos) and 20-byte cold parts: chunks of 2^19 rows.
+  EXPECT_EQ(rows.chunk_rows(), uint32_t{1} << 19);
+  for (uint32_t b = 0; b < 2 * rows.chunk_rows() / RowStore::kBlockRows + 3; ++b) {
     uint32_t first = 0;
     ASSERT_TRUE(rows.TakeBlock(&first));
     firsts.push_back(first);

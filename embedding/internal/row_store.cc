@@ -1,15 +1,29 @@
 #include "embedding/internal/row_store.h"
 
+#include <algorithm>
+
 namespace tessera::embedding_internal {
+namespace {
+
+// The fewest rows (a power of two, at least 2^16) that make `stride` bytes a row whole
+// 2 MiB pages: 2^21 over the stride's largest power-of-two factor.
+int ChunkShift(int stride) {
+  int twos = 0;
+  while (stride > 0 && twos < 21 && (stride >> twos) % 2 == 0) ++twos;
+  return std::max(RowStore::kMinChunkShift, 21 - twos);
+}
+
+}  // namespace
 
 RowStore::RowStore(int weight_bytes, int state_floats)
     : weight_bytes_(weight_bytes),
       // The meta is 4-byte aligned after the state's floats.
       cold_bytes_(state_floats * 4 + static_cast<int>(sizeof(PackedMeta))),
       meta_at_(state_floats * 4),
+      chunk_shift_(std::max(ChunkShift(weight_bytes), ChunkShift(cold_bytes_))),
+      chunk_mask_((uint32_t{1} << chunk_shift_) - 1),
       directory_(AlignedBlock::Lazy(sizeof(Chunk) * kMaxChunks, /*huge=*/false)) {
   static_assert(sizeof(PackedMeta) == 8);
-  static_assert(kChunkRows % kBlockRows == 0);
   if (!directory_.empty()) chunks_ = static_cast<Chunk*>(directory_.data());
 }
 
@@ -17,14 +31,15 @@ bool RowStore::TakeBlock(uint32_t* first) {
   absl::MutexLock lock(&mu_);
   const uint32_t next = handed_out_.load(std::memory_order_relaxed);
   if (next >= kNoRow - kBlockRows) return false;  // kNoRow stays free
-  const uint32_t c = next >> kChunkShift;
-  if ((next & (kChunkRows - 1)) == 0) {
+  const uint32_t c = next >> chunk_shift_;
+  if ((next & chunk_mask_) == 0) {
+    const size_t rows = chunk_rows();
     // The first chunk stays on small pages, so a small table takes little memory; later
     // ones take huge pages where they fill them.
     const bool huge = c > 0;
-    AlignedBlock weights = AlignedBlock::Lazy(size_t{kChunkRows} * weight_bytes_, huge);
-    AlignedBlock cold = AlignedBlock::Lazy(size_t{kChunkRows} * cold_bytes_, huge);
-    AlignedBlock dirty = AlignedBlock::Lazy(kChunkRows / 8, /*huge=*/false);
+    AlignedBlock weights = AlignedBlock::Lazy(rows * weight_bytes_, huge);
+    AlignedBlock cold = AlignedBlock::Lazy(rows * cold_bytes_, huge);
+    AlignedBlock dirty = AlignedBlock::Lazy(rows / 8, /*huge=*/false);
     if ((weight_bytes_ > 0 && weights.empty()) || cold.empty() || dirty.empty()) return false;
     Chunk& chunk = chunks_[c];
     chunk.weights = static_cast<char*>(weights.data());
@@ -41,8 +56,7 @@ bool RowStore::TakeBlock(uint32_t* first) {
 
 int64_t RowStore::Bytes() const {
   const int64_t rows = handed_out_.load(std::memory_order_relaxed);
-  const int64_t chunks = (rows + kChunkRows - 1) / kChunkRows;
-  return rows * (weight_bytes_ + cold_bytes_) + chunks * (kChunkRows / 8);
+  return rows * (weight_bytes_ + cold_bytes_) + rows / 8;
 }
 
 }  // namespace tessera::embedding_internal

@@ -9,11 +9,13 @@
 //   cold     (rows, state floats + 8 bytes)  the optimizer's state (fp32) and a PackedMeta
 //   dirty    one bit a row                   changed since the last checkpoint
 //
-// in chunks of 2^16 rows that are mapped as rows are first handed out and never move or
-// go before the table (lock-free readers may read any row a map entry names). A chunk's
-// pages become resident as rows are written; chunks after the first are advised for
-// transparent huge pages (random rows over gigabytes miss the TLB otherwise), so a
-// table's memory runs ahead of its rows by at most one huge page per array.
+// in chunks of 2^16 to 2^19 rows that are mapped as rows are first handed out and never
+// move or go before the table (lock-free readers may read any row a map entry names). A
+// chunk's pages become resident as rows are written; chunks after the first are advised
+// for transparent huge pages (random rows over gigabytes miss the TLB otherwise) and hold
+// as many rows as make each of their arrays whole huge pages (a tail of small pages
+// would miss the TLB), so a table's memory runs ahead of its rows by at most one huge
+// page per array.
 //
 // Row numbers are table-wide (at most 2^32 - 1 rows per table object, that is per shard
 // of a table); stripes take them kBlockRows at a time and keep the numbers of rows they
@@ -42,10 +44,9 @@ struct PackedMeta {
 
 class RowStore {
  public:
-  static constexpr int kChunkShift = 16;
-  static constexpr uint32_t kChunkRows = uint32_t{1} << kChunkShift;
-  static constexpr uint32_t kMaxChunks = uint32_t{1} << (32 - kChunkShift);
-  static constexpr uint32_t kBlockRows = 64;  // a multiple dividing kChunkRows
+  static constexpr int kMinChunkShift = 16;
+  static constexpr uint32_t kMaxChunks = uint32_t{1} << (32 - kMinChunkShift);
+  static constexpr uint32_t kBlockRows = 64;  // divides every chunk's rows
 
   // Rows of `weight_bytes` stored weights and `state_floats` floats of optimizer state.
   RowStore(int weight_bytes, int state_floats);
@@ -55,15 +56,16 @@ class RowStore {
   // False when the chunk directory could not be mapped.
   bool ok() const { return chunks_ != nullptr; }
   int weight_bytes() const { return weight_bytes_; }
+  uint32_t chunk_rows() const { return uint32_t{1} << chunk_shift_; }
   int cold_bytes() const { return cold_bytes_; }
 
   float* Weights(uint32_t r) const {
-    return reinterpret_cast<float*>(chunks_[r >> kChunkShift].weights +
-                                    static_cast<size_t>(r & (kChunkRows - 1)) * weight_bytes_);
+    return reinterpret_cast<float*>(chunks_[r >> chunk_shift_].weights +
+                                    static_cast<size_t>(r & chunk_mask_) * weight_bytes_);
   }
   float* State(uint32_t r) const {
-    return reinterpret_cast<float*>(chunks_[r >> kChunkShift].cold +
-                                    static_cast<size_t>(r & (kChunkRows - 1)) * cold_bytes_);
+    return reinterpret_cast<float*>(chunks_[r >> chunk_shift_].cold +
+                                    static_cast<size_t>(r & chunk_mask_) * cold_bytes_);
   }
   PackedMeta* Meta(uint32_t r) const {
     return reinterpret_cast<PackedMeta*>(reinterpret_cast<char*>(State(r)) + meta_at_);
@@ -108,12 +110,14 @@ class RowStore {
     uint64_t* dirty = nullptr;
   };
   uint64_t* DirtyWord(uint32_t r) const {
-    return chunks_[r >> kChunkShift].dirty + ((r & (kChunkRows - 1)) >> 6);
+    return chunks_[r >> chunk_shift_].dirty + ((r & chunk_mask_) >> 6);
   }
 
   const int weight_bytes_;
   const int cold_bytes_;
   const int meta_at_;
+  const int chunk_shift_;
+  const uint32_t chunk_mask_;
   AlignedBlock directory_;  // kMaxChunks Chunk entries, resident as they are used
   Chunk* chunks_ = nullptr;
   std::atomic<uint32_t> handed_out_{0};  // rows [0, handed_out_) have memory
