@@ -95,10 +95,8 @@ class IdMap {
   // lock-free lookup), which validates what it read afterwards. Hashes are unique, so a
   // matching slot is the id's (an empty slot's row is kNoRow).
   uint32_t Find(uint64_t h) const {
-    const Bucket& first = buckets_of_[FirstBucket(h)];
-    const uint32_t found = InBucket(first, h);
-    if (found != kNoRow || (first.overflow & TagBit(h)) == 0) return found;
-    return InBucket(buckets_of_[SecondBucket(h)], h);
+    uint32_t row;
+    return FindInFirst(h, &row) ? row : FindInSecond(h);
   }
   // Find in two steps, for a pipeline that prefetches the second bucket when the first
   // does not settle it: true with *row (kNoRow: absent) when the first bucket does.
