@@ -40,7 +40,6 @@ using embedding_internal::StripePlan;
 using embedding_internal::StripeWriter;
 using embedding_internal::AllFinite;
 using embedding_internal::CopyFloats;
-using embedding_internal::PrefetchLines;
 using embedding_internal::SpinPause;
 
 static_assert(EmbeddingTable::kNumStripes == embedding_internal::kNumStripes);
@@ -233,7 +232,7 @@ EmbeddingTable::EmbeddingTable(const v1::TableConfig& config, int64_t row_budget
   // What a row takes of a process's memory: weights, state and meta, a map slot (12.8
   // bytes at a load of about 0.85 or more: 15) and a byte for its dirty bit and the
   // store's blocks.
-  row_bytes_ = StoredRowBytes(config) + 16;
+  row_bytes_ = rows_->weight_bytes() + rows_->cold_bytes() + 16;
   for (int s = 0; s < kNumStripes; ++s) stripes_[s].Init(&readers_, rows_.get());
   absl::MutexLock lock(&optimizers_mu_);
   optimizers_.push_back(std::move(optimizer));
@@ -446,8 +445,7 @@ void EmbeddingTable::MarkDirtyLocked(Stripe& stripe, Row row) {
   if (rows_->SetDirty(row)) dirty_rows_.fetch_add(1, std::memory_order_relaxed);
 }
 
-void EmbeddingTable::EraseLocked(Stripe& stripe, int64_t id, uint64_t hash) {
-  (void)id;
+void EmbeddingTable::EraseLocked(Stripe& stripe, uint64_t hash) {
   const int64_t pos = stripe.current() ? stripe.current()->FindSlot(hash) : -1;
   if (pos < 0) return;
   if (rows_->ClearDirty(stripe.current()->Slot(pos).row)) {
@@ -524,9 +522,7 @@ absl::Status ForEachGroup(const StripePlan& plan, Fn&& fn) {
 
 }  // namespace
 
-void EmbeddingTable::WarmRows(const StripePlan& plan, absl::Span<const int64_t> ids,
-                              bool for_write) const {
-  (void)ids;
+void EmbeddingTable::WarmRows(const StripePlan& plan, bool for_write) const {
   constexpr int kProbeAhead = 8;
   const int n = static_cast<int>(plan.order.size());
   for (int j = 0; j < n + kProbeAhead; ++j) {
@@ -562,7 +558,7 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
   StripePlan& plan = embedding_internal::PlanByStripe(ids);
   {
     ReaderScope reading(readers_);
-    if (ThinGroups(ids.size())) WarmRows(plan, ids, /*for_write=*/false);
+    if (ThinGroups(ids.size())) WarmRows(plan, /*for_write=*/false);
     (void)ForEachGroup(plan, [&](int s, int b, int e) {
       const Stripe& stripe = stripes_[s];
       for (int c = b; c < e; c += kChunk) {
@@ -687,7 +683,7 @@ absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const flo
 
   if (ThinGroups(ids.size())) {
     ReaderScope reading(readers_);
-    WarmRows(plan, ids, /*for_write=*/true);
+    WarmRows(plan, /*for_write=*/true);
   }
   thread_local std::vector<float> scratch;
   scratch.resize(ScratchFloats());
@@ -795,10 +791,9 @@ void EmbeddingTable::ReadRows(absl::Span<const int64_t> ids, const RowFn& fn) co
   }
 }
 
-absl::Status EmbeddingTable::PutRowLocked(Stripe& stripe, int64_t id, uint64_t h,
-                                          const float* weights, const float* state,
-                                          const RowMeta& meta, bool mark_dirty) {
-  (void)id;
+absl::Status EmbeddingTable::PutRowLocked(Stripe& stripe, uint64_t h, const float* weights,
+                                          const float* state, const RowMeta& meta,
+                                          bool mark_dirty) {
   Row row = stripe.Find(h);
   if (row == kNoRow) {
     TESSERA_RETURN_IF_ERROR(TakeRows(1));
@@ -831,7 +826,7 @@ absl::Status EmbeddingTable::PutRow(int64_t id, absl::Span<const float> weights,
   const uint64_t h = MapHash(id);
   Stripe& stripe = stripes_[h >> kStripeShift];
   StripeWriter lock(stripe);
-  return PutRowLocked(stripe, id, h, weights.data(), state.data(), meta, mark_dirty);
+  return PutRowLocked(stripe, h, weights.data(), state.data(), meta, mark_dirty);
 }
 
 absl::Status EmbeddingTable::Reserve(int64_t rows) {
@@ -861,7 +856,7 @@ absl::Status EmbeddingTable::PutRows(absl::Span<const int64_t> ids, const float*
     StripeWriter lock(stripe);
     for (int k = b; k < e; ++k) {
       const size_t pos = static_cast<size_t>(plan.order[k]);
-      TESSERA_RETURN_IF_ERROR(PutRowLocked(stripe, ids[pos], plan.hash[pos], weights + pos * dim_,
+      TESSERA_RETURN_IF_ERROR(PutRowLocked(stripe, plan.hash[pos], weights + pos * dim_,
                                            state + pos * state_floats_, metas[pos],
                                            /*mark_dirty=*/false));
     }
@@ -874,19 +869,22 @@ void EmbeddingTable::Forget(int64_t id) {
   const uint64_t h = MapHash(id);
   Stripe& stripe = stripes_[h >> kStripeShift];
   StripeWriter lock(stripe);
-  EraseLocked(stripe, id, h);
+  EraseLocked(stripe, h);
 }
 
 void EmbeddingTable::ForEachDirtyRow(const RowFn& fn) const {
   if (fixed_ != nullptr) return FixedForEach(fn, /*dirty_only=*/true);
-  if (DirtyRows() == 0) return;
+  if (DirtyRows() > 0) ScanRows(fn, /*dirty_only=*/true);
+}
+
+void EmbeddingTable::ScanRows(const RowFn& fn, bool dirty_only) const {
   for (int s = 0; s < kNumStripes; ++s) {
     const Stripe& stripe = stripes_[s];
     absl::ReaderMutexLock lock(&stripe.mu);
     const IdMap* map = stripe.current();
     for (uint64_t pos = 0; map != nullptr && pos < map->capacity(); ++pos) {
       const MapEntry& e = map->Slot(pos);
-      if (e.row == kNoRow || !rows_->Dirty(e.row)) continue;
+      if (e.row == kNoRow || (dirty_only && !rows_->Dirty(e.row))) continue;
       fn(MapId(e.hash), WeightsView(WeightsOf(e.row)), StateOf(e.row), MetaOf(e.row));
     }
   }
@@ -914,16 +912,7 @@ void EmbeddingTable::ClearDirty() {
 
 void EmbeddingTable::ForEachRow(const RowFn& fn) const {
   if (fixed_ != nullptr) return FixedForEach(fn, /*dirty_only=*/false);
-  for (int s = 0; s < kNumStripes; ++s) {
-    const Stripe& stripe = stripes_[s];
-    absl::ReaderMutexLock lock(&stripe.mu);
-    const IdMap* map = stripe.current();
-    for (uint64_t pos = 0; map != nullptr && pos < map->capacity(); ++pos) {
-      const MapEntry& e = map->Slot(pos);
-      if (e.row == kNoRow) continue;
-      fn(MapId(e.hash), WeightsView(WeightsOf(e.row)), StateOf(e.row), MetaOf(e.row));
-    }
-  }
+  ScanRows(fn, /*dirty_only=*/false);
 }
 
 int64_t EmbeddingTable::MemoryBytes() const {

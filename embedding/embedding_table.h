@@ -302,12 +302,13 @@ class EmbeddingTable {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
   // Evicts one sampled row of `stripe`; OK without evicting when the stripe is empty.
   absl::Status EvictOneLocked(Stripe& stripe) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
-  // PutRow under the stripe's writer lock; `weights` (dim), `state` (StateFloats()).
-  absl::Status PutRowLocked(Stripe& stripe, int64_t id, uint64_t h, const float* weights,
+  // PutRow under the stripe's writer lock (`h`: the id's map hash); `weights` (dim),
+  // `state` (StateFloats()).
+  absl::Status PutRowLocked(Stripe& stripe, uint64_t h, const float* weights,
                             const float* state, const RowMeta& meta, bool mark_dirty)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
-  // Removes `id`'s row from `stripe` and frees it.
-  void EraseLocked(Stripe& stripe, int64_t id, uint64_t hash) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
+  // Removes the row of the id of map hash `hash` from `stripe` and frees it.
+  void EraseLocked(Stripe& stripe, uint64_t hash) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
   void MarkDirtyLocked(Stripe& stripe, Row row) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
   // Whether the spill keeps a row of `id` (false without a spill), with its weights in
   // `weights` (dim) when not null.
@@ -324,6 +325,8 @@ class EmbeddingTable {
   absl::Status FixedPutRow(int64_t id, const float* weights, const float* state,
                            const RowMeta& meta, bool mark_dirty);
   void FixedForEach(const RowFn& fn, bool dirty_only) const;
+  // ForEachRow / ForEachDirtyRow of a dynamic table: a scan of every stripe's map.
+  void ScanRows(const RowFn& fn, bool dirty_only) const;
   void FixedForget(int64_t id);
   void FixedClearDirty();
   // Updates (ApplyUniqueGradients) for eviction tables: one id at a time, as a row found
@@ -335,8 +338,7 @@ class EmbeddingTable {
   // across the stripes' groups (the groups' own probes pipeline within a group only, and a
   // shard's part of a batch spreads thin over the stripes). Finds without locks and keeps
   // nothing; needs a ReaderScope.
-  void WarmRows(const embedding_internal::StripePlan& plan, absl::Span<const int64_t> ids,
-                bool for_write) const;
+  void WarmRows(const embedding_internal::StripePlan& plan, bool for_write) const;
   // Copies the weights of the rows found for group [b, e) of `plan` into `out`.
   void CopyGroup(const embedding_internal::StripePlan& plan, int b, int e, float* out) const;
   // TTL: drops every row not updated since step - ttl.

@@ -55,14 +55,16 @@ std::unique_ptr<IdMap> IdMap::Create(uint64_t capacity) {
 }
 
 int64_t IdMap::FindSlot(uint64_t h) const {
-  for (const uint64_t b : {FirstBucket(h), SecondBucket(h)}) {
-    if (b != FirstBucket(h) && (buckets_of_[FirstBucket(h)].overflow & TagBit(h)) == 0) break;
+  auto slot_in = [&](uint64_t b) -> int64_t {
     for (int i = 0; i < kSlots; ++i) {
       const MapEntry& e = buckets_of_[b].slot[i];
       if (e.row != kNoRow && e.hash == h) return static_cast<int64_t>(b * kSlots + i);
     }
-  }
-  return -1;
+    return -1;
+  };
+  const uint64_t first = FirstBucket(h);
+  if (const int64_t pos = slot_in(first); pos >= 0) return pos;
+  return (buckets_of_[first].overflow & TagBit(h)) != 0 ? slot_in(SecondBucket(h)) : -1;
 }
 
 bool IdMap::Place(uint64_t h, uint32_t row) {

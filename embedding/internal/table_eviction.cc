@@ -84,12 +84,11 @@ absl::Status EmbeddingTable::EvictOneLocked(Stripe& stripe) {
   }
   const uint64_t hash = victim->hash;
   const Row row = victim->row;
-  const int64_t id = MapId(hash);
   if (spill_ != nullptr) {
-    TESSERA_RETURN_IF_ERROR(spill_->Evict(id, WeightsView(WeightsOf(row)), StateOf(row),
+    TESSERA_RETURN_IF_ERROR(spill_->Evict(MapId(hash), WeightsView(WeightsOf(row)), StateOf(row),
                                           victim_meta, rows_->Dirty(row)));
   }
-  EraseLocked(stripe, id, hash);
+  EraseLocked(stripe, hash);
   evictions_.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
@@ -116,7 +115,7 @@ absl::StatusOr<EmbeddingTable::Row> EmbeddingTable::InsertManagedLocked(Stripe& 
     weights.resize(dim_);
     absl::StatusOr<bool> kept = spill_->Fetch(id, weights.data(), StateOf(row), &meta, &dirty);
     if (!kept.ok()) {
-      EraseLocked(stripe, id, hash);
+      EraseLocked(stripe, hash);
       return kept.status();
     }
     const int64_t latest = latest_step_.load(std::memory_order_relaxed);
@@ -178,7 +177,7 @@ absl::Status EmbeddingTable::ApplyManaged(absl::Span<const int64_t> ids, const f
 }
 
 void EmbeddingTable::ExpireRows(int64_t step) {
-  std::vector<int64_t> expired;
+  std::vector<uint64_t> expired;  // map hashes
   for (int s = 0; s < kNumStripes; ++s) {
     Stripe& stripe = stripes_[s];
     StripeWriter lock(stripe);
@@ -187,12 +186,12 @@ void EmbeddingTable::ExpireRows(int64_t step) {
     for (uint64_t pos = 0; map != nullptr && pos < map->capacity(); ++pos) {
       const MapEntry& e = map->Slot(pos);
       if (e.row != kNoRow && step - MetaOf(e.row).last_step > ttl_steps_) {
-        expired.push_back(MapId(e.hash));
+        expired.push_back(e.hash);
       }
     }
-    for (const int64_t id : expired) {
-      EraseLocked(stripe, id, MapHash(id));
-      if (spill_ != nullptr) spill_->Drop(id);
+    for (const uint64_t hash : expired) {
+      EraseLocked(stripe, hash);
+      if (spill_ != nullptr) spill_->Drop(MapId(hash));
     }
     expirations_.fetch_add(static_cast<int64_t>(expired.size()), std::memory_order_relaxed);
   }
