@@ -8,9 +8,10 @@
 // Zipf(1.05) over the table's rows.
 //
 // Gather and the Adagrad update also report `vs_flat`: their bytes/s over the same work
-// on rows at random places of a flat array (no id map, no locks; see
-// FlatRowsBytesPerSecond), the random-access ceiling of this machine, which memcpy's
-// sequential streaming is not.
+// on the same ids' rows in a flat array (row = id; no id map, no locks; see FlatRows),
+// the random-access ceiling of this machine, which memcpy's sequential streaming is not.
+// The table and the flat array take turns batch by batch (PairedLoop), so that drifts of
+// a shared machine's memory bandwidth fall on both; the reported time is the table's.
 //
 // Bytes counted: gather and pooled lookup count dim * 4 bytes per id read; an update
 // counts the optimizer's read + write traffic per unique row (Adagrad: read w, acc, g and
@@ -172,72 +173,124 @@ std::vector<int64_t> MakeIds(int64_t rows, bool zipf, int count, uint64_t seed) 
 
 using bench::MemcpyBytesPerSecond;
 
-// The random-access ceiling of a table operation: `kBatch` rows of `stride` bytes at
-// random places of a flat array of `region` bytes (huge pages, as the table's slabs), with
-// no id map and no locks, 16 rows
-// prefetched ahead. `update`: each row's first `dim` floats (weights) and the `dim` after
-// them (accumulator) get an Adagrad step, else its `dim` weights are copied out. Returns
-// the bytes/s that the table benchmark counts for the same work (`bytes_per_row` per row).
-double FlatRowsBytesPerSecond(int64_t region, int stride, int dim, bool update,
-                              int64_t bytes_per_row) {
-  struct Cached {
-    int64_t region = -1;
-    int stride = -1, dim = -1;
-    bool update = false;
-    double result = 0;
-  };
-  static Cached cached;
-  if (cached.region == region && cached.stride == stride && cached.dim == dim &&
-      cached.update == update) {
-    return cached.result;
+// The random-access ceiling of a table operation: the same ids' rows in a flat array, row
+// `id` at `id * stride` bytes (huge pages, as the table's arrays), with no id map and no
+// locks, 16 rows prefetched ahead. Gather copies each row's `dim` weights out; Update gives
+// each row's first `dim` floats (weights) and the `dim` after them (accumulator) an Adagrad
+// step. The table's operation and the flat one run in turn on the same batches
+// (PairedLoop): on a shared VM memory bandwidth drifts by tens of percent over seconds, so
+// a ceiling measured once, apart from the table, moved the ratio more than the table did.
+class FlatRows {
+ public:
+  FlatRows(int64_t rows, int stride, int dim) : rows_(rows), floats_(stride / 4), dim_(dim) {
+    const size_t huge = size_t{2} << 20;
+    const size_t bytes = (static_cast<size_t>(rows) * stride + huge - 1) / huge * huge;
+    block_.reset(static_cast<float*>(std::aligned_alloc(huge, bytes)));
+    madvise(block_.get(), bytes, MADV_HUGEPAGE);
+    std::fill(block_.get(), block_.get() + static_cast<size_t>(rows) * floats_, 0.5f);
   }
-  const int64_t rows = std::max<int64_t>(1, region / stride);
-  const int floats = stride / 4;
-  // On transparent huge pages, as the table's slabs are: with 4 KiB pages nearly every
-  // random row of a large array would also miss the TLB.
-  const size_t huge = size_t{2} << 20;
-  const size_t bytes = (static_cast<size_t>(rows) * stride + huge - 1) / huge * huge;
-  std::unique_ptr<float, decltype(&std::free)> block(
-      static_cast<float*>(std::aligned_alloc(huge, bytes)), &std::free);
-  madvise(block.get(), bytes, MADV_HUGEPAGE);
-  absl::Span<float> flat(block.get(), static_cast<size_t>(rows) * floats);
-  std::fill(flat.begin(), flat.end(), 0.5f);
-  std::vector<float> out(static_cast<size_t>(kBatch) * dim), g(dim, 1e-3f);
-  std::mt19937_64 rng(9);
-  const int batches = IdBatches(stride);
-  std::vector<int64_t> at(static_cast<size_t>(kBatch) * batches);
-  for (auto& a : at) a = static_cast<int64_t>(rng() % rows) * floats;
-  constexpr int kAhead = 16;
-  const int lines = (update ? 2 * dim * 4 + 63 : dim * 4 + 63) / 64;
-  using Clock = std::chrono::steady_clock;
-  int64_t done = 0;
-  const auto start = Clock::now();
-  double seconds = 0;
-  for (int b = 0; seconds < 0.3; b = (b + 1) % batches) {
-    const int64_t* idx = at.data() + static_cast<size_t>(b) * kBatch;
-    for (int i = 0; i < kBatch; ++i) {
-      if (i + kAhead < kBatch) {
-        const char* p = reinterpret_cast<const char*>(flat.data() + idx[i + kAhead]);
-        for (int l = 0; l < lines; ++l) __builtin_prefetch(p + 64 * l, update, 3);
-      }
-      float* row = flat.data() + idx[i];
-      if (update) {
-        float* acc = row + dim;
-        for (int j = 0; j < dim; ++j) {
-          acc[j] += g[j] * g[j];
-          row[j] -= 0.01f * g[j] / (std::sqrt(acc[j]) + 1e-10f);
-        }
-      } else {
-        std::memcpy(out.data() + static_cast<size_t>(i) * dim, row, dim * 4);
+
+  bool Matches(int64_t rows, int stride, int dim) const {
+    return rows_ == rows && floats_ == stride / 4 && dim_ == dim;
+  }
+
+  void Gather(absl::Span<const int64_t> ids, float* out) const {
+    const int lines = (dim_ * 4 + 63) / 64;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i + kAhead < ids.size()) Prefetch(ids[i + kAhead], lines, /*for_write=*/false);
+      std::memcpy(out + i * dim_, Row(ids[i]), sizeof(float) * dim_);
+    }
+    benchmark::DoNotOptimize(out);
+  }
+
+  void Update(absl::Span<const int64_t> ids, const float* grads) const {
+    const int lines = (2 * dim_ * 4 + 63) / 64;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i + kAhead < ids.size()) Prefetch(ids[i + kAhead], lines, /*for_write=*/true);
+      float* row = Row(ids[i]);
+      float* acc = row + dim_;
+      const float* g = grads + i * dim_;
+      for (int j = 0; j < dim_; ++j) {
+        acc[j] += g[j] * g[j];
+        row[j] -= 0.01f * g[j] / (std::sqrt(acc[j]) + 1e-10f);
       }
     }
-    benchmark::DoNotOptimize(out.data());
-    benchmark::DoNotOptimize(flat.data());
-    done += kBatch;
-    seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    benchmark::DoNotOptimize(block_.get());
   }
-  cached = Cached{region, stride, dim, update, done * bytes_per_row / seconds};
-  return cached.result;
+
+ private:
+  static constexpr size_t kAhead = 16;
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  float* Row(int64_t id) const { return block_.get() + static_cast<size_t>(id % rows_) * floats_; }
+  void Prefetch(int64_t id, int lines, bool for_write) const {
+    const char* p = reinterpret_cast<const char*>(Row(id));
+    for (int l = 0; l < lines; ++l) {
+      if (for_write) {
+        __builtin_prefetch(p + 64 * l, 1, 3);
+      } else {
+        __builtin_prefetch(p + 64 * l, 0, 3);
+      }
+    }
+  }
+
+  int64_t rows_;
+  int floats_, dim_;
+  std::unique_ptr<float, Free> block_;
+};
+
+// The flat rows for a table of `rows` rows of `stride` bytes; the last ones are kept (a
+// 1 GiB array takes a second to fill).
+const FlatRows& GetFlat(int64_t rows, int stride, int dim) {
+  static std::unique_ptr<FlatRows> flat;
+  if (flat == nullptr || !flat->Matches(rows, stride, dim)) {
+    flat.reset();
+    flat = std::make_unique<FlatRows>(rows, stride, dim);
+  }
+  return *flat;
+}
+
+// The benchmark loop of an operation with a flat ceiling: `table_op(b)` and `flat_op(b)`
+// on batch b = 0, 1, ..., `batches` - 1, 0, ..., in alternating order. The benchmark's
+// time is the table's alone (manual time); returns the flat operation's seconds over the
+// same batches.
+template <typename TableOp, typename FlatOp>
+double PairedLoop(benchmark::State& state, int batches, const TableOp& table_op,
+                  const FlatOp& flat_op) {
+  using Clock = std::chrono::steady_clock;
+  double flat_seconds = 0;
+  int b = 0;
+  bool table_first = true;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    if (table_first) {
+      table_op(b);
+    } else {
+      flat_op(b);
+    }
+    const auto t1 = Clock::now();
+    if (table_first) {
+      flat_op(b);
+    } else {
+      table_op(b);
+    }
+    const auto t2 = Clock::now();
+    const double first = std::chrono::duration<double>(t1 - t0).count();
+    const double second = std::chrono::duration<double>(t2 - t1).count();
+    state.SetIterationTime(table_first ? first : second);
+    flat_seconds += table_first ? second : first;
+    table_first = !table_first;
+    b = (b + 1) % batches;
+  }
+  return flat_seconds;
+}
+
+// The flat operation's bytes/s over a PairedLoop of `bytes_per_iter` an iteration.
+double FlatBytesPerSecond(const benchmark::State& state, int64_t bytes_per_iter,
+                          double flat_seconds) {
+  return flat_seconds > 0 ? static_cast<double>(state.iterations()) * bytes_per_iter / flat_seconds
+                          : 0;
 }
 
 void Report(benchmark::State& state, int64_t bytes_per_iter, double ceiling_bytes_per_s,
@@ -267,14 +320,16 @@ void RunGather(benchmark::State& state, bool fixed) {
   const int64_t bytes = static_cast<int64_t>(kBatch) * dim * 4;
   const int64_t row = fixed ? FixedRowBytes(dim, 0) : RowBytes(dim, 0);
   const double ceiling = MemcpyBytesPerSecond(f.rows * row, bytes);
-  const double flat = FlatRowsBytesPerSecond(f.rows * row, row, dim, /*update=*/false, dim * 4);
-  int b = 0;
-  for (auto _ : state) {
-    auto span = absl::MakeConstSpan(ids).subspan(static_cast<size_t>(b) * kBatch, kBatch);
-    benchmark::DoNotOptimize(f.table->Lookup(span, out.data()));
-    b = (b + 1) % kBatches;
-  }
-  Report(state, bytes, ceiling, flat);
+  const FlatRows& flat = GetFlat(f.rows, static_cast<int>(row), dim);
+  std::vector<float> flat_out(out.size());
+  auto batch = [&](int b) {
+    return absl::MakeConstSpan(ids).subspan(static_cast<size_t>(b) * kBatch, kBatch);
+  };
+  const double flat_seconds = PairedLoop(
+      state, kBatches,
+      [&](int b) { benchmark::DoNotOptimize(f.table->Lookup(batch(b), out.data())); },
+      [&](int b) { flat.Gather(batch(b), flat_out.data()); });
+  Report(state, bytes, ceiling, FlatBytesPerSecond(state, bytes, flat_seconds));
   state.counters["rows"] = f.rows;
 }
 
@@ -327,18 +382,27 @@ void RunUpdate(benchmark::State& state, v1::OptimizerType opt, int traffic_float
   // memcpy traffic is read + write: twice the bytes it copies.
   const double ceiling =
       2 * MemcpyBytesPerSecond(f.rows * row_bytes, traffic / 2);
-  // Adagrad's flat ceiling (Adam's does more math on the same kind of traffic).
-  const double flat =
-      opt == v1::ADAGRAD ? FlatRowsBytesPerSecond(f.rows * row_bytes, row_bytes, dim,
-                                                  /*update=*/true, traffic_floats_per_dim * dim * 4)
-                         : 0;
-  int b = 0;
   int64_t step = 0;
-  for (auto _ : state) {
+  auto table_op = [&](int b) {
     benchmark::DoNotOptimize(f.table->ApplyUniqueGradients(batches[b], grads.data(), step++));
-    b = (b + 1) % kBatches;
+  };
+  double flat_bytes_per_s = 0;
+  if (opt == v1::ADAGRAD) {
+    // Adagrad's flat ceiling (Adam's does more math on the same kind of traffic).
+    const FlatRows& flat = GetFlat(f.rows, static_cast<int>(row_bytes), dim);
+    const double flat_seconds = PairedLoop(state, kBatches, table_op, [&](int b) {
+      flat.Update(batches[b], grads.data());
+    });
+    flat_bytes_per_s = FlatBytesPerSecond(state, traffic, flat_seconds);
+  } else {
+    for (auto _ : state) {
+      const auto t0 = std::chrono::steady_clock::now();
+      table_op(static_cast<int>(step % kBatches));
+      state.SetIterationTime(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
   }
-  Report(state, traffic, ceiling, flat);
+  Report(state, traffic, ceiling, flat_bytes_per_s);
   state.counters["unique_rows"] = avg_unique;
 }
 
@@ -374,12 +438,12 @@ void TableArgs(benchmark::internal::Benchmark* b) {
   }
 }
 
-BENCHMARK(BM_Gather)->Apply(TableArgs)->MinTime(0.5)->UseRealTime();
+BENCHMARK(BM_Gather)->Apply(TableArgs)->MinTime(0.5)->UseManualTime();
 BENCHMARK(BM_PooledLookup)->Apply(TableArgs)->MinTime(0.5)->UseRealTime();
-BENCHMARK(BM_FixedGather)->Apply(TableArgs)->MinTime(0.5)->UseRealTime();
-BENCHMARK(BM_FixedAdagradUpdate)->Apply(TableArgs)->MinTime(0.5)->UseRealTime();
-BENCHMARK(BM_AdagradUpdate)->Apply(TableArgs)->MinTime(0.5)->UseRealTime();
-BENCHMARK(BM_AdamUpdate)->Apply(TableArgs)->MinTime(0.5)->UseRealTime();
+BENCHMARK(BM_FixedGather)->Apply(TableArgs)->MinTime(0.5)->UseManualTime();
+BENCHMARK(BM_FixedAdagradUpdate)->Apply(TableArgs)->MinTime(0.5)->UseManualTime();
+BENCHMARK(BM_AdagradUpdate)->Apply(TableArgs)->MinTime(0.5)->UseManualTime();
+BENCHMARK(BM_AdamUpdate)->Apply(TableArgs)->MinTime(0.5)->UseManualTime();
 BENCHMARK(BM_Unique)
     ->ArgNames({"batch", "zipf"})
     ->ArgsProduct({{4096, 65536}, {0, 1}})

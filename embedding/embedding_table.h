@@ -318,6 +318,12 @@ class EmbeddingTable {
   absl::Status FixedLookup(absl::Span<const int64_t> ids, float* out) const;
   // The weights of `row` (of `id`) into `out` (dim): stored, or initial when never stored.
   void ReadFixedRow(int64_t id, int64_t row, float* out) const;
+  // Ids [b, e) of a lookup: read guarded against writers at work (FixedLookupGuarded), or
+  // copied out with no check (CopyFixedRows).
+  void FixedLookupGuarded(absl::Span<const int64_t> ids, size_t b, size_t e, float* out) const;
+  void CopyFixedRows(absl::Span<const int64_t> ids, size_t b, size_t e, float* out) const;
+  // Copies a row's stored weights out as fp32.
+  void CopyStoredWeights(const float* stored, float* out) const;
   absl::Status FixedApply(absl::Span<const int64_t> ids, const float* grads, int64_t step);
   // Row `row` (of `id`) stored with its initial weights and state.
   void FixedInitLocked(int64_t id, int64_t row);

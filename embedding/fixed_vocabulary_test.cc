@@ -1,5 +1,7 @@
 // Fixed-vocabulary tables (TableConfig.vocabulary_size): rows addressed by id.
 
+#include <atomic>
+#include <map>
 #include <random>
 #include <set>
 #include <thread>
@@ -170,6 +172,60 @@ TEST(FixedVocabulary, DirtyRowsPutRowAndForget) {
   EXPECT_EQ(t->num_rows(), 3);
   EXPECT_EQ(t->DirtyRows(), 0);
   EXPECT_EQ(t->PutRow(kVocabulary, w, state, meta).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A long lookup (many chunks of the copy loop) mixes rows stored with values, rows stored
+// as zeros (which read as zeros, not as initial weights) and rows never stored (initial
+// weights), alone and while a writer updates other rows of the table; fp32 and bf16,
+// the whole vocabulary and a part of it.
+TEST(FixedVocabulary, LongLookupsTellStoredZeroRowsFromUntouchedOnes) {
+  for (const v1::Dtype dtype : {v1::FP32, v1::BF16}) {
+    for (const VocabularyPart part : {VocabularyPart{0, 1}, VocabularyPart{2, 3}}) {
+      SCOPED_TRACE(testing::Message() << v1::Dtype_Name(dtype) << " part " << part.index);
+      constexpr int kDim = 8;
+      auto t = Make(Config(kDim, v1::SGD, dtype), part);
+      std::vector<int64_t> mine, theirs;  // ids the lookups read, ids the writer updates
+      for (int64_t id = part.index; id < kVocabulary; id += part.count) {
+        (id % 7 == 3 ? theirs : mine).push_back(id);
+      }
+      std::map<int64_t, std::vector<float>> want;
+      const std::vector<float> zeros(kDim, 0.0f), ones(kDim, 1.0f);
+      for (size_t k = 0; k < mine.size(); ++k) {
+        const int64_t id = mine[k];
+        std::vector<float> w(kDim);
+        if (k % 5 == 0) {
+          ASSERT_TRUE(t->PutRow(id, zeros, {}, RowMeta{}).ok());
+          w = zeros;
+        } else if (k % 5 == 1) {
+          ASSERT_TRUE(t->PutRow(id, ones, {}, RowMeta{}).ok());
+          w = ones;
+        } else {
+          t->InitialWeights(id, w.data());
+        }
+        want[id] = w;
+      }
+      auto check = [&] {
+        std::vector<float> out(mine.size() * kDim);
+        ASSERT_TRUE(t->Lookup(mine, out.data()).ok());
+        for (size_t k = 0; k < mine.size(); ++k) {
+          ASSERT_EQ(std::vector<float>(out.begin() + k * kDim, out.begin() + (k + 1) * kDim),
+                    want[mine[k]])
+              << "id " << mine[k];
+        }
+      };
+      check();
+      std::atomic<bool> done{false};
+      std::thread writer([&] {
+        const std::vector<float> g(theirs.size() * kDim, 0.01f);
+        for (int s = 1; s <= 400 && !done.load(); ++s) {
+          ASSERT_TRUE(t->ApplyUniqueGradients(theirs, g.data(), s).ok());
+        }
+      });
+      for (int r = 0; r < 20; ++r) check();
+      done = true;
+      writer.join();
+    }
+  }
 }
 
 // Lookups during updates see whole rows: SGD with gradient 1 moves every weight of a

@@ -58,30 +58,22 @@ inline void CopyFloats(float* dst, const float* src, int n) {
 #endif
 }
 
-// CopyFloats that also says whether any copied value has a bit set (is not +0.0): one
-// pass, the bits or-ed as they go by.
-inline bool CopyFloatsAnyBits(float* dst, const float* src, int n) {
+// True when any of the `n` floats at `p` has a bit set (is not +0.0).
+inline bool AnyBits(const float* p, int n) {
 #if defined(__AVX512F__)
   __m512i any = _mm512_setzero_si512();
   int j = 0;
-  for (; j + 16 <= n; j += 16) {
-    const __m512 v = _mm512_loadu_ps(src + j);
-    _mm512_storeu_ps(dst + j, v);
-    any = _mm512_or_si512(any, _mm512_castps_si512(v));
-  }
+  for (; j + 16 <= n; j += 16) any = _mm512_or_si512(any, _mm512_loadu_si512(p + j));
   if (j < n) {
     const __mmask16 tail = static_cast<__mmask16>((1u << (n - j)) - 1);
-    const __m512 v = _mm512_maskz_loadu_ps(tail, src + j);
-    _mm512_mask_storeu_ps(dst + j, tail, v);
-    any = _mm512_or_si512(any, _mm512_castps_si512(v));
+    any = _mm512_or_si512(any, _mm512_maskz_loadu_epi32(tail, p + j));
   }
   return _mm512_test_epi32_mask(any, any) != 0;
 #else
   uint32_t any = 0;
   for (int j = 0; j < n; ++j) {
     uint32_t bits;
-    std::memcpy(&bits, src + j, sizeof(bits));
-    std::memcpy(dst + j, &bits, sizeof(bits));
+    std::memcpy(&bits, p + j, sizeof(bits));
     any |= bits;
   }
   return any != 0;
