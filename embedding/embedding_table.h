@@ -12,6 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "embedding/internal/reader_epochs.h"
 #include "embedding/memory_budget.h"
 #include "embedding/optimizer.h"
 #include "embedding/row_meta.h"
@@ -406,7 +407,7 @@ class EmbeddingTable {
   std::atomic<int64_t> next_sweep_{0};    // step of the next TTL sweep
   std::atomic<int64_t> evictions_{0};
   std::atomic<int64_t> expirations_{0};
-  mutable std::atomic<int32_t> readers_{0};  // lock-free lookups in flight
+  mutable embedding_internal::ReaderEpochs readers_;  // lock-free lookups in flight
   std::unique_ptr<embedding_internal::RowStore> rows_;  // a dynamic table's rows
   std::unique_ptr<Stripe[]> stripes_;
 };

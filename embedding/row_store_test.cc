@@ -1,11 +1,14 @@
 // The storage under a dynamic table: the cuckoo id map of a stripe, the row store, and
 // the table's rows at their payload's size (meta packed into 8 bytes).
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <limits>
 #include <random>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "embedding/embedding_table.h"
@@ -21,6 +24,8 @@ using embedding_internal::kNoRow;
 using embedding_internal::MapHash;
 using embedding_internal::MapId;
 using embedding_internal::RowStore;
+using embedding_internal::ReaderEpochs;
+using embedding_internal::ReaderScope;
 using embedding_internal::Stripe;
 using embedding_internal::StripeWriter;
 
@@ -82,7 +87,7 @@ TEST(IdMapTest, FindsWhatItHoldsAtHighLoadThroughErases) {
 
 // A stripe's map stays near its load limit as it grows (past its first sizes).
 TEST(StripeTest, GrowsByATenthAndStaysAtHighLoad) {
-  std::atomic<int32_t> readers{0};
+  ReaderEpochs readers;
   RowStore rows(64, 0);
   ASSERT_TRUE(rows.ok());
   Stripe stripe;
@@ -105,6 +110,48 @@ TEST(StripeTest, GrowsByATenthAndStaysAtHighLoad) {
   std::printf("lowest load %.3f\n", lowest);
   EXPECT_GE(lowest, IdMap::kMaxLoad / 1.1 - 0.02);
   for (int64_t i = 0; i < 200000; ++i) ASSERT_NE(stripe.Find(MapHash(i)), kNoRow);
+}
+
+// Maps replaced as a stripe grows are freed while lock-free readers keep coming: three
+// readers that each hold the table for a millisecond at a time, so that some reader is
+// nearly always inside (a single count of readers in flight would rarely or never be zero).
+TEST(StripeTest, ReplacedMapsAreFreedWhileReadersKeepComing) {
+  ReaderEpochs readers;
+  RowStore rows(64, 0);
+  ASSERT_TRUE(rows.ok());
+  Stripe stripe;
+  stripe.Init(&readers, &rows);
+  std::atomic<bool> done{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t) {
+    threads.emplace_back([&, t] {
+      std::this_thread::sleep_for(std::chrono::microseconds(300 * t));
+      for (int i = 0; i < 20000 && !done.load(); ++i) {
+        ReaderScope reading(readers);
+        const IdMap* map = stripe.map();
+        if (map != nullptr) (void)map->Find(MapHash(i));  // a probe of whatever map is published
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    });
+  }
+  size_t most = 0;
+  for (int64_t i = 0; i < 100000; ++i) {
+    StripeWriter lock(stripe);
+    ASSERT_NE(stripe.Insert(MapHash(i)), kNoRow);
+    most = std::max(most, stripe.retired_maps());
+  }
+  // Every map replaced gets freed within a few of the readers' turns (bounded wait).
+  for (int k = 0; k < 5000 && stripe.retired_maps() > 0; ++k) {
+    StripeWriter lock(stripe);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const size_t left = stripe.retired_maps();
+  const int32_t inside = readers.readers();
+  done = true;
+  for (auto& t : threads) t.join();
+  std::printf("at most %zu replaced maps kept; %d readers inside at the end\n", most, inside);
+  EXPECT_EQ(left, 0u);
+  for (int64_t i = 0; i < 100000; ++i) ASSERT_NE(stripe.Find(MapHash(i)), kNoRow);
 }
 
 TEST(RowStoreTest, RowsDoNotOverlapAndDirtyBitsAreTheirOwn) {

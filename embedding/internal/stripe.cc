@@ -110,7 +110,7 @@ bool IdMap::Place(uint64_t h, uint32_t row) {
 
 int64_t Stripe::Bytes() const {
   int64_t bytes = current_ ? static_cast<int64_t>(current_->bytes()) : 0;
-  for (const auto& m : retired_) bytes += static_cast<int64_t>(m->bytes());
+  for (const Retired& r : retired_) bytes += static_cast<int64_t>(r.map->bytes());
   return bytes;
 }
 
@@ -128,10 +128,12 @@ bool Stripe::Grow(uint64_t rows, const MapEntry* extra) {
     }
     if (placed && extra != nullptr) placed = grown->Place(extra->hash, extra->row);
     if (!placed) continue;  // a crowded corner: a larger map
-    if (current_) retired_.push_back(std::move(current_));
     // A reader still probing the old map finds what the new one holds: it is unchanged.
+    std::unique_ptr<IdMap> old = std::move(current_);
     current_ = std::move(grown);
     published_.store(current_.get(), std::memory_order_seq_cst);
+    // Tagged after the new map is published: a reader of a later epoch cannot see the old.
+    if (old) retired_.push_back(Retired{readers_->current(), std::move(old)});
     return true;
   }
   return false;
@@ -179,7 +181,16 @@ void Stripe::EraseSlot(uint64_t pos) {
 }
 
 void Stripe::FreeRetiredIfIdle() {
-  if (!retired_.empty() && readers_->load(std::memory_order_seq_cst) == 0) retired_.clear();
+  // Twice: a map replaced in the current epoch is freed once the epoch has moved on, which
+  // the first call does when no reader of the previous epoch is left (with no reader at
+  // all, both calls succeed and every replaced map goes at once).
+  for (int round = 0; round < 2 && !retired_.empty(); ++round) {
+    const uint64_t oldest = readers_->Oldest();
+    // Tags only grow along the vector: the maps to free are a prefix.
+    size_t freed = 0;
+    while (freed < retired_.size() && retired_[freed].epoch < oldest) ++freed;
+    retired_.erase(retired_.begin(), retired_.begin() + static_cast<std::ptrdiff_t>(freed));
+  }
 }
 
 }  // namespace tessera::embedding_internal

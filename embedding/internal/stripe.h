@@ -29,6 +29,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "embedding/internal/aligned_block.h"
+#include "embedding/internal/reader_epochs.h"
 #include "embedding/internal/row_store.h"
 #include "embedding/sharding.h"
 
@@ -147,7 +148,7 @@ class alignas(64) Stripe {
 
   // The table's count of lock-free readers and its rows (shared by its stripes). Set
   // once, before use.
-  void Init(const std::atomic<int32_t>* readers, RowStore* rows) {
+  void Init(ReaderEpochs* readers, RowStore* rows) {
     readers_ = readers;
     rows_ = rows;
   }
@@ -200,8 +201,10 @@ class alignas(64) Stripe {
 
   uint64_t sample_state = 0x9e3779b97f4a7c15ULL;  // eviction sampling
 
-  // Frees replaced maps when no lock-free reader is inside the table.
+  // Frees the replaced maps no lock-free reader can still hold (ReaderEpochs).
   void FreeRetiredIfIdle();
+  // Replaced maps not freed yet (for tests).
+  size_t retired_maps() const { return retired_.size(); }
 
  private:
   // Reserve(size + 1).
@@ -214,10 +217,14 @@ class alignas(64) Stripe {
   // What lock-free readers touch sits in one cache line with the mutex.
   std::atomic<uint32_t> seq_{0};
   std::atomic<const IdMap*> published_{nullptr};  // == current_.get()
-  const std::atomic<int32_t>* readers_ = nullptr;
+  ReaderEpochs* readers_ = nullptr;
   bool changing_ = false;
   std::unique_ptr<IdMap> current_;
-  std::vector<std::unique_ptr<IdMap>> retired_;  // replaced maps readers may still probe
+  struct Retired {
+    uint64_t epoch;  // when it was replaced (ReaderEpochs)
+    std::unique_ptr<IdMap> map;
+  };
+  std::vector<Retired> retired_;  // replaced maps readers may still probe
   int64_t size_ = 0;
   RowStore* rows_ = nullptr;
   uint32_t block_next_ = 0;  // rows taken from the store and not used yet
@@ -228,15 +235,14 @@ class alignas(64) Stripe {
 // Counts a lock-free reader in `readers` for its lifetime.
 class ReaderScope {
  public:
-  explicit ReaderScope(std::atomic<int32_t>& readers) : readers_(readers) {
-    readers_.fetch_add(1, std::memory_order_seq_cst);
-  }
-  ~ReaderScope() { readers_.fetch_sub(1, std::memory_order_release); }
+  explicit ReaderScope(ReaderEpochs& readers) : readers_(readers), slot_(readers.Enter()) {}
+  ~ReaderScope() { readers_.Leave(slot_); }
   ReaderScope(const ReaderScope&) = delete;
   ReaderScope& operator=(const ReaderScope&) = delete;
 
  private:
-  std::atomic<int32_t>& readers_;
+  ReaderEpochs& readers_;
+  const int slot_;
 };
 
 inline absl::Mutex& StripeMutex(Stripe& stripe) ABSL_LOCK_RETURNED(stripe.mu) {
