@@ -38,6 +38,7 @@
 #include "embedding/collection.h"
 #include "embedding/inprocess_collection.h"
 #include "embedding/embedding_table.h"
+#include "embedding/internal/row_ops.h"
 
 namespace tessera::embedding {
 namespace {
@@ -225,14 +226,7 @@ class FlatRows {
   };
   float* Row(int64_t id) const { return block_.get() + static_cast<size_t>(id % rows_) * floats_; }
   void Prefetch(int64_t id, int lines, bool for_write) const {
-    const char* p = reinterpret_cast<const char*>(Row(id));
-    for (int l = 0; l < lines; ++l) {
-      if (for_write) {
-        __builtin_prefetch(p + 64 * l, 1, 3);
-      } else {
-        __builtin_prefetch(p + 64 * l, 0, 3);
-      }
-    }
+    embedding_internal::PrefetchLines(Row(id), lines, for_write);
   }
 
   int64_t rows_;

@@ -85,13 +85,19 @@ TEST(IdMapTest, FindsWhatItHoldsAtHighLoadThroughErases) {
   }
 }
 
+// A stripe over a row store of 64-byte rows, with its table's reader count.
+struct TestStripe {
+  TestStripe() { stripe.Init(&readers, &rows); }
+  ReaderEpochs readers;
+  RowStore rows{64, 0};
+  Stripe stripe;
+};
+
 // A stripe's map stays near its load limit as it grows (past its first sizes).
 TEST(StripeTest, GrowsByATenthAndStaysAtHighLoad) {
-  ReaderEpochs readers;
-  RowStore rows(64, 0);
-  ASSERT_TRUE(rows.ok());
-  Stripe stripe;
-  stripe.Init(&readers, &rows);
+  TestStripe fixture;
+  ASSERT_TRUE(fixture.rows.ok());
+  Stripe& stripe = fixture.stripe;
   StripeWriter lock(stripe);
   std::set<uint32_t> numbers;
   double lowest = 1.0;
@@ -116,18 +122,16 @@ TEST(StripeTest, GrowsByATenthAndStaysAtHighLoad) {
 // readers that each hold the table for a millisecond at a time, so that some reader is
 // nearly always inside (a single count of readers in flight would rarely or never be zero).
 TEST(StripeTest, ReplacedMapsAreFreedWhileReadersKeepComing) {
-  ReaderEpochs readers;
-  RowStore rows(64, 0);
-  ASSERT_TRUE(rows.ok());
-  Stripe stripe;
-  stripe.Init(&readers, &rows);
+  TestStripe fixture;
+  ASSERT_TRUE(fixture.rows.ok());
+  Stripe& stripe = fixture.stripe;
   std::atomic<bool> done{false};
   std::vector<std::thread> threads;
   for (int t = 0; t < 3; ++t) {
     threads.emplace_back([&, t] {
       std::this_thread::sleep_for(std::chrono::microseconds(300 * t));
       for (int i = 0; i < 20000 && !done.load(); ++i) {
-        ReaderScope reading(readers);
+        ReaderScope reading(fixture.readers);
         const IdMap* map = stripe.map();
         if (map != nullptr) (void)map->Find(MapHash(i));  // a probe of whatever map is published
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -146,7 +150,7 @@ TEST(StripeTest, ReplacedMapsAreFreedWhileReadersKeepComing) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   const size_t left = stripe.retired_maps();
-  const int32_t inside = readers.readers();
+  const int32_t inside = fixture.readers.readers();
   done = true;
   for (auto& t : threads) t.join();
   std::printf("at most %zu replaced maps kept; %d readers inside at the end\n", most, inside);

@@ -70,8 +70,8 @@ using embedding_internal::StripeWriter;
 
 namespace {
 
-constexpr int kFixedAhead = 32;        // rows prefetched ahead of the one updated
-constexpr size_t kGatherAhead = 16;     // rows prefetched ahead of the one copied
+constexpr int kFixedAhead = 32;     // rows prefetched ahead of the one updated
+constexpr size_t kGatherAhead = 16;  // rows prefetched ahead of the one copied
 
 }  // namespace
 
