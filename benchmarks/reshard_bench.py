@@ -2,7 +2,9 @@
 """Live resharding under load: a cluster of 2 memory-only shards holding ROWS rows (one
 table, dim 16, Adagrad, imported with state) moves to 3 shards (RESHARD_DATA_DIRS=1: shards with data directories) while tessera-train trains
 through it (smart client) and a Python client pushes gradients of PUSH_ROWS random rows of
-the big table in a loop (0: no pusher). Prints the rows moved, how long the reshard took and how long pushes
+the big table in a loop (0: no pusher). RESHARD_FIXED=1: the big table has a fixed
+vocabulary of ROWS ids (every row moves; shards of both maps fill a second layout) and the
+trainer's tables too (--vocabulary=hashed). Prints the rows moved, how long the reshard took and how long pushes
 waited, the run's samples/s and the pusher's rows/s before, during and after it, and checks
 that a sample of the big table's rows reads the same afterwards as it did before (the
 sample is never pushed to).
@@ -63,6 +65,10 @@ def main():
         shards = []
         # RESHARD_DATA_DIRS=1: every shard on a data directory (CHECKPOINT tables).
         durable = os.environ.get("RESHARD_DATA_DIRS") == "1"
+        fixed = os.environ.get("RESHARD_FIXED") == "1"
+
+        def big_id(i):  # the big table's id of row i
+            return i if fixed else i * 7919 + 13
 
         def data_dir(k):
             return [f"--data_dir={root}/shard-{k}"] if durable else []
@@ -80,15 +86,16 @@ def main():
         procs.append(p)
         time.sleep(0.5)
         c = tessera.connect(coordinator)
-        c.create_table("big.t", dim=16, optimizer="adagrad")
+        c.create_table("big.t", dim=16, optimizer="adagrad",
+                       **({"vocabulary_size": ROWS} if fixed else {}))
         rng = np.random.default_rng(1)
         t0 = time.time()
         for b in range(0, ROWS, 500_000):
-            ids = np.arange(b, min(ROWS, b + 500_000), dtype=np.int64) * 7919 + 13
+            ids = big_id(np.arange(b, min(ROWS, b + 500_000), dtype=np.int64))
             c.import_rows("big.t", ids, rng.standard_normal((len(ids), 16), dtype=np.float32),
                           state=np.full((len(ids), 16), 0.1, np.float32))
         print(f"imported {ROWS} rows in {time.time() - t0:.1f} s", flush=True)
-        probe = np.arange(0, ROWS, max(1, ROWS // 10000), dtype=np.int64) * 7919 + 13
+        probe = big_id(np.arange(0, ROWS, max(1, ROWS // 10000), dtype=np.int64))
         before = c.lookup("big.t", probe, read_only=True)
 
         # The pusher: random rows of the big table, none of the probed ones (ids = 7919 i + 13
@@ -104,7 +111,7 @@ def main():
             while not stop.is_set():
                 i = r.integers(0, ROWS, PUSH_ROWS)
                 i = i[i % stride != 0]
-                pc.push("big.t", i.astype(np.int64) * 7919 + 13,
+                pc.push("big.t", big_id(i.astype(np.int64)),
                         np.full((len(i), 16), 0.01, np.float32), step=step)
                 step += 1
                 pushed.append((time.time(), len(i)))
@@ -116,7 +123,8 @@ def main():
         train = subprocess.Popen(
             [f"{BUILD}/tessera-train", f"--coordinator={coordinator}", "--client_mode=smart",
              "--steps=1000000", "--log_every=5", f"--batch_size={BATCH}", "--held_out=0",
-             f"--metrics_out={metrics}"], stdout=subprocess.DEVNULL, stderr=log)
+             f"--metrics_out={metrics}", f"--vocabulary={'hashed' if fixed else 'dynamic'}"],
+            stdout=subprocess.DEVNULL, stderr=log)
         procs.append(train)
         while not records(metrics) or records(metrics)[-1]["elapsed_s"] < 8:
             time.sleep(0.2)

@@ -168,4 +168,13 @@ absl::Status EmbeddingCollection::Repartition(int, int) {
   return absl::UnimplementedError("this collection cannot move to another shard map");
 }
 
+absl::Status EmbeddingCollection::ImportMovingRows(absl::string_view table, const RowBlock& rows,
+                                                   int, int) {
+  return ImportRows(table, rows);
+}
+
+absl::Status EmbeddingCollection::SwitchPlace(int, int) {
+  return absl::UnimplementedError("this collection cannot move to another shard map");
+}
+
 }  // namespace tessera::embedding

@@ -321,13 +321,30 @@ class EmbeddingCollection {
   virtual absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints() const;
 
   // Makes this collection shard `shard_index` of `num_shards` of its cluster from now on (a
-  // live reshard moved the rows it gains here already): the rows it no longer owns
-  // (ShardOfRow) are forgotten, in memory and on disk (nothing to forget when its place is
-  // the one it has), and a durable collection writes every dirty row, so that rows moved
-  // here survive a restart (and the rows it kept come back as of the same moment).
-  // FailedPrecondition, with nothing changed, while it holds a fixed-vocabulary table (its
-  // arrays are laid out for one place); collections that cannot, Unimplemented.
+  // live reshard moved the rows it gains here already): SwitchPlace, unless done, then the
+  // rows it no longer owns (ShardOfRow) are forgotten, in memory and on disk (nothing to
+  // forget when it holds none), and a durable collection writes every dirty row, so that
+  // rows moved here survive a restart (and the rows it kept come back as of the same
+  // moment). Collections that cannot, Unimplemented.
   virtual absl::Status Repartition(int shard_index, int num_shards);
+
+  // A live reshard's rows for this collection's place in the next shard map (shard
+  // `shard_index` of `num_shards`), while it serves its current place. A table laid out by
+  // place (a fixed vocabulary: arrays of its part's ids) takes them into a second layout,
+  // for that place, that SwitchPlace adopts: every row it is to hold there comes this way,
+  // those it keeps too. Other tables take them as ImportRows does. A durable collection
+  // writes through the rows of ids its current place does not own (its current layout
+  // writes the others). Errors as ImportRows's.
+  virtual absl::Status ImportMovingRows(absl::string_view table, const RowBlock& rows,
+                                        int shard_index, int num_shards);
+  // Serves shard `shard_index` of `num_shards` from now on, without copying a row: tables
+  // laid out by place swap in the layout ImportMovingRows filled for it (an empty one where
+  // no row came) and drop the old one; other tables keep their rows until Repartition. A
+  // reshard calls it while requests wait. Nothing changes on an error (a layout that cannot
+  // be made: ResourceExhausted). Collections that cannot, Unimplemented.
+  virtual absl::Status SwitchPlace(int shard_index, int num_shards);
+  // Drops what ImportMovingRows kept for another place (an aborted reshard).
+  virtual void DropMovingRows() {}
 
   // Gives `table` the row budget `max_rows` (0: none) from now on, its config (and a durable
   // collection's catalog) saying so: a reshard lifts a table's budget while rows move and

@@ -1,15 +1,16 @@
 #include "embedding/collection.h"
 
 #include <cmath>
+#include <map>
 #include <random>
 
 #include "absl/strings/str_cat.h"
-
 #include "embedding/embedding_table.h"
 #include "embedding/inprocess_collection.h"
 #include "embedding/sharding.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/stored_rows.h"
 
 namespace tessera::embedding {
 namespace {
@@ -315,7 +316,7 @@ TEST(InProcessCollection, GradientsThatSumToInfAreRefusedBeforeAnyShardApplies) 
   g[64] = -3e38f;
   absl::Status s = c->PushGradients("user", ids, g, 1);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_THAT(std::string(s.message()), testing::HasSubstr("summed over repeated ids"));
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("summed over repeated ids"));
   ASSERT_TRUE(c->Lookup("user", absl::MakeConstSpan(ids).subspan(0, 64), absl::MakeSpan(after)).ok());
   EXPECT_EQ(after, before);
 }
@@ -332,31 +333,31 @@ TEST(InProcessCollection, BadInputGetsClearErrorsAndChangesNothing) {
   auto msg = [](absl::Status s) { return std::string(s.message()); };
   absl::Status s = c->Lookup("item", ids, absl::MakeSpan(out));
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(msg(s), testing::HasSubstr("table 'item' not found"));
+  EXPECT_THAT(msg(s), ::testing::HasSubstr("table 'item' not found"));
 
   std::vector<float> small(6);
   s = c->Lookup("user", ids, absl::MakeSpan(small));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(msg(s), testing::HasSubstr("dimension mismatch"));
+  EXPECT_THAT(msg(s), ::testing::HasSubstr("dimension mismatch"));
 
   std::vector<float> g = {1, 1, 1, 1, 1, 1};  // 2 ids x dim 3: wrong dimension
   s = c->PushGradients("user", ids, g, 0);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(msg(s), testing::HasSubstr("expected 8"));
+  EXPECT_THAT(msg(s), ::testing::HasSubstr("expected 8"));
 
   std::vector<float> nan = {0.1f, 0.1f, 0.1f, 0.1f, 0.1f, 0.1f, NAN, 0.1f};
   s = c->PushGradients("user", ids, nan, 0);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(msg(s), testing::HasSubstr("gradient for id 2"));
+  EXPECT_THAT(msg(s), ::testing::HasSubstr("gradient for id 2"));
 
   std::vector<int32_t> bad_offsets = {0, 2, 1};
   std::vector<float> pooled(8);
   s = c->PooledLookup("user", ids, bad_offsets, {}, v1::SUM, absl::MakeSpan(pooled));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(msg(s), testing::HasSubstr("not monotone"));
+  EXPECT_THAT(msg(s), ::testing::HasSubstr("not monotone"));
   std::vector<int32_t> past = {0, 3};
   s = c->PooledLookup("user", ids, past, {}, v1::SUM, absl::MakeSpan(pooled).first(4));
-  EXPECT_THAT(msg(s), testing::HasSubstr("out of range"));
+  EXPECT_THAT(msg(s), ::testing::HasSubstr("out of range"));
   std::vector<int32_t> good = {0, 2};
   std::vector<float> bad_weights = {1.0f};
   s = c->PooledLookup("user", ids, good, bad_weights, v1::SUM, absl::MakeSpan(pooled).first(4));
@@ -388,7 +389,7 @@ TEST(InProcessCollection, SplitsRowBudgetOverShards) {
   std::vector<float> out(ids.size() * 4);
   absl::Status s = c->Lookup("small", ids, absl::MakeSpan(out));
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(s.message()), testing::HasSubstr("row budget of 5 rows"));
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("row budget of 5 rows"));
 }
 
 TEST(InProcessCollection, APushOverOneShardsBudgetChangesNoShard) {
@@ -425,7 +426,7 @@ namespace tessera::embedding {
 namespace {
 
 // A cluster shard's collection moving to another place (a live reshard): the rows it no
-// longer owns go, the others stay as they were; a fixed vocabulary refuses (nothing lost).
+// longer owns go, the others stay as they were.
 TEST(InProcessCollection, RepartitionKeepsOnlyTheRowsOfItsNewPlace) {
   InProcessOptions o;
   o.num_shards = 2;
@@ -473,15 +474,82 @@ TEST(InProcessCollection, RepartitionKeepsOnlyTheRowsOfItsNewPlace) {
     if (ShardOfRow(config, mine[i], 3) != 0) continue;
     for (int d = 0; d < 4; ++d) EXPECT_EQ(after[i * 4 + d], before[i * 4 + d]);
   }
+}
 
-  v1::TableConfig fixed = config;
+using testing::RowsOf;
+using testing::StoredRows;
+
+// A fixed vocabulary's arrays are laid out for one place: a live reshard fills a layout
+// for the next place with moving rows (ImportMovingRows) while the old one serves, and
+// SwitchPlace adopts it. Rows moved there before an abort (DropMovingRows) do not come
+// back; the old layout's rows go with the switch.
+TEST(InProcessCollection, AFixedVocabularySwitchesToTheLayoutItsMovingRowsFilled) {
+  InProcessOptions o;
+  o.num_shards = 2;
+  o.cluster_shard_index = 0;
+  o.cluster_num_shards = 2;
+  auto c = NewInProcessCollection(o).value();
+  v1::TableConfig fixed;
   fixed.set_name("f");
+  fixed.set_dim(4);
+  fixed.set_seed(5);
   fixed.set_vocabulary_size(1000);
+  fixed.mutable_optimizer()->set_type(v1::ADAGRAD);
+  fixed.mutable_optimizer()->set_learning_rate(0.1f);
   ASSERT_TRUE(c->CreateTable(fixed).ok());
-  const absl::Status refused = c->Repartition(0, 2);
-  EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
-  EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("'f'"));
-  EXPECT_EQ(c->Usage("t").value().rows, staying);
+  std::vector<int64_t> even;
+  for (int64_t id = 0; id < 600; id += 2) even.push_back(id);
+  ASSERT_TRUE(c->PushGradients("f", even, std::vector<float>(even.size() * 4, 0.5f), 1).ok());
+  const testing::RowMap before = StoredRows(*c, "f");
+  ASSERT_EQ(before.size(), even.size());
+
+  // Moving rows for shard 0 of 3: those it keeps (ids 0 mod 6) and others' (3 mod 6).
+  RowBlock moving;
+  moving.dim = 4;
+  moving.state_floats = 4;
+  for (int64_t id = 0; id < 600; id += 3) {
+    std::vector<float> w(4, 0.25f * static_cast<float>(id)), st(4, 1.0f);
+    if (id % 2 == 0) {
+      const std::vector<float>& row = before.at(id);
+      w.assign(row.begin(), row.begin() + 4);
+      st.assign(row.begin() + 4, row.end());
+    }
+    moving.Append(id, w.data(), st.data(), 1, 1);
+  }
+  RowBlock given_up;  // an aborted reshard's: dropped, never served
+  given_up.dim = 4;
+  given_up.state_floats = 4;
+  for (int64_t id = 603; id < 900; id += 3) {
+    const std::vector<float> w(4, 0.25f * static_cast<float>(id)), st(4, 1.0f);
+    given_up.Append(id, w.data(), st.data(), 1, 1);
+  }
+  ASSERT_TRUE(c->ImportMovingRows("f", given_up, 0, 3).ok());
+  c->DropMovingRows();
+  ASSERT_TRUE(c->ImportMovingRows("f", moving, 0, 3).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(c->ImportMovingRows("f", moving, 3, 3)));
+
+  // The old place serves on, and takes pushes.
+  EXPECT_TRUE(StoredRows(*c, "f") == before);
+  std::vector<float> out(4);
+  EXPECT_TRUE(absl::IsInvalidArgument(c->Lookup("f", {3}, absl::MakeSpan(out))));
+
+  ASSERT_TRUE(c->SwitchPlace(0, 3).ok());
+  const testing::RowMap want = RowsOf(moving);
+  EXPECT_TRUE(StoredRows(*c, "f") == want);
+  EXPECT_EQ(c->Usage("f").value().rows, static_cast<int64_t>(want.size()));
+  ASSERT_TRUE(c->Lookup("f", {3}, absl::MakeSpan(out)).ok());
+  EXPECT_EQ(out[0], 0.75f);
+  EXPECT_TRUE(absl::IsInvalidArgument(c->Lookup("f", {2}, absl::MakeSpan(out))));
+  // A row of the given-up import reads its initial weights (never stored here).
+  ASSERT_TRUE(c->Lookup("f", {603}, absl::MakeSpan(out)).ok());
+  EXPECT_NE(out[0], 0.25f * 601);
+  EXPECT_EQ(c->Usage("f").value().rows, static_cast<int64_t>(want.size()));
+  // Pushes go to the new layout; Repartition to the same place keeps it.
+  ASSERT_TRUE(c->PushGradients("f", {3, 9}, std::vector<float>(8, 1.0f), 2).ok());
+  ASSERT_TRUE(c->Repartition(0, 3).ok());
+  EXPECT_EQ(StoredRows(*c, "f").size(), want.size());
+  EXPECT_NE(StoredRows(*c, "f").at(3), want.at(3));
+  EXPECT_TRUE(absl::IsInvalidArgument(c->SwitchPlace(3, 3)));
 }
 
 }  // namespace

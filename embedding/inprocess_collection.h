@@ -29,6 +29,10 @@ class InProcessCollection : public EmbeddingCollection {
   // hold their own lock around both.
   virtual const std::vector<std::unique_ptr<EmbeddingTable>>* ShardsOf(
       absl::string_view table) const = 0;
+  // The shard tables that ImportMovingRows filled for `table`'s next place (a
+  // fixed-vocabulary table during a reshard); null when it has none. Valid as ShardsOf's.
+  virtual const std::vector<std::unique_ptr<EmbeddingTable>>* MovingShardsOf(
+      absl::string_view table) const = 0;
 
   // Applies gradients already summed and checked (SumGradients) to `table`, as PushGradients
   // would: for a caller that needed them summed first (a write-through table snapshots the

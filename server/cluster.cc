@@ -396,14 +396,6 @@ absl::StatusOr<ReshardOutcome> Cluster::Reshard(const std::vector<std::string>& 
         "the reshard to version ", version_.load(), " is not finished: repeat it first "
         "(tessera-cli reshard --shards=", absl::StrJoin(live()->addresses(), ","), ")"));
   }
-  for (const v1::TableConfig& config : Tables()) {
-    if (config.vocabulary_size() > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "table '", config.name(), "' has a fixed vocabulary (arrays laid out per shard) and "
-          "cannot move live; move the cluster with a checkpoint restored onto the new shards "
-          "(docs/deploy.md, \"Changing the shard count\")"));
-    }
-  }
   const uint64_t version = version_.load() + 1;
   client::RouterOptions options = live()->options();
   options.shard_map_version = version;

@@ -90,8 +90,9 @@ class Cluster {
   // version v+1 is published and the old shards commit to it. Runs alone (at the barrier,
   // no creates meanwhile). A failure before the publish aborts it (nothing changed but
   // copies on the new shards); one after it is finished by repeating the call.
-  // InvalidArgument for a bad list, FailedPrecondition for tables that cannot move live
-  // (fixed vocabulary, a row budget) or a new shard that is not ready.
+  // InvalidArgument for a bad list, FailedPrecondition for a new shard that is not ready
+  // or an old shard holding rows of a table the coordinator does not know (it cannot
+  // commit: the reshard is then finished by repeating it once the table is gone).
   absl::StatusOr<ReshardOutcome> Reshard(const std::vector<std::string>& shards);
 
   // Routes a lookup (see ShardRouter::LookupBatch).

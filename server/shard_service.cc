@@ -217,6 +217,13 @@ grpc::Status ShardService::ExportRows(grpc::ServerContext* context,
     if (request->chunk_rows() > 0) options.chunk_rows = static_cast<size_t>(request->chunk_rows());
     TESSERA_ASSIGN_OR_RETURN(const v1::TableConfig config, Config(request->table()));
     const v1::MovingRows& moving = request->moving();
+    // A fixed vocabulary's rows are laid out by place: those it keeps move too (into its
+    // layout for the new place), so every row goes.
+    const bool keep = moving.num_shards() > 0 && config.vocabulary_size() == 0;
+    if (moving.num_shards() > 0) {
+      absl::MutexLock lock(&changed_mu_);
+      copied_.insert(request->table());
+    }
     std::vector<int64_t> changed;
     if (moving.changed_only()) {
       {
@@ -237,8 +244,8 @@ grpc::Status ShardService::ExportRows(grpc::ServerContext* context,
         leaving.state_floats = all.state_floats;
         leaving.Clear();
         for (size_t i = 0; i < all.size(); ++i) {
-          if (embedding::ShardOfRow(config, all.ids[i], moving.num_shards()) ==
-              moving.keep_index()) {
+          if (keep && embedding::ShardOfRow(config, all.ids[i], moving.num_shards()) ==
+                          moving.keep_index()) {
             continue;
           }
           leaving.Append(all.ids[i], &all.weights[i * all.dim],
@@ -283,7 +290,9 @@ grpc::Status ShardService::ImportRows(grpc::ServerContext* context,
     TESSERA_RETURN_IF_ERROR(CheckBatch(absl::StrCat("table '", request->table(), "'"),
                                        static_cast<int64_t>(rows.size()), version));
     TESSERA_RETURN_IF_ERROR(CheckOwnership(config, rows.ids, index, shards));
-    TESSERA_RETURN_IF_ERROR(tables_->ImportRows(request->table(), rows));
+    TESSERA_RETURN_IF_ERROR(index < 0
+                                ? tables_->ImportRows(request->table(), rows)
+                                : tables_->ImportMovingRows(request->table(), rows, index, shards));
     // A caller's import (not the reshard's own) changes rows a reshard's copy may have sent.
     if (index < 0) NoteChanged(config, rows.ids);
     response->set_rows(static_cast<int64_t>(rows.size()));
@@ -794,8 +803,10 @@ void ShardService::NoteChanged(const v1::TableConfig& config, absl::Span<const i
   }
   absl::MutexLock lock(&changed_mu_);
   absl::flat_hash_set<int64_t>& changed = changed_[config.name()];
+  // A fixed vocabulary's rows all move (ExportRows), those this shard keeps too.
+  const bool all = config.vocabulary_size() > 0;
   for (const int64_t id : ids) {
-    if (embedding::ShardOfRow(config, id, shards) != index) changed.insert(id);
+    if (all || embedding::ShardOfRow(config, id, shards) != index) changed.insert(id);
   }
 }
 
@@ -842,6 +853,7 @@ grpc::Status ShardService::Reshard(grpc::ServerContext* context, const v1::Resha
                             num_shards_.load()));
         absl::MutexLock lock(&gate_mu_);
         if (!committing_ && pending_version_ == request->version()) {
+          tables_->DropMovingRows();
           frozen_ = false;
           tracking_ = false;
           noting_.store(false);
@@ -882,6 +894,12 @@ absl::Status ShardService::Copy(const v1::ReshardRequest& request,
   }
   // A COPY after the first starts another round: what changed in the last one.
   response->set_changed_rows(tracking_ ? EndRound() : -1);
+  if (!tracking_) {
+    // The first: what an earlier reshard left is not this one's.
+    tables_->DropMovingRows();
+    absl::MutexLock changed(&changed_mu_);
+    copied_.clear();
+  }
   tracking_ = true;
   noting_.store(true);
   pending_version_ = request.version();
@@ -961,9 +979,14 @@ absl::Status ShardService::Commit(const v1::ReshardRequest& request) {
           return s->reads_in_flight_ == 0 && s->pushes_in_flight_ == 0;
         },
         this));
-    absl::Status s = CheckRepartition();
+    absl::Status s = CheckCopied();
     if (s.ok() && options_.on_placement) {
       s = options_.on_placement(request.shard_index(), request.num_shards(), request.version());
+    }
+    // Tables laid out by place serve the new one from here (recorded first: a restart
+    // opens the data directory at it, where the moving rows were written).
+    if (s.ok() && request.shard_index() >= 0) {
+      s = tables_->SwitchPlace(request.shard_index(), request.num_shards());
     }
     if (!s.ok()) {
       committing_ = false;  // still frozen: the coordinator repeats the commit, or aborts
@@ -994,15 +1017,17 @@ absl::Status ShardService::Commit(const v1::ReshardRequest& request) {
   return absl::OkStatus();
 }
 
-absl::Status ShardService::CheckRepartition() const {
+absl::Status ShardService::CheckCopied() {
   TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> tables, tables_->ListTables());
+  absl::MutexLock lock(&changed_mu_);
   for (const v1::TableConfig& t : tables) {
-    if (t.vocabulary_size() > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "table '", t.name(), "' has a fixed vocabulary, whose arrays are laid out for shard ",
-          index_.load(), " of ", num_shards_.load(), "; move it to another shard count with a "
-          "checkpoint restored there (docs/deploy.md)"));
-    }
+    if (copied_.count(t.name()) > 0) continue;
+    absl::StatusOr<embedding::TableUsage> usage = tables_->Usage(t.name());
+    if (!usage.ok() || usage->rows == 0) continue;  // dropped meanwhile, or nothing to lose
+    return absl::FailedPreconditionError(absl::StrCat(
+        "table '", t.name(), "' holds ", usage->rows, " rows on shard ", index_.load(),
+        " that the reshard did not copy (the coordinator does not know the table): create it "
+        "through the coordinator or drop it, then repeat the reshard"));
   }
   return absl::OkStatus();
 }

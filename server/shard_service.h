@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -109,8 +110,9 @@ class ShardService final : public v1::EmbeddingShard::Service {
   absl::Status Copy(const v1::ReshardRequest& request, v1::ReshardResponse* response);
   absl::Status Freeze(const v1::ReshardRequest& request, v1::ReshardResponse* response);
   absl::Status Commit(const v1::ReshardRequest& request);
-  // FailedPrecondition, naming it, for a table that cannot change place (fixed vocabulary).
-  absl::Status CheckRepartition() const;
+  // FailedPrecondition, naming it, for a table holding rows that this reshard's rounds did
+  // not copy (the coordinator does not know it): its rows would be lost at the commit.
+  absl::Status CheckCopied();
   // After a commit, while the new map is served: the rows that left are dropped (and the
   // rows held written, with a data directory) on a thread of its own. The next reshard
   // phase waits for it (FinishRepartition: its result, retried once when it failed).
@@ -199,6 +201,9 @@ class ShardService final : public v1::EmbeddingShard::Service {
   absl::Mutex changed_mu_;
   std::map<std::string, absl::flat_hash_set<int64_t>> changed_ ABSL_GUARDED_BY(changed_mu_);
   std::map<std::string, std::vector<int64_t>> to_send_ ABSL_GUARDED_BY(changed_mu_);
+  // The tables whose rows a reshard's rounds exported (ExportRows with MovingRows) since
+  // its first COPY.
+  std::set<std::string> copied_ ABSL_GUARDED_BY(changed_mu_);
   int32_t pending_index_ ABSL_GUARDED_BY(gate_mu_) = 0;
   int32_t pending_shards_ ABSL_GUARDED_BY(gate_mu_) = 1;
   absl::Mutex repartition_mu_;  // one reshard phase at a time, after the last drop

@@ -106,38 +106,54 @@ grep -q "rolled back (28): criteo.C1, criteo.C2, criteo.C3, .*criteo.C26, half, 
   "$TESSERA_CLUSTER_DIR/restore.out" \
   || { cat "$TESSERA_CLUSTER_DIR/restore.out"; fail "restore did not list the tables it rolled back"; }
 
+# A reshard that fails before it publishes changes nothing, and the shard it started goes.
+kill -KILL "$(cat "$TESSERA_CLUSTER_DIR/pids/shard-2.pid")"
+out="$("$CLUSTER" reshard 4 2>&1)" && fail "a reshard with a dead shard must fail"
+echo "$out" | grep -q "reshard not started" || fail "a failed reshard must say it did not start: $out"
+if $CLI health --address="127.0.0.1:$((base + 4))" >/dev/null 2>&1; then
+  fail "a failed reshard left its new shard running"
+fi
+"$CLUSTER" stop >/dev/null
+"$CLUSTER" start 3 >/dev/null || fail "restart after a failed reshard"
+
 # A live reshard, 3 -> 4 -> 3 shards: trained rows (with optimizer state) read the same after
 # each move and after restarts on the new map.
 "$BIN/tessera-train" --coordinator="127.0.0.1:$base" --steps=40 --held_out=0 --log_every=0 \
   > "$TESSERA_CLUSTER_DIR/train.log" 2>&1 || { cat "$TESSERA_CLUSTER_DIR/train.log"; fail "train"; }
-rows() {  # a digest of table dlrm.C3's rows, sorted by id
-  $CLI export --table=dlrm.C3 --with_state --out="$TESSERA_CLUSTER_DIR/rows.npz" >/dev/null
+rows() {  # a digest of table $1's rows (dlrm.C3 by default), sorted by id
+  $CLI export --table="${1:-dlrm.C3}" --with_state --out="$TESSERA_CLUSTER_DIR/rows.npz" >/dev/null
   /usr/bin/python3 -c 'import sys, numpy as np, hashlib; z = np.load(sys.argv[1]); o = np.argsort(z["ids"]); print(len(o), hashlib.sha1(b"".join(z[k][o].tobytes() for k in ("ids", "weights", "state"))).hexdigest())' \
     "$TESSERA_CLUSTER_DIR/rows.npz"
 }
 trained="$(rows)"
 [ "${trained%% *}" -gt 20 ] || fail "too few trained rows: $trained"
-# A fixed-vocabulary table cannot move live: refused by name, and nothing changes.
-$CLI create --table=fixed --dim=4 --vocabulary_size=1000 >/dev/null
-out="$("$CLUSTER" reshard 4 2>&1)" && fail "a reshard over a fixed vocabulary must be refused"
-echo "$out" | grep -q "table 'fixed' has a fixed vocabulary" \
-  || fail "a reshard over a fixed vocabulary must name the table: $out"
-"$CLUSTER" status | grep -c SERVING | grep -qx 4 || fail "a refused reshard left a new shard running"
-$CLI drop --table=fixed >/dev/null
+# A fixed-vocabulary table moves too: every row (a shard's arrays are laid out for its
+# place), into each shard's layout for its new place.
+$CLI create --table=fixed --dim=4 --vocabulary_size=1000 --durability=write_through >/dev/null \
+  || fail "create a fixed-vocabulary table"
+/usr/bin/python3 -c 'import sys, numpy as np; r = np.random.default_rng(1); ids = np.arange(0, 1000, 3, dtype=np.int64); np.savez(sys.argv[1], ids=ids, weights=r.standard_normal((len(ids), 4), dtype=np.float32), state=r.random((len(ids), 4), dtype=np.float32))' \
+  "$TESSERA_CLUSTER_DIR/fixed.npz"
+$CLI import --table=fixed --in="$TESSERA_CLUSTER_DIR/fixed.npz" >/dev/null || fail "import fixed rows"
+fixed="$(rows fixed)"
+[ "${fixed%% *}" = 334 ] || fail "fixed rows not imported: $fixed"
 out="$("$CLUSTER" reshard 4 2>&1)" || fail "reshard to 4: $out"
 echo "$out" | grep -q "resharded: 4 shards, shard map version 2" || fail "reshard to 4: $out"
 "$CLUSTER" status | grep -c SERVING | grep -qx 5 || fail "not all 5 processes serving after the reshard"
 [ "$(rows)" = "$trained" ] || fail "rows changed across the reshard to 4"
+[ "$(rows fixed)" = "$fixed" ] || fail "fixed-vocabulary rows changed across the reshard to 4"
 "$CLUSTER" stop >/dev/null
 "$CLUSTER" start 4 >/dev/null || fail "restart on the new map"
 [ "$(rows)" = "$trained" ] || fail "rows changed across a restart on 4 shards"
+[ "$(rows fixed)" = "$fixed" ] || fail "fixed-vocabulary rows changed across a restart on 4 shards"
 out="$("$CLUSTER" reshard 3 2>&1)" || fail "reshard to 3: $out"
 echo "$out" | grep -q "resharded: 3 shards, shard map version 3" || fail "reshard to 3: $out"
 "$CLUSTER" status | grep -c SERVING | grep -qx 4 || fail "not all 4 processes serving after the reshard"
 [ -d "$TESSERA_CLUSTER_DIR/data/shard-3.left-3" ] || fail "the shard that left kept no data aside"
 [ "$(rows)" = "$trained" ] || fail "rows changed across the reshard to 3"
+[ "$(rows fixed)" = "$fixed" ] || fail "fixed-vocabulary rows changed across the reshard to 3"
 "$CLUSTER" stop >/dev/null
 "$CLUSTER" start 3 >/dev/null || fail "restart on 3 shards"
 [ "$(rows)" = "$trained" ] || fail "rows changed across a restart on 3 shards"
+[ "$(rows fixed)" = "$fixed" ] || fail "fixed-vocabulary rows changed across a restart on 3 shards"
 "$CLUSTER" stop >/dev/null
 echo "cluster script: ok"

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -235,18 +236,26 @@ bool WaitForRecords(const std::string& path, size_t n) {
 }
 
 // A running cluster moves from 2 shards to 3 and back to 2 while tessera-train trains
-// through it (each client mode): rows move with their optimizer state, pushes in flight
-// wait and are re-split, and the run's losses equal an un-resharded run's bit for bit.
+// through it (each client mode, and fixed-vocabulary tables, whose rows all move): rows
+// move with their optimizer state, pushes in flight wait and are re-split, and the run's
+// losses equal an un-resharded run's bit for bit.
 TEST(DistributedTraining, ReshardsFromTwoToThreeAndBackWhileTrainingWithTheSameLosses) {
   const std::string common = "--steps=2500 --log_every=10 --held_out=2000 --batch_size=128";
-  const std::string local = absl::StrCat(ScratchDir(), "/local-reshard.jsonl");
-  std::string out;
-  ASSERT_EQ(RunTrain(absl::StrCat(common, " --metrics_out=", local), &out), 0) << out;
-  const auto want = TrainRecords(local);
-  ASSERT_EQ(want.size(), 250u);
-
-  for (const std::string mode : {"smart", "coordinator"}) {
-    SCOPED_TRACE(mode);
+  std::map<std::string, std::vector<std::string>> want;  // by vocabulary
+  for (const std::string vocabulary : {"dynamic", "hashed"}) {
+    const std::string local = absl::StrCat(ScratchDir(), "/local-reshard-", vocabulary, ".jsonl");
+    std::string out;
+    ASSERT_EQ(RunTrain(absl::StrCat(common, " --vocabulary=", vocabulary, " --metrics_out=", local),
+                       &out),
+              0)
+        << out;
+    want[vocabulary] = TrainRecords(local);
+    ASSERT_EQ(want[vocabulary].size(), 250u);
+  }
+  const std::pair<std::string, std::string> runs[] = {
+      {"smart", "dynamic"}, {"coordinator", "dynamic"}, {"smart", "hashed"}};
+  for (const auto& [mode, vocabulary] : runs) {
+    SCOPED_TRACE(mode + " " + vocabulary);
     Cluster cluster(2);
     ASSERT_TRUE(cluster.ok) << "cluster did not come up";
     // The third shard starts empty, with its place in map version 2.
@@ -255,26 +264,29 @@ TEST(DistributedTraining, ReshardsFromTwoToThreeAndBackWhileTrainingWithTheSameL
     const std::string two = absl::StrCat(cluster.shards[0]->address(), ",",
                                          cluster.shards[1]->address());
     const std::string three = absl::StrCat(two, ",", third.address());
-    const std::string metrics = absl::StrCat(ScratchDir(), "/reshard-", mode, ".jsonl");
+    const std::string name = absl::StrCat("/reshard-", mode, "-", vocabulary);
+    const std::string metrics = absl::StrCat(ScratchDir(), name, ".jsonl");
     tessera::testing::TrainProcess run(
-        absl::StrCat(common, " --coordinator=", cluster.coordinator->address(),
-                     " --client_mode=", mode, " --metrics_out=", metrics),
-        absl::StrCat(ScratchDir(), "/reshard-", mode, ".log"));
+        absl::StrCat(common, " --coordinator=", cluster.coordinator->address(), " --client_mode=",
+                     mode, " --vocabulary=", vocabulary, " --metrics_out=", metrics),
+        absl::StrCat(ScratchDir(), name, ".log"));
     const std::string cli =
         absl::StrCat(TESSERA_CLI_BIN, " --coordinator=", cluster.coordinator->address(), " ");
     ASSERT_TRUE(WaitForRecords(metrics, 3));
-    out.clear();
+    std::string out;
     ASSERT_EQ(RunCommand(cli + "reshard --shards=" + three, &out), 0) << out;
     EXPECT_THAT(out, testing::HasSubstr("resharded: 3 shards, shard map version 2"));
     EXPECT_THAT(out, testing::Not(testing::HasSubstr("; 0 rows moved")));
-    EXPECT_LT(RecordsSoFar(metrics), want.size()) << "the run ended before the reshard did";
+    EXPECT_LT(RecordsSoFar(metrics), want[vocabulary].size())
+        << "the run ended before the reshard did";
     ASSERT_TRUE(WaitForRecords(metrics, RecordsSoFar(metrics) + 3));
     out.clear();
     ASSERT_EQ(RunCommand(cli + "reshard --shards=" + two, &out), 0) << out;
     EXPECT_THAT(out, testing::HasSubstr("resharded: 2 shards, shard map version 3"));
-    EXPECT_LT(RecordsSoFar(metrics), want.size()) << "the run ended before the reshard did";
+    EXPECT_LT(RecordsSoFar(metrics), want[vocabulary].size())
+        << "the run ended before the reshard did";
     EXPECT_EQ(run.WaitForExit(), 0) << run.Output();
-    EXPECT_EQ(TrainRecords(metrics), want);
+    EXPECT_EQ(TrainRecords(metrics), want[vocabulary]);
   }
 }
 

@@ -22,6 +22,7 @@
 #include "server/shard_service.h"
 #include "tests/support/answer_loser.h"
 #include "tests/support/local_server.h"
+#include "tests/support/stored_rows.h"
 
 namespace tessera {
 namespace {
@@ -82,24 +83,7 @@ struct Shard {
   std::string address() const { return "127.0.0.1:" + std::to_string(port); }
 };
 
-// Every stored row of `table` in `c`, by id: weights, then optimizer state.
-std::map<int64_t, std::vector<float>> Rows(embedding::EmbeddingCollection& c,
-                                           const std::string& table) {
-  std::map<int64_t, std::vector<float>> out;
-  embedding::ExportOptions options;
-  options.with_state = true;
-  absl::Status s = c.ExportRows(table, options, [&](const embedding::RowBlock& b) {
-    for (size_t i = 0; i < b.size(); ++i) {
-      std::vector<float>& row = out[b.ids[i]];
-      row.assign(b.weights.begin() + i * b.dim, b.weights.begin() + (i + 1) * b.dim);
-      row.insert(row.end(), b.state.begin() + i * b.state_floats,
-                 b.state.begin() + (i + 1) * b.state_floats);
-    }
-    return absl::OkStatus();
-  });
-  EXPECT_TRUE(s.ok()) << s;
-  return out;
-}
+using testing::StoredRows;
 
 class ReshardTest : public ::testing::Test {
  protected:
@@ -172,16 +156,16 @@ class ReshardTest : public ::testing::Test {
       for (const v1::TableConfig& c : configs) {
         if (c.name() == table) config = c;
       }
-      std::map<int64_t, std::vector<float>> all;
+      testing::RowMap all;
       for (size_t k = 0; k < serving.size(); ++k) {
-        for (auto& [id, row] : Rows(*shards_[serving[k]].tables, table)) {
+        for (auto& [id, row] : StoredRows(*shards_[serving[k]].tables, table)) {
           EXPECT_EQ(embedding::ShardOfRow(config, id, static_cast<int>(serving.size())),
                     static_cast<int>(k))
               << "row " << id << " on shard " << k;
           EXPECT_TRUE(all.emplace(id, row).second) << "row " << id << " on two shards";
         }
       }
-      const auto want = Rows(*reference_, table);
+      const auto want = StoredRows(*reference_, table);
       EXPECT_EQ(all.size(), want.size());
       EXPECT_TRUE(all == want) << "rows differ from a replay of the acknowledged pushes";
     }
@@ -199,9 +183,11 @@ class ReshardTest : public ::testing::Test {
 
 // One push of the pusher: ids drawn from a pool (rows updated many times) and new ones.
 struct Push {
-  std::vector<int64_t> a, b;
-  std::vector<float> ga, gb;
+  std::vector<int64_t> a, b, c;  // c: ids of a fixed vocabulary
+  std::vector<float> ga, gb, gc;
 };
+
+constexpr int64_t kVocabulary = 20000;
 
 Push MakePush(std::mt19937_64& rng, int i) {
   Push p;
@@ -210,9 +196,11 @@ Push MakePush(std::mt19937_64& rng, int i) {
     p.a.push_back(j % 4 == 0 ? static_cast<int64_t>(rng()) : pool(rng) * 7919);
     p.b.push_back(pool(rng) * 104729 + (i % 3));
   }
+  for (int j = 0; j < 32; ++j) p.c.push_back(static_cast<int64_t>(rng() % kVocabulary));
   std::uniform_real_distribution<float> g(-1.0f, 1.0f);
   for (size_t j = 0; j < p.a.size() * kDim; ++j) p.ga.push_back(g(rng));
   for (size_t j = 0; j < p.b.size() * kDim; ++j) p.gb.push_back(g(rng));
+  for (size_t j = 0; j < p.c.size() * kDim; ++j) p.gc.push_back(g(rng));
   return p;
 }
 
@@ -222,13 +210,18 @@ TEST_F(ReshardTest, PushesDuringTwoToThreeToTwoWithLostAnswersEqualAReplay) {
     auto c = Connect(mode);
     CreateBoth(*c, Table("a", v1::SGD, 11));
     CreateBoth(*c, Table("b", v1::ADAGRAD, 12));
+    // A fixed vocabulary: its rows are laid out by place, and every row moves.
+    v1::TableConfig fixed = Table("c", v1::ADAGRAD, 13);
+    fixed.set_vocabulary_size(kVocabulary);
+    CreateBoth(*c, fixed);
     constexpr int kPushes = 240;
     std::atomic<int> acknowledged{0};
     std::thread pusher([&] {
       std::mt19937_64 rng(7);
       for (int i = 0; i < kPushes; ++i) {
         const Push p = MakePush(rng, i);
-        const std::vector<embedding::TableGradients> parts = {{"a", p.a, p.ga}, {"b", p.b, p.gb}};
+        const std::vector<embedding::TableGradients> parts = {
+            {"a", p.a, p.ga}, {"b", p.b, p.gb}, {"c", p.c, p.gc}};
         // Shard 1 applies a push and loses its answer now and then (retried with its id).
         if (i % 7 == 3) shards_[1].loser->LoseAnswers(1);
         embedding::PushOptions options;
@@ -262,14 +255,20 @@ TEST_F(ReshardTest, PushesDuringTwoToThreeToTwoWithLostAnswersEqualAReplay) {
       EXPECT_LT(acknowledged.load(), kPushes) << "the pushes ended before the reshard";
     }();
     pusher.join();
-    ExpectRowsPlacedAndEqualTheReference({"a", "b"}, {0, 1});
+    ExpectRowsPlacedAndEqualTheReference({"a", "b", "c"}, {0, 1});
     // The shards' disks hold what they serve: open them again.
-    std::map<int64_t, std::vector<float>> before = Rows(*shards_[0].tables, "b");
-    shards_[0].Stop();
-    shards_[0].num_shards = 2;
-    shards_[0].version = 3;
-    ASSERT_NO_FATAL_FAILURE(shards_[0].Start());
-    EXPECT_TRUE(Rows(*shards_[0].tables, "b") == before) << "shard 0's rows after a restart";
+    for (int k = 0; k < 2; ++k) {
+      testing::RowMap b = StoredRows(*shards_[k].tables, "b");
+      testing::RowMap fixed_rows = StoredRows(*shards_[k].tables, "c");
+      shards_[k].Stop();
+      shards_[k].num_shards = 2;
+      shards_[k].version = 3;
+      ASSERT_NO_FATAL_FAILURE(shards_[k].Start());
+      EXPECT_TRUE(StoredRows(*shards_[k].tables, "b") == b)
+          << "shard " << k << "'s rows after a restart";
+      EXPECT_TRUE(StoredRows(*shards_[k].tables, "c") == fixed_rows)
+          << "shard " << k << "'s fixed-vocabulary rows after a restart";
+    }
     // A fresh cluster for the next mode.
     c.reset();
     TearDown();
@@ -346,16 +345,19 @@ TEST_F(ReshardTest, AFailedReshardIsAbortedOrFinishedByRepeatingIt) {
   ASSERT_TRUE(c->PushGradients("a", p.a, p.ga, 2).ok()) << "the old map serves on";
   ASSERT_TRUE(reference_->PushGradients("a", p.a, p.ga, 2).ok());
 
-  // Shard 1 holds a table the coordinator does not know, with a fixed vocabulary: it cannot
-  // commit, after the new map is published.
+  // Shard 1 holds rows of a table the coordinator does not know (no round copies them): it
+  // cannot commit, after the new map is published.
   v1::TableConfig fixed = Table("local", v1::SGD, 3);
   fixed.set_vocabulary_size(100);
   fixed.set_durability(v1::CHECKPOINT);
   ASSERT_TRUE(shards_[1].tables->CreateTable(fixed).ok());
+  ASSERT_TRUE(
+      shards_[1].tables->PushGradients("local", {1, 3}, std::vector<float>(8, 1.0f), 1).ok());
   s = Reshard({0, 1, 2}, &r);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
   EXPECT_NE(s.error_message().find("repeat the same reshard"), std::string::npos)
       << s.error_message();
+  EXPECT_NE(s.error_message().find("'local' holds 2 rows"), std::string::npos) << s.error_message();
   ASSERT_TRUE(shards_[1].tables->DropTable("local").ok());
   s = Reshard({0, 1, 2}, &r);
   ASSERT_TRUE(s.ok()) << s.error_message();
@@ -364,13 +366,18 @@ TEST_F(ReshardTest, AFailedReshardIsAbortedOrFinishedByRepeatingIt) {
   ASSERT_TRUE(reference_->PushGradients("a", p.a, p.ga, 3).ok());
   ExpectRowsPlacedAndEqualTheReference({"a"}, {0, 1, 2});
 
-  // Tables that cannot move live are named before anything is frozen.
+  // A fixed vocabulary known to the coordinator moves (3 shards to 2).
   v1::TableConfig fixed_everywhere = Table("dense", v1::SGD, 4);
   fixed_everywhere.set_vocabulary_size(1000);
-  ASSERT_TRUE(c->CreateTable(fixed_everywhere).ok());
+  CreateBoth(*c, fixed_everywhere);
+  std::vector<int64_t> ids(300);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i * 3 + 1);
+  const std::vector<float> g(ids.size() * kDim, 0.5f);
+  ASSERT_TRUE(c->PushGradients("dense", ids, g, 4).ok());
+  ASSERT_TRUE(reference_->PushGradients("dense", ids, g, 4).ok());
   s = Reshard({0, 1}, &r);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_NE(s.error_message().find("'dense'"), std::string::npos) << s.error_message();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ExpectRowsPlacedAndEqualTheReference({"a", "dense"}, {0, 1});
   s = Reshard({0, 0}, &r);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }

@@ -74,27 +74,33 @@ void Route(absl::Span<const int64_t> ids, const v1::TableConfig& config, int num
 
 absl::Status InProcessCollectionImpl::CreateTable(const v1::TableConfig& config) {
   TESSERA_RETURN_IF_ERROR(embedding::ValidateTableConfig(config));
-  auto t = std::make_shared<ShardedTable>();
-  t->config = config;
-  int64_t budget = 0;
-  if (config.max_rows() > 0) budget = (config.max_rows() + num_shards_ - 1) / num_shards_;
-  for (int k = 0; k < num_shards_; ++k) {
-    // A fixed vocabulary's ids of this shard: those of the cluster shard, every
-    // num_shards-th of them.
-    const embedding::VocabularyPart part{cluster_index_ + int64_t{cluster_shards_} * k,
-                                         int64_t{cluster_shards_} * num_shards_};
-    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingTable> shard,
-                             EmbeddingTable::Create(config, budget, part));
-    t->shards.push_back(std::move(shard));
-  }
-  TESSERA_RETURN_IF_ERROR(CheckReservedMemory(*t));
-  for (auto& shard : t->shards) shard->set_memory_budget(memory_.get());
+  TESSERA_ASSIGN_OR_RETURN(TablePtr t, MakeTable(config, cluster_index_, cluster_shards_));
   absl::MutexLock lock(&mu_);
   if (tables_.count(config.name()) > 0) {
     return absl::AlreadyExistsError(absl::StrCat("table '", config.name(), "' already exists"));
   }
   tables_.emplace(config.name(), std::move(t));
   return absl::OkStatus();
+}
+
+absl::StatusOr<InProcessCollectionImpl::TablePtr> InProcessCollectionImpl::MakeTable(
+    const v1::TableConfig& config, int index, int count) const {
+  auto t = std::make_shared<ShardedTable>();
+  t->config = config;
+  t->outer = count;
+  int64_t budget = 0;
+  if (config.max_rows() > 0) budget = (config.max_rows() + num_shards_ - 1) / num_shards_;
+  for (int k = 0; k < num_shards_; ++k) {
+    // A fixed vocabulary's ids of this shard: those of the cluster shard, every
+    // num_shards-th of them.
+    const embedding::VocabularyPart part{index + int64_t{count} * k, int64_t{count} * num_shards_};
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingTable> shard,
+                             EmbeddingTable::Create(config, budget, part));
+    t->shards.push_back(std::move(shard));
+  }
+  TESSERA_RETURN_IF_ERROR(CheckReservedMemory(*t));
+  for (auto& shard : t->shards) shard->set_memory_budget(memory_.get());
+  return t;
 }
 
 absl::Status InProcessCollectionImpl::CheckReservedMemory(const ShardedTable& t) const {
@@ -159,6 +165,7 @@ absl::Status InProcessCollectionImpl::DropTable(absl::string_view table) {
   }
   dropped = std::move(it->second);
   tables_.erase(it);
+  moving_.erase(std::string(table));
   return absl::OkStatus();
 }
 
@@ -175,7 +182,7 @@ absl::Status InProcessCollectionImpl::ExportRows(
   // Only some ids: each shard reads its own.
   std::vector<std::vector<int64_t>> ids_of(options.ids.empty() ? 0 : t->shards.size());
   for (const int64_t id : options.ids) {
-    ids_of[embedding::ShardOfRow(t->config, id, num_shards_, cluster_shards_)].push_back(id);
+    ids_of[embedding::ShardOfRow(t->config, id, num_shards_, t->outer)].push_back(id);
   }
   for (size_t k = 0; k < t->shards.size(); ++k) {
     // Copied out under the table's locks, handed to the sink outside them.
@@ -222,25 +229,14 @@ absl::Status InProcessCollectionImpl::SetRowBudget(absl::string_view table, int6
 }
 
 absl::Status InProcessCollectionImpl::Repartition(int shard_index, int num_shards) {
-  if (num_shards < 1 || shard_index < 0 || shard_index >= num_shards) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shard ", shard_index, " of ", num_shards, " is not a place in a shard map"));
-  }
-  // Its place already: every row it holds is its own.
-  if (shard_index == cluster_index_.load() && num_shards == cluster_shards_.load()) {
-    return absl::OkStatus();
-  }
+  TESSERA_RETURN_IF_ERROR(SwitchPlace(shard_index, num_shards));
+  // Nothing to forget unless a switch left rows of the old place.
+  if (!unsettled_.exchange(false)) return absl::OkStatus();
   std::vector<TablePtr> tables;
   {
     absl::ReaderMutexLock lock(&mu_);
     for (const auto& [name, t] : tables_) {
-      if (t->config.vocabulary_size() > 0) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "table '", name, "' has a fixed vocabulary, whose arrays are laid out for shard ",
-            cluster_index_.load(), " of ", cluster_shards_.load(), "; move it to another "
-            "shard count with a checkpoint restored there (docs/deploy.md)"));
-      }
-      tables.push_back(t);
+      if (t->config.vocabulary_size() == 0) tables.push_back(t);  // fixed: switched whole
     }
   }
   for (const TablePtr& t : tables) {
@@ -252,31 +248,119 @@ absl::Status InProcessCollectionImpl::Repartition(int shard_index, int num_shard
       for (const int64_t id : leaving) shard->Forget(id);
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status InProcessCollectionImpl::SwitchPlace(int shard_index, int num_shards) {
+  TESSERA_RETURN_IF_ERROR(CheckPlace(shard_index, num_shards));
+  std::vector<TablePtr> dropped;  // freed after the lock
+  absl::MutexLock lock(&mu_);
+  if (shard_index == cluster_index_.load() && num_shards == cluster_shards_.load()) {
+    return absl::OkStatus();
+  }
+  const bool moved_here = moving_index_ == shard_index && moving_count_ == num_shards;
+  // Every layout made before any is swapped: nothing changes on an error.
+  std::vector<std::pair<std::string, TablePtr>> next;
+  for (const auto& [name, t] : tables_) {
+    if (t->config.vocabulary_size() == 0) continue;
+    auto it = moving_.find(name);
+    TablePtr n;
+    if (moved_here && it != moving_.end()) {
+      n = it->second;
+    } else {
+      TESSERA_ASSIGN_OR_RETURN(n, MakeTable(t->config, shard_index, num_shards));
+    }
+    // An AlterTable since the rows came changed the serving table's optimizer only.
+    if (n->config.optimizer().SerializeAsString() != t->config.optimizer().SerializeAsString()) {
+      for (const auto& shard : n->shards) {
+        TESSERA_RETURN_IF_ERROR(shard->SetOptimizer(t->config.optimizer()));
+      }
+    }
+    n->config = t->config;
+    next.emplace_back(name, std::move(n));
+  }
+  for (auto& [name, n] : next) {
+    dropped.push_back(std::exchange(tables_[name], std::move(n)));
+  }
+  for (auto& [name, t] : moving_) dropped.push_back(std::move(t));
+  moving_.clear();
+  moving_index_ = -1;
+  moving_count_ = 0;
   cluster_index_.store(shard_index);
   cluster_shards_.store(num_shards);
+  unsettled_.store(true);
   return absl::OkStatus();
+}
+
+absl::Status InProcessCollectionImpl::CheckPlace(int shard_index, int num_shards) {
+  if (num_shards < 1 || shard_index < 0 || shard_index >= num_shards) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard ", shard_index, " of ", num_shards, " is not a place in a shard map"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InProcessCollectionImpl::ImportMovingRows(absl::string_view table,
+                                                       const embedding::RowBlock& rows,
+                                                       int shard_index, int num_shards) {
+  TESSERA_RETURN_IF_ERROR(CheckPlace(shard_index, num_shards));
+  TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(table));
+  if (t->config.vocabulary_size() == 0) return ImportInto(*t, rows);
+  TablePtr next;
+  {
+    absl::MutexLock lock(&mu_);
+    if (moving_index_ != shard_index || moving_count_ != num_shards) {
+      moving_.clear();  // another place's (a reshard given up)
+      moving_index_ = shard_index;
+      moving_count_ = num_shards;
+    }
+    TablePtr& slot = moving_[std::string(table)];
+    if (slot == nullptr) {
+      absl::StatusOr<TablePtr> made = MakeTable(t->config, shard_index, num_shards);
+      if (!made.ok()) {
+        moving_.erase(std::string(table));
+        return made.status();
+      }
+      slot = *std::move(made);
+    }
+    next = slot;
+  }
+  return ImportInto(*next, rows);
+}
+
+void InProcessCollectionImpl::DropMovingRows() {
+  std::map<std::string, TablePtr, std::less<>> dropped;  // freed after the lock
+  absl::MutexLock lock(&mu_);
+  dropped.swap(moving_);
+  moving_index_ = -1;
+  moving_count_ = 0;
 }
 
 absl::Status InProcessCollectionImpl::ImportRows(absl::string_view table,
                                                  const embedding::RowBlock& rows) {
   TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(table));
-  TESSERA_RETURN_IF_ERROR(embedding::CheckRowBlock(t->config.name(), t->config.dim(),
-                                                   t->shards[0]->optimizer().StateFloats(), rows));
+  return ImportInto(*t, rows);
+}
+
+absl::Status InProcessCollectionImpl::ImportInto(const ShardedTable& t,
+                                                 const embedding::RowBlock& rows) {
+  TESSERA_RETURN_IF_ERROR(embedding::CheckRowBlock(t.config.name(), t.config.dim(),
+                                                   t.shards[0]->optimizer().StateFloats(), rows));
   const int dim = rows.dim;
-  const int sf = t->shards[0]->optimizer().StateFloats();
+  const int sf = t.shards[0]->optimizer().StateFloats();
   // A shard whose budget cannot take the new rows refuses the whole import first.
   std::vector<std::vector<int64_t>> per_shard(num_shards_);
   for (const int64_t id : rows.ids) {
-    per_shard[embedding::ShardOfRow(t->config, id, num_shards_, cluster_shards_)].push_back(id);
+    per_shard[embedding::ShardOfRow(t.config, id, num_shards_, t.outer)].push_back(id);
   }
   std::vector<int32_t> inverse;
   std::vector<int64_t> distinct;
   for (int k = 0; k < num_shards_; ++k) {
     embedding::Unique(per_shard[k], &distinct, &inverse);
-    TESSERA_RETURN_IF_ERROR(t->shards[k]->CheckRoomFor(distinct));
+    TESSERA_RETURN_IF_ERROR(t.shards[k]->CheckRoomFor(distinct));
   }
   std::vector<float> initial(sf);
-  t->shards[0]->optimizer().InitState(initial.data());
+  t.shards[0]->optimizer().InitState(initial.data());
   for (size_t i = 0; i < rows.size(); ++i) {
     const int64_t id = rows.ids[i];
     embedding::RowMeta meta;
@@ -286,7 +370,7 @@ absl::Status InProcessCollectionImpl::ImportRows(absl::string_view table,
                                               ? absl::MakeConstSpan(initial)
                                               : absl::MakeConstSpan(rows.state).subspan(i * sf, sf);
     TESSERA_RETURN_IF_ERROR(
-        t->shards[embedding::ShardOfRow(t->config, id, num_shards_, cluster_shards_)]->PutRow(
+        t.shards[embedding::ShardOfRow(t.config, id, num_shards_, t.outer)]->PutRow(
             id, absl::MakeConstSpan(rows.weights).subspan(i * dim, dim), state, meta,
             /*mark_dirty=*/true));
   }
@@ -298,6 +382,13 @@ const std::vector<std::unique_ptr<EmbeddingTable>>* InProcessCollectionImpl::Sha
   // The caller (DurableCollection) holds its own lock across drops.
   absl::StatusOr<TablePtr> t = Find(table);
   return t.ok() ? &(*t)->shards : nullptr;
+}
+
+const std::vector<std::unique_ptr<EmbeddingTable>>* InProcessCollectionImpl::MovingShardsOf(
+    absl::string_view table) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = moving_.find(table);
+  return it != moving_.end() ? &it->second->shards : nullptr;
 }
 
 absl::StatusOr<embedding::TableUsage> InProcessCollectionImpl::Usage(
@@ -329,7 +420,7 @@ void InProcessCollectionImpl::PlanIds(const ShardedTable& t, absl::Span<const in
   }
   RequestScratch& s = Scratch();
   embedding::Unique(ids, &s.unique_ids, &s.inverse);
-  Route(s.unique_ids, t.config, num_shards_, cluster_shards_, s);
+  Route(s.unique_ids, t.config, num_shards_, t.outer, s);
   plan->unique_ids.assign(s.routed_ids.begin(), s.routed_ids.end());
   plan->shard_begin.assign(s.shard_begin.begin(), s.shard_begin.end());
   // routed_pos[r] is the first-seen position of the r-th routed id: invert it, then map
@@ -515,7 +606,7 @@ absl::Status InProcessCollectionImpl::RouteSummed(const ShardedTable& t,
     return t.shards[0]->CheckRoomFor(g.ids());
   }
   RequestScratch& s = Scratch();
-  Route(g.ids(), t.config, num_shards_, cluster_shards_, s);
+  Route(g.ids(), t.config, num_shards_, t.outer, s);
   out->shard_begin = s.shard_begin;
   out->ids = s.routed_ids;
   out->rows.resize(g.size() * dim);

@@ -59,20 +59,36 @@ class InProcessCollectionImpl final : public embedding::InProcessCollection {
   absl::Status ImportRows(absl::string_view table, const embedding::RowBlock& rows) override;
   int num_shards() const override { return num_shards_; }
   absl::Status Repartition(int shard_index, int num_shards) override;
+  // Fixed-vocabulary tables take moving rows into layouts for the next place (moving_).
+  absl::Status ImportMovingRows(absl::string_view table, const embedding::RowBlock& rows,
+                                int shard_index, int num_shards) override;
+  absl::Status SwitchPlace(int shard_index, int num_shards) override;
+  void DropMovingRows() override;
   absl::Status SetRowBudget(absl::string_view table, int64_t max_rows) override;
 
   const std::vector<std::unique_ptr<embedding::EmbeddingTable>>* ShardsOf(
+      absl::string_view table) const override;
+  const std::vector<std::unique_ptr<embedding::EmbeddingTable>>* MovingShardsOf(
       absl::string_view table) const override;
 
  private:
   struct ShardedTable {
     v1::TableConfig config;
     std::vector<std::unique_ptr<embedding::EmbeddingTable>> shards;
+    // The cluster's shard count its layout is for: a fixed vocabulary's ids route to
+    // shards by it (ShardOfRow's `outer`).
+    int outer = 1;
   };
 
   // Shared: a call that found a table keeps it alive while a DropTable removes it.
   using TablePtr = std::shared_ptr<ShardedTable>;
   absl::StatusOr<TablePtr> Find(absl::string_view table) const;
+  // The shard tables of `config` laid out for cluster shard `index` of `count`, their
+  // memory counted against the budget (ResourceExhausted when it has no room).
+  absl::StatusOr<TablePtr> MakeTable(const v1::TableConfig& config, int index, int count) const;
+  static absl::Status CheckPlace(int shard_index, int num_shards);
+  // Stores `rows` in `t` exactly as given (ImportRows).
+  absl::Status ImportInto(const ShardedTable& t, const embedding::RowBlock& rows);
   // A push's summed gradients for one table, grouped by shard (with one shard, as summed).
   struct RoutedPush {
     std::vector<int32_t> shard_begin;  // (num_shards + 1): each shard's range below
@@ -140,6 +156,14 @@ class InProcessCollectionImpl final : public embedding::InProcessCollection {
   const std::unique_ptr<embedding::MemoryBudget> memory_;
   mutable absl::Mutex mu_;
   std::map<std::string, TablePtr, std::less<>> tables_ ABSL_GUARDED_BY(mu_);
+  // Fixed-vocabulary tables laid out for shard moving_index_ of moving_count_, filled by
+  // ImportMovingRows while a reshard copies (SwitchPlace adopts them).
+  std::map<std::string, TablePtr, std::less<>> moving_ ABSL_GUARDED_BY(mu_);
+  int moving_index_ ABSL_GUARDED_BY(mu_) = -1;
+  int moving_count_ ABSL_GUARDED_BY(mu_) = 0;
+  // SwitchPlace changed the place and Repartition has not yet forgotten the rows of
+  // dynamic tables that the new place does not own.
+  std::atomic<bool> unsettled_{false};
 };
 
 }  // namespace tessera::embedding_internal

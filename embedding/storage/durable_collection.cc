@@ -143,6 +143,7 @@ absl::Status DurableCollection::LoadRows(const std::string& name, const Table& t
     load.table = name;
     load.table_id = t.id;
     load.cluster_num_shards = options_.cluster_num_shards;
+    load.cluster_shard_index = options_.cluster_shard_index;
     load.progress_every = kProgressRows;
     const int64_t before = rows_loaded_;
     load.progress = [&](int64_t rows) {
@@ -338,20 +339,88 @@ absl::Status DurableCollection::SetRowBudget(absl::string_view table, int64_t ma
   return memory_->SetRowBudget(table, changed.max_rows());
 }
 
+absl::Status DurableCollection::ImportMovingRows(absl::string_view table,
+                                                 const embedding::RowBlock& rows, int shard_index,
+                                                 int num_shards) {
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    TESSERA_ASSIGN_OR_RETURN(const Table* t, Find(table));
+    if (t->config.vocabulary_size() > 0) {
+      return ImportMovingLocked(*t, rows, shard_index, num_shards);
+    }
+  }
+  return ImportRows(table, rows);  // rows of a dynamic table have one place
+}
+
+absl::Status DurableCollection::ImportMovingLocked(const Table& t, const embedding::RowBlock& rows,
+                                                   int shard_index, int num_shards) {
+  const std::string& name = t.config.name();
+  if (t.config.durability() != v1::WRITE_THROUGH) {
+    return memory_->ImportMovingRows(name, rows, shard_index, num_shards);
+  }
+  absl::MutexLock ordered(t.write_mu.get());
+  TESSERA_RETURN_IF_ERROR(memory_->ImportMovingRows(name, rows, shard_index, num_shards));
+  const auto* shards = memory_->MovingShardsOf(name);
+  if (shards == nullptr) {
+    return absl::InternalError(absl::StrCat("table '", name, "': moving rows were not kept"));
+  }
+  const int sf = (*shards)[0]->optimizer().StateFloats();
+  // The rows of ids this place owns are on disk already: its layout writes them through
+  // (and catch-up rounds bring the moving copies up to them). The others go to disk now,
+  // under the keys they keep after the move.
+  std::vector<KvWrite> writes;
+  for (const int64_t id : rows.ids) {
+    if (embedding::ShardOfRow(t.config, id, options_.cluster_num_shards) ==
+        options_.cluster_shard_index) {
+      continue;
+    }
+    (*shards)[embedding::ShardOfRow(t.config, id, options_.num_shards, num_shards)]->ReadRows(
+        {&id, 1},
+        [&](int64_t row_id, const float* w, const float* st, const embedding::RowMeta& m) {
+          KvWrite kv;
+          kv.key = RowKey(t.id, row_id);
+          EncodeRow(w, t.config.dim(), st, sf, m, &kv.value);
+          writes.push_back(std::move(kv));
+        });
+  }
+  return Annotate(store_->Write(writes, /*sync=*/true),
+                  absl::StrCat("table '", name, "': rows moving here not on disk"));
+}
+
+absl::Status DurableCollection::SwitchPlace(int shard_index, int num_shards) {
+  absl::MutexLock lock(&mu_);
+  return SwitchPlaceLocked(shard_index, num_shards);
+}
+
+absl::Status DurableCollection::SwitchPlaceLocked(int shard_index, int num_shards) {
+  TESSERA_RETURN_IF_ERROR(Usable());
+  if (shard_index == options_.cluster_shard_index && num_shards == options_.cluster_num_shards) {
+    return absl::OkStatus();
+  }
+  TESSERA_RETURN_IF_ERROR(memory_->SwitchPlace(shard_index, num_shards));
+  options_.cluster_shard_index = shard_index;
+  options_.cluster_num_shards = num_shards;
+  unsettled_ = true;
+  return absl::OkStatus();
+}
+
+void DurableCollection::DropMovingRows() {
+  absl::ReaderMutexLock lock(&mu_);
+  memory_->DropMovingRows();
+}
+
 absl::Status DurableCollection::Repartition(int shard_index, int num_shards) {
   absl::MutexLock lock(&mu_);
-  TESSERA_RETURN_IF_ERROR(Usable());
+  TESSERA_RETURN_IF_ERROR(SwitchPlaceLocked(shard_index, num_shards));
   auto write = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     return Annotate(FlushDirtyRows("", /*logged=*/true).status(),
                     "rows that came to this shard are not all on its disk");
   };
-  // Its place already (a shard started on the new map): nothing to forget.
-  if (shard_index == options_.cluster_shard_index && num_shards == options_.cluster_num_shards) {
-    return write();
-  }
+  // Nothing to forget unless a switch left rows of the old place (a shard started on the
+  // new map has none).
+  if (!unsettled_) return write();
   std::vector<KvWrite> erases;
   for (const auto& [name, t] : tables_) {
-    if (t.config.vocabulary_size() > 0) break;  // refused below, before anything changes
     const v1::TableConfig& config = t.config;
     auto leaving = [&](absl::string_view key, absl::string_view) {
       uint32_t table_id = 0;
@@ -366,10 +435,9 @@ absl::Status DurableCollection::Repartition(int shard_index, int num_shards) {
     TESSERA_RETURN_IF_ERROR(store_->Scan(SpillPrefix(t.id), leaving));
   }
   TESSERA_RETURN_IF_ERROR(memory_->Repartition(shard_index, num_shards));
-  options_.cluster_shard_index = shard_index;
-  options_.cluster_num_shards = num_shards;
   TESSERA_RETURN_IF_ERROR(Annotate(store_->Write(erases, /*sync=*/true),
                                    "rows that left this shard are still on its disk"));
+  unsettled_ = false;
   return write();
 }
 

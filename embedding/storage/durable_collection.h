@@ -142,6 +142,13 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   // Forgets the rows it no longer owns (in memory, on disk and spilled), then writes
   // every dirty row (synced), so that rows imported for the new place survive a restart.
   absl::Status Repartition(int shard_index, int num_shards) override;
+  // A write-through table writes the moving rows of ids its current place does not own
+  // (synced) before returning: a crash before the commit leaves them on disk, where a
+  // fixed vocabulary's rows outside the place are not loaded.
+  absl::Status ImportMovingRows(absl::string_view table, const embedding::RowBlock& rows,
+                                int shard_index, int num_shards) override;
+  absl::Status SwitchPlace(int shard_index, int num_shards) override;
+  void DropMovingRows() override;
   // The catalog takes the new config (synced) before the memory tables take the budget.
   absl::Status SetRowBudget(absl::string_view table, int64_t max_rows) override;
 
@@ -188,6 +195,11 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   absl::Status StoreConfig(const Table& t, const v1::TableConfig& config, absl::string_view what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Usable() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // ImportMovingRows for a fixed-vocabulary table.
+  absl::Status ImportMovingLocked(const Table& t, const embedding::RowBlock& rows, int shard_index,
+                                  int num_shards) ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status SwitchPlaceLocked(int shard_index, int num_shards)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After a crash during a checkpoint: CHECKPOINT tables' rows back to the newest complete
   // checkpoint (the live store may hold part of the interrupted one).
   absl::Status RecoverInterruptedCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -220,6 +232,9 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   std::map<std::string, Table, std::less<>> tables_ ABSL_GUARDED_BY(mu_);
   uint32_t next_table_id_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t rows_loaded_ ABSL_GUARDED_BY(mu_) = 0;
+  // SwitchPlace changed the place, and Repartition has not yet forgotten the rows the new
+  // place does not own.
+  bool unsettled_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);  // set when a restore could not reopen the store
   // The push records of the store ('P' keys), and their order, oldest first.
   using RecordKey = std::tuple<uint64_t, uint64_t, uint32_t>;

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/faulty_store.h"
+#include "tests/support/stored_rows.h"
 #include "tests/support/temp_dir.h"
 
 namespace tessera::storage {
@@ -237,6 +239,61 @@ std::unique_ptr<Harness> ClusterShard(const std::string& dir, int k, int n) {
   h->options.cluster_shard_index = k;
   h->options.cluster_num_shards = n;
   return h;
+}
+
+// The moving rows of a live reshard for shard 0 of 3 (ids 0 mod 3 below 600): those shard 0
+// of 2 keeps as `held` has them, the others made up.
+embedding::RowBlock MovingForZeroOfThree(const testing::RowMap& held) {
+  embedding::RowBlock b;
+  b.dim = 4;
+  b.state_floats = 4;
+  for (int64_t id = 0; id < 600; id += 3) {
+    std::vector<float> row(8, 0.125f * static_cast<float>(id));
+    if (auto it = held.find(id); it != held.end()) row = it->second;
+    b.Append(id, row.data(), row.data() + 4, 1, 1);
+  }
+  return b;
+}
+
+// A fixed vocabulary moved live on a durable write-through shard: a crash before the
+// switch opens the old place as it was (the moving rows on disk are not its own and are
+// not loaded; the rows it keeps are not overwritten by their moving copies), and after
+// the switch and Repartition the directory opens at the new place with the moving rows.
+TEST(DurableCollection, AFixedVocabularyMovedLiveOpensAtEitherPlace) {
+  ScopedDir dir;
+  v1::TableConfig fixed = Config("fixed", 4, v1::WRITE_THROUGH);
+  fixed.set_vocabulary_size(600);
+  std::vector<int64_t> even;
+  for (int64_t id = 0; id < 400; id += 2) even.push_back(id);
+  testing::RowMap copied, old_place;
+  {
+    auto h = ClusterShard(dir.path, 0, 2);
+    auto c = h->Open();
+    ASSERT_TRUE(c->CreateTable(fixed).ok());
+    ASSERT_TRUE(c->PushGradients("fixed", even, std::vector<float>(even.size() * 4, 0.5f), 1).ok());
+    copied = testing::StoredRows(*c, "fixed");
+    // Row 6 (kept) changes after the copy read it: its moving copy is stale.
+    ASSERT_TRUE(c->PushGradients("fixed", {6, 8}, std::vector<float>(8, -1.0f), 2).ok());
+    old_place = testing::StoredRows(*c, "fixed");
+    ASSERT_NE(old_place.at(6), copied.at(6));
+    ASSERT_TRUE(c->ImportMovingRows("fixed", MovingForZeroOfThree(copied), 0, 3).ok());
+  }  // a crash before the commit
+  {
+    auto h = ClusterShard(dir.path, 0, 2);
+    auto c = h->Open();
+    ASSERT_NE(c, nullptr);
+    EXPECT_TRUE(testing::StoredRows(*c, "fixed") == old_place) << "the old place after a crash";
+    // The move again, caught up, and committed.
+    ASSERT_TRUE(c->ImportMovingRows("fixed", MovingForZeroOfThree(old_place), 0, 3).ok());
+    ASSERT_TRUE(c->SwitchPlace(0, 3).ok());
+    ASSERT_TRUE(c->Repartition(0, 3).ok());
+  }
+  const testing::RowMap want = testing::RowsOf(MovingForZeroOfThree(old_place));
+  auto h = ClusterShard(dir.path, 0, 3);
+  auto c = h->Open();
+  ASSERT_NE(c, nullptr);
+  EXPECT_TRUE(testing::StoredRows(*c, "fixed") == want) << "the new place after a restart";
+  EXPECT_EQ(c->Usage("fixed").value().rows, static_cast<int64_t>(want.size()));
 }
 
 // A checkpoint taken on 3 shards of a cluster restored onto 2: each new shard takes the

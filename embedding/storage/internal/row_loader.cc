@@ -122,6 +122,10 @@ absl::Status StoreBatch(const RawBatch& batch, const RowLoad& load,
     const int64_t id = batch.ids[i];
     const absl::string_view value(batch.bytes.data() + begin, batch.ends[i] - begin);
     begin = batch.ends[i];
+    if (config.vocabulary_size() > 0 &&
+        embedding::ShardOfRow(config, id, load.cluster_num_shards) != load.cluster_shard_index) {
+      continue;
+    }
     ShardRows& r =
         by_shard[n_shards == 1 ? 0
                                : embedding::ShardOfRow(config, id, n_shards, load.cluster_num_shards)];

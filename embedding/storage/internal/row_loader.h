@@ -26,6 +26,9 @@ struct RowLoad {
   // The cluster's shard count above these shards (rows are routed by
   // embedding::ShardOfRow of the shards' table config).
   int cluster_num_shards = 1;
+  // This collection's place in the cluster: rows of a fixed vocabulary that it does not
+  // own (left by a reshard that stopped before its commit) are not loaded.
+  int cluster_shard_index = 0;
   int threads = 0;        // workers; 0 = one per core
   // Called on the scanning thread after every `progress_every` rows handed out.
   std::function<void(int64_t rows)> progress;
