@@ -27,6 +27,7 @@
 
 namespace tessera::embedding {
 
+using embedding_internal::CopyFloats;
 using embedding_internal::IdMap;
 using embedding_internal::kNoRow;
 using embedding_internal::kStripeShift;
@@ -34,13 +35,11 @@ using embedding_internal::MapEntry;
 using embedding_internal::MapHash;
 using embedding_internal::MapId;
 using embedding_internal::PackedMeta;
-using embedding_internal::RowStore;
 using embedding_internal::ReaderScope;
+using embedding_internal::RowStore;
+using embedding_internal::SpinPause;
 using embedding_internal::StripePlan;
 using embedding_internal::StripeWriter;
-using embedding_internal::AllFinite;
-using embedding_internal::CopyFloats;
-using embedding_internal::SpinPause;
 
 static_assert(EmbeddingTable::kNumStripes == embedding_internal::kNumStripes);
 
@@ -232,7 +231,7 @@ EmbeddingTable::EmbeddingTable(const v1::TableConfig& config, int64_t row_budget
   // What a row takes of a process's memory: weights, state and meta, a map slot (12.8
   // bytes at a load of about 0.85 or more: 15) and a byte for its dirty bit and the
   // store's blocks.
-  row_bytes_ = rows_->weight_bytes() + rows_->cold_bytes() + 16;
+  row_bytes_ = rows_->row_bytes() + 16;
   for (int s = 0; s < kNumStripes; ++s) stripes_[s].Init(&readers_, rows_.get());
   absl::MutexLock lock(&optimizers_mu_);
   optimizers_.push_back(std::move(optimizer));
@@ -335,34 +334,20 @@ void EmbeddingTable::StoreWeights(const float* w, float* stored) const {
 
 bool EmbeddingTable::UpdateRowLocked(Stripe& stripe, int64_t id, Row row, const float* grad,
                                      int64_t step, float* scratch) {
-  const size_t d = static_cast<size_t>(dim_);
-  const size_t sf = static_cast<size_t>(state_floats_);
-  float* saved = scratch;       // (d + sf) the row's values before the step, to put back
-  float* g = scratch + d + sf;  // (d) the gradient, when the optimizer must change it
+  float* widened = scratch;   // (dim) half-precision weights as floats
+  float* g = scratch + dim_;  // (dim) the gradient, when the optimizer must change it
   stripe.BeginChange();
   PackedMeta& packed = *rows_->Meta(row);
   const uint32_t prior = packed.updates;
   float* weights = rows_->Weights(row);
   float* state = rows_->State(row);
-  CopyFloats(saved, state, static_cast<int>(sf));
+  // A weight or accumulator that overflowed would be stored, served and checkpointed: the
+  // row keeps its last finite values instead (UpdateFinite changes nothing then).
   if (dtype_ == v1::FP32) {
-    CopyFloats(saved + sf, weights, static_cast<int>(d));
-    optimizer().Update(weights, state, grad, g, prior);
-    // A weight or accumulator that overflowed would be stored, served and checkpointed;
-    // the row keeps its last finite values instead.
-    if (!AllFinite(weights, d) || !AllFinite(state, sf)) {
-      CopyFloats(weights, saved + sf, static_cast<int>(d));
-      CopyFloats(state, saved, static_cast<int>(sf));
-      return false;
-    }
+    if (!optimizer().UpdateFinite(weights, state, grad, g, prior)) return false;
   } else {
-    float* widened = saved + sf;
     DecodeWeights(dtype_, weights, dim_, widened);
-    optimizer().Update(widened, state, grad, g, prior);
-    if (!AllFinite(widened, d) || !AllFinite(state, sf)) {
-      CopyFloats(state, saved, static_cast<int>(sf));
-      return false;
-    }
+    if (!optimizer().UpdateFinite(widened, state, grad, g, prior)) return false;
     const uint64_t seed = row_math::UpdateRoundingSeed(initializer_->key(), id, prior);
     EncodeWeightsStochastic(dtype_, widened, dim_, seed, weights);
   }
@@ -461,7 +446,12 @@ namespace {
 // and meta too.
 void PrefetchRow(const RowStore& rows, uint32_t row, bool for_write) {
   embedding_internal::PrefetchBytes(rows.Weights(row), rows.weight_bytes(), for_write);
-  if (for_write) embedding_internal::PrefetchBytes(rows.State(row), rows.cold_bytes(), true);
+  if (for_write) {
+    embedding_internal::PrefetchBytes(rows.State(row), rows.cold_bytes(), true);
+    // Its dirty bit's word too: one row in 64 shares it, so nearly every update's test of
+    // the bit would otherwise wait for memory.
+    embedding_internal::PrefetchLine(rows.DirtyWordOf(row), true);
+  }
 }
 
 // Finds the rows of group [b, e) of `plan` in `map` (under its stripe's lock, or validated

@@ -367,12 +367,12 @@ class EmbeddingTable {
   // Stores `w` (dim) as weights at `stored`, rounded to nearest.
   void StoreWeights(const float* w, float* stored) const;
   // One optimizer step on `row` with gradient `grad` (dim; not changed); records `step`.
-  // The step runs on a copy: when it would make a weight or a state value non-finite
-  // (a gradient too large for the learning rate) the row is left as it was and false is
-  // returned. `scratch`: ScratchFloats().
+  // When the step would make a weight or a state value non-finite (a gradient too large
+  // for the learning rate) the row is left as it was and false is returned
+  // (Optimizer::UpdateFinite). `scratch`: ScratchFloats().
   bool UpdateRowLocked(Stripe& stripe, int64_t id, Row row, const float* grad, int64_t step,
                        float* scratch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
-  size_t ScratchFloats() const { return 2 * static_cast<size_t>(dim_) + state_floats_; }
+  size_t ScratchFloats() const { return 2 * static_cast<size_t>(dim_); }
   // InvalidArgument for `refused` rows whose update UpdateRowLocked refused.
   absl::Status NonFiniteUpdateError(int64_t refused, int64_t first_id) const;
   absl::Status BudgetError() const;

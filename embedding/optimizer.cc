@@ -2,13 +2,65 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <optional>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "embedding/internal/row_ops.h"
 #include "embedding/row_math.h"
 
 namespace tessera::embedding {
 namespace {
+
+using embedding_internal::AllFinite;
+using embedding_internal::FiniteBits;
+using embedding_internal::kFiniteBitsAll;
+
+// A row's step computed into locals (registers, for these dims), checked, then stored:
+// no copy of the row to put back, no second pass over it. `element(i, w, s...)` is
+// row_math's update of element i on copies of its weight and state values.
+template <int D, int S, typename Element>
+bool StepInRegisters(float* __restrict w, float* __restrict state, const Element& element) {
+  float nw[D];
+  float ns[S * D];
+  uint32_t least = kFiniteBitsAll;
+  for (int i = 0; i < D; ++i) {
+    nw[i] = w[i];
+    for (int k = 0; k < S; ++k) ns[k * D + i] = state[k * D + i];
+    if constexpr (S == 1) {
+      element(i, nw[i], ns[i]);
+    } else {
+      element(i, nw[i], ns[i], ns[D + i]);
+    }
+    least = std::min(least, FiniteBits(nw[i]));
+    for (int k = 0; k < S; ++k) least = std::min(least, FiniteBits(ns[k * D + i]));
+  }
+  if (least == 0) return false;
+  std::memcpy(w, nw, sizeof(nw));
+  std::memcpy(state, ns, sizeof(ns));
+  return true;
+}
+
+// StepInRegisters<dim> for the dims it is made for; nullopt for others.
+template <int S, typename Element>
+std::optional<bool> StepByDim(int dim, float* w, float* state, const Element& element) {
+  switch (dim) {
+    case 8:
+      return StepInRegisters<8, S>(w, state, element);
+    case 16:
+      return StepInRegisters<16, S>(w, state, element);
+    case 32:
+      return StepInRegisters<32, S>(w, state, element);
+    case 64:
+      return StepInRegisters<64, S>(w, state, element);
+    case 128:
+      return StepInRegisters<128, S>(w, state, element);
+    default:
+      return std::nullopt;
+  }
+}
 
 // Each step is a loop over the row's elements of row_math's update, the definition the
 // device table runs too.
@@ -38,6 +90,14 @@ class Adagrad final : public Optimizer {
     const float lr = params_.learning_rate;
     const float eps = params_.epsilon;
     for (int i = 0; i < dim_; ++i) row_math::AdagradElement(w[i], acc[i], g[i], lr, eps);
+  }
+  bool StepFinite(float* w, float* acc, const float* g, int64_t prior) const override {
+    const float lr = params_.learning_rate;
+    const float eps = params_.epsilon;
+    const std::optional<bool> kept = StepByDim<1>(dim_, w, acc, [&](int i, float& wi, float& ai) {
+      row_math::AdagradElement(wi, ai, g[i], lr, eps);
+    });
+    return kept.has_value() ? *kept : Optimizer::StepFinite(w, acc, g, prior);
   }
 };
 
@@ -74,6 +134,15 @@ class Adam final : public Optimizer {
     float* m = s;
     float* v = s + dim_;
     for (int i = 0; i < dim_; ++i) row_math::AdamElement(w[i], m[i], v[i], g[i], hyper_, c);
+  }
+  bool StepFinite(float* w, float* s, const float* g, int64_t prior_updates) const override {
+    const row_math::AdamCorrection c =
+        row_math::AdamCorrectionOf(params_.beta1, params_.beta2, prior_updates);
+    const std::optional<bool> kept =
+        StepByDim<2>(dim_, w, s, [&](int i, float& wi, float& mi, float& vi) {
+          row_math::AdamElement(wi, mi, vi, g[i], hyper_, c);
+        });
+    return kept.has_value() ? *kept : Optimizer::StepFinite(w, s, g, prior_updates);
   }
 };
 
@@ -235,6 +304,29 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(const v1::Optimizer
 void Optimizer::Update(float* w, float* state, float* g, int64_t prior_updates) const {
   row_math::PreprocessRow(hyper_, dim_, w, g);  // clipping and weight decay, as on a device
   Step(w, state, g, prior_updates);
+}
+
+bool Optimizer::StepFinite(float* w, float* state, const float* grad, int64_t prior_updates) const {
+  const int sf = StateFloats();
+  thread_local std::vector<float> saved;
+  saved.resize(static_cast<size_t>(dim_ + sf));
+  std::copy(w, w + dim_, saved.begin());
+  std::copy(state, state + sf, saved.begin() + dim_);
+  Step(w, state, grad, prior_updates);
+  if (AllFinite(w, dim_) && AllFinite(state, sf)) return true;
+  std::copy(saved.begin(), saved.begin() + dim_, w);
+  std::copy(saved.begin() + dim_, saved.end(), state);
+  return false;
+}
+
+bool Optimizer::UpdateFinite(float* w, float* state, const float* grad, float* scratch,
+                             int64_t prior_updates) const {
+  if (params_.clip_value > 0.0f || params_.clip_norm > 0.0f || params_.weight_decay > 0.0f) {
+    std::copy(grad, grad + dim_, scratch);
+    row_math::PreprocessRow(hyper_, dim_, w, scratch);
+    grad = scratch;
+  }
+  return StepFinite(w, state, grad, prior_updates);
 }
 
 void Optimizer::Update(float* w, float* state, const float* grad, float* scratch,

@@ -74,6 +74,13 @@ class Optimizer {
   void Update(float* w, float* state, const float* grad, float* scratch,
               int64_t prior_updates) const;
 
+  // Update, kept only when every new weight and state value is finite: otherwise `w` and
+  // `state` keep their values and it returns false (a row whose update would overflow keeps
+  // its last finite values rather than serving Inf or NaN). `grad` is only read, copied
+  // into `scratch` (dim) first when clipping or weight decay change it.
+  bool UpdateFinite(float* w, float* state, const float* grad, float* scratch,
+                    int64_t prior_updates) const;
+
   const OptimizerParams& params() const { return params_; }
   int dim() const { return dim_; }
 
@@ -83,6 +90,10 @@ class Optimizer {
 
   // The update proper on a preprocessed gradient.
   virtual void Step(float* w, float* state, const float* grad, int64_t prior_updates) const = 0;
+  // Step, kept only when every value it writes is finite; true when kept. This one saves
+  // the row, steps and puts it back; optimizers override it for common dims with the new
+  // values computed in registers and stored once checked (the same math, bit for bit).
+  virtual bool StepFinite(float* w, float* state, const float* grad, int64_t prior_updates) const;
 
   OptimizerParams params_;
   row_math::Hyper hyper_;  // the same values, for row_math's updates

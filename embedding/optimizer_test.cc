@@ -1,6 +1,7 @@
 #include "embedding/optimizer.h"
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -196,6 +197,46 @@ TEST(Optimizer, AKeptGradientStepsLikeTheInPlaceOneAndStaysAsItWas) {
     // Clipping and decay work on the scratch copy, never on the caller's gradient.
     EXPECT_EQ(grad, (std::vector<float>{0.75f, -0.25f, 2.0f}));
     EXPECT_EQ(scratch[0] != -9.0f, preprocess);
+  }
+}
+
+// UpdateFinite is Update, bit for bit, when every new value is finite (each optimizer, at
+// dims computed in registers and at others, with and without clipping), and changes
+// nothing when one would not be.
+TEST(Optimizer, UpdateFiniteStepsAsUpdateOrLeavesTheRowAsItWas) {
+  for (const v1::OptimizerType type :
+       {v1::SGD, v1::ADAGRAD, v1::ROWWISE_ADAGRAD, v1::ADAM, v1::FTRL}) {
+    for (const int dim : {3, 8, 16, 24, 64, 128}) {
+      for (const bool preprocess : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << v1::OptimizerType_Name(type) << " dim " << dim
+                                          << (preprocess ? " clipped" : ""));
+        v1::OptimizerConfig c;
+        c.set_type(type);
+        c.set_learning_rate(0.05f);
+        if (preprocess) c.set_clip_norm(1.0f);
+        auto opt = Optimizer::Create(c, dim).value();
+        std::vector<float> w1(dim), w2, s1(opt->StateFloats()), s2, scratch(dim);
+        opt->InitState(s1.data());
+        for (int i = 0; i < dim; ++i) w1[i] = 0.01f * static_cast<float>(i % 7) - 0.03f;
+        w2 = w1;
+        s2 = s1;
+        for (int64_t t = 0; t < 4; ++t) {
+          std::vector<float> g(dim);
+          for (int i = 0; i < dim; ++i) g[i] = std::sin(static_cast<float>(i + 3 * t)) * 0.4f;
+          const std::vector<float> kept = g;
+          opt->Update(w1.data(), s1.data(), g.data(), t);
+          ASSERT_TRUE(opt->UpdateFinite(w2.data(), s2.data(), kept.data(), scratch.data(), t));
+          ASSERT_EQ(w1, w2) << "step " << t;
+          ASSERT_EQ(s1, s2) << "step " << t;
+        }
+        // A gradient that is NaN in its last element: nothing of the row changes.
+        std::vector<float> bad(dim, 0.1f);
+        bad[dim - 1] = std::numeric_limits<float>::quiet_NaN();
+        EXPECT_FALSE(opt->UpdateFinite(w2.data(), s2.data(), bad.data(), scratch.data(), 4));
+        EXPECT_EQ(w2, w1);
+        EXPECT_EQ(s2, s1);
+      }
+    }
   }
 }
 

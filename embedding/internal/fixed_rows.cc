@@ -61,7 +61,6 @@ std::unique_ptr<FixedRows> FixedRows::Create(int64_t vocabulary, int64_t part_in
 
 namespace tessera::embedding {
 
-using embedding_internal::AllFinite;
 using embedding_internal::CopyFloats;
 using embedding_internal::AnyBits;
 using embedding_internal::FixedRows;
@@ -228,30 +227,15 @@ void EmbeddingTable::FixedInitLocked(int64_t id, int64_t row) {
 
 bool EmbeddingTable::FixedUpdateLocked(int64_t id, int64_t row, const float* grad, float* scratch) {
   FixedRows& f = *fixed_;
-  const size_t d = static_cast<size_t>(dim_);
-  const size_t sf = static_cast<size_t>(state_floats_);
-  float* saved_state = scratch;  // (sf) the state before the step, to put back
-  float* w = scratch + sf;       // (d) the weights before the step (fp32) or widened
-  float* g = w + d;              // (d) the gradient, when the optimizer must change it
+  float* w = scratch;         // (dim) half-precision weights as floats
+  float* g = scratch + dim_;  // (dim) the gradient, when the optimizer must change it
   float* state = f.State(row);
   const uint32_t prior = f.Count(row);
-  CopyFloats(saved_state, state, static_cast<int>(sf));
   if (dtype_ == v1::FP32) {
-    float* weights = f.Weights(row);
-    CopyFloats(w, weights, static_cast<int>(d));
-    optimizer().Update(weights, state, grad, g, prior);
-    if (!AllFinite(weights, d) || !AllFinite(state, sf)) {
-      CopyFloats(weights, w, static_cast<int>(d));
-      CopyFloats(state, saved_state, static_cast<int>(sf));
-      return false;
-    }
+    if (!optimizer().UpdateFinite(f.Weights(row), state, grad, g, prior)) return false;
   } else {
     DecodeWeights(dtype_, f.Weights(row), dim_, w);
-    optimizer().Update(w, state, grad, g, prior);
-    if (!AllFinite(w, d) || !AllFinite(state, sf)) {
-      CopyFloats(state, saved_state, static_cast<int>(sf));
-      return false;
-    }
+    if (!optimizer().UpdateFinite(w, state, grad, g, prior)) return false;
     const uint64_t seed = row_math::UpdateRoundingSeed(initializer_->key(), id, prior);
     EncodeWeightsStochastic(dtype_, w, dim_, seed, f.Weights(row));
   }

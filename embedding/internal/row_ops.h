@@ -89,17 +89,21 @@ inline void SpinPause() {
   }
 }
 
-// True when every value of p[0, n) is finite: Inf and NaN have an exponent of all ones,
-// so ~bits & exponent is 0 for them alone. A min over integers, which vectorises (a float
-// reduction would be a serial chain).
+// 0 for Inf and NaN, nonzero for a finite value: Inf and NaN have an exponent of all ones,
+// so ~bits & exponent is 0 for them alone. The least of these over values is 0 when any
+// is not finite: a min over integers, which vectorises (a float reduction would be a
+// serial chain).
+constexpr uint32_t kFiniteBitsAll = 0x7f800000u;  // the least over no values
+inline uint32_t FiniteBits(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  return ~bits & kFiniteBitsAll;
+}
+
+// True when every value of p[0, n) is finite.
 inline bool AllFinite(const float* p, size_t n) {
-  constexpr uint32_t kExponent = 0x7f800000u;
-  uint32_t least = kExponent;
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, p + i, sizeof(bits));
-    least = std::min(least, ~bits & kExponent);
-  }
+  uint32_t least = kFiniteBitsAll;
+  for (size_t i = 0; i < n; ++i) least = std::min(least, FiniteBits(p[i]));
   return least != 0;
 }
 

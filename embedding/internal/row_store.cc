@@ -13,6 +13,17 @@ int ChunkShift(int stride) {
   return std::max(RowStore::kMinChunkShift, 21 - twos);
 }
 
+constexpr int kLine = 64;
+
+int WholeLines(int bytes) { return (bytes + kLine - 1) / kLine * kLine; }
+
+// Weights and cold part together: wide weights with state, padded by at most an eighth.
+bool Together(int weight_bytes, int state_floats) {
+  const int row = weight_bytes + state_floats * 4 + static_cast<int>(sizeof(PackedMeta));
+  return weight_bytes >= 4 * kLine && weight_bytes % kLine == 0 && state_floats > 0 &&
+         (WholeLines(row) - row) * 8 <= row;
+}
+
 }  // namespace
 
 RowStore::RowStore(int weight_bytes, int state_floats)
@@ -20,7 +31,10 @@ RowStore::RowStore(int weight_bytes, int state_floats)
       // The meta is 4-byte aligned after the state's floats.
       cold_bytes_(state_floats * 4 + static_cast<int>(sizeof(PackedMeta))),
       meta_at_(state_floats * 4),
-      chunk_shift_(std::max(ChunkShift(weight_bytes), ChunkShift(cold_bytes_))),
+      together_(Together(weight_bytes, state_floats)),
+      weight_stride_(together_ ? WholeLines(weight_bytes_ + cold_bytes_) : weight_bytes_),
+      cold_stride_(together_ ? weight_stride_ : cold_bytes_),
+      chunk_shift_(std::max(ChunkShift(weight_stride_), ChunkShift(cold_stride_))),
       chunk_mask_((uint32_t{1} << chunk_shift_) - 1),
       directory_(AlignedBlock::Lazy(sizeof(Chunk) * kMaxChunks, /*huge=*/false)) {
   static_assert(sizeof(PackedMeta) == 8);
@@ -37,13 +51,15 @@ bool RowStore::TakeBlock(uint32_t* first) {
     // The first chunk stays on small pages, so a small table takes little memory; later
     // ones take huge pages where they fill them.
     const bool huge = c > 0;
-    AlignedBlock weights = AlignedBlock::Lazy(rows * weight_bytes_, huge);
-    AlignedBlock cold = AlignedBlock::Lazy(rows * cold_bytes_, huge);
+    AlignedBlock weights = AlignedBlock::Lazy(rows * weight_stride_, huge);
+    AlignedBlock cold = together_ ? AlignedBlock() : AlignedBlock::Lazy(rows * cold_stride_, huge);
     AlignedBlock dirty = AlignedBlock::Lazy(rows / 8, /*huge=*/false);
-    if ((weight_bytes_ > 0 && weights.empty()) || cold.empty() || dirty.empty()) return false;
+    if ((weight_stride_ > 0 && weights.empty()) || (!together_ && cold.empty()) || dirty.empty()) {
+      return false;
+    }
     Chunk& chunk = chunks_[c];
     chunk.weights = static_cast<char*>(weights.data());
-    chunk.cold = static_cast<char*>(cold.data());
+    chunk.cold = together_ ? chunk.weights + weight_bytes_ : static_cast<char*>(cold.data());
     chunk.dirty = static_cast<uint64_t*>(dirty.data());
     blocks_.push_back(std::move(weights));
     blocks_.push_back(std::move(cold));
@@ -56,7 +72,7 @@ bool RowStore::TakeBlock(uint32_t* first) {
 
 int64_t RowStore::Bytes() const {
   const int64_t rows = handed_out_.load(std::memory_order_relaxed);
-  return rows * (weight_bytes_ + cold_bytes_) + rows / 8;
+  return rows * row_bytes() + rows / 8;
 }
 
 }  // namespace tessera::embedding_internal

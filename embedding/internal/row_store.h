@@ -9,6 +9,11 @@
 //   cold     (rows, state floats + 8 bytes)  the optimizer's state (fp32) and a PackedMeta
 //   dirty    one bit a row                   changed since the last checkpoint
 //
+// except for wide rows with state (weights of 4 cache lines or more: dim >= 64 in fp32),
+// whose weights and cold part sit together in one array, the row padded to whole lines
+// when that adds at most an eighth: an update then reads and writes one run of lines
+// instead of two in far-apart pages (the weights still start on a line).
+//
 // in chunks of 2^16 to 2^19 rows that are mapped as rows are first handed out and never
 // move or go before the table (lock-free readers may read any row a map entry names). A
 // chunk's pages become resident as rows are written; chunks after the first are advised
@@ -58,14 +63,18 @@ class RowStore {
   int weight_bytes() const { return weight_bytes_; }
   uint32_t chunk_rows() const { return uint32_t{1} << chunk_shift_; }
   int cold_bytes() const { return cold_bytes_; }
+  // True when a row's weights and cold part sit together (see above).
+  bool together() const { return together_; }
+  // Bytes a row takes in the arrays (its dirty bit aside).
+  int row_bytes() const { return together_ ? weight_stride_ : weight_stride_ + cold_stride_; }
 
   float* Weights(uint32_t r) const {
     return reinterpret_cast<float*>(chunks_[r >> chunk_shift_].weights +
-                                    static_cast<size_t>(r & chunk_mask_) * weight_bytes_);
+                                    static_cast<size_t>(r & chunk_mask_) * weight_stride_);
   }
   float* State(uint32_t r) const {
     return reinterpret_cast<float*>(chunks_[r >> chunk_shift_].cold +
-                                    static_cast<size_t>(r & chunk_mask_) * cold_bytes_);
+                                    static_cast<size_t>(r & chunk_mask_) * cold_stride_);
   }
   PackedMeta* Meta(uint32_t r) const {
     return reinterpret_cast<PackedMeta*>(reinterpret_cast<char*>(State(r)) + meta_at_);
@@ -85,6 +94,8 @@ class RowStore {
   bool Dirty(uint32_t r) const {
     return (__atomic_load_n(DirtyWord(r), __ATOMIC_RELAXED) >> (r & 63)) & 1;
   }
+  // The word of row `r`'s dirty bit, to prefetch with the row (an update tests it).
+  const uint64_t* DirtyWordOf(uint32_t r) const { return DirtyWord(r); }
   // Sets the bit; true when it was clear. (A row updated again finds it set: a plain
   // load, no locked instruction.)
   bool SetDirty(uint32_t r) {
@@ -116,6 +127,11 @@ class RowStore {
   const int weight_bytes_;
   const int cold_bytes_;
   const int meta_at_;
+  const bool together_;
+  // Bytes from a row to the next in the weights and cold arrays (together: both the
+  // padded row, the cold array starting weight_bytes_ into the weights').
+  const int weight_stride_;
+  const int cold_stride_;
   const int chunk_shift_;
   const uint32_t chunk_mask_;
   AlignedBlock directory_;  // kMaxChunks Chunk entries, resident as they are used
