@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <set>
@@ -158,13 +159,10 @@ TEST(StripeTest, ReplacedMapsAreFreedWhileReadersKeepComing) {
   for (int64_t i = 0; i < 100000; ++i) ASSERT_NE(stripe.Find(MapHash(i)), kNoRow);
 }
 
-TEST(RowStoreTest, RowsDoNotOverlapAndDirtyBitsAreTheirOwn) {
-  RowStore rows(/*weight_bytes=*/36, /*state_floats=*/3);
-  ASSERT_TRUE(rows.ok());
-  EXPECT_EQ(rows.cold_bytes(), 3 * 4 + 8);
+// Writes every byte of weights, state and meta of two chunks' rows and a few more, then
+// reads each back: no row's parts overlap another's (or its own).
+void ExpectRowsOwnTheirBytes(RowStore& rows, int weight_bytes, int state_floats) {
   std::vector<uint32_t> firsts;
-  // 36-byte weights (two twos) and 20-byte cold parts: chunks of 2^19 rows.
-  EXPECT_EQ(rows.chunk_rows(), uint32_t{1} << 19);
   for (uint32_t b = 0; b < 2 * rows.chunk_rows() / RowStore::kBlockRows + 3; ++b) {
     uint32_t first = 0;
     ASSERT_TRUE(rows.TakeBlock(&first));
@@ -173,18 +171,33 @@ TEST(RowStoreTest, RowsDoNotOverlapAndDirtyBitsAreTheirOwn) {
   const uint32_t n = static_cast<uint32_t>(firsts.size()) * RowStore::kBlockRows;
   for (uint32_t r = 0; r < n; ++r) {
     ASSERT_TRUE(rows.Valid(r));
-    std::memset(rows.Weights(r), static_cast<int>(r & 0xff), 36);
-    for (int k = 0; k < 3; ++k) rows.State(r)[k] = static_cast<float>(r);
+    std::memset(rows.Weights(r), static_cast<int>(r & 0xff), weight_bytes);
+    for (int k = 0; k < state_floats; ++k) rows.State(r)[k] = static_cast<float>(r);
     rows.Meta(r)->updates = r;
+    rows.Meta(r)->step = ~r;
   }
   EXPECT_FALSE(rows.Valid(n));
   for (uint32_t r = 0; r < n; ++r) {
     const auto* w = reinterpret_cast<const unsigned char*>(rows.Weights(r));
     ASSERT_EQ(w[0], r & 0xff);
-    ASSERT_EQ(w[35], r & 0xff);
-    ASSERT_EQ(rows.State(r)[2], static_cast<float>(r));
+    ASSERT_EQ(w[weight_bytes - 1], r & 0xff);
+    ASSERT_EQ(rows.State(r)[0], static_cast<float>(r));
+    ASSERT_EQ(rows.State(r)[state_floats - 1], static_cast<float>(r));
     ASSERT_EQ(rows.Meta(r)->updates, r);
+    ASSERT_EQ(rows.Meta(r)->step, ~r);
   }
+  EXPECT_GE(rows.Bytes(), int64_t{n} * (weight_bytes + state_floats * 4 + 8));
+}
+
+TEST(RowStoreTest, RowsDoNotOverlapAndDirtyBitsAreTheirOwn) {
+  RowStore rows(/*weight_bytes=*/36, /*state_floats=*/3);
+  ASSERT_TRUE(rows.ok());
+  EXPECT_EQ(rows.cold_bytes(), 3 * 4 + 8);
+  EXPECT_FALSE(rows.together());
+  EXPECT_EQ(rows.row_bytes(), 36 + 20);
+  // 36-byte weights (two twos) and 20-byte cold parts: chunks of 2^19 rows.
+  EXPECT_EQ(rows.chunk_rows(), uint32_t{1} << 19);
+  ASSERT_NO_FATAL_FAILURE(ExpectRowsOwnTheirBytes(rows, 36, 3));
   EXPECT_TRUE(rows.SetDirty(70));
   EXPECT_FALSE(rows.SetDirty(70));
   EXPECT_TRUE(rows.Dirty(70));
@@ -192,7 +205,32 @@ TEST(RowStoreTest, RowsDoNotOverlapAndDirtyBitsAreTheirOwn) {
   EXPECT_FALSE(rows.Dirty(69));
   EXPECT_TRUE(rows.ClearDirty(70));
   EXPECT_FALSE(rows.ClearDirty(70));
-  EXPECT_GE(rows.Bytes(), int64_t{n} * (36 + 20));
+}
+
+// Wide rows with state keep weights, state and meta together, the row padded to whole
+// lines when that adds at most an eighth (dim 64 fp32 Adagrad: 256 + 256 + 8 -> 576); the
+// weights start on a line. Narrow rows, or padding that would add more, stay apart.
+TEST(RowStoreTest, WideRowsWithStateSitTogetherOnWholeLines) {
+  RowStore rows(/*weight_bytes=*/256, /*state_floats=*/64);
+  ASSERT_TRUE(rows.ok());
+  EXPECT_TRUE(rows.together());
+  EXPECT_EQ(rows.row_bytes(), 576);
+  ASSERT_NO_FATAL_FAILURE(ExpectRowsOwnTheirBytes(rows, 256, 64));
+  for (uint32_t r : {0u, 1u, 70u, rows.chunk_rows() + 5}) {
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(rows.Weights(r)) % 64, 0u) << r;
+    EXPECT_EQ(reinterpret_cast<const char*>(rows.State(r)),
+              reinterpret_cast<const char*>(rows.Weights(r)) + 256)
+        << r;
+  }
+  EXPECT_EQ(reinterpret_cast<const char*>(rows.Weights(2)) -
+                reinterpret_cast<const char*>(rows.Weights(1)),
+            576);
+  EXPECT_FALSE(RowStore(/*weight_bytes=*/64, /*state_floats=*/16).together());  // dim 16
+  EXPECT_FALSE(RowStore(/*weight_bytes=*/256, /*state_floats=*/0).together());  // SGD
+  EXPECT_FALSE(RowStore(/*weight_bytes=*/256, /*state_floats=*/1).together());  // +56 of 268
+  RowStore adam(/*weight_bytes=*/256, /*state_floats=*/128);
+  EXPECT_TRUE(adam.together());
+  EXPECT_EQ(adam.row_bytes(), 832);
 }
 
 v1::TableConfig Config(v1::OptimizerType type, v1::Dtype dtype = v1::FP32) {
