@@ -186,7 +186,7 @@ void EmbeddingTable::ExpireRows(int64_t step) {
     for (uint64_t pos = 0; map != nullptr && pos < map->capacity(); ++pos) {
       const MapEntry& e = map->Slot(pos);
       if (e.row != kNoRow && step - MetaOf(e.row).last_step > ttl_steps_) {
-        expired.push_back(e.hash);
+        expired.push_back(uint64_t{e.hash});  // a copy: the packed field is unaligned
       }
     }
     for (const uint64_t hash : expired) {
