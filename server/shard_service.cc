@@ -1019,9 +1019,13 @@ absl::Status ShardService::Commit(const v1::ReshardRequest& request) {
 
 absl::Status ShardService::CheckCopied() {
   TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> tables, tables_->ListTables());
-  absl::MutexLock lock(&changed_mu_);
+  std::set<std::string> copied;
+  {
+    absl::MutexLock lock(&changed_mu_);
+    copied = copied_;
+  }
   for (const v1::TableConfig& t : tables) {
-    if (copied_.count(t.name()) > 0) continue;
+    if (copied.count(t.name()) > 0) continue;
     absl::StatusOr<embedding::TableUsage> usage = tables_->Usage(t.name());
     if (!usage.ok() || usage->rows == 0) continue;  // dropped meanwhile, or nothing to lose
     return absl::FailedPreconditionError(absl::StrCat(

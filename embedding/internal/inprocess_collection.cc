@@ -74,11 +74,12 @@ void Route(absl::Span<const int64_t> ids, const v1::TableConfig& config, int num
 
 absl::Status InProcessCollectionImpl::CreateTable(const v1::TableConfig& config) {
   TESSERA_RETURN_IF_ERROR(embedding::ValidateTableConfig(config));
-  TESSERA_ASSIGN_OR_RETURN(TablePtr t, MakeTable(config, cluster_index_, cluster_shards_));
+  // Made under the lock: a SwitchPlace meanwhile would leave it laid out for the old place.
   absl::MutexLock lock(&mu_);
   if (tables_.count(config.name()) > 0) {
     return absl::AlreadyExistsError(absl::StrCat("table '", config.name(), "' already exists"));
   }
+  TESSERA_ASSIGN_OR_RETURN(TablePtr t, MakeTable(config, cluster_index_, cluster_shards_));
   tables_.emplace(config.name(), std::move(t));
   return absl::OkStatus();
 }
