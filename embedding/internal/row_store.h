@@ -9,7 +9,8 @@
 //   cold     (rows, state floats + 8 bytes)  the optimizer's state (fp32) and a PackedMeta
 //   dirty    one bit a row                   changed since the last checkpoint
 //
-// except for wide rows with state (weights of 4 cache lines or more: dim >= 64 in fp32),
+// except for wide rows with state (weights of 4 cache lines or more: dim >= 64 in fp32,
+// >= 128 in half precision),
 // whose weights and cold part sit together in one array, the row padded to whole lines
 // when that adds at most an eighth: an update then reads and writes one run of lines
 // instead of two in far-apart pages (the weights still start on a line).
