@@ -329,14 +329,4 @@ bool Optimizer::UpdateFinite(float* w, float* state, const float* grad, float* s
   return StepFinite(w, state, grad, prior_updates);
 }
 
-void Optimizer::Update(float* w, float* state, const float* grad, float* scratch,
-                       int64_t prior_updates) const {
-  if (params_.clip_value > 0.0f || params_.clip_norm > 0.0f || params_.weight_decay > 0.0f) {
-    std::copy(grad, grad + dim_, scratch);
-    Update(w, state, scratch, prior_updates);
-    return;
-  }
-  Step(w, state, grad, prior_updates);
-}
-
 }  // namespace tessera::embedding

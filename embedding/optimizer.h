@@ -69,15 +69,12 @@ class Optimizer {
   // (dim) is the summed gradient and is used as scratch (overwritten).
   // `prior_updates` is how many updates this row has had before (Adam's t - 1).
   void Update(float* w, float* state, float* grad, int64_t prior_updates) const;
-  // The same step for a gradient the caller keeps: `grad` (dim) is only read, and copied
-  // into `scratch` (dim) first when clipping or weight decay must change it.
-  void Update(float* w, float* state, const float* grad, float* scratch,
-              int64_t prior_updates) const;
 
-  // Update, kept only when every new weight and state value is finite: otherwise `w` and
-  // `state` keep their values and it returns false (a row whose update would overflow keeps
-  // its last finite values rather than serving Inf or NaN). `grad` is only read, copied
-  // into `scratch` (dim) first when clipping or weight decay change it.
+  // Update for a gradient the caller keeps, kept only when every new weight and state
+  // value is finite: otherwise `w` and `state` keep their values and it returns false (a
+  // row whose update would overflow keeps its last finite values rather than serving Inf
+  // or NaN). `grad` (dim) is only read, copied into `scratch` (dim) first when clipping or
+  // weight decay change it.
   bool UpdateFinite(float* w, float* state, const float* grad, float* scratch,
                     int64_t prior_updates) const;
 

@@ -191,7 +191,7 @@ TEST(Optimizer, AKeptGradientStepsLikeTheInPlaceOneAndStaysAsItWas) {
     const std::vector<float> grad = {0.75f, -0.25f, 2.0f};
     std::vector<float> in_place = grad, scratch(kDim, -9.0f);
     opt->Update(w1.data(), s1.data(), in_place.data(), 0);
-    opt->Update(w2.data(), s2.data(), grad.data(), scratch.data(), 0);
+    ASSERT_TRUE(opt->UpdateFinite(w2.data(), s2.data(), grad.data(), scratch.data(), 0));
     EXPECT_EQ(w1, w2) << preprocess;
     EXPECT_EQ(s1, s2) << preprocess;
     // Clipping and decay work on the scratch copy, never on the caller's gradient.

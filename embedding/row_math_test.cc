@@ -136,7 +136,7 @@ TEST(RowMath, EveryOptimizersHostUpdateIsTheRowFunctions) {
       for (int step = 0; step < 5; ++step) {
         const std::vector<float> g = RandomFloats(kDim, 10 + step, 0.7f);
         std::vector<float> scratch(kDim);
-        opt->Update(w.data(), state.data(), g.data(), scratch.data(), step);
+        ASSERT_TRUE(opt->UpdateFinite(w.data(), state.data(), g.data(), scratch.data(), step));
         std::vector<float> g_el = g;  // the row functions, as a device thread runs them
         row_math::PreprocessRow(h, kDim, w_el.data(), g_el.data());
         row_math::StepRow(kind, h, kDim, w_el.data(), state_el.data(), g_el.data(), step);

@@ -164,8 +164,10 @@ absl::Status EmbeddingTable::FixedLookup(absl::Span<const int64_t> ids, float* o
       continue;
     }
     for (size_t i = c; i < ce; ++i) {
-      if (dtype_ == v1::FP32 ? AnyBits(out + i * d, dim_) : !f.ZeroBytes(f.RowOf(ids[i]))) continue;
+      // fp32 copies tell a zero row themselves; half-precision ones are decoded.
+      if (dtype_ == v1::FP32 && AnyBits(out + i * d, dim_)) continue;
       const int64_t row = f.RowOf(ids[i]);
+      if (dtype_ != v1::FP32 && !f.ZeroBytes(row)) continue;
       absl::ReaderMutexLock lock(&FixedStripe(row).mu);
       ReadFixedRow(ids[i], row, out + i * d);
     }

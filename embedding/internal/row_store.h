@@ -10,10 +10,10 @@
 //   dirty    one bit a row                   changed since the last checkpoint
 //
 // except for wide rows with state (weights of 4 cache lines or more: dim >= 64 in fp32,
-// >= 128 in half precision),
-// whose weights and cold part sit together in one array, the row padded to whole lines
-// when that adds at most an eighth: an update then reads and writes one run of lines
-// instead of two in far-apart pages (the weights still start on a line).
+// >= 128 in half precision), whose weights and cold part sit together in one array, the
+// row padded to whole lines when that adds at most an eighth: an update then reads and
+// writes one run of lines instead of two in far-apart pages (the weights still start on
+// a line).
 //
 // in chunks of 2^16 to 2^19 rows that are mapped as rows are first handed out and never
 // move or go before the table (lock-free readers may read any row a map entry names). A

@@ -305,23 +305,27 @@ absl::Status DurableCollection::ImportRows(absl::string_view table,
   if (t->config.durability() != v1::WRITE_THROUGH) return memory_->ImportRows(table, rows);
   absl::MutexLock ordered(t->write_mu.get());
   TESSERA_RETURN_IF_ERROR(memory_->ImportRows(table, rows));
-  const auto& shards = *memory_->ShardsOf(table);
-  const int sf = shards[0]->optimizer().StateFloats();
   std::vector<KvWrite> writes;
-  writes.reserve(rows.size());
-  for (size_t i = 0; i < rows.size(); ++i) {
-    shards[embedding::ShardOfRow(t->config, rows.ids[i], options_.num_shards,
-                                 options_.cluster_num_shards)]->ReadRows(
-        {&rows.ids[i], 1},
-        [&](int64_t id, const float* w, const float* st, const embedding::RowMeta& m) {
-          KvWrite kv;
-          kv.key = RowKey(t->id, id);
-          EncodeRow(w, t->config.dim(), st, sf, m, &kv.value);
-          writes.push_back(std::move(kv));
-        });
-  }
+  AppendRowWrites(*t, *memory_->ShardsOf(table), options_.cluster_num_shards, rows.ids, &writes);
   return Annotate(store_->Write(writes, /*sync=*/true),
                   absl::StrCat("table '", table, "': imported rows not on disk"));
+}
+
+void DurableCollection::AppendRowWrites(
+    const Table& t, const std::vector<std::unique_ptr<embedding::EmbeddingTable>>& shards,
+    int outer, absl::Span<const int64_t> ids, std::vector<KvWrite>* writes) const {
+  const int sf = shards[0]->optimizer().StateFloats();
+  writes->reserve(writes->size() + ids.size());
+  for (const int64_t id : ids) {
+    shards[embedding::ShardOfRow(t.config, id, options_.num_shards, outer)]->ReadRows(
+        {&id, 1},
+        [&](int64_t row_id, const float* w, const float* st, const embedding::RowMeta& m) {
+          KvWrite kv;
+          kv.key = RowKey(t.id, row_id);
+          EncodeRow(w, t.config.dim(), st, sf, m, &kv.value);
+          writes->push_back(std::move(kv));
+        });
+  }
 }
 
 absl::Status DurableCollection::SetRowBudget(absl::string_view table, int64_t max_rows) {
@@ -364,25 +368,18 @@ absl::Status DurableCollection::ImportMovingLocked(const Table& t, const embeddi
   if (shards == nullptr) {
     return absl::InternalError(absl::StrCat("table '", name, "': moving rows were not kept"));
   }
-  const int sf = (*shards)[0]->optimizer().StateFloats();
   // The rows of ids this place owns are on disk already: its layout writes them through
   // (and catch-up rounds bring the moving copies up to them). The others go to disk now,
   // under the keys they keep after the move.
-  std::vector<KvWrite> writes;
+  std::vector<int64_t> arriving;
   for (const int64_t id : rows.ids) {
-    if (embedding::ShardOfRow(t.config, id, options_.cluster_num_shards) ==
+    if (embedding::ShardOfRow(t.config, id, options_.cluster_num_shards) !=
         options_.cluster_shard_index) {
-      continue;
+      arriving.push_back(id);
     }
-    (*shards)[embedding::ShardOfRow(t.config, id, options_.num_shards, num_shards)]->ReadRows(
-        {&id, 1},
-        [&](int64_t row_id, const float* w, const float* st, const embedding::RowMeta& m) {
-          KvWrite kv;
-          kv.key = RowKey(t.id, row_id);
-          EncodeRow(w, t.config.dim(), st, sf, m, &kv.value);
-          writes.push_back(std::move(kv));
-        });
   }
+  std::vector<KvWrite> writes;
+  AppendRowWrites(t, *shards, num_shards, arriving, &writes);
   return Annotate(store_->Write(writes, /*sync=*/true),
                   absl::StrCat("table '", name, "': rows moving here not on disk"));
 }

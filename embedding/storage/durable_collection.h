@@ -195,6 +195,12 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   absl::Status StoreConfig(const Table& t, const v1::TableConfig& config, absl::string_view what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Usable() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Appends the rows of `ids` that `shards` (table `t`'s, laid out for a cluster of `outer`
+  // shards) hold, encoded as the store's writes of them (ids without a row: none).
+  void AppendRowWrites(const Table& t,
+                       const std::vector<std::unique_ptr<embedding::EmbeddingTable>>& shards,
+                       int outer, absl::Span<const int64_t> ids, std::vector<KvWrite>* writes) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // ImportMovingRows for a fixed-vocabulary table.
   absl::Status ImportMovingLocked(const Table& t, const embedding::RowBlock& rows, int shard_index,
                                   int num_shards) ABSL_SHARED_LOCKS_REQUIRED(mu_);

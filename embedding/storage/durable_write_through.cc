@@ -136,16 +136,7 @@ absl::Status DurableCollection::WriteThroughPush(const Table& t, absl::Span<cons
     return applied;
   }
   std::vector<KvWrite> writes;
-  writes.reserve(unique.size());
-  for (const int64_t id : unique) {
-    shards[embedding::ShardOfRow(t.config, id, n, options_.cluster_num_shards)]->ReadRows(
-        {&id, 1}, [&](int64_t rid, const float* w, const float* s, const embedding::RowMeta& m) {
-          KvWrite kv;
-          kv.key = RowKey(t.id, rid);
-          EncodeRow(w, t.config.dim(), s, shards[0]->optimizer().StateFloats(), m, &kv.value);
-          writes.push_back(std::move(kv));
-        });
-  }
+  AppendRowWrites(t, shards, options_.cluster_num_shards, unique, &writes);
   if (tag != nullptr) {
     // The record goes in the same write as the rows: after a crash both are there or
     // neither is. The oldest records beyond the limit go with it (a failed write leaves
