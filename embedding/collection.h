@@ -343,8 +343,11 @@ class EmbeddingCollection {
   // reshard calls it while requests wait. Nothing changes on an error (a layout that cannot
   // be made: ResourceExhausted). Collections that cannot, Unimplemented.
   virtual absl::Status SwitchPlace(int shard_index, int num_shards);
-  // Drops what ImportMovingRows kept for another place (an aborted reshard).
-  virtual void DropMovingRows() {}
+  // Gives up what ImportMovingRows brought for another place (an aborted reshard): the
+  // layouts kept for it, and the rows of other tables whose ids the current place does not
+  // own (in memory and on disk), so that no stale copy of a row stays on a shard that does
+  // not own it (a later reshard would move it on, a checkpoint would keep it).
+  virtual absl::Status DropMovingRows() { return absl::OkStatus(); }
 
   // Gives `table` the row budget `max_rows` (0: none) from now on, its config (and a durable
   // collection's catalog) saying so: a reshard lifts a table's budget while rows move and

@@ -425,14 +425,19 @@ TEST(InProcessCollection, ListsTablesSortedByName) {
 namespace tessera::embedding {
 namespace {
 
+// A collection of 2 shards that is shard `index` of `count` of a cluster.
+std::unique_ptr<InProcessCollection> PlacedCollection(int index, int count) {
+  InProcessOptions o;
+  o.num_shards = 2;
+  o.cluster_shard_index = index;
+  o.cluster_num_shards = count;
+  return NewInProcessCollection(o).value();
+}
+
 // A cluster shard's collection moving to another place (a live reshard): the rows it no
 // longer owns go, the others stay as they were.
 TEST(InProcessCollection, RepartitionKeepsOnlyTheRowsOfItsNewPlace) {
-  InProcessOptions o;
-  o.num_shards = 2;
-  o.cluster_shard_index = 0;
-  o.cluster_num_shards = 2;
-  auto c = NewInProcessCollection(o).value();
+  auto c = PlacedCollection(0, 2);
   v1::TableConfig config;
   config.set_name("t");
   config.set_dim(4);
@@ -479,16 +484,43 @@ TEST(InProcessCollection, RepartitionKeepsOnlyTheRowsOfItsNewPlace) {
 using testing::RowsOf;
 using testing::StoredRows;
 
+// A reshard given up after its imports (DropMovingRows) leaves no row of a dynamic table
+// on a shard that does not own it: the rows that came for the next place go, the rows the
+// current place owns stay as they were.
+TEST(InProcessCollection, AGivenUpReshardLeavesNoRowItDoesNotOwn) {
+  auto c = PlacedCollection(1, 3);
+  v1::TableConfig config;
+  config.set_name("d");
+  config.set_dim(4);
+  config.mutable_optimizer()->set_type(v1::ADAGRAD);
+  ASSERT_TRUE(c->CreateTable(config).ok());
+  std::vector<int64_t> own;
+  RowBlock moving;  // a 3-to-2 reshard's for shard 1 of 2: ids shard 2 of 3 owns now
+  moving.dim = 4;
+  moving.state_floats = 4;
+  for (int64_t id = 0; id < 600; ++id) {
+    if (ShardOfRow(config, id, 3) == 1) own.push_back(id);
+    if (ShardOfRow(config, id, 3) == 2 && ShardOfRow(config, id, 2) == 1) {
+      const std::vector<float> w(4, 0.5f * static_cast<float>(id)), st(4, 1.0f);
+      moving.Append(id, w.data(), st.data(), 1, 1);
+    }
+  }
+  ASSERT_GT(moving.ids.size(), 50u);
+  ASSERT_TRUE(c->PushGradients("d", own, std::vector<float>(own.size() * 4, 0.5f), 1).ok());
+  const testing::RowMap before = testing::StoredRows(*c, "d");
+  ASSERT_TRUE(c->ImportMovingRows("d", moving, 1, 2).ok());
+  ASSERT_EQ(testing::StoredRows(*c, "d").size(), before.size() + moving.ids.size());
+  ASSERT_TRUE(c->DropMovingRows().ok());
+  EXPECT_TRUE(testing::StoredRows(*c, "d") == before);
+  EXPECT_EQ(c->Usage("d").value().rows, static_cast<int64_t>(before.size()));
+}
+
 // A fixed vocabulary's arrays are laid out for one place: a live reshard fills a layout
 // for the next place with moving rows (ImportMovingRows) while the old one serves, and
 // SwitchPlace adopts it. Rows moved there before an abort (DropMovingRows) do not come
 // back; the old layout's rows go with the switch.
 TEST(InProcessCollection, AFixedVocabularySwitchesToTheLayoutItsMovingRowsFilled) {
-  InProcessOptions o;
-  o.num_shards = 2;
-  o.cluster_shard_index = 0;
-  o.cluster_num_shards = 2;
-  auto c = NewInProcessCollection(o).value();
+  auto c = PlacedCollection(0, 2);
   v1::TableConfig fixed;
   fixed.set_name("f");
   fixed.set_dim(4);
@@ -524,7 +556,7 @@ TEST(InProcessCollection, AFixedVocabularySwitchesToTheLayoutItsMovingRowsFilled
     given_up.Append(id, w.data(), st.data(), 1, 1);
   }
   ASSERT_TRUE(c->ImportMovingRows("f", given_up, 0, 3).ok());
-  c->DropMovingRows();
+  ASSERT_TRUE(c->DropMovingRows().ok());
   ASSERT_TRUE(c->ImportMovingRows("f", moving, 0, 3).ok());
   EXPECT_TRUE(absl::IsInvalidArgument(c->ImportMovingRows("f", moving, 3, 3)));
 

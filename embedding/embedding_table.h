@@ -92,7 +92,8 @@ absl::Status RequireHostPlacement(const v1::TableConfig& config);
 // in another; a dirty bit. A row never moves. Its meta keeps the update count (saturating
 // at 2^32 - 1) and the low 32 bits of the last update step, widened against the newest
 // step the table has seen: a row's last step reads right while it lies within 2^32 steps
-// of that. The id map takes 12.8 bytes a slot at a load of 0.85-0.94 (stripe.h).
+// of that. The id map takes 12.8 bytes a slot at a load of 0.85-0.94, 0.55-0.6 for rows
+// of 256 bytes or more (stripe.h, IdMap::LoadFor).
 //
 // Thread safety: the id space is split into 64 stripes by a hash of the id, each with
 // its own absl::Mutex, open-addressing map and slabs (embedding/internal/stripe.h).
@@ -169,7 +170,7 @@ class EmbeddingTable {
   // Bytes a row counts against a memory budget: its stored size and its map slot's share.
   int64_t row_bytes() const { return row_bytes_; }
   // What a row of a dynamic table of `config` takes of memory: weights, optimizer state and
-  // meta (without its map slot: 12.8 bytes at a load of 0.85-0.94).
+  // meta (without its map slot: 13.6-15 bytes, 21-22 for rows of 256 bytes or more).
   static int64_t StoredRowBytes(const v1::TableConfig& config);
   int64_t evictions() const { return evictions_.load(std::memory_order_relaxed); }
   // Feature admission: gradients dropped because their id has no row and was not admitted
@@ -346,6 +347,11 @@ class EmbeddingTable {
   // shard's part of a batch spreads thin over the stripes). Finds without locks and keeps
   // nothing; needs a ReaderScope.
   void WarmRows(const embedding_internal::StripePlan& plan, bool for_write) const;
+  // Prefetches the map buckets of the ids from `from` on in `plan` that the next chunk's
+  // probes read first (in whichever stripes they are): called before a chunk's rows are
+  // used, so that the next chunk does not start by waiting for them. Only a hint: it may
+  // touch a map a writer replaces meanwhile (a prefetch never faults).
+  void PrefetchNextBuckets(const embedding_internal::StripePlan& plan, int from) const;
   // Copies the weights of the rows found for group [b, e) of `plan` into `out`.
   void CopyGroup(const embedding_internal::StripePlan& plan, int b, int e, float* out) const;
   // TTL: drops every row not updated since step - ttl.

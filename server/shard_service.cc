@@ -853,7 +853,12 @@ grpc::Status ShardService::Reshard(grpc::ServerContext* context, const v1::Resha
                             num_shards_.load()));
         absl::MutexLock lock(&gate_mu_);
         if (!committing_ && pending_version_ == request->version()) {
-          tables_->DropMovingRows();
+          // The rows that came for the next map go (the old owners kept theirs): a shard
+          // keeps no copy of a row it does not own.
+          TESSERA_RETURN_IF_ERROR(Annotate(tables_->DropMovingRows(),
+                                           absl::StrCat("shard ", index_.load(),
+                                                        ": the rows moved here for the given-up "
+                                                        "shard map")));
           frozen_ = false;
           tracking_ = false;
           noting_.store(false);
@@ -896,7 +901,9 @@ absl::Status ShardService::Copy(const v1::ReshardRequest& request,
   response->set_changed_rows(tracking_ ? EndRound() : -1);
   if (!tracking_) {
     // The first: what an earlier reshard left is not this one's.
-    tables_->DropMovingRows();
+    TESSERA_RETURN_IF_ERROR(Annotate(
+        tables_->DropMovingRows(),
+        absl::StrCat("shard ", index_.load(), ": the rows an earlier reshard moved here")));
     absl::MutexLock changed(&changed_mu_);
     copied_.clear();
   }

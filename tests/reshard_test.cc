@@ -375,6 +375,13 @@ TEST_F(ReshardTest, AFailedReshardIsAbortedOrFinishedByRepeatingIt) {
   const std::vector<float> g(ids.size() * kDim, 0.5f);
   ASSERT_TRUE(c->PushGradients("dense", ids, g, 4).ok());
   ASSERT_TRUE(reference_->PushGradients("dense", ids, g, 4).ok());
+  // Shard 0 loses its answer to the catch-up round's start, after shard 2's rows came to
+  // it and to shard 1: the reshard is aborted, and no shard keeps a row it does not own.
+  shards_[0].loser->LoseAnswers(1, /*after=*/1);
+  s = Reshard({0, 1}, &r);
+  EXPECT_NE(s.error_message().find("reshard aborted"), std::string::npos) << s.error_message();
+  shards_[0].loser->LoseAnswers(0);
+  ExpectRowsPlacedAndEqualTheReference({"a", "dense"}, {0, 1, 2});
   s = Reshard({0, 1}, &r);
   ASSERT_TRUE(s.ok()) << s.error_message();
   ExpectRowsPlacedAndEqualTheReference({"a", "dense"}, {0, 1});

@@ -231,8 +231,16 @@ absl::Status InProcessCollectionImpl::SetRowBudget(absl::string_view table, int6
 
 absl::Status InProcessCollectionImpl::Repartition(int shard_index, int num_shards) {
   TESSERA_RETURN_IF_ERROR(SwitchPlace(shard_index, num_shards));
-  // Nothing to forget unless a switch left rows of the old place.
-  if (!unsettled_.exchange(false)) return absl::OkStatus();
+  ForgetStrays();
+  return absl::OkStatus();
+}
+
+void InProcessCollectionImpl::ForgetStrays() {
+  // Nothing to forget unless a switch left rows of the old place or a reshard brought
+  // rows of another.
+  if (!unsettled_.exchange(false)) return;
+  const int shard_index = cluster_index_.load();
+  const int num_shards = cluster_shards_.load();
   std::vector<TablePtr> tables;
   {
     absl::ReaderMutexLock lock(&mu_);
@@ -249,7 +257,6 @@ absl::Status InProcessCollectionImpl::Repartition(int shard_index, int num_shard
       for (const int64_t id : leaving) shard->Forget(id);
     }
   }
-  return absl::OkStatus();
 }
 
 absl::Status InProcessCollectionImpl::SwitchPlace(int shard_index, int num_shards) {
@@ -306,7 +313,19 @@ absl::Status InProcessCollectionImpl::ImportMovingRows(absl::string_view table,
                                                        int shard_index, int num_shards) {
   TESSERA_RETURN_IF_ERROR(CheckPlace(shard_index, num_shards));
   TESSERA_ASSIGN_OR_RETURN(TablePtr t, Find(table));
-  if (t->config.vocabulary_size() == 0) return ImportInto(*t, rows);
+  if (t->config.vocabulary_size() == 0) {
+    // Rows of ids the current place does not own are strays until the commit: an abort
+    // forgets them (DropMovingRows).
+    const int here = cluster_index_.load();
+    const int count = cluster_shards_.load();
+    for (const int64_t id : rows.ids) {
+      if (embedding::ShardOfRow(t->config, id, count) != here) {
+        unsettled_.store(true);
+        break;
+      }
+    }
+    return ImportInto(*t, rows);
+  }
   TablePtr next;
   {
     absl::MutexLock lock(&mu_);
@@ -329,12 +348,16 @@ absl::Status InProcessCollectionImpl::ImportMovingRows(absl::string_view table,
   return ImportInto(*next, rows);
 }
 
-void InProcessCollectionImpl::DropMovingRows() {
+absl::Status InProcessCollectionImpl::DropMovingRows() {
   std::map<std::string, TablePtr, std::less<>> dropped;  // freed after the lock
-  absl::MutexLock lock(&mu_);
-  dropped.swap(moving_);
-  moving_index_ = -1;
-  moving_count_ = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    dropped.swap(moving_);
+    moving_index_ = -1;
+    moving_count_ = 0;
+  }
+  ForgetStrays();
+  return absl::OkStatus();
 }
 
 absl::Status InProcessCollectionImpl::ImportRows(absl::string_view table,

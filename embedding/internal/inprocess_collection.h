@@ -63,7 +63,7 @@ class InProcessCollectionImpl final : public embedding::InProcessCollection {
   absl::Status ImportMovingRows(absl::string_view table, const embedding::RowBlock& rows,
                                 int shard_index, int num_shards) override;
   absl::Status SwitchPlace(int shard_index, int num_shards) override;
-  void DropMovingRows() override;
+  absl::Status DropMovingRows() override;
   absl::Status SetRowBudget(absl::string_view table, int64_t max_rows) override;
 
   const std::vector<std::unique_ptr<embedding::EmbeddingTable>>* ShardsOf(
@@ -146,6 +146,9 @@ class InProcessCollectionImpl final : public embedding::InProcessCollection {
   // ResourceExhausted when what table `t` takes from creation (a fixed vocabulary's
   // arrays, an admission sketch) does not fit the memory budget (before it counts it).
   absl::Status CheckReservedMemory(const ShardedTable& t) const;
+  // Forgets the rows of dynamic tables that the current place does not own, when
+  // unsettled_ says some may be here.
+  void ForgetStrays();
   const int num_shards_;
   // InProcessOptions::cluster_shard_index and cluster_num_shards (Repartition changes them).
   std::atomic<int> cluster_index_;
@@ -161,8 +164,10 @@ class InProcessCollectionImpl final : public embedding::InProcessCollection {
   std::map<std::string, TablePtr, std::less<>> moving_ ABSL_GUARDED_BY(mu_);
   int moving_index_ ABSL_GUARDED_BY(mu_) = -1;
   int moving_count_ ABSL_GUARDED_BY(mu_) = 0;
-  // SwitchPlace changed the place and Repartition has not yet forgotten the rows of
-  // dynamic tables that the new place does not own.
+  // Rows of dynamic tables that the current place does not own may be here: SwitchPlace
+  // changed the place (and Repartition has not forgotten the old place's rows yet), or a
+  // reshard's ImportMovingRows brought rows of the next place (DropMovingRows forgets them
+  // when the reshard is given up).
   std::atomic<bool> unsettled_{false};
 };
 

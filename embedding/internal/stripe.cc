@@ -41,7 +41,7 @@ constexpr size_t kMappedBytes = 16 << 10;
 
 int64_t MapId(uint64_t h) { return static_cast<int64_t>(UnMix(h) ^ kMapSalt); }
 
-std::unique_ptr<IdMap> IdMap::Create(uint64_t capacity) {
+std::unique_ptr<IdMap> IdMap::Create(uint64_t capacity, double max_load) {
   const uint64_t buckets = std::max<uint64_t>(2, (capacity + kSlots - 1) / kSlots);
   if (buckets > (uint64_t{1} << 32)) return nullptr;
   const size_t bytes = buckets * sizeof(Bucket);
@@ -49,7 +49,7 @@ std::unique_ptr<IdMap> IdMap::Create(uint64_t capacity) {
                                              : AlignedBlock(bytes, /*zeroed=*/false);
   if (block.empty()) return nullptr;
   std::memset(block.data(), 0xff, bytes);  // every slot empty (row kNoRow)
-  auto map = std::unique_ptr<IdMap>(new IdMap(std::move(block), buckets));
+  auto map = std::unique_ptr<IdMap>(new IdMap(std::move(block), buckets, max_load));
   for (uint64_t b = 0; b < buckets; ++b) map->buckets_of_[b].overflow = 0;
   return map;
 }
@@ -116,10 +116,11 @@ int64_t Stripe::Bytes() const {
 
 bool Stripe::Grow(uint64_t rows, const MapEntry* extra) {
   const uint64_t cap = current_ ? current_->capacity() : 0;
-  uint64_t want = std::max<uint64_t>({kMinCapacity, cap + cap / 10,
-                                      static_cast<uint64_t>(static_cast<double>(rows) / IdMap::kMaxLoad) + 1});
+  uint64_t want =
+      std::max<uint64_t>({kMinCapacity, cap + cap / 10,
+                          static_cast<uint64_t>(static_cast<double>(rows) / max_load_) + 1});
   for (int attempt = 0; attempt < 8; ++attempt, want += want / 10) {
-    std::unique_ptr<IdMap> grown = IdMap::Create(want);
+    std::unique_ptr<IdMap> grown = IdMap::Create(want, max_load_);
     if (!grown) return false;
     bool placed = true;
     for (uint64_t pos = 0; placed && current_ && pos < cap; ++pos) {

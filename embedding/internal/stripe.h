@@ -6,10 +6,13 @@
 //
 // The map (IdMap) stores each id's map hash, which names the id one to one (MapId
 // inverts it), and a 32-bit row number: 12 bytes a slot, five slots a 64-byte bucket. It
-// is a two-choice bucketed cuckoo table over any number of buckets, filled to at most
-// 0.94 and grown by a tenth when full (or a little earlier when an insert's walk finds no
-// room), so it runs at a load of about 0.85 to 0.94 (13.6-15 bytes a row), and finding
-// an id reads one cache line, rarely two.
+// is a two-choice bucketed cuckoo table over any number of buckets, filled to at most its
+// load limit and grown by a tenth when full (or a little earlier when an insert's walk
+// finds no room). The limit depends on the row (MapLoadFor): 0.94 for rows under 256
+// bytes (a load of about 0.85 to 0.94, 13.6-15 bytes a row), 0.6 for wider ones (0.55 to
+// 0.6, 22 bytes a row, under a tenth of the row). Finding an id reads one cache line, and
+// a second for the ids that went to their second bucket: about 4% of them at 0.6, 19-34%
+// at 0.85-0.94 (a dependent miss each on a table larger than the cache).
 //
 // Concurrency. Writers (updates, inserts, erases, growth) hold `mu` exclusively and
 // wrap every change of the map or of row memory in an odd value of the stripe's sequence
@@ -64,21 +67,32 @@ static_assert(sizeof(MapEntry) == 12);
 class IdMap {
  public:
   static constexpr int kSlots = 5;          // 60 of a bucket's 64 bytes
-  static constexpr double kMaxLoad = 0.94;  // grown past this, by a tenth
+  static constexpr double kMaxLoad = 0.94;  // the highest load limit (narrow rows)
+  static constexpr double kWideLoad = 0.6;  // the limit for rows of kWideRowBytes or more
+  static constexpr int kWideRowBytes = 256;
   struct alignas(64) Bucket {
     MapEntry slot[kSlots];
     uint32_t overflow;  // TagBit of every entry whose first bucket this is and that went to its second
   };
   static_assert(sizeof(Bucket) == 64);
 
-  // An empty map of at least `capacity` slots; null when out of memory.
-  static std::unique_ptr<IdMap> Create(uint64_t capacity);
+  // The load limit of a map over rows of `row_bytes` bytes (RowStore::row_bytes): where
+  // a row is wide, the map's bytes are a small part of it and fewer ids in their second
+  // bucket make lookups faster.
+  static double LoadFor(int row_bytes) { return row_bytes >= kWideRowBytes ? kWideLoad : kMaxLoad; }
+
+  // An empty map of at least `capacity` slots, filled to at most `max_load`; null when
+  // out of memory.
+  static std::unique_ptr<IdMap> Create(uint64_t capacity, double max_load = kMaxLoad);
 
   uint64_t buckets() const { return buckets_; }
   // Slots, numbered bucket * kSlots + i.
   uint64_t capacity() const { return buckets_ * kSlots; }
   // Entries the map takes before it must grow.
-  uint64_t limit() const { return static_cast<uint64_t>(static_cast<double>(capacity()) * kMaxLoad); }
+  uint64_t limit() const {
+    return static_cast<uint64_t>(static_cast<double>(capacity()) * max_load_);
+  }
+  double max_load() const { return max_load_; }
   size_t bytes() const { return block_.bytes(); }
   const MapEntry& Slot(uint64_t pos) const { return buckets_of_[pos / kSlots].slot[pos % kSlots]; }
 
@@ -117,10 +131,11 @@ class IdMap {
   void EraseSlot(uint64_t pos) { buckets_of_[pos / kSlots].slot[pos % kSlots] = MapEntry{0, kNoRow}; }
 
  private:
-  IdMap(AlignedBlock block, uint64_t buckets)
+  IdMap(AlignedBlock block, uint64_t buckets, double max_load)
       : block_(std::move(block)),
         buckets_of_(static_cast<Bucket*>(block_.data())),
-        buckets_(buckets) {}
+        buckets_(buckets),
+        max_load_(max_load) {}
   static uint32_t InBucket(const Bucket& b, uint64_t h) {
     uint32_t found = kNoRow;
     for (int i = 0; i < kSlots; ++i) found = b.slot[i].hash == h ? b.slot[i].row : found;
@@ -137,6 +152,7 @@ class IdMap {
   AlignedBlock block_;
   Bucket* buckets_of_;
   uint64_t buckets_;
+  double max_load_;
   uint64_t kicks_ = 0x9e3779b97f4a7c15ULL;  // random bits: which entry a full bucket gives up
 };
 
@@ -146,11 +162,12 @@ class alignas(64) Stripe {
   Stripe(const Stripe&) = delete;
   Stripe& operator=(const Stripe&) = delete;
 
-  // The table's count of lock-free readers and its rows (shared by its stripes). Set
-  // once, before use.
+  // The table's count of lock-free readers and its rows (shared by its stripes), whose
+  // width sets the map's load limit (IdMap::LoadFor). Set once, before use.
   void Init(ReaderEpochs* readers, RowStore* rows) {
     readers_ = readers;
     rows_ = rows;
+    max_load_ = IdMap::LoadFor(rows->row_bytes());
   }
 
   // --- Lock-free readers (counted in the table's readers while they read) ---
@@ -227,6 +244,7 @@ class alignas(64) Stripe {
   std::vector<Retired> retired_;  // replaced maps readers may still probe
   int64_t size_ = 0;
   RowStore* rows_ = nullptr;
+  double max_load_ = IdMap::kMaxLoad;
   uint32_t block_next_ = 0;  // rows taken from the store and not used yet
   uint32_t block_left_ = 0;
   std::vector<uint32_t> free_rows_;  // rows of erased entries, for reuse

@@ -150,9 +150,11 @@ absl::Status DurableCollection::LoadRows(const std::string& name, const Table& t
       Log(absl::StrCat("tessera: loaded ", before + rows, " rows from ", LivePath(), " (",
                        absl::StrFormat("%.1f", SecondsSince(start)), " s)"));
     };
-    int64_t loaded = 0;
-    absl::Status status = storage_internal::LoadRowsInParallel(*store_, load, shards, &loaded);
+    int64_t loaded = 0, outside = 0;
+    absl::Status status =
+        storage_internal::LoadRowsInParallel(*store_, load, shards, &loaded, &outside);
     rows_loaded_ += loaded;
+    NoteStrays(name, outside);
     return status;
   }
   // A table with eviction holds what fits, in key order, and reads the rest from disk
@@ -160,7 +162,7 @@ absl::Status DurableCollection::LoadRows(const std::string& name, const Table& t
   DecodedRow row;
   const int dim = t.config.dim();
   const int state_floats = shards[0]->optimizer().StateFloats();
-  int64_t last_id = 0;
+  int64_t last_id = 0, outside = 0;
   bool any = false;
   absl::Status scanned =
       store_->Scan(RowPrefix(t.id), [&](absl::string_view key, absl::string_view value) {
@@ -170,6 +172,11 @@ absl::Status DurableCollection::LoadRows(const std::string& name, const Table& t
         if (!ParseRowKey(key, &table_id, &id) || table_id != t.id) {
           return absl::DataLossError(
               absl::StrCat("table '", name, "': malformed row key in the store"));
+        }
+        if (embedding::ShardOfRow(t.config, id, options_.cluster_num_shards) !=
+            options_.cluster_shard_index) {
+          ++outside;  // another place's (a reshard that stopped before its commit)
+          return absl::OkStatus();
         }
         TESSERA_RETURN_IF_ERROR(DecodeRow(name, id, value, dim, state_floats, &row));
         const int shard = embedding::ShardOfRow(t.config, id, options_.num_shards,
@@ -185,6 +192,7 @@ absl::Status DurableCollection::LoadRows(const std::string& name, const Table& t
         any = true;
         return absl::OkStatus();
       });
+  NoteStrays(name, outside);
   // The store's own checks (block checksums) fail below the row level: say where.
   if (!scanned.ok() && !absl::StartsWith(scanned.message(), "table '")) {
     scanned = absl::Status(scanned.code(), absl::StrCat("table '", name, "': stored rows ",
@@ -193,6 +201,15 @@ absl::Status DurableCollection::LoadRows(const std::string& name, const Table& t
                                                         " are unreadable: ", scanned.message()));
   }
   return scanned;
+}
+
+void DurableCollection::NoteStrays(const std::string& table, int64_t rows) {
+  if (rows == 0) return;
+  strays_.store(true);
+  Log(absl::StrCat("tessera: table '", table, "': ", rows, " stored rows of ids shard ",
+                   options_.cluster_shard_index, " of ", options_.cluster_num_shards,
+                   " does not own (left by a reshard that did not commit) are not loaded; the "
+                   "next reshard, or an abort, erases them"));
 }
 
 absl::Status DurableCollection::ForgetTable(const std::string& name,
@@ -352,8 +369,26 @@ absl::Status DurableCollection::ImportMovingRows(absl::string_view table,
     if (t->config.vocabulary_size() > 0) {
       return ImportMovingLocked(*t, rows, shard_index, num_shards);
     }
+    // Rows of a dynamic table have one place; those of ids the current place does not own
+    // are strays until the commit (DropMovingRows forgets them when the reshard is given
+    // up). Noted before they are written: an error leaves some on disk.
+    for (const int64_t id : rows.ids) {
+      if (embedding::ShardOfRow(t->config, id, options_.cluster_num_shards) !=
+          options_.cluster_shard_index) {
+        strays_.store(true);
+        break;
+      }
+    }
+    if (t->config.durability() != v1::WRITE_THROUGH) {
+      return memory_->ImportMovingRows(table, rows, shard_index, num_shards);
+    }
+    absl::MutexLock ordered(t->write_mu.get());
+    TESSERA_RETURN_IF_ERROR(memory_->ImportMovingRows(table, rows, shard_index, num_shards));
+    std::vector<KvWrite> writes;
+    AppendRowWrites(*t, *memory_->ShardsOf(table), options_.cluster_num_shards, rows.ids, &writes);
+    return Annotate(store_->Write(writes, /*sync=*/true),
+                    absl::StrCat("table '", table, "': imported rows not on disk"));
   }
-  return ImportRows(table, rows);  // rows of a dynamic table have one place
 }
 
 absl::Status DurableCollection::ImportMovingLocked(const Table& t, const embedding::RowBlock& rows,
@@ -401,21 +436,27 @@ absl::Status DurableCollection::SwitchPlaceLocked(int shard_index, int num_shard
   return absl::OkStatus();
 }
 
-void DurableCollection::DropMovingRows() {
-  absl::ReaderMutexLock lock(&mu_);
-  memory_->DropMovingRows();
+absl::Status DurableCollection::DropMovingRows() {
+  absl::MutexLock lock(&mu_);
+  TESSERA_RETURN_IF_ERROR(memory_->DropMovingRows());
+  return ForgetStraysLocked();
 }
 
 absl::Status DurableCollection::Repartition(int shard_index, int num_shards) {
   absl::MutexLock lock(&mu_);
   TESSERA_RETURN_IF_ERROR(SwitchPlaceLocked(shard_index, num_shards));
-  auto write = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
-    return Annotate(FlushDirtyRows("", /*logged=*/true).status(),
-                    "rows that came to this shard are not all on its disk");
-  };
-  // Nothing to forget unless a switch left rows of the old place (a shard started on the
+  TESSERA_RETURN_IF_ERROR(ForgetStraysLocked());
+  return Annotate(FlushDirtyRows("", /*logged=*/true).status(),
+                  "rows that came to this shard are not all on its disk");
+}
+
+absl::Status DurableCollection::ForgetStraysLocked() {
+  // Nothing to forget unless a switch left rows of the old place, or a reshard's imports
+  // or an interrupted one's leftovers on disk are rows of another (a shard started on the
   // new map has none).
-  if (!unsettled_) return write();
+  if (!unsettled_ && !strays_.load()) return absl::OkStatus();
+  const int shard_index = options_.cluster_shard_index;
+  const int num_shards = options_.cluster_num_shards;
   std::vector<KvWrite> erases;
   for (const auto& [name, t] : tables_) {
     const v1::TableConfig& config = t.config;
@@ -433,9 +474,10 @@ absl::Status DurableCollection::Repartition(int shard_index, int num_shards) {
   }
   TESSERA_RETURN_IF_ERROR(memory_->Repartition(shard_index, num_shards));
   TESSERA_RETURN_IF_ERROR(Annotate(store_->Write(erases, /*sync=*/true),
-                                   "rows that left this shard are still on its disk"));
+                                   "rows this shard does not own are still on its disk"));
   unsettled_ = false;
-  return write();
+  strays_.store(false);
+  return absl::OkStatus();
 }
 
 absl::Status DurableCollection::Usable() const {

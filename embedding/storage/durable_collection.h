@@ -148,7 +148,9 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   absl::Status ImportMovingRows(absl::string_view table, const embedding::RowBlock& rows,
                                 int shard_index, int num_shards) override;
   absl::Status SwitchPlace(int shard_index, int num_shards) override;
-  void DropMovingRows() override;
+  // Also erases from disk the rows of ids this place does not own that a reshard's imports
+  // wrote or an interrupted reshard left (not loaded at open).
+  absl::Status DropMovingRows() override;
   // The catalog takes the new config (synced) before the memory tables take the budget.
   absl::Status SetRowBudget(absl::string_view table, int64_t max_rows) override;
 
@@ -175,6 +177,8 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   // Loads the stored rows of `t` into its (empty) memory tables.
   absl::Status LoadRows(const std::string& name, const Table& t, Clock::time_point start)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // LoadRows skipped `rows` rows of `table` that this place does not own: strays_, logged.
+  void NoteStrays(const std::string& table, int64_t rows);
   // Forgets table `name` in memory and appends the deletes of its catalog entry, rows and
   // spilled rows to `writes`.
   absl::Status ForgetTable(const std::string& name, std::vector<KvWrite>* writes)
@@ -206,6 +210,9 @@ class DurableCollection final : public embedding::EmbeddingCollection {
                                   int num_shards) ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::Status SwitchPlaceLocked(int shard_index, int num_shards)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets, in memory and on disk (spilled rows too), the rows of ids this place does not
+  // own, when unsettled_ or strays_ says some may be here.
+  absl::Status ForgetStraysLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After a crash during a checkpoint: CHECKPOINT tables' rows back to the newest complete
   // checkpoint (the live store may hold part of the interrupted one).
   absl::Status RecoverInterruptedCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -241,6 +248,10 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   // SwitchPlace changed the place, and Repartition has not yet forgotten the rows the new
   // place does not own.
   bool unsettled_ ABSL_GUARDED_BY(mu_) = false;
+  // Rows of ids the current place does not own may be on disk or in memory: a reshard's
+  // imports brought them (under mu_ shared), or Open found some (left by a reshard that
+  // stopped before its commit). ForgetStraysLocked erases them.
+  std::atomic<bool> strays_{false};
   absl::Status broken_ ABSL_GUARDED_BY(mu_);  // set when a restore could not reopen the store
   // The push records of the store ('P' keys), and their order, oldest first.
   using RecordKey = std::tuple<uint64_t, uint64_t, uint32_t>;

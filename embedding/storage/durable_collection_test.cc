@@ -2,12 +2,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "embedding/embedding_table.h"
 #include "embedding/storage/files.h"
@@ -294,6 +296,68 @@ TEST(DurableCollection, AFixedVocabularyMovedLiveOpensAtEitherPlace) {
   ASSERT_NE(c, nullptr);
   EXPECT_TRUE(testing::StoredRows(*c, "fixed") == want) << "the new place after a restart";
   EXPECT_EQ(c->Usage("fixed").value().rows, static_cast<int64_t>(want.size()));
+}
+
+// Rows a 3-to-2 reshard brings shard 1 of 3 (ids below 600 that shard 2 of 3 owns and
+// shard 1 of 2 will), made up.
+embedding::RowBlock MovingForOneOfTwo(const v1::TableConfig& config) {
+  embedding::RowBlock b;
+  b.dim = 4;
+  b.state_floats = 4;
+  for (int64_t id = 0; id < 600; ++id) {
+    if (embedding::ShardOfRow(config, id, 3) != 2 || embedding::ShardOfRow(config, id, 2) != 1)
+      continue;
+    const std::vector<float> row(8, 0.125f * static_cast<float>(id));
+    b.Append(id, row.data(), row.data() + 4, 1, 1);
+  }
+  return b;
+}
+
+// A reshard given up after a durable write-through shard took rows of a dynamic table
+// for its next place leaves none of them, in memory or on disk: DropMovingRows (the
+// abort) forgets them, and a shard that crashed before the abort does not load them and
+// erases them at it. Its own rows stay as they were.
+TEST(DurableCollection, AGivenUpReshardLeavesNoRowItDoesNotOwn) {
+  const v1::TableConfig dyn = Config("dyn", 4, v1::WRITE_THROUGH);
+  std::vector<int64_t> own;
+  for (int64_t id = 0; id < 600; ++id) {
+    if (embedding::ShardOfRow(dyn, id, 3) == 1) own.push_back(id);
+  }
+  const embedding::RowBlock moving = MovingForOneOfTwo(dyn);
+  ASSERT_GT(moving.ids.size(), 50u);
+  for (const bool crash : {false, true}) {
+    SCOPED_TRACE(crash ? "a crash before the abort" : "aborted");
+    ScopedDir dir;
+    testing::RowMap before;
+    {
+      auto h = ClusterShard(dir.path, 1, 3);
+      auto c = h->Open();
+      ASSERT_TRUE(c->CreateTable(dyn).ok());
+      ASSERT_TRUE(c->PushGradients("dyn", own, std::vector<float>(own.size() * 4, 0.5f), 1).ok());
+      before = testing::StoredRows(*c, "dyn");
+      ASSERT_TRUE(c->ImportMovingRows("dyn", moving, 1, 2).ok());
+      ASSERT_EQ(testing::StoredRows(*c, "dyn").size(), before.size() + moving.ids.size());
+      if (!crash) {
+        ASSERT_TRUE(c->DropMovingRows().ok());
+        EXPECT_TRUE(testing::StoredRows(*c, "dyn") == before);
+      }
+    }
+    if (crash) {
+      auto h = ClusterShard(dir.path, 1, 3);
+      auto c = h->Open();
+      ASSERT_NE(c, nullptr);
+      EXPECT_TRUE(testing::StoredRows(*c, "dyn") == before) << "loaded rows it does not own";
+      EXPECT_TRUE(std::any_of(h->log.begin(), h->log.end(), [&](const std::string& line) {
+        return absl::StrContains(line, absl::StrCat(moving.ids.size(), " stored rows of ids"));
+      })) << "the rows not loaded are not logged";
+      ASSERT_TRUE(c->DropMovingRows().ok());
+    }
+    // What is on disk, opened as the only shard (which owns every id).
+    Harness all(dir.path);
+    auto c = all.Open();
+    ASSERT_NE(c, nullptr);
+    EXPECT_TRUE(testing::StoredRows(*c, "dyn") == before) << "rows it does not own on disk";
+  }
 }
 
 // A checkpoint taken on 3 shards of a cluster restored onto 2: each new shard takes the

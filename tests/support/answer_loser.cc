@@ -25,7 +25,8 @@ class AnswerLosingInterceptor final : public grpc::experimental::Interceptor {
         methods->ModifySendStatus(grpc::Status(grpc::StatusCode::UNAVAILABLE, "injected"));
       } else if (loser_->Losable(method_)) {
         loser_->calls_.fetch_add(1);
-        if (methods->GetSendStatus().ok() && loser_->lose_.fetch_sub(1) > 0) {
+        if (methods->GetSendStatus().ok() && loser_->skip_.fetch_sub(1) <= 0 &&
+            loser_->lose_.fetch_sub(1) > 0) {
           methods->ModifySendStatus(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                                  "injected: applied, answer lost"));
         }

@@ -23,8 +23,12 @@ class AnswerLoser {
   // Methods are matched by the end of their full name: "/BatchPush", "Table".
   explicit AnswerLoser(std::vector<std::string> losable) : losable_(std::move(losable)) {}
 
-  // The next `n` successful calls of a losable method lose their answers.
-  void LoseAnswers(int n) { lose_.store(n); }
+  // The next `n` successful calls of a losable method lose their answers, after the
+  // `after` successful calls that come first.
+  void LoseAnswers(int n, int after = 0) {
+    skip_.store(after);
+    lose_.store(n);
+  }
   int answers_left_to_lose() const { return lose_.load(); }
   // The next `n` calls of `method` (a name's end) are refused before the service sees them.
   void RefuseNext(const std::string& method, int n);
@@ -42,6 +46,7 @@ class AnswerLoser {
 
   const std::vector<std::string> losable_;
   std::atomic<int> lose_{0};
+  std::atomic<int> skip_{0};
   std::atomic<int> calls_{0};
   absl::Mutex mu_;
   std::string refused_method_ ABSL_GUARDED_BY(mu_);

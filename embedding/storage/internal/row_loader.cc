@@ -122,10 +122,6 @@ absl::Status StoreBatch(const RawBatch& batch, const RowLoad& load,
     const int64_t id = batch.ids[i];
     const absl::string_view value(batch.bytes.data() + begin, batch.ends[i] - begin);
     begin = batch.ends[i];
-    if (config.vocabulary_size() > 0 &&
-        embedding::ShardOfRow(config, id, load.cluster_num_shards) != load.cluster_shard_index) {
-      continue;
-    }
     ShardRows& r =
         by_shard[n_shards == 1 ? 0
                                : embedding::ShardOfRow(config, id, n_shards, load.cluster_num_shards)];
@@ -150,7 +146,8 @@ absl::Status StoreBatch(const RawBatch& batch, const RowLoad& load,
 
 absl::Status LoadRowsInParallel(
     const KvStore& store, const RowLoad& load,
-    const std::vector<std::unique_ptr<embedding::EmbeddingTable>>& shards, int64_t* loaded) {
+    const std::vector<std::unique_ptr<embedding::EmbeddingTable>>& shards, int64_t* loaded,
+    int64_t* outside) {
   const int threads = load.threads > 0
                           ? load.threads
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
@@ -183,6 +180,8 @@ absl::Status LoadRowsInParallel(
       }
     });
   }
+  const v1::TableConfig& config = shards[0]->config();
+  *outside = 0;
   RawBatch batch;
   int64_t scanned = 0;
   int64_t last_id = 0;
@@ -194,6 +193,12 @@ absl::Status LoadRowsInParallel(
           return absl::DataLossError(
               absl::StrCat("table '", load.table, "': malformed row key in the store"));
         }
+        if (++scanned % load.progress_every == 0 && load.progress) load.progress(scanned);
+        if (embedding::ShardOfRow(config, id, load.cluster_num_shards) !=
+            load.cluster_shard_index) {
+          ++*outside;
+          return absl::OkStatus();
+        }
         batch.ids.push_back(id);
         batch.bytes.append(value.data(), value.size());
         batch.ends.push_back(static_cast<uint32_t>(batch.bytes.size()));
@@ -202,7 +207,6 @@ absl::Status LoadRowsInParallel(
           if (!queue.Push(std::move(batch))) return absl::CancelledError("a worker failed");
           batch = RawBatch();
         }
-        if (++scanned % load.progress_every == 0 && load.progress) load.progress(scanned);
         return absl::OkStatus();
       });
   if (scan.ok() && !batch.ids.empty()) queue.Push(std::move(batch));

@@ -26,8 +26,8 @@ struct RowLoad {
   // The cluster's shard count above these shards (rows are routed by
   // embedding::ShardOfRow of the shards' table config).
   int cluster_num_shards = 1;
-  // This collection's place in the cluster: rows of a fixed vocabulary that it does not
-  // own (left by a reshard that stopped before its commit) are not loaded.
+  // This collection's place in the cluster: rows that it does not own (left by a reshard
+  // that stopped before its commit) are not loaded.
   int cluster_shard_index = 0;
   int threads = 0;        // workers; 0 = one per core
   // Called on the scanning thread after every `progress_every` rows handed out.
@@ -38,10 +38,12 @@ struct RowLoad {
 // Loads every row of table `load.table_id` in `store` into `shards` (one table per
 // shard, ShardOfRow order). Returns the first error of any thread (a corrupt row names the
 // table and row, an unreadable store says after which row) and then stops; rows loaded
-// before it stay. `*loaded` counts the rows stored.
+// before it stay. `*loaded` counts the rows stored, `*outside` those skipped as another
+// place's.
 absl::Status LoadRowsInParallel(
     const KvStore& store, const RowLoad& load,
-    const std::vector<std::unique_ptr<embedding::EmbeddingTable>>& shards, int64_t* loaded);
+    const std::vector<std::unique_ptr<embedding::EmbeddingTable>>& shards, int64_t* loaded,
+    int64_t* outside);
 
 }  // namespace tessera::storage_internal
 
