@@ -853,17 +853,18 @@ grpc::Status ShardService::Reshard(grpc::ServerContext* context, const v1::Resha
                             num_shards_.load()));
         absl::MutexLock lock(&gate_mu_);
         if (!committing_ && pending_version_ == request->version()) {
-          // The rows that came for the next map go (the old owners kept theirs): a shard
-          // keeps no copy of a row it does not own.
-          TESSERA_RETURN_IF_ERROR(Annotate(tables_->DropMovingRows(),
-                                           absl::StrCat("shard ", index_.load(),
-                                                        ": the rows moved here for the given-up "
-                                                        "shard map")));
           frozen_ = false;
           tracking_ = false;
           noting_.store(false);
           pending_version_ = 0;
           gate_cv_.SignalAll();
+          // The rows that came for the next map go (the old owners kept theirs): a shard
+          // keeps no copy of a row it does not own. On an error it serves on, and the next
+          // reshard's first COPY tries again.
+          TESSERA_RETURN_IF_ERROR(Annotate(tables_->DropMovingRows(),
+                                           absl::StrCat("shard ", index_.load(),
+                                                        ": the rows moved here for the given-up "
+                                                        "shard map")));
         }
         break;
       }
