@@ -128,8 +128,9 @@ class DurableCollection final : public embedding::EmbeddingCollection {
 
   // Restores a checkpoint taken on another set of shards: `dirs` are the directories of
   // one checkpoint (its MANIFEST in each; the same model and step) of each shard of that
-  // cluster, readable here. This collection, shard options().cluster_shard_index of
-  // cluster_num_shards, takes from them the rows it owns now (embedding::ShardOfRow), in
+  // cluster, in shard order, readable here. This collection, shard
+  // options().cluster_shard_index of cluster_num_shards, takes from them the rows it owns
+  // now (embedding::ShardOfRow), each from the directory of the shard that owned it then, in
   // place of its tables of the checkpoint's model (every table for a whole-collection
   // checkpoint). `options.model` must name the checkpoint's model. Attachments come from
   // the first directory. InvalidArgument for directories of different checkpoints;

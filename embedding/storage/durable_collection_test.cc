@@ -361,8 +361,9 @@ TEST(DurableCollection, AGivenUpReshardLeavesNoRowItDoesNotOwn) {
 }
 
 // A checkpoint taken on 3 shards of a cluster restored onto 2: each new shard takes the
-// rows it owns now from the 3 shards' checkpoint directories, serves the same rows (a
-// dynamic and a fixed-vocabulary table), holds only its own, and keeps them on disk.
+// rows it owns now from the 3 shards' checkpoint directories (each row from its owner's,
+// not from a stale copy another shard held), serves the same rows (a dynamic and a
+// fixed-vocabulary table), holds only its own, and keeps them on disk.
 TEST(DurableCollection, ACheckpointOfThreeShardsRestoresOntoTwo) {
   v1::TableConfig dyn = Config("m.dyn", 4, v1::CHECKPOINT, v1::ADAM);
   v1::TableConfig fixed = Config("m.fixed", 4, v1::WRITE_THROUGH);
@@ -393,6 +394,17 @@ TEST(DurableCollection, ACheckpointOfThreeShardsRestoresOntoTwo) {
         }
       }
     }
+    // Shard 2 holds a stale copy of rows shard 0 owns (as a reshard's imports leave while
+    // it copies): the restore takes the owner's.
+    embedding::RowBlock stale;
+    stale.dim = 4;
+    stale.state_floats = 8;  // Adam
+    for (const int64_t id : ids) {
+      if (embedding::ShardOfRow(dyn, id, 3) != 0 || stale.ids.size() == 20) continue;
+      const std::vector<float> row(12, 100.0f + static_cast<float>(id));
+      stale.Append(id, row.data(), row.data() + 4, 1, 1);
+    }
+    ASSERT_TRUE(shards[2]->ImportRows("m.dyn", stale).ok());
     for (int k = 0; k < 3; ++k) ASSERT_TRUE(shards[k]->Checkpoint(6, {}, {"m"}).ok());
     for (const v1::TableConfig* c : {&dyn, &fixed}) {
       std::vector<float>& want = c == &dyn ? want_dyn : want_fixed;

@@ -52,8 +52,13 @@ absl::Status DurableCollection::RestoreModel(const std::vector<std::string>& dir
   for (const std::string& name : mine) TESSERA_RETURN_IF_ERROR(ForgetTable(name, &writes));
   // Each table of the checkpoint gets a fresh id here (a source's may name another table
   // by now) and the rows of every source that this collection owns.
+  // Another shard count's directories are its shards' in shard order: from each, only
+  // the rows that shard owned (a copy it held of another's row, taken while a reshard
+  // copied, is not the row).
   std::map<std::string, std::pair<uint32_t, v1::TableConfig>> restored;
-  for (const std::string& dir : dirs) {
+  const int sources = static_cast<int>(dirs.size());
+  for (int k = 0; k < sources; ++k) {
+    const std::string& dir = dirs[k];
     TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<KvStore> source,
                              OpenCheckpointStore(options_.open_store, dir));
     TESSERA_ASSIGN_OR_RETURN(auto catalog, ReadCatalog(*source));
@@ -72,12 +77,12 @@ absl::Status DurableCollection::RestoreModel(const std::vector<std::string>& dir
         it = restored.emplace(config.name(), std::make_pair(id, here)).first;
       }
       const v1::TableConfig& c = it->second.second;
-      TESSERA_RETURN_IF_ERROR(CopyRows(*source, from_id, it->second.first, &writes,
-                                       [&](int64_t row_id) {
-                                         return embedding::ShardOfRow(
-                                                    c, row_id, options_.cluster_num_shards) ==
-                                                options_.cluster_shard_index;
-                                       }));
+      TESSERA_RETURN_IF_ERROR(
+          CopyRows(*source, from_id, it->second.first, &writes, [&](int64_t row_id) {
+            return embedding::ShardOfRow(c, row_id, options_.cluster_num_shards) ==
+                       options_.cluster_shard_index &&
+                   (!resharded || embedding::ShardOfRow(c, row_id, sources) == k);
+          }));
     }
   }
   for (size_t begin = 0; begin < writes.size(); begin += kRowsPerBatch) {
