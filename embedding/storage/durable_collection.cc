@@ -319,13 +319,21 @@ absl::Status DurableCollection::ImportRows(absl::string_view table,
                                            const embedding::RowBlock& rows) {
   absl::ReaderMutexLock lock(&mu_);
   TESSERA_ASSIGN_OR_RETURN(const Table* t, Find(table));
-  if (t->config.durability() != v1::WRITE_THROUGH) return memory_->ImportRows(table, rows);
-  absl::MutexLock ordered(t->write_mu.get());
-  TESSERA_RETURN_IF_ERROR(memory_->ImportRows(table, rows));
+  return ImportWrittenThrough(
+      *t, rows, [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return memory_->ImportRows(table, rows); });
+}
+
+absl::Status DurableCollection::ImportWrittenThrough(const Table& t,
+                                                     const embedding::RowBlock& rows,
+                                                     const std::function<absl::Status()>& import) {
+  if (t.config.durability() != v1::WRITE_THROUGH) return import();
+  absl::MutexLock ordered(t.write_mu.get());
+  TESSERA_RETURN_IF_ERROR(import());
   std::vector<KvWrite> writes;
-  AppendRowWrites(*t, *memory_->ShardsOf(table), options_.cluster_num_shards, rows.ids, &writes);
+  AppendRowWrites(t, *memory_->ShardsOf(t.config.name()), options_.cluster_num_shards, rows.ids,
+                  &writes);
   return Annotate(store_->Write(writes, /*sync=*/true),
-                  absl::StrCat("table '", table, "': imported rows not on disk"));
+                  absl::StrCat("table '", t.config.name(), "': imported rows not on disk"));
 }
 
 void DurableCollection::AppendRowWrites(
@@ -379,15 +387,9 @@ absl::Status DurableCollection::ImportMovingRows(absl::string_view table,
         break;
       }
     }
-    if (t->config.durability() != v1::WRITE_THROUGH) {
+    return ImportWrittenThrough(*t, rows, [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
       return memory_->ImportMovingRows(table, rows, shard_index, num_shards);
-    }
-    absl::MutexLock ordered(t->write_mu.get());
-    TESSERA_RETURN_IF_ERROR(memory_->ImportMovingRows(table, rows, shard_index, num_shards));
-    std::vector<KvWrite> writes;
-    AppendRowWrites(*t, *memory_->ShardsOf(table), options_.cluster_num_shards, rows.ids, &writes);
-    return Annotate(store_->Write(writes, /*sync=*/true),
-                    absl::StrCat("table '", table, "': imported rows not on disk"));
+    });
   }
 }
 

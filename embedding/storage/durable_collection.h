@@ -206,6 +206,12 @@ class DurableCollection final : public embedding::EmbeddingCollection {
                        const std::vector<std::unique_ptr<embedding::EmbeddingTable>>& shards,
                        int outer, absl::Span<const int64_t> ids, std::vector<KvWrite>* writes) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Imports `rows` of table `t` with `import` (the memory tables' ImportRows or
+  // ImportMovingRows) and, for a write-through table, writes them (synced), in order with
+  // its pushes.
+  absl::Status ImportWrittenThrough(const Table& t, const embedding::RowBlock& rows,
+                                    const std::function<absl::Status()>& import)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // ImportMovingRows for a fixed-vocabulary table.
   absl::Status ImportMovingLocked(const Table& t, const embedding::RowBlock& rows, int shard_index,
                                   int num_shards) ABSL_SHARED_LOCKS_REQUIRED(mu_);
