@@ -107,6 +107,12 @@ int32_t ShardOfRow(const v1::TableConfig& config, int64_t id, int32_t num_shards
                               static_cast<uint64_t>(num_shards));
 }
 
+bool OwnsAll(const v1::TableConfig& config, absl::Span<const int64_t> ids, int32_t shard_index,
+             int32_t num_shards) {
+  return std::all_of(ids.begin(), ids.end(),
+                     [&](int64_t id) { return ShardOfRow(config, id, num_shards) == shard_index; });
+}
+
 absl::Status CheckVocabulary(const v1::TableConfig& config, absl::Span<const int64_t> ids) {
   const int64_t n = config.vocabulary_size();
   if (n == 0) return absl::OkStatus();
@@ -232,13 +238,11 @@ EmbeddingTable::EmbeddingTable(const v1::TableConfig& config, int64_t row_budget
       ttl_steps_(config.eviction().ttl_steps()),
       rows_(std::make_unique<RowStore>(weight_floats_ * 4, state_floats_)),
       stripes_(new Stripe[kNumStripes]) {
-  // What a row takes of a process's memory: weights, state and meta, a map slot at the
-  // lowest load the map runs at (a tenth under its limit: 15 bytes for narrow rows, 22
-  // for wide ones) and a byte for its dirty bit and the store's blocks.
-  const double lowest_load = IdMap::LoadFor(rows_->row_bytes()) / 1.1;
+  // What a row takes of a process's memory: weights, state and meta, its share of the
+  // map at the lowest load the map runs at (15 bytes for narrow rows, 22 for wide ones)
+  // and a byte for its dirty bit and the store's blocks.
   row_bytes_ = rows_->row_bytes() +
-               static_cast<int64_t>(std::ceil(sizeof(embedding_internal::MapEntry) / lowest_load)) +
-               1;
+               static_cast<int64_t>(std::ceil(IdMap::MostBytesPerRow(rows_->row_bytes()))) + 1;
   for (int s = 0; s < kNumStripes; ++s) stripes_[s].Init(&readers_, rows_.get());
   absl::MutexLock lock(&optimizers_mu_);
   optimizers_.push_back(std::move(optimizer));

@@ -68,6 +68,9 @@ constexpr int64_t kMaxVocabularySize = int64_t{1} << 40;
 // outside the vocabulary.
 int32_t ShardOfRow(const v1::TableConfig& config, int64_t id, int32_t num_shards,
                    int32_t outer = 1);
+// True when shard `shard_index` of `num_shards` (ShardOfRow) holds every id of `ids`.
+bool OwnsAll(const v1::TableConfig& config, absl::Span<const int64_t> ids, int32_t shard_index,
+             int32_t num_shards);
 
 // InvalidArgument naming the first of `ids` outside the fixed vocabulary of `config`
 // (vocabulary_size > 0); OK for a dynamic vocabulary.

@@ -316,13 +316,8 @@ absl::Status InProcessCollectionImpl::ImportMovingRows(absl::string_view table,
   if (t->config.vocabulary_size() == 0) {
     // Rows of ids the current place does not own are strays until the commit: an abort
     // forgets them (DropMovingRows).
-    const int here = cluster_index_.load();
-    const int count = cluster_shards_.load();
-    for (const int64_t id : rows.ids) {
-      if (embedding::ShardOfRow(t->config, id, count) != here) {
-        unsettled_.store(true);
-        break;
-      }
+    if (!embedding::OwnsAll(t->config, rows.ids, cluster_index_.load(), cluster_shards_.load())) {
+      unsettled_.store(true);
     }
     return ImportInto(*t, rows);
   }

@@ -116,11 +116,12 @@ int64_t Stripe::Bytes() const {
 
 bool Stripe::Grow(uint64_t rows, const MapEntry* extra) {
   const uint64_t cap = current_ ? current_->capacity() : 0;
+  const double max_load = IdMap::LoadFor(rows_->row_bytes());
   uint64_t want =
       std::max<uint64_t>({kMinCapacity, cap + cap / 10,
-                          static_cast<uint64_t>(static_cast<double>(rows) / max_load_) + 1});
+                          static_cast<uint64_t>(static_cast<double>(rows) / max_load) + 1});
   for (int attempt = 0; attempt < 8; ++attempt, want += want / 10) {
-    std::unique_ptr<IdMap> grown = IdMap::Create(want, max_load_);
+    std::unique_ptr<IdMap> grown = IdMap::Create(want, max_load);
     if (!grown) return false;
     bool placed = true;
     for (uint64_t pos = 0; placed && current_ && pos < cap; ++pos) {

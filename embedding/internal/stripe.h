@@ -8,7 +8,7 @@
 // inverts it), and a 32-bit row number: 12 bytes a slot, five slots a 64-byte bucket. It
 // is a two-choice bucketed cuckoo table over any number of buckets, filled to at most its
 // load limit and grown by a tenth when full (or a little earlier when an insert's walk
-// finds no room). The limit depends on the row (MapLoadFor): 0.94 for rows under 256
+// finds no room). The limit depends on the row (IdMap::LoadFor): 0.94 for rows under 256
 // bytes (a load of about 0.85 to 0.94, 13.6-15 bytes a row), 0.6 for wider ones (0.55 to
 // 0.6, 22 bytes a row, under a tenth of the row). Finding an id reads one cache line, and
 // a second for the ids that went to their second bucket: about 4% of them at 0.6, 19-34%
@@ -80,6 +80,11 @@ class IdMap {
   // a row is wide, the map's bytes are a small part of it and fewer ids in their second
   // bucket make lookups faster.
   static double LoadFor(int row_bytes) { return row_bytes >= kWideRowBytes ? kWideLoad : kMaxLoad; }
+  // The most map bytes a row of `row_bytes` bytes takes: a map grown by a tenth at its
+  // limit (Stripe::Grow) runs down to a tenth under it.
+  static double MostBytesPerRow(int row_bytes) {
+    return sizeof(MapEntry) / (LoadFor(row_bytes) / 1.1);
+  }
 
   // An empty map of at least `capacity` slots, filled to at most `max_load`; null when
   // out of memory.
@@ -92,7 +97,6 @@ class IdMap {
   uint64_t limit() const {
     return static_cast<uint64_t>(static_cast<double>(capacity()) * max_load_);
   }
-  double max_load() const { return max_load_; }
   size_t bytes() const { return block_.bytes(); }
   const MapEntry& Slot(uint64_t pos) const { return buckets_of_[pos / kSlots].slot[pos % kSlots]; }
 
@@ -167,7 +171,6 @@ class alignas(64) Stripe {
   void Init(ReaderEpochs* readers, RowStore* rows) {
     readers_ = readers;
     rows_ = rows;
-    max_load_ = IdMap::LoadFor(rows->row_bytes());
   }
 
   // --- Lock-free readers (counted in the table's readers while they read) ---
@@ -244,7 +247,6 @@ class alignas(64) Stripe {
   std::vector<Retired> retired_;  // replaced maps readers may still probe
   int64_t size_ = 0;
   RowStore* rows_ = nullptr;
-  double max_load_ = IdMap::kMaxLoad;
   uint32_t block_next_ = 0;  // rows taken from the store and not used yet
   uint32_t block_left_ = 0;
   std::vector<uint32_t> free_rows_;  // rows of erased entries, for reuse

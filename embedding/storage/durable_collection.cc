@@ -380,12 +380,9 @@ absl::Status DurableCollection::ImportMovingRows(absl::string_view table,
     // Rows of a dynamic table have one place; those of ids the current place does not own
     // are strays until the commit (DropMovingRows forgets them when the reshard is given
     // up). Noted before they are written: an error leaves some on disk.
-    for (const int64_t id : rows.ids) {
-      if (embedding::ShardOfRow(t->config, id, options_.cluster_num_shards) !=
-          options_.cluster_shard_index) {
-        strays_.store(true);
-        break;
-      }
+    if (!embedding::OwnsAll(t->config, rows.ids, options_.cluster_shard_index,
+                            options_.cluster_num_shards)) {
+      strays_.store(true);
     }
     return ImportWrittenThrough(*t, rows, [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
       return memory_->ImportMovingRows(table, rows, shard_index, num_shards);
