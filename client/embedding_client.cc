@@ -1,22 +1,22 @@
 #include "client/embedding_client.h"
 
-#include <cstdio>
 #include <algorithm>
 #include <cmath>
-#include <limits>
+#include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "embedding/batch_ops.h"
+#include "grpcpp/grpcpp.h"
 #include "wire/checkpoint_proto.h"
 #include "wire/grpc_status.h"
 #include "wire/packed_bytes.h"
-#include "wire/row_chunk.h"
 #include "wire/push_proto.h"
-#include "embedding/batch_ops.h"
-#include "base/status.h"
-#include "grpcpp/grpcpp.h"
+#include "wire/row_chunk.h"
 
 namespace tessera::client {
 absl::StatusOr<std::unique_ptr<EmbeddingClient>> EmbeddingClient::Connect(
@@ -97,15 +97,17 @@ absl::Status EmbeddingClient::RefreshShardMap() {
 
 void EmbeddingClient::ReprovisionThroughCoordinator() {
   v1::ListTablesResponse tables;
-  absl::Status s = wire::FromGrpcStatus(coordinator_.Get()->ListTables(NewContext().get(), {}, &tables));
+  absl::Status s =
+      wire::FromGrpcStatus(coordinator_.Get()->ListTables(NewContext().get(), {}, &tables));
   // The same config again is OK at the coordinator, which creates the table on the shards
   // that lack it.
   for (int i = 0; s.ok() && i < tables.tables_size(); ++i) {
     v1::CreateTableRequest req;
     *req.mutable_config() = tables.tables(i);
     v1::CreateTableResponse resp;
-    s = Annotate(wire::FromGrpcStatus(coordinator_.Get()->CreateTable(NewContext().get(), req, &resp)),
-                 absl::StrCat("table '", tables.tables(i).name(), "'"));
+    s = Annotate(
+        wire::FromGrpcStatus(coordinator_.Get()->CreateTable(NewContext().get(), req, &resp)),
+        absl::StrCat("table '", tables.tables(i).name(), "'"));
   }
   if (!s.ok()) {
     std::fprintf(stderr, "tessera: a restarted shard's tables could not be made again: %s\n",
@@ -218,9 +220,9 @@ absl::Status EmbeddingClient::LookupBatch(absl::Span<const embedding::TableBags>
   TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> configs, Configs(tables));
   for (size_t i = 0; i < tables.size(); ++i) {
     const embedding::TableBags& t = tables[i];
-    TESSERA_ASSIGN_OR_RETURN(
-        const size_t rows, embedding::CheckLookupShape(absl::StrCat("table '", t.table, "'"),
-                                                       t.ids.size(), t.offsets, t.weights));
+    TESSERA_ASSIGN_OR_RETURN(const size_t rows,
+                             embedding::CheckLookupShape(absl::StrCat("table '", t.table, "'"),
+                                                         t.ids.size(), t.offsets, t.weights));
     TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(t.table, "output", t.out.size(), rows,
                                                      configs[i].dim(),
                                                      t.offsets.empty() ? "ids" : "bags"));
@@ -245,7 +247,8 @@ absl::Status EmbeddingClient::LookupBatch(absl::Span<const embedding::TableBags>
   }
   return WithRetries([&] {
     auto ctx = NewContext();
-    TESSERA_RETURN_IF_ERROR(wire::FromGrpcStatus(coordinator_.Get()->BatchLookup(ctx.get(), req, &resp)));
+    TESSERA_RETURN_IF_ERROR(
+        wire::FromGrpcStatus(coordinator_.Get()->BatchLookup(ctx.get(), req, &resp)));
     NoteCoordinatorDigest(resp.incarnation(), resp.shard_map_version());
     if (resp.tables_size() != static_cast<int>(tables.size())) {
       return absl::InternalError(absl::StrCat("coordinator answered ", resp.tables_size(),
@@ -272,20 +275,24 @@ absl::Status EmbeddingClient::PushGradients(absl::string_view table, absl::Span<
 
 absl::Status EmbeddingClient::PushBatch(absl::Span<const embedding::TableGradients> tables,
                                         int64_t step, const embedding::PushOptions& options) {
+  if (options.check_only) {
+    return absl::UnimplementedError(
+        "a remote collection does not check a push apart: its pushes check every shard's "
+        "part before any applies");
+  }
   TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> configs, Configs(tables));
   for (size_t i = 0; i < tables.size(); ++i) {
-    TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(tables[i].table, "gradients",
-                                                     tables[i].gradients.size(),
-                                                     tables[i].ids.size(), configs[i].dim(),
-                                                     "ids"));
+    TESSERA_RETURN_IF_ERROR(
+        embedding::CheckRowsSize(tables[i].table, "gradients", tables[i].gradients.size(),
+                                 tables[i].ids.size(), configs[i].dim(), "ids"));
   }
   // One id for every attempt of this push, whichever shards or hops repeat it.
-  const embedding::RequestId id =
-      options.request_id.empty() ? NextRequestId() : options.request_id;
+  const embedding::RequestId id = options.request_id.empty() ? NextRequestId() : options.request_id;
   if (options_.mode == ClientOptions::Mode::kSmart) {
     return OnShards([&](ShardRouter& router) -> absl::Status {
-      TESSERA_ASSIGN_OR_RETURN(std::vector<int64_t> updated,
-                               router.PushBatch(configs, tables, step, id, options.sync));
+      TESSERA_ASSIGN_OR_RETURN(
+          std::vector<int64_t> updated,
+          router.PushBatch(configs, tables, step, id, options.sync, options.after_lookup));
       if (options.rows_updated != nullptr) *options.rows_updated = std::move(updated);
       return absl::OkStatus();
     });
@@ -298,8 +305,10 @@ absl::Status EmbeddingClient::PushBatch(absl::Span<const embedding::TableGradien
   req.set_step(step);
   wire::ToProto(id, req.mutable_request_id());
   if (options.sync.active()) wire::ToProto(options.sync, req.mutable_sync());
+  req.set_after_lookup(options.after_lookup);
   const std::chrono::milliseconds deadline =
-      options.sync.active() ? wire::SyncDeadline(options.sync, options_.deadline) : options_.deadline;
+      options.sync.active() ? wire::SyncDeadline(options.sync, options_.deadline)
+                            : options_.deadline;
   for (const embedding::TableGradients& t : tables) {
     v1::TableGradients* part = req.add_tables();
     part->set_table(t.table);
@@ -309,7 +318,8 @@ absl::Status EmbeddingClient::PushBatch(absl::Span<const embedding::TableGradien
   return WithRetries([&] {
     auto ctx = NewContext(deadline);
     v1::BatchPushResponse resp;
-    TESSERA_RETURN_IF_ERROR(wire::FromGrpcStatus(coordinator_.Get()->BatchPush(ctx.get(), req, &resp)));
+    TESSERA_RETURN_IF_ERROR(
+        wire::FromGrpcStatus(coordinator_.Get()->BatchPush(ctx.get(), req, &resp)));
     NoteCoordinatorDigest(resp.incarnation(), resp.shard_map_version());
     if (options.rows_updated != nullptr) {
       options.rows_updated->assign(resp.rows_updated().begin(), resp.rows_updated().end());
@@ -513,7 +523,8 @@ absl::StatusOr<int64_t> EmbeddingClient::StoreAdd(const std::string& key, int64_
   auto ctx = NewContext();
   v1::StoreAddResponse resp;
   // Not retried: a repeat would add twice.
-  TESSERA_RETURN_IF_ERROR(wire::FromGrpcStatus(coordinator_.Get()->StoreAdd(ctx.get(), req, &resp)));
+  TESSERA_RETURN_IF_ERROR(
+      wire::FromGrpcStatus(coordinator_.Get()->StoreAdd(ctx.get(), req, &resp)));
   return resp.value();
 }
 

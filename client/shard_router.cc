@@ -1,5 +1,6 @@
 #include "client/shard_router.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -8,6 +9,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "base/status.h"
 #include "embedding/batch_ops.h"
@@ -375,7 +377,7 @@ absl::Status ShardRouter::CreateTableOn(int k, const v1::TableConfig& config) {
 }
 
 absl::StatusOr<v1::ReshardResponse> ShardRouter::ReshardOn(int k,
-                                                            const v1::ReshardRequest& request) {
+                                                           const v1::ReshardRequest& request) {
   auto ctx = NewContext(options_.checkpoint_deadline);
   v1::ReshardResponse resp;
   TESSERA_RETURN_IF_ERROR(
@@ -662,7 +664,8 @@ bool PlannedIds(const v1::TableConfig& config, const embedding::TableGradients& 
 
 absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
     absl::Span<const v1::TableConfig> configs, absl::Span<const embedding::TableGradients> parts,
-    int64_t step, const embedding::RequestId& request_id, const embedding::PushSync& sync) {
+    int64_t step, const embedding::RequestId& request_id, const embedding::PushSync& sync,
+    bool after_lookup) {
   const int shards = num_shards();
   const size_t num_parts = parts.size();
   for (size_t p = 0; p < num_parts; ++p) {
@@ -700,16 +703,30 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
   TESSERA_RETURN_IF_ERROR(Pool().ParallelForStatus(static_cast<int>(num_parts), [&](int p) {
     return FillPushPart(*s, p, configs[p], parts[p]);
   }));
-  const std::vector<grpc::Status> statuses = CallShardsWithRetries(
-      work,
-      [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
-        return stubs_[k]->Get()->PrepareAsyncBatchPush(ctx, reqs[k], queue);
-      },
-      &resps, sync.active() ? wire::SyncDeadline(sync, options_.deadline) : options_.deadline,
-      /*reprovision=*/true);
-  for (int k = 0; k < shards; ++k) {
-    if (work[k] && !statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
+  auto send = [&] {
+    return CallShardsWithRetries(
+        work,
+        [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
+          return stubs_[k]->Get()->PrepareAsyncBatchPush(ctx, reqs[k], queue);
+        },
+        &resps, sync.active() ? wire::SyncDeadline(sync, options_.deadline) : options_.deadline,
+        /*reprovision=*/true);
+  };
+  // A push spanning shards is one unit: each shard checks its part (room included)
+  // before any applies, unless a lookup of the same ids already did (every shard passed
+  // the same checks and holds the rows), or the shards of a sync group apply it together.
+  if (!sync.active() && !after_lookup && std::count(work.begin(), work.end(), true) > 1) {
+    for (int k = 0; k < shards; ++k) reqs[k].set_check_only(true);
+    const std::vector<grpc::Status> checked = send();
+    for (int k = 0; k < shards; ++k) reqs[k].set_check_only(false);
+    for (int k = 0; k < shards; ++k) {
+      if (work[k] && !checked[k].ok()) {
+        return Annotate(FromShardStatus(checked[k], k, addresses_[k]),
+                        "push refused; no shard applied it");
+      }
+    }
   }
+  TESSERA_RETURN_IF_ERROR(PushOutcome(send(), work, id));
   std::vector<int64_t> updated(num_parts, 0);
   for (int k = 0; k < shards; ++k) {
     for (size_t p = 0; p < num_parts; ++p) {
@@ -724,6 +741,35 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
     }
   }
   return updated;
+}
+
+absl::Status ShardRouter::PushOutcome(const std::vector<grpc::Status>& statuses,
+                                      const std::vector<bool>& work,
+                                      const embedding::RequestId& id) const {
+  std::vector<std::string> applied, refused;
+  absl::Status first;
+  for (int k = 0; k < num_shards(); ++k) {
+    if (!work[k]) continue;
+    const std::string shard = absl::StrCat(k, " (", addresses_[k], ")");
+    if (statuses[k].ok()) {
+      applied.push_back(shard);
+    } else {
+      refused.push_back(shard);
+      if (first.ok()) first = FromShardStatus(statuses[k], k, addresses_[k]);
+    }
+  }
+  if (first.ok() || applied.empty()) return first;
+  // Shards that applied their part answer a repeat from their journal: the same request
+  // id again applies only the rest.
+  absl::Status out(first.code(),
+                   absl::StrCat(first.message(), "; push ", id.client_id, ":", id.sequence,
+                                " was applied on shard(s) ", absl::StrJoin(applied, ", "),
+                                " but not on ", absl::StrJoin(refused, ", "),
+                                ": send it again under the same request id (PushOptions.request_id "
+                                "{client_id, sequence}) to apply the rest, never under a new one"));
+  first.ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  return out;
 }
 
 namespace {

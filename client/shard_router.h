@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "base/thread_pool.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "base/thread_pool.h"
+#include "client/channel_policy.h"
 #include "client/object_pool.h"
 #include "client/reconnecting_stub.h"
-#include "client/channel_policy.h"
 #include "client/security.h"
 #include "embedding/collection.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
@@ -30,7 +30,8 @@ struct RouterOptions {
   std::chrono::milliseconds deadline{10000};  // per shard call
   int max_message_bytes = kMaxMessageBytes;   // gRPC send/receive limit per channel
   uint64_t shard_map_version = 1;             // stamped on every shard request
-  std::chrono::milliseconds checkpoint_deadline = kCheckpointDeadline;  // per shard checkpoint/restore
+  std::chrono::milliseconds checkpoint_deadline =
+      kCheckpointDeadline;  // per shard checkpoint/restore
   // Interval of gRPC health checks of every shard; 0 = none. A shard failing two checks in
   // a row is down: calls needing it fail at once with UNAVAILABLE naming it, until a
   // check passes again and it is re-admitted.
@@ -135,13 +136,18 @@ class ShardRouter {
   // Sums repeated ids of each part, checks sizes and that every value is finite (the whole
   // batch is refused before any shard is called), then pushes each shard its rows of every
   // part under request id `id` (one of the router's own when empty). Returns the distinct
-  // rows updated per part. A failure may leave some shards applied; calling again with
-  // the same id completes the push. With an active `sync` every shard gets a push (empty
-  // where the worker has no rows of it), and the call waits for the other workers'.
+  // rows updated per part. A push spanning shards is one unit: each shard checks its part
+  // first (BatchPushRequest.check_only), and a refusal there changes no row anywhere,
+  // unless `after_lookup` says a lookup of the same ids by this caller did so in this step.
+  // A failure after that (a shard down) may leave some shards applied: the error names
+  // them and the request id, and calling again with the same id applies only the rest.
+  // With an active `sync` every shard gets a push (empty where the worker has no rows of
+  // it), and the call waits for the other workers'.
   absl::StatusOr<std::vector<int64_t>> PushBatch(absl::Span<const v1::TableConfig> configs,
                                                  absl::Span<const embedding::TableGradients> parts,
                                                  int64_t step, const embedding::RequestId& id,
-                                                 const embedding::PushSync& sync = {});
+                                                 const embedding::PushSync& sync = {},
+                                                 bool after_lookup = false);
 
   // A fresh request id of this router's (random client id, next sequence).
   embedding::RequestId NextRequestId();
@@ -169,10 +175,10 @@ class ShardRouter {
   struct PartPlan {
     std::vector<int64_t> unique;
     std::vector<int32_t> inverse;
-    std::vector<int32_t> shard_of;  // per unique id (or per id when the shards pool)
-    std::vector<int32_t> slot;      // per unique id: its place in its shard's part
-    std::vector<int32_t> count;     // per shard: unique ids it holds
-    std::vector<float> rows;        // (unique, dim) gathered from the answers
+    std::vector<int32_t> shard_of;       // per unique id (or per id when the shards pool)
+    std::vector<int32_t> slot;           // per unique id: its place in its shard's part
+    std::vector<int32_t> count;          // per shard: unique ids it holds
+    std::vector<float> rows;             // (unique, dim) gathered from the answers
     std::vector<const char*> values_in;  // per shard: this part's rows in its answer
     bool shard_pools = false;
   };
@@ -207,6 +213,10 @@ class ShardRouter {
   void AddPushPart(Scratch& s, size_t p, const v1::TableConfig& config, std::vector<bool>& work);
   absl::Status FillPushPart(Scratch& s, size_t p, const v1::TableConfig& config,
                             const embedding::TableGradients& part) const;
+  // OK when every shard of `work` applied push `id`; else the first failure, naming the
+  // shards that applied it (when any) and how to complete it.
+  absl::Status PushOutcome(const std::vector<grpc::Status>& statuses, const std::vector<bool>& work,
+                           const embedding::RequestId& id) const;
   // The pool of options_, or the calling thread alone.
   base::ThreadPool& Pool() const;
   void AddShardBags(Scratch& s, size_t p, const v1::TableConfig& config,
@@ -264,7 +274,7 @@ class ShardRouter {
 
   std::vector<std::string> addresses_;
   RouterOptions options_;
-  const uint64_t client_id_;              // of the request ids this router makes up
+  const uint64_t client_id_;  // of the request ids this router makes up
   std::atomic<uint64_t> next_sequence_{1};
   std::atomic<uint64_t> version_;
   std::vector<std::unique_ptr<ReconnectingStub<v1::EmbeddingShard>>> stubs_;

@@ -5,9 +5,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <map>
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "base/status.h"
 #include "embedding/batch_ops.h"
 
@@ -32,10 +35,9 @@ absl::Status EmbeddingCollection::LookupBatch(absl::Span<const TableBags> tables
     TESSERA_RETURN_IF_ERROR(
         CheckLookupShape(absl::StrCat("table '", t.table, "'"), t.ids.size(), t.offsets, t.weights)
             .status());
-    TESSERA_RETURN_IF_ERROR(
-        t.offsets.empty()
-            ? Lookup(t.table, t.ids, t.out, options)
-            : PooledLookup(t.table, t.ids, t.offsets, t.weights, t.pooling, t.out, options));
+    TESSERA_RETURN_IF_ERROR(t.offsets.empty() ? Lookup(t.table, t.ids, t.out, options)
+                                              : PooledLookup(t.table, t.ids, t.offsets, t.weights,
+                                                             t.pooling, t.out, options));
   }
   return absl::OkStatus();
 }
@@ -58,10 +60,11 @@ absl::Status EmbeddingCollection::PushBatch(absl::Span<const TableGradients> tab
     if (it == configs.end()) {
       return absl::NotFoundError(absl::StrCat("table '", t.table, "' not found"));
     }
-    TESSERA_RETURN_IF_ERROR(CheckRowsSize(t.table, "gradients", t.gradients.size(), t.ids.size(),
-                                          it->dim(), "ids"));
+    TESSERA_RETURN_IF_ERROR(
+        CheckRowsSize(t.table, "gradients", t.gradients.size(), t.ids.size(), it->dim(), "ids"));
     TESSERA_RETURN_IF_ERROR(CheckFiniteGradients(t.table, t.ids, t.gradients.data(), it->dim()));
   }
+  if (options.check_only) return absl::OkStatus();
   absl::Status partly;
   for (const TableGradients& t : tables) {
     TESSERA_RETURN_IF_ERROR(
@@ -93,11 +96,13 @@ absl::StatusOr<CheckpointInfo> EmbeddingCollection::Restore(int64_t, Attachments
 
 absl::Status EmbeddingCollection::ExportRows(absl::string_view table, const ExportOptions&,
                                              const std::function<absl::Status(const RowBlock&)>&) {
-  return absl::UnimplementedError(absl::StrCat("table '", table, "': this collection cannot export rows"));
+  return absl::UnimplementedError(
+      absl::StrCat("table '", table, "': this collection cannot export rows"));
 }
 
 absl::Status EmbeddingCollection::ImportRows(absl::string_view table, const RowBlock&) {
-  return absl::UnimplementedError(absl::StrCat("table '", table, "': this collection cannot import rows"));
+  return absl::UnimplementedError(
+      absl::StrCat("table '", table, "': this collection cannot import rows"));
 }
 
 absl::StatusOr<v1::TableConfig> EmbeddingCollection::AlterTable(absl::string_view table,
@@ -114,23 +119,62 @@ absl::Status ValidateModelName(absl::string_view model) {
   for (const char c : model) {
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "model name '", model, "': use letters, digits, '_' and '-' (its tables are '",
-          model, ".<name>')"));
+          "model name '", model, "': use letters, digits, '_' and '-' (its tables are '", model,
+          ".<name>')"));
     }
   }
   return absl::OkStatus();
 }
 
 bool TableOfModel(absl::string_view table, absl::string_view model) {
-  return model.empty() ||
-         (table.size() > model.size() + 1 && table.substr(0, model.size()) == model &&
-          table[model.size()] == '.');
+  return model.empty() || (table.size() > model.size() + 1 &&
+                           table.substr(0, model.size()) == model && table[model.size()] == '.');
 }
 
 std::string CheckpointName(absl::string_view model, int64_t step) {
   return model.empty() ? absl::StrCat("checkpoint ", step)
                        : absl::StrCat("checkpoint ", step, " of model '", model, "'");
 }
+
+namespace {
+
+// `key=value` words of `signature` by key; false when a word is not of that form.
+bool SignatureWords(absl::string_view signature, std::map<std::string, std::string>* words) {
+  for (absl::string_view word : absl::StrSplit(signature, ' ', absl::SkipEmpty())) {
+    const size_t eq = word.find('=');
+    if (eq == absl::string_view::npos || eq == 0) return false;
+    (*words)[std::string(word.substr(0, eq))] = std::string(word.substr(eq + 1));
+  }
+  return !words->empty();
+}
+
+// OK when attachment `name` of checkpoint `which`, `has`, matches `want` (see
+// CheckRestorable); else FailedPrecondition naming what differs.
+absl::Status CheckAttachment(const std::string& which, const std::string& name,
+                             const std::string& has, const std::string& want) {
+  if (has == want) return absl::OkStatus();
+  std::map<std::string, std::string> had, wanted;
+  if (!SignatureWords(has, &had) || !SignatureWords(want, &wanted)) {
+    return absl::FailedPreconditionError(absl::StrCat(which, " has '", name, "' = '", has,
+                                                      "', this run wants '", want,
+                                                      "'; nothing was restored"));
+  }
+  std::vector<std::string> differences;
+  for (const auto& [key, value] : had) {
+    auto it = wanted.find(key);
+    const std::string ours = it == wanted.end() ? "(not set)" : it->second;
+    if (ours != value) {
+      differences.push_back(absl::StrCat(key, ": the checkpoint's ", value, ", this run's ", ours));
+    }
+  }
+  if (differences.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      which, " is of another run (", absl::StrJoin(differences, "; "),
+      "); nothing was restored: run with the checkpoint's values, or with another --model "
+      "or --data_dir to start afresh"));
+}
+
+}  // namespace
 
 absl::Status CheckRestorable(int64_t step, const Attachments& attachments,
                              const RestoreOptions& options) {
@@ -147,11 +191,7 @@ absl::Status CheckRestorable(int64_t step, const Attachments& attachments,
       return absl::FailedPreconditionError(
           absl::StrCat(which, " holds no '", name, "' attachment; nothing was restored"));
     }
-    if (it->second != want) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(which, " has '", name, "' = '", it->second, "', this run wants '", want,
-                       "'; nothing was restored"));
-    }
+    TESSERA_RETURN_IF_ERROR(CheckAttachment(which, name, it->second, want));
   }
   return absl::OkStatus();
 }

@@ -117,6 +117,15 @@ struct PushSync {
 struct PushOptions {
   RequestId request_id;  // set by callers that retry (the remote client sets its own)
   PushSync sync;         // collections in this process refuse an active one
+  // Every id of the push was looked up, creating its rows, by this caller's lookup of the
+  // same step: a remote collection skips the round that checks each shard's part before
+  // any applies (the lookup passed the same checks there). Leave false when unsure.
+  bool after_lookup = false;
+  // Check every part as the push would be checked (tables, sizes, finite values, room for
+  // the rows it would create) and apply nothing: OK means the push would not be refused
+  // for them now (a check, not a reservation: a concurrent push may take the room). A
+  // collection that cannot tell room checks the rest; remote ones refuse it (Unimplemented).
+  bool check_only = false;
   // Optional: where a collection that knows them puts each part's rows updated (its
   // distinct ids), one per part, once the batch applied; others leave it as it was.
   std::vector<int64_t>* rows_updated = nullptr;
@@ -198,7 +207,11 @@ struct RestoreOptions {
   bool all_models = false;
 };
 
-// FailedPrecondition unless `attachments` (of checkpoint `step`) satisfies `options`.
+// FailedPrecondition unless `attachments` (of checkpoint `step`) satisfies `options`. When
+// both an expected value and the checkpoint's are words of `key=value` (a run's
+// signature), they match when every key the checkpoint records has the same value (a key
+// it lacks was not recorded when it was written), and the message names each key that
+// differs with both values.
 absl::Status CheckRestorable(int64_t step, const Attachments& attachments,
                              const RestoreOptions& options);
 

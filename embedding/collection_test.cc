@@ -55,6 +55,29 @@ std::vector<float> Replay(EmbeddingCollection& c) {
   return all;
 }
 
+TEST(CheckRestorable, NamesEachKeyOfARunSignatureThatDiffersWithBothValues) {
+  RestoreOptions options;
+  options.model = "m";
+  options.expected_attachments["run"] = "dense=13 bottom_mlp=32,62 top_mlp=64,32 workers=1";
+  const Attachments same = {{"run", "dense=13 bottom_mlp=32,62 top_mlp=64,32 workers=1"}};
+  EXPECT_TRUE(CheckRestorable(7, same, options).ok());
+  const Attachments other = {{"run", "dense=13 bottom_mlp=64,32 top_mlp=64,16 workers=1"}};
+  const absl::Status s = CheckRestorable(7, other, options);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()),
+              ::testing::HasSubstr("bottom_mlp: the checkpoint's 64,32, this run's 32,62; "
+                                   "top_mlp: the checkpoint's 64,16, this run's 64,32"));
+  EXPECT_THAT(std::string(s.message()), ::testing::Not(::testing::HasSubstr("dense:")));
+  // A key the checkpoint does not record (written before it was) is not compared; one it
+  // records that this run lacks is.
+  EXPECT_TRUE(CheckRestorable(7, {{"run", "dense=13 workers=1"}}, options).ok());
+  EXPECT_THAT(std::string(CheckRestorable(7, {{"run", "dense=13 sparse=26"}}, options).message()),
+              ::testing::HasSubstr("sparse: the checkpoint's 26, this run's (not set)"));
+  // Values that are not signatures are compared whole.
+  options.expected_attachments["run"] = "trainer_test";
+  EXPECT_FALSE(CheckRestorable(7, {{"run", "trainer_test2"}}, options).ok());
+}
+
 TEST(InProcessCollection, GivesBitIdenticalResultsWhateverTheShardCount) {
   std::vector<float> reference;
   for (int shards : {1, 2, 3, 8}) {

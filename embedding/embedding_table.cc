@@ -5,6 +5,7 @@
 #endif
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -125,8 +126,31 @@ absl::Status CheckVocabulary(const v1::TableConfig& config, absl::Span<const int
   return absl::OkStatus();
 }
 
+namespace {
+
+// A table name: what a model's tables are named (MODEL.NAME), safe in paths and commands.
+absl::Status ValidateTableName(absl::string_view name) {
+  if (name.empty() || name.size() > 255) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table name must be 1-255 characters, got '", name, "'"));
+  }
+  const bool dots_apart = name.front() != '.' && name.back() != '.' &&
+                          name.find("..") == absl::string_view::npos;
+  const bool characters = std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
+  });
+  if (!dots_apart || !characters) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table name '", name, "': use letters, digits, '_', '-' and '.' (MODEL.NAME), with no "
+        "'.' first, last or twice in a row"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateTableConfig(const v1::TableConfig& config) {
-  if (config.name().empty()) return absl::InvalidArgumentError("table name must not be empty");
+  TESSERA_RETURN_IF_ERROR(ValidateTableName(config.name()));
   const std::string label = absl::StrCat("table '", config.name(), "'");
   if (config.dim() <= 0 || config.dim() > 65536) {
     return absl::InvalidArgumentError(
@@ -377,9 +401,11 @@ absl::Status EmbeddingTable::NonFiniteUpdateError(int64_t refused, int64_t first
 }
 
 absl::Status EmbeddingTable::BudgetError() const {
-  return absl::ResourceExhaustedError(absl::StrCat("table '", name(), "': row budget of ",
-                                                   row_budget(),
-                                                   " rows is full; raise max_rows or add shards"));
+  // A table's max_rows is split over its shards: more shards do not add rows to it.
+  return absl::ResourceExhaustedError(
+      absl::StrCat("table '", name(), "': row budget of ", row_budget(),
+                   " rows is full (this shard's part of the table's max_rows); raise max_rows, "
+                   "or give the table an eviction policy"));
 }
 
 absl::Status EmbeddingTable::OutOfMemoryError() const {

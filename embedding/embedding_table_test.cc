@@ -158,6 +158,8 @@ TEST(EmbeddingTable, RowBudgetGivesExplicitErrorWhenFull) {
   absl::Status s = t->Lookup(four, out.data());
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(s.message()), testing::HasSubstr("row budget of 3 rows is full"));
+  // Shards split a table's max_rows: adding shards adds no rows, so it is not advised.
+  EXPECT_THAT(std::string(s.message()), testing::Not(testing::HasSubstr("add shards")));
   EXPECT_EQ(t->num_rows(), 3);
 
   // An update batch that needs a new row is rejected whole: existing rows do not move.
@@ -575,6 +577,17 @@ TEST(EmbeddingTable, RejectsBadConfigs) {
   c = Config(4);
   c.set_name("");
   EXPECT_EQ(EmbeddingTable::Create(c).status().code(), absl::StatusCode::kInvalidArgument);
+  // Names are checked as model names are: no spaces, slashes or empty dotted parts.
+  for (const char* bad : {"bad name/..", "a/b", "a..b", ".a", "a.", "tab\tle"}) {
+    c.set_name(bad);
+    const absl::Status named = EmbeddingTable::Create(c).status();
+    EXPECT_EQ(named.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(named.message()), testing::HasSubstr("use letters, digits")) << bad;
+  }
+  for (const char* good : {"user", "criteo.C1", "ads-v2.item_id"}) {
+    c.set_name(good);
+    EXPECT_TRUE(EmbeddingTable::Create(c).ok()) << good;
+  }
   c = Config(4);
   c.mutable_optimizer()->set_learning_rate(0.0f);
   auto s = EmbeddingTable::Create(c).status();

@@ -8,12 +8,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "embedding/batch_ops.h"
-#include "wire/row_chunk.h"
-#include "embedding/embedding_table.h"
 #include "base/status.h"
+#include "embedding/batch_ops.h"
+#include "embedding/embedding_table.h"
 #include "embedding/table_config.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "wire/row_chunk.h"
 
 namespace tessera::server {
 
@@ -94,9 +94,9 @@ absl::Status Cluster::CreateTable(const v1::TableConfig& config) {
   absl::MutexLock create(&create_mu_);
   if (absl::StatusOr<v1::TableConfig> held = Config(config.name()); held.ok()) {
     if (!google::protobuf::util::MessageDifferencer::Equals(*held, config)) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "table '", config.name(), "' already exists with another config: ",
-          absl::StrJoin(embedding::TableConfigDifferences(*held, config), "; ")));
+      return absl::AlreadyExistsError(
+          absl::StrCat("table '", config.name(), "' already exists with another config: ",
+                       absl::StrJoin(embedding::TableConfigDifferences(*held, config), "; ")));
     }
     // The same table again (a retry, or a create that failed on some shard): make sure
     // every shard has it; shards answer OK for a table they hold with this config.
@@ -144,8 +144,9 @@ absl::StatusOr<v1::TableConfig> Cluster::AlterTable(const std::string& table,
   absl::MutexLock create(&create_mu_);
   TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(table));
   TESSERA_ASSIGN_OR_RETURN(v1::TableConfig altered, embedding::AlterOptimizer(config, changes));
-  TESSERA_RETURN_IF_ERROR(Annotate(live()->AlterTable(table, changes),
-                                   absl::StrCat("alter of table '", table, "' not finished; retry")));
+  TESSERA_RETURN_IF_ERROR(
+      Annotate(live()->AlterTable(table, changes),
+               absl::StrCat("alter of table '", table, "' not finished; retry")));
   absl::MutexLock lock(&mu_);
   configs_[table] = altered;
   if (store_ != nullptr) {
@@ -159,8 +160,8 @@ absl::Status Cluster::DropTable(const std::string& table) {
   TESSERA_RETURN_IF_ERROR(Config(table).status());
   // Shards first: a drop that fails half-way is still registered, and repeating it
   // finishes it (a shard without the table counts as done).
-  TESSERA_RETURN_IF_ERROR(Annotate(live()->DropTable(table),
-                                   absl::StrCat("drop of table '", table, "' not finished; retry")));
+  TESSERA_RETURN_IF_ERROR(Annotate(
+      live()->DropTable(table), absl::StrCat("drop of table '", table, "' not finished; retry")));
   absl::MutexLock lock(&mu_);
   configs_.erase(table);
   if (store_ != nullptr) {
@@ -212,9 +213,10 @@ absl::Status Cluster::LookupBatch(absl::Span<const v1::TableConfig> configs,
 
 absl::StatusOr<std::vector<int64_t>> Cluster::PushBatch(
     absl::Span<const v1::TableConfig> configs, absl::Span<const embedding::TableGradients> parts,
-    int64_t step, const embedding::RequestId& id, const embedding::PushSync& sync) {
+    int64_t step, const embedding::RequestId& id, const embedding::PushSync& sync,
+    bool after_lookup) {
   absl::ReaderMutexLock barrier(&barrier_mu_);
-  return live()->PushBatch(configs, parts, step, id, sync);
+  return live()->PushBatch(configs, parts, step, id, sync, after_lookup);
 }
 
 absl::StatusOr<std::vector<v1::TableStats>> Cluster::Stats(const std::string& table) {
@@ -233,14 +235,16 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Checkpoint(
     TESSERA_RETURN_IF_ERROR(storage::ValidateAttachmentName(name));
   }
   if (!model.empty() && TablesOf(model).empty()) {
-    return absl::NotFoundError(absl::StrCat("model '", model, "' has no tables (its tables are "
-                                            "named '", model, ".*'): nothing to checkpoint"));
+    return absl::NotFoundError(absl::StrCat("model '", model,
+                                            "' has no tables (its tables are "
+                                            "named '",
+                                            model, ".*'): nothing to checkpoint"));
   }
   // Refused before any shard takes one (the store refuses it again when it commits).
   if (store_->FindCheckpoint(step, nullptr, model).ok()) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        embedding::CheckpointName(model, step),
-        " exists already; checkpoints are never overwritten: pick another step"));
+    return absl::AlreadyExistsError(
+        absl::StrCat(embedding::CheckpointName(model, step),
+                     " exists already; checkpoints are never overwritten: pick another step"));
   }
   absl::MutexLock barrier(&barrier_mu_);
   v1::CheckpointRequest request;
@@ -314,6 +318,9 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(
                            store_->FindCheckpoint(step, &blobs, options.model));
   // Checked here, before any shard changes.
   TESSERA_RETURN_IF_ERROR(embedding::CheckRestorable(m.step, blobs, options));
+  // In the lock order (cluster.h): the registry's lock before the barrier, as a reshard
+  // takes them.
+  absl::MutexLock create(&create_mu_);
   absl::MutexLock barrier(&barrier_mu_);  // also keeps the shard map as it is
   // Taken on another shard map (another count, or shards replaced or moved by a reshard):
   // every shard reads every old shard's checkpoint directory and keeps the rows it owns
@@ -322,7 +329,8 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(
   if (reshaped && m.shard_dirs.size() != m.shards.size()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint ", m.step, " was taken on shards ", absl::StrJoin(m.shards, ","),
-        ", this cluster has ", absl::StrJoin(live()->addresses(), ","), ", and it does not "
+        ", this cluster has ", absl::StrJoin(live()->addresses(), ","),
+        ", and it does not "
         "record the shards' checkpoint directories (taken by an older coordinator); restore "
         "it on its shards"));
   }
@@ -339,9 +347,10 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(
   if (!shards.ok()) {
     return Annotate(shards.status(), absl::StrCat("restore of ", which, " failed; retry it"));
   }
-  TESSERA_RETURN_IF_ERROR(
-      Annotate(AdoptRestoredTables(m), absl::StrCat("restore of ", which, ": the shards are "
-                                                    "restored, the table registry is not; retry it")));
+  TESSERA_RETURN_IF_ERROR(Annotate(AdoptRestoredTables(m),
+                                   absl::StrCat("restore of ", which,
+                                                ": the shards are "
+                                                "restored, the table registry is not; retry it")));
   if (attachments != nullptr) *attachments = std::move(blobs);
   if (outcome != nullptr) *outcome = changes;
   return m;
@@ -349,7 +358,6 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(
 
 absl::Status Cluster::AdoptRestoredTables(const storage::CheckpointManifest& m) {
   TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> held, live()->ListTablesOn(0));
-  absl::MutexLock create(&create_mu_);
   absl::MutexLock lock(&mu_);
   std::map<std::string, v1::TableConfig> before;
   before.swap(configs_);
@@ -376,8 +384,9 @@ absl::StatusOr<ReshardOutcome> Cluster::Reshard(const std::vector<std::string>& 
   if (shards.empty()) return absl::InvalidArgumentError("reshard: name at least one shard");
   if (std::set<std::string>(shards.begin(), shards.end()).size() != shards.size() ||
       std::count(shards.begin(), shards.end(), "") > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "reshard: the shards must be distinct host:port addresses, got ", absl::StrJoin(shards, ",")));
+    return absl::InvalidArgumentError(
+        absl::StrCat("reshard: the shards must be distinct host:port addresses, got ",
+                     absl::StrJoin(shards, ",")));
   }
   absl::MutexLock create(&create_mu_);
   ReshardOutcome out;
@@ -392,9 +401,11 @@ absl::StatusOr<ReshardOutcome> Cluster::Reshard(const std::vector<std::string>& 
     return out;
   }
   if (unfinished_ != nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the reshard to version ", version_.load(), " is not finished: repeat it first "
-        "(tessera-cli reshard --shards=", absl::StrJoin(live()->addresses(), ","), ")"));
+    return absl::FailedPreconditionError(absl::StrCat("the reshard to version ", version_.load(),
+                                                      " is not finished: repeat it first "
+                                                      "(tessera-cli reshard --shards=",
+                                                      absl::StrJoin(live()->addresses(), ","),
+                                                      ")"));
   }
   const uint64_t version = version_.load() + 1;
   client::RouterOptions options = live()->options();
@@ -449,11 +460,13 @@ absl::Status Cluster::PrepareReshard(client::ShardRouter* next, UnfinishedReshar
   // Every shard of the new map holds every table (shards of both maps have them).
   for (int k = 0; k < m; ++k) {
     for (const v1::TableConfig& config : configs) {
-      TESSERA_RETURN_IF_ERROR(Annotate(
-          next->CreateTableOn(k, config),
-          absl::StrCat("reshard not started: shard ", k, " of the new map (", to[k], ") must run "
-                       "empty with --shard_index=", k, " --num_shards=", m,
-                       " --shard_map_version=", next->options().shard_map_version)));
+      TESSERA_RETURN_IF_ERROR(
+          Annotate(next->CreateTableOn(k, config),
+                   absl::StrCat("reshard not started: shard ", k, " of the new map (", to[k],
+                                ") must run "
+                                "empty with --shard_index=",
+                                k, " --num_shards=", m,
+                                " --shard_map_version=", next->options().shard_map_version)));
     }
   }
   u->old = old;
@@ -461,7 +474,8 @@ absl::Status Cluster::PrepareReshard(client::ShardRouter* next, UnfinishedReshar
   u->commit.set_version(next->options().shard_map_version);
   u->commit.set_num_shards(m);
   for (const v1::TableConfig& config : configs) {
-    if (config.max_rows() > 0) (*u->commit.mutable_row_budgets())[config.name()] = config.max_rows();
+    if (config.max_rows() > 0)
+      (*u->commit.mutable_row_budgets())[config.name()] = config.max_rows();
   }
   for (const std::string& a : old->addresses()) {
     auto it = std::find(to.begin(), to.end(), a);
@@ -478,9 +492,20 @@ absl::Status Cluster::PrepareReshard(client::ShardRouter* next, UnfinishedReshar
   phase.set_phase(v1::ReshardRequest::COPY);
   for (const int32_t k : u->only_new) {
     phase.set_shard_index(k);
-    TESSERA_RETURN_IF_ERROR(Annotate(next->ReshardOn(k, phase).status(),
-                                     absl::StrCat("reshard not started: shard ", k,
-                                                  " of the new map (", to[k], ")")));
+    const std::string which =
+        absl::StrCat("reshard not started: shard ", k, " of the new map (", to[k], ")");
+    absl::StatusOr<v1::ReshardResponse> r = next->ReshardOn(k, phase);
+    TESSERA_RETURN_IF_ERROR(Annotate(r.status(), which));
+    if (r->version() != phase.version()) {
+      // Started for another map: it would refuse every request of this one for good.
+      v1::ReshardRequest abort = phase;
+      abort.set_phase(v1::ReshardRequest::ABORT);
+      (void)next->ReshardOn(k, abort);
+      return absl::FailedPreconditionError(
+          absl::StrCat(which, " serves shard map version ", r->version(), ", not ", phase.version(),
+                       "; start it empty with --shard_index=", k, " --num_shards=", m,
+                       " --shard_map_version=", phase.version()));
+    }
   }
   for (int j = 0; j < old->num_shards(); ++j) {
     phase.set_shard_index(u->new_index[j]);
@@ -489,8 +514,8 @@ absl::Status Cluster::PrepareReshard(client::ShardRouter* next, UnfinishedReshar
       return Annotate(s, "reshard aborted: a shard could not start the copy");
     }
   }
-  TESSERA_RETURN_IF_ERROR(MoveRows(next, configs, *u, std::vector<int64_t>(old->num_shards(), -1),
-                                   &out->rows_moved));
+  TESSERA_RETURN_IF_ERROR(
+      MoveRows(next, configs, *u, std::vector<int64_t>(old->num_shards(), -1), &out->rows_moved));
   // One catch-up round, still serving: the rows updated during the copy. (Those updated
   // during this round are copied again while frozen.)
   std::vector<int64_t> changed(old->num_shards(), -1);
@@ -549,7 +574,8 @@ absl::Status Cluster::FreezeAndCatchUp(client::ShardRouter* next, UnfinishedResh
   return absl::OkStatus();
 }
 
-absl::Status Cluster::MoveRows(client::ShardRouter* next, const std::vector<v1::TableConfig>& configs,
+absl::Status Cluster::MoveRows(client::ShardRouter* next,
+                               const std::vector<v1::TableConfig>& configs,
                                const UnfinishedReshard& u, const std::vector<int64_t>& changed,
                                int64_t* moved) {
   client::ShardRouter* old = u.old;
@@ -631,10 +657,10 @@ absl::Status Cluster::CommitOldShards(const UnfinishedReshard& u) {
     if (!s.ok()) failed.push_back(std::string(s.message()));
   }
   if (failed.empty()) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "shard map version ", u.commit.version(), " is published, but ", failed.size(),
-      " old shard(s) did not commit to it (", absl::StrJoin(failed, "; "),
-      "); requests to them wait: repeat the same reshard to finish it"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("shard map version ", u.commit.version(), " is published, but ", failed.size(),
+                   " old shard(s) did not commit to it (", absl::StrJoin(failed, "; "),
+                   "); requests to them wait: repeat the same reshard to finish it"));
 }
 
 absl::StatusOr<std::vector<storage::CheckpointManifest>> Cluster::ListCheckpoints() const {

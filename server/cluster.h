@@ -99,11 +99,12 @@ class Cluster {
   absl::Status LookupBatch(absl::Span<const v1::TableConfig> configs,
                            absl::Span<const embedding::TableBags> parts, bool read_only);
   // Routes a push under request `id` (a new one when empty), waiting while a checkpoint
-  // or restore runs.
+  // or restore runs: all or nothing, as ShardRouter::PushBatch says.
   absl::StatusOr<std::vector<int64_t>> PushBatch(absl::Span<const v1::TableConfig> configs,
                                                  absl::Span<const embedding::TableGradients> parts,
                                                  int64_t step, const embedding::RequestId& id,
-                                                 const embedding::PushSync& sync = {});
+                                                 const embedding::PushSync& sync = {},
+                                                 bool after_lookup = false);
 
   // Every serving shard's stats of `table` (empty: every table); NotFound for an unknown
   // table.
@@ -147,7 +148,8 @@ class Cluster {
   v1::CoordinatorState StateLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // After shards restored `m`: the registry's tables of m.model become the checkpoint's
   // (configs as shard 0 holds them, with the whole table's row budget), saved to the store.
-  absl::Status AdoptRestoredTables(const storage::CheckpointManifest& m);
+  absl::Status AdoptRestoredTables(const storage::CheckpointManifest& m)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(create_mu_);
 
   // What the router's readmit callback reaches this cluster through: the callback may
   // outlive the cluster, and then finds none. Its mutex is held while Reprovision runs,
@@ -193,8 +195,12 @@ class Cluster {
   const ClusterOptions options_;
   storage::CoordinatorStore* store_;
   mutable absl::Mutex mu_;
-  absl::Mutex create_mu_;   // one CreateTable (or re-provisioning) at a time
-  absl::Mutex barrier_mu_;  // shared: routed pushes; exclusive: checkpoint and restore
+  // Lock order: create_mu_, then barrier_mu_, then mu_ (a reshard holds the first two, a
+  // restore all three; taking them the other way round once hung the coordinator).
+  absl::Mutex create_mu_ ABSL_ACQUIRED_BEFORE(barrier_mu_);  // one CreateTable (or
+                                                             // re-provisioning) at a time
+  absl::Mutex barrier_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // shared: routed pushes; exclusive:
+                                                     // checkpoint and restore
   std::map<std::string, v1::TableConfig> configs_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<ReadmitTarget> readmit_target_;
 };

@@ -3,10 +3,10 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "wire/push_proto.h"
-#include "wire/checkpoint_proto.h"
-#include "wire/row_chunk.h"
 #include "base/status.h"
+#include "wire/checkpoint_proto.h"
+#include "wire/push_proto.h"
+#include "wire/row_chunk.h"
 
 namespace tessera::server {
 namespace {
@@ -22,11 +22,18 @@ CoordinatorService::CoordinatorService(client::ShardRouter* router, uint64_t sha
                                        storage::CoordinatorStore* store)
     : options_(options), cluster_(router, shard_map_version, {options.max_tables}, store) {}
 
-absl::Status CoordinatorService::CheckBatch(const std::string& what, int64_t ids) const {
+absl::Status CoordinatorService::CheckBatch(const std::string& what, int64_t ids,
+                                            uint64_t version) const {
   if (ids > options_.max_batch_ids) {
     return absl::ResourceExhaustedError(absl::StrCat(
         what, ": batch of ", ids, " ids is over the limit of ", options_.max_batch_ids,
         " (tessera-coordinator --max_batch_ids): send smaller batches, or raise the limit"));
+  }
+  // As a shard would: a request built on another map is refused, not routed on this one.
+  if (const uint64_t serving = cluster_.shard_map_version(); version != 0 && version != serving) {
+    return absl::FailedPreconditionError(absl::StrCat(what, ": request built on shard map version ",
+                                                      version, ", the coordinator serves version ",
+                                                      serving, "; refresh the shard map"));
   }
   return absl::OkStatus();
 }
@@ -83,8 +90,9 @@ grpc::Status CoordinatorService::ImportRows(grpc::ServerContext* context,
                                             v1::ImportRowsResponse* response) {
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
     TESSERA_ASSIGN_OR_RETURN(embedding::RowBlock rows, wire::FromChunk(request->rows()));
-    TESSERA_RETURN_IF_ERROR(
-        CheckBatch(absl::StrCat("table '", request->table(), "'"), static_cast<int64_t>(rows.size())));
+    TESSERA_RETURN_IF_ERROR(CheckBatch(absl::StrCat("table '", request->table(), "'"),
+                                       static_cast<int64_t>(rows.size()),
+                                       request->shard_map_version()));
     TESSERA_RETURN_IF_ERROR(cluster_.ImportRows(request->table(), rows));
     response->set_rows(static_cast<int64_t>(rows.size()));
     return absl::OkStatus();
@@ -111,9 +119,9 @@ grpc::Status CoordinatorService::Reshard(grpc::ServerContext* context,
                                          const v1::ReshardClusterRequest* request,
                                          v1::ReshardClusterResponse* response) {
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
-    TESSERA_ASSIGN_OR_RETURN(
-        ReshardOutcome out,
-        cluster_.Reshard(std::vector<std::string>(request->shards().begin(), request->shards().end())));
+    TESSERA_ASSIGN_OR_RETURN(ReshardOutcome out,
+                             cluster_.Reshard(std::vector<std::string>(request->shards().begin(),
+                                                                       request->shards().end())));
     response->set_version(out.version);
     response->set_rows_moved(out.rows_moved);
     response->set_seconds(out.seconds);
@@ -130,11 +138,12 @@ grpc::Status CoordinatorService::Lookup(grpc::ServerContext* context,
                                         v1::LookupResponse* response) {
   return Serve(context, Access::kRead, [&]() -> absl::Status {
     TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, cluster_.Config(request->table()));
-    TESSERA_RETURN_IF_ERROR(
-        CheckBatch(absl::StrCat("table '", request->table(), "'"), request->ids_size()));
-    TESSERA_ASSIGN_OR_RETURN(LookupView view, PrepareLookup(*request, config.dim(), response));
-    embedding::TableBags part{request->table(), view.ids, view.offsets, view.weights,
-                              request->pooling(), view.out};
+    TESSERA_RETURN_IF_ERROR(CheckBatch(absl::StrCat("table '", request->table(), "'"),
+                                       request->ids_size(), request->shard_map_version()));
+    TESSERA_ASSIGN_OR_RETURN(
+        LookupView view, PrepareLookup(*request, config.dim(), options_.max_batch_ids, response));
+    embedding::TableBags part{request->table(), view.ids,           view.offsets,
+                              view.weights,     request->pooling(), view.out};
     absl::Status s = cluster_.LookupBatch({&config, 1}, {&part, 1}, request->read_only());
     if (!s.ok()) response->Clear();
     return s;
@@ -146,8 +155,10 @@ grpc::Status CoordinatorService::BatchLookup(grpc::ServerContext* context,
                                              v1::BatchLookupResponse* response) {
   return Serve(context, Access::kRead, [&]() -> absl::Status {
     thread_local DecodedBatch batch;
-    TESSERA_RETURN_IF_ERROR(PrepareBatchLookup(*request, Configs(), response, &batch));
-    TESSERA_RETURN_IF_ERROR(CheckBatch("batched lookup", batch.total_ids));
+    TESSERA_RETURN_IF_ERROR(
+        PrepareBatchLookup(*request, Configs(), options_.max_batch_ids, response, &batch));
+    TESSERA_RETURN_IF_ERROR(
+        CheckBatch("batched lookup", batch.total_ids, request->shard_map_version()));
     absl::Status s = cluster_.LookupBatch(batch.configs, batch.lookups, request->read_only());
     if (!s.ok()) response->Clear();
     const client::ShardRouter& router = cluster_.router();
@@ -162,15 +173,14 @@ grpc::Status CoordinatorService::PushGradients(grpc::ServerContext* context,
                                                v1::PushGradientsResponse* response) {
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
     TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, cluster_.Config(request->table()));
-    TESSERA_RETURN_IF_ERROR(
-        CheckBatch(absl::StrCat("table '", request->table(), "'"), request->ids_size()));
+    TESSERA_RETURN_IF_ERROR(CheckBatch(absl::StrCat("table '", request->table(), "'"),
+                                       request->ids_size(), request->shard_map_version()));
     const embedding::TableGradients part{
         request->table(), absl::MakeConstSpan(request->ids().data(), request->ids_size()),
         absl::MakeConstSpan(request->gradients().data(), request->gradients_size())};
-    TESSERA_ASSIGN_OR_RETURN(
-        std::vector<int64_t> updated,
-        cluster_.PushBatch({&config, 1}, {&part, 1}, request->step(),
-                           wire::RequestIdOf(request->request_id())));
+    TESSERA_ASSIGN_OR_RETURN(std::vector<int64_t> updated,
+                             cluster_.PushBatch({&config, 1}, {&part, 1}, request->step(),
+                                                wire::RequestIdOf(request->request_id())));
     response->set_rows_updated(updated[0]);
     response->set_incarnation(cluster_.router().IncarnationDigest());
     return absl::OkStatus();
@@ -183,12 +193,14 @@ grpc::Status CoordinatorService::BatchPush(grpc::ServerContext* context,
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
     thread_local DecodedBatch batch;
     TESSERA_RETURN_IF_ERROR(PrepareBatchPush(*request, Configs(), &batch));
-    TESSERA_RETURN_IF_ERROR(CheckBatch("batched push", batch.total_ids));
+    TESSERA_RETURN_IF_ERROR(
+        CheckBatch("batched push", batch.total_ids, request->shard_map_version()));
     // A data-parallel worker's push goes on to every shard with its group.
     TESSERA_ASSIGN_OR_RETURN(
         std::vector<int64_t> updated,
         cluster_.PushBatch(batch.configs, batch.pushes, request->step(),
-                           wire::RequestIdOf(request->request_id()), wire::PushSyncOf(*request)));
+                           wire::RequestIdOf(request->request_id()), wire::PushSyncOf(*request),
+                           request->after_lookup()));
     for (const int64_t u : updated) response->add_rows_updated(u);
     const client::ShardRouter& router = cluster_.router();
     response->set_incarnation(router.IncarnationDigest());

@@ -77,7 +77,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status Serve(grpc::ServerContext* context, Access access, const Handler& handler) const {
     return ServeCall(options_.auth, *context, access, handler);
   }
-  absl::Status CheckBatch(const std::string& what, int64_t ids) const;
+  // ResourceExhausted for a batch over the limit, FailedPrecondition for a request built on
+  // another shard map version than the one served (`version` 0: not checked).
+  absl::Status CheckBatch(const std::string& what, int64_t ids, uint64_t version) const;
   ConfigLookup Configs() const {
     return [this](const std::string& t, std::shared_ptr<TableCounters>*) {
       return cluster_.Config(t);

@@ -1,29 +1,49 @@
 #include "server/lookup_request.h"
 
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "wire/packed_bytes.h"
-#include "embedding/batch_ops.h"
 #include "base/status.h"
+#include "embedding/batch_ops.h"
+#include "wire/packed_bytes.h"
 
 namespace tessera::server {
 
+namespace {
+
+// ResourceExhausted when an answer of `rows` rows (ids, or bags) is over `max_rows`.
+absl::Status CheckAnswerRows(const std::string& what, int64_t rows, int64_t max_rows) {
+  if (rows <= max_rows) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat(what, ": an answer of ", rows, " rows (ids, or bags) is over the limit of ",
+                   max_rows, " (--max_batch_ids): send smaller batches, or raise the limit"));
+}
+
+}  // namespace
+
 absl::StatusOr<LookupView> PrepareLookup(const v1::LookupRequest& request, int dim,
-                                         v1::LookupResponse* response) {
+                                         int64_t max_rows, v1::LookupResponse* response) {
   LookupView v;
   v.ids = absl::Span<const int64_t>(request.ids().data(), request.ids_size());
   v.offsets = absl::Span<const int32_t>(request.offsets().data(), request.offsets_size());
   v.weights = absl::Span<const float>(request.weights().data(), request.weights_size());
   v.pooled = !v.offsets.empty();
-  TESSERA_ASSIGN_OR_RETURN(const size_t rows,
-                           embedding::CheckLookupShape(absl::StrCat("table '", request.table(), "'"),
-                                                       v.ids.size(), v.offsets, v.weights));
+  TESSERA_ASSIGN_OR_RETURN(
+      const size_t rows, embedding::CheckLookupShape(absl::StrCat("table '", request.table(), "'"),
+                                                     v.ids.size(), v.offsets, v.weights));
+  TESSERA_RETURN_IF_ERROR(CheckAnswerRows(absl::StrCat("table '", request.table(), "'"),
+                                          static_cast<int64_t>(rows), max_rows));
   response->set_dim(dim);
   // Every value is written by the lookup, so the buffer is not zero-filled first.
   auto* values = response->mutable_values();
   values->Clear();
-  const int floats = static_cast<int>(rows) * dim;
+  const int64_t wide = static_cast<int64_t>(rows) * dim;
+  if (wide > std::numeric_limits<int>::max()) {
+    return absl::ResourceExhaustedError(absl::StrCat("table '", request.table(), "': an answer of ",
+                                                     wide, " floats is too large for one message"));
+  }
+  const int floats = static_cast<int>(wide);
   values->Reserve(floats);
   v.out = absl::MakeSpan(values->AddNAlreadyReserved(floats), static_cast<size_t>(floats));
   return v;
@@ -38,7 +58,8 @@ std::string TablePart(const std::string& table, size_t index) {
 }  // namespace
 
 absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const ConfigLookup& config,
-                                v1::BatchLookupResponse* response, DecodedBatch* batch) {
+                                int64_t max_rows, v1::BatchLookupResponse* response,
+                                DecodedBatch* batch) {
   const size_t n = request.tables_size();
   batch->configs.clear();
   batch->counters.assign(n, nullptr);
@@ -48,6 +69,8 @@ absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const Con
   batch->offset_copies.resize(n);
   batch->float_copies.resize(n);
   response->clear_tables();
+  std::vector<size_t> answer_rows;
+  int64_t total_rows = 0;
   for (size_t i = 0; i < n; ++i) {
     const v1::TableLookup& t = request.tables(i);
     TESSERA_ASSIGN_OR_RETURN(v1::TableConfig c, config(t.table(), &batch->counters[i]));
@@ -55,23 +78,31 @@ absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const Con
     embedding::TableBags& part = batch->lookups[i];
     part.table = t.table();
     part.pooling = t.pooling();
-    TESSERA_ASSIGN_OR_RETURN(part.ids, wire::PackedSpan<int64_t>(
-                                           t.ids(), where + " ids", &batch->id_copies[i]));
+    TESSERA_ASSIGN_OR_RETURN(
+        part.ids, wire::PackedSpan<int64_t>(t.ids(), where + " ids", &batch->id_copies[i]));
     TESSERA_ASSIGN_OR_RETURN(
         part.offsets,
         wire::PackedSpan<int32_t>(t.offsets(), where + " offsets", &batch->offset_copies[i]));
     TESSERA_ASSIGN_OR_RETURN(part.weights, wire::PackedSpan<float>(t.weights(), where + " weights",
-                                                                     &batch->float_copies[i]));
+                                                                   &batch->float_copies[i]));
     TESSERA_ASSIGN_OR_RETURN(
         const size_t rows,
         embedding::CheckLookupShape(where, part.ids.size(), part.offsets, part.weights));
     batch->total_ids += static_cast<int64_t>(part.ids.size());
-    v1::TableValues* values = response->add_tables();
-    values->set_dim(c.dim());
-    values->set_rows(static_cast<int32_t>(rows));
-    part.out = absl::MakeSpan(wire::ResizePacked<float>(values->mutable_values(), rows * c.dim()),
-                              rows * c.dim());
+    answer_rows.push_back(rows);
+    total_rows += static_cast<int64_t>(rows);
     batch->configs.push_back(std::move(c));
+  }
+  // The whole answer is bounded before any of it is allocated.
+  TESSERA_RETURN_IF_ERROR(CheckAnswerRows("batched lookup", total_rows, max_rows));
+  for (size_t i = 0; i < n; ++i) {
+    const size_t rows = answer_rows[i];
+    const int dim = batch->configs[i].dim();
+    v1::TableValues* values = response->add_tables();
+    values->set_dim(dim);
+    values->set_rows(static_cast<int32_t>(rows));
+    batch->lookups[i].out =
+        absl::MakeSpan(wire::ResizePacked<float>(values->mutable_values(), rows * dim), rows * dim);
   }
   return absl::OkStatus();
 }
@@ -91,11 +122,11 @@ absl::Status PrepareBatchPush(const v1::BatchPushRequest& request, const ConfigL
     const std::string where = TablePart(t.table(), i);
     embedding::TableGradients& part = batch->pushes[i];
     part.table = t.table();
-    TESSERA_ASSIGN_OR_RETURN(part.ids, wire::PackedSpan<int64_t>(
-                                           t.ids(), where + " ids", &batch->id_copies[i]));
-    TESSERA_ASSIGN_OR_RETURN(part.gradients,
-                             wire::PackedSpan<float>(t.gradients(), where + " gradients",
-                                                       &batch->float_copies[i]));
+    TESSERA_ASSIGN_OR_RETURN(
+        part.ids, wire::PackedSpan<int64_t>(t.ids(), where + " ids", &batch->id_copies[i]));
+    TESSERA_ASSIGN_OR_RETURN(
+        part.gradients,
+        wire::PackedSpan<float>(t.gradients(), where + " gradients", &batch->float_copies[i]));
     TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(t.table(), "gradients", part.gradients.size(),
                                                      part.ids.size(), c.dim(), "ids"));
     TESSERA_RETURN_IF_ERROR(

@@ -25,9 +25,11 @@ struct LookupView {
 };
 
 // Checks weights and bag offsets of `request` for a table of `dim`, sets response->dim()
-// and sizes its values. InvalidArgument names the table and the broken rule.
+// and sizes its values. InvalidArgument names the table and the broken rule;
+// ResourceExhausted, before anything is allocated, when the answer would hold more than
+// `max_rows` rows (ids, or bags: empty bags cost no ids but answer a row each).
 absl::StatusOr<LookupView> PrepareLookup(const v1::LookupRequest& request, int dim,
-                                         v1::LookupResponse* response);
+                                         int64_t max_rows, v1::LookupResponse* response);
 
 // A table's request counts on a shard, bumped without a lock by the RPCs that serve it.
 struct TableCounters {
@@ -44,10 +46,10 @@ using ConfigLookup = std::function<absl::StatusOr<v1::TableConfig>(
 // Holds copies of fields that were not aligned for their type (never, for a parsed
 // message), so it must outlive the spans.
 struct DecodedBatch {
-  std::vector<v1::TableConfig> configs;             // per table of the request
+  std::vector<v1::TableConfig> configs;                  // per table of the request
   std::vector<std::shared_ptr<TableCounters>> counters;  // per table (null: none kept)
-  std::vector<embedding::TableBags> lookups;        // BatchLookup
-  std::vector<embedding::TableGradients> pushes;    // BatchPush
+  std::vector<embedding::TableBags> lookups;             // BatchLookup
+  std::vector<embedding::TableGradients> pushes;         // BatchPush
   int64_t total_ids = 0;
   std::vector<std::vector<int64_t>> id_copies;
   std::vector<std::vector<int32_t>> offset_copies;
@@ -57,9 +59,11 @@ struct DecodedBatch {
 // Decodes and checks every table of `request` (known table, whole values, bag offsets,
 // weights with offsets and finite), adds one TableValues per table to `response`, sized
 // for its answer, and points each part's `out` there. NotFound or InvalidArgument names
-// the table.
+// the table; ResourceExhausted, before any answer is allocated, when the answers would
+// hold more than `max_rows` rows in all.
 absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const ConfigLookup& config,
-                                v1::BatchLookupResponse* response, DecodedBatch* batch);
+                                int64_t max_rows, v1::BatchLookupResponse* response,
+                                DecodedBatch* batch);
 
 // Decodes and checks every table of `request` (known table, gradients of ids x dim floats,
 // all finite), so that the push can be refused whole before any row changes.

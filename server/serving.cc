@@ -23,6 +23,10 @@ sigset_t ShutdownSignals() {
 
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(grpc::Service* service,
                                                           const ListenOptions& options, int* port) {
+  if (options.port < 0 || options.port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--port must be in [0, 65535] (0 picks a free one), got ", options.port));
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   const std::string address = absl::StrCat(options.host, ":", options.port);
@@ -43,6 +47,9 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(grpc::Service* service
     return absl::UnavailableError(absl::StrCat(
         "cannot listen on ", address,
         options.port != 0 ? " (is another server on that port? pick a free --port)" : ""));
+  }
+  if (!options.service_name.empty() && server->GetHealthCheckService() != nullptr) {
+    server->GetHealthCheckService()->SetServingStatus(options.service_name, true);
   }
   return server;
 }

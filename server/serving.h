@@ -20,11 +20,14 @@ struct ListenOptions {
       credentials;             // TLS (MakeServerCredentials); null: plaintext
   base::Metrics* metrics = nullptr;  // counts and times every RPC when set; must outlive the server
   int shard_index = -1;        // named in the RPC log lines; -1: not a shard
+  // The service's full name ("tessera.v1.EmbeddingShard"): health checks for it are answered
+  // SERVING as for "" (clients in other languages ask by name).
+  std::string service_name;
 };
 
 // Starts a gRPC server for `service` with the default health service enabled, and sets
-// `*port` to the port it bound. Unavailable when it cannot listen, a port in use by
-// another process included (SO_REUSEPORT is off).
+// `*port` to the port it bound. InvalidArgument for a port outside [0, 65535], Unavailable
+// when it cannot listen, a port in use by another process included (SO_REUSEPORT is off).
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(grpc::Service* service,
                                                           const ListenOptions& options, int* port);
 

@@ -150,6 +150,7 @@ int main(int argc, char** argv) {
   listen.credentials = tessera::server::MakeServerCredentials(*security);
   listen.metrics = metrics.get();
   listen.shard_index = options.shard_index;
+  listen.service_name = tessera::v1::EmbeddingShard::service_full_name();
   int port = 0;
   auto server = tessera::server::StartServer(&service, listen, &port);
   if (!server.ok()) {

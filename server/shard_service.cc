@@ -7,21 +7,21 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/time.h"
 #include "absl/strings/str_join.h"
-#include "wire/push_proto.h"
-#include "wire/checkpoint_proto.h"
-#include "wire/packed_bytes.h"
-#include "wire/row_chunk.h"
+#include "absl/time/time.h"
+#include "base/check.h"
+#include "base/status.h"
 #include "embedding/batch_ops.h"
 #include "embedding/embedding_table.h"
 #include "embedding/sharding.h"
 #include "embedding/storage/durable_collection.h"
-#include "base/check.h"
-#include "base/status.h"
 #include "embedding/table_config.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "wire/checkpoint_proto.h"
 #include "wire/grpc_status.h"
+#include "wire/packed_bytes.h"
+#include "wire/push_proto.h"
+#include "wire/row_chunk.h"
 
 namespace tessera::server {
 
@@ -37,7 +37,6 @@ class ShardService::Admitted {
   Traffic traffic_;
 };
 
-
 ShardService::ShardService(embedding::EmbeddingCollection* tables, const ShardOptions& options)
     : tables_(tables),
       options_(options),
@@ -50,8 +49,8 @@ ShardService::ShardService(embedding::EmbeddingCollection* tables, const ShardOp
       steps_(absl::StrCat("shard ", options.shard_index)) {
   // Unlisted tables are refused as unknown until a restore lists them again: say why.
   if (absl::Status s = ReloadConfigs(); !s.ok()) {
-    std::fprintf(stderr, "tessera: shard %d: cannot list the tables it holds: %s\n",
-                 index_.load(), s.ToString().c_str());
+    std::fprintf(stderr, "tessera: shard %d: cannot list the tables it holds: %s\n", index_.load(),
+                 s.ToString().c_str());
   }
 }
 
@@ -178,8 +177,8 @@ grpc::Status ShardService::AlterTable(grpc::ServerContext* context,
     absl::StatusOr<v1::TableConfig> altered =
         tables_->AlterTable(request->table(), request->optimizer());
     if (absl::IsNotFound(altered.status())) {
-      return absl::NotFoundError(absl::StrCat("table '", request->table(), "' not found on shard ",
-                                              index_.load()));
+      return absl::NotFoundError(
+          absl::StrCat("table '", request->table(), "' not found on shard ", index_.load()));
     }
     TESSERA_RETURN_IF_ERROR(altered.status());
     absl::MutexLock lock(&mu_);
@@ -191,13 +190,12 @@ grpc::Status ShardService::AlterTable(grpc::ServerContext* context,
 }
 
 grpc::Status ShardService::DropTable(grpc::ServerContext* context,
-                                     const v1::DropTableRequest* request,
-                                     v1::DropTableResponse*) {
+                                     const v1::DropTableRequest* request, v1::DropTableResponse*) {
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
     absl::Status s = tables_->DropTable(request->table());
     if (absl::IsNotFound(s)) {
-      return absl::NotFoundError(absl::StrCat("table '", request->table(), "' not found on shard ",
-                                              index_.load()));
+      return absl::NotFoundError(
+          absl::StrCat("table '", request->table(), "' not found on shard ", index_.load()));
     }
     TESSERA_RETURN_IF_ERROR(s);
     absl::MutexLock lock(&mu_);
@@ -279,8 +277,9 @@ grpc::Status ShardService::ImportRows(grpc::ServerContext* context,
       absl::MutexLock lock(&gate_mu_);
       if (pending_version_ != 0 && version != 0 && version == pending_version_) {
         if (pending_index_ < 0) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "shard ", index_.load(), " leaves the map at version ", version, ": it takes no rows"));
+          return absl::FailedPreconditionError(absl::StrCat("shard ", index_.load(),
+                                                            " leaves the map at version ", version,
+                                                            ": it takes no rows"));
         }
         version = 0;
         index = pending_index_;
@@ -329,16 +328,17 @@ absl::StatusOr<v1::TableConfig> ShardService::Config(
 absl::Status ShardService::CheckBatch(const std::string& table, int64_t ids,
                                       uint64_t version) const {
   if (ids > options_.max_batch_ids) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        table, ": batch of ", ids, " ids is over shard ", index_.load(), "'s limit of ",
-        options_.max_batch_ids, " (tessera-shard --max_batch_ids): send smaller batches, or "
-        "raise the limit"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(table, ": batch of ", ids, " ids is over shard ", index_.load(),
+                     "'s limit of ", options_.max_batch_ids,
+                     " (tessera-shard --max_batch_ids): send smaller batches, or "
+                     "raise the limit"));
   }
   const uint64_t serving = version_.load();
   if (version != 0 && version != serving) {
     return absl::FailedPreconditionError(
-        absl::StrCat("shard ", index_.load(), ": request built on shard map version ",
-                     version, ", this shard serves version ", serving, "; refresh the shard map"));
+        absl::StrCat("shard ", index_.load(), ": request built on shard map version ", version,
+                     ", this shard serves version ", serving, "; refresh the shard map"));
   }
   return absl::OkStatus();
 }
@@ -355,9 +355,9 @@ absl::Status ShardService::CheckOwnership(const v1::TableConfig& config,
   for (const int64_t id : ids) {
     const int owner = embedding::ShardOfRow(config, id, num_shards);
     if (owner != index) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("table '", config.name(), "': id ", id, " belongs to shard ", owner,
-                       ", not shard ", index, "; refresh the shard map"));
+      return absl::FailedPreconditionError(absl::StrCat("table '", config.name(), "': id ", id,
+                                                        " belongs to shard ", owner, ", not shard ",
+                                                        index, "; refresh the shard map"));
     }
   }
   return absl::OkStatus();
@@ -384,19 +384,19 @@ grpc::Status ShardService::CreateTable(grpc::ServerContext* context,
           MessageDifferencer::Equals(it->second, local)) {
         return true;
       }
-      return absl::AlreadyExistsError(absl::StrCat(
-          "table '", config.name(), "' already exists on shard ", index_.load(),
-          " with another config: ",
-          absl::StrJoin(embedding::TableConfigDifferences(it->second, local), "; ")));
+      return absl::AlreadyExistsError(
+          absl::StrCat("table '", config.name(), "' already exists on shard ", index_.load(),
+                       " with another config: ",
+                       absl::StrJoin(embedding::TableConfigDifferences(it->second, local), "; ")));
     };
     TESSERA_ASSIGN_OR_RETURN(bool exists, held());
     if (!exists) {
       {
         absl::ReaderMutexLock lock(&mu_);
         if (static_cast<int64_t>(configs_.size()) >= options_.max_tables) {
-          return absl::ResourceExhaustedError(
-              absl::StrCat("table '", config.name(), "': this shard holds ", configs_.size(),
-                           " tables, its limit (--max_tables)"));
+          return absl::ResourceExhaustedError(absl::StrCat("table '", config.name(),
+                                                           "': this shard holds ", configs_.size(),
+                                                           " tables, its limit (--max_tables)"));
         }
       }
       absl::Status s = tables_->CreateTable(local);
@@ -438,7 +438,8 @@ grpc::Status ShardService::Lookup(grpc::ServerContext* context, const v1::Lookup
                                        request->ids_size(), request->shard_map_version()));
     TESSERA_RETURN_IF_ERROR(
         CheckOwnership(config, absl::MakeConstSpan(request->ids().data(), request->ids_size())));
-    TESSERA_ASSIGN_OR_RETURN(LookupView view, PrepareLookup(*request, config.dim(), response));
+    TESSERA_ASSIGN_OR_RETURN(
+        LookupView view, PrepareLookup(*request, config.dim(), options_.max_batch_ids, response));
     embedding::LookupOptions options;
     options.insert_missing = !request->read_only();
     absl::Status s =
@@ -461,9 +462,10 @@ grpc::Status ShardService::BatchLookup(grpc::ServerContext* context,
     TESSERA_RETURN_IF_ERROR(Enter(Traffic::kRead, request->shard_map_version(), *context));
     Admitted admitted(this, Traffic::kRead);
     thread_local DecodedBatch batch;
-    TESSERA_RETURN_IF_ERROR(PrepareBatchLookup(*request, Configs(), response, &batch));
-    TESSERA_RETURN_IF_ERROR(CheckBatch("batched lookup", batch.total_ids,
-                                       request->shard_map_version()));
+    TESSERA_RETURN_IF_ERROR(
+        PrepareBatchLookup(*request, Configs(), options_.max_batch_ids, response, &batch));
+    TESSERA_RETURN_IF_ERROR(
+        CheckBatch("batched lookup", batch.total_ids, request->shard_map_version()));
     for (size_t i = 0; i < batch.lookups.size(); ++i) {
       TESSERA_RETURN_IF_ERROR(CheckOwnership(batch.configs[i], batch.lookups[i].ids));
     }
@@ -495,8 +497,9 @@ absl::StatusOr<std::vector<int64_t>> ShardService::ApplyPush(const DecodedBatch&
   const DecodedBatch& batch = filtered ? kept : whole;
   const embedding::RequestId id = JournalId(request);
   auto table_of = [&](size_t i) { return batch.pushes[i].table; };
-  absl::StatusOr<std::vector<int64_t>> result =
-      journal_.Run(id, batch.pushes.size(), [&](std::vector<int64_t>* done) -> absl::Status {
+  absl::StatusOr<std::vector<int64_t>> result = journal_.Run(
+      id, batch.pushes.size(),
+      [&](std::vector<int64_t>* done) -> absl::Status {
         // A collection that applies a batch whole (every part checked first, then every
         // part applied, its tables in parallel) takes it in one call.
         if (done->empty() && tables_->AppliesBatchWhole()) return ApplyWhole(batch, step, done);
@@ -515,9 +518,9 @@ absl::StatusOr<std::vector<int64_t>> ShardService::ApplyPush(const DecodedBatch&
             }
           }
           absl::Status applied =
-              id.empty() ? tables_->PushGradients(part.table, part.ids, part.gradients, step)
-                         : tables_->PushGradientsRecorded(part.table, part.ids, part.gradients,
-                                                          step, tag);
+              id.empty()
+                  ? tables_->PushGradients(part.table, part.ids, part.gradients, step)
+                  : tables_->PushGradientsRecorded(part.table, part.ids, part.gradients, step, tag);
           // A part that kept some rows (their results were not finite) has updated the
           // others: it counts as applied, so a repeat does not apply them again.
           TESSERA_RETURN_IF_ERROR(tessera::SetAsidePartlyApplied(std::move(applied), &partly));
@@ -528,7 +531,8 @@ absl::StatusOr<std::vector<int64_t>> ShardService::ApplyPush(const DecodedBatch&
           }
         }
         return partly;
-      }, table_of);
+      },
+      table_of);
   // Applied, in part or whole, or not at all: a reshard's copy sends these rows again.
   for (size_t i = 0; i < batch.pushes.size(); ++i) {
     if (!noting_.load()) break;
@@ -567,9 +571,9 @@ bool ShardService::WithoutMovedPushes(const DecodedBatch& batch, const embedding
   skipped->assign(n, 0);
   for (size_t i = 0; i < n; ++i) {
     const embedding::TableGradients& part = batch.pushes[i];
-    absl::StatusOr<v1::TableConfig> config =
-        i < batch.configs.size() ? absl::StatusOr<v1::TableConfig>(batch.configs[i])
-                                 : Config(part.table);
+    absl::StatusOr<v1::TableConfig> config = i < batch.configs.size()
+                                                 ? absl::StatusOr<v1::TableConfig>(batch.configs[i])
+                                                 : Config(part.table);
     std::vector<int64_t>& ids = kept->id_copies[i];
     std::vector<float>& gradients = kept->float_copies[i];
     const size_t dim = part.ids.empty() ? 0 : part.gradients.size() / part.ids.size();
@@ -577,10 +581,10 @@ bool ShardService::WithoutMovedPushes(const DecodedBatch& batch, const embedding
     for (size_t j = 0; j < part.ids.size(); ++j) {
       const int64_t row = part.ids[j];
       // A table unknown here keeps its ids: the push refuses it as it would have.
-      const bool done = config.ok() && std::any_of(applied.begin(), applied.end(),
-                                                   [&](const v1::AppliedPush& a) {
-                                                     return AppliedTo(a, *config, row);
-                                                   });
+      const bool done =
+          config.ok() && std::any_of(applied.begin(), applied.end(), [&](const v1::AppliedPush& a) {
+            return AppliedTo(a, *config, row);
+          });
       if (done) {
         left_out.insert(row);
         continue;
@@ -633,12 +637,11 @@ grpc::Status ShardService::PushGradients(grpc::ServerContext* context,
     TESSERA_RETURN_IF_ERROR(CheckOwnership(config, ids));
     thread_local DecodedBatch batch;
     batch.counters.assign(1, std::move(counters));
-    batch.pushes.assign(1, {request->table(), ids,
-                            absl::MakeConstSpan(request->gradients().data(),
-                                                request->gradients_size())});
-    TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(request->table(), "gradients",
-                                                     request->gradients_size(), ids.size(),
-                                                     config.dim(), "ids"));
+    batch.pushes.assign(
+        1, {request->table(), ids,
+            absl::MakeConstSpan(request->gradients().data(), request->gradients_size())});
+    TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(
+        request->table(), "gradients", request->gradients_size(), ids.size(), config.dim(), "ids"));
     TESSERA_ASSIGN_OR_RETURN(
         std::vector<int64_t> updated,
         ApplyPush(batch, request->step(), wire::RequestIdOf(request->request_id())));
@@ -652,14 +655,24 @@ grpc::Status ShardService::BatchPush(grpc::ServerContext* context,
                                      const v1::BatchPushRequest* request,
                                      v1::BatchPushResponse* response) {
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
-    TESSERA_RETURN_IF_ERROR(Enter(Traffic::kPush, request->shard_map_version(), *context));
-    Admitted admitted(this, Traffic::kPush);
+    // A check round changes no row's value: it waits and counts as a lookup does.
+    const Traffic traffic = request->check_only() ? Traffic::kRead : Traffic::kPush;
+    TESSERA_RETURN_IF_ERROR(Enter(traffic, request->shard_map_version(), *context));
+    Admitted admitted(this, traffic);
     thread_local DecodedBatch batch;
     TESSERA_RETURN_IF_ERROR(PrepareBatchPush(*request, Configs(), &batch));
     TESSERA_RETURN_IF_ERROR(
         CheckBatch("batched push", batch.total_ids, request->shard_map_version()));
     for (size_t i = 0; i < batch.pushes.size(); ++i) {
       TESSERA_RETURN_IF_ERROR(CheckOwnership(batch.configs[i], batch.pushes[i].ids));
+    }
+    if (request->check_only()) {
+      embedding::PushOptions check;
+      check.check_only = true;
+      TESSERA_RETURN_IF_ERROR(tables_->PushBatch(batch.pushes, request->step(), check));
+      response->mutable_rows_updated()->Resize(static_cast<int>(batch.pushes.size()), 0);
+      response->set_incarnation(incarnation_);
+      return absl::OkStatus();
     }
     const bool sync = request->has_sync() && request->sync().workers() > 1;
     TESSERA_ASSIGN_OR_RETURN(
@@ -726,8 +739,8 @@ grpc::Status ShardService::Stats(grpc::ServerContext* context, const v1::StatsRe
     {
       absl::ReaderMutexLock lock(&mu_);
       if (!request->table().empty() && configs_.count(request->table()) == 0) {
-        return absl::NotFoundError(absl::StrCat("table '", request->table(),
-                                                "' not found on shard ", index_.load()));
+        return absl::NotFoundError(
+            absl::StrCat("table '", request->table(), "' not found on shard ", index_.load()));
       }
       counters = counters_;
     }
@@ -758,8 +771,9 @@ grpc::Status ShardService::Stats(grpc::ServerContext* context, const v1::StatsRe
 absl::Status ShardService::Enter(Traffic traffic, uint64_t version,
                                  const grpc::ServerContext& context) {
   // Waits no longer than shortly before the caller gives up, so that it hears why.
-  const absl::Time deadline = std::min(absl::FromChrono(context.deadline()) - absl::Milliseconds(250),
-                                       absl::Now() + absl::Minutes(2));
+  const absl::Time deadline =
+      std::min(absl::FromChrono(context.deadline()) - absl::Milliseconds(250),
+               absl::Now() + absl::Minutes(2));
   absl::MutexLock lock(&gate_mu_);
   auto waits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gate_mu_) {
     if (committing_) return true;
@@ -769,15 +783,15 @@ absl::Status ShardService::Enter(Traffic traffic, uint64_t version,
   };
   while (waits()) {
     if (gate_cv_.WaitWithDeadline(&gate_mu_, deadline) && waits()) {
-      return absl::UnavailableError(absl::StrCat(
-          "shard ", index_.load(), " is moving rows to shard map version ", pending_version_,
-          " (a reshard); retry"));
+      return absl::UnavailableError(absl::StrCat("shard ", index_.load(),
+                                                 " is moving rows to shard map version ",
+                                                 pending_version_, " (a reshard); retry"));
     }
   }
   if (left_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shard ", index_.load(), " is no longer in the shard map (it left at version ",
-        version_.load(), "); refresh the shard map"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", index_.load(), " is no longer in the shard map (it left at version ",
+                     version_.load(), "); refresh the shard map"));
   }
   ++(traffic == Traffic::kPush ? pushes_in_flight_ : reads_in_flight_);
   return absl::OkStatus();
@@ -828,9 +842,9 @@ grpc::Status ShardService::Reshard(grpc::ServerContext* context, const v1::Resha
     const int32_t m = request->num_shards();
     if (request->version() == 0 || m < 1 || request->shard_index() < -1 ||
         request->shard_index() >= m) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "reshard: version ", request->version(), ", shard ", request->shard_index(), " of ", m,
-          " is not a place in a shard map"));
+      return absl::InvalidArgumentError(absl::StrCat("reshard: version ", request->version(),
+                                                     ", shard ", request->shard_index(), " of ", m,
+                                                     " is not a place in a shard map"));
     }
     // A phase of the next reshard waits until the last one's rows are dropped.
     TESSERA_RETURN_IF_ERROR(FinishRepartition());
@@ -848,9 +862,8 @@ grpc::Status ShardService::Reshard(grpc::ServerContext* context, const v1::Resha
         break;
       case v1::ReshardRequest::ABORT: {
         // The budgets of the map it serves again.
-        TESSERA_RETURN_IF_ERROR(
-            SplitRowBudgets({request->row_budgets().begin(), request->row_budgets().end()},
-                            num_shards_.load()));
+        TESSERA_RETURN_IF_ERROR(SplitRowBudgets(
+            {request->row_budgets().begin(), request->row_budgets().end()}, num_shards_.load()));
         absl::MutexLock lock(&gate_mu_);
         if (!committing_ && pending_version_ == request->version()) {
           frozen_ = false;
@@ -877,8 +890,7 @@ grpc::Status ShardService::Reshard(grpc::ServerContext* context, const v1::Resha
   });
 }
 
-absl::Status ShardService::Copy(const v1::ReshardRequest& request,
-                                v1::ReshardResponse* response) {
+absl::Status ShardService::Copy(const v1::ReshardRequest& request, v1::ReshardResponse* response) {
   response->set_changed_rows(0);
   // Rows arrive while they move: no budget refuses (or evicts) them until the commit.
   TESSERA_RETURN_IF_ERROR(SplitRowBudgets(
@@ -894,9 +906,9 @@ absl::Status ShardService::Copy(const v1::ReshardRequest& request,
   }
   absl::MutexLock lock(&gate_mu_);
   if (pending_version_ != 0 && pending_version_ != request.version()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shard ", index_.load(), " is moving to shard map version ", pending_version_, ", not ",
-        request.version(), "; finish or abort that reshard first"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard ", index_.load(), " is moving to shard map version ", pending_version_,
+                     ", not ", request.version(), "; finish or abort that reshard first"));
   }
   // A COPY after the first starts another round: what changed in the last one.
   response->set_changed_rows(tracking_ ? EndRound() : -1);
@@ -924,8 +936,8 @@ absl::Status ShardService::Freeze(const v1::ReshardRequest& request,
     absl::MutexLock lock(&gate_mu_);
     if (pending_version_ != 0 && pending_version_ != request.version()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", index_.load(), " is moving to shard map version ", pending_version_,
-          ", not ", request.version(), "; finish or abort that reshard first"));
+          "shard ", index_.load(), " is moving to shard map version ", pending_version_, ", not ",
+          request.version(), "; finish or abort that reshard first"));
     }
     frozen_ = true;
     pending_version_ = request.version();
@@ -948,9 +960,9 @@ absl::Status ShardService::Freeze(const v1::ReshardRequest& request,
       for (const std::string& t : a.tables) p->add_tables(t);
     }
   } else if (serving > request.version()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shard ", index_.load(), " serves shard map version ", serving, ", newer than ",
-        request.version()));
+    return absl::FailedPreconditionError(absl::StrCat("shard ", index_.load(),
+                                                      " serves shard map version ", serving,
+                                                      ", newer than ", request.version()));
   }
   // Those it kept from earlier reshards (a repeated FREEZE after its COMMIT: only these).
   for (v1::AppliedPush& p : moved_.All()) *response->add_applied() = std::move(p);

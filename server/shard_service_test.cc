@@ -220,6 +220,41 @@ TEST_F(ShardServiceTest, AnOverflowingUpdateIsRefusedForItsRowAndARepeatAppliesN
   for (int i = 0; i < 8; ++i) EXPECT_EQ(again.values(i), after.values(i));
 }
 
+// An answer is sized by its bags, not its ids: many empty bags are bounded as ids are,
+// before the answer is allocated (a few such requests used to take gigabytes).
+TEST_F(ShardServiceTest, ALookupOfManyEmptyBagsIsRefusedBeforeItsAnswerIsMade) {
+  Start(0, 1, /*max_batch=*/1000);
+  ASSERT_TRUE(Create(Config("wide", 64)).ok());
+  v1::LookupRequest req = LookupOf({}, "wide");
+  req.set_shard_map_version(7);
+  for (int b = 0; b <= 5000; ++b) req.add_offsets(0);
+  v1::LookupResponse resp;
+  grpc::Status s = Lookup(req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("5000 rows"));
+
+  v1::BatchLookupRequest batch;
+  batch.set_shard_map_version(7);
+  for (int t = 0; t < 2; ++t) {
+    v1::TableLookup* part = batch.add_tables();
+    part->set_table("wide");
+    std::vector<int32_t> offsets(601, 0);
+    part->set_offsets(std::string(reinterpret_cast<const char*>(offsets.data()),
+                                  offsets.size() * sizeof(int32_t)));
+  }
+  grpc::ClientContext ctx;
+  v1::BatchLookupResponse batch_resp;
+  s = stub_->BatchLookup(&ctx, batch, &batch_resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("1200 rows"));
+  // Within the limit, empty bags answer zero rows.
+  req.clear_offsets();
+  for (int b = 0; b <= 10; ++b) req.add_offsets(0);
+  ASSERT_TRUE(Lookup(req, &resp).ok());
+  EXPECT_EQ(resp.values_size(), 10 * 64);
+  for (float v : resp.values()) EXPECT_EQ(v, 0.0f);
+}
+
 TEST_F(ShardServiceTest, RefusesIdsOwnedByAnotherShard) {
   Start(1, 3);
   ASSERT_TRUE(Create(Config()).ok());

@@ -87,6 +87,11 @@ before="$($CLI lookup --table=user --ids=1,2,3)"
 kill -9 "$(cat "$TESSERA_CLUSTER_DIR/pids/shard-1.pid")"
 if "$CLUSTER" status >/dev/null; then fail "status must fail with a shard down"; fi
 { "$CLUSTER" status || true; } | grep -q "shard 1 .*DOWN" || fail "shard 1 not reported down"
+# One dead shard comes back alone, with its place and data.
+"$CLUSTER" start-shard 1 | grep -q "shard 1 of 3 serving" || fail "start-shard 1"
+"$CLUSTER" status | grep -c SERVING | grep -qx 4 || fail "shard 1 not serving after start-shard"
+[ "$($CLI lookup --table=user --ids=1,2,3)" = "$before" ] || fail "rows changed across start-shard"
+"$CLUSTER" start-shard 1 >/dev/null 2>&1 && fail "start-shard of a running shard must refuse"
 
 "$CLUSTER" stop
 if "$CLUSTER" status >/dev/null 2>&1; then fail "still running after stop"; fi
@@ -94,7 +99,16 @@ for f in "$TESSERA_CLUSTER_DIR"/pids/*.pid; do [ -e "$f" ] && fail "pid file lef
 
 # The same cluster again: its tables, rows and checkpoints come back from the data dirs.
 if "$CLUSTER" start 2 >/dev/null 2>&1; then fail "start with another shard count must refuse"; fi
-"$CLUSTER" start 3 >/dev/null
+# A start that fails half-way (a coordinator flag it refuses) stops the shards it started;
+# shard-only flags go to the shards alone.
+out="$(TESSERA_COORDINATOR_FLAGS="--no_such_flag=1" \
+  "$CLUSTER" start 3 2>&1)" && fail "a start whose coordinator cannot start must fail"
+echo "$out" | grep -q "stopped what this start had started" || fail "failed start: $out"
+if $CLI health --address="127.0.0.1:$((base + 1))" >/dev/null 2>&1; then
+  fail "a failed start left a shard running"
+fi
+TESSERA_SHARD_FLAGS="--memory_limit=4000000000" "$CLUSTER" start 3 >/dev/null \
+  || fail "start with a shard-only flag"
 $CLI tables | grep -q "^user  *8 fp32  *adam" || fail "table lost across a restart"
 $CLI tables | grep -q "^half  *8 bf16" || fail "bf16 table lost across a restart"
 [ "$($CLI lookup --table=user --ids=1,2,3)" = "$before" ] || fail "rows changed across a restart"
@@ -136,6 +150,8 @@ $CLI create --table=fixed --dim=4 --vocabulary_size=1000 --durability=write_thro
 $CLI import --table=fixed --in="$TESSERA_CLUSTER_DIR/fixed.npz" >/dev/null || fail "import fixed rows"
 fixed="$(rows fixed)"
 [ "${fixed%% *}" = 334 ] || fail "fixed rows not imported: $fixed"
+# To the shard count it has: nothing to do, and the next reshard still works.
+"$CLUSTER" reshard 3 | grep -q "nothing to do" || fail "reshard to the current count"
 out="$("$CLUSTER" reshard 4 2>&1)" || fail "reshard to 4: $out"
 echo "$out" | grep -q "resharded: 4 shards, shard map version 2" || fail "reshard to 4: $out"
 "$CLUSTER" status | grep -c SERVING | grep -qx 5 || fail "not all 5 processes serving after the reshard"

@@ -80,6 +80,30 @@ class CoordinatorTest : public ::testing::Test {
   std::unique_ptr<v1::Coordinator::Stub> stub_;
 };
 
+// A request built on another shard map than the coordinator serves is refused as a shard
+// refuses it, not routed on the coordinator's map.
+TEST_F(CoordinatorTest, RefusesARequestBuiltOnAnotherShardMapVersion) {
+  ASSERT_TRUE(Create(Config()).ok());
+  v1::LookupRequest lookup;
+  lookup.set_table("item");
+  lookup.add_ids(3);
+  lookup.set_shard_map_version(2);
+  v1::LookupResponse got;
+  const grpc::Status s = Lookup(lookup, &got);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("refresh the shard map"));
+  v1::PushGradientsRequest push;
+  push.set_table("item");
+  push.add_ids(3);
+  for (int i = 0; i < 16; ++i) push.add_gradients(1.0f);
+  push.set_shard_map_version(7);
+  EXPECT_EQ(Push(push).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  lookup.set_shard_map_version(1);  // the version served, or 0: not checked
+  EXPECT_TRUE(Lookup(lookup, &got).ok());
+  lookup.set_shard_map_version(0);
+  EXPECT_TRUE(Lookup(lookup, &got).ok());
+}
+
 TEST_F(CoordinatorTest, AgreesWithTheInProcessCollectionOverSeveralSteps) {
   ASSERT_TRUE(Create(Config()).ok());
   auto reference = std::move(embedding::NewInProcessCollection(kShards)).value();

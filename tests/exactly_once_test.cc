@@ -143,12 +143,14 @@ TEST_F(ExactlyOnceTest, ShardsThatApplyAndLoseTheirAnswerApplyEachPushOnce) {
     CreateBoth(*c, Sgd("b", 12));
     const std::vector<int64_t> a = Ids(400, 1), b = Ids(300, 5);
     for (int step = 0; step < 3; ++step) {
-      losing_[1]->LoseAnswers(2);  // shard 1 applies, twice in a row the answer is lost
+      // After the check round (each shard checks its part first: one call), shard 1
+      // applies the push, and twice in a row its answer is lost.
+      losing_[1]->LoseAnswers(2, /*after=*/1);
       const int seen0 = losing_[0]->calls(), seen1 = losing_[1]->calls();
       ASSERT_TRUE(PushOnes(*c, a, b, step).ok());
       ASSERT_TRUE(PushOnes(*reference_, a, b, step).ok());
-      EXPECT_EQ(losing_[0]->calls() - seen0, 1) << "the healthy shard was sent it again";
-      EXPECT_EQ(losing_[1]->calls() - seen1, 3);  // the first and two retries
+      EXPECT_EQ(losing_[0]->calls() - seen0, 2) << "the healthy shard was sent it again";
+      EXPECT_EQ(losing_[1]->calls() - seen1, 4);  // the check, the push and two retries
     }
     ExpectRowsEqualReference(*c, "a", a);
     ExpectRowsEqualReference(*c, "b", b);
@@ -212,7 +214,11 @@ TEST_F(ExactlyOnceTest, AShardGoneInTheMiddleOfAFanOutIsRetriedAloneOnceItIsBack
     std::vector<float> ga(a.size() * 4, 1.0f), gb(b.size() * 4, 2.0f);
     const std::vector<embedding::TableGradients> parts = {{ta, a, ga}, {tb, b, gb}};
     absl::Status pushed;
-    std::thread push([&] { pushed = c->PushBatch(parts, 1); });
+    // As a trainer pushes after its lookup: no check round, so the fan-out itself meets
+    // the shard that is gone.
+    embedding::PushOptions after_lookup;
+    after_lookup.after_lookup = true;
+    std::thread push([&] { pushed = c->PushBatch(parts, 1, after_lookup); });
     std::this_thread::sleep_for(std::chrono::milliseconds(150));
     // Back on its port, rows kept.
     servers_[1] = StartLocalServer(shards_[1].get(), &ports_[1], losing_[1].get());

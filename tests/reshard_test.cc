@@ -17,6 +17,7 @@
 #include "embedding/inprocess_collection.h"
 #include "embedding/storage/durable_collection.h"
 #include "grpcpp/grpcpp.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/coordinator_service.h"
 #include "server/shard_service.h"
@@ -325,6 +326,43 @@ TEST_F(ReshardTest, APushHalfAppliedBeforeAReshardIsCompletedOnceAfterIt) {
   // Once more with the same id: nothing changes.
   ASSERT_TRUE(c->PushBatch(parts, 1, options).ok());
   ExpectRowsPlacedAndEqualTheReference({"a", "b"}, {0, 1, 2});
+}
+
+// A new shard started for another map version (a script's or operator's slip) is refused
+// before anything is published, naming the flag; the old map serves on, and the same
+// reshard works once the shard runs with the version it names.
+TEST_F(ReshardTest, ANewShardOfAnotherMapVersionIsRefusedBeforeAnythingIsPublished) {
+  auto c = Connect(client::ClientOptions::Mode::kSmart);
+  CreateBoth(*c, Table("a", v1::SGD, 11));
+  std::mt19937_64 rng(6);
+  const Push p = MakePush(rng, 0);
+  ASSERT_TRUE(c->PushGradients("a", p.a, p.ga, 1).ok());
+  ASSERT_TRUE(reference_->PushGradients("a", p.a, p.ga, 1).ok());
+  // Shard 2 started anew, empty, serving `version`.
+  auto restart_new_shard = [&](uint64_t version) {
+    shards_[2].Stop();
+    std::filesystem::remove_all(shards_[2].dir);
+    shards_[2].version = version;
+    shards_[2].Start();
+  };
+  for (const uint64_t wrong : {3, 1}) {
+    ASSERT_NO_FATAL_FAILURE(restart_new_shard(wrong));
+    v1::ReshardClusterResponse r;
+    const grpc::Status s = Reshard({0, 1, 2}, &r);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+    EXPECT_THAT(s.error_message(), ::testing::HasSubstr(absl::StrCat(
+                                       "serves shard map version ", wrong, ", not 2")));
+    EXPECT_THAT(s.error_message(), ::testing::HasSubstr("--shard_map_version=2"));
+    ASSERT_TRUE(c->PushGradients("a", p.a, p.ga, 2).ok()) << "the old map serves on";
+    ASSERT_TRUE(reference_->PushGradients("a", p.a, p.ga, 2).ok());
+    ExpectRowsPlacedAndEqualTheReference({"a"}, {0, 1});
+  }
+  ASSERT_NO_FATAL_FAILURE(restart_new_shard(2));
+  v1::ReshardClusterResponse r;
+  const grpc::Status s = Reshard({0, 1, 2}, &r);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(r.version(), 2u);
+  ExpectRowsPlacedAndEqualTheReference({"a"}, {0, 1, 2});
 }
 
 // A reshard that fails before it publishes changes nothing (the frozen shards go on);

@@ -126,6 +126,52 @@ TEST(ShardProcesses, ASecondServerOnATakenPortRefusesToStart) {
   }
 }
 
+// Health checks by service name (as clients in other languages send them) are answered for
+// the service each server serves; another name is NOT_FOUND.
+TEST(ShardProcesses, HealthChecksAreAnsweredForEachServersServiceName) {
+  ShardProcess shard(0, 1);
+  ASSERT_FALSE(shard.address().empty());
+  tessera::testing::ServerProcess coordinator(TESSERA_COORDINATOR_BIN,
+                                              {absl::StrCat("--shards=", shard.address())});
+  ASSERT_FALSE(coordinator.address().empty());
+  auto status = [](const std::string& address, const std::string& service) {
+    auto health = grpc::health::v1::Health::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_wait_for_ready(true);
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service(service);
+    grpc::health::v1::HealthCheckResponse resp;
+    const grpc::Status s = health->Check(&ctx, req, &resp);
+    return s.ok() ? grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status())
+                  : absl::StrCat("error ", s.error_code());
+  };
+  EXPECT_EQ(status(shard.address(), "tessera.v1.EmbeddingShard"), "SERVING");
+  EXPECT_EQ(status(shard.address(), ""), "SERVING");
+  EXPECT_EQ(status(shard.address(), "tessera.v1.Coordinator"),
+            absl::StrCat("error ", grpc::StatusCode::NOT_FOUND));
+  EXPECT_EQ(status(coordinator.address(), "tessera.v1.Coordinator"), "SERVING");
+  EXPECT_EQ(status(coordinator.address(), ""), "SERVING");
+}
+
+// A port outside [0, 65535] is refused, not taken modulo 65536 (70000 would listen on 4464).
+TEST(ShardProcesses, APortOutsideItsRangeIsRefused) {
+  ShardProcess shard(0, 1);
+  ASSERT_FALSE(shard.address().empty());
+  for (const char* binary : {TESSERA_SHARD_BIN, TESSERA_COORDINATOR_BIN}) {
+    for (const char* port : {"--port=70000", "--port=-1"}) {
+      std::vector<std::string> args = {port};
+      if (std::string(binary) == TESSERA_COORDINATOR_BIN) {
+        args.push_back(absl::StrCat("--shards=", shard.address()));
+      }
+      tessera::testing::ServerProcess server(binary, args, /*quiet=*/true);
+      EXPECT_TRUE(server.address().empty()) << binary << " " << port << " started";
+      EXPECT_EQ(server.WaitForExit(), 1) << binary << " " << port;
+    }
+  }
+}
+
 TEST(ShardProcesses, ACliPointedAtAShardSaysSo) {
   ShardProcess shard(0, 1);
   ASSERT_FALSE(shard.address().empty());

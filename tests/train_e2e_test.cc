@@ -162,8 +162,17 @@ TEST(TesseraTrain, ResumedRunEndsWithTheSameLossAsOneThatNeverStopped) {
   Result other =
       RunTrain(absl::StrCat(common, " --steps=400 --batch_size=128 --resume --data_dir=", dir));
   EXPECT_EQ(other.exit_code, 1);
-  EXPECT_THAT(other.output, testing::HasSubstr("this run wants"));
+  EXPECT_THAT(other.output,
+              testing::HasSubstr("batch_size: the checkpoint's 256, this run's 128"));
   EXPECT_THAT(other.output, testing::HasSubstr("nothing was restored"));
+  // Nor one of another dense network whose parameters happen to number the same (the
+  // padded count collides for these bottom MLPs): the flag is named with both values.
+  Result shaped = RunTrain(
+      absl::StrCat(common, " --steps=400 --bottom_mlp=32,62 --resume=auto --data_dir=", dir));
+  EXPECT_EQ(shaped.exit_code, 1) << shaped.output;
+  EXPECT_THAT(shaped.output,
+              testing::HasSubstr("bottom_mlp: the checkpoint's 64,32, this run's 32,62"));
+  EXPECT_THAT(shaped.output, testing::HasSubstr("nothing was restored"));
 
   Result b =
       RunTrain(absl::StrCat(common, " --steps=400 --checkpoint_every=100 --resume --data_dir=", dir,
@@ -388,7 +397,8 @@ TEST(TesseraTrain, AFailingRunStopsItsInputPipelineAndSaysWhy) {
   for (const char* threads : {"1", "3"}) {
     Result r = RunTrain(absl::StrCat("--max_rows=100 --steps=50 --reader_threads=", threads));
     EXPECT_EQ(r.exit_code, 1) << r.output;  // not a signal
-    EXPECT_THAT(r.output, testing::HasSubstr("row budget of 25 rows is full; raise max_rows"));
+    EXPECT_THAT(r.output, testing::HasSubstr("row budget of 25 rows is full (this shard's part "
+                                             "of the table's max_rows); raise max_rows"));
   }
 }
 
@@ -446,6 +456,8 @@ TEST(TesseraTrain, FlagsOutsideTheirRangeAreRefusedNamingTheFlag) {
       {"--prefetch=0", "--prefetch must be >= 1"},
       {"--batch_size=0", "--batch_size must be >= 1"},
       {"--max_staleness=-2", "--max_staleness must be >= 0"},
+      {"--lr=nan", "--lr must be a number in [0, 1e+06], got nan"},
+      {"--dense_lr=nan", "--dense_lr must be a number"},
   };
   for (const auto& [flag, message] : cases) {
     Result r = RunTrain(flag);

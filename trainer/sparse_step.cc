@@ -31,6 +31,7 @@ absl::Status SparseStep::Lookup(embedding::EmbeddingCollection& tables,
   // One call for every table: a remote collection sends one request per shard.
   absl::Status s = tables.LookupBatch(lookups_, lookup);
   looked_up_ = s.ok() ? &batch : nullptr;
+  inserted_ = insert_missing;
   return s;
 }
 
@@ -51,6 +52,7 @@ void SparseStep::Gradients(absl::Span<const std::string> names, const Batch& bat
   inverse_.resize(nf);
   pushes_.resize(nf);
   plans_.resize(nf);
+  after_lookup_ = looked_up_ == &batch && inserted_;
   size_t ids = 0;
   for (int f = 0; f < nf; ++f) ids += batch.ids[f].size();
   pool.For(ids, kParallelGradientIds).ParallelFor(nf, [&](int f) {

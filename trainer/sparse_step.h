@@ -34,11 +34,16 @@ class SparseStep {
 
   // The parts Gradients made, one per feature, for EmbeddingCollection::PushBatch.
   absl::Span<const embedding::TableGradients> pushes() const { return pushes_; }
+  // True when pushes() are of the batch this SparseStep looked up last, creating its rows
+  // (embedding::PushOptions::after_lookup).
+  bool after_lookup() const { return after_lookup_; }
 
  private:
   std::vector<embedding::TableBags> lookups_;           // per feature
   std::vector<embedding::IdPlan> plans_;                // per feature, from the lookup
   const Batch* looked_up_ = nullptr;                    // the batch the plans are of
+  bool inserted_ = false;                               // that lookup created missing rows
+  bool after_lookup_ = false;                           // pushes() are of looked_up_
   std::vector<std::vector<int64_t>> unique_ids_;        // per feature
   std::vector<std::vector<int32_t>> inverse_;           // per feature: ids' unique positions
   std::vector<std::vector<float>> unique_grads_;        // per feature: (unique, dim)

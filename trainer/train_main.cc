@@ -228,6 +228,10 @@ absl::StatusOr<int> ParseShards(const std::string& s) {
 template <typename T>
 absl::Status CheckRange(const char* flag, T value, T lo, T hi, const char* meaning = "") {
   if (value >= lo && value <= hi) return absl::OkStatus();
+  if (value != value) {  // NaN: neither below nor above the range
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " must be a number in [", lo, ", ", hi, "], got ", value));
+  }
   std::string range = value < lo ? absl::StrCat(">= ", lo) : absl::StrCat("<= ", hi);
   return absl::InvalidArgumentError(
       absl::StrCat("--", flag, " must be ", range, ", got ", value, meaning));
@@ -501,6 +505,23 @@ absl::Status ParsePlacementFlags(TrainFlags* f) {
 }
 
 // The tables' settings and the trainer's.
+// What must match for a checkpoint to continue this run: the flags that shape the model
+// and its data (not --steps: a resumed run may go further; not learning rates, which a
+// resumed run may change). Words of key=value; the keys of the first ten predate the
+// rest and stay as they were, so that older checkpoints still resume (a key a checkpoint
+// does not record is not compared: embedding::CheckRestorable).
+std::string RunSignature(const TrainFlags& f, const std::string& model_name) {
+  const DlrmConfig& model = f.model;
+  return absl::StrCat(
+      "model=", model_name, " data=", f.data, " seed=", f.seed, " batch_size=", f.batch_size,
+      " dense=", model.num_dense, " sparse=", model.num_sparse, " emb_dim=", model.emb_dim,
+      " optimizer=", absl::GetFlag(FLAGS_optimizer), " dense_optimizer=", f.dense_optimizer,
+      " workers=", f.num_workers, " bottom_mlp=", absl::StrJoin(model.bottom_mlp, ","),
+      " top_mlp=", absl::StrJoin(model.top_mlp, ","), " interaction=dot",
+      " emb_dtype=", absl::GetFlag(FLAGS_emb_dtype), " vocabulary=",
+      absl::GetFlag(FLAGS_vocabulary));
+}
+
 absl::Status ParseTrainingFlags(TrainFlags* f) {
   v1::TableConfig& table = f->table;
   table.set_dim(f->model.emb_dim);
@@ -547,15 +568,7 @@ absl::Status ParseTrainingFlags(TrainFlags* f) {
     return absl::InvalidArgumentError(
         absl::StrCat("--on_shard_restart must be resume or fail, got '", on_restart, "'"));
   }
-  // What must match for a checkpoint to continue this run (not --steps: a resumed run may
-  // go further).
-  const DlrmConfig& model = f->model;
-  options.run_signature = absl::StrCat(
-      "model=", options.model, " data=", f->data, " seed=", f->seed, " batch_size=",
-      f->batch_size, " dense=", model.num_dense, " sparse=", model.num_sparse,
-      " emb_dim=", model.emb_dim, " optimizer=", absl::GetFlag(FLAGS_optimizer),
-      " dense_optimizer=", f->dense_optimizer,
-      f->num_workers > 1 ? absl::StrCat(" workers=", f->num_workers) : "");
+  options.run_signature = RunSignature(*f, options.model);
   options.alter_tables = absl::GetFlag(FLAGS_alter_tables);
   const std::string resume_flag = absl::GetFlag(FLAGS_resume);
   if (resume_flag != "auto" && resume_flag != "true" && resume_flag != "false") {

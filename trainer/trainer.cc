@@ -7,13 +7,13 @@
 #include <iostream>
 #include <thread>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/status.h"
 #include "embedding/batch_ops.h"
 #include "embedding/optimizer.h"
-#include "base/status.h"
 #include "embedding/table_config.h"
 #include "trainer/metrics.h"
 
@@ -42,8 +42,8 @@ constexpr std::chrono::milliseconds kCheckpointWait = std::chrono::minutes(30);
 
 struct Trainer::Step {
   Batch batch;
-  HostFloats emb;      // (features, size, dim)
-  SparseStep sparse;   // its lookup, then its embedding gradients
+  HostFloats emb;     // (features, size, dim)
+  SparseStep sparse;  // its lookup, then its embedding gradients
   int64_t lookup_ticket = -1;
   int64_t push_ticket = -1;
 };
@@ -214,15 +214,15 @@ absl::Status Trainer::CheckTables(const v1::TableConfig& prototype) const {
         embedding::TableConfigDifferences(RunSettings(*it), RunSettings(prototype));
     if (differences.empty()) continue;
     // The learning rate alone can change on existing rows; the rest cannot.
-    const bool only_lr = differences.size() == 1 &&
-                         absl::StartsWith(differences[0], "optimizer.learning_rate ");
+    const bool only_lr =
+        differences.size() == 1 && absl::StartsWith(differences[0], "optimizer.learning_rate ");
     if (only_lr && options_.alter_tables) continue;  // AlterTables, once resumed
     return absl::FailedPreconditionError(absl::StrCat(
-        "table '", name, "' exists with another config than this run's: ",
-        absl::StrJoin(differences, "; "),
+        "table '", name,
+        "' exists with another config than this run's: ", absl::StrJoin(differences, "; "),
         only_lr ? absl::StrCat(". Pass --alter_tables to give the model's tables this run's "
-                               "learning rate (by hand: tessera-cli alter --table=", name,
-                               " --lr=...), or the table's --lr to train on as it is")
+                               "learning rate (by hand: tessera-cli alter --table=",
+                               name, " --lr=...), or the table's --lr to train on as it is")
                 : ". Pass the table's settings to train on with it as it is, or train another "
                   "--model"));
   }
@@ -343,8 +343,9 @@ absl::StatusOr<double> Trainer::ForwardBackward(const Batch& batch, const float*
   return loss;
 }
 
-embedding::PushOptions Trainer::StepPushOptions() const {
+embedding::PushOptions Trainer::StepPushOptions(const SparseStep& sparse) const {
   embedding::PushOptions push;
+  push.after_lookup = sparse.after_lookup();
   if (const DataParallel* dp = options_.data_parallel; dp != nullptr && dp->size() > 1) {
     // The generation keeps a restarted job's steps apart from those of its last attempt.
     push.sync.job = absl::StrCat(options_.model, "#", dp->generation());
@@ -366,13 +367,14 @@ absl::StatusOr<double> Trainer::TrainStep(const Batch& batch, int64_t step) {
   TESSERA_ASSIGN_OR_RETURN(double loss, ForwardBackward(batch, emb_.data(), sync_step_.get()));
   clock.Lap(&times_.dense);
   times_.dense -= times_.allreduce + times_.grads - apart;  // counted apart
-  TESSERA_RETURN_IF_ERROR(tables_->PushBatch(sync_step_->sparse.pushes(), step, StepPushOptions()));
+  TESSERA_RETURN_IF_ERROR(
+      tables_->PushBatch(sync_step_->sparse.pushes(), step, StepPushOptions(sync_step_->sparse)));
   clock.Lap(&times_.push);
   dense_->ApplyGradients();
   clock.Lap(&times_.optimizer);
   ++times_.steps;
-  times_.sparse_work += (times_.lookup - before.lookup) + (times_.grads - before.grads) +
-                        (times_.push - before.push);
+  times_.sparse_work +=
+      (times_.lookup - before.lookup) + (times_.grads - before.grads) + (times_.push - before.push);
   times_.wall += (times_.lookup - before.lookup) + (times_.dense - before.dense) +
                  (times_.grads - before.grads) + (times_.allreduce - before.allreduce) +
                  (times_.push - before.push) + (times_.optimizer - before.optimizer);
@@ -433,7 +435,8 @@ absl::StatusOr<std::optional<Trainer::StepOutcome>> Trainer::PipelinedStep(Batch
   clock.Lap(&times_.dense);
   times_.dense -= times_.allreduce + times_.grads - apart;  // counted apart
   s->push_ticket = worker_->Submit([this, s, step] {
-    return Timed([&] { return tables_->PushBatch(s->sparse.pushes(), step, StepPushOptions()); });
+    return Timed(
+        [&] { return tables_->PushBatch(s->sparse.pushes(), step, StepPushOptions(s->sparse)); });
   });
   dense_->ApplyGradients();  // while the push is on its way
   clock.Lap(&times_.optimizer);
@@ -446,17 +449,16 @@ absl::StatusOr<std::optional<Trainer::StepOutcome>> Trainer::PipelinedStep(Batch
   clock.Lap(&times_.push);
   ++times_.steps;
   times_.sparse_work = static_cast<double>(worker_ns_.load()) / 1e9 + times_.grads;
-  times_.wall +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  times_.wall += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return std::optional<StepOutcome>(StepOutcome{loss, s->batch.size});
 }
 
 absl::Status Trainer::Timed(absl::FunctionRef<absl::Status()> call) {
   const auto start = std::chrono::steady_clock::now();
   absl::Status s = call();
-  worker_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           std::chrono::steady_clock::now() - start)
-                           .count());
+  worker_ns_.fetch_add(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count());
   return s;
 }
 

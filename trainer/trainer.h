@@ -210,7 +210,7 @@ class Trainer {
   // each feature's distinct rows into `step`'s buffers (unique ids, grads, pushes).
   absl::StatusOr<double> ForwardBackward(const Batch& batch, const float* emb, Step* step);
   // How this trainer pushes its steps (in its sync group when data-parallel).
-  embedding::PushOptions StepPushOptions() const;
+  embedding::PushOptions StepPushOptions(const SparseStep& sparse) const;
   // NextStep with max_staleness > 0.
   absl::StatusOr<std::optional<StepOutcome>> PipelinedStep(BatchSource* source, int64_t step,
                                                            int64_t max_steps);

@@ -3,13 +3,17 @@
 #
 #   deploy/local/cluster.sh start N    # shards on BASE+1..BASE+N, coordinator on BASE
 #   deploy/local/cluster.sh status
+#   deploy/local/cluster.sh start-shard K  # brings back shard K of the running cluster (its
+#                                          # place, map version and data directory)
 #   deploy/local/cluster.sh reshard M  # the running cluster to M shards, live (tessera-cli
-#                                      # reshard); start then takes M
+#                                      # reshard); start then takes M; M = N: nothing to do
 #   deploy/local/cluster.sh stop
 #
 # Environment: TESSERA_CLUSTER_DIR (state, logs; default .tessera-cluster in the repo),
 # TESSERA_BASE_PORT (default 7000), TESSERA_BIN (binaries; default build/),
-# TESSERA_SERVER_FLAGS (extra flags for every server: TLS, tokens; see docs/security.md) and
+# TESSERA_SERVER_FLAGS (extra flags for every server: TLS, tokens; see docs/security.md),
+# TESSERA_SHARD_FLAGS (for the shards only: --memory_limit, ...),
+# TESSERA_COORDINATOR_FLAGS (for the coordinator only: --health_check_ms, ...) and
 # TESSERA_CLIENT_FLAGS (the matching client flags, for the health checks here).
 set -euo pipefail
 
@@ -19,6 +23,8 @@ BASE="${TESSERA_BASE_PORT:-7000}"
 BIN="${TESSERA_BIN:-$ROOT/build}"
 CLI="$BIN/tessera-cli"
 read -r -a SERVER_FLAGS <<< "${TESSERA_SERVER_FLAGS:-}"
+read -r -a SHARD_FLAGS <<< "${TESSERA_SHARD_FLAGS:-}"
+read -r -a COORDINATOR_FLAGS <<< "${TESSERA_COORDINATOR_FLAGS:-}"
 read -r -a CLIENT_FLAGS <<< "${TESSERA_CLIENT_FLAGS:-}"
 
 die() { echo "cluster: $*" >&2; exit 1; }
@@ -33,14 +39,19 @@ alive() {
   [ "$state" != "Z" ]
 }
 
-wait_healthy() {  # address, log
+wait_healthy() {  # address, log, pid file: 1, saying why, when it exits or stays unhealthy
   for _ in $(seq 1 100); do
     if "$CLI" "${CLIENT_FLAGS[@]}" health --address="$1" --deadline_ms=200 >/dev/null 2>&1; then
       return 0
     fi
+    if ! alive "$3"; then
+      echo "cluster: $1 exited at start-up: $(tail -n 1 "$2")" >&2
+      return 1
+    fi
     sleep 0.1
   done
-  die "$1 did not become healthy in 10 s; see $2"
+  echo "cluster: $1 did not become healthy in 10 s; see $2" >&2
+  return 1
 }
 
 start_shard() {  # index, shards, map version
@@ -48,6 +59,7 @@ start_shard() {  # index, shards, map version
   mkdir -p "$DIR/data/shard-$1"
   "$BIN/tessera-shard" --port="$port" --shard_index="$1" --num_shards="$2" \
     --shard_map_version="$3" --data_dir="$DIR/data/shard-$1" "${SERVER_FLAGS[@]}" \
+    "${SHARD_FLAGS[@]}" \
     >> "$DIR/logs/shard-$1.log" 2>&1 &
   echo $! > "$DIR/pids/shard-$1.pid"
 }
@@ -75,12 +87,20 @@ reshard() {
   version="$(cat "$DIR/map_version")"
   base="$(cat "$DIR/base_port")"
   [ "$base" = "$BASE" ] || die "the cluster runs on base port $base; set TESSERA_BASE_PORT=$base"
+  if [ "$m" = "$n" ]; then
+    echo "cluster: already $n shard(s), shard map version $version; nothing to do"
+    return 0
+  fi
   for ((k = n; k < m; k++)); do
     [ -e "$DIR/data/shard-$k" ] && mv "$DIR/data/shard-$k" "$DIR/data/shard-$k.old-$(date +%s)"
     start_shard "$k" "$m" "$((version + 1))"
   done
   for ((k = n; k < m; k++)); do
-    wait_healthy "127.0.0.1:$((BASE + 1 + k))" "$DIR/logs/shard-$k.log"
+    if ! wait_healthy "127.0.0.1:$((BASE + 1 + k))" "$DIR/logs/shard-$k.log" \
+        "$DIR/pids/shard-$k.pid"; then
+      for ((j = n; j < m; j++)); do stop_shard "$j"; done
+      die "reshard to $m shards not started: a new shard did not come up"
+    fi
   done
   for ((k = 0; k < m; k++)); do shards="${shards:+$shards,}127.0.0.1:$((BASE + 1 + k))"; done
   if ! "$CLI" "${CLIENT_FLAGS[@]}" --coordinator="127.0.0.1:$BASE" reshard --shards="$shards"; then
@@ -98,6 +118,33 @@ reshard() {
     mv "$DIR/data/shard-$k" "$DIR/data/shard-$k.left-$((version + 1))"
   done
   echo "cluster: $m shard(s), shard map version $((version + 1))"
+}
+
+# Brings back shard K of the running cluster when it is not running: with its place and the
+# map version the cluster serves, on its port and data directory.
+start_one_shard() {
+  local k="${1:-}" n version
+  alive "$DIR/pids/coordinator.pid" || die "no cluster running in $DIR; use cluster.sh start N"
+  n="$(cat "$DIR/num_shards")"
+  version="$(cat "$DIR/map_version")"
+  [[ "$k" =~ ^[0-9]+$ ]] && [ "$k" -lt "$n" ] \
+    || die "usage: cluster.sh start-shard K (K in 0..$((n - 1)))"
+  [ "$(cat "$DIR/base_port")" = "$BASE" ] \
+    || die "the cluster runs on base port $(cat "$DIR/base_port"); set TESSERA_BASE_PORT to it"
+  if alive "$DIR/pids/shard-$k.pid"; then die "shard $k is running already"; fi
+  start_shard "$k" "$n" "$version"
+  if ! wait_healthy "127.0.0.1:$((BASE + 1 + k))" "$DIR/logs/shard-$k.log" \
+      "$DIR/pids/shard-$k.pid"; then
+    stop_shard "$k"
+    die "shard $k did not start (see $DIR/logs/shard-$k.log)"
+  fi
+  echo "cluster: shard $k of $n serving on 127.0.0.1:$((BASE + 1 + k)), shard map version $version"
+}
+
+# After a failed start: stops what it started, then says why.
+abandon_start() {  # message
+  stop >/dev/null 2>&1 || true
+  die "$1; stopped what this start had started"
 }
 
 start() {
@@ -129,13 +176,16 @@ start() {
     shards="${shards:+$shards,}127.0.0.1:$port"
   done
   for ((k = 0; k < n; k++)); do
-    wait_healthy "127.0.0.1:$((BASE + 1 + k))" "$DIR/logs/shard-$k.log"
+    wait_healthy "127.0.0.1:$((BASE + 1 + k))" "$DIR/logs/shard-$k.log" \
+      "$DIR/pids/shard-$k.pid" || abandon_start "shard $k did not start"
   done
   mkdir -p "$DIR/data/coordinator"
   "$BIN/tessera-coordinator" --port="$BASE" --shards="$shards" --shard_map_version="$version" \
-    --data_dir="$DIR/data/coordinator" "${SERVER_FLAGS[@]}" >> "$DIR/logs/coordinator.log" 2>&1 &
+    --data_dir="$DIR/data/coordinator" "${SERVER_FLAGS[@]}" "${COORDINATOR_FLAGS[@]}" \
+    >> "$DIR/logs/coordinator.log" 2>&1 &
   echo $! > "$DIR/pids/coordinator.pid"
-  wait_healthy "127.0.0.1:$BASE" "$DIR/logs/coordinator.log"
+  wait_healthy "127.0.0.1:$BASE" "$DIR/logs/coordinator.log" "$DIR/pids/coordinator.pid" \
+    || abandon_start "the coordinator did not start"
   echo "cluster: $n shard(s) on 127.0.0.1:$((BASE + 1))-$((BASE + n)), coordinator on 127.0.0.1:$BASE"
   echo "cluster: logs in $DIR/logs, data in $DIR/data (kept across restarts)"
 }
@@ -193,7 +243,8 @@ stop() {
 case "${1:-}" in
   start) start "${2:-}" ;;
   status) status ;;
+  start-shard) start_one_shard "${2:-}" ;;
   reshard) reshard "${2:-}" ;;
   stop) stop ;;
-  *) die "usage: cluster.sh start N | status | reshard M | stop" ;;
+  *) die "usage: cluster.sh start N | status | start-shard K | reshard M | stop" ;;
 esac

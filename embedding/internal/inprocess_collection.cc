@@ -581,6 +581,7 @@ absl::Status InProcessCollectionImpl::PushBatch(absl::Span<const embedding::Tabl
     return RouteSummed(*p.table, p.summed, &p.routed);
   });
   if (s.ok()) s = CheckBatchMemory(tables, absl::MakeConstSpan(parts.data(), tables.size()));
+  if (options.check_only) return s;
   absl::InlinedVector<absl::Status, 32> applied(s.ok() ? n : 0);
   if (s.ok()) {
     pool.ParallelFor(n, [&](int i) {

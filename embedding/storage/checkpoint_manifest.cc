@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "embedding/collection.h"
 #include "embedding/storage/crc32c.h"
@@ -157,9 +158,18 @@ absl::StatusOr<const std::pair<std::string, CheckpointManifest>*> ChooseCheckpoi
   }
   if (chosen != nullptr) return chosen;
   const std::string of = model.empty() ? "" : absl::StrCat(" of model '", model, "'");
-  return absl::NotFoundError(
-      step < 0 ? absl::StrCat("no complete checkpoint", of, " in ", root)
-               : absl::StrCat("no complete checkpoint", of, " of step ", step, " in ", root));
+  if (step < 0) return absl::NotFoundError(absl::StrCat("no complete checkpoint", of, " in ", root));
+  // The steps there are, so that the caller can pick one.
+  std::vector<int64_t> steps;
+  for (const auto& c : complete) {
+    if (c.second.model == model) steps.push_back(c.second.step);
+  }
+  std::sort(steps.begin(), steps.end());
+  return absl::NotFoundError(absl::StrCat(
+      "no complete checkpoint", of, " of step ", step, " in ", root,
+      steps.empty() ? std::string("; there is none")
+                    : absl::StrCat("; its complete checkpoints are of steps ",
+                                   absl::StrJoin(steps, ", "))));
 }
 
 absl::Status RefuseOverwrite(const std::vector<std::pair<std::string, CheckpointManifest>>& complete,

@@ -96,6 +96,10 @@ class DurableCollection final : public embedding::EmbeddingCollection {
                            const embedding::LookupOptions& options) override;
   absl::Status PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
                              absl::Span<const float> gradients, int64_t step) override;
+  // options.check_only: the in-memory collection's check, room included; otherwise table by
+  // table (EmbeddingCollection::PushBatch).
+  absl::Status PushBatch(absl::Span<const embedding::TableGradients> tables, int64_t step,
+                         const embedding::PushOptions& options) override;
   // WRITE_THROUGH tables store `tag` in the same synced write as the push's rows; others
   // apply the push and record nothing (their rows go back to a checkpoint on a restart).
   absl::Status PushGradientsRecorded(absl::string_view table, absl::Span<const int64_t> ids,

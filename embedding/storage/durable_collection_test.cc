@@ -502,7 +502,11 @@ TEST(DurableCollection, RestoreGoesBackToAChosenOrTheNewestCheckpointWithAttachm
   EXPECT_EQ(info->step, 10);
   EXPECT_EQ(a["dense"], "ten");
   EXPECT_EQ(Read(*c, "t", AllIds(), 4), at10);
-  EXPECT_EQ(c->Restore(7, nullptr).status().code(), absl::StatusCode::kNotFound);
+  const absl::Status missing = c->Restore(7, nullptr).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  // The message lists the steps there are to pick from.
+  EXPECT_THAT(std::string(missing.message()),
+              ::testing::HasSubstr("its complete checkpoints are of steps 5, 10"));
 
   // Training goes on after a restore, and a restart comes back to the restored state.
   Train(*c, "t", 4, 10, 2, 7);

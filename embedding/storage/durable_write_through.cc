@@ -1,20 +1,17 @@
 // DurableCollection's pushes: recorded request ids, and write-through tables' rows written
 // to the store with every push.
 
-#include "embedding/storage/durable_collection.h"
-
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
-#include "embedding/storage/files.h"
 #include "embedding/batch_ops.h"
 #include "embedding/sharding.h"
+#include "embedding/storage/durable_collection.h"
+#include "embedding/storage/files.h"
 #include "embedding/storage/row_codec.h"
 
 namespace tessera::storage {
-
-
 
 absl::Status DurableCollection::PushGradients(absl::string_view table,
                                               absl::Span<const int64_t> ids,
@@ -22,11 +19,18 @@ absl::Status DurableCollection::PushGradients(absl::string_view table,
   return Push(table, ids, gradients, step, nullptr);
 }
 
+absl::Status DurableCollection::PushBatch(absl::Span<const embedding::TableGradients> tables,
+                                          int64_t step, const embedding::PushOptions& options) {
+  if (!options.check_only) return EmbeddingCollection::PushBatch(tables, step, options);
+  absl::ReaderMutexLock lock(&mu_);
+  TESSERA_RETURN_IF_ERROR(Usable());
+  return memory_->PushBatch(tables, step, options);
+}
+
 absl::Status DurableCollection::PushGradientsRecorded(absl::string_view table,
                                                       absl::Span<const int64_t> ids,
                                                       absl::Span<const float> gradients,
-                                                      int64_t step,
-                                                      const embedding::PushTag& tag) {
+                                                      int64_t step, const embedding::PushTag& tag) {
   return Push(table, ids, gradients, step, &tag);
 }
 
@@ -50,19 +54,20 @@ std::optional<int64_t> DurableCollection::RecordedPush(const embedding::PushTag&
 
 absl::Status DurableCollection::LoadPushRecords() {
   std::vector<std::tuple<uint64_t, embedding::PushTag, int64_t>> found;  // order, tag, rows
-  TESSERA_RETURN_IF_ERROR(Annotate(
-      store_->Scan(PushRecordPrefix(),
-                   [&](absl::string_view key, absl::string_view value) {
-                     embedding::PushTag tag;
-                     uint64_t order = 0;
-                     int64_t rows = 0;
-                     if (!ParsePushRecordKey(key, &tag) || !DecodePushRecord(value, &order, &rows)) {
-                       return absl::DataLossError("malformed push record in the store");
-                     }
-                     found.emplace_back(order, tag, rows);
-                     return absl::OkStatus();
-                   }),
-      "reading the push records"));
+  TESSERA_RETURN_IF_ERROR(
+      Annotate(store_->Scan(PushRecordPrefix(),
+                            [&](absl::string_view key, absl::string_view value) {
+                              embedding::PushTag tag;
+                              uint64_t order = 0;
+                              int64_t rows = 0;
+                              if (!ParsePushRecordKey(key, &tag) ||
+                                  !DecodePushRecord(value, &order, &rows)) {
+                                return absl::DataLossError("malformed push record in the store");
+                              }
+                              found.emplace_back(order, tag, rows);
+                              return absl::OkStatus();
+                            }),
+               "reading the push records"));
   std::sort(found.begin(), found.end(),
             [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
   std::vector<KvWrite> trimmed;
@@ -91,8 +96,7 @@ absl::Status DurableCollection::WriteThroughPush(const Table& t, absl::Span<cons
   const int n = options_.num_shards;
   // Summed and checked once: the rows it touches are snapshot, then it is applied as is.
   thread_local embedding::SummedGradients summed;
-  TESSERA_RETURN_IF_ERROR(
-      embedding::SumGradients(name, ids, gradients, t.config.dim(), &summed));
+  TESSERA_RETURN_IF_ERROR(embedding::SumGradients(name, ids, gradients, t.config.dim(), &summed));
   const absl::Span<const int64_t> unique = summed.ids();
   // The rows as they are now, to undo the push if the disk refuses it.
   struct Before {
@@ -142,8 +146,9 @@ absl::Status DurableCollection::WriteThroughPush(const Table& t, absl::Span<cons
     // neither is. The oldest records beyond the limit go with it (a failed write leaves
     // them in the store; the next open trims them).
     absl::MutexLock lock(&record_mu_);
-    writes.push_back(KvWrite{PushRecordKey(*tag),
-                             EncodePushRecord(next_record_++, static_cast<int64_t>(unique.size()))});
+    writes.push_back(
+        KvWrite{PushRecordKey(*tag),
+                EncodePushRecord(next_record_++, static_cast<int64_t>(unique.size()))});
     while (!record_order_.empty() && record_order_.size() + 1 > options_.push_records) {
       writes.push_back(KvWrite{PushRecordKey(record_order_.front()), "", /*erase=*/true});
       records_.erase(KeyOf(record_order_.front()));

@@ -557,11 +557,14 @@ class Client:
             lambda: self._push_unique(config, unique, summed, step, request_id))
 
     def push_many(self, pushes: Dict[str, tuple], step: int = 0,
-                  request_id=None) -> Dict[str, int]:
+                  request_id=None, after_lookup: bool = False) -> Dict[str, int]:
         """Several tables' gradients at once: {table: (ids, gradients)}, in one request per
         shard (smart mode) or one to the coordinator (the batched BatchPush RPC), under one
         request id; every table is checked as push() checks it before anything is sent.
-        Returns {table: distinct rows updated}."""
+        A push spanning shards is one unit: each shard checks its part first (a check
+        round), so a push refused anywhere changes no row anywhere; `after_lookup=True`
+        (every id was looked up by this client in the same step, creating its rows) skips
+        the round. Returns {table: distinct rows updated}."""
         configs, unique, summed = {}, {}, {}
         for table, (ids, gradients) in pushes.items():
             ids = as_ids(ids)
@@ -571,7 +574,8 @@ class Client:
         if request_id is None:
             request_id = self.next_request_id()
         return self._with_map_refresh(
-            lambda: self._push_many_unique(configs, unique, summed, step, request_id))
+            lambda: self._push_many_unique(configs, unique, summed, step, request_id,
+                                           after_lookup))
 
     # -- internals -------------------------------------------------------------------------
 
@@ -742,18 +746,22 @@ class Client:
                 places.setdefault(k, []).append((name, at))
         return places
 
-    def _push_many_unique(self, configs, unique, summed, step: int, request_id):
+    def _push_many_unique(self, configs, unique, summed, step: int, request_id,
+                          after_lookup: bool = False):
         places = self._places(configs, unique)
         requests = []
         for k, parts in places.items():
             request = api.BatchPushRequest(step=step,
-                                           shard_map_version=0 if k is None else self._version)
+                                           shard_map_version=0 if k is None else self._version,
+                                           after_lookup=after_lookup)
             request.request_id.client_id, request.request_id.sequence = request_id
             for name, at in parts:
                 request.tables.add(
                     table=name, ids=np.ascontiguousarray(unique[name][at], dtype="<i8").tobytes(),
                     gradients=np.ascontiguousarray(summed[name][at], dtype="<f4").tobytes())
             requests.append((k, request))
+        if self.mode != "coordinator" and len(requests) > 1 and not after_lookup:
+            self._check_push(requests)
         answers = self._send_batches(requests, self._stub.BatchPush, "batch_push")
         updated = {name: 0 for name in unique}
         for (k, _), answer in zip(requests, answers):
@@ -761,13 +769,37 @@ class Client:
                 updated[name] += rows
         return updated
 
+    def _check_push(self, requests):
+        """A push's check round: every shard checks its part (BatchPushRequest.check_only,
+        room for its new rows included), applying nothing; raises the first refusal, with
+        no row changed anywhere."""
+        checks = []
+        for k, request in requests:
+            check = api.BatchPushRequest()
+            check.CopyFrom(request)
+            check.check_only = True
+            checks.append((k, "batch_push", check.SerializeToString()))
+        self._fan_out(checks)
+
     def _push_unique(self, config, unique: np.ndarray, summed: np.ndarray, step: int,
                      request_id) -> int:
         parts = self._split(config, unique)
+        if len(parts) > 1:
+            self._check_push([(k, _batch_push_request(config.name, unique[at], summed[at], step,
+                                                      self._version, request_id))
+                              for k, at in parts])
         requests = [(k, "push", wire.encode_push_request(config.name, unique[at], summed[at], step,
                                                           self._version, request_id))
                     for k, at in parts]
         return sum(answer.rows_updated for answer in self._fan_out(requests))
+
+
+def _batch_push_request(table: str, ids, gradients, step: int, version: int, request_id):
+    request = api.BatchPushRequest(step=step, shard_map_version=version)
+    request.request_id.client_id, request.request_id.sequence = request_id
+    request.tables.add(table=table, ids=np.ascontiguousarray(ids, dtype="<i8").tobytes(),
+                       gradients=np.ascontiguousarray(gradients, dtype="<f4").tobytes())
+    return request
 
 
 def _check_gradients(config, ids: np.ndarray, gradients) -> np.ndarray:

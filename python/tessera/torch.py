@@ -275,7 +275,9 @@ class EmbeddingCollection(torch.nn.Module):
         grads, pending.grads = pending.grads, {}
         request_id = self.client.next_request_id()
         try:
-            updated = self.client.push_many(grads, step=pending.step, request_id=request_id)
+            # The forward looked these ids up (rows made): no check round.
+            updated = self.client.push_many(grads, step=pending.step, request_id=request_id,
+                                            after_lookup=True)
         except TesseraError as error:
             self.failed_push = _FailedPush(pending.step, grads, request_id, error)
             raise

@@ -35,11 +35,12 @@ class Spy:
         self.batches += 1
         return self.client.push(table, ids, gradients, step=step, request_id=request_id)
 
-    def push_many(self, pushes, step=0, request_id=None):
+    def push_many(self, pushes, step=0, request_id=None, after_lookup=False):
         for table, (ids, gradients) in pushes.items():
             self.pushes.append((table, np.array(ids), np.array(gradients), step))
         self.batches += 1
-        return self.client.push_many(pushes, step=step, request_id=request_id)
+        return self.client.push_many(pushes, step=step, request_id=request_id,
+                                     after_lookup=after_lookup)
 
 
 def batch(rng, bags=16, max_len=4):
