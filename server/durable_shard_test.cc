@@ -32,10 +32,11 @@ class DurableShardTest : public ::testing::Test {
     fs::remove_all(dir_);
   }
 
-  void Start(bool durable) {
+  void Start(bool durable, int64_t memory_limit = 0) {
     if (durable) {
       storage::DurableOptions o;
       o.data_dir = dir_;
+      o.memory_limit = memory_limit;
       o.log = [](const std::string&) {};
       // Every write fails while faults_.writes is set, as on a full disk.
       o.open_store = testing::FaultyRocksDbStores(&faults_);
@@ -126,6 +127,38 @@ TEST_F(DurableShardTest, FullDiskFailsThePushOverTheWireAndChangesNothing) {
   v1::ListCheckpointsResponse list;
   ASSERT_TRUE(stub_->ListCheckpoints(&ctx, {}, &list).ok());
   EXPECT_EQ(list.checkpoints_size(), 0);
+}
+
+// A push of several tables on a durable shard is applied table by table, but checked whole
+// first: a memory budget that cannot take a later table's new rows refuses the push with
+// the earlier tables unchanged, in memory and on disk.
+TEST_F(DurableShardTest, ABatchedPushALaterTableHasNoRoomForChangesNoTable) {
+  Start(/*durable=*/true, /*memory_limit=*/40000);
+  CreateSgd("wt", v1::WRITE_THROUGH);
+  CreateSgd("big", v1::CHECKPOINT);
+  const std::vector<int64_t> ids = {1, 2, 3};
+  ASSERT_TRUE(Push(ids, 1.0f).ok());
+  const auto before = Rows(ids);
+  v1::BatchPushRequest req;
+  auto add = [&](const std::string& table, const std::vector<int64_t>& part) {
+    v1::TableGradients* t = req.add_tables();
+    t->set_table(table);
+    const std::vector<float> g(part.size() * 4, 1.0f);
+    t->set_ids(std::string(reinterpret_cast<const char*>(part.data()), part.size() * 8));
+    t->set_gradients(std::string(reinterpret_cast<const char*>(g.data()), g.size() * 4));
+  };
+  add("wt", ids);
+  std::vector<int64_t> many(5000);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<int64_t>(i) + 100;
+  add("big", many);
+  grpc::ClientContext ctx;
+  v1::BatchPushResponse resp;
+  const grpc::Status s = stub_->BatchPush(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_EQ(Rows(ids), before);
+  Stop();
+  Start(/*durable=*/true, /*memory_limit=*/40000);
+  EXPECT_EQ(Rows(ids), before) << "the refused push reached the disk";
 }
 
 TEST_F(DurableShardTest, APushAppliedBeforeARestartIsAnsweredNotAppliedWhenRepeated) {

@@ -38,6 +38,9 @@ struct Fixture {
     o.num_shards = 1;
     o.max_batch_ids = 512;
     o.max_tables = 12;
+    // A sync-group push waits at most this long for workers that never come (the fuzzer's
+    // per-input timeout is 10 s; a request may ask for an hour).
+    o.max_sync_wait = std::chrono::milliseconds(20);
     service = std::make_unique<server::ShardService>(tables.get(), o);
     auto make = [&](const char* name, int dim, v1::OptimizerType opt, v1::Dtype dtype,
                     int64_t max_rows, v1::EvictionPolicy policy) {

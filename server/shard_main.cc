@@ -30,6 +30,9 @@ ABSL_FLAG(int, shard_index, 0, "this shard's index in the shard map");
 ABSL_FLAG(int, num_shards, 1, "shards in the shard map");
 ABSL_FLAG(uint64_t, shard_map_version, 1, "shard map version this shard serves");
 ABSL_FLAG(int64_t, max_batch_ids, 1 << 20, "ids per request before RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_sync_wait_ms, 60000,
+          "longest a data-parallel worker's push waits for the other workers' (their "
+          "--worker_timeout_s is capped by it), in [1, 3600000]");
 ABSL_FLAG(int, max_message_bytes, tessera::client::kMaxMessageBytes,
           "largest gRPC message accepted or sent");
 ABSL_FLAG(int, max_tables, 1024,
@@ -99,6 +102,13 @@ int main(int argc, char** argv) {
   options.num_shards = absl::GetFlag(FLAGS_num_shards);
   options.shard_map_version = absl::GetFlag(FLAGS_shard_map_version);
   options.max_batch_ids = absl::GetFlag(FLAGS_max_batch_ids);
+  if (const int64_t wait = absl::GetFlag(FLAGS_max_sync_wait_ms); wait >= 1 && wait <= 3600000) {
+    options.max_sync_wait = std::chrono::milliseconds(wait);
+  } else {
+    std::cerr << "tessera-shard: --max_sync_wait_ms must be in [1, 3600000], got " << wait
+              << "\n";
+    return 1;
+  }
   options.max_tables = absl::GetFlag(FLAGS_max_tables);
   absl::StatusOr<tessera::server::ServerSecurity> security =
       tessera::server::ServerSecurityFromFlags();

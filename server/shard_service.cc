@@ -503,6 +503,13 @@ absl::StatusOr<std::vector<int64_t>> ShardService::ApplyPush(const DecodedBatch&
         // A collection that applies a batch whole (every part checked first, then every
         // part applied, its tables in parallel) takes it in one call.
         if (done->empty() && tables_->AppliesBatchWhole()) return ApplyWhole(batch, step, done);
+        if (done->empty() && batch.pushes.size() > 1) {
+          // Applied part by part: every part's room is checked before the first applies,
+          // so that a budget refusing a later table leaves the earlier ones as they were.
+          embedding::PushOptions check;
+          check.check_only = true;
+          TESSERA_RETURN_IF_ERROR(tables_->PushBatch(batch.pushes, step, check));
+        }
         thread_local std::vector<int64_t> unique;
         thread_local std::vector<int32_t> inverse;
         absl::Status partly;
@@ -687,7 +694,8 @@ grpc::Status ShardService::BatchPush(grpc::ServerContext* context,
 
 absl::StatusOr<std::vector<int64_t>> ShardService::ApplySyncPush(
     const DecodedBatch& batch, const v1::BatchPushRequest& request) {
-  const embedding::PushSync member = wire::PushSyncOf(request);
+  embedding::PushSync member = wire::PushSyncOf(request);
+  member.timeout = std::min(member.timeout, options_.max_sync_wait);
   if (member.job.empty() || member.job.size() > 256) {
     return absl::InvalidArgumentError("sync push: job must be 1-256 bytes");
   }

@@ -2,6 +2,7 @@
 #define TESSERA_SERVER_SHARD_SERVICE_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -29,6 +30,9 @@ struct ShardOptions {
   int64_t max_batch_ids = 1 << 20;  // ids per request; more is RESOURCE_EXHAUSTED
   int32_t max_tables = 1024;        // tables held; creating one more is RESOURCE_EXHAUSTED
   size_t push_window = 1 << 16;     // request ids of recent pushes remembered (exactly-once)
+  // The longest a sync-group push waits for the other workers, whatever its timeout_ms
+  // asks: a client cannot park this shard's handler threads for longer.
+  std::chrono::milliseconds max_sync_wait{60000};
   CallAuthorizer auth;              // the token each call must carry (default: none)
   // Called at a reshard's COMMIT with this shard's new place (index -1: none) and map
   // version, before it serves them; an error stops the commit (shard_main records it in

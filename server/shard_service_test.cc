@@ -27,6 +27,7 @@ class ShardServiceTest : public ::testing::Test {
     o.num_shards = shards;
     o.shard_map_version = 7;
     o.max_batch_ids = max_batch;
+    o.max_sync_wait = max_sync_wait_;
     service_ = std::make_unique<ShardService>(tables_.get(), o);
     int port = 0;
     server_ = testing::StartLocalServer(service_.get(), &port);
@@ -67,6 +68,7 @@ class ShardServiceTest : public ::testing::Test {
     return stub_->PushGradients(&ctx, req, &resp);
   }
 
+  std::chrono::milliseconds max_sync_wait_{60000};  // ShardOptions::max_sync_wait
   std::unique_ptr<embedding::EmbeddingCollection> tables_;
   std::unique_ptr<ShardService> service_;
   std::unique_ptr<grpc::Server> server_;
@@ -435,6 +437,21 @@ TEST_F(ShardServiceTest, ASyncStepMissingAWorkerIsAbortedNamingItAndChangesNothi
   v1::LookupResponse after;
   ASSERT_TRUE(Lookup(LookupOf({1}), &after).ok());
   EXPECT_EQ(after.values(0), before.values(0));
+}
+
+// A sync push asking to wait an hour for workers that never come holds the handler for the
+// shard's cap (ShardOptions::max_sync_wait), not for what it asked.
+TEST_F(ShardServiceTest, ASyncPushWaitsNoLongerThanTheShardsCap) {
+  max_sync_wait_ = std::chrono::milliseconds(40);
+  Start(0, 1);
+  ASSERT_TRUE(Create(Config()).ok());
+  v1::BatchPushRequest alone = SyncPart(0, {1}, 1.0f, 12);
+  alone.mutable_sync()->set_timeout_ms(3600 * 1000);
+  grpc::ClientContext ctx;
+  v1::BatchPushResponse resp;
+  const grpc::Status s = stub_->BatchPush(&ctx, alone, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("within 40 ms"));
 }
 
 }  // namespace
