@@ -200,6 +200,26 @@ TEST_P(AllOrNothingPushTest, APushThatFailsOnOneShardAfterAnotherAppliedNamesThe
   ExpectRowsEqualReference(ids);
 }
 
+// The check round costs one more call to each shard, for pushes whose rows no lookup of the
+// caller made; a push after its lookup (a trainer's) goes to each shard once.
+TEST_P(AllOrNothingPushTest, OnlyAPushWithoutItsLookupIsCheckedFirst) {
+  const std::vector<int64_t> ids = Ids({30, 30});
+  const std::vector<float> grads = Gradients(ids.size());
+  std::vector<float> rows(ids.size() * kDim);
+  ASSERT_TRUE(client_->Lookup("t", ids, absl::MakeSpan(rows), {}).ok());
+  int before = losers_[0]->calls() + losers_[1]->calls();
+  ASSERT_TRUE(Push(ids, grads).ok());
+  EXPECT_EQ(losers_[0]->calls() + losers_[1]->calls() - before, 4) << "check and push, each shard";
+  embedding::PushOptions options;
+  options.after_lookup = true;
+  before = losers_[0]->calls() + losers_[1]->calls();
+  ASSERT_TRUE(Push(ids, grads, options).ok());
+  EXPECT_EQ(losers_[0]->calls() + losers_[1]->calls() - before, 2) << "one push a shard";
+  ASSERT_TRUE(reference_->PushGradients("t", ids, grads, 1).ok());
+  ASSERT_TRUE(reference_->PushGradients("t", ids, grads, 1).ok());
+  ExpectRowsEqualReference(ids);
+}
+
 INSTANTIATE_TEST_SUITE_P(BothModes, AllOrNothingPushTest,
                          ::testing::Values(Mode::kSmart, Mode::kCoordinator),
                          [](const ::testing::TestParamInfo<Mode>& info) {

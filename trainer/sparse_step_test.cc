@@ -66,16 +66,24 @@ TEST(SparseStep, GradientsAreTheSameForAnyPoolAndWithOrWithoutTheLookupsPlan) {
     step->Gradients(names, batch, kDim, emb_grad.data(), *pool);
     ASSERT_EQ(step->pushes().size(), 4u);
     for (const auto& p : step->pushes()) EXPECT_NE(p.plan, nullptr) << "the lookup's plan";
+    EXPECT_TRUE(step->after_lookup()) << "its rows were made by its lookup: no check round";
     runs.emplace_back(step->pushes().begin(), step->pushes().end());
     steps.push_back(std::move(step));
     // The same gradients without a plan (the batch this step did not look up).
     auto unplanned = std::make_unique<SparseStep>();
     unplanned->Gradients(names, copy, kDim, emb_grad.data(), *pool);
     for (const auto& p : unplanned->pushes()) EXPECT_EQ(p.plan, nullptr);
+    EXPECT_FALSE(unplanned->after_lookup());
     for (int f = 0; f < features; ++f) {
       EXPECT_EQ(RowsById(unplanned->pushes()[f]), RowsById(runs.back()[f])) << "feature " << f;
     }
     steps.push_back(std::move(unplanned));
+    // A read-only lookup makes no rows: its push is checked first.
+    auto evaluated = std::make_unique<SparseStep>();
+    ASSERT_TRUE(evaluated->Lookup(*tables, names, batch, kDim, false, absl::MakeSpan(emb)).ok());
+    evaluated->Gradients(names, batch, kDim, emb_grad.data(), *pool);
+    EXPECT_FALSE(evaluated->after_lookup());
+    steps.push_back(std::move(evaluated));
   }
   for (int f = 0; f < features; ++f) {
     const auto& one = runs[0][f];
