@@ -264,8 +264,14 @@ grpc::Status ShardService::ImportRows(grpc::ServerContext* context,
                                       const v1::ImportRowsRequest* request,
                                       v1::ImportRowsResponse* response) {
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
-    TESSERA_RETURN_IF_ERROR(Enter(Traffic::kImport, request->shard_map_version(), *context));
-    Admitted admitted(this, Traffic::kImport);
+    // A caller's import changes rows as a push does: while the shard is frozen for a
+    // reshard it waits with the pushes (else the commit would drop what it wrote after the
+    // last copy), and a freeze waits for it. The reshard's own rows (stamped with the map
+    // they move to) pass.
+    const Traffic traffic =
+        MovingRowsOf(request->shard_map_version()) ? Traffic::kImport : Traffic::kPush;
+    TESSERA_RETURN_IF_ERROR(Enter(traffic, request->shard_map_version(), *context));
+    Admitted admitted(this, traffic);
     TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(request->table()));
     TESSERA_ASSIGN_OR_RETURN(embedding::RowBlock rows, wire::FromChunk(request->rows()));
     // During a reshard, rows moving here come stamped with the new map, for this shard's
@@ -774,6 +780,11 @@ grpc::Status ShardService::Stats(grpc::ServerContext* context, const v1::StatsRe
     }
     return absl::OkStatus();
   });
+}
+
+bool ShardService::MovingRowsOf(uint64_t version) {
+  absl::MutexLock lock(&gate_mu_);
+  return version != 0 && version == pending_version_;
 }
 
 absl::Status ShardService::Enter(Traffic traffic, uint64_t version,

@@ -102,6 +102,9 @@ class ShardService final : public v1::EmbeddingShard::Service {
   // request waits. A shard no longer in the map refuses all (FAILED_PRECONDITION). The
   // request counts as in flight until Leave.
   absl::Status Enter(Traffic traffic, uint64_t version, const grpc::ServerContext& context);
+  // True when an import of map `version` brings a reshard's rows for the map this shard is
+  // moving to (not a caller's rows).
+  bool MovingRowsOf(uint64_t version);
   void Leave(Traffic traffic);
   // During a reshard's copy: notes the ids of `ids` that leave this shard as changed (after
   // their rows changed), for the next round to copy again.

@@ -2,6 +2,7 @@
 
 #include "server/shard_service.h"
 
+#include <atomic>
 #include <cmath>
 #include <thread>
 
@@ -343,8 +344,7 @@ TEST_F(ShardServiceTest, ABatchedPushIsRefusedWholeOrAppliedWholeAndOnce) {
   // A NaN in the last table refuses the batch: no table moves, not even the first four.
   grads[4][5] = NAN;
   v1::BatchPushResponse resp;
-  EXPECT_EQ(push(BatchOf(ids, grads, 31), &resp).error_code(),
-            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(push(BatchOf(ids, grads, 31), &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   for (int t = 0; t < 5; ++t) EXPECT_EQ(rows(t), before[t]) << "table t" << t;
   // A good batch moves every table, counts its distinct rows, and a repeat moves nothing.
   grads[4][5] = 1.0f;
@@ -437,6 +437,54 @@ TEST_F(ShardServiceTest, ASyncStepMissingAWorkerIsAbortedNamingItAndChangesNothi
   v1::LookupResponse after;
   ASSERT_TRUE(Lookup(LookupOf({1}), &after).ok());
   EXPECT_EQ(after.values(0), before.values(0));
+}
+
+// An import sent straight to a shard frozen for a reshard waits with the pushes until the
+// reshard ends (here: aborted), instead of writing rows the commit would drop after an OK.
+TEST_F(ShardServiceTest, ACallersImportWaitsWhileTheShardIsFrozen) {
+  Start(0, 1);
+  ASSERT_TRUE(Create(Config()).ok());
+  auto phase = [&](v1::ReshardRequest::Phase p) {
+    v1::ReshardRequest req;
+    req.set_phase(p);
+    req.set_version(8);
+    req.set_shard_index(0);
+    req.set_num_shards(1);
+    grpc::ClientContext ctx;
+    v1::ReshardResponse resp;
+    return stub_->Reshard(&ctx, req, &resp);
+  };
+  ASSERT_TRUE(phase(v1::ReshardRequest::COPY).ok());
+  ASSERT_TRUE(phase(v1::ReshardRequest::FREEZE).ok());
+  std::atomic<bool> aborted{false};
+  std::atomic<bool> imported_before_abort{false};
+  grpc::Status imported;
+  std::thread import([&] {
+    v1::ImportRowsRequest req;
+    req.set_table("user");
+    v1::RowChunk* rows = req.mutable_rows();
+    rows->set_dim(4);
+    const int64_t id = 5;
+    const std::vector<float> w = {1, 2, 3, 4};
+    rows->set_ids(std::string(reinterpret_cast<const char*>(&id), 8));
+    rows->set_weights(std::string(reinterpret_cast<const char*>(w.data()), 16));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    v1::ImportRowsResponse resp;
+    imported = stub_->ImportRows(&ctx, req, &resp);
+    imported_before_abort = !aborted.load();
+  });
+  // Time for the import to reach the gate (were it not held, it would be done by now).
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  aborted = true;
+  ASSERT_TRUE(phase(v1::ReshardRequest::ABORT).ok());
+  import.join();
+  EXPECT_FALSE(imported_before_abort) << "the import went through the frozen shard";
+  ASSERT_TRUE(imported.ok()) << imported.error_message();
+  v1::LookupResponse got;
+  ASSERT_TRUE(Lookup(LookupOf({5}), &got).ok());
+  EXPECT_EQ(std::vector<float>(got.values().begin(), got.values().end()),
+            (std::vector<float>{1, 2, 3, 4}));
 }
 
 // A sync push asking to wait an hour for workers that never come holds the handler for the
