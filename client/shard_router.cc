@@ -376,6 +376,16 @@ absl::Status ShardRouter::CreateTableOn(int k, const v1::TableConfig& config) {
   return FromShardStatus(stubs_[k]->Get()->CreateTable(ctx.get(), req, &resp), k, addresses_[k]);
 }
 
+absl::Status ShardRouter::DropTableOn(int k, const std::string& table) {
+  auto ctx = NewContext();
+  v1::DropTableRequest req;
+  req.set_table(table);
+  v1::DropTableResponse resp;
+  const grpc::Status s = stubs_[k]->Get()->DropTable(ctx.get(), req, &resp);
+  if (s.error_code() == grpc::StatusCode::NOT_FOUND) return absl::OkStatus();
+  return FromShardStatus(s, k, addresses_[k]);
+}
+
 absl::StatusOr<v1::ReshardResponse> ShardRouter::ReshardOn(int k,
                                                            const v1::ReshardRequest& request) {
   auto ctx = NewContext(options_.checkpoint_deadline);

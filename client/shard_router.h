@@ -98,6 +98,8 @@ class ShardRouter {
 
   // Creates `config` on shard k alone (idempotent).
   absl::Status CreateTableOn(int k, const v1::TableConfig& config);
+  // Drops `table` on shard k alone (a table it lacks counts as dropped).
+  absl::Status DropTableOn(int k, const std::string& table);
 
   // One phase of a reshard on shard k (ReshardRequest), under the checkpoint deadline.
   absl::StatusOr<v1::ReshardResponse> ReshardOn(int k, const v1::ReshardRequest& request);

@@ -201,6 +201,10 @@ struct RestoreOptions {
   // given: otherwise FailedPrecondition, and nothing is restored.
   std::vector<std::string> required_attachments;
   Attachments expected_attachments;
+  // Check that the checkpoint exists, passes the checks above and reads whole (every file,
+  // its checksums), and restore nothing: OK means a restore of it would not fail for what
+  // it holds. A coordinator asks every shard so before any restores.
+  bool verify_only = false;
   // With model "": confirms that every model is to be rolled back. A coordinator refuses
   // a whole-cluster restore without it (InvalidArgument), so that one call with no model
   // cannot roll back the other jobs of a shared cluster.

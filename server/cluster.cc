@@ -342,10 +342,19 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(
   if (reshaped) {
     for (const std::string& dir : m.shard_dirs) request.add_source_dirs(dir);
   }
-  absl::StatusOr<std::vector<v1::CheckpointInfo>> shards = live()->RestoreShards(request);
   const std::string which = embedding::CheckpointName(m.model, m.step);
+  // Every shard reads the checkpoint whole first: one that cannot (a corrupt or missing
+  // file) changes no shard.
+  v1::RestoreRequest verify = request;
+  verify.set_verify_only(true);
+  if (absl::Status s = live()->RestoreShards(verify).status(); !s.ok()) {
+    return Annotate(
+        s, absl::StrCat("restore of ", which, " refused, no shard changed", OlderCheckpoint(m)));
+  }
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> shards = live()->RestoreShards(request);
   if (!shards.ok()) {
-    return Annotate(shards.status(), absl::StrCat("restore of ", which, " failed; retry it"));
+    return Annotate(shards.status(), absl::StrCat("restore of ", which,
+                                                  " failed after every shard read it; retry it"));
   }
   TESSERA_RETURN_IF_ERROR(Annotate(AdoptRestoredTables(m),
                                    absl::StrCat("restore of ", which,
@@ -354,6 +363,18 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(
   if (attachments != nullptr) *attachments = std::move(blobs);
   if (outcome != nullptr) *outcome = changes;
   return m;
+}
+
+std::string Cluster::OlderCheckpoint(const storage::CheckpointManifest& m) const {
+  int64_t older = -1;
+  for (const storage::CheckpointManifest& c : store_->ListCheckpoints()) {
+    if (c.model == m.model && c.step < m.step) older = std::max(older, c.step);
+  }
+  if (older < 0) return " (the model has no older checkpoint)";
+  return absl::StrCat(
+      " (the newest older checkpoint of the model is step ", older, ": tessera-cli restore ",
+      m.model.empty() ? std::string("--all_models") : absl::StrCat("--model=", m.model),
+      " --step=", older, ")");
 }
 
 absl::Status Cluster::AdoptRestoredTables(const storage::CheckpointManifest& m) {
@@ -451,12 +472,74 @@ absl::StatusOr<ReshardOutcome> Cluster::Reshard(const std::vector<std::string>& 
   return out;
 }
 
+void Cluster::PlaceShards(const client::ShardRouter& old, const client::ShardRouter& next,
+                          UnfinishedReshard* u) {
+  const std::vector<std::string>& to = next.addresses();
+  for (const std::string& a : old.addresses()) {
+    auto it = std::find(to.begin(), to.end(), a);
+    u->new_index.push_back(it == to.end() ? -1 : static_cast<int32_t>(it - to.begin()));
+  }
+  for (int32_t k = 0; k < next.num_shards(); ++k) {
+    if (std::find(u->new_index.begin(), u->new_index.end(), k) == u->new_index.end()) {
+      u->only_new.push_back(k);
+    }
+  }
+}
+
+absl::Status Cluster::EmptyNewShard(client::ShardRouter* next, int k) {
+  const std::string which = absl::StrCat("reshard not started: shard ", k, " of the new map (",
+                                         next->addresses()[k], ")");
+  absl::StatusOr<std::vector<v1::TableConfig>> held = next->ListTablesOn(k);
+  TESSERA_RETURN_IF_ERROR(Annotate(held.status(), which));
+  for (const v1::TableConfig& table : *held) {
+    TESSERA_RETURN_IF_ERROR(Annotate(next->DropTableOn(k, table.name()), which));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::CheckShardPlaces() {
+  client::ShardRouter* map = live();
+  const int n = map->num_shards();
+  const uint64_t version = version_.load();
+  const std::string flags = absl::StrCat("--shards=", absl::StrJoin(map->addresses(), ","),
+                                         " --shard_map_version=", version);
+  for (int k = 0; k < n; ++k) {
+    v1::ReshardRequest settle;
+    settle.set_phase(v1::ReshardRequest::SETTLE);
+    settle.set_version(version);
+    settle.set_shard_index(k);
+    settle.set_num_shards(n);
+    absl::StatusOr<v1::ReshardResponse> r = map->ReshardOn(k, settle);
+    if (!r.ok()) continue;
+    const std::string shard = absl::StrCat("shard ", k, " (", map->addresses()[k], ")");
+    if (r->version() > version) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          shard, " serves shard map version ", r->version(), ", newer than this coordinator's ",
+          flags, "; start it with that map's version and shards"));
+    }
+    if (r->version() == version && (r->shard_index() != k || r->num_shards() != n)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          shard, " serves place ", r->shard_index(), " of ", r->num_shards(),
+          " at shard map version ", version, ", but ", flags, " makes it ", k, " of ", n,
+          ": list the shards in their map's order and number (tessera-cli shardmap on the "
+          "coordinator that served them), or start each shard with its place in this map"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Cluster::PrepareReshard(client::ShardRouter* next, UnfinishedReshard* u,
                                      ReshardOutcome* out) {
   client::ShardRouter* old = live();
   const std::vector<std::string>& to = next->addresses();
   const int m = next->num_shards();
   const std::vector<v1::TableConfig> configs = Tables();
+  PlaceShards(*old, *next, u);
+  // A shard new to the map starts empty: what an earlier attempt that was given up copied
+  // there goes (a table dropped since would come back with it).
+  for (const int32_t k : u->only_new) {
+    TESSERA_RETURN_IF_ERROR(EmptyNewShard(next, k));
+  }
   // Every shard of the new map holds every table (shards of both maps have them).
   for (int k = 0; k < m; ++k) {
     for (const v1::TableConfig& config : configs) {
@@ -476,15 +559,6 @@ absl::Status Cluster::PrepareReshard(client::ShardRouter* next, UnfinishedReshar
   for (const v1::TableConfig& config : configs) {
     if (config.max_rows() > 0)
       (*u->commit.mutable_row_budgets())[config.name()] = config.max_rows();
-  }
-  for (const std::string& a : old->addresses()) {
-    auto it = std::find(to.begin(), to.end(), a);
-    u->new_index.push_back(it == to.end() ? -1 : static_cast<int32_t>(it - to.begin()));
-  }
-  for (int32_t k = 0; k < m; ++k) {
-    if (std::find(u->new_index.begin(), u->new_index.end(), k) == u->new_index.end()) {
-      u->only_new.push_back(k);
-    }
   }
   // The copy, while the old shards serve on (noting the rows that pushes change). Shards
   // only in the new map lift their row budgets for it too.

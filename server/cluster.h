@@ -95,6 +95,13 @@ class Cluster {
   // commit: the reshard is then finished by repeating it once the table is gone).
   absl::StatusOr<ReshardOutcome> Reshard(const std::vector<std::string>& shards);
 
+  // Asks every shard the place it serves (a SETTLE phase, which changes nothing): one that
+  // serves this map's version at another place than this map gives it (another shard
+  // count or order), or a newer version, is FailedPrecondition naming both and the flags;
+  // every request routed by this map would be refused there. Shards that do not answer
+  // now are not checked (their health checks see to them).
+  absl::Status CheckShardPlaces();
+
   // Routes a lookup (see ShardRouter::LookupBatch).
   absl::Status LookupBatch(absl::Span<const v1::TableConfig> configs,
                            absl::Span<const embedding::TableBags> parts, bool read_only);
@@ -148,6 +155,9 @@ class Cluster {
   v1::CoordinatorState StateLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // After shards restored `m`: the registry's tables of m.model become the checkpoint's
   // (configs as shard 0 holds them, with the whole table's row budget), saved to the store.
+  // " (the newest older checkpoint of the model is step N: the command)", or that there is
+  // none, for a message about a checkpoint `m` that cannot be restored.
+  std::string OlderCheckpoint(const storage::CheckpointManifest& m) const;
   absl::Status AdoptRestoredTables(const storage::CheckpointManifest& m)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(create_mu_);
 
@@ -175,6 +185,12 @@ class Cluster {
   // the old shards told to COPY, and the rows that change owner copied into `next`. Then,
   // at the barrier: the old shards frozen, the rows updated since copied again, and the
   // new shards handed the applied pushes. Abort the old shards on failure; fill *u, *out.
+  // u->new_index and u->only_new: where each shard of `old` goes in `next`, and the places
+  // of `next` no old shard takes.
+  static void PlaceShards(const client::ShardRouter& old, const client::ShardRouter& next,
+                          UnfinishedReshard* u);
+  // Drops every table shard k of `next` (a shard no old one is) holds: it joins empty.
+  absl::Status EmptyNewShard(client::ShardRouter* next, int k);
   absl::Status PrepareReshard(client::ShardRouter* next, UnfinishedReshard* u,
                               ReshardOutcome* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(create_mu_);
   absl::Status FreezeAndCatchUp(client::ShardRouter* next, UnfinishedReshard* u,

@@ -146,6 +146,7 @@ absl::Status Serve(const std::vector<std::string>& shards) {
     TESSERA_ASSIGN_OR_RETURN(store, OpenStore(data_dir, shards, ro.shard_map_version));
   }
   CoordinatorService service(&router, ro.shard_map_version, co, store.get());
+  TESSERA_RETURN_IF_ERROR(service.CheckShardPlaces());
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<base::Metrics> metrics,
                            base::StartMetricsFromFlags("coordinator"));
   if (metrics != nullptr) WatchShardHealth(metrics.get(), &router);

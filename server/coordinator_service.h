@@ -31,6 +31,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
 
   // Advertise (and route with) another shard-map version from now on.
   void SetShardMapVersion(uint64_t version) { cluster_.SetShardMapVersion(version); }
+  // At start-up: the shards serve the places this map gives them (Cluster::CheckShardPlaces).
+  absl::Status CheckShardPlaces() { return cluster_.CheckShardPlaces(); }
 
   grpc::Status CreateTable(grpc::ServerContext* context, const v1::CreateTableRequest* request,
                            v1::CreateTableResponse* response) override;

@@ -905,6 +905,8 @@ grpc::Status ShardService::Reshard(grpc::ServerContext* context, const v1::Resha
             "reshard: phase must be COPY, FREEZE, COMMIT, SETTLE or ABORT");
     }
     response->set_version(version_.load());
+    response->set_shard_index(index_.load());
+    response->set_num_shards(num_shards_.load());
     return absl::OkStatus();
   });
 }

@@ -365,6 +365,33 @@ TEST_F(ReshardTest, ANewShardOfAnotherMapVersionIsRefusedBeforeAnythingIsPublish
   ExpectRowsPlacedAndEqualTheReference({"a"}, {0, 1, 2});
 }
 
+// Rows an aborted reshard copied to a new shard do not come back: a table dropped (and made
+// again) meanwhile holds only its new rows once the next reshard commits.
+TEST_F(ReshardTest, ADroppedTablesRowsDoNotComeBackFromAnAbortedReshardsCopies) {
+  auto c = Connect(client::ClientOptions::Mode::kSmart);
+  CreateBoth(*c, Table("a", v1::SGD, 11));
+  std::mt19937_64 rng(7);
+  const Push p = MakePush(rng, 0);
+  ASSERT_TRUE(c->PushGradients("a", p.a, p.ga, 1).ok());
+  ASSERT_TRUE(reference_->PushGradients("a", p.a, p.ga, 1).ok());
+  // Shard 0 loses its answer to the catch-up round, after the rows came to shard 2.
+  shards_[0].loser->LoseAnswers(1, /*after=*/1);
+  v1::ReshardClusterResponse r;
+  grpc::Status s = Reshard({0, 1, 2}, &r);
+  EXPECT_NE(s.error_message().find("aborted"), std::string::npos) << s.error_message();
+  shards_[0].loser->LoseAnswers(0);
+  ASSERT_FALSE(StoredRows(*shards_[2].tables, "a").empty()) << "the copy reached shard 2";
+  // Dropped (on the map served: shards 0 and 1) and made again with the same config.
+  ASSERT_TRUE(c->DropTable("a").ok());
+  ASSERT_TRUE(reference_->DropTable("a").ok());
+  CreateBoth(*c, Table("a", v1::SGD, 11));
+  ASSERT_TRUE(c->PushGradients("a", p.b, p.gb, 2).ok());
+  ASSERT_TRUE(reference_->PushGradients("a", p.b, p.gb, 2).ok());
+  s = Reshard({0, 1, 2}, &r);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ExpectRowsPlacedAndEqualTheReference({"a"}, {0, 1, 2});
+}
+
 // A reshard that fails before it publishes changes nothing (the frozen shards go on);
 // one that fails after it publishes is finished by repeating it.
 TEST_F(ReshardTest, AFailedReshardIsAbortedOrFinishedByRepeatingIt) {

@@ -155,6 +155,39 @@ TEST(ShardProcesses, HealthChecksAreAnsweredForEachServersServiceName) {
   EXPECT_EQ(status(coordinator.address(), ""), "SERVING");
 }
 
+// A coordinator whose --shards contradict the places its shards serve (another count, or
+// another order; a data directory recorded for another map) refuses to start, naming the
+// shard's place and the flags, instead of routing requests every shard refuses.
+TEST(ShardProcesses, ACoordinatorRefusesShardsThatServeOtherPlaces) {
+  std::vector<std::unique_ptr<ShardProcess>> shards;
+  for (int k = 0; k < 3; ++k) {
+    shards.push_back(std::make_unique<ShardProcess>(k, 3));
+    ASSERT_FALSE(shards[k]->address().empty());
+  }
+  const std::string a = shards[0]->address(), b = shards[1]->address(),
+                    c = shards[2]->address();
+  for (const std::string& list : {a + "," + b, b + "," + a + "," + c}) {
+    tessera::testing::ServerProcess coordinator(TESSERA_COORDINATOR_BIN,
+                                                {"--shards=" + list}, /*quiet=*/true);
+    EXPECT_TRUE(coordinator.address().empty()) << list;
+    EXPECT_EQ(coordinator.WaitForExit(), 1) << list;
+  }
+  // What it says (bounded: were it to start, `timeout` stops it).
+  const std::string cmd = absl::StrCat("timeout 30 ", TESSERA_COORDINATOR_BIN, " --shards=", a,
+                                       ",", b, " 2>&1");
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[1024];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
+  pclose(p);
+  EXPECT_THAT(out, ::testing::HasSubstr("serves place 0 of 3 at shard map version 1, but --shards="))
+      << out;
+  tessera::testing::ServerProcess coordinator(TESSERA_COORDINATOR_BIN,
+                                              {"--shards=" + a + "," + b + "," + c});
+  EXPECT_FALSE(coordinator.address().empty()) << "the shards' own map";
+}
+
 // A port outside [0, 65535] is refused, not taken modulo 65536 (70000 would listen on 4464).
 TEST(ShardProcesses, APortOutsideItsRangeIsRefused) {
   ShardProcess shard(0, 1);

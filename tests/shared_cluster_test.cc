@@ -21,6 +21,7 @@
 #include "absl/strings/strip.h"
 #include "client/embedding_client.h"
 #include "embedding/inprocess_collection.h"
+#include "embedding/storage/checkpoint_manifest.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/shard_process.h"
@@ -29,6 +30,7 @@ namespace tessera {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::DurableCluster;
 
 const std::string& ScratchDir() {
@@ -340,6 +342,36 @@ TEST_F(SharedClusterTest, AResumeThatFailsItsChecksRestoresNothing) {
   EXPECT_THAT(resumed.output, HasSubstr("holds no 'dense' attachment; nothing was restored"));
   EXPECT_EQ(Rows("other.t", ids_), other);
   EXPECT_EQ(Rows("m.C1", ids_, 16), c1);
+}
+
+// A shard missing a model's newest checkpoint (lost, or never written): a restore of it is
+// refused before any shard changes, naming the one before; --resume=auto trains on from
+// the one before, saying so, instead of advising to drop the model's tables.
+TEST_F(SharedClusterTest, AShardMissingTheNewestCheckpointChangesNoShardAndResumeTakesTheOneBefore) {
+  const std::string train = absl::StrCat("--coordinator=", address(),
+                                         " --log_every=0 --held_out=500 --model=m");
+  Result first =
+      RunBinary(TESSERA_TRAIN_BIN, absl::StrCat(train, " --steps=20 --checkpoint_every=10"));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const std::string lost =
+      absl::StrCat(root_, "/shard-1/checkpoints/", storage::CheckpointDirName("m", 20));
+  ASSERT_TRUE(std::filesystem::exists(lost)) << lost;
+  std::filesystem::remove_all(lost);
+  // Rows after the checkpoints, which a restore would undo.
+  ASSERT_TRUE(
+      client_->PushGradients("m.C1", ids_, std::vector<float>(ids_.size() * 16, 1.0f), 21).ok());
+  const auto c1 = Rows("m.C1", ids_, 16);
+  Result restore = Cli("restore --model=m");
+  EXPECT_NE(restore.exit_code, 0) << restore.output;
+  EXPECT_THAT(restore.output, HasSubstr("no shard changed")) << restore.output;
+  EXPECT_THAT(restore.output, HasSubstr("the newest older checkpoint of the model is step 10"))
+      << restore.output;
+  EXPECT_EQ(Rows("m.C1", ids_, 16), c1) << "a shard was restored";
+  Result resumed = RunBinary(TESSERA_TRAIN_BIN, absl::StrCat(train, " --steps=30 --resume=auto"));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_THAT(resumed.output, HasSubstr("checkpoint 20 of model 'm' cannot be restored"));
+  EXPECT_THAT(resumed.output, HasSubstr("resume: restored checkpoint 10 of model 'm'"));
+  EXPECT_THAT(resumed.output, Not(HasSubstr("drop the model's tables")));
 }
 
 // Issue 25, items 3 and 4: a resumed run with another learning rate, and a resume of

@@ -283,7 +283,7 @@ absl::Status Trainer::CheckpointAndReport(int64_t steps) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> Trainer::Resume() {
+absl::StatusOr<int64_t> Trainer::ResumeFrom(int64_t step) {
   embedding::RestoreOptions checks;
   checks.model = options_.model;
   // Checked before anything is restored: a checkpoint without dense state (an operator's)
@@ -292,11 +292,41 @@ absl::StatusOr<int64_t> Trainer::Resume() {
   checks.expected_attachments["run"] = options_.run_signature;
   embedding::Attachments attachments;
   TESSERA_ASSIGN_OR_RETURN(embedding::CheckpointInfo info,
-                           tables_->Restore(-1, &attachments, checks));
-  TESSERA_RETURN_IF_ERROR(
-      Annotate(dense_->LoadState(attachments["dense"]), absl::StrCat("checkpoint ", info.step)));
+                           tables_->Restore(step, &attachments, checks));
+  TESSERA_RETURN_IF_ERROR(Annotate(dense_->LoadState(attachments["dense"]),
+                                   absl::StrCat("the dense state of checkpoint ", info.step)));
   last_checkpoint_ = info.step;
   return info.step;
+}
+
+absl::StatusOr<int64_t> Trainer::Resume() {
+  absl::StatusOr<int64_t> newest = ResumeFrom(-1);
+  // Refused for what this run is (another network, no dense state), or a cluster that is
+  // down: an older checkpoint would not fare better.
+  if (newest.ok() || absl::IsFailedPrecondition(newest.status()) ||
+      absl::IsUnavailable(newest.status()) || absl::IsDeadlineExceeded(newest.status())) {
+    return newest;
+  }
+  // The newest checkpoint cannot be restored (a shard lacks it, a file of it is corrupt,
+  // its dense state does not read): the one before it, and so on.
+  absl::StatusOr<std::vector<embedding::CheckpointInfo>> list = tables_->ListCheckpoints();
+  if (!list.ok()) return newest;
+  std::vector<int64_t> steps;
+  for (const embedding::CheckpointInfo& c : *list) {
+    if (c.model == options_.model) steps.push_back(c.step);
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  for (size_t i = 1; i < steps.size(); ++i) {
+    std::printf(
+        "resume: checkpoint %lld of model '%s' cannot be restored (%s); trying the one "
+        "before it, %lld\n",
+        static_cast<long long>(steps[i - 1]), options_.model.c_str(),
+        newest.status().ToString().c_str(), static_cast<long long>(steps[i]));
+    std::fflush(stdout);
+    newest = ResumeFrom(steps[i]);
+    if (newest.ok() || absl::IsFailedPrecondition(newest.status())) return newest;
+  }
+  return newest;
 }
 
 void Trainer::WriteMetrics(const std::string& json) {

@@ -179,10 +179,14 @@ class Trainer {
   // A checkpoint after `steps` completed steps: tables and the dense state.
   absl::StatusOr<embedding::CheckpointInfo> Checkpoint(int64_t steps);
   // Restores this model's newest complete checkpoint, its tables and dense state, and
-  // returns its step (the steps done, so the next is that one). NotFound when there is
-  // none; FailedPrecondition, with nothing restored, when it holds no dense state or
-  // belongs to another run (options.run_signature).
+  // returns its step (the steps done, so the next is that one). A newest checkpoint that
+  // cannot be restored (a shard lacks it, a file of it is corrupt, its dense state does
+  // not read) gives way to the one before it, saying so. NotFound when there is none;
+  // FailedPrecondition, with nothing restored, when it holds no dense state or belongs to
+  // another run (options.run_signature).
   absl::StatusOr<int64_t> Resume();
+  // Resume from checkpoint `step` (-1: the newest) alone.
+  absl::StatusOr<int64_t> ResumeFrom(int64_t step);
 
   // Logloss and exact AUC over `held_out`, without creating rows for unseen ids.
   absl::StatusOr<EvalResult> Evaluate(const Batch& held_out);

@@ -45,6 +45,7 @@ inline void ToProto(const storage::CheckpointManifest& m, double seconds,
 inline void ToProto(const embedding::RestoreOptions& o, v1::RestoreRequest* out) {
   out->set_model(o.model);
   out->set_all_models(o.all_models);
+  out->set_verify_only(o.verify_only);
   for (const auto& name : o.required_attachments) out->add_required_attachments(name);
   for (const auto& [name, value] : o.expected_attachments) {
     (*out->mutable_expected_attachments())[name] = value;
@@ -55,6 +56,7 @@ inline embedding::RestoreOptions RestoreOptionsOf(const v1::RestoreRequest& r) {
   embedding::RestoreOptions o;
   o.model = r.model();
   o.all_models = r.all_models();
+  o.verify_only = r.verify_only();
   o.required_attachments.assign(r.required_attachments().begin(),
                                 r.required_attachments().end());
   for (const auto& [name, value] : r.expected_attachments()) o.expected_attachments[name] = value;

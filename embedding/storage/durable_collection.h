@@ -195,6 +195,24 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   // table's per-shard row budget is split anew).
   absl::Status RestoreModel(const std::vector<std::string>& dirs, const CheckpointManifest& m,
                             bool resharded = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RestoreModel's halves: every row of the checkpoint this collection owns, read whole
+  // (changing nothing but the next table id), then those rows put in place of the model's
+  // tables (a failure there stops the restore half-way; the next open finishes it).
+  struct ModelRows {
+    std::vector<KvWrite> writes;  // catalog entries and rows, under fresh table ids
+    std::map<std::string, std::pair<uint32_t, v1::TableConfig>> tables;  // by name
+  };
+  absl::StatusOr<ModelRows> ReadModel(const std::vector<std::string>& dirs,
+                                      const CheckpointManifest& m, bool resharded)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ApplyModel(const std::vector<std::string>& dirs, const CheckpointManifest& m,
+                          bool resharded, ModelRows rows) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `read` (why checkpoint `m` at `where` could not be read), saying that nothing was
+  // restored and naming the model's newest older checkpoint complete here.
+  absl::Status Unreadable(const CheckpointManifest& m, const std::string& where,
+                          const absl::Status& read) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK when the checkpoint store in `dir` opens and every key and value reads.
+  absl::Status VerifyStore(const std::string& dir) const;
   // Finishes a model restore that a crash interrupted (its marker names the checkpoint).
   absl::Status FinishInterruptedRestore() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<const Table*> Find(absl::string_view table) const ABSL_SHARED_LOCKS_REQUIRED(mu_);

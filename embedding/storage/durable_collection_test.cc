@@ -25,6 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 using ScopedDir = testing::ScopedTempDir;
 
@@ -822,6 +823,76 @@ TEST(DurableCollection, AModelsCheckpointAndRestoreTouchOnlyItsTablesAndSurviveA
   EXPECT_EQ(Read(*c, "a.x", AllIds(), 4), x5);
   EXPECT_EQ(Read(*c, "a.w", AllIds(), 4), w5);
   EXPECT_EQ(Read(*c, "b.y", AllIds(), 4), y_after);
+}
+
+// A model's newest checkpoint with a corrupt table file: its restore reads it whole before
+// touching anything, so it fails with every table as it was, the collection serving and
+// restartable, and the message names the checkpoint before it, which restores.
+TEST(DurableCollection, ACheckpointThatCannotBeReadRestoresNothingAndNamesTheOneBefore) {
+  ScopedDir dir;
+  Harness h(dir.path);
+  auto c = h.Open();
+  ASSERT_TRUE(c->CreateTable(Config("a.x", 16, v1::CHECKPOINT)).ok());
+  ASSERT_TRUE(c->CreateTable(Config("b.y", 16, v1::CHECKPOINT)).ok());
+  for (const char* t : {"a.x", "b.y"}) Train(*c, t, 16, 0, 5, 40);
+  ASSERT_TRUE(c->Checkpoint(5, {{"dense", "a5"}}, OfModel("a")).ok());
+  const auto x5 = Read(*c, "a.x", AllIds(), 16);
+  for (const char* t : {"a.x", "b.y"}) Train(*c, t, 16, 5, 5, 41);
+  ASSERT_TRUE(c->Checkpoint(10, {{"dense", "a10"}}, OfModel("a")).ok());
+  const auto x10 = Read(*c, "a.x", AllIds(), 16);
+  Train(*c, "a.x", 16, 10, 3, 42);
+  const auto x_live = Read(*c, "a.x", AllIds(), 16), y_live = Read(*c, "b.y", AllIds(), 16);
+  // A row of a.x as checkpoint 10 holds it, then one of its bytes flipped in that table
+  // file (a new file in its place: the live store's hard link keeps the old one).
+  const std::string db = c->CheckpointDir(10, "a") + "/db";
+  std::string value;
+  {
+    auto store = OpenRocksDbStore(db, {});
+    ASSERT_TRUE(store.ok()) << store.status();
+    for (int64_t id = 199; id > 100 && value.empty(); --id) {
+      auto v = (*store)->Get(RowKey(1, id));
+      ASSERT_TRUE(v.ok());
+      if (v->has_value()) value = **v;
+    }
+  }
+  ASSERT_FALSE(value.empty());
+  bool flipped = false;
+  for (const auto& e : fs::directory_iterator(db)) {
+    if (e.path().extension() != ".sst") continue;
+    auto bytes = ReadFile(e.path().string());
+    ASSERT_TRUE(bytes.ok());
+    const size_t at = bytes->find(value);
+    if (at == std::string::npos) continue;
+    (*bytes)[at + 40] ^= 0x10;
+    const std::string fresh = e.path().string() + ".new";
+    std::ofstream(fresh, std::ios::binary | std::ios::trunc) << *bytes;
+    fs::rename(fresh, e.path());
+    flipped = true;
+  }
+  ASSERT_TRUE(flipped);
+
+  embedding::RestoreOptions restore;
+  restore.model = "a";
+  const absl::Status s = c->Restore(-1, nullptr, restore).status();
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.message(), HasSubstr("checkpoint 10 of model 'a'")) << s;
+  EXPECT_THAT(s.message(), HasSubstr("nothing was restored")) << s;
+  EXPECT_THAT(s.message(), HasSubstr("the newest older complete one here is step 5")) << s;
+  EXPECT_THAT(s.message(), Not(HasSubstr("half-way"))) << s;
+  // Every model serves as it was, and takes checkpoints.
+  EXPECT_EQ(Read(*c, "a.x", AllIds(), 16), x_live);
+  EXPECT_EQ(Read(*c, "b.y", AllIds(), 16), y_live);
+  EXPECT_TRUE(c->Checkpoint(11, {}, OfModel("b")).ok());
+  // Restartable (a CHECKPOINT table comes back as its last flush, at checkpoint 10, left),
+  // and the checkpoint before restores.
+  c.reset();
+  c = h.Open();
+  EXPECT_EQ(Read(*c, "a.x", AllIds(), 16), x10);
+  embedding::Attachments attachments;
+  ASSERT_TRUE(c->Restore(5, &attachments, restore).ok());
+  EXPECT_EQ(attachments["dense"], "a5");
+  EXPECT_EQ(Read(*c, "a.x", AllIds(), 16), x5);
+  EXPECT_EQ(Read(*c, "b.y", AllIds(), 16), y_live);
 }
 
 TEST(DurableCollection, AModelRestoreCutShortIsFinishedOnTheNextOpen) {

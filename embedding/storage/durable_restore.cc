@@ -1,8 +1,6 @@
 // DurableCollection's restores: a model's tables replaced by a checkpoint's, and recovery
 // of an interrupted restore.
 
-#include "embedding/storage/durable_collection.h"
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,8 +12,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "embedding/embedding_table.h"
 #include "base/status.h"
+#include "embedding/embedding_table.h"
+#include "embedding/storage/durable_collection.h"
 #include "embedding/storage/files.h"
 #include "embedding/storage/internal/durable_store.h"
 #include "embedding/storage/row_codec.h"
@@ -36,8 +35,50 @@ using storage_internal::SecondsSince;
 // The first line of a restore marker for another shard count's checkpoints.
 constexpr char kResharded[] = "resharded";
 
-absl::Status DurableCollection::RestoreModel(const std::vector<std::string>& dirs,
-                                             const CheckpointManifest& m, bool resharded) {
+absl::StatusOr<DurableCollection::ModelRows> DurableCollection::ReadModel(
+    const std::vector<std::string>& dirs, const CheckpointManifest& m, bool resharded) {
+  // Each table of the checkpoint gets a fresh id here (a source's may name another table
+  // by now) and the rows of every source that this collection owns.
+  // Another shard count's directories are its shards' in shard order: from each, only
+  // the rows that shard owned (a copy it held of another's row, taken while a reshard
+  // copied, is not the row).
+  ModelRows out;
+  const int sources = static_cast<int>(dirs.size());
+  for (int k = 0; k < sources; ++k) {
+    const std::string& dir = dirs[k];
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<KvStore> source,
+                             OpenCheckpointStore(options_.open_store, dir));
+    TESSERA_ASSIGN_OR_RETURN(auto catalog, ReadCatalog(*source));
+    for (const auto& [from_id, config] : catalog) {
+      if (std::find(m.tables.begin(), m.tables.end(), config.name()) == m.tables.end()) continue;
+      auto it = out.tables.find(config.name());
+      if (it == out.tables.end()) {
+        const uint32_t id = next_table_id_++;
+        v1::TableConfig here = config;
+        if (resharded && here.max_rows() > 0) {
+          // A shard's part of the row budget, split over the old shards, split over the new.
+          const int64_t total = here.max_rows() * static_cast<int64_t>(dirs.size());
+          here.set_max_rows((total + options_.cluster_num_shards - 1) /
+                            options_.cluster_num_shards);
+        }
+        out.writes.push_back(KvWrite{CatalogKey(id), EncodeCatalogEntry(here)});
+        it = out.tables.emplace(config.name(), std::make_pair(id, here)).first;
+      }
+      const v1::TableConfig& c = it->second.second;
+      TESSERA_RETURN_IF_ERROR(
+          CopyRows(*source, from_id, it->second.first, &out.writes, [&](int64_t row_id) {
+            return embedding::ShardOfRow(c, row_id, options_.cluster_num_shards) ==
+                       options_.cluster_shard_index &&
+                   (!resharded || embedding::ShardOfRow(c, row_id, sources) == k);
+          }));
+    }
+  }
+  return out;
+}
+
+absl::Status DurableCollection::ApplyModel(const std::vector<std::string>& dirs,
+                                           const CheckpointManifest& m, bool resharded,
+                                           ModelRows rows) {
   const auto start = Clock::now();
   // A marker first (the directories, a line each, after a line "resharded" for another
   // shard count's): a crash before the end redoes the whole restore on the next open.
@@ -50,53 +91,51 @@ absl::Status DurableCollection::RestoreModel(const std::vector<std::string>& dir
     if (embedding::TableOfModel(name, m.model)) mine.push_back(name);
   }
   for (const std::string& name : mine) TESSERA_RETURN_IF_ERROR(ForgetTable(name, &writes));
-  // Each table of the checkpoint gets a fresh id here (a source's may name another table
-  // by now) and the rows of every source that this collection owns.
-  // Another shard count's directories are its shards' in shard order: from each, only
-  // the rows that shard owned (a copy it held of another's row, taken while a reshard
-  // copied, is not the row).
-  std::map<std::string, std::pair<uint32_t, v1::TableConfig>> restored;
-  const int sources = static_cast<int>(dirs.size());
-  for (int k = 0; k < sources; ++k) {
-    const std::string& dir = dirs[k];
-    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<KvStore> source,
-                             OpenCheckpointStore(options_.open_store, dir));
-    TESSERA_ASSIGN_OR_RETURN(auto catalog, ReadCatalog(*source));
-    for (const auto& [from_id, config] : catalog) {
-      if (std::find(m.tables.begin(), m.tables.end(), config.name()) == m.tables.end()) continue;
-      auto it = restored.find(config.name());
-      if (it == restored.end()) {
-        const uint32_t id = next_table_id_++;
-        v1::TableConfig here = config;
-        if (resharded && here.max_rows() > 0) {
-          // A shard's part of the row budget, split over the old shards, split over the new.
-          const int64_t total = here.max_rows() * static_cast<int64_t>(dirs.size());
-          here.set_max_rows((total + options_.cluster_num_shards - 1) / options_.cluster_num_shards);
-        }
-        writes.push_back(KvWrite{CatalogKey(id), EncodeCatalogEntry(here)});
-        it = restored.emplace(config.name(), std::make_pair(id, here)).first;
-      }
-      const v1::TableConfig& c = it->second.second;
-      TESSERA_RETURN_IF_ERROR(
-          CopyRows(*source, from_id, it->second.first, &writes, [&](int64_t row_id) {
-            return embedding::ShardOfRow(c, row_id, options_.cluster_num_shards) ==
-                       options_.cluster_shard_index &&
-                   (!resharded || embedding::ShardOfRow(c, row_id, sources) == k);
-          }));
-    }
-  }
+  writes.insert(writes.end(), std::make_move_iterator(rows.writes.begin()),
+                std::make_move_iterator(rows.writes.end()));
   for (size_t begin = 0; begin < writes.size(); begin += kRowsPerBatch) {
     const size_t n = std::min(writes.size() - begin, static_cast<size_t>(kRowsPerBatch));
     TESSERA_RETURN_IF_ERROR(store_->Write(absl::MakeConstSpan(writes).subspan(begin, n),
                                           /*sync=*/false));
   }
   TESSERA_RETURN_IF_ERROR(store_->Write({}, /*sync=*/true));
-  for (const auto& [name, entry] : restored) {
+  for (const auto& [name, entry] : rows.tables) {
     TESSERA_RETURN_IF_ERROR(memory_->CreateTable(entry.second));
     auto [it, inserted] = tables_.emplace(name, MakeTable(entry.first, entry.second));
     TESSERA_RETURN_IF_ERROR(LoadRows(it->first, it->second, start));
   }
   return RemoveTree(RestoringPath());
+}
+
+absl::Status DurableCollection::RestoreModel(const std::vector<std::string>& dirs,
+                                             const CheckpointManifest& m, bool resharded) {
+  TESSERA_ASSIGN_OR_RETURN(ModelRows rows, ReadModel(dirs, m, resharded));
+  return ApplyModel(dirs, m, resharded, std::move(rows));
+}
+
+absl::Status DurableCollection::Unreadable(const CheckpointManifest& m, const std::string& where,
+                                           const absl::Status& read) const {
+  // The newest older checkpoint of the model that is complete here.
+  int64_t older = -1;
+  for (const auto& [dir, c] : CompleteCheckpoints()) {
+    if (c.model == m.model && c.step < m.step) older = std::max(older, c.step);
+  }
+  const std::string model = m.model.empty() ? "--all_models" : absl::StrCat("--model=", m.model);
+  return Annotate(
+      read, absl::StrCat(
+                embedding::CheckpointName(m.model, m.step), " (", where,
+                ") cannot be read whole; nothing was restored, every table serves as it "
+                "was",
+                older < 0 ? std::string("; there is no older complete checkpoint here")
+                          : absl::StrCat("; the newest older complete one here is step ", older,
+                                         " (tessera-cli restore ", model, " --step=", older, ")")));
+}
+
+absl::Status DurableCollection::VerifyStore(const std::string& dir) const {
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<KvStore> source,
+                           OpenCheckpointStore(options_.open_store, dir));
+  // Every key and value read: the store checks each block's checksum as it reads it.
+  return source->Scan("", [](absl::string_view, absl::string_view) { return absl::OkStatus(); });
 }
 
 absl::Status DurableCollection::FinishInterruptedRestore() {
@@ -125,8 +164,8 @@ absl::StatusOr<embedding::CheckpointInfo> DurableCollection::RestoreFromShards(
   for (const std::string& dir : dirs) {
     absl::StatusOr<CheckpointManifest> m = ReadManifest(absl::StrCat(dir, "/", kManifest));
     if (!m.ok()) {
-      return absl::NotFoundError(absl::StrCat("no complete checkpoint in ", dir, ": ",
-                                              m.status().message()));
+      return absl::NotFoundError(
+          absl::StrCat("no complete checkpoint in ", dir, ": ", m.status().message()));
     }
     manifests.push_back(*std::move(m));
   }
@@ -140,18 +179,22 @@ absl::StatusOr<embedding::CheckpointInfo> DurableCollection::RestoreFromShards(
     }
   }
   if (options.model != m.model) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the directories hold ", embedding::CheckpointName(m.model, m.step),
-        "; the restore names model '", options.model, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the directories hold ", embedding::CheckpointName(m.model, m.step),
+                     "; the restore names model '", options.model, "'"));
   }
   embedding::Attachments blobs;
   TESSERA_RETURN_IF_ERROR(ReadAttachments(dirs[0], m, &blobs));
   TESSERA_RETURN_IF_ERROR(embedding::CheckRestorable(m.step, blobs, options));
   absl::MutexLock lock(&mu_);
   TESSERA_RETURN_IF_ERROR(Usable());
-  absl::Status s = RestoreModel(dirs, m, /*resharded=*/true);
+  absl::StatusOr<ModelRows> rows = ReadModel(dirs, m, /*resharded=*/true);
+  if (!rows.ok()) return Unreadable(m, absl::StrJoin(dirs, ", "), rows.status());
+  if (options.verify_only) return InfoOf(m);
+  absl::Status s = ApplyModel(dirs, m, /*resharded=*/true, *std::move(rows));
   if (!s.ok()) {
-    broken_ = Annotate(s, absl::StrCat("restore from ", dirs.size(), " shards' checkpoints "
+    broken_ = Annotate(s, absl::StrCat("restore from ", dirs.size(),
+                                       " shards' checkpoints "
                                        "stopped half-way; restart the server, which finishes it"));
     return broken_;
   }
@@ -179,13 +222,23 @@ absl::StatusOr<embedding::CheckpointInfo> DurableCollection::Restore(
   TESSERA_RETURN_IF_ERROR(embedding::CheckRestorable(chosen->second.step, blobs, options));
   if (!options.model.empty()) {
     TESSERA_RETURN_IF_ERROR(Usable());
-    absl::Status s = RestoreModel({dir}, chosen->second);
+    // Read whole before anything changes: a checkpoint that cannot be read (a corrupt or
+    // missing file) leaves every table as it was and the server serving.
+    absl::StatusOr<ModelRows> rows = ReadModel({dir}, chosen->second, /*resharded=*/false);
+    if (!rows.ok()) return Unreadable(chosen->second, dir, rows.status());
+    if (options.verify_only) return InfoOf(chosen->second);
+    absl::Status s = ApplyModel({dir}, chosen->second, /*resharded=*/false, *std::move(rows));
     if (!s.ok()) {
-      broken_ = Annotate(s, absl::StrCat("restore of ", dir, " stopped half-way; restart the "
+      broken_ = Annotate(s, absl::StrCat("restore of ", dir,
+                                         " stopped half-way; restart the "
                                          "server, which finishes it"));
       return broken_;
     }
   } else {
+    if (absl::Status read = VerifyStore(dir); !read.ok()) {
+      return Unreadable(chosen->second, dir, read);
+    }
+    if (options.verify_only) return InfoOf(chosen->second);
     // Copy first, while the live store is still whole; then swap directories.
     const std::string live = LivePath();
     TESSERA_RETURN_IF_ERROR(RemoveTree(live + ".restore"));
