@@ -88,6 +88,39 @@ void Train(embedding::EmbeddingCollection& c, const std::string& table, int dim,
   }
 }
 
+// Flips a byte in the middle of the weights of a row of table id 1 (one near the end of
+// the key range, so that its block holds rows only) in the table files of the store in
+// `db`; each changed file is written anew, so a hard link to it elsewhere (a checkpoint's,
+// the live store's) keeps its bytes.
+::testing::AssertionResult FlipAByteOfARow(const std::string& db) {
+  std::string value;
+  {
+    auto store = OpenRocksDbStore(db, {});
+    if (!store.ok()) return ::testing::AssertionFailure() << store.status();
+    for (int64_t id = 199; id > 100 && value.empty(); --id) {
+      auto v = (*store)->Get(RowKey(1, id));
+      if (!v.ok()) return ::testing::AssertionFailure() << v.status();
+      if (v->has_value()) value = **v;
+    }
+  }
+  if (value.empty()) return ::testing::AssertionFailure() << "no row of table 1 in " << db;
+  bool flipped = false;
+  for (const auto& e : fs::directory_iterator(db)) {
+    if (e.path().extension() != ".sst") continue;
+    auto bytes = ReadFile(e.path().string());
+    if (!bytes.ok()) return ::testing::AssertionFailure() << bytes.status();
+    const size_t at = bytes->find(value);
+    if (at == std::string::npos) continue;
+    (*bytes)[at + 40] ^= 0x10;
+    const std::string fresh = e.path().string() + ".new";
+    std::ofstream(fresh, std::ios::binary | std::ios::trunc) << *bytes;
+    fs::rename(fresh, e.path());
+    flipped = true;
+  }
+  if (!flipped) return ::testing::AssertionFailure() << "the row is in no table file";
+  return ::testing::AssertionSuccess();
+}
+
 std::vector<int64_t> AllIds() {
   std::vector<int64_t> ids(200);
   for (int i = 0; i < 200; ++i) ids[i] = i;
@@ -667,37 +700,13 @@ TEST(DurableCollection, ACorruptRowAmongManyStopsTheLoadNamingIt) {
 TEST(DurableCollection, ByteFlippedOnDiskIsDetectedOnLoad) {
   ScopedDir dir;
   Harness h(dir.path);
-  std::string value;
   {
     auto c = h.Open();
     ASSERT_TRUE(c->CreateTable(Config("items", 16, v1::CHECKPOINT)).ok());
     Train(*c, "items", 16, 0, 3, 12);
     ASSERT_TRUE(c->Checkpoint(3, {}).ok());  // flushes the live store into table files
   }
-  {
-    auto store = OpenRocksDbStore(dir.path + "/db", {});
-    ASSERT_TRUE(store.ok());
-    // A row near the end of the key range, so its block holds rows only.
-    for (int64_t id = 199; id > 100 && value.empty(); --id) {
-      auto v = (*store)->Get(RowKey(1, id));
-      ASSERT_TRUE(v.ok());
-      if (v->has_value()) value = **v;
-    }
-    ASSERT_FALSE(value.empty());
-  }
-  // Find the row's bytes in a table file and flip one in the middle of its weights.
-  bool flipped = false;
-  for (const auto& e : fs::directory_iterator(dir.path + "/db")) {
-    if (e.path().extension() != ".sst") continue;
-    auto bytes = ReadFile(e.path().string());
-    ASSERT_TRUE(bytes.ok());
-    const size_t at = bytes->find(value);
-    if (at == std::string::npos) continue;
-    (*bytes)[at + 40] ^= 0x10;
-    std::ofstream(e.path(), std::ios::binary | std::ios::trunc) << *bytes;
-    flipped = true;
-  }
-  ASSERT_TRUE(flipped);
+  ASSERT_TRUE(FlipAByteOfARow(dir.path + "/db"));
   auto c = DurableCollection::Open(h.options);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), absl::StatusCode::kDataLoss) << c.status();
@@ -842,34 +851,8 @@ TEST(DurableCollection, ACheckpointThatCannotBeReadRestoresNothingAndNamesTheOne
   const auto x10 = Read(*c, "a.x", AllIds(), 16);
   Train(*c, "a.x", 16, 10, 3, 42);
   const auto x_live = Read(*c, "a.x", AllIds(), 16), y_live = Read(*c, "b.y", AllIds(), 16);
-  // A row of a.x as checkpoint 10 holds it, then one of its bytes flipped in that table
-  // file (a new file in its place: the live store's hard link keeps the old one).
-  const std::string db = c->CheckpointDir(10, "a") + "/db";
-  std::string value;
-  {
-    auto store = OpenRocksDbStore(db, {});
-    ASSERT_TRUE(store.ok()) << store.status();
-    for (int64_t id = 199; id > 100 && value.empty(); --id) {
-      auto v = (*store)->Get(RowKey(1, id));
-      ASSERT_TRUE(v.ok());
-      if (v->has_value()) value = **v;
-    }
-  }
-  ASSERT_FALSE(value.empty());
-  bool flipped = false;
-  for (const auto& e : fs::directory_iterator(db)) {
-    if (e.path().extension() != ".sst") continue;
-    auto bytes = ReadFile(e.path().string());
-    ASSERT_TRUE(bytes.ok());
-    const size_t at = bytes->find(value);
-    if (at == std::string::npos) continue;
-    (*bytes)[at + 40] ^= 0x10;
-    const std::string fresh = e.path().string() + ".new";
-    std::ofstream(fresh, std::ios::binary | std::ios::trunc) << *bytes;
-    fs::rename(fresh, e.path());
-    flipped = true;
-  }
-  ASSERT_TRUE(flipped);
+  // A row of a.x as checkpoint 10 holds it, one of its bytes flipped in that table file.
+  ASSERT_TRUE(FlipAByteOfARow(c->CheckpointDir(10, "a") + "/db"));
 
   embedding::RestoreOptions restore;
   restore.model = "a";
