@@ -240,6 +240,21 @@ def main(address: str) -> int:
     np.testing.assert_allclose(smart.lookup("pyc_fixed", vocab_ids), start - 0.5, atol=1e-6)
     assert sum(t.rows for t in smart.stats("pyc_fixed").tables) == len(vocab_ids)
 
+    # A push refused by one shard changes no row on any: every shard checks its part first.
+    # A row budget of 40 (20 a shard) cannot take 30 new rows on shard 0; shard 1's 5 fit.
+    smart.create_table("pyc_budget", dim=2, optimizer="sgd", learning_rate=0.5, max_rows=40)
+    candidates = np.arange(1, 2000, dtype=np.int64)
+    owners = tessera.shard_of(candidates, smart.tables()["pyc_budget"].seed, 2)
+    both = np.concatenate([candidates[owners == 0][:30], candidates[owners == 1][:5]])
+    before = smart.lookup("pyc_budget", both, read_only=True)
+    for client in (smart, via):
+        expect_error(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                     lambda: client.push("pyc_budget", both, np.ones((len(both), 2))))
+        expect_error(grpc.StatusCode.RESOURCE_EXHAUSTED, lambda: client.push_many(
+            {"pyc_budget": (both, np.ones((len(both), 2)))}))
+    np.testing.assert_array_equal(smart.lookup("pyc_budget", both, read_only=True), before)
+    assert sum(t.rows for t in smart.stats("pyc_budget").tables) == 0
+
     smart.checkpoint(12)
     assert 12 in [c.step for c in smart.checkpoints().checkpoints]
     # A restore of every model needs all_models: in the client and on the coordinator.
