@@ -264,6 +264,9 @@ TEST_F(SharedClusterTest, AlterChangesATablesOptimizerEverywhereAndIsCheckpointe
   Result refused = Cli("alter --table=alt.t");
   EXPECT_EQ(refused.exit_code, 1);
   EXPECT_THAT(refused.output, HasSubstr("at least one optimizer setting"));
+  Result type_alone = Cli("alter --table=alt.t --optimizer=adam");
+  EXPECT_EQ(type_alone.exit_code, 1);
+  EXPECT_THAT(type_alone.output, HasSubstr("alter cannot change a table's optimizer type"));
   Result alter = Cli("alter --table=alt.t --lr=0.125 --clip_value=100");
   ASSERT_EQ(alter.exit_code, 0) << alter.output;
   EXPECT_THAT(alter.output, HasSubstr("learning_rate: 0.125"));

@@ -32,6 +32,7 @@
 #include "wire/grpc_status.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -591,6 +592,17 @@ tessera::v1::OptimizerConfig OptimizerChanges() {
 // settings before and after.
 int Alter(Coordinator::Stub& stub, const std::string& table) {
   const tessera::v1::OptimizerConfig changes = OptimizerChanges();
+  const absl::CommandLineFlag* type = absl::FindCommandLineFlag("optimizer");
+  if (changes.ByteSizeLong() == 0 && type != nullptr &&
+      type->CurrentValue() != type->DefaultValue()) {
+    // The rows' optimizer state is the type's: it cannot change under them.
+    std::cerr << "tessera-cli: alter cannot change a table's optimizer type (--optimizer is "
+                 "create's: a table keeps the type it was made with, as its rows' optimizer "
+                 "state is that type's); give the settings to change (--lr, --epsilon, ...), or "
+                 "make a new table of that type and import the weights (export, create, "
+                 "import)\n";
+    return 1;
+  }
   if (table.empty() || changes.ByteSizeLong() == 0) {
     std::cerr << "tessera-cli: alter needs --table=NAME and at least one optimizer setting "
                  "(--lr, --epsilon, --beta1, --beta2, --initial_accumulator, --l1, --l2, "
