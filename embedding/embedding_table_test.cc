@@ -7,8 +7,8 @@
 #include <thread>
 #include <vector>
 
-#include "embedding/dtype.h"
 #include "base/status.h"
+#include "embedding/dtype.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -145,6 +145,23 @@ TEST(EmbeddingTable, LookupWithoutInsertReturnsInitialWeightsAndStoresNothing) {
   EXPECT_EQ(t->num_rows(), 2);
   EXPECT_EQ(peek, real);
   EXPECT_EQ(t->ReadRow(99).status().code(), absl::StatusCode::kNotFound);
+}
+
+// A small table costs about its rows: its 64 stripes take rows a few at a time while they
+// hold few (not 64 each: 4,096 rows' memory for a table of a handful).
+TEST(EmbeddingTable, ASmallTableTakesMemoryForAboutItsRows) {
+  auto t = Make(Config(16, v1::ADAGRAD));
+  std::vector<int64_t> ids(200);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i) * 7919 + 3;
+  std::vector<float> out(ids.size() * 16);
+  ASSERT_TRUE(t->Lookup(ids, out.data()).ok());
+  ASSERT_EQ(t->num_rows(), 200);
+  EXPECT_LE(t->MemoryBytes(), 4 * 200 * t->row_bytes())
+      << "row bytes " << t->row_bytes() << ", taken " << t->MemoryBytes();
+  // Rows keep their own values however the blocks were cut.
+  std::vector<float> again(out.size());
+  ASSERT_TRUE(t->Lookup(ids, again.data()).ok());
+  EXPECT_EQ(again, out);
 }
 
 TEST(EmbeddingTable, RowBudgetGivesExplicitErrorWhenFull) {

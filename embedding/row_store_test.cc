@@ -1,6 +1,8 @@
 // The storage under a dynamic table: the cuckoo id map of a stripe, the row store, and
 // the table's rows at their payload's size (meta packed into 8 bytes).
 
+#include "embedding/internal/row_store.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "embedding/embedding_table.h"
-#include "embedding/internal/row_store.h"
 #include "embedding/internal/stripe.h"
 #include "gtest/gtest.h"
 
@@ -24,9 +25,9 @@ using embedding_internal::IdMap;
 using embedding_internal::kNoRow;
 using embedding_internal::MapHash;
 using embedding_internal::MapId;
-using embedding_internal::RowStore;
 using embedding_internal::ReaderEpochs;
 using embedding_internal::ReaderScope;
+using embedding_internal::RowStore;
 using embedding_internal::Stripe;
 using embedding_internal::StripeWriter;
 
@@ -81,7 +82,8 @@ TEST(IdMapTest, FindsWhatItHoldsAtHighLoadThroughErases) {
           ASSERT_EQ(map->Find(h), kNoRow);
         }
       }
-      for (int k = 0; k < 100; ++k) ASSERT_EQ(map->Find(MapHash(static_cast<int64_t>(rng()))), kNoRow);
+      for (int k = 0; k < 100; ++k)
+        ASSERT_EQ(map->Find(MapHash(static_cast<int64_t>(rng()))), kNoRow);
     }
   }
 }
@@ -108,8 +110,8 @@ void FillsNearItsLimit(Stripe& stripe, double limit) {
     ASSERT_NE(row, kNoRow);
     ASSERT_TRUE(numbers.insert(row).second) << "row " << row << " handed out twice";
     if (i >= 10000) {
-      const double load = static_cast<double>(stripe.size()) /
-                          static_cast<double>(stripe.current()->capacity());
+      const double load =
+          static_cast<double>(stripe.size()) / static_cast<double>(stripe.current()->capacity());
       lowest = std::min(lowest, load);
       ASSERT_LE(load, limit) << i;
     }
@@ -184,15 +186,23 @@ TEST(StripeTest, ReplacedMapsAreFreedWhileReadersKeepComing) {
 }
 
 // Writes every byte of weights, state and meta of two chunks' rows and a few more, then
-// reads each back: no row's parts overlap another's (or its own).
+// reads each back: no row's parts overlap another's (or its own). Small blocks first (as a
+// table's stripes take them), then whole ones: none overlaps another.
 void ExpectRowsOwnTheirBytes(RowStore& rows, int weight_bytes, int state_floats) {
-  std::vector<uint32_t> firsts;
+  std::vector<uint32_t> seen;
+  for (const uint32_t small : {2u, 4u, 2u, 8u, 16u, 32u, 4u}) {
+    uint32_t first = 0;
+    ASSERT_TRUE(rows.TakeBlock(&first, small));
+    for (uint32_t r = first; r < first + small; ++r) seen.push_back(r);
+  }
   for (uint32_t b = 0; b < 2 * rows.chunk_rows() / RowStore::kBlockRows + 3; ++b) {
     uint32_t first = 0;
     ASSERT_TRUE(rows.TakeBlock(&first));
-    firsts.push_back(first);
+    for (uint32_t r = first; r < first + RowStore::kBlockRows; ++r) seen.push_back(r);
   }
-  const uint32_t n = static_cast<uint32_t>(firsts.size()) * RowStore::kBlockRows;
+  std::sort(seen.begin(), seen.end());
+  ASSERT_EQ(std::adjacent_find(seen.begin(), seen.end()), seen.end()) << "a row taken twice";
+  const uint32_t n = rows.HandedOut();
   for (uint32_t r = 0; r < n; ++r) {
     ASSERT_TRUE(rows.Valid(r));
     std::memset(rows.Weights(r), static_cast<int>(r & 0xff), weight_bytes);
@@ -277,12 +287,9 @@ TEST(PackedMetaTest, LastStepsAndCountsReadBackAsStored) {
     int64_t id, last_step, update_count;
   };
   // Steps within 2^32 of the newest (a row 2^32 or more behind it reads as more recent).
-  const std::vector<Case> cases = {{1, -1, 0},
-                                   {2, big - (int64_t{1} << 32) + 1, 1},
-                                   {3, big - 100000, 3},
-                                   {4, big, 99},
-                                   {5, big - 3, 5},
-                                   {6, big - 1, int64_t{1} << 33}};
+  const std::vector<Case> cases = {{1, -1, 0},           {2, big - (int64_t{1} << 32) + 1, 1},
+                                   {3, big - 100000, 3}, {4, big, 99},
+                                   {5, big - 3, 5},      {6, big - 1, int64_t{1} << 33}};
   for (const Case& c : cases) {
     ASSERT_TRUE(table->PutRow(c.id, w, state, RowMeta{c.last_step, c.update_count}).ok());
   }

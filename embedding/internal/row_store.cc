@@ -41,8 +41,21 @@ RowStore::RowStore(int weight_bytes, int state_floats)
   if (!directory_.empty()) chunks_ = static_cast<Chunk*>(directory_.data());
 }
 
-bool RowStore::TakeBlock(uint32_t* first) {
+bool RowStore::TakeBlock(uint32_t* first, uint32_t rows) {
   absl::MutexLock lock(&mu_);
+  if (rows >= kBlockRows) return TakeWholeBlockLocked(first);
+  if (small_left_ < rows) {
+    // What is left of the last shared block (fewer rows than asked) is never used.
+    if (!TakeWholeBlockLocked(&small_next_)) return false;
+    small_left_ = kBlockRows;
+  }
+  *first = small_next_;
+  small_next_ += rows;
+  small_left_ -= rows;
+  return true;
+}
+
+bool RowStore::TakeWholeBlockLocked(uint32_t* first) {
   const uint32_t next = handed_out_.load(std::memory_order_relaxed);
   if (next >= kNoRow - kBlockRows) return false;  // kNoRow stays free
   const uint32_t c = next >> chunk_shift_;

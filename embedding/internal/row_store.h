@@ -24,8 +24,9 @@
 // page per array.
 //
 // Row numbers are table-wide (at most 2^32 - 1 rows per table object, that is per shard
-// of a table); stripes take them kBlockRows at a time and keep the numbers of rows they
-// erase for reuse.
+// of a table); stripes take them in blocks, their first ones small (a table's 64 stripes
+// would otherwise hold 4,096 rows and touch a page each before their first rows are
+// reused), then kBlockRows at a time, and keep the numbers of rows they erase for reuse.
 
 #include <atomic>
 #include <cstdint>
@@ -86,9 +87,11 @@ class RowStore {
   // Rows [0, HandedOut()) have memory (it only grows: a bound read once serves a batch).
   uint32_t HandedOut() const { return handed_out_.load(std::memory_order_acquire); }
 
-  // Hands out kBlockRows fresh row numbers from *first on, their memory mapped; false
-  // when out of memory or of row numbers.
-  bool TakeBlock(uint32_t* first);
+  // Hands out `rows` (a power of two, at most kBlockRows) fresh row numbers from *first
+  // on, their memory mapped; false when out of memory or of row numbers. Blocks smaller
+  // than kBlockRows come out of a whole one shared by their takers (their dirty bits may
+  // share a word: they are set and cleared atomically).
+  bool TakeBlock(uint32_t* first, uint32_t rows = kBlockRows);
 
   // Dirty bits. Callers hold the row's stripe lock; rows of other stripes share the
   // words, so the bits change atomically.
@@ -140,6 +143,11 @@ class RowStore {
   std::atomic<uint32_t> handed_out_{0};  // rows [0, handed_out_) have memory
   absl::Mutex mu_;
   std::vector<AlignedBlock> blocks_ ABSL_GUARDED_BY(mu_);
+  // The whole block that small blocks come out of: its next row and how many are left.
+  uint32_t small_next_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t small_left_ ABSL_GUARDED_BY(mu_) = 0;
+  // A whole block of kBlockRows rows from *first on (mapping a new chunk at its start).
+  bool TakeWholeBlockLocked(uint32_t* first) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace tessera::embedding_internal

@@ -45,8 +45,9 @@ std::unique_ptr<IdMap> IdMap::Create(uint64_t capacity, double max_load) {
   const uint64_t buckets = std::max<uint64_t>(2, (capacity + kSlots - 1) / kSlots);
   if (buckets > (uint64_t{1} << 32)) return nullptr;
   const size_t bytes = buckets * sizeof(Bucket);
-  AlignedBlock block = bytes >= kMappedBytes ? AlignedBlock::Lazy(bytes, /*huge=*/bytes >= (2 << 20))
-                                             : AlignedBlock(bytes, /*zeroed=*/false);
+  AlignedBlock block = bytes >= kMappedBytes
+                           ? AlignedBlock::Lazy(bytes, /*huge=*/bytes >= (2 << 20))
+                           : AlignedBlock(bytes, /*zeroed=*/false);
   if (block.empty()) return nullptr;
   std::memset(block.data(), 0xff, bytes);  // every slot empty (row kNoRow)
   auto map = std::unique_ptr<IdMap>(new IdMap(std::move(block), buckets, max_load));
@@ -153,8 +154,9 @@ uint32_t Stripe::AllocateRow() {
     return row;
   }
   if (block_left_ == 0) {
-    if (!rows_->TakeBlock(&block_next_)) return kNoRow;
-    block_left_ = RowStore::kBlockRows;
+    if (!rows_->TakeBlock(&block_next_, next_block_rows_)) return kNoRow;
+    block_left_ = next_block_rows_;
+    next_block_rows_ = std::min(next_block_rows_ * 2, RowStore::kBlockRows);
   }
   --block_left_;
   return block_next_++;

@@ -249,6 +249,9 @@ class alignas(64) Stripe {
   RowStore* rows_ = nullptr;
   uint32_t block_next_ = 0;  // rows taken from the store and not used yet
   uint32_t block_left_ = 0;
+  // Rows of the next block taken: 2 first, doubling up to RowStore::kBlockRows, so that a
+  // table's many stripes take few rows while they hold few.
+  uint32_t next_block_rows_ = 2;
   std::vector<uint32_t> free_rows_;  // rows of erased entries, for reuse
 };
 
