@@ -486,9 +486,56 @@ void Cluster::PlaceShards(const client::ShardRouter& old, const client::ShardRou
   }
 }
 
+namespace {
+
+// "reshard not started: shard K of the new map (ADDRESS)": how a failure of a shard that
+// joins the map is named.
+std::string NewShardNamed(const client::ShardRouter& next, int k) {
+  return absl::StrCat("reshard not started: shard ", k, " of the new map (", next.addresses()[k],
+                      ")");
+}
+
+// How a shard that joins the map must run.
+std::string NewShardFlags(const client::ShardRouter& next, int k) {
+  return absl::StrCat("start it empty with --shard_index=", k, " --num_shards=", next.num_shards(),
+                      " --shard_map_version=", next.options().shard_map_version);
+}
+
+}  // namespace
+
+absl::Status Cluster::ProvisionNewMap(client::ShardRouter* next,
+                                      const std::vector<v1::TableConfig>& configs,
+                                      const UnfinishedReshard& u) {
+  // A shard new to the map starts empty: what an earlier attempt that was given up copied
+  // there goes (a table dropped since would come back with it).
+  for (const int32_t k : u.only_new) TESSERA_RETURN_IF_ERROR(EmptyNewShard(next, k));
+  // Every shard of the new map holds every table (shards of both maps have them).
+  for (int k = 0; k < next->num_shards(); ++k) {
+    for (const v1::TableConfig& config : configs) {
+      TESSERA_RETURN_IF_ERROR(
+          Annotate(next->CreateTableOn(k, config),
+                   absl::StrCat(NewShardNamed(*next, k), ": ", NewShardFlags(*next, k))));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::StartCopyOnNewShard(client::ShardRouter* next, int k,
+                                          const v1::ReshardRequest& copy) {
+  absl::StatusOr<v1::ReshardResponse> r = next->ReshardOn(k, copy);
+  TESSERA_RETURN_IF_ERROR(Annotate(r.status(), NewShardNamed(*next, k)));
+  if (r->version() == copy.version()) return absl::OkStatus();
+  // Started for another map: it would refuse every request of this one for good.
+  v1::ReshardRequest abort = copy;
+  abort.set_phase(v1::ReshardRequest::ABORT);
+  (void)next->ReshardOn(k, abort);
+  return absl::FailedPreconditionError(
+      absl::StrCat(NewShardNamed(*next, k), " serves shard map version ", r->version(), ", not ",
+                   copy.version(), "; ", NewShardFlags(*next, k)));
+}
+
 absl::Status Cluster::EmptyNewShard(client::ShardRouter* next, int k) {
-  const std::string which = absl::StrCat("reshard not started: shard ", k, " of the new map (",
-                                         next->addresses()[k], ")");
+  const std::string which = NewShardNamed(*next, k);
   absl::StatusOr<std::vector<v1::TableConfig>> held = next->ListTablesOn(k);
   TESSERA_RETURN_IF_ERROR(Annotate(held.status(), which));
   for (const v1::TableConfig& table : *held) {
@@ -535,23 +582,7 @@ absl::Status Cluster::PrepareReshard(client::ShardRouter* next, UnfinishedReshar
   const int m = next->num_shards();
   const std::vector<v1::TableConfig> configs = Tables();
   PlaceShards(*old, *next, u);
-  // A shard new to the map starts empty: what an earlier attempt that was given up copied
-  // there goes (a table dropped since would come back with it).
-  for (const int32_t k : u->only_new) {
-    TESSERA_RETURN_IF_ERROR(EmptyNewShard(next, k));
-  }
-  // Every shard of the new map holds every table (shards of both maps have them).
-  for (int k = 0; k < m; ++k) {
-    for (const v1::TableConfig& config : configs) {
-      TESSERA_RETURN_IF_ERROR(
-          Annotate(next->CreateTableOn(k, config),
-                   absl::StrCat("reshard not started: shard ", k, " of the new map (", to[k],
-                                ") must run "
-                                "empty with --shard_index=",
-                                k, " --num_shards=", m,
-                                " --shard_map_version=", next->options().shard_map_version)));
-    }
-  }
+  TESSERA_RETURN_IF_ERROR(ProvisionNewMap(next, configs, *u));
   u->old = old;
   u->commit.set_phase(v1::ReshardRequest::COMMIT);
   u->commit.set_version(next->options().shard_map_version);
@@ -566,20 +597,7 @@ absl::Status Cluster::PrepareReshard(client::ShardRouter* next, UnfinishedReshar
   phase.set_phase(v1::ReshardRequest::COPY);
   for (const int32_t k : u->only_new) {
     phase.set_shard_index(k);
-    const std::string which =
-        absl::StrCat("reshard not started: shard ", k, " of the new map (", to[k], ")");
-    absl::StatusOr<v1::ReshardResponse> r = next->ReshardOn(k, phase);
-    TESSERA_RETURN_IF_ERROR(Annotate(r.status(), which));
-    if (r->version() != phase.version()) {
-      // Started for another map: it would refuse every request of this one for good.
-      v1::ReshardRequest abort = phase;
-      abort.set_phase(v1::ReshardRequest::ABORT);
-      (void)next->ReshardOn(k, abort);
-      return absl::FailedPreconditionError(
-          absl::StrCat(which, " serves shard map version ", r->version(), ", not ", phase.version(),
-                       "; start it empty with --shard_index=", k, " --num_shards=", m,
-                       " --shard_map_version=", phase.version()));
-    }
+    TESSERA_RETURN_IF_ERROR(StartCopyOnNewShard(next, k, phase));
   }
   for (int j = 0; j < old->num_shards(); ++j) {
     phase.set_shard_index(u->new_index[j]);

@@ -189,6 +189,15 @@ class Cluster {
   // of `next` no old shard takes.
   static void PlaceShards(const client::ShardRouter& old, const client::ShardRouter& next,
                           UnfinishedReshard* u);
+  // Every shard of `next` given every table of `configs`, those only in `next` emptied
+  // first (EmptyNewShard).
+  absl::Status ProvisionNewMap(client::ShardRouter* next,
+                               const std::vector<v1::TableConfig>& configs,
+                               const UnfinishedReshard& u);
+  // The COPY phase `copy` on shard k of `next` (a shard no old one is); FailedPrecondition,
+  // it aborted, naming the flags it needs, when it serves another map version.
+  absl::Status StartCopyOnNewShard(client::ShardRouter* next, int k,
+                                   const v1::ReshardRequest& copy);
   // Drops every table shard k of `next` (a shard no old one is) holds: it joins empty.
   absl::Status EmptyNewShard(client::ShardRouter* next, int k);
   absl::Status PrepareReshard(client::ShardRouter* next, UnfinishedReshard* u,

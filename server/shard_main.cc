@@ -7,12 +7,12 @@
 #include <memory>
 #include <string>
 
-#include "base/command_line.h"
-#include "base/status.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "base/command_line.h"
+#include "base/status.h"
 #include "client/channel_policy.h"
 #include "embedding/collection.h"
 #include "embedding/inprocess_collection.h"
@@ -69,9 +69,8 @@ absl::StatusOr<std::unique_ptr<tessera::embedding::EmbeddingCollection>> OpenTab
   }
   // Rows belong to the shard ShardOf(id, num_shards) names: a data directory written for
   // another place in the map would serve the wrong rows.
-  TESSERA_RETURN_IF_ERROR(
-      tessera::storage::CheckShardPlacement(data_dir, options.shard_index, options.num_shards,
-                                            options.shard_map_version));
+  TESSERA_RETURN_IF_ERROR(tessera::storage::CheckShardPlacement(
+      data_dir, options.shard_index, options.num_shards, options.shard_map_version));
   tessera::storage::DurableOptions durable;
   durable.data_dir = data_dir;
   durable.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
@@ -88,11 +87,22 @@ absl::StatusOr<std::unique_ptr<tessera::embedding::EmbeddingCollection>> OpenTab
   return std::unique_ptr<tessera::embedding::EmbeddingCollection>(*std::move(opened));
 }
 
+// --max_sync_wait_ms into options->max_sync_wait; false, saying why, outside its range.
+bool SyncWaitFromFlag(tessera::server::ShardOptions* options) {
+  const int64_t wait = absl::GetFlag(FLAGS_max_sync_wait_ms);
+  if (wait < 1 || wait > 3600000) {
+    std::cerr << "tessera-shard: --max_sync_wait_ms must be in [1, 3600000], got " << wait << "\n";
+    return false;
+  }
+  options->max_sync_wait = std::chrono::milliseconds(wait);
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   tessera::base::ParseCommandLine(argc, argv, "tessera-shard",
-                                   "Serves one embedding shard over gRPC.");
+                                  "Serves one embedding shard over gRPC.");
   if (absl::Status s = tessera::base::ConfigureLoggingFromFlags("tessera-shard"); !s.ok()) {
     std::cerr << "tessera-shard: " << s.message() << "\n";
     return 1;
@@ -102,13 +112,7 @@ int main(int argc, char** argv) {
   options.num_shards = absl::GetFlag(FLAGS_num_shards);
   options.shard_map_version = absl::GetFlag(FLAGS_shard_map_version);
   options.max_batch_ids = absl::GetFlag(FLAGS_max_batch_ids);
-  if (const int64_t wait = absl::GetFlag(FLAGS_max_sync_wait_ms); wait >= 1 && wait <= 3600000) {
-    options.max_sync_wait = std::chrono::milliseconds(wait);
-  } else {
-    std::cerr << "tessera-shard: --max_sync_wait_ms must be in [1, 3600000], got " << wait
-              << "\n";
-    return 1;
-  }
+  if (!SyncWaitFromFlag(&options)) return 1;
   options.max_tables = absl::GetFlag(FLAGS_max_tables);
   absl::StatusOr<tessera::server::ServerSecurity> security =
       tessera::server::ServerSecurityFromFlags();
@@ -147,8 +151,11 @@ int main(int argc, char** argv) {
   }
   if (metrics != nullptr) {
     auto* collection = tables.get();
-    metrics->Watch([collection](tessera::base::Metrics& m) { m.ReadTables(tessera::base::ReadingsOf(collection)); },
-                   std::chrono::seconds(5));
+    metrics->Watch(
+        [collection](tessera::base::Metrics& m) {
+          m.ReadTables(tessera::base::ReadingsOf(collection));
+        },
+        std::chrono::seconds(5));
   }
 
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -170,13 +177,13 @@ int main(int argc, char** argv) {
   std::cout << "tessera-shard " << options.shard_index << "/" << options.num_shards
             << ": listening on " << listen.host << ":" << port << std::endl;
   tessera::base::Log(spdlog::level::info, "serving",
-                       tessera::base::LogFields()
-                           .Add("shard", options.shard_index)
-                           .Add("shards", options.num_shards)
-                           .Add("address", absl::StrCat(listen.host, ":", port))
-                           .Add("data_dir", data_dir.empty() ? "(memory)" : data_dir)
-                           .Add("tls", security->cert_chain.empty() ? "off" : "on")
-                           .Add("token", security->token.empty() ? "off" : "on"));
+                     tessera::base::LogFields()
+                         .Add("shard", options.shard_index)
+                         .Add("shards", options.num_shards)
+                         .Add("address", absl::StrCat(listen.host, ":", port))
+                         .Add("data_dir", data_dir.empty() ? "(memory)" : data_dir)
+                         .Add("tls", security->cert_chain.empty() ? "off" : "on")
+                         .Add("token", security->token.empty() ? "off" : "on"));
   tessera::server::ServeUntilShutdownSignal(server->get(), "tessera-shard");
   return 0;
 }
