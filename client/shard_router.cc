@@ -156,10 +156,15 @@ std::vector<grpc::Status> ShardRouter::CallShards(const std::function<bool(int)>
     if (contexts[k] == nullptr) continue;
     const auto& trailing = contexts[k]->GetServerTrailingMetadata();
     const auto it = trailing.find(kIncarnationMetadata);
+    const auto storage = trailing.find(kStorageMetadata);
     uint64_t incarnation = 0;
     if (it != trailing.end() &&
         absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &incarnation) &&
-        NoteIncarnation(k, incarnation) && restarted != nullptr) {
+        NoteIncarnation(k, incarnation,
+                        storage == trailing.end()
+                            ? absl::string_view()
+                            : absl::string_view(storage->second.data(), storage->second.size())) &&
+        restarted != nullptr) {
       (*restarted)[k] = true;
     }
   }
@@ -183,6 +188,8 @@ std::vector<grpc::Status> ShardRouter::CallShardsWithRetries(std::vector<bool> w
                                                              bool reprovision) const {
   std::vector<grpc::Status> result(num_shards());
   std::vector<bool> reprovisioned(num_shards(), false);
+  std::vector<bool> down(num_shards(), false);  // marked down before the first attempt
+  for (int k = 0; k < num_shards(); ++k) down[k] = work[k] && !serving(k);
   int waits = 0;  // backoffs slept so far
   for (int attempt = 0;; ++attempt) {
     std::vector<bool> restarted(num_shards(), false);
@@ -194,8 +201,8 @@ std::vector<grpc::Status> ShardRouter::CallShardsWithRetries(std::vector<bool> w
       if (!work[k]) continue;
       result[k] = statuses[k];
       const auto code = statuses[k].error_code();
-      work[k] =
-          code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED;
+      work[k] = !down[k] && (code == grpc::StatusCode::UNAVAILABLE ||
+                             code == grpc::StatusCode::DEADLINE_EXCEEDED);
       if (reprovision && restarted[k] && code == grpc::StatusCode::NOT_FOUND && !reprovisioned[k]) {
         // Back empty: its tables are made again, then its part is sent again.
         reprovisioned[k] = true;
@@ -206,6 +213,7 @@ std::vector<grpc::Status> ShardRouter::CallShardsWithRetries(std::vector<bool> w
       again = again || work[k];
     }
     if (!again || attempt >= options_.retry.max_retries) return result;
+    retries_.fetch_add(std::count(work.begin(), work.end(), true));
     if (!at_once) std::this_thread::sleep_for(options_.retry.Backoff(waits++));
   }
 }
@@ -259,17 +267,22 @@ absl::Status ShardRouter::CreateTable(const v1::TableConfig& config) {
   return SendToEveryShard(request, &v1::EmbeddingShard::Stub::PrepareAsyncCreateTable);
 }
 
-bool ShardRouter::NoteIncarnation(int k, uint64_t incarnation) const {
+bool ShardRouter::NoteIncarnation(int k, uint64_t incarnation, absl::string_view storage) const {
   if (incarnation == 0) return false;
   const uint64_t before = incarnations_[k].exchange(incarnation);
   const bool restarted = before != 0 && before != incarnation;
   if (restarted) {
     restarts_.fetch_add(1);
-    std::fprintf(stderr,
-                 "tessera: shard %d (%s) restarted (incarnation %016llx, was %016llx): its "
-                 "CHECKPOINT tables are back at their newest checkpoint (memory-only: empty)\n",
+    const char* what =
+        storage == "disk"     ? "its CHECKPOINT tables are back at their newest checkpoint, its "
+                                "WRITE_THROUGH tables as last written"
+        : storage == "memory" ? "it has no data directory, so its tables came back empty (they "
+                                "are created again; their rows start anew)"
+                              : "its CHECKPOINT tables are back at their newest checkpoint (a "
+                                "shard without a data directory: empty)";
+    std::fprintf(stderr, "tessera: shard %d (%s) restarted (incarnation %016llx, was %016llx): %s\n",
                  k, addresses_[k].c_str(), static_cast<unsigned long long>(incarnation),
-                 static_cast<unsigned long long>(before));
+                 static_cast<unsigned long long>(before), what);
   }
   return restarted;
 }

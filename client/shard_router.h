@@ -49,6 +49,9 @@ struct RouterOptions {
 // The trailing metadata key of a shard's incarnation (decimal): every answer carries it,
 // refusals included.
 inline constexpr char kIncarnationMetadata[] = "tessera-incarnation";
+// Trailing metadata of every shard answer: "disk" (it serves from a data directory, which a
+// restart keeps) or "memory" (a restart empties it).
+inline constexpr char kStorageMetadata[] = "tessera-storage";
 
 // The grpc::Status of a shard call as an absl::Status naming the shard.
 absl::Status FromShardStatus(const grpc::Status& status, int shard, const std::string& address);
@@ -164,6 +167,8 @@ class ShardRouter {
   // went back to their checkpoint, memory-only shards to initial rows), since this router
   // first heard from each.
   int64_t restarts() const { return restarts_.load(); }
+  // Calls to a shard sent again after a transient failure (each retry of each shard).
+  int64_t retries() const { return retries_.load(); }
   // A digest of every shard's incarnation, 0 until each has answered once; it changes when
   // any shard restarts. The coordinator sends it with its answers.
   uint64_t IncarnationDigest() const;
@@ -264,7 +269,9 @@ class ShardRouter {
                                 grpc::StatusCode also_done = grpc::StatusCode::OK) const;
 
   // CallShards for the shards with `work`, again for those that failed with a transient
-  // code (up to max_retries, with backoff), the others' answers kept. With
+  // code (up to max_retries, with backoff), the others' answers kept. A shard already
+  // marked down by the health checks when the call starts fails at once, unretried (one
+  // that goes down during the retries is retried on: it may be a restart). With
   // `reprovision`, a shard that answers NOT_FOUND with a new incarnation gets the restart
   // callback and is called again once (only the data path asks: the callback creates
   // tables, and must not run under a caller that holds the coordinator's create lock).
@@ -283,11 +290,13 @@ class ShardRouter {
   std::unique_ptr<std::atomic<bool>[]> serving_;
   // Records shard k's incarnation from one of its answers (0: none sent); true when it
   // differs from the one heard before (the shard restarted).
-  bool NoteIncarnation(int k, uint64_t incarnation) const;
+  // `storage`: the answer's kStorageMetadata ("": not said).
+  bool NoteIncarnation(int k, uint64_t incarnation, absl::string_view storage = "") const;
   // Runs the restart callback for shard k, if one is set.
   void ShardRestarted(int k) const;
   std::unique_ptr<std::atomic<uint64_t>[]> incarnations_;  // per shard, 0 = not heard yet
   mutable std::atomic<int64_t> restarts_{0};
+  mutable std::atomic<int64_t> retries_{0};
   // Health checking (options_.health_check_interval > 0).
   void MonitorHealth();
   mutable absl::Mutex monitor_mu_;

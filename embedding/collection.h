@@ -94,10 +94,18 @@ struct RequestId {
   bool empty() const { return client_id == 0 || sequence == 0; }
 };
 
-// One part (table) of a push under a request id.
+// One part (table) of a push under a request id, applied under shard map version
+// `map_version` (0: not said).
 struct PushTag {
   RequestId request;
   uint32_t part = 0;
+  uint64_t map_version = 0;
+};
+
+// A push part on durable record (RecordedPush), with the table it updated.
+struct RecordedPart {
+  PushTag tag;
+  std::string table;
 };
 
 // A random 64-bit id, never 0: a client's id in its RequestIds, a shard's incarnation.
@@ -129,6 +137,10 @@ struct PushOptions {
   // Optional: where a collection that knows them puts each part's rows updated (its
   // distinct ids), one per part, once the batch applied; others leave it as it was.
   std::vector<int64_t>* rows_updated = nullptr;
+  // The shard map version the push is applied under: a collection that records pushes
+  // (RecordedPush) records part i of a push with a request_id as PushTag{request_id, i,
+  // map_version}, and answers a part on record with its recorded rows, unapplied.
+  uint64_t map_version = 0;
 };
 
 // FailedPrecondition for an active options.sync: what a collection in this process says.
@@ -284,6 +296,19 @@ class EmbeddingCollection {
                                              const PushTag& tag);
   // The rows updated by push part `tag` when it is on durable record, nullopt otherwise.
   virtual std::optional<int64_t> RecordedPush(const PushTag& tag) const;
+  // Every push part on durable record (none by default).
+  virtual std::vector<RecordedPart> RecordedPushes() const { return {}; }
+
+  // A value of the server's own (`key`: letters, digits, '_') kept with the rows, so that
+  // it is there again when a durable collection reopens its store; written and synced
+  // before it returns. The default keeps nothing: its rows do not outlive the process.
+  virtual absl::Status KeepServerState(absl::string_view /*key*/, absl::string_view /*value*/) {
+    return absl::OkStatus();
+  }
+  // The value last kept under `key` ("" when none).
+  virtual absl::StatusOr<std::string> ServerState(absl::string_view /*key*/) const {
+    return std::string();
+  }
 
   // Rows and memory of `table`; NotFound for an unknown table.
   virtual absl::StatusOr<TableUsage> Usage(absl::string_view table) const = 0;

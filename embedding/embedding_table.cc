@@ -405,7 +405,8 @@ absl::Status EmbeddingTable::BudgetError() const {
   return absl::ResourceExhaustedError(
       absl::StrCat("table '", name(), "': row budget of ", row_budget(),
                    " rows is full (this shard's part of the table's max_rows); raise max_rows, "
-                   "or give the table an eviction policy"));
+                   "or give the table an eviction policy (tessera-train and tessera-cli "
+                   "create: --eviction=lru)"));
 }
 
 absl::Status EmbeddingTable::OutOfMemoryError() const {

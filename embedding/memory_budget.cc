@@ -84,8 +84,10 @@ absl::Status MemoryBudgetFull(const std::string& table, const MemoryBudget& budg
   return absl::ResourceExhaustedError(absl::StrCat(
       "table '", table, "': the memory budget for rows (", Mebibytes(budget.limit()),
       ") is full: ", Mebibytes(budget.used()), " taken, ", rows, " new row(s) of ", row_bytes,
-      " bytes refused; raise --memory_limit, add shards, or give the table max_rows with "
-      "eviction (and a data directory) so that cold rows leave memory"));
+      " bytes refused; raise --memory_limit, add shards, or give the table a row budget "
+      "with eviction and a data directory so that cold rows leave memory ("
+      "tessera-train's or tessera-cli create's --max_rows and --eviction=lru, and "
+      "--data_dir on tessera-train or the shards)"));
 }
 
 std::string Mebibytes(int64_t bytes) {

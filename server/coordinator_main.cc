@@ -160,6 +160,7 @@ absl::Status Serve(const std::vector<std::string>& shards) {
   listen.credentials = MakeServerCredentials(security);
   listen.metrics = metrics.get();
   listen.service_name = v1::Coordinator::service_full_name();
+  listen.reflection = true;
   int port = 0;
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<grpc::Server> server,
                            StartServer(&service, listen, &port));

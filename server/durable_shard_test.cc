@@ -81,10 +81,26 @@ class DurableShardTest : public ::testing::Test {
     v1::PushGradientsResponse resp;
     return stub_->PushGradients(&ctx, req, &resp);
   }
-  std::vector<float> Rows(const std::vector<int64_t>& ids) {
+  // One BatchPush of gradient `g` for each (table, ids) part.
+  grpc::Status BatchPush(const std::vector<std::pair<std::string, std::vector<int64_t>>>& parts,
+                         float g) {
+    v1::BatchPushRequest req;
+    for (const auto& [table, ids] : parts) {
+      v1::TableGradients* t = req.add_tables();
+      t->set_table(table);
+      const std::vector<float> grads(ids.size() * 4, g);
+      t->set_ids(std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 8));
+      t->set_gradients(std::string(reinterpret_cast<const char*>(grads.data()), grads.size() * 4));
+    }
+    req.set_step(1);
+    grpc::ClientContext ctx;
+    v1::BatchPushResponse resp;
+    return stub_->BatchPush(&ctx, req, &resp);
+  }
+  std::vector<float> Rows(const std::vector<int64_t>& ids, const std::string& table = "wt") {
     grpc::ClientContext ctx;
     v1::LookupRequest req;
-    req.set_table("wt");
+    req.set_table(table);
     req.set_read_only(true);
     req.mutable_ids()->Add(ids.begin(), ids.end());
     v1::LookupResponse resp;
@@ -159,6 +175,33 @@ TEST_F(DurableShardTest, ABatchedPushALaterTableHasNoRoomForChangesNoTable) {
   Stop();
   Start(/*durable=*/true, /*memory_limit=*/40000);
   EXPECT_EQ(Rows(ids), before) << "the refused push reached the disk";
+}
+
+// Issue 41, item 16: a push of two write-through tables is written in one synced write,
+// so a disk that fills after one more write leaves it applied whole; a full disk refuses it
+// with neither table changed, in memory or on disk.
+TEST_F(DurableShardTest, APushOfTwoWriteThroughTablesIsWrittenWholeOrNotAtAll) {
+  Start(/*durable=*/true);
+  CreateSgd("wt", v1::WRITE_THROUGH);
+  CreateSgd("wt2", v1::WRITE_THROUGH);
+  const std::vector<int64_t> ids = {1, 2, 3};
+  const auto a0 = Rows(ids, "wt"), b0 = Rows(ids, "wt2");
+  faults_.writes_left = 1;
+  grpc::Status s = BatchPush({{"wt", ids}, {"wt2", ids}}, 1.0f);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  const auto a1 = Rows(ids, "wt"), b1 = Rows(ids, "wt2");
+  EXPECT_NE(a1, a0);
+  EXPECT_NE(b1, b0);
+  s = BatchPush({{"wt", ids}, {"wt2", ids}}, 1.0f);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("no row of it changed"));
+  EXPECT_EQ(Rows(ids, "wt"), a1);
+  EXPECT_EQ(Rows(ids, "wt2"), b1);
+  faults_.writes_left = -1;
+  Stop();
+  Start(/*durable=*/true);
+  EXPECT_EQ(Rows(ids, "wt"), a1);
+  EXPECT_EQ(Rows(ids, "wt2"), b1);
 }
 
 TEST_F(DurableShardTest, APushAppliedBeforeARestartIsAnsweredNotAppliedWhenRepeated) {

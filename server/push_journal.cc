@@ -1,8 +1,10 @@
 #include "server/push_journal.h"
 
 #include <algorithm>
+#include <set>
 
 #include "embedding/embedding_table.h"
+#include "embedding/sharding.h"
 #include "google/protobuf/util/message_differencer.h"
 
 namespace tessera::server {
@@ -134,6 +136,51 @@ void MovedPushes::Clear() {
 bool MovedPushes::empty() const {
   absl::MutexLock lock(&mu_);
   return pushes_.empty();
+}
+
+std::string MovedPushes::Serialized() const {
+  // The pushes as a COMMIT hands them over.
+  v1::ReshardRequest kept;
+  for (v1::AppliedPush& p : All()) *kept.add_applied() = std::move(p);
+  return kept.SerializeAsString();
+}
+
+absl::Status MovedPushes::AddSerialized(absl::string_view bytes) {
+  v1::ReshardRequest kept;
+  if (!kept.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return absl::DataLossError("the pushes kept from earlier reshards cannot be read");
+  }
+  Add(kept.applied());
+  return absl::OkStatus();
+}
+
+embedding::RequestId JournalIdAt(const embedding::RequestId& id, uint64_t version) {
+  if (id.empty() || version <= 1) return id;
+  embedding::RequestId out = id;
+  out.client_id ^= embedding::Mix64(version ^ 0x6a09e667f3bcc908ULL);
+  if (out.client_id == 0) out.client_id = 1;
+  return out;
+}
+
+std::vector<v1::AppliedPush> RecordedUnder(absl::Span<const embedding::RecordedPart> parts,
+                                           uint64_t version, int32_t owner,
+                                           int32_t num_shards) {
+  std::map<std::pair<uint64_t, uint64_t>, std::set<std::string>> tables;
+  for (const embedding::RecordedPart& part : parts) {
+    if (part.tag.map_version != version || version == 0 || part.table.empty()) continue;
+    const embedding::RequestId client = JournalIdAt(part.tag.request, version);
+    tables[{client.client_id, client.sequence}].insert(part.table);
+  }
+  std::vector<v1::AppliedPush> out;
+  for (const auto& [id, names] : tables) {
+    v1::AppliedPush& p = out.emplace_back();
+    p.mutable_request_id()->set_client_id(id.first);
+    p.mutable_request_id()->set_sequence(id.second);
+    p.set_owner(owner);
+    p.set_num_shards(num_shards);
+    for (const std::string& t : names) p.add_tables(t);
+  }
+  return out;
 }
 
 bool AppliedTo(const v1::AppliedPush& applied, const v1::TableConfig& table, int64_t id) {

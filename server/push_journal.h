@@ -88,6 +88,11 @@ class MovedPushes {
   bool empty() const;
   // Forgets every push (a restore replaced the rows).
   void Clear();
+  // Every push held, as bytes that AddSerialized takes back (kept on disk, so that a
+  // restarted shard still knows them).
+  std::string Serialized() const;
+  // Adds the pushes of Serialized() bytes; DataLoss for bytes that are not.
+  absl::Status AddSerialized(absl::string_view bytes);
 
  private:
   using Key = std::pair<uint64_t, uint64_t>;
@@ -96,6 +101,19 @@ class MovedPushes {
   std::multimap<Key, v1::AppliedPush> pushes_ ABSL_GUARDED_BY(mu_);
   std::deque<Key> order_ ABSL_GUARDED_BY(mu_);  // oldest first, one per push added
 };
+
+// A push's id as journaled (and recorded) under shard map version `version`: `id` mixed
+// with the version (up to version 1: as is), so that a push retried under a new map is not
+// taken for its part under the old one. The mix is its own inverse.
+embedding::RequestId JournalIdAt(const embedding::RequestId& id, uint64_t version);
+
+// The pushes that durable records `parts` (EmbeddingCollection::RecordedPushes) say were
+// applied under map `version`, by the shard at place `owner` of `num_shards`: one per
+// request id (the client's), naming the tables of its recorded parts. Records of other
+// versions are left out.
+std::vector<v1::AppliedPush> RecordedUnder(absl::Span<const embedding::RecordedPart> parts,
+                                           uint64_t version, int32_t owner,
+                                           int32_t num_shards);
 
 // True when `id` of `table` (config) is one of whose rows `applied` says it updated.
 bool AppliedTo(const v1::AppliedPush& applied, const v1::TableConfig& table, int64_t id);

@@ -23,6 +23,9 @@ struct ListenOptions {
   // The service's full name ("tessera.v1.EmbeddingShard"): health checks for it are answered
   // SERVING as for "" (clients in other languages ask by name).
   std::string service_name;
+  // Serve gRPC reflection, v1alpha (grpc++_reflection's plugin: the caller has called
+  // grpc::reflection::InitProtoReflectionServerBuilderPlugin()) and v1 (ReflectionV1).
+  bool reflection = false;
 };
 
 // Starts a gRPC server for `service` with the default health service enabled, and sets

@@ -135,6 +135,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::unique_ptr<tessera::embedding::EmbeddingCollection> tables = *std::move(opened);
+  options.data_dir = !data_dir.empty();
   if (!data_dir.empty()) {
     // A reshard's new place is recorded before it is served: a restart must name it.
     options.on_placement = [data_dir](int index, int num_shards, uint64_t version) {
@@ -168,6 +169,7 @@ int main(int argc, char** argv) {
   listen.metrics = metrics.get();
   listen.shard_index = options.shard_index;
   listen.service_name = tessera::v1::EmbeddingShard::service_full_name();
+  listen.reflection = true;
   int port = 0;
   auto server = tessera::server::StartServer(&service, listen, &port);
   if (!server.ok()) {

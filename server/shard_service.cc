@@ -52,6 +52,14 @@ ShardService::ShardService(embedding::EmbeddingCollection* tables, const ShardOp
     std::fprintf(stderr, "tessera: shard %d: cannot list the tables it holds: %s\n", index_.load(),
                  s.ToString().c_str());
   }
+  // The pushes handed over by reshards before a restart: retries of them still skip the
+  // rows that took them.
+  absl::StatusOr<std::string> kept = tables_->ServerState(kMovedPushesKey);
+  absl::Status s = kept.ok() ? moved_.AddSerialized(*kept) : kept.status();
+  if (!s.ok()) {
+    std::fprintf(stderr, "tessera: shard %d: cannot read the pushes of earlier maps: %s\n",
+                 index_.load(), s.ToString().c_str());
+  }
 }
 
 ShardService::~ShardService() {
@@ -162,6 +170,7 @@ grpc::Status ShardService::Restore(grpc::ServerContext* context, const v1::Resto
     if (request->model().empty()) {
       journal_.Clear();
       moved_.Clear();
+      TESSERA_RETURN_IF_ERROR(KeepMovedPushes());
     }
     TESSERA_RETURN_IF_ERROR(ReloadConfigs());
     wire::ToProto(*info, response->mutable_checkpoint());
@@ -501,14 +510,17 @@ absl::StatusOr<std::vector<int64_t>> ShardService::ApplyPush(const DecodedBatch&
   std::vector<int64_t> skipped;
   const bool filtered = WithoutMovedPushes(whole, request, &kept, &skipped);
   const DecodedBatch& batch = filtered ? kept : whole;
-  const embedding::RequestId id = JournalId(request);
+  const uint64_t version = version_.load();  // pushes in flight hold off a commit
+  const embedding::RequestId id = JournalIdAt(request, version);
   auto table_of = [&](size_t i) { return batch.pushes[i].table; };
   absl::StatusOr<std::vector<int64_t>> result = journal_.Run(
       id, batch.pushes.size(),
       [&](std::vector<int64_t>* done) -> absl::Status {
         // A collection that applies a batch whole (every part checked first, then every
         // part applied, its tables in parallel) takes it in one call.
-        if (done->empty() && tables_->AppliesBatchWhole()) return ApplyWhole(batch, step, done);
+        if (done->empty() && tables_->AppliesBatchWhole()) {
+          return ApplyWhole(batch, step, embedding::PushTag{id, 0, version}, done);
+        }
         if (done->empty() && batch.pushes.size() > 1) {
           // Applied part by part: every part's room is checked before the first applies,
           // so that a budget refusing a later table leaves the earlier ones as they were.
@@ -521,7 +533,7 @@ absl::StatusOr<std::vector<int64_t>> ShardService::ApplyPush(const DecodedBatch&
         absl::Status partly;
         for (size_t i = done->size(); i < batch.pushes.size(); ++i) {
           const embedding::TableGradients& part = batch.pushes[i];
-          const embedding::PushTag tag{id, static_cast<uint32_t>(i)};
+          const embedding::PushTag tag{id, static_cast<uint32_t>(i), version};
           if (!id.empty()) {
             // Applied and made durable before this shard restarted (write-through tables
             // keep the record with the rows): answered as then, not applied again.
@@ -563,12 +575,12 @@ absl::StatusOr<std::vector<int64_t>> ShardService::ApplyPush(const DecodedBatch&
 }
 
 embedding::RequestId ShardService::JournalId(const embedding::RequestId& id) const {
-  const uint64_t version = version_.load();
-  if (id.empty() || version <= 1) return id;
-  embedding::RequestId out = id;
-  out.client_id ^= embedding::Mix64(version ^ 0x6a09e667f3bcc908ULL);
-  if (out.client_id == 0) out.client_id = 1;
-  return out;
+  return JournalIdAt(id, version_.load());
+}
+
+absl::Status ShardService::KeepMovedPushes() {
+  return Annotate(tables_->KeepServerState(kMovedPushesKey, moved_.Serialized()),
+                  absl::StrCat("shard ", index_.load(), ": the pushes of earlier maps not kept"));
 }
 
 bool ShardService::WithoutMovedPushes(const DecodedBatch& batch, const embedding::RequestId& id,
@@ -619,9 +631,12 @@ bool ShardService::WithoutMovedPushes(const DecodedBatch& batch, const embedding
 }
 
 absl::Status ShardService::ApplyWhole(const DecodedBatch& batch, int64_t step,
+                                      const embedding::PushTag& first,
                                       std::vector<int64_t>* done) {
   embedding::PushOptions options;
   options.rows_updated = done;
+  options.request_id = first.request;  // a collection that records pushes records them
+  options.map_version = first.map_version;
   absl::Status s = tables_->PushBatch(batch.pushes, step, options);
   // Refused whole (nothing applied, nothing noted), or applied: a part that kept some rows
   // has updated the others, so the push counts as applied and a repeat is not.
@@ -980,6 +995,11 @@ absl::Status ShardService::Freeze(const v1::ReshardRequest& request,
       p->set_num_shards(num_shards_.load());
       for (const std::string& t : a.tables) p->add_tables(t);
     }
+    // And those on durable record, which a restart took out of its journal.
+    for (v1::AppliedPush& p : RecordedUnder(tables_->RecordedPushes(), serving, index_.load(),
+                                            num_shards_.load())) {
+      *response->add_applied() = std::move(p);
+    }
   } else if (serving > request.version()) {
     return absl::FailedPreconditionError(absl::StrCat("shard ", index_.load(),
                                                       " serves shard map version ", serving,
@@ -992,6 +1012,9 @@ absl::Status ShardService::Freeze(const v1::ReshardRequest& request,
 
 absl::Status ShardService::Commit(const v1::ReshardRequest& request) {
   moved_.Add(request.applied());
+  // On disk before the new map is served: a shard restarted after the commit still skips
+  // the rows that took a retried push under the old map.
+  TESSERA_RETURN_IF_ERROR(KeepMovedPushes());
   const uint64_t serving = version_.load();
   if (serving == request.version() && index_.load() == request.shard_index() &&
       num_shards_.load() == request.num_shards()) {

@@ -34,6 +34,9 @@ struct ShardOptions {
   // asks: a client cannot park this shard's handler threads for longer.
   std::chrono::milliseconds max_sync_wait{60000};
   CallAuthorizer auth;              // the token each call must carry (default: none)
+  // Its tables are on a data directory (a restart keeps them): every answer says so
+  // (client::kStorageMetadata), for a caller's restart notice.
+  bool data_dir = false;
   // Called at a reshard's COMMIT with this shard's new place (index -1: none) and map
   // version, before it serves them; an error stops the commit (shard_main records it in
   // the data directory's SHARD file).
@@ -129,9 +132,11 @@ class ShardService final : public v1::EmbeddingShard::Service {
   absl::Status SplitRowBudgets(const std::map<std::string, int64_t>& row_budgets,
                                int32_t num_shards);
   absl::Status FinishRepartition();
-  // The id a push is journaled (and recorded) under: `id` mixed with the map version, so
-  // that a push retried under a new map is not taken for its part under the old one.
+  // The id a push is journaled (and recorded) under: JournalIdAt the map version served.
   embedding::RequestId JournalId(const embedding::RequestId& id) const;
+  // Writes moved_ where the collection keeps the server's state (a durable one: its store).
+  absl::Status KeepMovedPushes();
+  static constexpr char kMovedPushesKey[] = "moved_pushes";
   // `batch` without the ids whose rows already carry request `id` (applied under an
   // earlier map, MovedPushes), into *kept (its copies hold them); (*skipped)[i]: distinct
   // ids part i left out. False (nothing filled) when no earlier map applied `id`.
@@ -145,6 +150,7 @@ class ShardService final : public v1::EmbeddingShard::Service {
   template <typename Handler>
   grpc::Status Serve(grpc::ServerContext* context, Access access, const Handler& handler) const {
     context->AddTrailingMetadata(client::kIncarnationMetadata, absl::StrCat(incarnation_));
+    context->AddTrailingMetadata(client::kStorageMetadata, options_.data_dir ? "disk" : "memory");
     return ServeCall(options_.auth, *context, access, handler);
   }
 
@@ -177,7 +183,10 @@ class ShardService final : public v1::EmbeddingShard::Service {
                                                  const embedding::RequestId& id);
   // ApplyPush's batch in one PushBatch, for a collection that AppliesBatchWhole: *done gets
   // every part's rows updated once it applied, and stays empty when it was refused.
-  absl::Status ApplyWhole(const DecodedBatch& batch, int64_t step, std::vector<int64_t>* done);
+  // `first`: the push's journal id and map version (part 0's tag), for collections that
+  // record pushes.
+  absl::Status ApplyWhole(const DecodedBatch& batch, int64_t step,
+                          const embedding::PushTag& first, std::vector<int64_t>* done);
 
   // Serves exactly the tables `tables_` holds (after start-up or a restore).
   absl::Status ReloadConfigs();

@@ -9,6 +9,7 @@
 #include "embedding/collection.h"
 #include "embedding/inprocess_collection.h"
 #include "embedding/sharding.h"
+#include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/support/answer_loser.h"
@@ -320,6 +321,33 @@ bool Eventually(const std::function<bool()>& done) {
   return false;
 }
 
+// Issue 41, item 12: a shard the health checks have marked down fails a call through the
+// coordinator at once, not after the retries that a shard restarting is given.
+TEST_F(ExactlyOnceTest, AShardMarkedDownFailsThroughTheCoordinatorWithoutRetries) {
+  auto c = Connect(client::ClientOptions::Mode::kCoordinator);
+  CreateBoth(*c, Sgd("a", 11));
+  const std::vector<int64_t> ids = Ids(200, 1);
+  std::vector<float> g(ids.size() * 4, 1.0f);
+  servers_[1]->Shutdown();
+  servers_[1].reset();
+  ASSERT_TRUE(Eventually([&] { return !router_->serving(1); }));
+  const int64_t retries = router_->retries();
+  const absl::Status s = c->PushGradients("a", ids, g, 1);
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("failing its health checks"));
+  EXPECT_EQ(router_->retries(), retries) << "the shard marked down was retried";
+  // Shard 0 took nothing: the push is refused whole before any part applies.
+  std::vector<int64_t> mine;
+  for (int64_t id : ids) {
+    if (embedding::ShardOf(id, 11, kShards) == 0) mine.push_back(id);
+  }
+  ASSERT_FALSE(mine.empty());
+  std::vector<float> got(mine.size() * 4), want(mine.size() * 4);
+  ASSERT_TRUE(tables_[0]->Lookup("a", mine, absl::MakeSpan(got), {}).ok());
+  ASSERT_TRUE(reference_->Lookup("a", mine, absl::MakeSpan(want), {}).ok());
+  EXPECT_EQ(got, want);
+}
+
 TEST_F(ExactlyOnceTest, AMemoryOnlyShardThatRestartsServesItsTablesAgain) {
   auto c = Connect(client::ClientOptions::Mode::kCoordinator);
   CreateBoth(*c, Sgd("a", 11));
@@ -342,9 +370,15 @@ TEST_F(ExactlyOnceTest, AMemoryOnlyShardThatRestartsServesItsTablesAgain) {
 
   // Re-admitted, it is given the table again: lookups find it; its rows start over from
   // their initial weights, the other shard's keep their update.
+  // The restart notice says the shard came back empty.
   std::vector<float> got(ids.size() * 4);
-  ASSERT_TRUE(Eventually([&] { return c->Lookup("a", ids, absl::MakeSpan(got), {}).ok(); }))
-      << "the restarted shard never served table 'a' again";
+  ::testing::internal::CaptureStderr();
+  const bool served =
+      Eventually([&] { return c->Lookup("a", ids, absl::MakeSpan(got), {}).ok(); });
+  const std::string notice = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(served) << "the restarted shard never served table 'a' again";
+  EXPECT_THAT(notice, ::testing::HasSubstr("it has no data directory, so its tables came back "
+                                           "empty"));
   auto initial = std::move(embedding::NewInProcessCollection(kShards)).value();
   ASSERT_TRUE(initial->CreateTable(Sgd("a", 11)).ok());
   std::vector<float> start(ids.size() * 4), updated(ids.size() * 4);

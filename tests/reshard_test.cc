@@ -68,6 +68,7 @@ struct Shard {
     so.shard_index = index;
     so.num_shards = num_shards;
     so.shard_map_version = version;
+    so.data_dir = true;
     service = std::make_unique<server::ShardService>(tables.get(), so);
     // What the tests make each shard lose: shard 0 its reshard answers, shard 1 its
     // pushes', shard 2 (the new one) its imports'.
@@ -277,6 +278,35 @@ TEST_F(ReshardTest, PushesDuringTwoToThreeToTwoWithLostAnswersEqualAReplay) {
   }
 }
 
+// Shard 0's part of push `p` alone, straight to shard 0 under map version 1, as if the
+// other shard had not received its part (a client gone before it sent it).
+void PushShardZerosPart(int port, const Push& p, const embedding::RequestId& id) {
+  v1::BatchPushRequest request;
+  request.set_step(1);
+  request.set_shard_map_version(1);
+  request.mutable_request_id()->set_client_id(id.client_id);
+  request.mutable_request_id()->set_sequence(id.sequence);
+  for (const auto& [name, ids, grads, seed] :
+       {std::tuple{"a", &p.a, &p.ga, 11}, std::tuple{"b", &p.b, &p.gb, 12}}) {
+    std::vector<int64_t> mine;
+    std::vector<float> g;
+    v1::TableConfig config = Table(name, v1::SGD, seed);
+    for (size_t j = 0; j < ids->size(); ++j) {
+      if (embedding::ShardOfRow(config, (*ids)[j], 2) != 0) continue;
+      mine.push_back((*ids)[j]);
+      g.insert(g.end(), grads->begin() + j * kDim, grads->begin() + (j + 1) * kDim);
+    }
+    v1::TableGradients* t = request.add_tables();
+    t->set_table(name);
+    t->set_ids(mine.data(), mine.size() * sizeof(int64_t));
+    t->set_gradients(g.data(), g.size() * sizeof(float));
+  }
+  auto stub = v1::EmbeddingShard::NewStub(testing::LocalChannel(port));
+  grpc::ClientContext ctx;
+  v1::BatchPushResponse response;
+  ASSERT_TRUE(stub->BatchPush(&ctx, request, &response).ok());
+}
+
 // A push that one shard applied before the reshard and the other never saw, repeated
 // with its request id once the cluster is on 3 shards: the rows that took it (some now on
 // the new shard) do not take it again, the others do.
@@ -287,33 +317,7 @@ TEST_F(ReshardTest, APushHalfAppliedBeforeAReshardIsCompletedOnceAfterIt) {
   std::mt19937_64 rng(3);
   const Push p = MakePush(rng, 0);
   const embedding::RequestId id = c->NextRequestId();
-  {
-    // Shard 0's part alone, straight to shard 0.
-    v1::BatchPushRequest request;
-    request.set_step(1);
-    request.set_shard_map_version(1);
-    request.mutable_request_id()->set_client_id(id.client_id);
-    request.mutable_request_id()->set_sequence(id.sequence);
-    for (const auto& [name, ids, grads, seed] :
-         {std::tuple{"a", &p.a, &p.ga, 11}, std::tuple{"b", &p.b, &p.gb, 12}}) {
-      std::vector<int64_t> mine;
-      std::vector<float> g;
-      v1::TableConfig config = Table(name, v1::SGD, seed);
-      for (size_t j = 0; j < ids->size(); ++j) {
-        if (embedding::ShardOfRow(config, (*ids)[j], 2) != 0) continue;
-        mine.push_back((*ids)[j]);
-        g.insert(g.end(), grads->begin() + j * kDim, grads->begin() + (j + 1) * kDim);
-      }
-      v1::TableGradients* t = request.add_tables();
-      t->set_table(name);
-      t->set_ids(mine.data(), mine.size() * sizeof(int64_t));
-      t->set_gradients(g.data(), g.size() * sizeof(float));
-    }
-    auto stub = v1::EmbeddingShard::NewStub(testing::LocalChannel(shards_[0].port));
-    grpc::ClientContext ctx;
-    v1::BatchPushResponse response;
-    ASSERT_TRUE(stub->BatchPush(&ctx, request, &response).ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(PushShardZerosPart(shards_[0].port, p, id));
   v1::ReshardClusterResponse r;
   ASSERT_TRUE(Reshard({0, 1, 2}, &r).ok());
   EXPECT_GT(r.pushes_kept(), 0);
@@ -325,6 +329,49 @@ TEST_F(ReshardTest, APushHalfAppliedBeforeAReshardIsCompletedOnceAfterIt) {
   ExpectRowsPlacedAndEqualTheReference({"a", "b"}, {0, 1, 2});
   // Once more with the same id: nothing changes.
   ASSERT_TRUE(c->PushBatch(parts, 1, options).ok());
+  ExpectRowsPlacedAndEqualTheReference({"a", "b"}, {0, 1, 2});
+}
+
+// The same across restarts, as operators run them: shard 0 restarts before the reshard
+// (what it applied is in its durable records, no longer in its journal), and every shard
+// restarts after the commit (the pushes handed over are on their disks). Repeated with
+// its request id, the push still reaches each row once.
+TEST_F(ReshardTest, APushHalfAppliedBeforeAReshardIsCompletedOnceAcrossRestarts) {
+  auto c = Connect(client::ClientOptions::Mode::kSmart);
+  CreateBoth(*c, Table("a", v1::SGD, 11));
+  CreateBoth(*c, Table("b", v1::ADAGRAD, 12));
+  std::mt19937_64 rng(5);
+  const Push p = MakePush(rng, 0);
+  const embedding::RequestId id = c->NextRequestId();
+  ASSERT_NO_FATAL_FAILURE(PushShardZerosPart(shards_[0].port, p, id));
+  shards_[0].Stop();
+  ASSERT_NO_FATAL_FAILURE(shards_[0].Start());
+  v1::ReshardClusterResponse r;
+  grpc::Status s = Reshard({0, 1, 2}, &r);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_GT(r.pushes_kept(), 0) << "shard 0's recorded push was not handed over";
+  for (int k = 0; k < 3; ++k) {
+    shards_[k].Stop();
+    shards_[k].num_shards = 3;
+    shards_[k].version = 2;
+    ASSERT_NO_FATAL_FAILURE(shards_[k].Start());
+  }
+  const std::vector<embedding::TableGradients> parts = {{"a", p.a, p.ga}, {"b", p.b, p.gb}};
+  embedding::PushOptions options;
+  options.request_id = id;
+  ASSERT_TRUE(c->PushBatch(parts, 1, options).ok());
+  ASSERT_TRUE(reference_->PushBatch(parts, 1).ok());
+  ExpectRowsPlacedAndEqualTheReference({"a", "b"}, {0, 1, 2});
+  // Once more with the same id after another restart: nothing changes. The client's
+  // notice of the restart says what a shard with a data directory keeps.
+  shards_[2].Stop();
+  ASSERT_NO_FATAL_FAILURE(shards_[2].Start());
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(c->PushBatch(parts, 1, options).ok());
+  const std::string notice = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(notice, ::testing::HasSubstr("restarted"));
+  EXPECT_THAT(notice, ::testing::HasSubstr("its WRITE_THROUGH tables as last written"));
+  EXPECT_THAT(notice, ::testing::Not(::testing::HasSubstr("empty")));
   ExpectRowsPlacedAndEqualTheReference({"a", "b"}, {0, 1, 2});
 }
 

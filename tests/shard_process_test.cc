@@ -13,6 +13,8 @@
 #include "embedding/sharding.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "google/protobuf/descriptor.pb.h"
+#include "grpc/reflection/v1/reflection.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -124,6 +126,15 @@ TEST(ShardProcesses, ASecondServerOnATakenPortRefusesToStart) {
     EXPECT_TRUE(second.address().empty()) << binary << " started on a taken port";
     EXPECT_EQ(second.WaitForExit(), 1) << binary;
   }
+  // What it prints is the line that says what to do, not gRPC's error tree before it.
+  std::string out;
+  FILE* p = popen(absl::StrCat(TESSERA_SHARD_BIN, " --port=", port, " 2>&1").c_str(), "r");
+  char buf[1024];
+  for (size_t n; p != nullptr && (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
+  if (p != nullptr) pclose(p);
+  EXPECT_THAT(out, ::testing::HasSubstr("cannot listen on 127.0.0.1:" + port));
+  EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("Address already in use {")));
+  EXPECT_LT(out.size(), 300u) << out;
 }
 
 // Health checks by service name (as clients in other languages send them) are answered for
@@ -327,6 +338,58 @@ TEST(ShardProcesses, ServeReflectionListingTheirServices) {
   while (stream->Read(&resp)) {
   }
   EXPECT_TRUE(stream->Finish().ok());
+}
+
+// Issue 41, item 12: grpc.reflection.v1 too, as clients on newer gRPC releases ask it: the
+// services, and the file defining a service with the files it imports, on a shard and on
+// the coordinator; an unknown symbol is NOT_FOUND in the answer.
+TEST(ShardProcesses, ServeReflectionV1WithTheirServicesAndFiles) {
+  ShardProcess shard(0, 1);
+  ASSERT_TRUE(tessera::testing::WaitHealthy(shard.address()));
+  tessera::testing::ServerProcess coordinator(TESSERA_COORDINATOR_BIN,
+                                              {absl::StrCat("--shards=", shard.address())});
+  ASSERT_TRUE(tessera::testing::WaitHealthy(coordinator.address()));
+  namespace v1 = grpc::reflection::v1;
+  for (const auto& [address, service] :
+       {std::pair{shard.address(), std::string("tessera.v1.EmbeddingShard")},
+        std::pair{coordinator.address(), std::string("tessera.v1.Coordinator")}}) {
+    SCOPED_TRACE(service);
+    auto stub = v1::ServerReflection::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto stream = stub->ServerReflectionInfo(&ctx);
+    v1::ServerReflectionRequest list, file, unknown;
+    list.set_list_services("");
+    file.set_file_containing_symbol(service);
+    unknown.set_file_containing_symbol("tessera.v1.NoSuchService");
+    v1::ServerReflectionResponse resp;
+    ASSERT_TRUE(stream->Write(list));
+    ASSERT_TRUE(stream->Read(&resp));
+    std::vector<std::string> names;
+    for (const auto& s : resp.list_services_response().service()) names.push_back(s.name());
+    EXPECT_THAT(names, ::testing::IsSupersetOf({service, std::string("grpc.health.v1.Health"),
+                                                std::string("grpc.reflection.v1.ServerReflection")}));
+    ASSERT_TRUE(stream->Write(file));
+    ASSERT_TRUE(stream->Read(&resp));
+    std::vector<std::string> files;
+    bool defines = false;
+    for (const std::string& bytes : resp.file_descriptor_response().file_descriptor_proto()) {
+      google::protobuf::FileDescriptorProto proto;
+      ASSERT_TRUE(proto.ParseFromString(bytes));
+      files.push_back(proto.name());
+      for (const auto& s : proto.service()) {
+        defines = defines || absl::StrCat(proto.package(), ".", s.name()) == service;
+      }
+    }
+    EXPECT_TRUE(defines) << "no file sent defines " << service;
+    EXPECT_THAT(files, ::testing::Contains("tessera/v1/config.proto"));  // an import
+    ASSERT_TRUE(stream->Write(unknown));
+    ASSERT_TRUE(stream->Read(&resp));
+    EXPECT_EQ(resp.error_response().error_code(), grpc::StatusCode::NOT_FOUND);
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+  }
 }
 
 }  // namespace

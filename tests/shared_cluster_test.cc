@@ -267,6 +267,18 @@ TEST_F(SharedClusterTest, AlterChangesATablesOptimizerEverywhereAndIsCheckpointe
   Result type_alone = Cli("alter --table=alt.t --optimizer=adam");
   EXPECT_EQ(type_alone.exit_code, 1);
   EXPECT_THAT(type_alone.output, HasSubstr("alter cannot change a table's optimizer type"));
+  // A setting the table's type ignores is refused, naming it and what the type takes.
+  Result ignored = Cli("alter --table=alt.t --lr=0.2 --beta1=0.5");
+  EXPECT_EQ(ignored.exit_code, 1);
+  EXPECT_THAT(ignored.output, HasSubstr("alter: --beta1 does nothing with optimizer sgd, which "
+                                        "takes --lr, --clip_norm, --clip_value, --weight_decay"));
+  Result create = Cli("create --table=alt.u --dim=4 --optimizer=sgd --beta1=0.5 --l1=1");
+  EXPECT_EQ(create.exit_code, 1);
+  EXPECT_THAT(create.output, HasSubstr("create: --beta1, --l1 do nothing with optimizer sgd"));
+  Result adam = Cli("create --table=alt.u --dim=4 --optimizer=adam --beta1=0.5 --l1=1");
+  EXPECT_EQ(adam.exit_code, 1);
+  EXPECT_THAT(adam.output, HasSubstr("--l1 does nothing with optimizer adam, which takes --lr, "
+                                     "--epsilon, --beta1, --beta2, --clip_norm"));
   Result alter = Cli("alter --table=alt.t --lr=0.125 --clip_value=100");
   ASSERT_EQ(alter.exit_code, 0) << alter.output;
   EXPECT_THAT(alter.output, HasSubstr("learning_rate: 0.125"));

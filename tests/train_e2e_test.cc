@@ -402,6 +402,15 @@ TEST(TesseraTrain, AFailingRunStopsItsInputPipelineAndSaysWhy) {
   }
 }
 
+// What the budget error advises works: the same budget with --eviction trains on.
+TEST(TesseraTrain, ARowBudgetWithEvictionTrainsOnAndEvictionNeedsABudget) {
+  Result r = RunTrain("--max_rows=100 --eviction=lru --steps=50 --log_every=0");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  ExpectRefused("--eviction=lru --steps=5", "give one with --max_rows");
+  ExpectRefused("--max_rows=100 --eviction=oldest --steps=5",
+                "--eviction must be none, lru or lfu, got 'oldest'");
+}
+
 TEST(TesseraTrain, InputWithoutOneTrainableLineFailsAndGzipTrainsLikeThePlainFile) {
   const std::string empty = TempPath("empty.tsv");
   std::ofstream(empty).close();

@@ -25,6 +25,7 @@
 #include <iterator>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -588,6 +589,60 @@ tessera::v1::OptimizerConfig OptimizerChanges() {
   return out;
 }
 
+// The settings given in `config` that its type does not use (beta1 for SGD), as flags;
+// empty when each one given takes effect.
+std::vector<std::string> UnusedSettings(const tessera::v1::OptimizerConfig& config) {
+  using tessera::v1::OptimizerType;
+  // Every type uses learning_rate, clip_norm, clip_value and weight_decay.
+  const std::map<OptimizerType, std::set<std::string>> own = {
+      {tessera::v1::SGD, {}},
+      {tessera::v1::ADAGRAD, {"epsilon", "initial_accumulator"}},
+      {tessera::v1::ROWWISE_ADAGRAD, {"epsilon", "initial_accumulator"}},
+      {tessera::v1::ADAM, {"epsilon", "beta1", "beta2"}},
+      {tessera::v1::FTRL, {"initial_accumulator", "l1", "l2", "learning_rate_power"}},
+  };
+  const std::set<std::string> common = {"type", "learning_rate", "clip_norm", "clip_value",
+                                        "weight_decay"};
+  const auto it = own.find(config.type());
+  if (it == own.end()) return {};
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  config.GetReflection()->ListFields(config, &fields);
+  std::vector<std::string> unused;
+  for (const google::protobuf::FieldDescriptor* f : fields) {
+    if (common.count(f->name()) > 0 || it->second.count(f->name()) > 0) continue;
+    unused.push_back(f->name() == "learning_rate_power" ? "--lr_power" : "--" + f->name());
+  }
+  return unused;
+}
+
+// Refuses (false, saying why) settings that `type` would ignore.
+bool SettingsTakeEffect(const char* command, tessera::v1::OptimizerConfig config,
+                        tessera::v1::OptimizerType type) {
+  config.set_type(type);
+  const std::vector<std::string> unused = UnusedSettings(config);
+  if (unused.empty()) return true;
+  // What this type does use: every setting, less those it would ignore.
+  tessera::v1::OptimizerConfig all;
+  all.set_type(type);
+  for (int i = 0; i < all.GetDescriptor()->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* f = all.GetDescriptor()->field(i);
+    if (f->name() != "type") all.GetReflection()->SetFloat(&all, f, 1.0f);
+  }
+  std::vector<std::string> used;
+  const std::vector<std::string> ignored = UnusedSettings(all);
+  for (const char* flag : {"--lr", "--epsilon", "--beta1", "--beta2", "--initial_accumulator",
+                           "--l1", "--l2", "--lr_power", "--clip_norm", "--clip_value",
+                           "--weight_decay"}) {
+    if (std::find(ignored.begin(), ignored.end(), flag) == ignored.end()) used.push_back(flag);
+  }
+  std::cerr << "tessera-cli: " << command << ": " << absl::StrJoin(unused, ", ")
+            << (unused.size() == 1 ? " does" : " do") << " nothing with optimizer "
+            << tessera::embedding::OptimizerName(type) << ", which takes "
+            << absl::StrJoin(used, ", ") << "; leave " << (unused.size() == 1 ? "it" : "them")
+            << " out\n";
+  return false;
+}
+
 // Changes an existing table's optimizer settings to the flags given; prints the table's
 // settings before and after.
 int Alter(Coordinator::Stub& stub, const std::string& table) {
@@ -608,6 +663,15 @@ int Alter(Coordinator::Stub& stub, const std::string& table) {
                  "(--lr, --epsilon, --beta1, --beta2, --initial_accumulator, --l1, --l2, "
                  "--lr_power, --clip_norm, --clip_value, --weight_decay)\n";
     return 1;
+  }
+  // Settings the table's optimizer would ignore are refused (a table not listed is left to
+  // the coordinator to name).
+  if (tessera::v1::ListTablesResponse listed; stub.ListTables(Context().get(), {}, &listed).ok()) {
+    for (const tessera::v1::TableConfig& t : listed.tables()) {
+      if (t.name() == table && !SettingsTakeEffect("alter", changes, t.optimizer().type())) {
+        return 1;
+      }
+    }
   }
   tessera::v1::AlterTableRequest req;
   req.set_table(table);
@@ -677,6 +741,7 @@ int Create(Coordinator::Stub& stub, const std::string& table) {
     std::cerr << "tessera-cli: " << config.status().message() << "\n";
     return 1;
   }
+  if (!SettingsTakeEffect("create", config->optimizer(), config->optimizer().type())) return 1;
   tessera::v1::CreateTableRequest req;
   *req.mutable_config() = *config;
   tessera::v1::CreateTableResponse resp;

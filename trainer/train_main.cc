@@ -11,6 +11,7 @@
 #include <functional>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -74,6 +75,10 @@ ABSL_FLAG(int, cuda_device, 0,
           "visible (data-parallel workers on one host: one each)");
 ABSL_FLAG(double, init_scale, 0.05, "embedding rows start U(-init_scale, init_scale)");
 ABSL_FLAG(int64_t, max_rows, 0, "row budget per table (0 = unlimited)");
+ABSL_FLAG(std::string, eviction, "none",
+          "what a table full at --max_rows does: none (refuses new rows), lru (evicts the row "
+          "updated longest ago) or lfu (the one updated the fewest times); with --data_dir "
+          "evicted rows go to disk and come back when next read");
 ABSL_FLAG(std::string, vocabulary, "dynamic",
           "dynamic: tables take any id (a hash map); hashed: each feature's ids are taken "
           "modulo its cardinality (--cardinalities; synthetic data: its own) into "
@@ -522,11 +527,30 @@ std::string RunSignature(const TrainFlags& f, const std::string& model_name) {
       absl::GetFlag(FLAGS_vocabulary));
 }
 
+// --eviction into `table`'s config.
+absl::Status SetEviction(const std::string& name, v1::TableConfig* table) {
+  const std::map<std::string, v1::EvictionPolicy> policies = {
+      {"none", v1::EVICTION_NONE}, {"lru", v1::EVICTION_LRU}, {"lfu", v1::EVICTION_LFU}};
+  const auto it = policies.find(name);
+  if (it == policies.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--eviction must be none, lru or lfu, got '", name, "'"));
+  }
+  if (it->second != v1::EVICTION_NONE && table->max_rows() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--eviction=", name, " evicts rows from a table full at its row budget: give one "
+        "with --max_rows"));
+  }
+  table->mutable_eviction()->set_policy(it->second);
+  return absl::OkStatus();
+}
+
 absl::Status ParseTrainingFlags(TrainFlags* f) {
   v1::TableConfig& table = f->table;
   table.set_dim(f->model.emb_dim);
   table.set_seed(f->seed * 1000003);
   table.set_max_rows(absl::GetFlag(FLAGS_max_rows));
+  TESSERA_RETURN_IF_ERROR(SetEviction(absl::GetFlag(FLAGS_eviction), &table));
   if (f->device_tables) table.set_placement(v1::DEVICE);
   TESSERA_ASSIGN_OR_RETURN(v1::OptimizerType opt,
                            embedding::ParseOptimizerName(absl::GetFlag(FLAGS_optimizer)));

@@ -1,8 +1,17 @@
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <random>
+#include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "benchmarks/bench/process_stats.h"
 #include "benchmarks/bench/report.h"
 #include "benchmarks/bench/runner.h"
@@ -122,6 +131,47 @@ TEST(ToMarkdown, HasATitleMachineDateLegendAndComparesWithinAWorkload) {
   EXPECT_THAT(md, HasSubstr("| train | inproc | 0 | train | 0 |  | 100 | 1.00× |"));
   EXPECT_THAT(md, HasSubstr("| look2 | inproc | 0 | lookup_update | 0 |  | 2000 | 2.00× |"));
   EXPECT_THAT(md, HasSubstr("| train2 | inproc | 0 | train | 0 |  | 50 | 0.50× |"));
+}
+
+// The cost of one scenario, 0.00075 USD: its bar chart starts at zero and no two y tick
+// labels are the same (drawn by gnuplot's text terminal from the report's own script).
+TEST(WriteReport, BarChartsStartAtZeroWithDistinctTickLabels) {
+  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) GTEST_SKIP() << "no gnuplot";
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/report-", ::getpid());
+  ScenarioResult r;
+  r.scenario.set_name("one");
+  r.scenario.set_mode("inproc");
+  r.samples_per_s = 1000;
+  r.usd_per_million_samples = 0.00075;
+  r.step_ms[0] = 1.0;  // p50, p99, p99.9 (a log-scale plot)
+  r.step_ms[1] = 2.0;
+  r.step_ms[2] = 3.0;
+  const auto written = WriteReport({r}, dir);
+  ASSERT_TRUE(written.ok()) << written.status();
+  // The same script, drawn as text: each plot into a file of its own.
+  std::ifstream in(dir + "/plots.gp");
+  std::string script((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  script.replace(script.find("set terminal pngcairo size 900,500"),
+                 std::string("set terminal pngcairo size 900,500").size(),
+                 "set terminal dumb 80,24");
+  for (size_t at = 0; (at = script.find(".png'", at)) != std::string::npos;) {
+    script.replace(at, 5, ".txt'");
+  }
+  std::ofstream(dir + "/text.gp") << script;
+  ASSERT_EQ(std::system(absl::StrCat("gnuplot '", dir, "/text.gp' 2>/dev/null").c_str()), 0);
+  std::ifstream plot(dir + "/cost_per_million_samples.txt");
+  std::vector<std::string> ticks;
+  for (std::string line; std::getline(plot, line);) {
+    // "  0.0007 |-+ ...": a y tick label, then the axis.
+    const size_t axis = line.find_first_of("|+");
+    const std::string label(absl::StripAsciiWhitespace(line.substr(0, axis)));
+    if (axis != std::string::npos && !label.empty()) ticks.push_back(label);
+  }
+  ASSERT_GE(ticks.size(), 3u);
+  EXPECT_EQ(ticks.back(), "0") << "the bars' axis does not start at zero";
+  EXPECT_EQ(std::set<std::string>(ticks.begin(), ticks.end()).size(), ticks.size())
+      << "tick labels repeat: " << absl::StrJoin(ticks, " ");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(RunScenario, MeasuresAnInProcessScenarioAndItsCost) {

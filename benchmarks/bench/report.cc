@@ -265,17 +265,20 @@ absl::StatusOr<std::vector<std::string>> WriteReport(const std::vector<ScenarioR
           "set datafile separator whitespace\n"
           "set key off\nset grid\nset style fill solid 0.6\nset boxwidth 0.6\n"
           "set xtics rotate by -30\n"
+          // Bars start at zero (a bar's height is its value), and tick labels carry
+          // enough digits to differ.
+          "set yrange [0:*]\nset format y '%.3g'\n"
        << "set output '" << dir << "/throughput_vs_shards.png'\n"
        << "set title 'samples/s by scenario (label: shards)'\nset ylabel 'samples/s'\n"
        << "plot '" << dir
        << "/plot.dat' using 1:4:xtic(2) with boxes, '' using 1:4:3 with labels offset 0,1\n"
        << "set output '" << dir << "/latency_percentiles.png'\n"
        << "set title 'step latency (ms): p50, p99, p99.9 of each scenario'\nset ylabel 'ms'\n"
-          "set logscale y\nset key on\n"
+          "set yrange [*:*]\nset logscale y\nset key on\n"
        // Points, not lines: scenarios are separate setups, not a series.
        << "plot '" << dir << "/plot.dat' using 1:5:xtic(2) with points pt 7 title 'p50', "
        << "'' using 1:6 with points pt 5 title 'p99', '' using 1:7 with points pt 9 title 'p99.9'\n"
-       << "unset logscale y\nset key off\n"
+       << "unset logscale y\nset yrange [0:*]\nset key off\n"
        << "set output '" << dir << "/cost_per_million_samples.png'\n"
        << "set title 'USD per million training samples'\nset ylabel 'USD'\n"
        << "plot '" << dir << "/plot.dat' using 1:8:xtic(2) with boxes\n";

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
@@ -163,6 +164,39 @@ absl::StatusOr<int64_t> DurableCollection::FlushDirtyRows(const std::string& mod
   return written;
 }
 
+absl::Status DurableCollection::SnapshotInto(const std::string& model, const std::string& dir) {
+  bool others = false;  // the store holds tables of other models
+  for (const auto& [name, t] : tables_) others = others || !embedding::TableOfModel(name, model);
+  // The whole store (every table is the checkpoint's): its files hard-linked.
+  if (!others) return store_->Checkpoint(dir + "/db");
+  // One model among others: its catalog entries and rows alone, staged unlogged in a store
+  // of their own, whose checkpoint flushes them into table files. A hard-linked copy of the
+  // whole store would hold (and keep on disk while it is kept) every other model's rows.
+  const std::string staging = dir + "/staging";
+  absl::Status s = [&]() -> absl::Status {
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<KvStore> out, options_.open_store(staging, {}));
+    std::vector<KvWrite> writes;
+    for (const auto& [name, t] : tables_) {
+      if (!embedding::TableOfModel(name, model)) continue;
+      TESSERA_ASSIGN_OR_RETURN(std::optional<std::string> entry, store_->Get(CatalogKey(t.id)));
+      if (entry.has_value()) writes.push_back(KvWrite{CatalogKey(t.id), *std::move(entry)});
+      TESSERA_RETURN_IF_ERROR(
+          store_->Scan(RowPrefix(t.id), [&](absl::string_view key, absl::string_view value) {
+            writes.push_back(KvWrite{std::string(key), std::string(value)});
+            if (writes.size() < static_cast<size_t>(kRowsPerBatch)) return absl::OkStatus();
+            absl::Status w = out->WriteUnlogged(writes);
+            writes.clear();
+            return w;
+          }));
+    }
+    TESSERA_RETURN_IF_ERROR(out->WriteUnlogged(writes));
+    return out->Checkpoint(dir + "/db");
+  }();
+  absl::Status removed = RemoveTree(staging);
+  TESSERA_RETURN_IF_ERROR(s);
+  return removed;
+}
+
 absl::StatusOr<embedding::CheckpointInfo> DurableCollection::Checkpoint(
     int64_t step, const embedding::Attachments& attachments,
     const embedding::CheckpointOptions& options) {
@@ -189,7 +223,7 @@ absl::StatusOr<embedding::CheckpointInfo> DurableCollection::Checkpoint(
   std::error_code ec;
   fs::create_directories(dir + "/attachments", ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
-  TESSERA_RETURN_IF_ERROR(store_->Checkpoint(dir + "/db"));
+  TESSERA_RETURN_IF_ERROR(SnapshotInto(model, dir));
   CheckpointManifest m;
   m.model = model;
   m.step = step;

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "base/thread_pool.h"
+#include "embedding/batch_ops.h"
 #include "embedding/collection.h"
 #include "embedding/inprocess_collection.h"
 #include "embedding/storage/checkpoint_manifest.h"
@@ -96,8 +97,10 @@ class DurableCollection final : public embedding::EmbeddingCollection {
                            const embedding::LookupOptions& options) override;
   absl::Status PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
                              absl::Span<const float> gradients, int64_t step) override;
-  // options.check_only: the in-memory collection's check, room included; otherwise table by
-  // table (EmbeddingCollection::PushBatch).
+  // Whole or not at all: every part is checked first (the in-memory collection's check,
+  // room included), and the write-through parts are written in one synced write, undone
+  // together if it fails. Parts on record under options.request_id are answered, not
+  // applied again (PushOptions::map_version).
   absl::Status PushBatch(absl::Span<const embedding::TableGradients> tables, int64_t step,
                          const embedding::PushOptions& options) override;
   // WRITE_THROUGH tables store `tag` in the same synced write as the push's rows; others
@@ -106,6 +109,10 @@ class DurableCollection final : public embedding::EmbeddingCollection {
                                      absl::Span<const float> gradients, int64_t step,
                                      const embedding::PushTag& tag) override;
   std::optional<int64_t> RecordedPush(const embedding::PushTag& tag) const override;
+  std::vector<embedding::RecordedPart> RecordedPushes() const override;
+  bool AppliesBatchWhole() const override { return true; }
+  absl::Status KeepServerState(absl::string_view key, absl::string_view value) override;
+  absl::StatusOr<std::string> ServerState(absl::string_view key) const override;
   absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override;
   absl::Status DropTable(absl::string_view table) override;
   // The new config is in the catalog (synced) before the pushes use it, so a restart keeps
@@ -245,6 +252,39 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   // After a crash during a checkpoint: CHECKPOINT tables' rows back to the newest complete
   // checkpoint (the live store may hold part of the interrupted one).
   absl::Status RecoverInterruptedCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A write-through push part being applied: its gradients summed, and the rows they touch
+  // as they were before it (to undo it).
+  struct Before {
+    bool existed = false;
+    std::vector<float> weights, state;
+    embedding::RowMeta meta;
+  };
+  struct WrittenPart {
+    const Table* t = nullptr;
+    embedding::SummedGradients summed;
+    std::map<int64_t, Before> before;
+  };
+  // Sums the gradients of table `t`'s part into part->summed and snapshots its rows.
+  absl::Status SnapshotPart(const Table& t, absl::Span<const int64_t> ids,
+                            absl::Span<const float> gradients, WrittenPart* part) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Puts the part's rows back as they were in memory: rows that were not in memory are
+  // forgotten, so their next read finds the stored value (or initial weights) again.
+  void UndoPart(const WrittenPart& part) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The writes of the part's rows and, when `tag` is given, of its push record.
+  void AppendPartWrites(const WrittenPart& part, const embedding::PushTag* tag,
+                        std::vector<KvWrite>* writes) ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Holds the push records of `written` (their store write succeeded).
+  void HoldRecords(const std::vector<std::pair<embedding::PushTag, int64_t>>& written,
+                   const std::vector<std::string>& tables);
+  // PushBatch of a batch with write-through parts (through[i]: part i's table when it is
+  // WRITE_THROUGH, else null): every part checked, the write-through parts applied in
+  // memory and written with their records in one synced write (all undone if anything
+  // fails), then the other parts.
+  absl::Status WriteThroughBatch(absl::Span<const embedding::TableGradients> tables,
+                                 const std::vector<const Table*>& through, int64_t step,
+                                 const embedding::PushOptions& options)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // `tag` (may be null) is recorded with the rows.
   absl::Status WriteThroughPush(const Table& t, absl::Span<const int64_t> ids,
                                 absl::Span<const float> gradients, int64_t step,
@@ -258,6 +298,10 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   // returns rows written.
   // `logged`: through the write-ahead log, synced (no checkpoint follows to flush them).
   absl::StatusOr<int64_t> FlushDirtyRows(const std::string& model, bool logged = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes into `dir`/db the store a checkpoint of `model` ("": every table) holds: the
+  // live store's catalog entries and rows of its tables, and nothing of other models'.
+  absl::Status SnapshotInto(const std::string& model, const std::string& dir)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Complete checkpoints with their manifests, oldest first; torn ones are logged.
   std::vector<std::pair<std::string, CheckpointManifest>> CompleteCheckpoints() const;
@@ -288,7 +332,12 @@ class DurableCollection final : public embedding::EmbeddingCollection {
     return {t.request.client_id, t.request.sequence, t.part};
   }
   mutable absl::Mutex record_mu_;
-  std::map<RecordKey, int64_t> records_ ABSL_GUARDED_BY(record_mu_);
+  struct Record {
+    int64_t rows = 0;
+    uint64_t map_version = 0;
+    std::string table;
+  };
+  std::map<RecordKey, Record> records_ ABSL_GUARDED_BY(record_mu_);
   std::deque<embedding::PushTag> record_order_ ABSL_GUARDED_BY(record_mu_);
   uint64_t next_record_ ABSL_GUARDED_BY(record_mu_) = 1;
 };

@@ -834,6 +834,51 @@ TEST(DurableCollection, AModelsCheckpointAndRestoreTouchOnlyItsTablesAndSurviveA
   EXPECT_EQ(Read(*c, "b.y", AllIds(), 4), y_after);
 }
 
+// Issue 41, item 8: a model's checkpoint holds and reports its own rows, not the shard's:
+// a 4-row model beside a 20,000-row one checkpoints a store with its table alone, its
+// bytes a small part of the big model's, and restores from it.
+TEST(DurableCollection, AModelsCheckpointHoldsAndReportsItsOwnRowsOnly) {
+  ScopedDir dir;
+  Harness h(dir.path);
+  auto c = h.Open();
+  ASSERT_TRUE(c->CreateTable(Config("small.x", 4, v1::CHECKPOINT)).ok());
+  ASSERT_TRUE(c->CreateTable(Config("big.y", 16, v1::CHECKPOINT)).ok());
+  const std::vector<int64_t> few = {1, 2, 3, 4};
+  ASSERT_TRUE(c->PushGradients("small.x", few, std::vector<float>(few.size() * 4, 0.5f), 1).ok());
+  std::vector<int64_t> many(20000);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<int64_t>(i) * 7919;
+  ASSERT_TRUE(
+      c->PushGradients("big.y", many, std::vector<float>(many.size() * 16, 0.25f), 1).ok());
+  auto big = c->Checkpoint(1, {}, OfModel("big"));
+  ASSERT_TRUE(big.ok()) << big.status();
+  auto small = c->Checkpoint(1, {}, OfModel("small"));
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(small->rows, 4);
+  EXPECT_LT(small->bytes * 10, big->bytes) << small->bytes << " bytes against " << big->bytes;
+  {
+    // What the checkpoint's store holds: the small model's catalog entry and rows alone.
+    auto store = OpenRocksDbStore(c->CheckpointDir(1, "small") + "/db", {});
+    ASSERT_TRUE(store.ok()) << store.status();
+    int64_t rows = 0, entries = 0;
+    ASSERT_TRUE((*store)
+                    ->Scan("",
+                           [&](absl::string_view key, absl::string_view) {
+                             rows += key[0] == 'R';
+                             entries += key[0] == 'C';
+                             return absl::OkStatus();
+                           })
+                    .ok());
+    EXPECT_EQ(rows, 4);
+    EXPECT_EQ(entries, 1);
+  }
+  const auto x1 = Read(*c, "small.x", few, 4);
+  ASSERT_TRUE(c->PushGradients("small.x", few, std::vector<float>(few.size() * 4, 1.0f), 2).ok());
+  embedding::RestoreOptions restore;
+  restore.model = "small";
+  ASSERT_TRUE(c->Restore(1, nullptr, restore).ok());
+  EXPECT_EQ(Read(*c, "small.x", few, 4), x1);
+}
+
 // A model's newest checkpoint with a corrupt table file: its restore reads it whole before
 // touching anything, so it fails with every table as it was, the collection serving and
 // restartable, and the message names the checkpoint before it, which restores.

@@ -97,17 +97,22 @@ bool ParsePushRecordKey(absl::string_view key, embedding::PushTag* tag) {
   return true;
 }
 
-std::string EncodePushRecord(uint64_t order, int64_t rows) {
+std::string EncodePushRecord(const PushRecordValue& record) {
   std::string v;
-  PutBigEndian64(order, &v);
-  PutBigEndian64(static_cast<uint64_t>(rows), &v);
+  PutBigEndian64(record.order, &v);
+  PutBigEndian64(static_cast<uint64_t>(record.rows), &v);
+  PutBigEndian64(record.map_version, &v);
+  v.append(record.table);
   return v;
 }
 
-bool DecodePushRecord(absl::string_view value, uint64_t* order, int64_t* rows) {
-  if (value.size() != 16) return false;
-  *order = GetBigEndian(value.data(), 8);
-  *rows = static_cast<int64_t>(GetBigEndian(value.data() + 8, 8));
+bool DecodePushRecord(absl::string_view value, PushRecordValue* record) {
+  // 16 bytes: written before records named their map version and table.
+  if (value.size() != 16 && value.size() < 24) return false;
+  record->order = GetBigEndian(value.data(), 8);
+  record->rows = static_cast<int64_t>(GetBigEndian(value.data() + 8, 8));
+  record->map_version = value.size() >= 24 ? GetBigEndian(value.data() + 16, 8) : 0;
+  record->table = value.size() > 24 ? std::string(value.substr(24)) : std::string();
   return true;
 }
 

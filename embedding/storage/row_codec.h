@@ -21,7 +21,9 @@ namespace tessera::storage {
 //                  table evicted since the last checkpoint (moved to 'R' at the next)
 //   store meta:    'M' | name                      -> store-level values
 //   push record:   'P' | client id (u64) | sequence (u64) | part (u32)
-//                  -> order (u64) | rows updated (u64): a write-through push part applied
+//                  -> order (u64) | rows updated (u64) | map version (u64) | table name:
+//                  a write-through push part applied (16 bytes: from before the version
+//                  and table were recorded)
 std::string CatalogKey(uint32_t table_id);
 std::string CatalogPrefix();
 std::string RowKey(uint32_t table_id, int64_t id);
@@ -33,9 +35,17 @@ std::string PushRecordKey(const embedding::PushTag& tag);
 std::string PushRecordPrefix();
 // The tag of a push record key; false when `key` is not one.
 bool ParsePushRecordKey(absl::string_view key, embedding::PushTag* tag);
-// A push record's value: the order it was written in, and the rows the part updated.
-std::string EncodePushRecord(uint64_t order, int64_t rows);
-bool DecodePushRecord(absl::string_view value, uint64_t* order, int64_t* rows);
+// A push record's value: the order it was written in, the rows the part updated, the
+// shard map version it was applied under (0: not recorded) and its table ("": not
+// recorded).
+struct PushRecordValue {
+  uint64_t order = 0;
+  int64_t rows = 0;
+  uint64_t map_version = 0;
+  std::string table;
+};
+std::string EncodePushRecord(const PushRecordValue& record);
+bool DecodePushRecord(absl::string_view value, PushRecordValue* record);
 // The table id and row id of a row (or spilled row) key; false when `key` is not one.
 bool ParseRowKey(absl::string_view key, uint32_t* table_id, int64_t* id);
 

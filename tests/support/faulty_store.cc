@@ -5,14 +5,23 @@ namespace {
 
 absl::Status Full() { return absl::ResourceExhaustedError("No space left on device"); }
 
+// True when this write is to fail (and counts it against writes_left).
+bool WriteFails(const StoreFaults& faults) {
+  if (faults.writes.load()) return true;
+  int left = faults.writes_left.load();
+  while (left > 0 && !faults.writes_left.compare_exchange_weak(left, left - 1)) {
+  }
+  return left == 0;
+}
+
 }  // namespace
 
 absl::Status FaultyStore::Write(absl::Span<const storage::KvWrite> writes, bool sync) {
-  return faults_->writes.load() ? Full() : inner_->Write(writes, sync);
+  return WriteFails(*faults_) ? Full() : inner_->Write(writes, sync);
 }
 
 absl::Status FaultyStore::WriteUnlogged(absl::Span<const storage::KvWrite> writes) {
-  return faults_->writes.load() ? Full() : inner_->WriteUnlogged(writes);
+  return WriteFails(*faults_) ? Full() : inner_->WriteUnlogged(writes);
 }
 
 absl::Status FaultyStore::Checkpoint(const std::string& dir) {

@@ -15,6 +15,9 @@ namespace tessera::testing {
 struct StoreFaults {
   std::atomic<bool> writes{false};       // every write and checkpoint, as on a full disk
   std::atomic<bool> checkpoints{false};  // only the store's checkpoints
+  // >= 0: that many more writes pass, then every write fails as with `writes` (a disk that
+  // fills in the middle of something); -1: off.
+  mutable std::atomic<int> writes_left{-1};
 };
 
 // A KvStore over another (RocksDB in the tests) whose writes fail with RESOURCE_EXHAUSTED
