@@ -322,6 +322,7 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(
   // takes them.
   absl::MutexLock create(&create_mu_);
   absl::MutexLock barrier(&barrier_mu_);  // also keeps the shard map as it is
+  if (options_.pause) options_.pause("restore: locked");
   // Taken on another shard map (another count, or shards replaced or moved by a reshard):
   // every shard reads every old shard's checkpoint directory and keeps the rows it owns
   // now.
@@ -434,6 +435,7 @@ absl::StatusOr<ReshardOutcome> Cluster::Reshard(const std::vector<std::string>& 
   auto next = std::make_unique<client::ShardRouter>(shards, options);
   auto u = std::make_unique<UnfinishedReshard>();
   TESSERA_RETURN_IF_ERROR(PrepareReshard(next.get(), u.get(), &out));
+  if (options_.pause) options_.pause("reshard: copied");
   // From the freeze on, pushes routed here wait at the barrier (the old shards hold back
   // those of smart clients), then go to the new map.
   absl::MutexLock barrier(&barrier_mu_);

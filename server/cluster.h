@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "client/shard_router.h"
 #include "embedding/collection.h"
@@ -20,6 +21,10 @@ namespace tessera::server {
 
 struct ClusterOptions {
   int32_t max_tables = 1024;  // tables held; creating one more is ResourceExhausted
+  // Called at named points, for tests that interleave two operations: "reshard: copied"
+  // (a reshard holds the registry's lock, not yet the barrier) and "restore: locked" (a
+  // restore holds both). Null in the servers.
+  std::function<void(absl::string_view point)> pause;
 };
 
 // What a reshard did.

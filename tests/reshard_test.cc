@@ -5,6 +5,8 @@
 // its shard opens its data directory again.
 
 #include <atomic>
+#include <cstdlib>
+#include <future>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -19,6 +21,8 @@
 #include "grpcpp/grpcpp.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "embedding/storage/coordinator_store.h"
+#include "server/cluster.h"
 #include "server/coordinator_service.h"
 #include "server/shard_service.h"
 #include "tests/support/answer_loser.h"
@@ -373,6 +377,53 @@ TEST_F(ReshardTest, APushHalfAppliedBeforeAReshardIsCompletedOnceAcrossRestarts)
   EXPECT_THAT(notice, ::testing::HasSubstr("its WRITE_THROUGH tables as last written"));
   EXPECT_THAT(notice, ::testing::Not(::testing::HasSubstr("empty")));
   ExpectRowsPlacedAndEqualTheReference({"a", "b"}, {0, 1, 2});
+}
+
+// Issue 41, item 14: a restore (a trainer resuming) that arrives while a reshard holds the
+// registry's lock waits for the reshard. Were it to take the checkpoint barrier first, as
+// it once did, the reshard would wait for the barrier and the restore for the registry,
+// both for good, and every checkpoint and routed push after them too. The reshard pauses
+// with the registry held and the barrier not yet taken, and lets the restore go as far as
+// the lock order allows; then both must end.
+TEST_F(ReshardTest, ARestoreArrivingDuringAReshardWaitsForItAndBothEnd) {
+  auto store = storage::CoordinatorStore::Open(root_ + "/coordinator", 3);
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::unique_ptr<server::Cluster> cluster;
+  std::atomic<bool> restore_locked{false};
+  absl::Status restored = absl::UnknownError("not run");
+  std::thread restore;
+  embedding::RestoreOptions of_m;
+  of_m.model = "m";
+  server::ClusterOptions options;
+  options.pause = [&](absl::string_view point) {
+    if (point == "restore: locked") restore_locked = true;
+    if (point != "reshard: copied") return;
+    restore = std::thread([&] { restored = cluster->Restore(-1, nullptr, of_m).status(); });
+    // As far as the restore gets while the reshard holds the registry (bounded: in the
+    // right lock order it gets nowhere).
+    for (int i = 0; i < 200 && !restore_locked.load(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  };
+  cluster = std::make_unique<server::Cluster>(router_.get(), 1, options, store->get());
+  const v1::TableConfig table = Table("m.a", v1::SGD, 11);
+  ASSERT_TRUE(cluster->CreateTable(table).ok());
+  std::mt19937_64 rng(8);
+  const Push p = MakePush(rng, 0);
+  ASSERT_TRUE(cluster->PushBatch({table}, {{"m.a", p.a, p.ga}}, 1, {}).ok());
+  ASSERT_TRUE(cluster->Checkpoint(1, {}, "m").ok());
+  auto reshard = std::async(std::launch::async, [&] {
+    return cluster->Reshard({shards_[0].address(), shards_[1].address(), shards_[2].address()})
+        .status();
+  });
+  if (reshard.wait_for(std::chrono::seconds(120)) != std::future_status::ready) {
+    ADD_FAILURE() << "the reshard and the restore wait for each other";
+    std::_Exit(1);  // their threads hold the locks: nothing can be torn down
+  }
+  const absl::Status resharded = reshard.get();
+  restore.join();
+  EXPECT_TRUE(resharded.ok()) << resharded;
+  EXPECT_TRUE(restored.ok()) << restored;
 }
 
 // A new shard started for another map version (a script's or operator's slip) is refused
