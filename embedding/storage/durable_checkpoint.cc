@@ -173,28 +173,32 @@ absl::Status DurableCollection::SnapshotInto(const std::string& model, const std
   // of their own, whose checkpoint flushes them into table files. A hard-linked copy of the
   // whole store would hold (and keep on disk while it is kept) every other model's rows.
   const std::string staging = dir + "/staging";
-  absl::Status s = [&]() -> absl::Status {
-    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<KvStore> out, options_.open_store(staging, {}));
-    std::vector<KvWrite> writes;
-    for (const auto& [name, t] : tables_) {
-      if (!embedding::TableOfModel(name, model)) continue;
-      TESSERA_ASSIGN_OR_RETURN(std::optional<std::string> entry, store_->Get(CatalogKey(t.id)));
-      if (entry.has_value()) writes.push_back(KvWrite{CatalogKey(t.id), *std::move(entry)});
-      TESSERA_RETURN_IF_ERROR(
-          store_->Scan(RowPrefix(t.id), [&](absl::string_view key, absl::string_view value) {
-            writes.push_back(KvWrite{std::string(key), std::string(value)});
-            if (writes.size() < static_cast<size_t>(kRowsPerBatch)) return absl::OkStatus();
-            absl::Status w = out->WriteUnlogged(writes);
-            writes.clear();
-            return w;
-          }));
-    }
-    TESSERA_RETURN_IF_ERROR(out->WriteUnlogged(writes));
-    return out->Checkpoint(dir + "/db");
-  }();
+  absl::Status s = StageModel(model, staging, dir + "/db");
   absl::Status removed = RemoveTree(staging);
   TESSERA_RETURN_IF_ERROR(s);
   return removed;
+}
+
+absl::Status DurableCollection::StageModel(const std::string& model, const std::string& staging,
+                                           const std::string& db) {
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<KvStore> out, options_.open_store(staging, {}));
+  std::vector<KvWrite> writes;
+  KvStore* to = out.get();
+  auto add = [&writes, to](absl::string_view key, absl::string_view value) {
+    writes.push_back(KvWrite{std::string(key), std::string(value)});
+    if (writes.size() < static_cast<size_t>(kRowsPerBatch)) return absl::OkStatus();
+    absl::Status w = to->WriteUnlogged(writes);
+    writes.clear();
+    return w;
+  };
+  for (const auto& [name, t] : tables_) {
+    if (!embedding::TableOfModel(name, model)) continue;
+    TESSERA_ASSIGN_OR_RETURN(std::optional<std::string> entry, store_->Get(CatalogKey(t.id)));
+    if (entry.has_value()) TESSERA_RETURN_IF_ERROR(add(CatalogKey(t.id), *entry));
+    TESSERA_RETURN_IF_ERROR(store_->Scan(RowPrefix(t.id), add));
+  }
+  TESSERA_RETURN_IF_ERROR(out->WriteUnlogged(writes));
+  return out->Checkpoint(db);
 }
 
 absl::StatusOr<embedding::CheckpointInfo> DurableCollection::Checkpoint(

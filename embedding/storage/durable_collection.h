@@ -303,6 +303,10 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   // live store's catalog entries and rows of its tables, and nothing of other models'.
   absl::Status SnapshotInto(const std::string& model, const std::string& dir)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SnapshotInto's store of one model: its catalog entries and rows written into a store at
+  // `staging`, whose checkpoint goes to `db`.
+  absl::Status StageModel(const std::string& model, const std::string& staging,
+                          const std::string& db) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Complete checkpoints with their manifests, oldest first; torn ones are logged.
   std::vector<std::pair<std::string, CheckpointManifest>> CompleteCheckpoints() const;
   void ApplyRetention() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

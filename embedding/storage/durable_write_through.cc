@@ -215,9 +215,6 @@ absl::Status DurableCollection::WriteThroughBatch(absl::Span<const embedding::Ta
   const size_t n = tables.size();
   std::vector<int64_t> rows(n, 0);
   std::vector<std::unique_ptr<WrittenPart>> parts;  // applied in memory, in part order
-  auto undo_all = [&] {
-    for (auto it = parts.rbegin(); it != parts.rend(); ++it) UndoPart(**it);
-  };
   std::vector<KvWrite> writes;
   std::vector<std::pair<embedding::PushTag, int64_t>> records;
   std::vector<std::string> record_tables;
@@ -234,7 +231,7 @@ absl::Status DurableCollection::WriteThroughBatch(absl::Span<const embedding::Ta
     absl::Status s = SnapshotPart(*through[i], tables[i].ids, tables[i].gradients, &part);
     if (s.ok()) s = memory_->PushSummed(tables[i].table, part.summed, step);
     if (!s.ok()) {
-      undo_all();
+      for (auto it = parts.rbegin(); it != parts.rend(); ++it) UndoPart(**it);
       return absl::Status(s.code(), absl::StrCat(s.message(),
                                                  " [a push with write-through tables: undone "
                                                  "whole, no row of it changed]"));
@@ -247,7 +244,7 @@ absl::Status DurableCollection::WriteThroughBatch(absl::Span<const embedding::Ta
     }
   }
   if (absl::Status s = store_->Write(writes, /*sync=*/true); !s.ok()) {
-    undo_all();
+    for (auto it = parts.rbegin(); it != parts.rend(); ++it) UndoPart(**it);
     return absl::Status(s.code(), absl::StrCat("write-through push not applied, the disk "
                                                "refused it (no row of it changed): ",
                                                s.message()));
