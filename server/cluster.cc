@@ -336,13 +336,7 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(
         "it on its shards"));
   }
   const RestoredTables changes = RestoreOutcome(m);
-  v1::RestoreRequest request;
-  request.set_step(m.step);
-  request.set_model(m.model);
-  request.set_all_models(m.model.empty());
-  if (reshaped) {
-    for (const std::string& dir : m.shard_dirs) request.add_source_dirs(dir);
-  }
+  const v1::RestoreRequest request = RestoreRequestOf(m);
   const std::string which = embedding::CheckpointName(m.model, m.step);
   // Every shard reads the checkpoint whole first: one that cannot (a corrupt or missing
   // file) changes no shard.
@@ -366,16 +360,52 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(
   return m;
 }
 
-std::string Cluster::OlderCheckpoint(const storage::CheckpointManifest& m) const {
-  int64_t older = -1;
-  for (const storage::CheckpointManifest& c : store_->ListCheckpoints()) {
-    if (c.model == m.model && c.step < m.step) older = std::max(older, c.step);
+v1::RestoreRequest Cluster::RestoreRequestOf(const storage::CheckpointManifest& m) const {
+  v1::RestoreRequest request;
+  request.set_step(m.step);
+  request.set_model(m.model);
+  request.set_all_models(m.model.empty());
+  // Taken on another map: every shard reads every old shard's directory.
+  if (m.shards != live()->addresses()) {
+    for (const std::string& dir : m.shard_dirs) request.add_source_dirs(dir);
   }
-  if (older < 0) return " (the model has no older checkpoint)";
-  return absl::StrCat(
-      " (the newest older checkpoint of the model is step ", older, ": tessera-cli restore ",
-      m.model.empty() ? std::string("--all_models") : absl::StrCat("--model=", m.model),
-      " --step=", older, ")");
+  return request;
+}
+
+std::string Cluster::OlderCheckpoint(const storage::CheckpointManifest& m) const {
+  std::vector<storage::CheckpointManifest> older;
+  for (const storage::CheckpointManifest& c : store_->ListCheckpoints()) {
+    if (c.model == m.model && c.step < m.step) older.push_back(c);
+  }
+  if (older.empty()) return " (the model has no older checkpoint)";
+  std::sort(older.begin(), older.end(),
+            [](const auto& a, const auto& b) { return a.step > b.step; });
+  // Named only once every shard has read it whole (the newest three are tried).
+  std::vector<int64_t> unreadable;
+  for (size_t i = 0; i < older.size() && i < 3; ++i) {
+    const storage::CheckpointManifest& c = older[i];
+    v1::RestoreRequest verify = RestoreRequestOf(c);
+    verify.set_verify_only(true);
+    if (c.shards != live()->addresses() && c.shard_dirs.size() != c.shards.size()) {
+      unreadable.push_back(c.step);
+      continue;
+    }
+    if (!live()->RestoreShards(verify).ok()) {
+      unreadable.push_back(c.step);
+      continue;
+    }
+    return absl::StrCat(
+        " (the newest older checkpoint of the model that every shard reads is step ", c.step,
+        ": tessera-cli restore ",
+        m.model.empty() ? std::string("--all_models") : absl::StrCat("--model=", m.model),
+        " --step=", c.step,
+        unreadable.empty() ? ""
+                           : absl::StrCat("; step(s) ", absl::StrJoin(unreadable, ", "),
+                                          " do not read on every shard either"),
+        ")");
+  }
+  return absl::StrCat(" (no older checkpoint of the model reads on every shard: step(s) ",
+                      absl::StrJoin(unreadable, ", "), " tried)");
 }
 
 absl::Status Cluster::AdoptRestoredTables(const storage::CheckpointManifest& m) {

@@ -160,9 +160,14 @@ class Cluster {
   v1::CoordinatorState StateLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // After shards restored `m`: the registry's tables of m.model become the checkpoint's
   // (configs as shard 0 holds them, with the whole table's row budget), saved to the store.
-  // " (the newest older checkpoint of the model is step N: the command)", or that there is
-  // none, for a message about a checkpoint `m` that cannot be restored.
+  // " (the newest older checkpoint of the model that every shard reads is step N: the
+  // command)", each shard having read it whole (verify_only; the newest three older ones
+  // are tried), or that there is none, for a message about a checkpoint `m` that cannot be
+  // restored.
   std::string OlderCheckpoint(const storage::CheckpointManifest& m) const;
+  // The shards' RestoreRequest of checkpoint `m` (with the old shards' directories when it
+  // was taken on another map).
+  v1::RestoreRequest RestoreRequestOf(const storage::CheckpointManifest& m) const;
   absl::Status AdoptRestoredTables(const storage::CheckpointManifest& m)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(create_mu_);
 

@@ -366,25 +366,30 @@ TEST_F(SharedClusterTest, AShardMissingTheNewestCheckpointChangesNoShardAndResum
   const std::string train = absl::StrCat("--coordinator=", address(),
                                          " --log_every=0 --held_out=500 --model=m");
   Result first =
-      RunBinary(TESSERA_TRAIN_BIN, absl::StrCat(train, " --steps=20 --checkpoint_every=10"));
+      RunBinary(TESSERA_TRAIN_BIN, absl::StrCat(train, " --steps=30 --checkpoint_every=10"));
   ASSERT_EQ(first.exit_code, 0) << first.output;
-  const std::string lost =
-      absl::StrCat(root_, "/shard-1/checkpoints/", storage::CheckpointDirName("m", 20));
-  ASSERT_TRUE(std::filesystem::exists(lost)) << lost;
-  std::filesystem::remove_all(lost);
+  // Shard 1 lost the newest, shard 0 the one before: step 10 is the newest both read.
+  for (const auto& [shard, step] : {std::pair{1, 30}, std::pair{0, 20}}) {
+    const std::string lost = absl::StrCat(root_, "/shard-", shard, "/checkpoints/",
+                                          storage::CheckpointDirName("m", step));
+    ASSERT_TRUE(std::filesystem::exists(lost)) << lost;
+    std::filesystem::remove_all(lost);
+  }
   // Rows after the checkpoints, which a restore would undo.
   ASSERT_TRUE(
-      client_->PushGradients("m.C1", ids_, std::vector<float>(ids_.size() * 16, 1.0f), 21).ok());
+      client_->PushGradients("m.C1", ids_, std::vector<float>(ids_.size() * 16, 1.0f), 31).ok());
   const auto c1 = Rows("m.C1", ids_, 16);
   Result restore = Cli("restore --model=m");
   EXPECT_NE(restore.exit_code, 0) << restore.output;
   EXPECT_THAT(restore.output, HasSubstr("no shard changed")) << restore.output;
-  EXPECT_THAT(restore.output, HasSubstr("the newest older checkpoint of the model is step 10"))
+  EXPECT_THAT(restore.output, HasSubstr("the newest older checkpoint of the model that every "
+                                        "shard reads is step 10: tessera-cli restore --model=m "
+                                        "--step=10; step(s) 20 do not read on every shard"))
       << restore.output;
   EXPECT_EQ(Rows("m.C1", ids_, 16), c1) << "a shard was restored";
-  Result resumed = RunBinary(TESSERA_TRAIN_BIN, absl::StrCat(train, " --steps=30 --resume=auto"));
+  Result resumed = RunBinary(TESSERA_TRAIN_BIN, absl::StrCat(train, " --steps=40 --resume=auto"));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  EXPECT_THAT(resumed.output, HasSubstr("checkpoint 20 of model 'm' cannot be restored"));
+  EXPECT_THAT(resumed.output, HasSubstr("checkpoint 30 of model 'm' cannot be restored"));
   EXPECT_THAT(resumed.output, HasSubstr("resume: restored checkpoint 10 of model 'm'"));
   EXPECT_THAT(resumed.output, Not(HasSubstr("drop the model's tables")));
 }
