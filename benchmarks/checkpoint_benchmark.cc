@@ -27,6 +27,9 @@
 
 ABSL_FLAG(int64_t, rows, 10'000'000, "rows in the table");
 ABSL_FLAG(int, dim, 64, "embedding dimension");
+ABSL_FLAG(int64_t, other_rows, 0,
+          "rows of another model's table beside the timed one (model 'm'): > 0, a checkpoint "
+          "of m writes out m's rows alone instead of hard-linking the store's files");
 ABSL_FLAG(int, shards, 2, "in-memory shards of the collection");
 ABSL_FLAG(std::string, dir, "/tmp/tessera-checkpoint-benchmark", "scratch directory (removed)");
 
@@ -72,11 +75,23 @@ int Run() {
   o.log = [](const std::string& line) { std::printf("  %s\n", line.c_str()); };
   auto c = storage::DurableCollection::Open(o).value();
   v1::TableConfig t;
-  t.set_name("big");
+  t.set_name("m.big");
   t.set_dim(dim);
   t.mutable_optimizer()->set_type(v1::ROWWISE_ADAGRAD);
   t.mutable_optimizer()->set_learning_rate(0.05f);
   if (!c->CreateTable(t).ok()) return 1;
+  if (const int64_t other = absl::GetFlag(FLAGS_other_rows); other > 0) {
+    v1::TableConfig o2 = t;
+    o2.set_name("other.t");
+    if (!c->CreateTable(o2).ok()) return 1;
+    std::vector<int64_t> oids(other);
+    for (int64_t i = 0; i < other; ++i) oids[i] = i;
+    if (!c->PushGradients("other.t", oids, std::vector<float>(other * dim, 0.01f), 1).ok()) return 1;
+  }
+  embedding::CheckpointOptions of_m;
+  of_m.model = "m";
+  embedding::RestoreOptions restore_m;
+  restore_m.model = "m";
 
   constexpr int64_t kBatch = 65536;
   std::vector<int64_t> ids(kBatch);
@@ -86,7 +101,7 @@ int Run() {
     const int64_t n = std::min(kBatch, rows - begin);
     ids.resize(n);
     for (int64_t i = 0; i < n; ++i) ids[i] = begin + i;
-    if (!c->PushGradients("big", ids, absl::MakeConstSpan(grads).subspan(0, n * dim), 1).ok()) {
+    if (!c->PushGradients("m.big", ids, absl::MakeConstSpan(grads).subspan(0, n * dim), 1).ok()) {
       return 1;
     }
     if ((begin / kBatch) % 32 == 0) {
@@ -97,7 +112,7 @@ int Run() {
   }
   const double fill_s = Since(start);
 
-  auto full = c->Checkpoint(1, {});
+  auto full = c->Checkpoint(1, {}, of_m);
   if (!full.ok()) {
     std::fprintf(stderr, "%s\n", full.status().ToString().c_str());
     return 1;
@@ -108,12 +123,12 @@ int Run() {
     const int64_t n = std::min(kBatch, changed - done);
     ids.resize(n);
     for (auto& id : ids) id = static_cast<int64_t>(rng() % rows);
-    if (!c->PushGradients("big", ids, absl::MakeConstSpan(grads).subspan(0, n * dim), 2).ok()) {
+    if (!c->PushGradients("m.big", ids, absl::MakeConstSpan(grads).subspan(0, n * dim), 2).ok()) {
       return 1;
     }
   }
-  auto incremental = c->Checkpoint(2, {});
-  auto restored = c->Restore(1, nullptr);
+  auto incremental = c->Checkpoint(2, {}, of_m);
+  auto restored = c->Restore(1, nullptr, restore_m);
   if (!incremental.ok() || !restored.ok()) return 1;
   c.reset();
   start = Clock::now();
