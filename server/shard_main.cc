@@ -33,6 +33,9 @@ ABSL_FLAG(int64_t, max_batch_ids, 1 << 20, "ids per request before RESOURCE_EXHA
 ABSL_FLAG(int64_t, max_sync_wait_ms, 60000,
           "longest a data-parallel worker's push waits for the other workers' (their "
           "--worker_timeout_s is capped by it), in [1, 3600000]");
+ABSL_FLAG(int, max_sync_waiting, 1024,
+          "data-parallel pushes that may wait for their other workers at once (each holds a "
+          "server thread), in [1, 1048576]; one more is RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, max_message_bytes, tessera::client::kMaxMessageBytes,
           "largest gRPC message accepted or sent");
 ABSL_FLAG(int, max_tables, 1024,
@@ -87,7 +90,8 @@ absl::StatusOr<std::unique_ptr<tessera::embedding::EmbeddingCollection>> OpenTab
   return std::unique_ptr<tessera::embedding::EmbeddingCollection>(*std::move(opened));
 }
 
-// --max_sync_wait_ms into options->max_sync_wait; false, saying why, outside its range.
+// --max_sync_wait_ms and --max_sync_waiting into `options`; false, saying why, outside
+// their ranges.
 bool SyncWaitFromFlag(tessera::server::ShardOptions* options) {
   const int64_t wait = absl::GetFlag(FLAGS_max_sync_wait_ms);
   if (wait < 1 || wait > 3600000) {
@@ -95,6 +99,13 @@ bool SyncWaitFromFlag(tessera::server::ShardOptions* options) {
     return false;
   }
   options->max_sync_wait = std::chrono::milliseconds(wait);
+  const int waiting = absl::GetFlag(FLAGS_max_sync_waiting);
+  if (waiting < 1 || waiting > (1 << 20)) {
+    std::cerr << "tessera-shard: --max_sync_waiting must be in [1, 1048576], got " << waiting
+              << "\n";
+    return false;
+  }
+  options->max_sync_waiting = waiting;
   return true;
 }
 

@@ -46,7 +46,7 @@ ShardService::ShardService(embedding::EmbeddingCollection* tables, const ShardOp
       moved_(options.push_window * 4),
       index_(options.shard_index),
       num_shards_(options.num_shards),
-      steps_(absl::StrCat("shard ", options.shard_index)) {
+      steps_(absl::StrCat("shard ", options.shard_index), options.max_sync_waiting) {
   // Unlisted tables are refused as unknown until a restore lists them again: say why.
   if (absl::Status s = ReloadConfigs(); !s.ok()) {
     std::fprintf(stderr, "tessera: shard %d: cannot list the tables it holds: %s\n", index_.load(),

@@ -33,6 +33,9 @@ struct ShardOptions {
   // The longest a sync-group push waits for the other workers, whatever its timeout_ms
   // asks: a client cannot park this shard's handler threads for longer.
   std::chrono::milliseconds max_sync_wait{60000};
+  // Sync-group pushes waiting for their other workers at once (each holds a handler
+  // thread); one more that would wait is RESOURCE_EXHAUSTED.
+  int max_sync_waiting = 1024;
   CallAuthorizer auth;              // the token each call must carry (default: none)
   // Its tables are on a data directory (a restart keeps them): every answer says so
   // (client::kStorageMetadata), for a caller's restart notice.

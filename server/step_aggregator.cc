@@ -73,6 +73,15 @@ absl::StatusOr<std::vector<int64_t>> StepAggregator::Contribute(const embedding:
           absl::StrCat("job '", member.job, "' step ", step, ": worker ", member.worker, " says ",
                        member.workers, " workers, others said ", s->workers));
     }
+    const bool completes =
+        !s->done && s->arrived + (s->parts[member.worker] == nullptr ? 1 : 0) == s->workers;
+    if (!s->done && !completes && waiting_ >= max_waiting_) {
+      if (s->arrived == 0) steps_.erase(key);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          where_, ": ", waiting_, " pushes of data-parallel jobs wait for their other workers "
+          "already (--max_sync_waiting); job '", member.job, "' step ", step,
+          " is refused, retry it once those steps are applied or have timed out"));
+    }
     if (!s->done) {
       if (s->parts[member.worker] == nullptr) ++s->arrived;
       s->parts[member.worker] = &part;  // a repeat of a worker's push replaces it
@@ -98,7 +107,10 @@ absl::StatusOr<std::vector<int64_t>> StepAggregator::Contribute(const embedding:
         return s->done || s->arrived == s->workers;
       }
     } all_in{s.get()};
-    if (!mu_.AwaitWithTimeout(absl::Condition(&all_in), absl::FromChrono(member.timeout))) {
+    ++waiting_;
+    const bool in = mu_.AwaitWithTimeout(absl::Condition(&all_in), absl::FromChrono(member.timeout));
+    --waiting_;
+    if (!in) {
       std::vector<int> missing;
       for (int w = 0; w < s->workers; ++w) {
         if (s->parts[w] == nullptr) missing.push_back(w);
@@ -129,6 +141,11 @@ absl::StatusOr<std::vector<int64_t>> StepAggregator::Contribute(const embedding:
     mine.push_back(at < s->rows.size() ? s->rows[at] : 0);
   }
   return mine;
+}
+
+int StepAggregator::waiting() const {
+  absl::MutexLock lock(&mu_);
+  return waiting_;
 }
 
 size_t StepAggregator::pending() const {

@@ -35,8 +35,11 @@ class StepAggregator {
   // Workers a group may have (SyncGroup.workers): more is InvalidArgument.
   static constexpr int kMaxWorkers = 4096;
 
-  // `where` is what errors call this server: "shard 1".
-  explicit StepAggregator(std::string where) : where_(std::move(where)) {}
+  // `where` is what errors call this server: "shard 1". At most `max_waiting` pushes wait
+  // for other workers at once (each holds a server thread): one more that would wait is
+  // ResourceExhausted, while one that completes its step is always taken.
+  explicit StepAggregator(std::string where, int max_waiting = 1024)
+      : where_(std::move(where)), max_waiting_(max_waiting) {}
 
   // Applies a step's merged tables (one part per table, in order of first appearance in
   // worker order) under request id `id` (the first worker's: the same for a retry of the
@@ -50,12 +53,14 @@ class StepAggregator {
   // for each of part.tables, or the step's failure (the same for every worker).
   // Aborted names the workers that did not push in time (not retried: they are gone);
   // InvalidArgument for a worker index out of range or a worker count that differs from the
-  // others'.
+  // others'; ResourceExhausted when it would wait and max_waiting pushes wait already.
   absl::StatusOr<std::vector<int64_t>> Contribute(const embedding::PushSync& member, int64_t step,
                                                   const Contribution& part, const ApplyFn& apply);
 
   // Steps waiting for workers.
   size_t pending() const;
+  // Pushes waiting for their step's other workers.
+  int waiting() const;
 
  private:
   struct Step {
@@ -70,7 +75,9 @@ class StepAggregator {
   using Key = std::pair<std::string, int64_t>;
 
   const std::string where_;
+  const int max_waiting_;
   mutable absl::Mutex mu_;
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;  // contributions waiting for their step
   std::map<Key, std::shared_ptr<Step>> steps_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -110,6 +110,39 @@ TEST(StepAggregator, ARetriedPushAfterATimeoutJoinsTheStepAsNew) {
   EXPECT_EQ(applied.ids[0], (std::vector<int64_t>{1, 1}));  // worker 0's rows counted once
 }
 
+// Issue 41, item 13: pushes that would wait are bounded (each holds a server thread):
+// past the bound a lone push of another job is refused at once, the push that completes
+// a waiting step is still taken, and once the step is applied there is room again.
+TEST(StepAggregator, BoundsThePushesWaitingAndStillTakesOneThatCompletesAStep) {
+  StepAggregator agg("shard 0", /*max_waiting=*/2);
+  Applied applied;
+  const std::vector<TableGradients> none;
+  const Contribution c0{none, RequestId{1, 1}}, c1{none, RequestId{2, 1}},
+      c2{none, RequestId{3, 1}}, stranger{none, RequestId{4, 1}};
+  std::vector<absl::StatusOr<std::vector<int64_t>>> r(2);
+  std::thread w0([&] { r[0] = agg.Contribute(Member(0, 3), 1, c0, Recorder(&applied)); });
+  std::thread w1([&] { r[1] = agg.Contribute(Member(1, 3), 1, c1, Recorder(&applied)); });
+  embedding::PushSync other = Member(0, 2);
+  other.job = "other";
+  // Both workers of job#0 wait: the stranger's push, which would wait too, is refused.
+  while (agg.waiting() < 2) std::this_thread::yield();
+  const absl::StatusOr<std::vector<int64_t>> refused =
+      agg.Contribute(other, 1, stranger, Recorder(&applied));
+  ASSERT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("--max_sync_waiting"), std::string::npos);
+  EXPECT_EQ(agg.pending(), 1u);  // the refused push left no step behind
+  // The last worker of job#0 completes its step.
+  ASSERT_TRUE(agg.Contribute(Member(2, 3), 1, c2, Recorder(&applied)).ok());
+  w0.join();
+  w1.join();
+  EXPECT_TRUE(r[0].ok() && r[1].ok());
+  EXPECT_EQ(applied.calls.load(), 1);
+  // Room again: the stranger's push now waits (and, alone, times out).
+  other.timeout = std::chrono::milliseconds(10);
+  EXPECT_EQ(agg.Contribute(other, 1, stranger, Recorder(&applied)).status().code(),
+            absl::StatusCode::kAborted);
+}
+
 TEST(StepAggregator, RefusesAWorkerOutOfRangeOrAGroupSizeThatDiffers) {
   StepAggregator agg("shard 0");
   Applied applied;
