@@ -5,7 +5,7 @@
 # build-fuzz/findings). Exits non-zero on any crash, leak or sanitizer report.
 #
 #   scripts/fuzz.sh [seconds]        # default 60
-#   scripts/fuzz.sh build            # only build it (scripts/setup.sh does, for CI)
+#   scripts/fuzz.sh build            # only build it (scripts/test.sh does, for CI)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_TO_RUN="${1:-60}"

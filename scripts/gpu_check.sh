@@ -3,7 +3,7 @@
 # CUDA 13's cuBLAS, but none of this project's Debian libraries (gRPC, protobuf, abseil,
 # RocksDB, gloo): the `device` machine.
 #
-#   scripts/gpu_check.sh pack   # here, after scripts/setup.sh: the test binaries,
+#   scripts/gpu_check.sh pack   # here, after scripts/test.sh: the test binaries,
 #                               # tessera-train, tessera-bench and every library they load
 #                               # (glibc and its loader included) into gpu-check/bundle.tar.gz
 #   scripts/gpu_check.sh run    # there, from the repository root: unpacks the bundle and
@@ -29,7 +29,7 @@ BINS="build/tessera-train build/tessera-bench build/trainer/cuda_dense_backend_t
 case "${1:-}" in
   pack)
     for b in $BINS; do
-      [ -x "$b" ] || { echo "gpu_check: $b is missing; run scripts/setup.sh first" >&2; exit 1; }
+      [ -x "$b" ] || { echo "gpu_check: $b is missing; run scripts/setup.sh and scripts/test.sh first" >&2; exit 1; }
     done
     if ./build/trainer/cuda_dense_backend_test 2>&1 | grep -q "this build has no CUDA backend"; then
       echo "gpu_check: build/ has no CUDA backend (configure with -DTESSERA_CUDA=AUTO where nvcc is)" >&2

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the request fuzzer (built into build-fuzz/ by scripts/setup.sh) for a bounded time
+# Runs the request fuzzer (built into build-fuzz/ by scripts/test.sh) for a bounded time
 # from the seed corpus. Fails on any crash, leak or sanitizer report; exits 77 (skipped)
 # when the fuzzer was not built (no clang).
 set -uo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs, as built with ASan and UBSan into build-fuzz/ by scripts/setup.sh (scripts/fuzz.sh
+# Runs, as built with ASan and UBSan into build-fuzz/ by scripts/test.sh (scripts/fuzz.sh
 # build), the tests that have hidden memory errors before: tessera-train's input cases
 # (a reader read after the pipeline that owned it was gone), the exactly-once suite (a
 # coordinator that touched a freed router) and the shared-cluster suite (a loop over a

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the embedding table's concurrency stress test as built with ASan and UBSan into
-# build-fuzz/ by scripts/setup.sh (scripts/fuzz.sh build): lock-free lookups that read a
+# build-fuzz/ by scripts/test.sh (scripts/fuzz.sh build): lock-free lookups that read a
 # freed map, or any data race the sanitizers can see as a memory error, fail it. Exits 77
 # (skipped) when that build is missing (no clang).
 set -uo pipefail
