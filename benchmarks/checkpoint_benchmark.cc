@@ -86,7 +86,8 @@ int Run() {
     if (!c->CreateTable(o2).ok()) return 1;
     std::vector<int64_t> oids(other);
     for (int64_t i = 0; i < other; ++i) oids[i] = i;
-    if (!c->PushGradients("other.t", oids, std::vector<float>(other * dim, 0.01f), 1).ok()) return 1;
+    if (!c->PushGradients("other.t", oids, std::vector<float>(other * dim, 0.01f), 1).ok())
+      return 1;
   }
   embedding::CheckpointOptions of_m;
   of_m.model = "m";

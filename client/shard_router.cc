@@ -280,8 +280,9 @@ bool ShardRouter::NoteIncarnation(int k, uint64_t incarnation, absl::string_view
                                 "are created again; their rows start anew)"
                               : "its CHECKPOINT tables are back at their newest checkpoint (a "
                                 "shard without a data directory: empty)";
-    std::fprintf(stderr, "tessera: shard %d (%s) restarted (incarnation %016llx, was %016llx): %s\n",
-                 k, addresses_[k].c_str(), static_cast<unsigned long long>(incarnation),
+    std::fprintf(stderr,
+                 "tessera: shard %d (%s) restarted (incarnation %016llx, was %016llx): %s\n", k,
+                 addresses_[k].c_str(), static_cast<unsigned long long>(incarnation),
                  static_cast<unsigned long long>(before), what);
   }
   return restarted;

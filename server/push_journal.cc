@@ -163,8 +163,7 @@ embedding::RequestId JournalIdAt(const embedding::RequestId& id, uint64_t versio
 }
 
 std::vector<v1::AppliedPush> RecordedUnder(absl::Span<const embedding::RecordedPart> parts,
-                                           uint64_t version, int32_t owner,
-                                           int32_t num_shards) {
+                                           uint64_t version, int32_t owner, int32_t num_shards) {
   std::map<std::pair<uint64_t, uint64_t>, std::set<std::string>> tables;
   for (const embedding::RecordedPart& part : parts) {
     if (part.tag.map_version != version || version == 0 || part.table.empty()) continue;

@@ -112,8 +112,7 @@ embedding::RequestId JournalIdAt(const embedding::RequestId& id, uint64_t versio
 // request id (the client's), naming the tables of its recorded parts. Records of other
 // versions are left out.
 std::vector<v1::AppliedPush> RecordedUnder(absl::Span<const embedding::RecordedPart> parts,
-                                           uint64_t version, int32_t owner,
-                                           int32_t num_shards);
+                                           uint64_t version, int32_t owner, int32_t num_shards);
 
 // True when `id` of `table` (config) is one of whose rows `applied` says it updated.
 bool AppliedTo(const v1::AppliedPush& applied, const v1::TableConfig& table, int64_t id);

@@ -631,8 +631,7 @@ bool ShardService::WithoutMovedPushes(const DecodedBatch& batch, const embedding
 }
 
 absl::Status ShardService::ApplyWhole(const DecodedBatch& batch, int64_t step,
-                                      const embedding::PushTag& first,
-                                      std::vector<int64_t>* done) {
+                                      const embedding::PushTag& first, std::vector<int64_t>* done) {
   embedding::PushOptions options;
   options.rows_updated = done;
   options.request_id = first.request;  // a collection that records pushes records them
@@ -996,8 +995,8 @@ absl::Status ShardService::Freeze(const v1::ReshardRequest& request,
       for (const std::string& t : a.tables) p->add_tables(t);
     }
     // And those on durable record, which a restart took out of its journal.
-    for (v1::AppliedPush& p : RecordedUnder(tables_->RecordedPushes(), serving, index_.load(),
-                                            num_shards_.load())) {
+    for (v1::AppliedPush& p :
+         RecordedUnder(tables_->RecordedPushes(), serving, index_.load(), num_shards_.load())) {
       *response->add_applied() = std::move(p);
     }
   } else if (serving > request.version()) {

@@ -188,8 +188,8 @@ class ShardService final : public v1::EmbeddingShard::Service {
   // every part's rows updated once it applied, and stays empty when it was refused.
   // `first`: the push's journal id and map version (part 0's tag), for collections that
   // record pushes.
-  absl::Status ApplyWhole(const DecodedBatch& batch, int64_t step,
-                          const embedding::PushTag& first, std::vector<int64_t>* done);
+  absl::Status ApplyWhole(const DecodedBatch& batch, int64_t step, const embedding::PushTag& first,
+                          std::vector<int64_t>* done);
 
   // Serves exactly the tables `tables_` holds (after start-up or a restore).
   absl::Status ReloadConfigs();

@@ -77,10 +77,12 @@ absl::StatusOr<std::vector<int64_t>> StepAggregator::Contribute(const embedding:
         !s->done && s->arrived + (s->parts[member.worker] == nullptr ? 1 : 0) == s->workers;
     if (!s->done && !completes && waiting_ >= max_waiting_) {
       if (s->arrived == 0) steps_.erase(key);
-      return absl::ResourceExhaustedError(absl::StrCat(
-          where_, ": ", waiting_, " pushes of data-parallel jobs wait for their other workers "
-          "already (--max_sync_waiting); job '", member.job, "' step ", step,
-          " is refused, retry it once those steps are applied or have timed out"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(where_, ": ", waiting_,
+                       " pushes of data-parallel jobs wait for their other workers "
+                       "already (--max_sync_waiting); job '",
+                       member.job, "' step ", step,
+                       " is refused, retry it once those steps are applied or have timed out"));
     }
     if (!s->done) {
       if (s->parts[member.worker] == nullptr) ++s->arrived;
@@ -108,7 +110,8 @@ absl::StatusOr<std::vector<int64_t>> StepAggregator::Contribute(const embedding:
       }
     } all_in{s.get()};
     ++waiting_;
-    const bool in = mu_.AwaitWithTimeout(absl::Condition(&all_in), absl::FromChrono(member.timeout));
+    const bool in =
+        mu_.AwaitWithTimeout(absl::Condition(&all_in), absl::FromChrono(member.timeout));
     --waiting_;
     if (!in) {
       std::vector<int> missing;

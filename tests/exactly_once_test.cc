@@ -12,10 +12,10 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "tests/support/answer_loser.h"
-#include "tests/support/local_server.h"
 #include "server/coordinator_service.h"
 #include "server/shard_service.h"
+#include "tests/support/answer_loser.h"
+#include "tests/support/local_server.h"
 
 namespace tessera {
 namespace {
@@ -373,8 +373,7 @@ TEST_F(ExactlyOnceTest, AMemoryOnlyShardThatRestartsServesItsTablesAgain) {
   // The restart notice says the shard came back empty.
   std::vector<float> got(ids.size() * 4);
   ::testing::internal::CaptureStderr();
-  const bool served =
-      Eventually([&] { return c->Lookup("a", ids, absl::MakeSpan(got), {}).ok(); });
+  const bool served = Eventually([&] { return c->Lookup("a", ids, absl::MakeSpan(got), {}).ok(); });
   const std::string notice = ::testing::internal::GetCapturedStderr();
   ASSERT_TRUE(served) << "the restarted shard never served table 'a' again";
   EXPECT_THAT(notice, ::testing::HasSubstr("it has no data directory, so its tables came back "

@@ -6,8 +6,8 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <future>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <random>
 #include <thread>
@@ -17,11 +17,11 @@
 #include "client/embedding_client.h"
 #include "embedding/embedding_table.h"
 #include "embedding/inprocess_collection.h"
-#include "embedding/storage/durable_collection.h"
-#include "grpcpp/grpcpp.h"
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "embedding/storage/coordinator_store.h"
+#include "embedding/storage/durable_collection.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
 #include "server/cluster.h"
 #include "server/coordinator_service.h"
 #include "server/shard_service.h"

@@ -12,8 +12,8 @@
 #include "embedding/inprocess_collection.h"
 #include "embedding/sharding.h"
 #include "gmock/gmock.h"
-#include "grpc/health/v1/health.grpc.pb.h"
 #include "google/protobuf/descriptor.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/reflection/v1/reflection.grpc.pb.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -368,8 +368,9 @@ TEST(ShardProcesses, ServeReflectionV1WithTheirServicesAndFiles) {
     ASSERT_TRUE(stream->Read(&resp));
     std::vector<std::string> names;
     for (const auto& s : resp.list_services_response().service()) names.push_back(s.name());
-    EXPECT_THAT(names, ::testing::IsSupersetOf({service, std::string("grpc.health.v1.Health"),
-                                                std::string("grpc.reflection.v1.ServerReflection")}));
+    EXPECT_THAT(names,
+                ::testing::IsSupersetOf({service, std::string("grpc.health.v1.Health"),
+                                         std::string("grpc.reflection.v1.ServerReflection")}));
     ASSERT_TRUE(stream->Write(file));
     ASSERT_TRUE(stream->Read(&resp));
     std::vector<std::string> files;

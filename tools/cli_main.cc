@@ -29,34 +29,34 @@
 #include <string>
 #include <vector>
 
-#include "base/command_line.h"
-#include "wire/grpc_status.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/ascii.h"
-#include "absl/time/time.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "base/command_line.h"
+#include "base/status.h"
 #include "client/channel_policy.h"
 #include "client/security_flags.h"
 #include "client/shard_router.h"
 #include "embedding/collection.h"
 #include "embedding/dtype.h"
 #include "embedding/optimizer.h"
-#include "base/status.h"
 #include "google/protobuf/util/json_util.h"
-#include "tools/npz.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
+#include "tools/npz.h"
+#include "wire/grpc_status.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7000", "host:port of the coordinator");
 ABSL_FLAG(std::string, address, "", "health: the server to check (default: the coordinator)");
@@ -630,9 +630,9 @@ bool SettingsTakeEffect(const char* command, tessera::v1::OptimizerConfig config
   }
   std::vector<std::string> used;
   const std::vector<std::string> ignored = UnusedSettings(all);
-  for (const char* flag : {"--lr", "--epsilon", "--beta1", "--beta2", "--initial_accumulator",
-                           "--l1", "--l2", "--lr_power", "--clip_norm", "--clip_value",
-                           "--weight_decay"}) {
+  for (const char* flag :
+       {"--lr", "--epsilon", "--beta1", "--beta2", "--initial_accumulator", "--l1", "--l2",
+        "--lr_power", "--clip_norm", "--clip_value", "--weight_decay"}) {
     if (std::find(ignored.begin(), ignored.end(), flag) == ignored.end()) used.push_back(flag);
   }
   std::cerr << "tessera-cli: " << command << ": " << absl::StrJoin(unused, ", ")

@@ -16,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "base/command_line.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -26,21 +25,22 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "base/command_line.h"
+#include "base/logging.h"
+#include "base/metrics.h"
+#include "base/status.h"
+#include "base/thread_pool.h"
 #include "client/channel_policy.h"
 #include "client/embedding_client.h"
 #include "client/security_flags.h"
 #include "embedding/collection.h"
 #include "embedding/device/device_collection.h"
 #include "embedding/device/device_table.h"
-#include "embedding/inprocess_collection.h"
-#include "embedding/storage/host_checkpoints.h"
 #include "embedding/dtype.h"
+#include "embedding/inprocess_collection.h"
 #include "embedding/optimizer.h"
-#include "base/status.h"
-#include "base/thread_pool.h"
 #include "embedding/storage/durable_collection.h"
-#include "base/logging.h"
-#include "base/metrics.h"
+#include "embedding/storage/host_checkpoints.h"
 #include "trainer/coordinator_rendezvous.h"
 #include "trainer/criteo_reader.h"
 #include "trainer/data_parallel.h"
@@ -537,9 +537,10 @@ absl::Status SetEviction(const std::string& name, v1::TableConfig* table) {
         absl::StrCat("--eviction must be none, lru or lfu, got '", name, "'"));
   }
   if (it->second != v1::EVICTION_NONE && table->max_rows() == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--eviction=", name, " evicts rows from a table full at its row budget: give one "
-        "with --max_rows"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--eviction=", name,
+                     " evicts rows from a table full at its row budget: give one "
+                     "with --max_rows"));
   }
   table->mutable_eviction()->set_policy(it->second);
   return absl::OkStatus();

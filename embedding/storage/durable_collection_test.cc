@@ -847,8 +847,7 @@ TEST(DurableCollection, AModelsCheckpointHoldsAndReportsItsOwnRowsOnly) {
   ASSERT_TRUE(c->PushGradients("small.x", few, std::vector<float>(few.size() * 4, 0.5f), 1).ok());
   std::vector<int64_t> many(20000);
   for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<int64_t>(i) * 7919;
-  ASSERT_TRUE(
-      c->PushGradients("big.y", many, std::vector<float>(many.size() * 16, 0.25f), 1).ok());
+  ASSERT_TRUE(c->PushGradients("big.y", many, std::vector<float>(many.size() * 16, 0.25f), 1).ok());
   auto big = c->Checkpoint(1, {}, OfModel("big"));
   ASSERT_TRUE(big.ok()) << big.status();
   auto small = c->Checkpoint(1, {}, OfModel("small"));

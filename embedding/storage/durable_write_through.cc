@@ -170,16 +170,17 @@ void DurableCollection::UndoPart(const WrittenPart& part) const {
 void DurableCollection::AppendPartWrites(const WrittenPart& part, const embedding::PushTag* tag,
                                          std::vector<KvWrite>* writes) {
   const std::string& name = part.t->config.name();
-  AppendRowWrites(*part.t, *memory_->ShardsOf(name), options_.cluster_num_shards,
-                  part.summed.ids(), writes);
+  AppendRowWrites(*part.t, *memory_->ShardsOf(name), options_.cluster_num_shards, part.summed.ids(),
+                  writes);
   if (tag == nullptr) return;
   // The record goes in the same write as the rows: after a crash both are there or
   // neither is. The oldest records beyond the limit go with it (a failed write leaves them
   // in the store; the next open trims them).
   absl::MutexLock lock(&record_mu_);
-  writes->push_back(KvWrite{
-      PushRecordKey(*tag), EncodePushRecord({next_record_++, static_cast<int64_t>(part.summed.size()),
-                                             tag->map_version, name})});
+  writes->push_back(
+      KvWrite{PushRecordKey(*tag),
+              EncodePushRecord({next_record_++, static_cast<int64_t>(part.summed.size()),
+                                tag->map_version, name})});
   while (!record_order_.empty() && record_order_.size() + 1 > options_.push_records) {
     writes->push_back(KvWrite{PushRecordKey(record_order_.front()), "", /*erase=*/true});
     records_.erase(KeyOf(record_order_.front()));
@@ -198,10 +199,9 @@ void DurableCollection::HoldRecords(
   }
 }
 
-absl::Status DurableCollection::WriteThroughBatch(absl::Span<const embedding::TableGradients> tables,
-                                                  const std::vector<const Table*>& through,
-                                                  int64_t step,
-                                                  const embedding::PushOptions& options) {
+absl::Status DurableCollection::WriteThroughBatch(
+    absl::Span<const embedding::TableGradients> tables, const std::vector<const Table*>& through,
+    int64_t step, const embedding::PushOptions& options) {
   // Each write-through table's pushes in order, its lock taken in table id order.
   std::map<uint32_t, absl::Mutex*> locks;
   for (const Table* t : through) {
@@ -265,7 +265,8 @@ absl::Status DurableCollection::WriteThroughBatch(absl::Span<const embedding::Ta
     memory.rows_updated = &rest_rows;
     s = memory_->PushBatch(rest, step, memory);
     if (!s.ok() && !tessera::IsPartlyApplied(s)) {
-      return absl::Status(s.code(), absl::StrCat(s.message(), " [its write-through tables' "
+      return absl::Status(s.code(), absl::StrCat(s.message(),
+                                                 " [its write-through tables' "
                                                  "parts were applied and written; a repeat "
                                                  "under the same request id applies the rest]"));
     }
