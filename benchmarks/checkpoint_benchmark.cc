@@ -18,11 +18,12 @@
 #include <string>
 #include <vector>
 
-#include "base/command_line.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
+#include "base/command_line.h"
+#include "base/status.h"
 #include "embedding/storage/durable_collection.h"
 
 ABSL_FLAG(int64_t, rows, 10'000'000, "rows in the table");
@@ -61,6 +62,34 @@ double DiskBytesPerSecond(const std::string& dir, int64_t bytes) {
   return static_cast<double>(bytes - left) / s;
 }
 
+// Another model's table like `t`, "other.t", with `rows` rows (none: nothing).
+absl::Status AddOtherModel(embedding::EmbeddingCollection& c, v1::TableConfig t, int64_t rows) {
+  if (rows <= 0) return absl::OkStatus();
+  t.set_name("other.t");
+  TESSERA_RETURN_IF_ERROR(c.CreateTable(t));
+  std::vector<int64_t> ids(rows);
+  for (int64_t i = 0; i < rows; ++i) ids[i] = i;
+  return c.PushGradients("other.t", ids, std::vector<float>(rows * t.dim(), 0.01f), 1);
+}
+
+constexpr int64_t kBatch = 65536;  // ids per push
+
+// Step 2's push of `changed` ids drawn uniformly from the `rows` of "m.big".
+absl::Status PushRandomRows(embedding::EmbeddingCollection& c, int64_t rows, int64_t changed,
+                            int dim) {
+  std::mt19937_64 rng(1);
+  std::vector<int64_t> ids;
+  const std::vector<float> grads(kBatch * dim, 0.01f);
+  for (int64_t done = 0; done < changed; done += kBatch) {
+    const int64_t n = std::min(kBatch, changed - done);
+    ids.resize(n);
+    for (auto& id : ids) id = static_cast<int64_t>(rng() % rows);
+    TESSERA_RETURN_IF_ERROR(
+        c.PushGradients("m.big", ids, absl::MakeConstSpan(grads).subspan(0, n * dim), 2));
+  }
+  return absl::OkStatus();
+}
+
 int Run() {
   const int64_t rows = absl::GetFlag(FLAGS_rows);
   const int dim = absl::GetFlag(FLAGS_dim);
@@ -80,21 +109,12 @@ int Run() {
   t.mutable_optimizer()->set_type(v1::ROWWISE_ADAGRAD);
   t.mutable_optimizer()->set_learning_rate(0.05f);
   if (!c->CreateTable(t).ok()) return 1;
-  if (const int64_t other = absl::GetFlag(FLAGS_other_rows); other > 0) {
-    v1::TableConfig o2 = t;
-    o2.set_name("other.t");
-    if (!c->CreateTable(o2).ok()) return 1;
-    std::vector<int64_t> oids(other);
-    for (int64_t i = 0; i < other; ++i) oids[i] = i;
-    if (!c->PushGradients("other.t", oids, std::vector<float>(other * dim, 0.01f), 1).ok())
-      return 1;
-  }
+  if (!AddOtherModel(*c, t, absl::GetFlag(FLAGS_other_rows)).ok()) return 1;
   embedding::CheckpointOptions of_m;
   of_m.model = "m";
   embedding::RestoreOptions restore_m;
   restore_m.model = "m";
 
-  constexpr int64_t kBatch = 65536;
   std::vector<int64_t> ids(kBatch);
   std::vector<float> grads(kBatch * dim, 0.01f);
   auto start = Clock::now();
@@ -118,16 +138,8 @@ int Run() {
     std::fprintf(stderr, "%s\n", full.status().ToString().c_str());
     return 1;
   }
-  std::mt19937_64 rng(1);
   const int64_t changed = std::max<int64_t>(1, rows / 100);
-  for (int64_t done = 0; done < changed; done += kBatch) {
-    const int64_t n = std::min(kBatch, changed - done);
-    ids.resize(n);
-    for (auto& id : ids) id = static_cast<int64_t>(rng() % rows);
-    if (!c->PushGradients("m.big", ids, absl::MakeConstSpan(grads).subspan(0, n * dim), 2).ok()) {
-      return 1;
-    }
-  }
+  if (!PushRandomRows(*c, rows, changed, dim).ok()) return 1;
   auto incremental = c->Checkpoint(2, {}, of_m);
   auto restored = c->Restore(1, nullptr, restore_m);
   if (!incremental.ok() || !restored.ok()) return 1;

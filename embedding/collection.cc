@@ -131,6 +131,12 @@ bool TableOfModel(absl::string_view table, absl::string_view model) {
                            table.substr(0, model.size()) == model && table[model.size()] == '.');
 }
 
+std::string RestoreCommand(absl::string_view model, int64_t step) {
+  return absl::StrCat("tessera-cli restore ",
+                      model.empty() ? std::string("--all_models") : absl::StrCat("--model=", model),
+                      " --step=", step);
+}
+
 std::string CheckpointName(absl::string_view model, int64_t step) {
   return model.empty() ? absl::StrCat("checkpoint ", step)
                        : absl::StrCat("checkpoint ", step, " of model '", model, "'");

@@ -205,6 +205,9 @@ struct CheckpointOptions {
 
 // "checkpoint 5", or "checkpoint 5 of model 'ads'": how messages name one.
 std::string CheckpointName(absl::string_view model, int64_t step);
+// "tessera-cli restore --model=ads --step=5" ("--all_models" without a model): the command
+// that messages give for restoring one.
+std::string RestoreCommand(absl::string_view model, int64_t step);
 
 // What a restore must find in the checkpoint before it changes anything.
 struct RestoreOptions {

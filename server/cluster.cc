@@ -326,8 +326,7 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(
   // Taken on another shard map (another count, or shards replaced or moved by a reshard):
   // every shard reads every old shard's checkpoint directory and keeps the rows it owns
   // now.
-  const bool reshaped = m.shards != live()->addresses();
-  if (reshaped && m.shard_dirs.size() != m.shards.size()) {
+  if (!SourcesRecorded(m)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint ", m.step, " was taken on shards ", absl::StrJoin(m.shards, ","),
         ", this cluster has ", absl::StrJoin(live()->addresses(), ","),
@@ -336,17 +335,15 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(
         "it on its shards"));
   }
   const RestoredTables changes = RestoreOutcome(m);
-  const v1::RestoreRequest request = RestoreRequestOf(m);
   const std::string which = embedding::CheckpointName(m.model, m.step);
   // Every shard reads the checkpoint whole first: one that cannot (a corrupt or missing
   // file) changes no shard.
-  v1::RestoreRequest verify = request;
-  verify.set_verify_only(true);
-  if (absl::Status s = live()->RestoreShards(verify).status(); !s.ok()) {
+  if (absl::Status s = ReadOnEveryShard(m); !s.ok()) {
     return Annotate(
         s, absl::StrCat("restore of ", which, " refused, no shard changed", OlderCheckpoint(m)));
   }
-  absl::StatusOr<std::vector<v1::CheckpointInfo>> shards = live()->RestoreShards(request);
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> shards =
+      live()->RestoreShards(RestoreRequestOf(m));
   if (!shards.ok()) {
     return Annotate(shards.status(), absl::StrCat("restore of ", which,
                                                   " failed after every shard read it; retry it"));
@@ -372,6 +369,16 @@ v1::RestoreRequest Cluster::RestoreRequestOf(const storage::CheckpointManifest& 
   return request;
 }
 
+bool Cluster::SourcesRecorded(const storage::CheckpointManifest& m) const {
+  return m.shards == live()->addresses() || m.shard_dirs.size() == m.shards.size();
+}
+
+absl::Status Cluster::ReadOnEveryShard(const storage::CheckpointManifest& m) const {
+  v1::RestoreRequest verify = RestoreRequestOf(m);
+  verify.set_verify_only(true);
+  return live()->RestoreShards(verify).status();
+}
+
 std::string Cluster::OlderCheckpoint(const storage::CheckpointManifest& m) const {
   std::vector<storage::CheckpointManifest> older;
   for (const storage::CheckpointManifest& c : store_->ListCheckpoints()) {
@@ -384,21 +391,13 @@ std::string Cluster::OlderCheckpoint(const storage::CheckpointManifest& m) const
   std::vector<int64_t> unreadable;
   for (size_t i = 0; i < older.size() && i < 3; ++i) {
     const storage::CheckpointManifest& c = older[i];
-    v1::RestoreRequest verify = RestoreRequestOf(c);
-    verify.set_verify_only(true);
-    if (c.shards != live()->addresses() && c.shard_dirs.size() != c.shards.size()) {
-      unreadable.push_back(c.step);
-      continue;
-    }
-    if (!live()->RestoreShards(verify).ok()) {
+    if (!SourcesRecorded(c) || !ReadOnEveryShard(c).ok()) {
       unreadable.push_back(c.step);
       continue;
     }
     return absl::StrCat(
-        " (the newest older checkpoint of the model that every shard reads is step ", c.step,
-        ": tessera-cli restore ",
-        m.model.empty() ? std::string("--all_models") : absl::StrCat("--model=", m.model),
-        " --step=", c.step,
+        " (the newest older checkpoint of the model that every shard reads is step ", c.step, ": ",
+        embedding::RestoreCommand(m.model, c.step),
         unreadable.empty() ? ""
                            : absl::StrCat("; step(s) ", absl::StrJoin(unreadable, ", "),
                                           " do not read on every shard either"),

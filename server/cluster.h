@@ -168,6 +168,11 @@ class Cluster {
   // The shards' RestoreRequest of checkpoint `m` (with the old shards' directories when it
   // was taken on another map).
   v1::RestoreRequest RestoreRequestOf(const storage::CheckpointManifest& m) const;
+  // False for a checkpoint taken on another map that does not record its shards'
+  // directories (an older coordinator's): the shards of this map cannot read it.
+  bool SourcesRecorded(const storage::CheckpointManifest& m) const;
+  // Every shard reads its part of checkpoint `m` whole (verify_only), changing nothing.
+  absl::Status ReadOnEveryShard(const storage::CheckpointManifest& m) const;
   absl::Status AdoptRestoredTables(const storage::CheckpointManifest& m)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(create_mu_);
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/status.h"
 
 namespace tessera::server {
 namespace {
@@ -57,39 +58,11 @@ absl::StatusOr<std::vector<int64_t>> StepAggregator::Contribute(const embedding:
                                                    " a synchronous step may have"));
   }
   const Key key{member.job, step};
-  std::shared_ptr<Step> s;
   bool last = false;
+  std::shared_ptr<Step> s;
   {
     absl::MutexLock lock(&mu_);
-    std::shared_ptr<Step>& slot = steps_[key];
-    if (slot == nullptr) {
-      slot = std::make_shared<Step>();
-      slot->workers = member.workers;
-      slot->parts.assign(member.workers, nullptr);
-    }
-    s = slot;
-    if (s->workers != member.workers) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("job '", member.job, "' step ", step, ": worker ", member.worker, " says ",
-                       member.workers, " workers, others said ", s->workers));
-    }
-    const bool completes =
-        !s->done && s->arrived + (s->parts[member.worker] == nullptr ? 1 : 0) == s->workers;
-    if (!s->done && !completes && waiting_ >= max_waiting_) {
-      if (s->arrived == 0) steps_.erase(key);
-      return absl::ResourceExhaustedError(
-          absl::StrCat(where_, ": ", waiting_,
-                       " pushes of data-parallel jobs wait for their other workers "
-                       "already (--max_sync_waiting); job '",
-                       member.job, "' step ", step,
-                       " is refused, retry it once those steps are applied or have timed out"));
-    }
-    if (!s->done) {
-      if (s->parts[member.worker] == nullptr) ++s->arrived;
-      s->parts[member.worker] = &part;  // a repeat of a worker's push replaces it
-      last = s->arrived == s->workers;
-      if (last) steps_.erase(key);  // a later push of this step starts a new one
-    }
+    TESSERA_ASSIGN_OR_RETURN(s, Join(key, member, part, &last));
   }
   if (last) {
     // Outside the lock: the others wait on `done`, their parts stay valid until then.
@@ -103,37 +76,7 @@ absl::StatusOr<std::vector<int64_t>> StepAggregator::Contribute(const embedding:
     s->done = true;
   } else {
     absl::MutexLock lock(&mu_);
-    struct AllIn {
-      const Step* s;
-      bool operator()() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return s->done || s->arrived == s->workers;
-      }
-    } all_in{s.get()};
-    ++waiting_;
-    const bool in =
-        mu_.AwaitWithTimeout(absl::Condition(&all_in), absl::FromChrono(member.timeout));
-    --waiting_;
-    if (!in) {
-      std::vector<int> missing;
-      for (int w = 0; w < s->workers; ++w) {
-        if (s->parts[w] == nullptr) missing.push_back(w);
-      }
-      // Gone from the step: a retry of this push arrives as new.
-      if (s->parts[member.worker] == &part) {
-        s->parts[member.worker] = nullptr;
-        --s->arrived;
-      }
-      if (s->arrived == 0) {
-        auto it = steps_.find(key);
-        if (it != steps_.end() && it->second == s) steps_.erase(it);
-      }
-      return absl::AbortedError(absl::StrCat(
-          "job '", member.job, "' step ", step, ": worker(s) ", absl::StrJoin(missing, ", "),
-          " of ", s->workers, " did not push to ", where_, " within ", member.timeout.count(),
-          " ms (stopped, or slower than the timeout)"));
-    }
-    // Everyone is in: the last one is applying the step, however long that takes.
-    mu_.Await(absl::Condition(&s->done));
+    TESSERA_RETURN_IF_ERROR(AwaitStep(key, s, member, part));
   }
   absl::MutexLock lock(&mu_);
   if (!s->status.ok()) return s->status;
@@ -144,6 +87,74 @@ absl::StatusOr<std::vector<int64_t>> StepAggregator::Contribute(const embedding:
     mine.push_back(at < s->rows.size() ? s->rows[at] : 0);
   }
   return mine;
+}
+
+absl::StatusOr<std::shared_ptr<StepAggregator::Step>> StepAggregator::Join(
+    const Key& key, const embedding::PushSync& member, const Contribution& part, bool* last) {
+  std::shared_ptr<Step>& slot = steps_[key];
+  if (slot == nullptr) {
+    slot = std::make_shared<Step>();
+    slot->workers = member.workers;
+    slot->parts.assign(member.workers, nullptr);
+  }
+  std::shared_ptr<Step> s = slot;
+  if (s->workers != member.workers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job '", member.job, "' step ", key.second, ": worker ", member.worker,
+                     " says ", member.workers, " workers, others said ", s->workers));
+  }
+  if (s->done) return s;  // (a step leaves steps_ when its last worker arrives)
+  const bool new_worker = s->parts[member.worker] == nullptr;
+  *last = s->arrived + (new_worker ? 1 : 0) == s->workers;
+  if (!*last && waiting_ >= max_waiting_) {
+    if (s->arrived == 0) steps_.erase(key);
+    return absl::ResourceExhaustedError(
+        absl::StrCat(where_, ": ", waiting_,
+                     " pushes of data-parallel jobs wait for their other workers "
+                     "already (--max_sync_waiting); job '",
+                     member.job, "' step ", key.second,
+                     " is refused, retry it once those steps are applied or have timed out"));
+  }
+  if (new_worker) ++s->arrived;
+  s->parts[member.worker] = &part;  // a repeat of a worker's push replaces it
+  if (*last) steps_.erase(key);     // a later push of this step starts a new one
+  return s;
+}
+
+absl::Status StepAggregator::AwaitStep(const Key& key, const std::shared_ptr<Step>& s,
+                                       const embedding::PushSync& member,
+                                       const Contribution& part) {
+  struct AllIn {
+    const Step* s;
+    bool operator()() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return s->done || s->arrived == s->workers;
+    }
+  } all_in{s.get()};
+  ++waiting_;
+  const bool in = mu_.AwaitWithTimeout(absl::Condition(&all_in), absl::FromChrono(member.timeout));
+  --waiting_;
+  if (in) {
+    // Everyone is in: the last one is applying the step, however long that takes.
+    mu_.Await(absl::Condition(&s->done));
+    return absl::OkStatus();
+  }
+  std::vector<int> missing;
+  for (int w = 0; w < s->workers; ++w) {
+    if (s->parts[w] == nullptr) missing.push_back(w);
+  }
+  // Gone from the step: a retry of this push arrives as new.
+  if (s->parts[member.worker] == &part) {
+    s->parts[member.worker] = nullptr;
+    --s->arrived;
+  }
+  if (s->arrived == 0) {
+    auto it = steps_.find(key);
+    if (it != steps_.end() && it->second == s) steps_.erase(it);
+  }
+  return absl::AbortedError(absl::StrCat(
+      "job '", member.job, "' step ", key.second, ": worker(s) ", absl::StrJoin(missing, ", "),
+      " of ", s->workers, " did not push to ", where_, " within ", member.timeout.count(),
+      " ms (stopped, or slower than the timeout)"));
 }
 
 int StepAggregator::waiting() const {

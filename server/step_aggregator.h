@@ -74,6 +74,18 @@ class StepAggregator {
   };
   using Key = std::pair<std::string, int64_t>;
 
+  // `part` arrives at step `key` (made when new): *last when it completes the step, which
+  // then leaves steps_. Refused when the group size differs, or when it would wait while
+  // max_waiting_ pushes do.
+  absl::StatusOr<std::shared_ptr<Step>> Join(const Key& key, const embedding::PushSync& member,
+                                             const Contribution& part, bool* last)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits (up to member.timeout) for step `s` to fill, then for it to be applied; Aborted
+  // naming the workers missing, with `part` taken out of the step.
+  absl::Status AwaitStep(const Key& key, const std::shared_ptr<Step>& s,
+                         const embedding::PushSync& member, const Contribution& part)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const std::string where_;
   const int max_waiting_;
   mutable absl::Mutex mu_;

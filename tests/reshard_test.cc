@@ -89,6 +89,63 @@ struct Shard {
   std::string address() const { return "127.0.0.1:" + std::to_string(port); }
 };
 
+// One push of the pusher: ids drawn from a pool (rows updated many times) and new ones.
+struct Push {
+  std::vector<int64_t> a, b, c;  // c: ids of a fixed vocabulary
+  std::vector<float> ga, gb, gc;
+};
+
+constexpr int64_t kVocabulary = 20000;
+
+Push MakePush(std::mt19937_64& rng, int i) {
+  Push p;
+  std::uniform_int_distribution<int64_t> pool(0, 3000);
+  for (int j = 0; j < 64; ++j) {
+    p.a.push_back(j % 4 == 0 ? static_cast<int64_t>(rng()) : pool(rng) * 7919);
+    p.b.push_back(pool(rng) * 104729 + (i % 3));
+  }
+  for (int j = 0; j < 32; ++j) p.c.push_back(static_cast<int64_t>(rng() % kVocabulary));
+  std::uniform_real_distribution<float> g(-1.0f, 1.0f);
+  for (size_t j = 0; j < p.a.size() * kDim; ++j) p.ga.push_back(g(rng));
+  for (size_t j = 0; j < p.b.size() * kDim; ++j) p.gb.push_back(g(rng));
+  for (size_t j = 0; j < p.c.size() * kDim; ++j) p.gc.push_back(g(rng));
+  return p;
+}
+
+// Push `p`'s parts of tables a and b.
+std::vector<embedding::TableGradients> PartsOf(const Push& p) {
+  return {{"a", p.a, p.ga}, {"b", p.b, p.gb}};
+}
+
+// Shard 0's part of push `p` alone, straight to shard 0 under map version 1, as if the
+// other shard had not received its part (a client gone before it sent it).
+void PushShardZerosPart(int port, const Push& p, const embedding::RequestId& id) {
+  v1::BatchPushRequest request;
+  request.set_step(1);
+  request.set_shard_map_version(1);
+  request.mutable_request_id()->set_client_id(id.client_id);
+  request.mutable_request_id()->set_sequence(id.sequence);
+  for (const auto& [name, ids, grads, seed] :
+       {std::tuple{"a", &p.a, &p.ga, 11}, std::tuple{"b", &p.b, &p.gb, 12}}) {
+    std::vector<int64_t> mine;
+    std::vector<float> g;
+    v1::TableConfig config = Table(name, v1::SGD, seed);
+    for (size_t j = 0; j < ids->size(); ++j) {
+      if (embedding::ShardOfRow(config, (*ids)[j], 2) != 0) continue;
+      mine.push_back((*ids)[j]);
+      g.insert(g.end(), grads->begin() + j * kDim, grads->begin() + (j + 1) * kDim);
+    }
+    v1::TableGradients* t = request.add_tables();
+    t->set_table(name);
+    t->set_ids(mine.data(), mine.size() * sizeof(int64_t));
+    t->set_gradients(g.data(), g.size() * sizeof(float));
+  }
+  auto stub = v1::EmbeddingShard::NewStub(testing::LocalChannel(port));
+  grpc::ClientContext ctx;
+  v1::BatchPushResponse response;
+  ASSERT_TRUE(stub->BatchPush(&ctx, request, &response).ok());
+}
+
 using testing::StoredRows;
 
 class ReshardTest : public ::testing::Test {
@@ -177,6 +234,25 @@ class ReshardTest : public ::testing::Test {
     }
   }
 
+  // Tables a and b, and push `p` of them applied by shard 0 alone under *id (its answer
+  // lost, the other shard's part never sent); the reference takes it once, as every row
+  // must in the end.
+  void HalfApply(client::EmbeddingClient& c, const Push& p, embedding::RequestId* id) {
+    CreateBoth(c, Table("a", v1::SGD, 11));
+    CreateBoth(c, Table("b", v1::ADAGRAD, 12));
+    *id = c.NextRequestId();
+    ASSERT_NO_FATAL_FAILURE(PushShardZerosPart(shards_[0].port, p, *id));
+    ASSERT_TRUE(reference_->PushBatch(PartsOf(p), 1).ok());
+  }
+  // `p` sent again under `id` through `c` (3 shards): each row has taken it once.
+  void RepeatAndExpectAppliedOnce(client::EmbeddingClient& c, const Push& p,
+                                  const embedding::RequestId& id) {
+    embedding::PushOptions options;
+    options.request_id = id;
+    ASSERT_TRUE(c.PushBatch(PartsOf(p), 1, options).ok());
+    ExpectRowsPlacedAndEqualTheReference({"a", "b"}, {0, 1, 2});
+  }
+
   std::string root_;
   std::vector<Shard> shards_;
   std::unique_ptr<client::ShardRouter> router_;
@@ -186,29 +262,6 @@ class ReshardTest : public ::testing::Test {
   std::unique_ptr<v1::Coordinator::Stub> coordinator_stub_;
   std::unique_ptr<embedding::EmbeddingCollection> reference_;
 };
-
-// One push of the pusher: ids drawn from a pool (rows updated many times) and new ones.
-struct Push {
-  std::vector<int64_t> a, b, c;  // c: ids of a fixed vocabulary
-  std::vector<float> ga, gb, gc;
-};
-
-constexpr int64_t kVocabulary = 20000;
-
-Push MakePush(std::mt19937_64& rng, int i) {
-  Push p;
-  std::uniform_int_distribution<int64_t> pool(0, 3000);
-  for (int j = 0; j < 64; ++j) {
-    p.a.push_back(j % 4 == 0 ? static_cast<int64_t>(rng()) : pool(rng) * 7919);
-    p.b.push_back(pool(rng) * 104729 + (i % 3));
-  }
-  for (int j = 0; j < 32; ++j) p.c.push_back(static_cast<int64_t>(rng() % kVocabulary));
-  std::uniform_real_distribution<float> g(-1.0f, 1.0f);
-  for (size_t j = 0; j < p.a.size() * kDim; ++j) p.ga.push_back(g(rng));
-  for (size_t j = 0; j < p.b.size() * kDim; ++j) p.gb.push_back(g(rng));
-  for (size_t j = 0; j < p.c.size() * kDim; ++j) p.gc.push_back(g(rng));
-  return p;
-}
 
 TEST_F(ReshardTest, PushesDuringTwoToThreeToTwoWithLostAnswersEqualAReplay) {
   for (auto mode : {client::ClientOptions::Mode::kSmart, client::ClientOptions::Mode::kCoordinator}) {
@@ -282,58 +335,21 @@ TEST_F(ReshardTest, PushesDuringTwoToThreeToTwoWithLostAnswersEqualAReplay) {
   }
 }
 
-// Shard 0's part of push `p` alone, straight to shard 0 under map version 1, as if the
-// other shard had not received its part (a client gone before it sent it).
-void PushShardZerosPart(int port, const Push& p, const embedding::RequestId& id) {
-  v1::BatchPushRequest request;
-  request.set_step(1);
-  request.set_shard_map_version(1);
-  request.mutable_request_id()->set_client_id(id.client_id);
-  request.mutable_request_id()->set_sequence(id.sequence);
-  for (const auto& [name, ids, grads, seed] :
-       {std::tuple{"a", &p.a, &p.ga, 11}, std::tuple{"b", &p.b, &p.gb, 12}}) {
-    std::vector<int64_t> mine;
-    std::vector<float> g;
-    v1::TableConfig config = Table(name, v1::SGD, seed);
-    for (size_t j = 0; j < ids->size(); ++j) {
-      if (embedding::ShardOfRow(config, (*ids)[j], 2) != 0) continue;
-      mine.push_back((*ids)[j]);
-      g.insert(g.end(), grads->begin() + j * kDim, grads->begin() + (j + 1) * kDim);
-    }
-    v1::TableGradients* t = request.add_tables();
-    t->set_table(name);
-    t->set_ids(mine.data(), mine.size() * sizeof(int64_t));
-    t->set_gradients(g.data(), g.size() * sizeof(float));
-  }
-  auto stub = v1::EmbeddingShard::NewStub(testing::LocalChannel(port));
-  grpc::ClientContext ctx;
-  v1::BatchPushResponse response;
-  ASSERT_TRUE(stub->BatchPush(&ctx, request, &response).ok());
-}
-
 // A push that one shard applied before the reshard and the other never saw, repeated
 // with its request id once the cluster is on 3 shards: the rows that took it (some now on
 // the new shard) do not take it again, the others do.
 TEST_F(ReshardTest, APushHalfAppliedBeforeAReshardIsCompletedOnceAfterIt) {
   auto c = Connect(client::ClientOptions::Mode::kSmart);
-  CreateBoth(*c, Table("a", v1::SGD, 11));
-  CreateBoth(*c, Table("b", v1::ADAGRAD, 12));
   std::mt19937_64 rng(3);
   const Push p = MakePush(rng, 0);
-  const embedding::RequestId id = c->NextRequestId();
-  ASSERT_NO_FATAL_FAILURE(PushShardZerosPart(shards_[0].port, p, id));
+  embedding::RequestId id;
+  ASSERT_NO_FATAL_FAILURE(HalfApply(*c, p, &id));
   v1::ReshardClusterResponse r;
   ASSERT_TRUE(Reshard({0, 1, 2}, &r).ok());
   EXPECT_GT(r.pushes_kept(), 0);
-  const std::vector<embedding::TableGradients> parts = {{"a", p.a, p.ga}, {"b", p.b, p.gb}};
-  embedding::PushOptions options;
-  options.request_id = id;
-  ASSERT_TRUE(c->PushBatch(parts, 1, options).ok());
-  ASSERT_TRUE(reference_->PushBatch(parts, 1).ok());
-  ExpectRowsPlacedAndEqualTheReference({"a", "b"}, {0, 1, 2});
+  ASSERT_NO_FATAL_FAILURE(RepeatAndExpectAppliedOnce(*c, p, id));
   // Once more with the same id: nothing changes.
-  ASSERT_TRUE(c->PushBatch(parts, 1, options).ok());
-  ExpectRowsPlacedAndEqualTheReference({"a", "b"}, {0, 1, 2});
+  ASSERT_NO_FATAL_FAILURE(RepeatAndExpectAppliedOnce(*c, p, id));
 }
 
 // The same across restarts, as operators run them: shard 0 restarts before the reshard
@@ -342,12 +358,10 @@ TEST_F(ReshardTest, APushHalfAppliedBeforeAReshardIsCompletedOnceAfterIt) {
 // its request id, the push still reaches each row once.
 TEST_F(ReshardTest, APushHalfAppliedBeforeAReshardIsCompletedOnceAcrossRestarts) {
   auto c = Connect(client::ClientOptions::Mode::kSmart);
-  CreateBoth(*c, Table("a", v1::SGD, 11));
-  CreateBoth(*c, Table("b", v1::ADAGRAD, 12));
   std::mt19937_64 rng(5);
   const Push p = MakePush(rng, 0);
-  const embedding::RequestId id = c->NextRequestId();
-  ASSERT_NO_FATAL_FAILURE(PushShardZerosPart(shards_[0].port, p, id));
+  embedding::RequestId id;
+  ASSERT_NO_FATAL_FAILURE(HalfApply(*c, p, &id));
   shards_[0].Stop();
   ASSERT_NO_FATAL_FAILURE(shards_[0].Start());
   v1::ReshardClusterResponse r;
@@ -360,23 +374,17 @@ TEST_F(ReshardTest, APushHalfAppliedBeforeAReshardIsCompletedOnceAcrossRestarts)
     shards_[k].version = 2;
     ASSERT_NO_FATAL_FAILURE(shards_[k].Start());
   }
-  const std::vector<embedding::TableGradients> parts = {{"a", p.a, p.ga}, {"b", p.b, p.gb}};
-  embedding::PushOptions options;
-  options.request_id = id;
-  ASSERT_TRUE(c->PushBatch(parts, 1, options).ok());
-  ASSERT_TRUE(reference_->PushBatch(parts, 1).ok());
-  ExpectRowsPlacedAndEqualTheReference({"a", "b"}, {0, 1, 2});
+  ASSERT_NO_FATAL_FAILURE(RepeatAndExpectAppliedOnce(*c, p, id));
   // Once more with the same id after another restart: nothing changes. The client's
   // notice of the restart says what a shard with a data directory keeps.
   shards_[2].Stop();
   ASSERT_NO_FATAL_FAILURE(shards_[2].Start());
   ::testing::internal::CaptureStderr();
-  ASSERT_TRUE(c->PushBatch(parts, 1, options).ok());
+  RepeatAndExpectAppliedOnce(*c, p, id);
   const std::string notice = ::testing::internal::GetCapturedStderr();
   EXPECT_THAT(notice, ::testing::HasSubstr("restarted"));
   EXPECT_THAT(notice, ::testing::HasSubstr("its WRITE_THROUGH tables as last written"));
   EXPECT_THAT(notice, ::testing::Not(::testing::HasSubstr("empty")));
-  ExpectRowsPlacedAndEqualTheReference({"a", "b"}, {0, 1, 2});
 }
 
 // Issue 41, item 14: a restore (a trainer resuming) that arrives while a reshard holds the

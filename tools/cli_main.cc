@@ -589,52 +589,53 @@ tessera::v1::OptimizerConfig OptimizerChanges() {
   return out;
 }
 
-// The settings given in `config` that its type does not use (beta1 for SGD), as flags;
-// empty when each one given takes effect.
-std::vector<std::string> UnusedSettings(const tessera::v1::OptimizerConfig& config) {
-  using tessera::v1::OptimizerType;
-  // Every type uses learning_rate, clip_norm, clip_value and weight_decay.
-  const std::map<OptimizerType, std::set<std::string>> own = {
+// The optimizer settings: each flag and the OptimizerConfig field it sets.
+constexpr std::pair<const char*, const char*> kOptimizerSettings[] = {
+    {"--lr", "learning_rate"},
+    {"--epsilon", "epsilon"},
+    {"--beta1", "beta1"},
+    {"--beta2", "beta2"},
+    {"--initial_accumulator", "initial_accumulator"},
+    {"--l1", "l1"},
+    {"--l2", "l2"},
+    {"--lr_power", "learning_rate_power"},
+    {"--clip_norm", "clip_norm"},
+    {"--clip_value", "clip_value"},
+    {"--weight_decay", "weight_decay"},
+};
+
+// True when an optimizer of `type` uses setting `field`. Every type uses the learning rate,
+// clipping and weight decay; a type not listed here is not judged.
+bool UsesSetting(tessera::v1::OptimizerType type, const std::string& field) {
+  static const auto* own = new std::map<tessera::v1::OptimizerType, std::set<std::string>>{
       {tessera::v1::SGD, {}},
       {tessera::v1::ADAGRAD, {"epsilon", "initial_accumulator"}},
       {tessera::v1::ROWWISE_ADAGRAD, {"epsilon", "initial_accumulator"}},
       {tessera::v1::ADAM, {"epsilon", "beta1", "beta2"}},
       {tessera::v1::FTRL, {"initial_accumulator", "l1", "l2", "learning_rate_power"}},
   };
-  const std::set<std::string> common = {"type", "learning_rate", "clip_norm", "clip_value",
-                                        "weight_decay"};
-  const auto it = own.find(config.type());
-  if (it == own.end()) return {};
-  std::vector<const google::protobuf::FieldDescriptor*> fields;
-  config.GetReflection()->ListFields(config, &fields);
-  std::vector<std::string> unused;
-  for (const google::protobuf::FieldDescriptor* f : fields) {
-    if (common.count(f->name()) > 0 || it->second.count(f->name()) > 0) continue;
-    unused.push_back(f->name() == "learning_rate_power" ? "--lr_power" : "--" + f->name());
+  if (field == "learning_rate" || field == "clip_norm" || field == "clip_value" ||
+      field == "weight_decay") {
+    return true;
   }
-  return unused;
+  const auto it = own->find(type);
+  return it == own->end() || it->second.count(field) > 0;
 }
 
-// Refuses (false, saying why) settings that `type` would ignore.
-bool SettingsTakeEffect(const char* command, tessera::v1::OptimizerConfig config,
+// Refuses (false, saying why and what `type` takes) settings of `config` that `type` would
+// ignore (beta1 for SGD).
+bool SettingsTakeEffect(const char* command, const tessera::v1::OptimizerConfig& config,
                         tessera::v1::OptimizerType type) {
-  config.set_type(type);
-  const std::vector<std::string> unused = UnusedSettings(config);
+  std::vector<std::string> unused, used;
+  for (const auto& [flag, field] : kOptimizerSettings) {
+    if (UsesSetting(type, field)) {
+      used.push_back(flag);
+    } else if (config.GetReflection()->HasField(config,
+                                                config.GetDescriptor()->FindFieldByName(field))) {
+      unused.push_back(flag);
+    }
+  }
   if (unused.empty()) return true;
-  // What this type does use: every setting, less those it would ignore.
-  tessera::v1::OptimizerConfig all;
-  all.set_type(type);
-  for (int i = 0; i < all.GetDescriptor()->field_count(); ++i) {
-    const google::protobuf::FieldDescriptor* f = all.GetDescriptor()->field(i);
-    if (f->name() != "type") all.GetReflection()->SetFloat(&all, f, 1.0f);
-  }
-  std::vector<std::string> used;
-  const std::vector<std::string> ignored = UnusedSettings(all);
-  for (const char* flag :
-       {"--lr", "--epsilon", "--beta1", "--beta2", "--initial_accumulator", "--l1", "--l2",
-        "--lr_power", "--clip_norm", "--clip_value", "--weight_decay"}) {
-    if (std::find(ignored.begin(), ignored.end(), flag) == ignored.end()) used.push_back(flag);
-  }
   std::cerr << "tessera-cli: " << command << ": " << absl::StrJoin(unused, ", ")
             << (unused.size() == 1 ? " does" : " do") << " nothing with optimizer "
             << tessera::embedding::OptimizerName(type) << ", which takes "
@@ -659,9 +660,10 @@ int Alter(Coordinator::Stub& stub, const std::string& table) {
     return 1;
   }
   if (table.empty() || changes.ByteSizeLong() == 0) {
-    std::cerr << "tessera-cli: alter needs --table=NAME and at least one optimizer setting "
-                 "(--lr, --epsilon, --beta1, --beta2, --initial_accumulator, --l1, --l2, "
-                 "--lr_power, --clip_norm, --clip_value, --weight_decay)\n";
+    std::vector<const char*> flags;
+    for (const auto& setting : kOptimizerSettings) flags.push_back(setting.first);
+    std::cerr << "tessera-cli: alter needs --table=NAME and at least one optimizer setting ("
+              << absl::StrJoin(flags, ", ") << ")\n";
     return 1;
   }
   // Settings the table's optimizer would ignore are refused (a table not listed is left to

@@ -214,6 +214,12 @@ class DurableCollection final : public embedding::EmbeddingCollection {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ApplyModel(const std::vector<std::string>& dirs, const CheckpointManifest& m,
                           bool resharded, ModelRows rows) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RestoreModel with every row read before anything changes (Unreadable when they cannot
+  // be; with `verify_only` nothing more), a failure half-way marking the collection broken
+  // with `what` ("restore of DIR") stopped half-way.
+  absl::Status ReadAndApplyModel(const std::vector<std::string>& dirs, const CheckpointManifest& m,
+                                 bool resharded, bool verify_only, const std::string& what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `read` (why checkpoint `m` at `where` could not be read), saying that nothing was
   // restored and naming the model's newest older checkpoint complete here.
   absl::Status Unreadable(const CheckpointManifest& m, const std::string& where,
@@ -252,6 +258,12 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   // After a crash during a checkpoint: CHECKPOINT tables' rows back to the newest complete
   // checkpoint (the live store may hold part of the interrupted one).
   absl::Status RecoverInterruptedCheckpoint() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A push part on record (the store's 'P' keys): its rows updated, map version and table.
+  struct Record {
+    int64_t rows = 0;
+    uint64_t map_version = 0;
+    std::string table;
+  };
   // A write-through push part being applied: its gradients summed, and the rows they touch
   // as they were before it (to undo it).
   struct Before {
@@ -275,8 +287,7 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   void AppendPartWrites(const WrittenPart& part, const embedding::PushTag* tag,
                         std::vector<KvWrite>* writes) ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Holds the push records of `written` (their store write succeeded).
-  void HoldRecords(const std::vector<std::pair<embedding::PushTag, int64_t>>& written,
-                   const std::vector<std::string>& tables);
+  void HoldRecords(std::vector<std::pair<embedding::PushTag, Record>> written);
   // PushBatch of a batch with write-through parts (through[i]: part i's table when it is
   // WRITE_THROUGH, else null): every part checked, the write-through parts applied in
   // memory and written with their records in one synced write (all undone if anything
@@ -336,11 +347,6 @@ class DurableCollection final : public embedding::EmbeddingCollection {
     return {t.request.client_id, t.request.sequence, t.part};
   }
   mutable absl::Mutex record_mu_;
-  struct Record {
-    int64_t rows = 0;
-    uint64_t map_version = 0;
-    std::string table;
-  };
   std::map<RecordKey, Record> records_ ABSL_GUARDED_BY(record_mu_);
   std::deque<embedding::PushTag> record_order_ ABSL_GUARDED_BY(record_mu_);
   uint64_t next_record_ ABSL_GUARDED_BY(record_mu_) = 1;

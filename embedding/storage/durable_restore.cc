@@ -113,6 +113,23 @@ absl::Status DurableCollection::RestoreModel(const std::vector<std::string>& dir
   return ApplyModel(dirs, m, resharded, std::move(rows));
 }
 
+absl::Status DurableCollection::ReadAndApplyModel(const std::vector<std::string>& dirs,
+                                                  const CheckpointManifest& m, bool resharded,
+                                                  bool verify_only, const std::string& what) {
+  // Read whole before anything changes: a checkpoint that cannot be read (a corrupt or
+  // missing file) leaves every table as it was and the server serving.
+  absl::StatusOr<ModelRows> rows = ReadModel(dirs, m, resharded);
+  if (!rows.ok()) return Unreadable(m, absl::StrJoin(dirs, ", "), rows.status());
+  if (verify_only) return absl::OkStatus();
+  absl::Status s = ApplyModel(dirs, m, resharded, *std::move(rows));
+  if (!s.ok()) {
+    broken_ =
+        Annotate(s, absl::StrCat(what, " stopped half-way; restart the server, which finishes it"));
+    return broken_;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DurableCollection::Unreadable(const CheckpointManifest& m, const std::string& where,
                                            const absl::Status& read) const {
   // The newest older checkpoint of the model that is complete here.
@@ -120,15 +137,14 @@ absl::Status DurableCollection::Unreadable(const CheckpointManifest& m, const st
   for (const auto& [dir, c] : CompleteCheckpoints()) {
     if (c.model == m.model && c.step < m.step) older = std::max(older, c.step);
   }
-  const std::string model = m.model.empty() ? "--all_models" : absl::StrCat("--model=", m.model);
   return Annotate(
-      read, absl::StrCat(
-                embedding::CheckpointName(m.model, m.step), " (", where,
-                ") cannot be read whole; nothing was restored, every table serves as it "
-                "was",
-                older < 0 ? std::string("; there is no older complete checkpoint here")
-                          : absl::StrCat("; the newest older complete one here is step ", older,
-                                         " (tessera-cli restore ", model, " --step=", older, ")")));
+      read,
+      absl::StrCat(embedding::CheckpointName(m.model, m.step), " (", where,
+                   ") cannot be read whole; nothing was restored, every table serves as it "
+                   "was",
+                   older < 0 ? std::string("; there is no older complete checkpoint here")
+                             : absl::StrCat("; the newest older complete one here is step ", older,
+                                            " (", embedding::RestoreCommand(m.model, older), ")")));
 }
 
 absl::Status DurableCollection::VerifyStore(const std::string& dir) const {
@@ -188,16 +204,10 @@ absl::StatusOr<embedding::CheckpointInfo> DurableCollection::RestoreFromShards(
   TESSERA_RETURN_IF_ERROR(embedding::CheckRestorable(m.step, blobs, options));
   absl::MutexLock lock(&mu_);
   TESSERA_RETURN_IF_ERROR(Usable());
-  absl::StatusOr<ModelRows> rows = ReadModel(dirs, m, /*resharded=*/true);
-  if (!rows.ok()) return Unreadable(m, absl::StrJoin(dirs, ", "), rows.status());
+  TESSERA_RETURN_IF_ERROR(
+      ReadAndApplyModel(dirs, m, /*resharded=*/true, options.verify_only,
+                        absl::StrCat("restore from ", dirs.size(), " shards' checkpoints")));
   if (options.verify_only) return InfoOf(m);
-  absl::Status s = ApplyModel(dirs, m, /*resharded=*/true, *std::move(rows));
-  if (!s.ok()) {
-    broken_ = Annotate(s, absl::StrCat("restore from ", dirs.size(),
-                                       " shards' checkpoints "
-                                       "stopped half-way; restart the server, which finishes it"));
-    return broken_;
-  }
   if (attachments != nullptr) *attachments = std::move(blobs);
   embedding::CheckpointInfo info = InfoOf(m);
   info.seconds = SecondsSince(start);
@@ -222,18 +232,10 @@ absl::StatusOr<embedding::CheckpointInfo> DurableCollection::Restore(
   TESSERA_RETURN_IF_ERROR(embedding::CheckRestorable(chosen->second.step, blobs, options));
   if (!options.model.empty()) {
     TESSERA_RETURN_IF_ERROR(Usable());
-    // Read whole before anything changes: a checkpoint that cannot be read (a corrupt or
-    // missing file) leaves every table as it was and the server serving.
-    absl::StatusOr<ModelRows> rows = ReadModel({dir}, chosen->second, /*resharded=*/false);
-    if (!rows.ok()) return Unreadable(chosen->second, dir, rows.status());
+    TESSERA_RETURN_IF_ERROR(ReadAndApplyModel({dir}, chosen->second, /*resharded=*/false,
+                                              options.verify_only,
+                                              absl::StrCat("restore of ", dir)));
     if (options.verify_only) return InfoOf(chosen->second);
-    absl::Status s = ApplyModel({dir}, chosen->second, /*resharded=*/false, *std::move(rows));
-    if (!s.ok()) {
-      broken_ = Annotate(s, absl::StrCat("restore of ", dir,
-                                         " stopped half-way; restart the "
-                                         "server, which finishes it"));
-      return broken_;
-    }
   } else {
     if (absl::Status read = VerifyStore(dir); !read.ok()) {
       return Unreadable(chosen->second, dir, read);

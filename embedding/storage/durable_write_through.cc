@@ -188,13 +188,10 @@ void DurableCollection::AppendPartWrites(const WrittenPart& part, const embeddin
   }
 }
 
-void DurableCollection::HoldRecords(
-    const std::vector<std::pair<embedding::PushTag, int64_t>>& written,
-    const std::vector<std::string>& tables) {
+void DurableCollection::HoldRecords(std::vector<std::pair<embedding::PushTag, Record>> written) {
   absl::MutexLock lock(&record_mu_);
-  for (size_t i = 0; i < written.size(); ++i) {
-    const auto& [tag, rows] = written[i];
-    records_[KeyOf(tag)] = Record{rows, tag.map_version, tables[i]};
+  for (auto& [tag, record] : written) {
+    records_[KeyOf(tag)] = std::move(record);
     record_order_.push_back(tag);
   }
 }
@@ -216,8 +213,7 @@ absl::Status DurableCollection::WriteThroughBatch(
   std::vector<int64_t> rows(n, 0);
   std::vector<std::unique_ptr<WrittenPart>> parts;  // applied in memory, in part order
   std::vector<KvWrite> writes;
-  std::vector<std::pair<embedding::PushTag, int64_t>> records;
-  std::vector<std::string> record_tables;
+  std::vector<std::pair<embedding::PushTag, Record>> records;
   for (size_t i = 0; i < n; ++i) {
     if (through[i] == nullptr) continue;
     const embedding::PushTag tag{options.request_id, static_cast<uint32_t>(i), options.map_version};
@@ -238,10 +234,7 @@ absl::Status DurableCollection::WriteThroughBatch(
     }
     rows[i] = static_cast<int64_t>(part.summed.size());
     AppendPartWrites(part, tagged ? &tag : nullptr, &writes);
-    if (tagged) {
-      records.emplace_back(tag, rows[i]);
-      record_tables.push_back(tables[i].table);
-    }
+    if (tagged) records.emplace_back(tag, Record{rows[i], tag.map_version, tables[i].table});
   }
   if (absl::Status s = store_->Write(writes, /*sync=*/true); !s.ok()) {
     for (auto it = parts.rbegin(); it != parts.rend(); ++it) UndoPart(**it);
@@ -249,7 +242,7 @@ absl::Status DurableCollection::WriteThroughBatch(
                                                "refused it (no row of it changed): ",
                                                s.message()));
   }
-  HoldRecords(records, record_tables);
+  HoldRecords(std::move(records));
   // The other parts: checked with the rest, so they fail only as a push never does here.
   std::vector<embedding::TableGradients> rest;
   std::vector<size_t> rest_index;
@@ -301,7 +294,10 @@ absl::Status DurableCollection::WriteThroughPush(const Table& t, absl::Span<cons
   AppendPartWrites(part, tag, &writes);
   absl::Status s = store_->Write(writes, /*sync=*/true);
   if (s.ok()) {
-    if (tag != nullptr) HoldRecords({{*tag, static_cast<int64_t>(part.summed.size())}}, {name});
+    if (tag != nullptr) {
+      HoldRecords(
+          {{*tag, Record{static_cast<int64_t>(part.summed.size()), tag->map_version, name}}});
+    }
     return absl::OkStatus();
   }
   UndoPart(part);
