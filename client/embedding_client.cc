@@ -315,7 +315,7 @@ absl::Status EmbeddingClient::PushBatch(absl::Span<const embedding::TableGradien
     wire::SetPacked(t.ids, part->mutable_ids());
     wire::SetPacked(t.gradients, part->mutable_gradients());
   }
-  return WithRetries([&] {
+  auto push = [&] {
     auto ctx = NewContext(deadline);
     v1::BatchPushResponse resp;
     TESSERA_RETURN_IF_ERROR(
@@ -325,7 +325,36 @@ absl::Status EmbeddingClient::PushBatch(absl::Span<const embedding::TableGradien
       options.rows_updated->assign(resp.rows_updated().begin(), resp.rows_updated().end());
     }
     return absl::OkStatus();
-  });
+  };
+  if (!options.sync.active()) return WithRetries(push);
+  // A job's group is registered before its first push; refused FAILED_PRECONDITION (the
+  // coordinator restarted and lost it), it is registered again and the push sent again
+  // under the same request id (a refusal with another cause comes back again).
+  TESSERA_RETURN_IF_ERROR(RegisterSyncGroup(options.sync, /*again=*/false));
+  absl::Status pushed = WithRetries(push);
+  if (absl::IsFailedPrecondition(pushed) && RegisterSyncGroup(options.sync, /*again=*/true).ok()) {
+    pushed = WithRetries(push);
+  }
+  return pushed;
+}
+
+absl::Status EmbeddingClient::RegisterSyncGroup(const embedding::PushSync& sync, bool again) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sync_groups_.find(sync.job);
+    if (!again && it != sync_groups_.end() && it->second == sync.workers) return absl::OkStatus();
+  }
+  v1::RegisterSyncGroupRequest req;
+  req.mutable_group()->set_job(sync.job);
+  req.mutable_group()->set_workers(sync.workers);
+  TESSERA_RETURN_IF_ERROR(WithRetries([&] {
+    auto ctx = NewContext();
+    v1::RegisterSyncGroupResponse resp;
+    return wire::FromGrpcStatus(coordinator_.Get()->RegisterSyncGroup(ctx.get(), req, &resp));
+  }));
+  absl::MutexLock lock(&mu_);
+  sync_groups_[sync.job] = sync.workers;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<embedding::TableUsage> EmbeddingClient::Usage(absl::string_view table) const {

@@ -104,6 +104,9 @@ class EmbeddingClient final : public embedding::EmbeddingCollection {
   // Runs `call` until it succeeds, fails with a code retrying cannot fix, or retries run out.
   absl::Status WithRetries(const std::function<absl::Status()>& call) const;
   absl::Status RefreshShardMap();
+  // Coordinator mode: registers `sync`'s group with the coordinator unless this client did
+  // already (or `again`: after a push of it was refused FAILED_PRECONDITION).
+  absl::Status RegisterSyncGroup(const embedding::PushSync& sync, bool again);
   // A shard answered with a new incarnation (smart mode): asks the coordinator to create
   // again, on every shard that lacks them, the tables of its registry (a memory-only shard
   // that restarted is empty). Failures are logged; the caller's call reports its own.
@@ -128,6 +131,8 @@ class EmbeddingClient final : public embedding::EmbeddingCollection {
   std::shared_ptr<ShardRouter> router_ ABSL_GUARDED_BY(mu_);  // smart mode
   int num_shards_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t retired_router_restarts_ ABSL_GUARDED_BY(mu_) = 0;  // of routers replaced
+  // Coordinator mode: the sync groups registered, job -> workers.
+  std::map<std::string, int> sync_groups_ ABSL_GUARDED_BY(mu_);
   // Coordinator mode: its last incarnation digest (of the shards of map `map_version`),
   // and how often it changed under one map.
   void NoteCoordinatorDigest(uint64_t digest, uint64_t map_version);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -130,8 +131,12 @@ std::vector<grpc::Status> ShardRouter::CallShards(const std::function<bool(int)>
   std::vector<std::unique_ptr<grpc::ClientAsyncResponseReader<Response>>> calls(num_shards());
   grpc::CompletionQueue queue;
   int pending = 0;
+  // The incarnations before the calls: an answer from another one is a restart for this
+  // call, even when a concurrent call heard of it first.
+  std::vector<uint64_t> known(num_shards(), 0);
   for (int k = 0; k < num_shards(); ++k) {
     if (!has_work(k)) continue;
+    known[k] = incarnations_[k].load();
     if (!serving(k)) {  // known down: fail now instead of waiting on it
       statuses[k] = grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                  "down: failing its health checks; retry once it is back");
@@ -158,13 +163,16 @@ std::vector<grpc::Status> ShardRouter::CallShards(const std::function<bool(int)>
     const auto it = trailing.find(kIncarnationMetadata);
     const auto storage = trailing.find(kStorageMetadata);
     uint64_t incarnation = 0;
-    if (it != trailing.end() &&
-        absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &incarnation) &&
+    if (it == trailing.end() ||
+        !absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &incarnation)) {
+      continue;
+    }
+    const bool noted =
         NoteIncarnation(k, incarnation,
                         storage == trailing.end()
                             ? absl::string_view()
-                            : absl::string_view(storage->second.data(), storage->second.size())) &&
-        restarted != nullptr) {
+                            : absl::string_view(storage->second.data(), storage->second.size()));
+    if (restarted != nullptr && (noted || (known[k] != 0 && incarnation != known[k]))) {
       (*restarted)[k] = true;
     }
   }
@@ -750,7 +758,26 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
       }
     }
   }
-  TESSERA_RETURN_IF_ERROR(PushOutcome(send(), work, id));
+  if (sync.active()) TESSERA_RETURN_IF_ERROR(RegisterSyncGroup(sync));
+  std::vector<grpc::Status> statuses = send();
+  // A shard that lost the group (it restarted, or joined in a reshard) refuses the push
+  // FAILED_PRECONDITION: registered again, it gets its part again under the same request
+  // id (a shard whose refusal had another cause refuses it again).
+  std::vector<bool> lost(shards, false);
+  for (int k = 0; k < shards; ++k) {
+    lost[k] = sync.active() && work[k] &&
+              statuses[k].error_code() == grpc::StatusCode::FAILED_PRECONDITION;
+  }
+  if (std::count(lost.begin(), lost.end(), true) > 0 &&
+      RegisterSyncGroup(sync, lost, /*again=*/true).ok()) {
+    const std::vector<bool> all = std::exchange(work, lost);
+    const std::vector<grpc::Status> resent = send();
+    work = all;
+    for (int k = 0; k < shards; ++k) {
+      if (lost[k]) statuses[k] = resent[k];
+    }
+  }
+  TESSERA_RETURN_IF_ERROR(PushOutcome(statuses, work, id));
   std::vector<int64_t> updated(num_parts, 0);
   for (int k = 0; k < shards; ++k) {
     for (size_t p = 0; p < num_parts; ++p) {
@@ -765,6 +792,39 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
     }
   }
   return updated;
+}
+
+absl::Status ShardRouter::RegisterSyncGroup(const embedding::PushSync& sync,
+                                            std::vector<bool> shards, bool again) {
+  if (shards.empty()) shards.assign(num_shards(), true);
+  {
+    absl::MutexLock lock(&groups_mu_);
+    std::vector<int>& known = registered_[sync.job];
+    known.resize(num_shards(), 0);
+    for (int k = 0; k < num_shards(); ++k) {
+      if (!again && known[k] == sync.workers) shards[k] = false;
+    }
+  }
+  if (std::count(shards.begin(), shards.end(), true) == 0) return absl::OkStatus();
+  v1::RegisterSyncGroupRequest request;
+  request.mutable_group()->set_job(sync.job);
+  request.mutable_group()->set_workers(sync.workers);
+  std::vector<v1::RegisterSyncGroupResponse> responses(num_shards());
+  const std::vector<grpc::Status> statuses = CallShardsWithRetries(
+      shards,
+      [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
+        return stubs_[k]->Get()->PrepareAsyncRegisterSyncGroup(ctx, request, queue);
+      },
+      &responses, options_.deadline);
+  absl::Status first;
+  absl::MutexLock lock(&groups_mu_);
+  std::vector<int>& known = registered_[sync.job];
+  for (int k = 0; k < num_shards(); ++k) {
+    if (!shards[k]) continue;
+    known[k] = statuses[k].ok() ? sync.workers : 0;
+    if (!statuses[k].ok() && first.ok()) first = FromShardStatus(statuses[k], k, addresses_[k]);
+  }
+  return first;
 }
 
 absl::Status ShardRouter::PushOutcome(const std::vector<grpc::Status>& statuses,

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -153,6 +154,13 @@ class ShardRouter {
                                                  int64_t step, const embedding::RequestId& id,
                                                  const embedding::PushSync& sync = {},
                                                  bool after_lookup = false);
+
+  // Registers `sync`'s group (its job and worker count) with the shards of `shards` (every
+  // shard when empty) that this router has not registered it with, or with each of them
+  // again when `again`. PushBatch calls it before a sync push, and again for a shard that
+  // refuses one FAILED_PRECONDITION (it restarted, or joined in a reshard).
+  absl::Status RegisterSyncGroup(const embedding::PushSync& sync, std::vector<bool> shards = {},
+                                 bool again = false);
 
   // A fresh request id of this router's (random client id, next sequence).
   embedding::RequestId NextRequestId();
@@ -305,6 +313,9 @@ class ShardRouter {
   std::function<void(int)> on_restart_ ABSL_GUARDED_BY(monitor_mu_);
   std::thread monitor_;
   mutable ObjectPool<Scratch> scratch_;
+  absl::Mutex groups_mu_;
+  // Sync groups registered, by job: the worker count each shard has (0: none).
+  std::map<std::string, std::vector<int>> registered_ ABSL_GUARDED_BY(groups_mu_);
 };
 
 }  // namespace tessera::client

@@ -75,7 +75,7 @@ std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(const ServerSecur
 CallAuthorizer::CallAuthorizer(const ServerSecurity& security)
     : token_(security.token), read_only_token_(security.read_only_token) {}
 
-grpc::Status CallAuthorizer::Check(const grpc::ServerContext& context, Access access) const {
+grpc::Status CallAuthorizer::Check(const grpc::ServerContextBase& context, Access access) const {
   if (token_.empty()) return grpc::Status::OK;
   const auto& metadata = context.client_metadata();
   auto it = metadata.find("authorization");

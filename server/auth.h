@@ -42,7 +42,7 @@ class CallAuthorizer {
   CallAuthorizer() = default;  // open: every call passes
   explicit CallAuthorizer(const ServerSecurity& security);
 
-  grpc::Status Check(const grpc::ServerContext& context, Access access) const;
+  grpc::Status Check(const grpc::ServerContextBase& context, Access access) const;
 
  private:
   std::string token_;
@@ -52,7 +52,7 @@ class CallAuthorizer {
 // Every RPC handler's shape: checks the call's token for `access`, then runs `handler`
 // (returning absl::Status) and maps its status to the wire.
 template <typename Handler>
-grpc::Status ServeCall(const CallAuthorizer& auth, const grpc::ServerContext& context,
+grpc::Status ServeCall(const CallAuthorizer& auth, const grpc::ServerContextBase& context,
                        Access access, const Handler& handler) {
   if (grpc::Status denied = auth.Check(context, access); !denied.ok()) return denied;
   return wire::ToGrpcStatus(handler());

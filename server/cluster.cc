@@ -211,6 +211,11 @@ absl::Status Cluster::LookupBatch(absl::Span<const v1::TableConfig> configs,
   return live()->LookupBatch(configs, parts, read_only);
 }
 
+absl::Status Cluster::RegisterSyncGroup(const embedding::PushSync& sync) {
+  absl::ReaderMutexLock barrier(&barrier_mu_);
+  return live()->RegisterSyncGroup(sync, {}, /*again=*/true);
+}
+
 absl::StatusOr<std::vector<int64_t>> Cluster::PushBatch(
     absl::Span<const v1::TableConfig> configs, absl::Span<const embedding::TableGradients> parts,
     int64_t step, const embedding::RequestId& id, const embedding::PushSync& sync,

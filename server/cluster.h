@@ -110,6 +110,8 @@ class Cluster {
   // Routes a lookup (see ShardRouter::LookupBatch).
   absl::Status LookupBatch(absl::Span<const v1::TableConfig> configs,
                            absl::Span<const embedding::TableBags> parts, bool read_only);
+  // Registers `sync`'s group with every shard (ShardRouter::RegisterSyncGroup).
+  absl::Status RegisterSyncGroup(const embedding::PushSync& sync);
   // Routes a push under request `id` (a new one when empty), waiting while a checkpoint
   // or restore runs: all or nothing, as ShardRouter::PushBatch says.
   absl::StatusOr<std::vector<int64_t>> PushBatch(absl::Span<const v1::TableConfig> configs,

@@ -195,17 +195,31 @@ grpc::Status CoordinatorService::BatchPush(grpc::ServerContext* context,
     TESSERA_RETURN_IF_ERROR(PrepareBatchPush(*request, Configs(), &batch));
     TESSERA_RETURN_IF_ERROR(
         CheckBatch("batched push", batch.total_ids, request->shard_map_version()));
-    // A data-parallel worker's push goes on to every shard with its group.
-    TESSERA_ASSIGN_OR_RETURN(
-        std::vector<int64_t> updated,
-        cluster_.PushBatch(batch.configs, batch.pushes, request->step(),
-                           wire::RequestIdOf(request->request_id()), wire::PushSyncOf(*request),
-                           request->after_lookup()));
+    // A data-parallel worker's push goes on to every shard with its group, once the job
+    // registered it.
+    const embedding::PushSync sync = wire::PushSyncOf(*request);
+    if (sync.active()) TESSERA_RETURN_IF_ERROR(groups_.Check(sync.job, sync.workers));
+    TESSERA_ASSIGN_OR_RETURN(std::vector<int64_t> updated,
+                             cluster_.PushBatch(batch.configs, batch.pushes, request->step(),
+                                                wire::RequestIdOf(request->request_id()), sync,
+                                                request->after_lookup()));
     for (const int64_t u : updated) response->add_rows_updated(u);
     const client::ShardRouter& router = cluster_.router();
     response->set_incarnation(router.IncarnationDigest());
     response->set_shard_map_version(router.shard_map_version());
     return absl::OkStatus();
+  });
+}
+
+grpc::Status CoordinatorService::RegisterSyncGroup(grpc::ServerContext* context,
+                                                   const v1::RegisterSyncGroupRequest* request,
+                                                   v1::RegisterSyncGroupResponse* /*response*/) {
+  return Serve(context, Access::kWrite, [&]() -> absl::Status {
+    embedding::PushSync sync;
+    sync.job = request->group().job();
+    sync.workers = request->group().workers();
+    TESSERA_RETURN_IF_ERROR(groups_.Register(sync.job, sync.workers));
+    return cluster_.RegisterSyncGroup(sync);
   });
 }
 

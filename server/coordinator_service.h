@@ -7,8 +7,9 @@
 #include "embedding/storage/coordinator_store.h"
 #include "server/auth.h"
 #include "server/cluster.h"
-#include "server/rendezvous_store.h"
 #include "server/lookup_request.h"
+#include "server/rendezvous_store.h"
+#include "server/sync_groups.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 
 namespace tessera::server {
@@ -73,6 +74,11 @@ class CoordinatorService final : public v1::Coordinator::Service {
                         v1::StoreGetResponse* response) override;
   grpc::Status StoreAdd(grpc::ServerContext* context, const v1::StoreAddRequest* request,
                         v1::StoreAddResponse* response) override;
+  // Registers the group here and with every shard; a sync push of a group that no job
+  // registered here is refused FAILED_PRECONDITION before it reaches a shard.
+  grpc::Status RegisterSyncGroup(grpc::ServerContext* context,
+                                 const v1::RegisterSyncGroupRequest* request,
+                                 v1::RegisterSyncGroupResponse* response) override;
 
  private:
   template <typename Handler>
@@ -91,6 +97,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
   const CoordinatorOptions options_;
   Cluster cluster_;
   RendezvousStore rendezvous_;
+  SyncGroups groups_{"the coordinator"};
 };
 
 }  // namespace tessera::server

@@ -284,6 +284,14 @@ TEST_F(DurableShardTest, ASyncStepAppliedBeforeARestartIsNotAppliedAgainWhenRepe
     return req;
   };
   auto step = [&] {
+    // (Registered again each time: a restarted shard has lost the job's group, and a
+    // client registers it again when told so.)
+    v1::RegisterSyncGroupRequest group;
+    group.mutable_group()->set_job("job#0");
+    group.mutable_group()->set_workers(2);
+    grpc::ClientContext registering;
+    v1::RegisterSyncGroupResponse registered;
+    ASSERT_TRUE(stub_->RegisterSyncGroup(&registering, group, &registered).ok());
     grpc::Status s1;
     std::thread w1([&] {
       grpc::ClientContext ctx;

@@ -29,6 +29,43 @@ std::shared_ptr<PushJournal::Entry> PushJournal::FindOrAdd(const Key& key) {
   return it->second;
 }
 
+PushJournal::Claim PushJournal::Begin(const embedding::RequestId& id) {
+  Claim claim;
+  if (id.empty()) return claim;
+  absl::MutexLock lock(&mu_);
+  std::shared_ptr<Entry> e = FindOrAdd({id.client_id, id.sequence});
+  if (e->in_flight) {
+    claim.state = Began::kBusy;
+    return claim;
+  }
+  claim.done = e->done;
+  if (e->complete) {
+    claim.state = Began::kDone;
+  } else {
+    e->in_flight = true;
+  }
+  return claim;
+}
+
+void PushJournal::End(const embedding::RequestId& id, const absl::Status& status,
+                      std::vector<int64_t> done,
+                      const std::function<std::string(size_t part)>& table_of) {
+  if (id.empty()) return;
+  absl::MutexLock lock(&mu_);
+  // An entry in flight is never dropped (FindOrAdd, Clear): it is still here.
+  auto it = entries_.find({id.client_id, id.sequence});
+  if (it == entries_.end()) return;
+  Entry& e = *it->second;
+  e.done = std::move(done);
+  e.in_flight = false;
+  e.complete = status.ok();
+  e.tables.clear();
+  if (!e.complete && table_of != nullptr) {
+    for (size_t i = 0; i < e.done.size(); ++i) e.tables.push_back(table_of(i));
+  }
+  finished_.SignalAll();
+}
+
 absl::StatusOr<std::vector<int64_t>> PushJournal::Run(
     const embedding::RequestId& id, size_t parts,
     const std::function<absl::Status(std::vector<int64_t>* done)>& apply,
@@ -39,26 +76,17 @@ absl::StatusOr<std::vector<int64_t>> PushJournal::Run(
     if (!s.ok()) return s;
     return done;
   }
-  std::shared_ptr<Entry> e;
   std::vector<int64_t> done;
   {
     absl::MutexLock lock(&mu_);
-    e = FindOrAdd({id.client_id, id.sequence});
+    std::shared_ptr<Entry> e = FindOrAdd({id.client_id, id.sequence});
     while (e->in_flight) finished_.Wait(&mu_);
     if (e->complete) return e->done;
     e->in_flight = true;
     done = e->done;
   }
   absl::Status s = done.size() < parts ? apply(&done) : absl::OkStatus();
-  absl::MutexLock lock(&mu_);
-  e->done = done;
-  e->in_flight = false;
-  e->complete = s.ok();
-  e->tables.clear();
-  if (!e->complete && table_of != nullptr) {
-    for (size_t i = 0; i < done.size(); ++i) e->tables.push_back(table_of(i));
-  }
-  finished_.SignalAll();
+  End(id, s, done, table_of);
   if (!s.ok()) return s;
   return done;
 }

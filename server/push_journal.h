@@ -39,6 +39,22 @@ class PushJournal {
       const std::function<absl::Status(std::vector<int64_t>* done)>& apply,
       const std::function<std::string(size_t part)>& table_of = nullptr);
 
+  // Run in two halves, for a push answered later on another thread (one that waits
+  // without holding a thread). Begin: kDone, with every part's result, when an earlier
+  // attempt applied the push whole; kBusy while another attempt with this id runs (it is
+  // not waited for); else kRun, with the results of the parts applied so far, and the
+  // caller must End it.
+  enum class Began { kRun, kDone, kBusy };
+  struct Claim {
+    Began state = Began::kRun;
+    std::vector<int64_t> done;
+  };
+  Claim Begin(const embedding::RequestId& id);
+  // The attempt Begin claimed for `id` ended with `status`; `done` holds the results of
+  // the parts applied (as Run's apply leaves them).
+  void End(const embedding::RequestId& id, const absl::Status& status, std::vector<int64_t> done,
+           const std::function<std::string(size_t part)>& table_of = nullptr);
+
   // A push held as applied: all its parts, or (complete false) the parts of `tables`.
   struct Applied {
     embedding::RequestId id;

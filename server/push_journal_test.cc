@@ -99,6 +99,30 @@ TEST(PushJournal, ARepeatArrivingWhileTheFirstAttemptRunsWaitsForItsAnswer) {
   EXPECT_EQ(applied.load(), 1);
 }
 
+// The two halves, for a push answered on another thread: a copy arriving meanwhile is told
+// the first runs (not made to wait), a failed attempt may be tried again, and a complete
+// one answers every later copy.
+TEST(PushJournal, BeginAndEndClaimAnIdWithoutWaiting) {
+  PushJournal journal;
+  const RequestId id{4, 2};
+  PushJournal::Claim first = journal.Begin(id);
+  EXPECT_EQ(first.state, PushJournal::Began::kRun);
+  EXPECT_EQ(journal.Begin(id).state, PushJournal::Began::kBusy);
+  journal.End(id, absl::AbortedError("a worker did not come"), {});
+  PushJournal::Claim second = journal.Begin(id);
+  EXPECT_EQ(second.state, PushJournal::Began::kRun);
+  journal.End(id, absl::OkStatus(), {3, 0});
+  PushJournal::Claim third = journal.Begin(id);
+  EXPECT_EQ(third.state, PushJournal::Began::kDone);
+  EXPECT_EQ(third.done, (std::vector<int64_t>{3, 0}));
+  // Run answers from it too, applying nothing.
+  absl::StatusOr<std::vector<int64_t>> ran =
+      journal.Run(id, 2, [](std::vector<int64_t>*) { return absl::InternalError("applied"); });
+  ASSERT_TRUE(ran.ok()) << ran.status();
+  EXPECT_EQ(*ran, (std::vector<int64_t>{3, 0}));
+  EXPECT_EQ(journal.Begin(RequestId{}).state, PushJournal::Began::kRun);  // no id: every time
+}
+
 TEST(PushJournal, KeepsOnlyTheNewestIds) {
   PushJournal journal(/*capacity=*/4);
   int applied = 0;

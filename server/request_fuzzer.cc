@@ -183,6 +183,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       break;
     }
+    case 5: {
+      // Registers a sync group: later fuzzed pushes of it wait (up to max_sync_wait).
+      v1::RegisterSyncGroupRequest req;
+      if (!req.ParseFromArray(body, n)) return 0;
+      v1::RegisterSyncGroupResponse resp;
+      (void)env.service->RegisterSyncGroup(&ctx, &req, &resp);
+      break;
+    }
     case 6: {
       v1::BatchLookupRequest req;
       if (!req.ParseFromArray(body, n)) return 0;
@@ -216,7 +224,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         before.push_back(Read(req.tables(i).table(), ids[i]));
       }
       v1::BatchPushResponse resp;
-      const grpc::Status pushed = env.service->BatchPush(&ctx, &req, &resp);
+      const grpc::Status pushed = env.service->BatchPushNow(&ctx, req, &resp);
       if (PartlyApplied(pushed)) {
         for (int i = 0; i < req.tables_size(); ++i) {
           if (!AllFinite(Read(req.tables(i).table(), ids[i]))) std::abort();

@@ -34,8 +34,8 @@ ABSL_FLAG(int64_t, max_sync_wait_ms, 60000,
           "longest a data-parallel worker's push waits for the other workers' (their "
           "--worker_timeout_s is capped by it), in [1, 3600000]");
 ABSL_FLAG(int, max_sync_waiting, 1024,
-          "data-parallel pushes that may wait for their other workers at once (each holds a "
-          "server thread), in [1, 1048576]; one more is RESOURCE_EXHAUSTED");
+          "data-parallel pushes that may wait for their other workers at once (each holds its "
+          "request, not a thread), in [1, 1048576]; one more is RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, max_message_bytes, tessera::client::kMaxMessageBytes,
           "largest gRPC message accepted or sent");
 ABSL_FLAG(int, max_tables, 1024,

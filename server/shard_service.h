@@ -16,9 +16,11 @@
 #include "client/shard_router.h"
 #include "embedding/collection.h"
 #include "server/auth.h"
+#include "server/call_executor.h"
 #include "server/lookup_request.h"
 #include "server/push_journal.h"
 #include "server/step_aggregator.h"
+#include "server/sync_groups.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 
 namespace tessera::server {
@@ -31,10 +33,10 @@ struct ShardOptions {
   int32_t max_tables = 1024;        // tables held; creating one more is RESOURCE_EXHAUSTED
   size_t push_window = 1 << 16;     // request ids of recent pushes remembered (exactly-once)
   // The longest a sync-group push waits for the other workers, whatever its timeout_ms
-  // asks: a client cannot park this shard's handler threads for longer.
+  // asks: a client cannot park a request on this shard for longer.
   std::chrono::milliseconds max_sync_wait{60000};
-  // Sync-group pushes waiting for their other workers at once (each holds a handler
-  // thread); one more that would wait is RESOURCE_EXHAUSTED.
+  // Sync-group pushes waiting for their other workers at once (each holds its request,
+  // not a thread); one more that would wait is RESOURCE_EXHAUSTED.
   int max_sync_waiting = 1024;
   CallAuthorizer auth;              // the token each call must carry (default: none)
   // Its tables are on a data directory (a restart keeps them): every answer says so
@@ -52,7 +54,8 @@ struct ShardOptions {
 // belongs to this shard. Pushes that carry a request id are applied at most once (see
 // PushJournal); CreateTable of a table it holds with the same config is OK. Thread-safe;
 // gRPC calls it from many threads.
-class ShardService final : public v1::EmbeddingShard::Service {
+class ShardService final
+    : public v1::EmbeddingShard::WithCallbackMethod_BatchPush<v1::EmbeddingShard::Service> {
  public:
   // `tables` must outlive the service. Tables it already holds (loaded from disk) are
   // served at once.
@@ -85,8 +88,14 @@ class ShardService final : public v1::EmbeddingShard::Service {
                              v1::PushGradientsResponse* response) override;
   grpc::Status BatchLookup(grpc::ServerContext* context, const v1::BatchLookupRequest* request,
                            v1::BatchLookupResponse* response) override;
-  grpc::Status BatchPush(grpc::ServerContext* context, const v1::BatchPushRequest* request,
-                         v1::BatchPushResponse* response) override;
+  // On the callback API: the push runs on a thread of this service's, and a sync-group
+  // push that waits for its step's other workers holds no thread while it waits.
+  grpc::ServerUnaryReactor* BatchPush(grpc::CallbackServerContext* context,
+                                      const v1::BatchPushRequest* request,
+                                      v1::BatchPushResponse* response) override;
+  // BatchPush for a caller without a server (the request fuzzer): returns its answer.
+  grpc::Status BatchPushNow(grpc::ServerContextBase* context, const v1::BatchPushRequest& request,
+                            v1::BatchPushResponse* response);
   grpc::Status Stats(grpc::ServerContext* context, const v1::StatsRequest* request,
                      v1::StatsResponse* response) override;
   grpc::Status Checkpoint(grpc::ServerContext* context, const v1::CheckpointRequest* request,
@@ -99,6 +108,15 @@ class ShardService final : public v1::EmbeddingShard::Service {
   grpc::Status Reshard(grpc::ServerContext* context, const v1::ReshardRequest* request,
                        v1::ReshardResponse* response) override;
 
+  grpc::Status RegisterSyncGroup(grpc::ServerContext* context,
+                                 const v1::RegisterSyncGroupRequest* request,
+                                 v1::RegisterSyncGroupResponse* response) override;
+
+  // Sync-group pushes waiting for their step's other workers, and threads running a push
+  // now (tests and monitoring: a push that waits is not running).
+  int sync_pushes_waiting() const { return steps_.waiting(); }
+  int push_threads_busy() const { return calls_.busy(); }
+
  private:
   // What a data request is, for the reshard gate.
   enum class Traffic { kRead, kPush, kImport };
@@ -107,7 +125,7 @@ class ShardService final : public v1::EmbeddingShard::Service {
   // the call's deadline: then UNAVAILABLE, which callers retry); during a commit every
   // request waits. A shard no longer in the map refuses all (FAILED_PRECONDITION). The
   // request counts as in flight until Leave.
-  absl::Status Enter(Traffic traffic, uint64_t version, const grpc::ServerContext& context);
+  absl::Status Enter(Traffic traffic, uint64_t version, const grpc::ServerContextBase& context);
   // True when an import of map `version` brings a reshard's rows for the map this shard is
   // moving to (not a caller's rows).
   bool MovingRowsOf(uint64_t version);
@@ -118,7 +136,32 @@ class ShardService final : public v1::EmbeddingShard::Service {
   // Ends a copy round: the ids changed in it become those ExportRows sends
   // (MovingRows.changed_only); returns how many.
   int64_t EndRound();
-  class Admitted;
+  // A data request admitted by Enter, until it is destroyed.
+  class Admitted {
+   public:
+    Admitted(ShardService* service, Traffic traffic) : service_(service), traffic_(traffic) {}
+    ~Admitted() { service_->Leave(traffic_); }
+    Admitted(const Admitted&) = delete;
+    Admitted& operator=(const Admitted&) = delete;
+
+   private:
+    ShardService* service_;
+    Traffic traffic_;
+  };
+  struct PushCall;  // one BatchPush, from its start to its answer
+  class PushReactor;
+  // Runs `call` to its answer, or to where it waits in its step (a sync-group push whose
+  // other workers have not all pushed): call->finish is called once, now or later.
+  void RunBatchPush(PushCall* call);
+  // Admits the push (Enter), decodes it and checks its size and ownership.
+  absl::Status AdmitBatchPush(PushCall* call);
+  // A push that is not a sync group's: its check round, or its apply.
+  absl::Status CheckOrApplyPush(PushCall* call);
+  // A data-parallel worker's push (request.sync): its part of the step, applied with the
+  // other workers' once all have pushed; answered then. Deduplicated by its request id.
+  void StartSyncPush(PushCall* call);
+  // Answers `call` with `status` (and this shard's incarnation when OK).
+  void Answer(PushCall* call, const absl::Status& status);
   // COPY, FREEZE, COMMIT and ABORT (ReshardRequest).
   absl::Status Copy(const v1::ReshardRequest& request, v1::ReshardResponse* response);
   absl::Status Freeze(const v1::ReshardRequest& request, v1::ReshardResponse* response);
@@ -151,7 +194,8 @@ class ShardService final : public v1::EmbeddingShard::Service {
   // metadata (client::kIncarnationMetadata), so that a caller sees a restart even in an
   // answer such as NOT_FOUND from a memory-only shard that came back empty.
   template <typename Handler>
-  grpc::Status Serve(grpc::ServerContext* context, Access access, const Handler& handler) const {
+  grpc::Status Serve(grpc::ServerContextBase* context, Access access,
+                     const Handler& handler) const {
     context->AddTrailingMetadata(client::kIncarnationMetadata, absl::StrCat(incarnation_));
     context->AddTrailingMetadata(client::kStorageMetadata, options_.data_dir ? "disk" : "memory");
     return ServeCall(options_.auth, *context, access, handler);
@@ -173,15 +217,11 @@ class ShardService final : public v1::EmbeddingShard::Service {
   // place now).
   absl::Status CheckOwnership(const v1::TableConfig& config, absl::Span<const int64_t> ids,
                               int32_t index = -1, int32_t num_shards = -1) const;
-  // Applies the decoded parts `batch->pushes` of a push, exactly once per request id.
-  // A data-parallel worker's push (request.sync): its part of the step, applied with the
-  // other workers' once all have pushed. Deduplicated by the worker's request id.
-  absl::StatusOr<std::vector<int64_t>> ApplySyncPush(const DecodedBatch& batch,
-                                                     const v1::BatchPushRequest& request);
   // A step's pushes of every worker, merged, applied as one push.
   absl::StatusOr<std::vector<int64_t>> ApplyMergedPush(
       absl::Span<const embedding::TableGradients> merged, int64_t step,
       const embedding::RequestId& first);
+  // Applies the decoded parts `batch->pushes` of a push, exactly once per request id.
   absl::StatusOr<std::vector<int64_t>> ApplyPush(const DecodedBatch& batch, int64_t step,
                                                  const embedding::RequestId& id);
   // ApplyPush's batch in one PushBatch, for a collection that AppliesBatchWhole: *done gets
@@ -230,11 +270,15 @@ class ShardService final : public v1::EmbeddingShard::Service {
   absl::Status repartitioned_;  // written by that thread, read once it is joined
   int32_t repartition_index_ ABSL_GUARDED_BY(repartition_mu_) = 0;
   int32_t repartition_shards_ ABSL_GUARDED_BY(repartition_mu_) = 1;
+  SyncGroups groups_;     // registered by data-parallel jobs
   StepAggregator steps_;  // synchronous pushes of data-parallel workers
   mutable absl::Mutex mu_;
   std::map<std::string, v1::TableConfig> configs_ ABSL_GUARDED_BY(mu_);
   // Per table held; the map changes under the lock, the counts move without it.
   std::map<std::string, std::shared_ptr<TableCounters>> counters_ ABSL_GUARDED_BY(mu_);
+  // Runs pushes (BatchPush); last, so that it finishes the ones it holds before the
+  // members they use go.
+  CallExecutor calls_;
 };
 
 }  // namespace tessera::server

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "embedding/collection.h"
 #include "embedding/inprocess_collection.h"
 #include "embedding/sharding.h"
@@ -61,6 +62,17 @@ class ShardServiceTest : public ::testing::Test {
   grpc::Status Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp) {
     grpc::ClientContext ctx;
     return stub_->Lookup(&ctx, req, resp);
+  }
+
+  // Registers sync group `job` of `workers` workers, as a data-parallel job does first.
+  void RegisterGroup(const std::string& job = "job#0", int workers = 2) {
+    v1::RegisterSyncGroupRequest req;
+    req.mutable_group()->set_job(job);
+    req.mutable_group()->set_workers(workers);
+    grpc::ClientContext ctx;
+    v1::RegisterSyncGroupResponse resp;
+    const grpc::Status s = stub_->RegisterSyncGroup(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
   }
 
   grpc::Status Push(const v1::PushGradientsRequest& req) {
@@ -366,9 +378,26 @@ TEST_F(ShardServiceTest, ABatchedPushIsRefusedWholeOrAppliedWholeAndOnce) {
   for (int t = 0; t < 5; ++t) EXPECT_EQ(rows(t), after[t]);
 }
 
+// A request id names one push: one reused for a push of another shape is refused, instead
+// of being answered with the first push's answer (which does not fit it).
+TEST_F(ShardServiceTest, ARequestIdReusedForAnotherPushIsRefused) {
+  Start(0, 1);
+  for (int t = 0; t < 2; ++t) ASSERT_TRUE(Create(Config("t" + std::to_string(t))).ok());
+  const std::vector<int64_t> ids = {1, 2};
+  const std::vector<float> grads(ids.size() * 4, 1.0f);
+  v1::BatchPushResponse resp;
+  grpc::ClientContext first;
+  ASSERT_TRUE(stub_->BatchPush(&first, BatchOf(ids, {grads, grads}, 77), &resp).ok());
+  grpc::ClientContext second;
+  const grpc::Status reused = stub_->BatchPush(&second, BatchOf(ids, {grads}, 77), &resp);
+  EXPECT_EQ(reused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(reused.error_message(), ::testing::HasSubstr("was used by an earlier push"));
+}
+
 TEST_F(ShardServiceTest, ASyncStepIsAppliedOnceWhenEveryWorkerHasPushedAndRepeatsChangeNothing) {
   Start(0, 1);
   ASSERT_TRUE(Create(Config()).ok());
+  RegisterGroup();
   v1::LookupResponse before;
   ASSERT_TRUE(Lookup(LookupOf({1, 2}), &before).ok());
   auto push = [&](const v1::BatchPushRequest& r, v1::BatchPushResponse* resp) {
@@ -404,6 +433,7 @@ TEST_F(ShardServiceTest, ASyncStepIsAppliedOnceWhenEveryWorkerHasPushedAndRepeat
 TEST_F(ShardServiceTest, AWorkerWithNoRowsOnAShardStillCompletesTheStepThere) {
   Start(0, 1);
   ASSERT_TRUE(Create(Config()).ok());
+  RegisterGroup();
   v1::LookupResponse before;
   ASSERT_TRUE(Lookup(LookupOf({5}), &before).ok());
   grpc::Status s1;
@@ -425,6 +455,7 @@ TEST_F(ShardServiceTest, AWorkerWithNoRowsOnAShardStillCompletesTheStepThere) {
 TEST_F(ShardServiceTest, ASyncStepMissingAWorkerIsAbortedNamingItAndChangesNothing) {
   Start(0, 1);
   ASSERT_TRUE(Create(Config()).ok());
+  RegisterGroup();
   v1::LookupResponse before;
   ASSERT_TRUE(Lookup(LookupOf({1}), &before).ok());
   v1::BatchPushRequest alone = SyncPart(0, {1}, 1.0f, 11);
@@ -487,12 +518,148 @@ TEST_F(ShardServiceTest, ACallersImportWaitsWhileTheShardIsFrozen) {
             (std::vector<float>{1, 2, 3, 4}));
 }
 
+// Issue 41, item 13: a sync push of a group that no job registered, or with another worker
+// count, is refused at once (it would wait for workers that never come) and changes nothing.
+TEST_F(ShardServiceTest, ASyncPushOfAGroupNoJobRegisteredIsRefusedAtOnce) {
+  Start(0, 1);
+  ASSERT_TRUE(Create(Config()).ok());
+  v1::LookupResponse before;
+  ASSERT_TRUE(Lookup(LookupOf({1}), &before).ok());
+  v1::BatchPushRequest stray = SyncPart(0, {1}, 1.0f, 11);
+  stray.mutable_sync()->set_workers(5);
+  stray.mutable_sync()->set_timeout_ms(3600 * 1000);
+  grpc::ClientContext ctx;
+  v1::BatchPushResponse resp;
+  grpc::Status s = stub_->BatchPush(&ctx, stray, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("registered no sync group"));
+  EXPECT_EQ(service_->sync_pushes_waiting(), 0);
+  RegisterGroup("job#0", 2);
+  grpc::ClientContext again;
+  s = stub_->BatchPush(&again, stray, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("of 2 workers with shard 0, not 5"));
+  v1::LookupResponse after;
+  ASSERT_TRUE(Lookup(LookupOf({1}), &after).ok());
+  EXPECT_EQ(after.values(0), before.values(0));
+  // A registration is checked as a push would be.
+  v1::RegisterSyncGroupRequest bad;
+  bad.mutable_group()->set_job("job#0");
+  bad.mutable_group()->set_workers(1);
+  grpc::ClientContext registering;
+  v1::RegisterSyncGroupResponse registered;
+  EXPECT_EQ(stub_->RegisterSyncGroup(&registering, bad, &registered).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// Waits, up to `seconds`, until `done` holds; its last value.
+template <typename Done>
+bool Eventually(const Done& done, int seconds = 30) {
+  for (int i = 0; i < seconds * 100 && !done(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
+// One push sent with the callback client: it may wait while the test goes on.
+struct PendingPush {
+  v1::BatchPushRequest request;
+  grpc::ClientContext context;
+  v1::BatchPushResponse response;
+  grpc::Status status;
+  absl::Notification done;
+  void Send(v1::EmbeddingShard::Stub* stub) {
+    stub->async()->BatchPush(&context, &request, &response, [this](grpc::Status s) {
+      status = std::move(s);
+      done.Notify();
+    });
+  }
+};
+
+// Issue 41, item 13: a push that waits for its step's other workers holds no thread.
+// 64 jobs each have one worker waiting: no push thread is busy, and other calls are
+// served meanwhile; then each job's other worker completes its step.
+TEST_F(ShardServiceTest, SyncPushesWaitWithoutHoldingAThread) {
+  Start(0, 1);
+  ASSERT_TRUE(Create(Config()).ok());
+  constexpr int kJobs = 64;
+  std::vector<std::unique_ptr<PendingPush>> first;
+  for (int j = 0; j < kJobs; ++j) {
+    first.push_back(std::make_unique<PendingPush>());
+    first.back()->request = SyncPart(0, {j}, 1.0f, 1000 + j);
+    first.back()->request.mutable_sync()->set_job("job#" + std::to_string(j));
+    RegisterGroup("job#" + std::to_string(j));
+    first.back()->Send(stub_.get());
+  }
+  ASSERT_TRUE(Eventually([&] { return service_->sync_pushes_waiting() == kJobs; }))
+      << service_->sync_pushes_waiting();
+  EXPECT_TRUE(Eventually([&] { return service_->push_threads_busy() == 0; }))
+      << service_->push_threads_busy() << " threads still held by waiting pushes";
+  EXPECT_EQ(service_->sync_pushes_waiting(), kJobs);
+  v1::LookupResponse looked;
+  ASSERT_TRUE(Lookup(LookupOf({1, 2}), &looked).ok());
+  for (int j = 0; j < kJobs; ++j) {
+    v1::BatchPushRequest second = SyncPart(1, {j}, 1.0f, 2000 + j);
+    second.mutable_sync()->set_job("job#" + std::to_string(j));
+    grpc::ClientContext ctx;
+    v1::BatchPushResponse resp;
+    ASSERT_TRUE(stub_->BatchPush(&ctx, second, &resp).ok()) << j;
+    first[j]->done.WaitForNotification();
+    ASSERT_TRUE(first[j]->status.ok()) << first[j]->status.error_message();
+    ASSERT_EQ(first[j]->response.rows_updated_size(), 1);
+    EXPECT_EQ(first[j]->response.rows_updated(0), 1);
+  }
+  EXPECT_EQ(service_->sync_pushes_waiting(), 0);
+}
+
+// A waiting push whose caller gives up (its deadline) leaves its step at once, instead of
+// waiting out its timeout; a retry of it (the same request id) takes its place anew.
+TEST_F(ShardServiceTest, AWaitingSyncPushWhoseCallerGivesUpLeavesItsStep) {
+  Start(0, 1);
+  ASSERT_TRUE(Create(Config()).ok());
+  RegisterGroup();
+  v1::LookupResponse before;
+  ASSERT_TRUE(Lookup(LookupOf({1}), &before).ok());
+  const v1::BatchPushRequest mine = SyncPart(0, {1}, 1.0f, 11);  // waits up to 20 s
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+    v1::BatchPushResponse resp;
+    EXPECT_EQ(stub_->BatchPush(&ctx, mine, &resp).error_code(),
+              grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  // (Well before its 20 s timeout would end the wait.)
+  ASSERT_TRUE(Eventually([&] { return service_->sync_pushes_waiting() == 0; }, 10))
+      << "the abandoned push still waits in its step";
+  PendingPush retry;
+  retry.request = mine;
+  retry.Send(stub_.get());
+  ASSERT_TRUE(Eventually([&] { return service_->sync_pushes_waiting() == 1; }));
+  // While it waits, one more copy of it is refused (not queued behind it on a thread).
+  {
+    grpc::ClientContext ctx;
+    v1::BatchPushResponse resp;
+    const grpc::Status again = stub_->BatchPush(&ctx, mine, &resp);
+    EXPECT_EQ(again.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_THAT(again.error_message(), ::testing::HasSubstr("waiting for the step's other"));
+  }
+  grpc::ClientContext ctx;
+  v1::BatchPushResponse resp;
+  ASSERT_TRUE(stub_->BatchPush(&ctx, SyncPart(1, {}, 0.0f, 22), &resp).ok());
+  retry.done.WaitForNotification();
+  ASSERT_TRUE(retry.status.ok()) << retry.status.error_message();
+  v1::LookupResponse after;
+  ASSERT_TRUE(Lookup(LookupOf({1}), &after).ok());
+  EXPECT_FLOAT_EQ(after.values(0), before.values(0) - 0.5f);  // applied once, at SGD 0.5
+}
+
 // A sync push asking to wait an hour for workers that never come holds the handler for the
 // shard's cap (ShardOptions::max_sync_wait), not for what it asked.
 TEST_F(ShardServiceTest, ASyncPushWaitsNoLongerThanTheShardsCap) {
   max_sync_wait_ = std::chrono::milliseconds(40);
   Start(0, 1);
   ASSERT_TRUE(Create(Config()).ok());
+  RegisterGroup();
   v1::BatchPushRequest alone = SyncPart(0, {1}, 1.0f, 12);
   alone.mutable_sync()->set_timeout_ms(3600 * 1000);
   grpc::ClientContext ctx;

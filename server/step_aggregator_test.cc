@@ -4,6 +4,7 @@
 #include <chrono>
 #include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
 namespace tessera::server {
@@ -185,6 +186,72 @@ TEST(StepAggregator, AFailedApplyFailsEveryWorkerOfTheStep) {
   t.join();
   EXPECT_EQ(r0.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(r1.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Issue 41, item 13: Start answers through `done` and never waits: a push that waits for
+// other workers returns at once, and is answered on the thread of the push that completes
+// the step, or on the timer's when it times out.
+TEST(StepAggregator, StartReturnsAtOnceAndTheStepsLastPushAnswersTheOthers) {
+  StepAggregator agg("shard 0");
+  Applied applied;
+  const std::vector<TableGradients> none;
+  const Contribution c0{none, RequestId{1, 1}}, c1{none, RequestId{2, 1}};
+  std::vector<absl::StatusOr<std::vector<int64_t>>> got;
+  std::vector<std::thread::id> on;
+  auto record = [&](absl::StatusOr<std::vector<int64_t>> r) {
+    got.push_back(std::move(r));
+    on.push_back(std::this_thread::get_id());
+  };
+  agg.Start(Member(0, 2), 5, &c0, Recorder(&applied), record);
+  EXPECT_TRUE(got.empty());
+  EXPECT_EQ(agg.waiting(), 1);
+  agg.Start(Member(1, 2), 5, &c1, Recorder(&applied), record);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_TRUE(got[0].ok() && got[1].ok());
+  EXPECT_EQ(on[0], std::this_thread::get_id());
+  EXPECT_EQ(applied.calls.load(), 1);
+  EXPECT_EQ(agg.waiting(), 0);
+}
+
+TEST(StepAggregator, ATimeoutACancelAndALaterPushOfTheSameWorkerEachEndAWait) {
+  StepAggregator agg("shard 0");
+  Applied applied;
+  const std::vector<TableGradients> none;
+  const Contribution a{none, RequestId{1, 1}}, b{none, RequestId{2, 1}}, c{none, RequestId{3, 1}};
+  absl::Notification timed_out;
+  absl::Status why;
+  agg.Start(Member(0, 2, 20), 1, &a, Recorder(&applied),
+            [&](absl::StatusOr<std::vector<int64_t>> r) {
+              why = r.status();
+              timed_out.Notify();
+            });
+  timed_out.WaitForNotification();  // on the timer's thread, 20 ms on
+  EXPECT_EQ(why.code(), absl::StatusCode::kAborted) << why;
+  EXPECT_NE(why.message().find("within 20 ms"), std::string::npos) << why;
+  EXPECT_EQ(agg.pending(), 0u);
+
+  absl::Status cancelled;
+  agg.Start(Member(0, 2), 2, &b, Recorder(&applied),
+            [&](absl::StatusOr<std::vector<int64_t>> r) { cancelled = r.status(); });
+  EXPECT_FALSE(agg.Cancel(&c));  // not waiting
+  EXPECT_TRUE(agg.Cancel(&b));
+  EXPECT_EQ(cancelled.code(), absl::StatusCode::kCancelled) << cancelled;
+  EXPECT_FALSE(agg.Cancel(&b));  // answered once
+  EXPECT_EQ(agg.waiting(), 0);
+
+  // A restarted worker's push of the same step takes the waiting one's place.
+  absl::Status replaced;
+  absl::StatusOr<std::vector<int64_t>> later = absl::UnknownError("not answered");
+  agg.Start(Member(0, 2), 3, &b, Recorder(&applied),
+            [&](absl::StatusOr<std::vector<int64_t>> r) { replaced = r.status(); });
+  agg.Start(Member(0, 2), 3, &c, Recorder(&applied),
+            [&](absl::StatusOr<std::vector<int64_t>> r) { later = std::move(r); });
+  EXPECT_EQ(replaced.code(), absl::StatusCode::kAborted) << replaced;
+  EXPECT_NE(replaced.message().find("took this one's place"), std::string::npos) << replaced;
+  EXPECT_EQ(agg.waiting(), 1);
+  ASSERT_TRUE(agg.Contribute(Member(1, 2), 3, a, Recorder(&applied)).ok());
+  EXPECT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(applied.calls.load(), 1);
 }
 
 }  // namespace

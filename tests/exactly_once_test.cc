@@ -108,7 +108,22 @@ class ExactlyOnceTest : public ::testing::Test {
     EXPECT_EQ(got, want) << "table " << table;
   }
 
+  // Shard k restarts on its port, empty (memory-only), without a health check failing.
+  void RestartShard(int k) {
+    servers_[k]->Shutdown();
+    servers_[k].reset();
+    tables_.push_back(std::move(embedding::NewInProcessCollection(1)).value());
+    server::ShardOptions o;
+    o.shard_index = k;
+    o.num_shards = kShards;
+    retired_.push_back(std::move(shards_[k]));
+    shards_[k] = std::make_unique<server::ShardService>(tables_.back().get(), o);
+    servers_[k] = StartLocalServer(shards_[k].get(), &ports_[k], losing_[k].get());
+    ASSERT_NE(servers_[k], nullptr);
+  }
+
   std::vector<std::unique_ptr<embedding::EmbeddingCollection>> tables_;
+  std::vector<std::unique_ptr<server::ShardService>> retired_;  // restarted away
   std::vector<std::unique_ptr<server::ShardService>> shards_;
   std::vector<std::unique_ptr<testing::AnswerLoser>> losing_;  // one per shard
   std::vector<int> ports_;
@@ -411,18 +426,9 @@ TEST_F(ExactlyOnceTest, AShardBackBeforeTheHealthChecksNoticedIsGivenItsTablesAg
   for (auto* c : {smart.get(), routed.get()}) {
     ASSERT_TRUE(c->Lookup("q", ids, absl::MakeSpan(got), {}).ok());  // incarnations heard
   }
-  std::vector<std::unique_ptr<server::ShardService>> retired;
   for (auto* first : {smart.get(), routed.get()}) {
     // Shard 1 restarts on its port, empty, without a health check failing twice.
-    servers_[1]->Shutdown();
-    servers_[1].reset();
-    tables_.push_back(std::move(embedding::NewInProcessCollection(1)).value());
-    server::ShardOptions o;
-    o.shard_index = 1;
-    o.num_shards = kShards;
-    retired.push_back(std::make_unique<server::ShardService>(tables_.back().get(), o));
-    servers_[1] = StartLocalServer(retired.back().get(), &ports_[1], losing_[1].get());
-    ASSERT_NE(servers_[1], nullptr);
+    RestartShard(1);
     ASSERT_TRUE(router_->serving(1));
     // The first call after the restart succeeds: no NOT_FOUND reaches the caller.
     absl::Status s = first->Lookup("q", ids, absl::MakeSpan(got), {});
@@ -435,6 +441,126 @@ TEST_F(ExactlyOnceTest, AShardBackBeforeTheHealthChecksNoticedIsGivenItsTablesAg
   }
   servers_[1]->Shutdown();
   servers_[1].reset();
+}
+
+// Issue 41, item 13: a data-parallel job's group is registered by the client before its
+// first push. A shard that restarts forgets it (and, memory-only, its tables): the next sync
+// push there is refused, the client (or the coordinator) makes the table and registers the
+// group again, and the push goes through; each step is applied once, in both client modes.
+// A raw push of a group that no job registered is refused by the coordinator at once.
+TEST_F(ExactlyOnceTest, ASyncGroupForgottenByARestartedShardIsRegisteredAgain) {
+  const std::vector<int64_t> ids = Ids(100, 5);
+  for (const auto mode :
+       {client::ClientOptions::Mode::kSmart, client::ClientOptions::Mode::kCoordinator}) {
+    const bool smart = mode == client::ClientOptions::Mode::kSmart;
+    SCOPED_TRACE(smart ? "smart" : "coordinator");
+    const std::string table = smart ? "dp_smart" : "dp_routed";
+    auto w0 = Connect(mode);
+    auto w1 = Connect(mode);
+    ASSERT_TRUE(w0->CreateTable(Sgd(table, 17)).ok());
+    auto initial = std::move(embedding::NewInProcessCollection(kShards)).value();
+    ASSERT_TRUE(initial->CreateTable(Sgd(table, 17)).ok());
+    std::vector<float> expected(ids.size() * 4);
+    ASSERT_TRUE(initial->Lookup(table, ids, absl::MakeSpan(expected), {}).ok());
+    // One step of both workers: gradients 1 and 2 on every id, so each row moves by 3.
+    auto step = [&](int64_t at) {
+      const std::vector<float> g0(ids.size() * 4, 1.0f), g1(ids.size() * 4, 2.0f);
+      auto sync = [&](int worker) {
+        embedding::PushOptions o;
+        o.sync.job = table + "#0";
+        o.sync.worker = worker;
+        o.sync.workers = 2;
+        o.sync.timeout = std::chrono::seconds(20);
+        return o;
+      };
+      absl::Status s1;
+      std::thread second([&] {
+        const std::vector<embedding::TableGradients> p1 = {{table, ids, g1}};
+        s1 = w1->PushBatch(p1, at, sync(1));
+      });
+      const std::vector<embedding::TableGradients> p0 = {{table, ids, g0}};
+      const absl::Status s0 = w0->PushBatch(p0, at, sync(0));
+      second.join();
+      EXPECT_TRUE(s0.ok()) << s0;
+      EXPECT_TRUE(s1.ok()) << s1;
+    };
+    step(1);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (embedding::ShardOf(ids[i], 17, kShards) == 1) continue;  // restarted below
+      for (int j = 0; j < 4; ++j) expected[i * 4 + j] -= 3.0f;
+    }
+    RestartShard(1);
+    step(2);
+    step(3);
+    for (float& e : expected) e -= 3.0f;
+    for (float& e : expected) e -= 3.0f;
+    std::vector<float> got(ids.size() * 4);
+    ASSERT_TRUE(w0->Lookup(table, ids, absl::MakeSpan(got), {}).ok());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_FLOAT_EQ(got[i], expected[i]) << "at " << i;
+  }
+  auto stub = v1::Coordinator::NewStub(
+      grpc::CreateChannel(coordinator_address_, grpc::InsecureChannelCredentials()));
+  v1::BatchPushRequest stray;
+  stray.set_step(1);
+  stray.mutable_sync()->set_job("stray");
+  stray.mutable_sync()->set_workers(3);
+  stray.mutable_sync()->set_timeout_ms(3600 * 1000);
+  grpc::ClientContext ctx;
+  v1::BatchPushResponse resp;
+  const grpc::Status refused = stub->BatchPush(&ctx, stray, &resp);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(refused.error_message(),
+              ::testing::HasSubstr("registered no sync group with the coordinator"));
+}
+
+// A caller of the coordinator that registered its group once: after a shard restarts, the
+// coordinator registers the group with it again by itself (and makes its table again), so
+// the caller's next step goes through.
+TEST_F(ExactlyOnceTest, TheCoordinatorRegistersAGroupAgainWithAShardThatLostIt) {
+  auto c = Connect(client::ClientOptions::Mode::kCoordinator);
+  ASSERT_TRUE(c->CreateTable(Sgd("raw", 19)).ok());
+  auto stub = v1::Coordinator::NewStub(
+      grpc::CreateChannel(coordinator_address_, grpc::InsecureChannelCredentials()));
+  v1::RegisterSyncGroupRequest group;
+  group.mutable_group()->set_job("raw#0");
+  group.mutable_group()->set_workers(2);
+  grpc::ClientContext registering;
+  v1::RegisterSyncGroupResponse registered;
+  ASSERT_TRUE(stub->RegisterSyncGroup(&registering, group, &registered).ok());
+  const std::vector<int64_t> ids = Ids(50, 9);
+  auto part = [&](int worker, int64_t step) {
+    v1::BatchPushRequest r;
+    r.set_step(step);
+    r.mutable_request_id()->set_client_id(100 + worker);
+    r.mutable_request_id()->set_sequence(step);
+    r.mutable_sync()->set_job("raw#0");
+    r.mutable_sync()->set_worker(worker);
+    r.mutable_sync()->set_workers(2);
+    r.mutable_sync()->set_timeout_ms(20000);
+    const std::vector<float> g(ids.size() * 4, 1.0f);
+    v1::TableGradients* t = r.add_tables();
+    t->set_table("raw");
+    t->set_ids(std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 8));
+    t->set_gradients(std::string(reinterpret_cast<const char*>(g.data()), g.size() * 4));
+    return r;
+  };
+  auto step = [&](int64_t at) {
+    grpc::Status s1;
+    std::thread second([&] {
+      grpc::ClientContext ctx;
+      v1::BatchPushResponse resp;
+      s1 = stub->BatchPush(&ctx, part(1, at), &resp);
+    });
+    grpc::ClientContext ctx;
+    v1::BatchPushResponse resp;
+    const grpc::Status s0 = stub->BatchPush(&ctx, part(0, at), &resp);
+    second.join();
+    EXPECT_TRUE(s0.ok()) << s0.error_message();
+    EXPECT_TRUE(s1.ok()) << s1.error_message();
+  };
+  step(1);
+  RestartShard(1);
+  step(2);
 }
 
 }  // namespace
