@@ -17,8 +17,8 @@ namespace {
 // compiled in relative to the source tree (-ffile-prefix-map, so no build machine's path
 // shows): "trainer/train_main.cc", where abseil's own are absolute.
 bool IsTesseraSource(absl::string_view file) {
-  for (absl::string_view dir : {"base/", "benchmarks/", "client/", "embedding/", "server/",
-                                "tools/", "trainer/", "tests/", "wire/"}) {
+  for (absl::string_view dir : {"base/", "benchmarks/", "client/", "embedding/", "observability/",
+                                "server/", "tools/", "trainer/", "tests/", "wire/"}) {
     if (absl::StartsWith(file, dir)) return true;
   }
   return false;

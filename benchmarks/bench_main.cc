@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "base/command_line.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "base/command_line.h"
 #include "benchmarks/bench/report.h"
 #include "benchmarks/bench/runner.h"
 #include "embedding/storage/files.h"
@@ -165,8 +165,9 @@ absl::Status Run() {
 }  // namespace tessera::bench
 
 int main(int argc, char** argv) {
-  tessera::base::ParseCommandLine(argc, argv, "tessera-bench",
-                                   "Benchmarks Tessera setups side by side: tessera-bench --scenarios=FILE --out=DIR");
+  tessera::base::ParseCommandLine(
+      argc, argv, "tessera-bench",
+      "Benchmarks Tessera setups side by side: tessera-bench --scenarios=FILE --out=DIR");
   absl::Status s = tessera::bench::Run();
   if (!s.ok()) {
     std::cerr << "tessera-bench: " << s << "\n";

@@ -31,14 +31,14 @@
 #include <random>
 #include <vector>
 
-#include "benchmark/benchmark.h"
 #include "base/zipf_sampler.h"
+#include "benchmark/benchmark.h"
 #include "benchmarks/memcpy_ceiling.h"
 #include "embedding/batch_ops.h"
 #include "embedding/collection.h"
-#include "embedding/inprocess_collection.h"
 #include "embedding/embedding_table.h"
-#include "embedding/internal/row_ops.h"
+#include "embedding/inprocess_collection.h"
+#include "embedding/prefetch.h"
 
 namespace tessera::embedding {
 namespace {
@@ -132,8 +132,9 @@ Fixture& GetTable(v1::OptimizerType opt, int dim, bool big, bool want_collection
     const int64_t n = std::min<int64_t>(ids.size(), f.rows - begin);
     for (int64_t i = 0; i < n; ++i) ids[i] = begin + i;
     // A fixed vocabulary stores rows on their first update, not on lookups.
-    CheckOk(fixed ? f.table->ApplyUniqueGradients(absl::MakeConstSpan(ids).first(n), zeros.data(), 0)
-                  : f.table->Lookup(absl::MakeConstSpan(ids).first(n), out.data()),
+    CheckOk(fixed
+                ? f.table->ApplyUniqueGradients(absl::MakeConstSpan(ids).first(n), zeros.data(), 0)
+                : f.table->Lookup(absl::MakeConstSpan(ids).first(n), out.data()),
             "filling the table");
   }
   if (f.table->num_rows() != f.rows) {
@@ -226,7 +227,7 @@ class FlatRows {
   };
   float* Row(int64_t id) const { return block_.get() + static_cast<size_t>(id % rows_) * floats_; }
   void Prefetch(int64_t id, int lines, bool for_write) const {
-    embedding_internal::PrefetchLines(Row(id), lines, for_write);
+    embedding::PrefetchLines(Row(id), lines, for_write);
   }
 
   int64_t rows_;

@@ -74,7 +74,9 @@ int64_t MeasureChild(const Config& config, int64_t rows) {
     for (int64_t i = 0; i < n; ++i) {
       ids[i] = static_cast<int64_t>(static_cast<uint64_t>(begin + i) * 0x9E3779B97F4A7C15ULL >> 1);
     }
-    if (!(*table)->ApplyUniqueGradients(absl::MakeConstSpan(ids).first(n), grads.data(), step).ok()) {
+    if (!(*table)
+             ->ApplyUniqueGradients(absl::MakeConstSpan(ids).first(n), grads.data(), step)
+             .ok()) {
       return -1;
     }
   }

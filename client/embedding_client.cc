@@ -22,10 +22,10 @@ namespace tessera::client {
 absl::StatusOr<std::unique_ptr<EmbeddingClient>> EmbeddingClient::Connect(
     const std::string& address, const ClientOptions& options) {
   grpc::ChannelArguments args = ChannelArgs(options.max_message_bytes);
-  auto credentials = MakeChannelCredentials(options.security, &args);
+  auto credentials = wire::MakeChannelCredentials(options.security, &args);
   auto channel = grpc::CreateCustomChannel(address, credentials, args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + options.deadline)) {
-    return ExplainCoordinatorFailure(
+    return wire::ExplainCoordinatorFailure(
         absl::UnavailableError(absl::StrCat("coordinator ", address, " not reachable within ",
                                             options.deadline.count(), " ms")),
         address, options.security);
@@ -33,7 +33,7 @@ absl::StatusOr<std::unique_ptr<EmbeddingClient>> EmbeddingClient::Connect(
   std::unique_ptr<EmbeddingClient> c(
       new EmbeddingClient(address, args, std::move(credentials), options));
   TESSERA_RETURN_IF_ERROR(
-      ExplainCoordinatorFailure(c->RefreshShardMap(), address, options.security));
+      wire::ExplainCoordinatorFailure(c->RefreshShardMap(), address, options.security));
   return c;
 }
 
@@ -48,7 +48,7 @@ std::unique_ptr<grpc::ClientContext> EmbeddingClient::NewContext(
     std::chrono::milliseconds deadline) const {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(std::chrono::system_clock::now() + deadline);
-  Authorize(options_.security, ctx.get());
+  wire::Authorize(options_.security, ctx.get());
   return ctx;
 }
 

@@ -8,9 +8,9 @@
 #include <string>
 
 #include "absl/synchronization/mutex.h"
+#include "client/channel_policy.h"
 #include "client/object_pool.h"
 #include "client/reconnecting_stub.h"
-#include "client/channel_policy.h"
 #include "client/shard_router.h"
 #include "embedding/collection.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
@@ -26,7 +26,7 @@ struct ClientOptions {
   RetryPolicy retry;  // of calls that find a server UNAVAILABLE (8, 50 ms doubling to 1 s)
   std::chrono::milliseconds checkpoint_deadline = kCheckpointDeadline;  // Checkpoint and Restore
   int max_message_bytes = kMaxMessageBytes;                       // gRPC send/receive limit
-  ClientSecurity security;  // TLS and token for the coordinator and the shards
+  wire::ClientSecurity security;  // TLS and token for the coordinator and the shards
   // Smart mode: runs a batch's per-table work (deduplication, placing on shards, merging
   // answers) a table to a thread; null: the calling thread.
   std::shared_ptr<base::ThreadPool> pool;

@@ -18,6 +18,7 @@
 #include "embedding/sharding.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "wire/call_metadata.h"
 #include "wire/grpc_status.h"
 #include "wire/packed_bytes.h"
 #include "wire/push_proto.h"
@@ -44,7 +45,7 @@ ShardRouter::ShardRouter(std::vector<std::string> addresses, const RouterOptions
       }) {
   for (const std::string& address : addresses_) {
     grpc::ChannelArguments args = ChannelArgs(options_.max_message_bytes);
-    auto credentials = MakeChannelCredentials(options_.security, &args);
+    auto credentials = wire::MakeChannelCredentials(options_.security, &args);
     stubs_.push_back(std::make_unique<ReconnectingStub<v1::EmbeddingShard>>(
         address, std::move(args), std::move(credentials)));
   }
@@ -68,7 +69,7 @@ void ShardRouter::MonitorHealth() {
   std::vector<std::unique_ptr<grpc::health::v1::Health::Stub>> health;
   for (const auto& a : addresses_) {
     grpc::ChannelArguments args = ChannelArgs();
-    auto credentials = MakeChannelCredentials(options_.security, &args);
+    auto credentials = wire::MakeChannelCredentials(options_.security, &args);
     health.push_back(
         grpc::health::v1::Health::NewStub(grpc::CreateCustomChannel(a, credentials, args)));
   }
@@ -116,7 +117,7 @@ std::unique_ptr<grpc::ClientContext> ShardRouter::NewContext(
     std::chrono::milliseconds deadline) const {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(std::chrono::system_clock::now() + deadline);
-  Authorize(options_.security, ctx.get());
+  wire::Authorize(options_.security, ctx.get());
   return ctx;
 }
 
@@ -160,8 +161,8 @@ std::vector<grpc::Status> ShardRouter::CallShards(const std::function<bool(int)>
     if (statuses[k].error_code() == grpc::StatusCode::UNAVAILABLE) stubs_[k]->Reset();
     if (contexts[k] == nullptr) continue;
     const auto& trailing = contexts[k]->GetServerTrailingMetadata();
-    const auto it = trailing.find(kIncarnationMetadata);
-    const auto storage = trailing.find(kStorageMetadata);
+    const auto it = trailing.find(wire::kIncarnationMetadata);
+    const auto storage = trailing.find(wire::kStorageMetadata);
     uint64_t incarnation = 0;
     if (it == trailing.end() ||
         !absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &incarnation)) {

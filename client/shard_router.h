@@ -17,9 +17,9 @@
 #include "client/channel_policy.h"
 #include "client/object_pool.h"
 #include "client/reconnecting_stub.h"
-#include "client/security.h"
 #include "embedding/collection.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
+#include "wire/security.h"
 
 namespace tessera::client {
 
@@ -37,7 +37,7 @@ struct RouterOptions {
   // a row is down: calls needing it fail at once with UNAVAILABLE naming it, until a
   // check passes again and it is re-admitted.
   std::chrono::milliseconds health_check_interval{0};
-  ClientSecurity security;  // TLS and token for every shard call (default: plaintext, none)
+  wire::ClientSecurity security;  // TLS and token for every shard call (default: plaintext, none)
   // Retries of a shard call that failed with UNAVAILABLE or DEADLINE_EXCEEDED: only that
   // shard's part is sent again (pushes with the same request id, so none applies twice).
   // None unless its owner says (the coordinator: --shard_retries; a client: its own).
@@ -46,13 +46,6 @@ struct RouterOptions {
   // depend on its size); null: the calling thread does it all.
   std::shared_ptr<base::ThreadPool> pool;
 };
-
-// The trailing metadata key of a shard's incarnation (decimal): every answer carries it,
-// refusals included.
-inline constexpr char kIncarnationMetadata[] = "tessera-incarnation";
-// Trailing metadata of every shard answer: "disk" (it serves from a data directory, which a
-// restart keeps) or "memory" (a restart empties it).
-inline constexpr char kStorageMetadata[] = "tessera-storage";
 
 // The grpc::Status of a shard call as an absl::Status naming the shard.
 absl::Status FromShardStatus(const grpc::Status& status, int shard, const std::string& address);
@@ -298,7 +291,7 @@ class ShardRouter {
   std::unique_ptr<std::atomic<bool>[]> serving_;
   // Records shard k's incarnation from one of its answers (0: none sent); true when it
   // differs from the one heard before (the shard restarted).
-  // `storage`: the answer's kStorageMetadata ("": not said).
+  // `storage`: the answer's wire::kStorageMetadata ("": not said).
   bool NoteIncarnation(int k, uint64_t incarnation, absl::string_view storage = "") const;
   // Runs the restart callback for shard k, if one is set.
   void ShardRestarted(int k) const;

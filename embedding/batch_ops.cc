@@ -5,9 +5,9 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "embedding/row_math.h"
 #include "embedding/sharding.h"
-#include "base/status.h"
 
 namespace tessera::embedding {
 row_math::PoolingKind PoolingKindOf(v1::Pooling pooling) {

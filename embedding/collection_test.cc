@@ -333,14 +333,16 @@ TEST(InProcessCollection, GradientsThatSumToInfAreRefusedBeforeAnyShardApplies) 
   ASSERT_LT(bad, 64);
   ids.push_back(bad);
   std::vector<float> before(64), after(64);
-  ASSERT_TRUE(c->Lookup("user", absl::MakeConstSpan(ids).subspan(0, 64), absl::MakeSpan(before)).ok());
+  ASSERT_TRUE(
+      c->Lookup("user", absl::MakeConstSpan(ids).subspan(0, 64), absl::MakeSpan(before)).ok());
   std::vector<float> g(ids.size(), 0.5f);
   g[bad] = -3e38f;
   g[64] = -3e38f;
   absl::Status s = c->PushGradients("user", ids, g, 1);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("summed over repeated ids"));
-  ASSERT_TRUE(c->Lookup("user", absl::MakeConstSpan(ids).subspan(0, 64), absl::MakeSpan(after)).ok());
+  ASSERT_TRUE(
+      c->Lookup("user", absl::MakeConstSpan(ids).subspan(0, 64), absl::MakeSpan(after)).ok());
   EXPECT_EQ(after, before);
 }
 

@@ -12,10 +12,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/check.h"
+#include "base/status.h"
 #include "embedding/batch_ops.h"
 #include "embedding/dtype.h"
 #include "embedding/internal/admission.h"
 #include "embedding/internal/fixed_rows.h"
+#include "embedding/internal/reader_epochs.h"
 #include "embedding/internal/row_initializer.h"
 #include "embedding/internal/row_ops.h"
 #include "embedding/internal/row_store.h"
@@ -23,8 +26,6 @@
 #include "embedding/internal/stripe_plan.h"
 #include "embedding/row_math.h"
 #include "embedding/sharding.h"
-#include "base/check.h"
-#include "base/status.h"
 
 namespace tessera::embedding {
 
@@ -260,6 +261,7 @@ EmbeddingTable::EmbeddingTable(const v1::TableConfig& config, int64_t row_budget
       initializer_(std::make_unique<embedding_internal::RowInitializer>(config)),
       policy_(config.eviction().policy()),
       ttl_steps_(config.eviction().ttl_steps()),
+      readers_(std::make_unique<embedding_internal::ReaderEpochs>()),
       rows_(std::make_unique<RowStore>(weight_floats_ * 4, state_floats_)),
       stripes_(new Stripe[kNumStripes]) {
   // What a row takes of a process's memory: weights, state and meta, its share of the
@@ -267,7 +269,7 @@ EmbeddingTable::EmbeddingTable(const v1::TableConfig& config, int64_t row_budget
   // and a byte for its dirty bit and the store's blocks.
   row_bytes_ = rows_->row_bytes() +
                static_cast<int64_t>(std::ceil(IdMap::MostBytesPerRow(rows_->row_bytes()))) + 1;
-  for (int s = 0; s < kNumStripes; ++s) stripes_[s].Init(&readers_, rows_.get());
+  for (int s = 0; s < kNumStripes; ++s) stripes_[s].Init(readers_.get(), rows_.get());
   absl::MutexLock lock(&optimizers_mu_);
   optimizers_.push_back(std::move(optimizer));
 }
@@ -291,9 +293,10 @@ void EmbeddingTable::set_memory_budget(MemoryBudget* budget) {
 
 absl::Status EmbeddingTable::SetOptimizer(const v1::OptimizerConfig& config) {
   if (config.type() != config_.optimizer().type()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "table '", name(), "': its optimizer is ", v1::OptimizerType_Name(config_.optimizer().type()),
-        ", not ", v1::OptimizerType_Name(config.type())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("table '", name(), "': its optimizer is ",
+                     v1::OptimizerType_Name(config_.optimizer().type()), ", not ",
+                     v1::OptimizerType_Name(config.type())));
   }
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> next, Optimizer::Create(config, dim_));
   absl::MutexLock lock(&optimizers_mu_);
@@ -315,8 +318,8 @@ RowMeta EmbeddingTable::MetaOf(Row row) const {
   meta.update_count = packed.updates;
   if (packed.updates == 0 && packed.step == PackedMeta{}.step) return meta;  // never updated
   const int64_t latest = latest_step_.load(std::memory_order_relaxed);
-  meta.last_step =
-      latest - static_cast<int64_t>(static_cast<uint32_t>(static_cast<uint32_t>(latest) - packed.step));
+  meta.last_step = latest - static_cast<int64_t>(
+                                static_cast<uint32_t>(static_cast<uint32_t>(latest) - packed.step));
   return meta;
 }
 
@@ -591,7 +594,7 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const int64_t> ids, float* out,
   if (fixed_ != nullptr) return FixedLookup(ids, out);
   StripePlan& plan = embedding_internal::PlanByStripe(ids);
   {
-    ReaderScope reading(readers_);
+    ReaderScope reading(*readers_);
     if (ThinGroups(ids.size())) WarmRows(plan, /*for_write=*/false);
     (void)ForEachGroup(plan, [&](int s, int b, int e) {
       const Stripe& stripe = stripes_[s];
@@ -717,7 +720,7 @@ absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const flo
   if (reserved > 0) TESSERA_RETURN_IF_ERROR(TakeRows(reserved));
 
   if (ThinGroups(ids.size())) {
-    ReaderScope reading(readers_);
+    ReaderScope reading(*readers_);
     WarmRows(plan, /*for_write=*/true);
   }
   thread_local std::vector<float> scratch;

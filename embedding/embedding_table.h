@@ -8,11 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "embedding/internal/reader_epochs.h"
 #include "embedding/memory_budget.h"
 #include "embedding/optimizer.h"
 #include "embedding/row_meta.h"
@@ -21,6 +20,7 @@
 namespace tessera::embedding_internal {
 class AdmissionFilter;
 class FixedRows;
+class ReaderEpochs;
 class RowInitializer;
 class RowStore;
 class Stripe;
@@ -300,21 +300,25 @@ class EmbeddingTable {
   absl::StatusOr<Row> FindOrInsertLocked(Stripe& stripe, int64_t id, uint64_t hash)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
   // A new row of `id` (not present), budget already taken; kNoRow when out of memory.
-  Row InsertLocked(Stripe& stripe, int64_t id, uint64_t hash) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
+  Row InsertLocked(Stripe& stripe, int64_t id, uint64_t hash)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
   // Eviction tables: the row of `id` (not in memory), made room for by evicting another
   // when the table is full, read from the spill when kept there, else initialised.
   absl::StatusOr<Row> InsertManagedLocked(Stripe& stripe, int64_t id, uint64_t hash)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
   // Evicts one sampled row of `stripe`; OK without evicting when the stripe is empty.
-  absl::Status EvictOneLocked(Stripe& stripe) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
+  absl::Status EvictOneLocked(Stripe& stripe)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
   // PutRow under the stripe's writer lock (`h`: the id's map hash); `weights` (dim),
   // `state` (StateFloats()).
   absl::Status PutRowLocked(Stripe& stripe, uint64_t h, const float* weights,
                             const float* state, const RowMeta& meta, bool mark_dirty)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
   // Removes the row of the id of map hash `hash` from `stripe` and frees it.
-  void EraseLocked(Stripe& stripe, uint64_t hash) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
-  void MarkDirtyLocked(Stripe& stripe, Row row) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
+  void EraseLocked(Stripe& stripe, uint64_t hash)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
+  void MarkDirtyLocked(Stripe& stripe, Row row)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
   // Whether the spill keeps a row of `id` (false without a spill), with its weights in
   // `weights` (dim) when not null.
   absl::StatusOr<bool> ReadSpilled(int64_t id, float* weights) const;
@@ -380,7 +384,8 @@ class EmbeddingTable {
   // for the learning rate) the row is left as it was and false is returned
   // (Optimizer::UpdateFinite). `scratch`: ScratchFloats().
   bool UpdateRowLocked(Stripe& stripe, int64_t id, Row row, const float* grad, int64_t step,
-                       float* scratch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
+                       float* scratch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(embedding_internal::StripeMutex(stripe));
   size_t ScratchFloats() const { return 2 * static_cast<size_t>(dim_); }
   // InvalidArgument for `refused` rows whose update UpdateRowLocked refused.
   absl::Status NonFiniteUpdateError(int64_t refused, int64_t first_id) const;
@@ -416,7 +421,8 @@ class EmbeddingTable {
   std::atomic<int64_t> next_sweep_{0};    // step of the next TTL sweep
   std::atomic<int64_t> evictions_{0};
   std::atomic<int64_t> expirations_{0};
-  mutable embedding_internal::ReaderEpochs readers_;  // lock-free lookups in flight
+  // Lock-free lookups in flight (behind a pointer: the type is the table's own).
+  const std::unique_ptr<embedding_internal::ReaderEpochs> readers_;
   std::unique_ptr<embedding_internal::RowStore> rows_;  // a dynamic table's rows
   std::unique_ptr<Stripe[]> stripes_;
 };

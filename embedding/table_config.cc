@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "embedding/optimizer.h"
 #include "base/status.h"
+#include "embedding/optimizer.h"
 #include "google/protobuf/text_format.h"
 
 namespace tessera::embedding {

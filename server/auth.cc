@@ -3,8 +3,8 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "client/security_flags.h"
 #include "base/status.h"
+#include "wire/security_flags.h"
 
 ABSL_FLAG(std::string, read_only_token_file, "",
           "file whose first line is a token that grants lookups and reads only");
@@ -34,8 +34,8 @@ absl::StatusOr<ServerSecurity> ServerSecurityFromFlags() {
     return absl::InvalidArgumentError("TLS needs both --tls_cert_file and --tls_key_file");
   }
   if (!cert.empty()) {
-    TESSERA_ASSIGN_OR_RETURN(s.cert_chain, client::ReadSecret(cert, "certificate file"));
-    TESSERA_ASSIGN_OR_RETURN(s.private_key, client::ReadSecret(key, "key file"));
+    TESSERA_ASSIGN_OR_RETURN(s.cert_chain, wire::ReadSecret(cert, "certificate file"));
+    TESSERA_ASSIGN_OR_RETURN(s.private_key, wire::ReadSecret(key, "key file"));
   }
   if (absl::GetFlag(FLAGS_tls_require_client_cert)) {
     const std::string ca = absl::GetFlag(FLAGS_tls_ca_file);
@@ -43,10 +43,10 @@ absl::StatusOr<ServerSecurity> ServerSecurityFromFlags() {
       return absl::InvalidArgumentError(
           "--tls_require_client_cert needs --tls_cert_file, --tls_key_file and --tls_ca_file");
     }
-    TESSERA_ASSIGN_OR_RETURN(s.client_ca, client::ReadSecret(ca, "CA file"));
+    TESSERA_ASSIGN_OR_RETURN(s.client_ca, wire::ReadSecret(ca, "CA file"));
   }
   if (!absl::GetFlag(FLAGS_token_file).empty()) {
-    TESSERA_ASSIGN_OR_RETURN(s.token, client::ReadToken(absl::GetFlag(FLAGS_token_file)));
+    TESSERA_ASSIGN_OR_RETURN(s.token, wire::ReadToken(absl::GetFlag(FLAGS_token_file)));
   }
   if (!absl::GetFlag(FLAGS_read_only_token_file).empty()) {
     if (s.token.empty()) {
@@ -54,7 +54,7 @@ absl::StatusOr<ServerSecurity> ServerSecurityFromFlags() {
           "--read_only_token_file needs --token_file: without a token every call is open");
     }
     TESSERA_ASSIGN_OR_RETURN(s.read_only_token,
-                             client::ReadToken(absl::GetFlag(FLAGS_read_only_token_file)));
+                             wire::ReadToken(absl::GetFlag(FLAGS_read_only_token_file)));
     if (s.read_only_token == s.token) {
       return absl::InvalidArgumentError("the read-only token must differ from the full token");
     }

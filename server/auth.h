@@ -23,7 +23,7 @@ struct ServerSecurity {
   std::string read_only_token;  // grants lookups and reads only (needs `token` too)
 };
 
-// From the shared flags (client/security_flags.h) plus --read_only_token_file and
+// From the shared flags (wire/security_flags.h) plus --read_only_token_file and
 // --tls_require_client_cert. InvalidArgument naming a bad file or combination.
 absl::StatusOr<ServerSecurity> ServerSecurityFromFlags();
 

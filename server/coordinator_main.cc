@@ -7,26 +7,26 @@
 #include <string>
 #include <vector>
 
-#include "base/command_line.h"
-#include "base/logging.h"
-#include "base/metrics.h"
-#include "base/status.h"
-#include "base/thread_pool.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "base/command_line.h"
+#include "base/status.h"
+#include "base/thread_pool.h"
 #include "client/channel_policy.h"
-#include "client/security_flags.h"
 #include "client/shard_router.h"
 #include "embedding/storage/coordinator_store.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
+#include "observability/logging.h"
+#include "observability/metrics.h"
 #include "server/auth.h"
 #include "server/coordinator_service.h"
 #include "server/serving.h"
+#include "wire/security_flags.h"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "address to bind (loopback unless told otherwise)");
 ABSL_FLAG(int, port, 0, "port to listen on; 0 picks a free one and prints it");
@@ -57,7 +57,7 @@ namespace {
 
 // The router's options from the flags. InvalidArgument for --shard_retries out of range.
 absl::StatusOr<client::RouterOptions> RouterOptionsFromFlags(
-    const client::ClientSecurity& to_shards) {
+    const wire::ClientSecurity& to_shards) {
   client::RouterOptions ro;
   ro.security = to_shards;
   ro.deadline = std::chrono::milliseconds(absl::GetFlag(FLAGS_shard_deadline_ms));
@@ -115,13 +115,13 @@ absl::StatusOr<std::unique_ptr<storage::CoordinatorStore>> OpenStore(
 }
 
 // tessera_shard_serving{shard, address}: 1 while a shard passes its health checks.
-void WatchShardHealth(base::Metrics* metrics, client::ShardRouter* router) {
+void WatchShardHealth(observability::Metrics* metrics, client::ShardRouter* router) {
   auto& serving = prometheus::BuildGauge()
                       .Name("tessera_shard_serving")
                       .Help("1 while the shard passes its health checks, else 0")
                       .Register(metrics->registry());
   metrics->Watch(
-      [router, &serving](base::Metrics&) {
+      [router, &serving](observability::Metrics&) {
         for (int k = 0; k < router->num_shards(); ++k) {
           serving.Add({{"shard", std::to_string(k)}, {"address", router->addresses()[k]}})
               .Set(router->serving(k) ? 1 : 0);
@@ -133,8 +133,7 @@ void WatchShardHealth(base::Metrics* metrics, client::ShardRouter* router) {
 // Serves until SIGTERM or SIGINT; an error when it cannot start.
 absl::Status Serve(const std::vector<std::string>& shards) {
   TESSERA_ASSIGN_OR_RETURN(const ServerSecurity security, ServerSecurityFromFlags());
-  TESSERA_ASSIGN_OR_RETURN(const client::ClientSecurity to_shards,
-                           client::ClientSecurityFromFlags());
+  TESSERA_ASSIGN_OR_RETURN(const wire::ClientSecurity to_shards, wire::ClientSecurityFromFlags());
   TESSERA_ASSIGN_OR_RETURN(const client::RouterOptions ro, RouterOptionsFromFlags(to_shards));
   client::ShardRouter router(shards, ro);
   CoordinatorOptions co;
@@ -147,8 +146,8 @@ absl::Status Serve(const std::vector<std::string>& shards) {
   }
   CoordinatorService service(&router, ro.shard_map_version, co, store.get());
   TESSERA_RETURN_IF_ERROR(service.CheckShardPlaces());
-  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<base::Metrics> metrics,
-                           base::StartMetricsFromFlags("coordinator"));
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<observability::Metrics> metrics,
+                           observability::StartMetricsFromFlags("coordinator"));
   if (metrics != nullptr) WatchShardHealth(metrics.get(), &router);
 
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -166,12 +165,12 @@ absl::Status Serve(const std::vector<std::string>& shards) {
                            StartServer(&service, listen, &port));
   std::cout << "tessera-coordinator: " << shards.size() << " shard(s), listening on "
             << listen.host << ":" << port << std::endl;
-  base::Log(spdlog::level::info, "serving",
-            base::LogFields()
-                .Add("shards", static_cast<long long>(shards.size()))
-                .Add("address", absl::StrCat(listen.host, ":", port))
-                .Add("tls", security.cert_chain.empty() ? "off" : "on")
-                .Add("token", security.token.empty() ? "off" : "on"));
+  observability::Log(spdlog::level::info, "serving",
+                     observability::LogFields()
+                         .Add("shards", static_cast<long long>(shards.size()))
+                         .Add("address", absl::StrCat(listen.host, ":", port))
+                         .Add("tls", security.cert_chain.empty() ? "off" : "on")
+                         .Add("token", security.token.empty() ? "off" : "on"));
   ServeUntilShutdownSignal(server.get(), "tessera-coordinator");
   return absl::OkStatus();
 }
@@ -183,7 +182,7 @@ int main(int argc, char** argv) {
   tessera::base::ParseCommandLine(
       argc, argv, "tessera-coordinator",
       "Routes Tessera lookups and pushes to shards: --shards=127.0.0.1:7001,127.0.0.1:7002");
-  absl::Status s = tessera::base::ConfigureLoggingFromFlags("tessera-coordinator");
+  absl::Status s = tessera::observability::ConfigureLoggingFromFlags("tessera-coordinator");
   const std::vector<std::string> shards =
       absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty());
   if (s.ok() && shards.empty()) {

@@ -11,9 +11,9 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "tests/support/local_server.h"
-#include "tests/support/faulty_store.h"
 #include "server/shard_service.h"
+#include "tests/support/faulty_store.h"
+#include "tests/support/local_server.h"
 
 namespace tessera::server {
 namespace {

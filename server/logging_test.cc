@@ -1,7 +1,7 @@
 // Structured RPC logs of a shard server: a failed call names its method, code, table,
 // shard and request id, as text or JSON.
 
-#include "base/logging.h"
+#include "observability/logging.h"
 
 #include "absl/strings/str_cat.h"
 #include "embedding/collection.h"
@@ -15,7 +15,7 @@
 namespace tessera::server {
 namespace {
 
-using base::ConfigureLogging;
+using observability::ConfigureLogging;
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;

@@ -15,7 +15,7 @@
 #include "embedding/collection.h"
 #include "embedding/inprocess_collection.h"
 #include "gtest/gtest.h"
-#include "base/metrics.h"
+#include "observability/metrics.h"
 #include "server/serving.h"
 #include "server/shard_service.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
@@ -63,7 +63,7 @@ double Sample(const std::string& text, const std::string& name,
 }
 
 TEST(Metrics, AShardServesRpcCountsLatenciesAndTableSizes) {
-  auto metrics = base::Metrics::Start("127.0.0.1", 0, "shard");
+  auto metrics = observability::Metrics::Start("127.0.0.1", 0, "shard");
   ASSERT_TRUE(metrics.ok()) << metrics.status();
   ASSERT_GT((*metrics)->port(), 0);
   auto tables = std::move(embedding::NewInProcessCollection(1)).value();
@@ -121,7 +121,7 @@ TEST(Metrics, AShardServesRpcCountsLatenciesAndTableSizes) {
   v1::LookupResponse resp;
   grpc::ClientContext ctx;
   EXPECT_EQ(stub->Lookup(&ctx, missing, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
-  (*metrics)->ReadTables(base::ReadingsOf(tables.get()));
+  (*metrics)->ReadTables(observability::ReadingsOf(tables.get()));
 
   // A call leaves the in-flight gauge when gRPC lets go of it, which may be just after
   // the client has its answer: scrape until the last one has left (bounded).
@@ -156,9 +156,9 @@ TEST(Metrics, AShardServesRpcCountsLatenciesAndTableSizes) {
 }
 
 TEST(Metrics, ABusyPortIsRefusedWithTheAddress) {
-  auto first = base::Metrics::Start("127.0.0.1", 0, "shard");
+  auto first = observability::Metrics::Start("127.0.0.1", 0, "shard");
   ASSERT_TRUE(first.ok());
-  auto second = base::Metrics::Start("127.0.0.1", (*first)->port(), "shard");
+  auto second = observability::Metrics::Start("127.0.0.1", (*first)->port(), "shard");
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(

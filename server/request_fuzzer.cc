@@ -9,10 +9,10 @@
 // lookup holds rows x dim (or bags x dim) finite values; a refused push changes no row.
 
 #include <cmath>
-#include <cstring>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 
 #include "embedding/collection.h"

@@ -1,7 +1,7 @@
 // Tokens, TLS and mutual TLS on in-process servers on 127.0.0.1, with certificates this
 // test makes with the openssl command.
 
-#include "client/security.h"
+#include "wire/security.h"
 
 #include <unistd.h>
 
@@ -245,8 +245,8 @@ class TlsTest : public ::testing::Test {
   }
 
   // Trusts the test CA, presents the client certificate, carries the token.
-  client::ClientSecurity Trusted() const {
-    client::ClientSecurity s;
+  wire::ClientSecurity Trusted() const {
+    wire::ClientSecurity s;
     s.root_certs = certs_.Read("ca.pem");
     s.cert_chain = certs_.Read("client.pem");
     s.private_key = certs_.Read("client.key");
@@ -254,7 +254,7 @@ class TlsTest : public ::testing::Test {
     return s;
   }
   absl::StatusOr<std::unique_ptr<client::EmbeddingClient>> Connect(
-      const client::ClientSecurity& security,
+      const wire::ClientSecurity& security,
       client::ClientOptions::Mode mode = client::ClientOptions::Mode::kSmart) {
     client::ClientOptions o;
     o.mode = mode;
@@ -290,17 +290,17 @@ TEST_F(TlsTest, ClientsWithTheClustersCaCertificateAndTokenTrainThroughBothPaths
 }
 
 TEST_F(TlsTest, AWrongCaAPlaintextClientOrAMissingTokenIsRefused) {
-  client::ClientSecurity wrong_ca = Trusted();
+  wire::ClientSecurity wrong_ca = Trusted();
   wrong_ca.root_certs = certs_.Read("other-ca.pem");
   auto c = Connect(wrong_ca);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable);
 
-  auto plain = Connect(client::ClientSecurity());
+  auto plain = Connect(wire::ClientSecurity());
   ASSERT_FALSE(plain.ok());
   EXPECT_EQ(plain.status().code(), absl::StatusCode::kUnavailable);
 
-  client::ClientSecurity no_token = Trusted();
+  wire::ClientSecurity no_token = Trusted();
   no_token.token.clear();
   auto anonymous = Connect(no_token);
   ASSERT_FALSE(anonymous.ok());
@@ -313,7 +313,7 @@ TEST_F(TlsTest, TheShardRefusesAClientWithoutACertificate) {
   ASSERT_TRUE((*c)->CreateTable(Config("t")).ok());
   // Straight to the shard, trusting its certificate and with the token, but with no
   // client certificate: the handshake fails.
-  client::ClientSecurity no_cert = Trusted();
+  wire::ClientSecurity no_cert = Trusted();
   no_cert.cert_chain.clear();
   no_cert.private_key.clear();
   client::RouterOptions ro;
@@ -335,17 +335,17 @@ TEST(ClientSecurity, FilesAreLoadedAndBadOnesNamed) {
   Certificates certs;
   ASSERT_TRUE(certs.ok());
   std::ofstream(certs.Path("token")) << "  s3cret \nignored second line\n";
-  client::ClientSecurityFiles files;
+  wire::ClientSecurityFiles files;
   files.ca_file = certs.Path("ca.pem");
   files.token_file = certs.Path("token");
-  absl::StatusOr<client::ClientSecurity> s = client::LoadClientSecurity(files);
+  absl::StatusOr<wire::ClientSecurity> s = wire::LoadClientSecurity(files);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->token, "s3cret");
   EXPECT_TRUE(s->tls());
   files.cert_file = certs.Path("client.pem");  // without its key
-  EXPECT_EQ(client::LoadClientSecurity(files).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(wire::LoadClientSecurity(files).status().code(), absl::StatusCode::kInvalidArgument);
   files.key_file = certs.Path("missing.key");
-  absl::Status missing = client::LoadClientSecurity(files).status();
+  absl::Status missing = wire::LoadClientSecurity(files).status();
   EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(missing.message()), HasSubstr("missing.key"));
 }

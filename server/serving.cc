@@ -111,7 +111,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(grpc::Service* service
   builder.RegisterService(service);
   if (options.reflection) builder.RegisterService(ReflectionFor(options.service_name));
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
-  creators.push_back(base::RpcLogInterceptors(options.shard_index));
+  creators.push_back(observability::RpcLogInterceptors(options.shard_index));
   if (options.metrics != nullptr) creators.push_back(options.metrics->RpcInterceptors());
   builder.experimental().SetInterceptorCreators(std::move(creators));
   std::unique_ptr<grpc::Server> server =

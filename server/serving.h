@@ -7,8 +7,8 @@
 #include "absl/status/statusor.h"
 #include "client/channel_policy.h"
 #include "grpcpp/grpcpp.h"
-#include "base/logging.h"
-#include "base/metrics.h"
+#include "observability/logging.h"
+#include "observability/metrics.h"
 
 namespace tessera::server {
 
@@ -18,7 +18,8 @@ struct ListenOptions {
   int max_message_bytes = client::kMaxMessageBytes;  // largest message accepted or sent
   std::shared_ptr<grpc::ServerCredentials>
       credentials;             // TLS (MakeServerCredentials); null: plaintext
-  base::Metrics* metrics = nullptr;  // counts and times every RPC when set; must outlive the server
+  observability::Metrics* metrics =
+      nullptr;                 // counts and times every RPC when set; must outlive the server
   int shard_index = -1;        // named in the RPC log lines; -1: not a shard
   // The service's full name ("tessera.v1.EmbeddingShard"): health checks for it are answered
   // SERVING as for "" (clients in other languages ask by name).

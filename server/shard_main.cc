@@ -114,7 +114,8 @@ bool SyncWaitFromFlag(tessera::server::ShardOptions* options) {
 int main(int argc, char** argv) {
   tessera::base::ParseCommandLine(argc, argv, "tessera-shard",
                                   "Serves one embedding shard over gRPC.");
-  if (absl::Status s = tessera::base::ConfigureLoggingFromFlags("tessera-shard"); !s.ok()) {
+  if (absl::Status s = tessera::observability::ConfigureLoggingFromFlags("tessera-shard");
+      !s.ok()) {
     std::cerr << "tessera-shard: " << s.message() << "\n";
     return 1;
   }
@@ -154,8 +155,8 @@ int main(int argc, char** argv) {
     };
   }
   tessera::server::ShardService service(tables.get(), options);
-  std::unique_ptr<tessera::base::Metrics> metrics;
-  if (auto started = tessera::base::StartMetricsFromFlags("shard"); !started.ok()) {
+  std::unique_ptr<tessera::observability::Metrics> metrics;
+  if (auto started = tessera::observability::StartMetricsFromFlags("shard"); !started.ok()) {
     std::cerr << "tessera-shard: " << started.status().message() << "\n";
     return 1;
   } else {
@@ -164,8 +165,8 @@ int main(int argc, char** argv) {
   if (metrics != nullptr) {
     auto* collection = tables.get();
     metrics->Watch(
-        [collection](tessera::base::Metrics& m) {
-          m.ReadTables(tessera::base::ReadingsOf(collection));
+        [collection](tessera::observability::Metrics& m) {
+          m.ReadTables(tessera::observability::ReadingsOf(collection));
         },
         std::chrono::seconds(5));
   }
@@ -189,14 +190,14 @@ int main(int argc, char** argv) {
   }
   std::cout << "tessera-shard " << options.shard_index << "/" << options.num_shards
             << ": listening on " << listen.host << ":" << port << std::endl;
-  tessera::base::Log(spdlog::level::info, "serving",
-                     tessera::base::LogFields()
-                         .Add("shard", options.shard_index)
-                         .Add("shards", options.num_shards)
-                         .Add("address", absl::StrCat(listen.host, ":", port))
-                         .Add("data_dir", data_dir.empty() ? "(memory)" : data_dir)
-                         .Add("tls", security->cert_chain.empty() ? "off" : "on")
-                         .Add("token", security->token.empty() ? "off" : "on"));
+  tessera::observability::Log(spdlog::level::info, "serving",
+                              tessera::observability::LogFields()
+                                  .Add("shard", options.shard_index)
+                                  .Add("shards", options.num_shards)
+                                  .Add("address", absl::StrCat(listen.host, ":", port))
+                                  .Add("data_dir", data_dir.empty() ? "(memory)" : data_dir)
+                                  .Add("tls", security->cert_chain.empty() ? "off" : "on")
+                                  .Add("token", security->token.empty() ? "off" : "on"));
   tessera::server::ServeUntilShutdownSignal(server->get(), "tessera-shard");
   return 0;
 }

@@ -279,9 +279,8 @@ grpc::Status ShardService::BatchPushNow(grpc::ServerContextBase* context,
 }
 
 void ShardService::RunBatchPush(PushCall* call) {
-  call->context->AddTrailingMetadata(client::kIncarnationMetadata, absl::StrCat(incarnation_));
-  call->context->AddTrailingMetadata(client::kStorageMetadata,
-                                     options_.data_dir ? "disk" : "memory");
+  call->context->AddTrailingMetadata(wire::kIncarnationMetadata, absl::StrCat(incarnation_));
+  call->context->AddTrailingMetadata(wire::kStorageMetadata, options_.data_dir ? "disk" : "memory");
   if (grpc::Status denied = options_.auth.Check(*call->context, Access::kWrite); !denied.ok()) {
     return call->finish(denied);
   }

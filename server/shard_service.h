@@ -13,7 +13,6 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "client/shard_router.h"
 #include "embedding/collection.h"
 #include "server/auth.h"
 #include "server/call_executor.h"
@@ -22,6 +21,7 @@
 #include "server/step_aggregator.h"
 #include "server/sync_groups.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
+#include "wire/call_metadata.h"
 
 namespace tessera::server {
 
@@ -40,7 +40,7 @@ struct ShardOptions {
   int max_sync_waiting = 1024;
   CallAuthorizer auth;              // the token each call must carry (default: none)
   // Its tables are on a data directory (a restart keeps them): every answer says so
-  // (client::kStorageMetadata), for a caller's restart notice.
+  // (wire::kStorageMetadata), for a caller's restart notice.
   bool data_dir = false;
   // Called at a reshard's COMMIT with this shard's new place (index -1: none) and map
   // version, before it serves them; an error stops the commit (shard_main records it in
@@ -191,13 +191,13 @@ class ShardService final
 
   // Checks the caller's token for `access`, then runs `handler` and maps its status.
   // Every answer, refusals included, carries this process's incarnation in its trailing
-  // metadata (client::kIncarnationMetadata), so that a caller sees a restart even in an
+  // metadata (wire::kIncarnationMetadata), so that a caller sees a restart even in an
   // answer such as NOT_FOUND from a memory-only shard that came back empty.
   template <typename Handler>
   grpc::Status Serve(grpc::ServerContextBase* context, Access access,
                      const Handler& handler) const {
-    context->AddTrailingMetadata(client::kIncarnationMetadata, absl::StrCat(incarnation_));
-    context->AddTrailingMetadata(client::kStorageMetadata, options_.data_dir ? "disk" : "memory");
+    context->AddTrailingMetadata(wire::kIncarnationMetadata, absl::StrCat(incarnation_));
+    context->AddTrailingMetadata(wire::kStorageMetadata, options_.data_dir ? "disk" : "memory");
     return ServeCall(options_.auth, *context, access, handler);
   }
 

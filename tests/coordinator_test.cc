@@ -9,9 +9,9 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "tests/support/local_server.h"
 #include "server/coordinator_service.h"
 #include "tests/shard_process.h"
+#include "tests/support/local_server.h"
 
 namespace tessera {
 namespace {
@@ -28,7 +28,7 @@ class CoordinatorTest : public ::testing::Test {
     for (int k = 0; k < kShards; ++k) {
       shards_.push_back(std::make_unique<ShardProcess>(k, kShards));
       ASSERT_FALSE(shards_[k]->address().empty());
-      ASSERT_TRUE(testing::WaitHealthy(shards_[k]->address()));
+      ASSERT_TRUE(client::WaitHealthy(shards_[k]->address()));
       addresses.push_back(shards_[k]->address());
     }
     client::RouterOptions ro;

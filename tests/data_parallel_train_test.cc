@@ -2,9 +2,9 @@
 // of shard and coordinator processes on 127.0.0.1.
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
-#include <chrono>
 #include <filesystem>
 #include <functional>
 #include <string>

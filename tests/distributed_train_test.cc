@@ -18,16 +18,16 @@
 
 namespace {
 
+using tessera::base::ServerProcess;
+using tessera::client::WaitHealthy;
 using tessera::testing::Cluster;
 using tessera::testing::DurableCluster;
 using tessera::testing::HeldOutAuc;
 using tessera::testing::RunCommand;
 using tessera::testing::RunTrain;
 using tessera::testing::ScratchDir;
-using tessera::testing::ServerProcess;
 using tessera::testing::ShardProcess;
 using tessera::testing::TrainRecords;
-using tessera::testing::WaitHealthy;
 
 TEST(DistributedTraining, LossTrajectoryEqualsTheInProcessRunBitForBit) {
   const std::string common = "--steps=200 --log_every=10 --held_out=2000 --batch_size=128";

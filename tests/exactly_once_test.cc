@@ -151,7 +151,8 @@ absl::Status PushOnes(embedding::EmbeddingCollection& c, const std::vector<int64
 }
 
 TEST_F(ExactlyOnceTest, ShardsThatApplyAndLoseTheirAnswerApplyEachPushOnce) {
-  for (auto mode : {client::ClientOptions::Mode::kSmart, client::ClientOptions::Mode::kCoordinator}) {
+  for (auto mode :
+       {client::ClientOptions::Mode::kSmart, client::ClientOptions::Mode::kCoordinator}) {
     SCOPED_TRACE(mode == client::ClientOptions::Mode::kSmart ? "smart" : "coordinator");
     const std::string suffix = mode == client::ClientOptions::Mode::kSmart ? "s" : "c";
     auto c = Connect(mode);
@@ -216,7 +217,8 @@ TEST_F(ExactlyOnceTest, AFailedPushRepeatedWithItsRequestIdCompletesWithoutApply
 }
 
 TEST_F(ExactlyOnceTest, AShardGoneInTheMiddleOfAFanOutIsRetriedAloneOnceItIsBack) {
-  for (auto mode : {client::ClientOptions::Mode::kSmart, client::ClientOptions::Mode::kCoordinator}) {
+  for (auto mode :
+       {client::ClientOptions::Mode::kSmart, client::ClientOptions::Mode::kCoordinator}) {
     SCOPED_TRACE(mode == client::ClientOptions::Mode::kSmart ? "smart" : "coordinator");
     auto c = Connect(mode);
     const std::string ta = mode == client::ClientOptions::Mode::kSmart ? "a" : "c";
@@ -403,7 +405,8 @@ TEST_F(ExactlyOnceTest, AMemoryOnlyShardThatRestartsServesItsTablesAgain) {
     const bool restarted = embedding::ShardOf(ids[i], 11, kShards) == 1;
     on_shard_1 += restarted;
     for (int j = 0; j < 4; ++j) {
-      EXPECT_EQ(got[i * 4 + j], restarted ? start[i * 4 + j] : updated[i * 4 + j]) << "id " << ids[i];
+      EXPECT_EQ(got[i * 4 + j], restarted ? start[i * 4 + j] : updated[i * 4 + j])
+          << "id " << ids[i];
     }
   }
   EXPECT_GT(on_shard_1, 50);

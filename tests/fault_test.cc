@@ -26,8 +26,8 @@ namespace tessera {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::ServerProcess;
-using testing::WaitHealthy;
+using base::ServerProcess;
+using client::WaitHealthy;
 
 std::string TempDir() {
   std::string tmpl = (fs::temp_directory_path() / "tessera-fault-XXXXXX").string();
@@ -47,10 +47,10 @@ class DurableShard {
                                      absl::StrCat("--data_dir=", data_dir_),
                                      absl::StrCat("--shard_map_version=", version_)};
     if (!address_.empty()) args.push_back("--port=" + address_.substr(address_.rfind(':') + 1));
-    process_ = std::make_unique<ServerProcess>(TESSERA_SHARD_BIN, args);
+    process_ = std::make_unique<base::ServerProcess>(TESSERA_SHARD_BIN, args);
     if (process_->address().empty()) return false;
     address_ = process_->address();
-    return WaitHealthy(address_);
+    return client::WaitHealthy(address_);
   }
   void Kill() { process_->Kill(); }
   const std::string& address() const { return address_; }
@@ -60,7 +60,7 @@ class DurableShard {
   const std::string data_dir_;
   const uint64_t version_;
   std::string address_;
-  std::unique_ptr<ServerProcess> process_;
+  std::unique_ptr<base::ServerProcess> process_;
 };
 
 std::unique_ptr<v1::EmbeddingShard::Stub> ShardStub(const std::string& address) {
@@ -278,9 +278,10 @@ TEST(FaultTest, ClusterCheckpointRestoreAndRestarts) {
   }
   const std::vector<std::string> coordinator_args = {"--shards=" + addresses,
                                                      "--data_dir=" + root + "/coordinator"};
-  auto coordinator = std::make_unique<ServerProcess>(TESSERA_COORDINATOR_BIN, coordinator_args);
+  auto coordinator =
+      std::make_unique<base::ServerProcess>(TESSERA_COORDINATOR_BIN, coordinator_args);
   const std::string coordinator_address = coordinator->address();
-  ASSERT_TRUE(WaitHealthy(coordinator_address));
+  ASSERT_TRUE(client::WaitHealthy(coordinator_address));
 
   client::ClientOptions smart;
   smart.mode = client::ClientOptions::Mode::kSmart;
@@ -355,7 +356,7 @@ TEST(FaultTest, ClusterCheckpointRestoreAndRestarts) {
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     std::vector<std::string> args = coordinator_args;
     args.push_back("--port=" + coordinator_address.substr(coordinator_address.rfind(':') + 1));
-    coordinator = std::make_unique<ServerProcess>(TESSERA_COORDINATOR_BIN, args);
+    coordinator = std::make_unique<base::ServerProcess>(TESSERA_COORDINATOR_BIN, args);
   });
   auto tables = c->ListTables();
   restart.join();
@@ -381,11 +382,11 @@ TEST(FaultTest, ServersRefuseDataDirectoriesTheyCannotUse) {
   const std::string root = TempDir();
   const std::string file = root + "/a-file";
   { std::ofstream(file) << "not a directory"; }
-  ServerProcess on_file(TESSERA_SHARD_BIN,
-                        {"--shard_index=0", "--num_shards=1", "--data_dir=" + file});
+  base::ServerProcess on_file(TESSERA_SHARD_BIN,
+                              {"--shard_index=0", "--num_shards=1", "--data_dir=" + file});
   EXPECT_TRUE(on_file.address().empty());  // exited before listening
-  ServerProcess coordinator_on_file(TESSERA_COORDINATOR_BIN,
-                                    {"--shards=127.0.0.1:1", "--data_dir=" + file});
+  base::ServerProcess coordinator_on_file(TESSERA_COORDINATOR_BIN,
+                                          {"--shards=127.0.0.1:1", "--data_dir=" + file});
   EXPECT_TRUE(coordinator_on_file.address().empty());
 
   // Shard 0's directory given to shard 1: its rows would be the wrong ones.
@@ -393,21 +394,24 @@ TEST(FaultTest, ServersRefuseDataDirectoriesTheyCannotUse) {
     DurableShard zero(0, 2, root + "/shard");
     ASSERT_TRUE(zero.Start());
   }
-  ServerProcess misplaced(TESSERA_SHARD_BIN,
-                          {"--shard_index=1", "--num_shards=2", "--data_dir=" + root + "/shard"});
+  base::ServerProcess misplaced(
+      TESSERA_SHARD_BIN, {"--shard_index=1", "--num_shards=2", "--data_dir=" + root + "/shard"});
   EXPECT_TRUE(misplaced.address().empty());
   // The directory records the map version it serves: a shard started on it with an older
   // one is refused, a newer one is recorded.
   {
-    ServerProcess newer(TESSERA_SHARD_BIN, {"--shard_index=0", "--num_shards=2",
-                                            "--shard_map_version=3", "--data_dir=" + root + "/shard"});
+    base::ServerProcess newer(TESSERA_SHARD_BIN,
+                              {"--shard_index=0", "--num_shards=2", "--shard_map_version=3",
+                               "--data_dir=" + root + "/shard"});
     EXPECT_FALSE(newer.address().empty());
   }
   std::ifstream shard_file(root + "/shard/SHARD");
-  std::string recorded((std::istreambuf_iterator<char>(shard_file)), std::istreambuf_iterator<char>());
+  std::string recorded((std::istreambuf_iterator<char>(shard_file)),
+                       std::istreambuf_iterator<char>());
   EXPECT_EQ(recorded, "shard 0 of 2\nmap version 3\n");
-  ServerProcess stale(TESSERA_SHARD_BIN, {"--shard_index=0", "--num_shards=2",
-                                          "--shard_map_version=2", "--data_dir=" + root + "/shard"});
+  base::ServerProcess stale(TESSERA_SHARD_BIN,
+                            {"--shard_index=0", "--num_shards=2", "--shard_map_version=2",
+                             "--data_dir=" + root + "/shard"});
   EXPECT_TRUE(stale.address().empty());
   fs::remove_all(root);
 }
@@ -431,10 +435,10 @@ TEST(FaultTest, AReshardedClusterRestartsOnItsNewMap) {
   ASSERT_TRUE(third->Start());
   const std::string two = shards[0]->address() + "," + shards[1]->address();
   const std::string three = two + "," + third->address();
-  auto coordinator = std::make_unique<ServerProcess>(
+  auto coordinator = std::make_unique<base::ServerProcess>(
       TESSERA_COORDINATOR_BIN,
       std::vector<std::string>{"--shards=" + two, "--data_dir=" + root + "/coordinator"});
-  ASSERT_TRUE(WaitHealthy(coordinator->address()));
+  ASSERT_TRUE(client::WaitHealthy(coordinator->address()));
   const std::string port = coordinator->address().substr(coordinator->address().rfind(':') + 1);
   client::ClientOptions o;
   o.mode = client::ClientOptions::Mode::kSmart;
@@ -470,30 +474,30 @@ TEST(FaultTest, AReshardedClusterRestartsOnItsNewMap) {
   coordinator.reset();
   for (auto& shard : shards) shard->Kill();
   third->Kill();
-  ServerProcess old_shard(TESSERA_SHARD_BIN, {"--shard_index=0", "--num_shards=2",
-                                              "--data_dir=" + root + "/s0"});
+  base::ServerProcess old_shard(
+      TESSERA_SHARD_BIN, {"--shard_index=0", "--num_shards=2", "--data_dir=" + root + "/s0"});
   EXPECT_TRUE(old_shard.address().empty());
-  ServerProcess old_coordinator(TESSERA_COORDINATOR_BIN,
-                                {"--shards=" + two, "--data_dir=" + root + "/coordinator"});
+  base::ServerProcess old_coordinator(TESSERA_COORDINATOR_BIN,
+                                      {"--shards=" + two, "--data_dir=" + root + "/coordinator"});
   EXPECT_TRUE(old_coordinator.address().empty());
   // On the new map they serve the rows as they were (both durabilities: the reshard
   // wrote every row a shard holds).
   // On the ports the map names.
-  std::vector<std::unique_ptr<ServerProcess>> restarted;
+  std::vector<std::unique_ptr<base::ServerProcess>> restarted;
   const std::vector<std::string> addresses = absl::StrSplit(three, ',');
   for (int k = 0; k < 3; ++k) {
-    restarted.push_back(std::make_unique<ServerProcess>(
-        TESSERA_SHARD_BIN,
-        std::vector<std::string>{absl::StrCat("--shard_index=", k), "--num_shards=3",
-                                 "--shard_map_version=2", absl::StrCat("--data_dir=", root, "/s", k),
-                                 "--port=" + addresses[k].substr(addresses[k].rfind(':') + 1)}));
-    ASSERT_TRUE(WaitHealthy(restarted[k]->address()));
+    restarted.push_back(std::make_unique<base::ServerProcess>(
+        TESSERA_SHARD_BIN, std::vector<std::string>{
+                               absl::StrCat("--shard_index=", k), "--num_shards=3",
+                               "--shard_map_version=2", absl::StrCat("--data_dir=", root, "/s", k),
+                               "--port=" + addresses[k].substr(addresses[k].rfind(':') + 1)}));
+    ASSERT_TRUE(client::WaitHealthy(restarted[k]->address()));
   }
-  coordinator = std::make_unique<ServerProcess>(
+  coordinator = std::make_unique<base::ServerProcess>(
       TESSERA_COORDINATOR_BIN,
       std::vector<std::string>{"--shards=" + three, "--shard_map_version=2",
                                "--data_dir=" + root + "/coordinator", "--port=" + port});
-  ASSERT_TRUE(WaitHealthy(coordinator->address()));
+  ASSERT_TRUE(client::WaitHealthy(coordinator->address()));
   c = client::EmbeddingClient::Connect(coordinator->address(), o).value();
   for (const char* t : {"w", "k"}) {
     std::vector<float> after(ids.size() * 8);

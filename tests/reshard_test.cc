@@ -264,7 +264,8 @@ class ReshardTest : public ::testing::Test {
 };
 
 TEST_F(ReshardTest, PushesDuringTwoToThreeToTwoWithLostAnswersEqualAReplay) {
-  for (auto mode : {client::ClientOptions::Mode::kSmart, client::ClientOptions::Mode::kCoordinator}) {
+  for (auto mode :
+       {client::ClientOptions::Mode::kSmart, client::ClientOptions::Mode::kCoordinator}) {
     SCOPED_TRACE(mode == client::ClientOptions::Mode::kSmart ? "smart" : "coordinator");
     auto c = Connect(mode);
     CreateBoth(*c, Table("a", v1::SGD, 11));

@@ -9,16 +9,17 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "tests/support/child_process.h"
+#include "base/child_process.h"
+#include "client/health_check.h"
 
 namespace tessera::testing {
 
 #ifdef TESSERA_SHARD_BIN
 // Shard `index` of `shards`, with `extra` flags.
-class ShardProcess : public ServerProcess {
+class ShardProcess : public base::ServerProcess {
  public:
   ShardProcess(int index, int shards, const std::vector<std::string>& extra = {})
-      : ServerProcess(TESSERA_SHARD_BIN, Args(index, shards, extra)) {}
+      : base::ServerProcess(TESSERA_SHARD_BIN, Args(index, shards, extra)) {}
 
  private:
   static std::vector<std::string> Args(int index, int shards,
@@ -48,9 +49,9 @@ struct DurableCluster {
         "--shards=" + list,
         "--data_dir=" + (coordinator_dir.empty() ? root + "/coordinator" : coordinator_dir)};
     if (!coordinator_port.empty()) args.push_back("--port=" + coordinator_port);
-    coordinator = std::make_unique<ServerProcess>(TESSERA_COORDINATOR_BIN, args);
+    coordinator = std::make_unique<base::ServerProcess>(TESSERA_COORDINATOR_BIN, args);
     const std::string& a = coordinator->address();
-    if (a.empty() || !WaitHealthy(a)) return false;
+    if (a.empty() || !client::WaitHealthy(a)) return false;
     coordinator_port = a.substr(a.rfind(':') + 1);
     return true;
   }
@@ -64,9 +65,9 @@ struct DurableCluster {
                                      absl::StrCat("--num_shards=", n),
                                      absl::StrCat("--data_dir=", root, "/shard-", k)};
     if (ports.size() > static_cast<size_t>(k)) args.push_back("--port=" + ports[k]);
-    shards[k] = std::make_unique<ServerProcess>(TESSERA_SHARD_BIN, args);
+    shards[k] = std::make_unique<base::ServerProcess>(TESSERA_SHARD_BIN, args);
     const std::string& a = shards[k]->address();
-    if (a.empty() || !WaitHealthy(a)) return false;
+    if (a.empty() || !client::WaitHealthy(a)) return false;
     if (ports.size() <= static_cast<size_t>(k)) ports.push_back(a.substr(a.rfind(':') + 1));
     return true;
   }
@@ -80,8 +81,8 @@ struct DurableCluster {
   std::string coordinator_dir;  // empty: root/coordinator
   std::vector<std::string> ports;
   std::string coordinator_port;
-  std::vector<std::unique_ptr<ServerProcess>> shards;
-  std::unique_ptr<ServerProcess> coordinator;
+  std::vector<std::unique_ptr<base::ServerProcess>> shards;
+  std::unique_ptr<base::ServerProcess> coordinator;
 };
 #endif
 

@@ -121,8 +121,9 @@ TEST(ShardProcesses, ASecondServerOnATakenPortRefusesToStart) {
   const std::string port = first.address().substr(first.address().rfind(':') + 1);
   for (const char* binary : {TESSERA_SHARD_BIN, TESSERA_COORDINATOR_BIN}) {
     std::vector<std::string> args = {absl::StrCat("--port=", port)};
-    if (std::string(binary) == TESSERA_COORDINATOR_BIN) args.push_back(absl::StrCat("--shards=", first.address()));
-    tessera::testing::ServerProcess second(binary, args);
+    if (std::string(binary) == TESSERA_COORDINATOR_BIN)
+      args.push_back(absl::StrCat("--shards=", first.address()));
+    tessera::base::ServerProcess second(binary, args);
     EXPECT_TRUE(second.address().empty()) << binary << " started on a taken port";
     EXPECT_EQ(second.WaitForExit(), 1) << binary;
   }
@@ -142,8 +143,8 @@ TEST(ShardProcesses, ASecondServerOnATakenPortRefusesToStart) {
 TEST(ShardProcesses, HealthChecksAreAnsweredForEachServersServiceName) {
   ShardProcess shard(0, 1);
   ASSERT_FALSE(shard.address().empty());
-  tessera::testing::ServerProcess coordinator(TESSERA_COORDINATOR_BIN,
-                                              {absl::StrCat("--shards=", shard.address())});
+  tessera::base::ServerProcess coordinator(TESSERA_COORDINATOR_BIN,
+                                           {absl::StrCat("--shards=", shard.address())});
   ASSERT_FALSE(coordinator.address().empty());
   auto status = [](const std::string& address, const std::string& service) {
     auto health = grpc::health::v1::Health::NewStub(
@@ -178,8 +179,8 @@ TEST(ShardProcesses, ACoordinatorRefusesShardsThatServeOtherPlaces) {
   const std::string a = shards[0]->address(), b = shards[1]->address(),
                     c = shards[2]->address();
   for (const std::string& list : {a + "," + b, b + "," + a + "," + c}) {
-    tessera::testing::ServerProcess coordinator(TESSERA_COORDINATOR_BIN,
-                                                {"--shards=" + list}, /*quiet=*/true);
+    tessera::base::ServerProcess coordinator(TESSERA_COORDINATOR_BIN, {"--shards=" + list},
+                                             /*quiet=*/true);
     EXPECT_TRUE(coordinator.address().empty()) << list;
     EXPECT_EQ(coordinator.WaitForExit(), 1) << list;
   }
@@ -192,10 +193,11 @@ TEST(ShardProcesses, ACoordinatorRefusesShardsThatServeOtherPlaces) {
   char buf[1024];
   for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
   pclose(p);
-  EXPECT_THAT(out, ::testing::HasSubstr("serves place 0 of 3 at shard map version 1, but --shards="))
+  EXPECT_THAT(out,
+              ::testing::HasSubstr("serves place 0 of 3 at shard map version 1, but --shards="))
       << out;
-  tessera::testing::ServerProcess coordinator(TESSERA_COORDINATOR_BIN,
-                                              {"--shards=" + a + "," + b + "," + c});
+  tessera::base::ServerProcess coordinator(TESSERA_COORDINATOR_BIN,
+                                           {"--shards=" + a + "," + b + "," + c});
   EXPECT_FALSE(coordinator.address().empty()) << "the shards' own map";
 }
 
@@ -209,7 +211,7 @@ TEST(ShardProcesses, APortOutsideItsRangeIsRefused) {
       if (std::string(binary) == TESSERA_COORDINATOR_BIN) {
         args.push_back(absl::StrCat("--shards=", shard.address()));
       }
-      tessera::testing::ServerProcess server(binary, args, /*quiet=*/true);
+      tessera::base::ServerProcess server(binary, args, /*quiet=*/true);
       EXPECT_TRUE(server.address().empty()) << binary << " " << port << " started";
       EXPECT_EQ(server.WaitForExit(), 1) << binary << " " << port;
     }
@@ -234,13 +236,13 @@ TEST(ShardProcesses, ACliPointedAtAShardSaysSo) {
 // Issue 25, item 10: a batch over a server's id limit is refused naming the flag that
 // sets it, on the coordinator and on a shard alike.
 TEST(ShardProcesses, ABatchOverTheIdLimitNamesTheFlagThatSetsIt) {
-  tessera::testing::ServerProcess shard(TESSERA_SHARD_BIN,
-                                        {"--shard_index=0", "--num_shards=1", "--max_batch_ids=4"});
+  tessera::base::ServerProcess shard(TESSERA_SHARD_BIN,
+                                     {"--shard_index=0", "--num_shards=1", "--max_batch_ids=4"});
   ASSERT_FALSE(shard.address().empty());
-  tessera::testing::ServerProcess coordinator(
+  tessera::base::ServerProcess coordinator(
       TESSERA_COORDINATOR_BIN, {absl::StrCat("--shards=", shard.address()), "--max_batch_ids=3"});
   ASSERT_FALSE(coordinator.address().empty());
-  ASSERT_TRUE(tessera::testing::WaitHealthy(coordinator.address()));
+  ASSERT_TRUE(tessera::client::WaitHealthy(coordinator.address()));
   auto cli = [&](const std::string& address, const std::string& args) {
     std::string out;
     FILE* p = popen(absl::StrCat(TESSERA_CLI_BIN, " --coordinator=", address, " ", args, " 2>&1")
@@ -264,11 +266,10 @@ TEST(ShardProcesses, ABatchOverTheIdLimitNamesTheFlagThatSetsIt) {
 // rows it holds stay served.
 TEST(ShardProcesses, AShardPastItsMemoryLimitRefusesNewRowsWithTheReason) {
   // Enough for a few hundred rows of dim 8 with Adagrad (each about 128 bytes stored).
-  tessera::testing::ServerProcess shard(TESSERA_SHARD_BIN,
-                                        {"--shard_index=0", "--num_shards=1",
-                                         "--memory_limit=40000"});
+  tessera::base::ServerProcess shard(TESSERA_SHARD_BIN,
+                                     {"--shard_index=0", "--num_shards=1", "--memory_limit=40000"});
   ASSERT_FALSE(shard.address().empty());
-  ASSERT_TRUE(tessera::testing::WaitHealthy(shard.address()));
+  ASSERT_TRUE(tessera::client::WaitHealthy(shard.address()));
   auto stub = tessera::v1::EmbeddingShard::NewStub(
       grpc::CreateChannel(shard.address(), grpc::InsecureChannelCredentials()));
   {
@@ -303,13 +304,14 @@ TEST(ShardProcesses, AShardPastItsMemoryLimitRefusesNewRowsWithTheReason) {
   EXPECT_EQ(stats.tables(0).memory_budget_bytes(), 40000);
   EXPECT_GT(stats.tables(0).memory_budget_used_bytes(), 100 * 128);
   EXPECT_LE(stats.tables(0).memory_budget_used_bytes(), 40000);
-  tessera::testing::ServerProcess coordinator(TESSERA_COORDINATOR_BIN,
-                                              {absl::StrCat("--shards=", shard.address())});
-  ASSERT_TRUE(tessera::testing::WaitHealthy(coordinator.address()));
+  tessera::base::ServerProcess coordinator(TESSERA_COORDINATOR_BIN,
+                                           {absl::StrCat("--shards=", shard.address())});
+  ASSERT_TRUE(tessera::client::WaitHealthy(coordinator.address()));
   std::string out;
-  FILE* p = popen(
-      absl::StrCat(TESSERA_CLI_BIN, " --coordinator=", coordinator.address(), " stats 2>&1").c_str(),
-      "r");
+  FILE* p =
+      popen(absl::StrCat(TESSERA_CLI_BIN, " --coordinator=", coordinator.address(), " stats 2>&1")
+                .c_str(),
+            "r");
   char buf[1024];
   for (size_t n; p != nullptr && (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
   if (p != nullptr) pclose(p);
@@ -319,7 +321,7 @@ TEST(ShardProcesses, AShardPastItsMemoryLimitRefusesNewRowsWithTheReason) {
 TEST(ShardProcesses, ServeReflectionListingTheirServices) {
   ShardProcess shard(0, 1);
   ASSERT_FALSE(shard.address().empty());
-  ASSERT_TRUE(tessera::testing::WaitHealthy(shard.address()));
+  ASSERT_TRUE(tessera::client::WaitHealthy(shard.address()));
   auto stub = grpc::reflection::v1alpha::ServerReflection::NewStub(
       grpc::CreateChannel(shard.address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
@@ -345,10 +347,10 @@ TEST(ShardProcesses, ServeReflectionListingTheirServices) {
 // the coordinator; an unknown symbol is NOT_FOUND in the answer.
 TEST(ShardProcesses, ServeReflectionV1WithTheirServicesAndFiles) {
   ShardProcess shard(0, 1);
-  ASSERT_TRUE(tessera::testing::WaitHealthy(shard.address()));
-  tessera::testing::ServerProcess coordinator(TESSERA_COORDINATOR_BIN,
-                                              {absl::StrCat("--shards=", shard.address())});
-  ASSERT_TRUE(tessera::testing::WaitHealthy(coordinator.address()));
+  ASSERT_TRUE(tessera::client::WaitHealthy(shard.address()));
+  tessera::base::ServerProcess coordinator(TESSERA_COORDINATOR_BIN,
+                                           {absl::StrCat("--shards=", shard.address())});
+  ASSERT_TRUE(tessera::client::WaitHealthy(coordinator.address()));
   namespace v1 = grpc::reflection::v1;
   for (const auto& [address, service] :
        {std::pair{shard.address(), std::string("tessera.v1.EmbeddingShard")},

@@ -362,7 +362,8 @@ TEST_F(SharedClusterTest, AResumeThatFailsItsChecksRestoresNothing) {
 // A shard missing a model's newest checkpoint (lost, or never written): a restore of it is
 // refused before any shard changes, naming the one before; --resume=auto trains on from
 // the one before, saying so, instead of advising to drop the model's tables.
-TEST_F(SharedClusterTest, AShardMissingTheNewestCheckpointChangesNoShardAndResumeTakesTheOneBefore) {
+TEST_F(SharedClusterTest,
+       AShardMissingTheNewestCheckpointChangesNoShardAndResumeTakesTheOneBefore) {
   const std::string train = absl::StrCat("--coordinator=", address(),
                                          " --log_every=0 --held_out=500 --model=m");
   Result first =
@@ -399,7 +400,8 @@ TEST_F(SharedClusterTest, AShardMissingTheNewestCheckpointChangesNoShardAndResum
 TEST_F(SharedClusterTest, AResumeWithOtherSettingsOrOfTrainedTablesWithoutACheckpointIsRefused) {
   const std::string train = absl::StrCat("--coordinator=", address(),
                                          " --steps=20 --log_every=0 --held_out=500");
-  Result first = RunBinary(TESSERA_TRAIN_BIN, absl::StrCat(train, " --model=lr --checkpoint_every=10"));
+  Result first =
+      RunBinary(TESSERA_TRAIN_BIN, absl::StrCat(train, " --model=lr --checkpoint_every=10"));
   ASSERT_EQ(first.exit_code, 0) << first.output;
   const auto c1 = Rows("lr.C1", ids_, 16);
   Result changed = RunBinary(TESSERA_TRAIN_BIN,
@@ -418,7 +420,8 @@ TEST_F(SharedClusterTest, AResumeWithOtherSettingsOrOfTrainedTablesWithoutACheck
   const auto listed = client_->ListTables();
   ASSERT_TRUE(listed.ok()) << listed.status();
   for (const auto& t : *listed) {
-    if (absl::StartsWith(t.name(), "lr.")) EXPECT_EQ(t.optimizer().learning_rate(), 0.5f) << t.name();
+    if (absl::StartsWith(t.name(), "lr."))
+      EXPECT_EQ(t.optimizer().learning_rate(), 0.5f) << t.name();
   }
 
   // A run that ends without a checkpoint leaves trained tables; resuming them would pair
@@ -534,7 +537,8 @@ TEST_F(SharedClusterTest, AnExportedDroppedRecreatedAndImportedTableServesTheSam
   push(*reference, late, 10);
   const auto before = Rows("serve.t", ids);
 
-  const std::string all = absl::StrCat(root_, "/all.npz"), delta = absl::StrCat(root_, "/delta.npz");
+  const std::string all = absl::StrCat(root_, "/all.npz"),
+                    delta = absl::StrCat(root_, "/delta.npz");
   Result exported = Cli(absl::StrCat("export --table=serve.t --with_state --out=", all));
   ASSERT_EQ(exported.exit_code, 0) << exported.output;
   EXPECT_THAT(exported.output, HasSubstr("exported 3000 rows"));
@@ -581,8 +585,9 @@ TEST_F(SharedClusterTest, GradientsThatSumToInfChangeNoShard) {
   pushed.push_back(ids.back());
   std::vector<float> g(pushed.size() * 4, 0.25f);
   for (int j = 0; j < 4; ++j) g[39 * 4 + j] = g[40 * 4 + j] = -3e38f;
-  for (embedding::EmbeddingCollection* c : {static_cast<embedding::EmbeddingCollection*>(client_.get()),
-                                            static_cast<embedding::EmbeddingCollection*>(via.get())}) {
+  for (embedding::EmbeddingCollection* c :
+       {static_cast<embedding::EmbeddingCollection*>(client_.get()),
+        static_cast<embedding::EmbeddingCollection*>(via.get())}) {
     absl::Status s = c->PushGradients("inf.t", pushed, g, 1);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_EQ(Rows("inf.t", ids), before);
@@ -625,7 +630,8 @@ bool FileHas(const std::string& path, const std::string& text) {
 TEST_F(SharedClusterTest, AShardRestartedMidRunSendsTheModelBackToItsCheckpoint) {
   const std::string common = "--steps=1500 --batch_size=128 --log_every=100 --held_out=2000";
   const std::string reference = absl::StrCat(root_, "/reference.jsonl");
-  Result straight = RunBinary(TESSERA_TRAIN_BIN, absl::StrCat(common, " --metrics_out=", reference));
+  Result straight =
+      RunBinary(TESSERA_TRAIN_BIN, absl::StrCat(common, " --metrics_out=", reference));
   ASSERT_EQ(straight.exit_code, 0) << straight.output;
 
   for (const std::string mode : {"resume", "fail"}) {

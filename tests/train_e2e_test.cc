@@ -2,11 +2,9 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
-#include <thread>
-
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -15,6 +13,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -22,12 +21,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "embedding/device/device_table.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "embedding/device/device_table.h"
+#include "tests/train_process.h"
 #include "trainer/criteo_reader.h"
 #include "trainer/dense_backend.h"
-#include "tests/train_process.h"
 
 namespace {
 
@@ -357,7 +356,8 @@ TEST(TesseraTrainCuda, DeviceTablesReachTheCpuRunsAuc) {
 // (both through the same files), and continues to the losses of an uninterrupted run.
 TEST(TesseraTrainCuda, DeviceTableCheckpointsResumeOnHostTables) {
   const std::string common = "--log_every=50 --held_out=5000 --dense_backend=cuda";
-  for (const auto& [first, second] : {std::pair{"cuda", "inproc:4"}, std::pair{"inproc:4", "cuda"}}) {
+  for (const auto& [first, second] :
+       {std::pair{"cuda", "inproc:4"}, std::pair{"inproc:4", "cuda"}}) {
     const std::string dir = TempPath(absl::StrCat("tables-", first[0] == 'c' ? "device" : "host"));
     Result a = RunTrain(absl::StrCat(common, " --steps=200 --checkpoint_every=100 --data_dir=", dir,
                                      " --shards=", first));
@@ -435,7 +435,8 @@ TEST(TesseraTrain, InputWithoutOneTrainableLineFailsAndGzipTrainsLikeThePlainFil
   const std::string plain = WriteCriteo("plain.tsv", 2000, 7);
   ASSERT_EQ(std::system(absl::StrCat("gzip -c ", plain, " > ", plain, ".gz").c_str()), 0);
   const std::string m1 = TempPath("plain.jsonl"), m2 = TempPath("gz.jsonl");
-  Result a = RunTrain(absl::StrCat("--data=", plain, " --batch_size=64 --log_every=1 --metrics_out=", m1));
+  Result a =
+      RunTrain(absl::StrCat("--data=", plain, " --batch_size=64 --log_every=1 --metrics_out=", m1));
   ASSERT_EQ(a.exit_code, 0) << a.output;
   Result b = RunTrain(
       absl::StrCat("--data=", plain, ".gz --batch_size=64 --log_every=1 --metrics_out=", m2));
@@ -483,7 +484,8 @@ TEST(TesseraTrain, BadLinesAreNamedFirstInFileOrderAndReportedOnceEach) {
     (tessera::trainer::IsHeldOutLine(line, split) ? held_lines : train_lines).push_back(line);
   }
   // Bad lines: an early training line, a later held-out one, two later training ones.
-  const int first = train_lines[5], held = *std::upper_bound(held_lines.begin(), held_lines.end(), first);
+  const int first = train_lines[5],
+            held = *std::upper_bound(held_lines.begin(), held_lines.end(), first);
   const int later1 = train_lines[200], later2 = train_lines[250];
   const std::string path = TempPath("order.tsv");
   {
@@ -538,13 +540,15 @@ TEST(TesseraTrain, ASignalStopsAtTheEndOfAStepWithACheckpointAndSaysHowToGoOn) {
   int64_t step = 0;
   ASSERT_TRUE(absl::SimpleAtoi(out.substr(at + 26, out.find(' ', at + 26) - at - 26), &step))
       << out;
-  EXPECT_THAT(out, testing::HasSubstr(absl::StrCat("newest checkpoint: step ", step, " of model 'dlrm'")));
+  EXPECT_THAT(
+      out, testing::HasSubstr(absl::StrCat("newest checkpoint: step ", step, " of model 'dlrm'")));
   EXPECT_THAT(out, testing::HasSubstr(absl::StrCat("to go on from it: ", TESSERA_TRAIN_BIN, " ",
                                                    args, " --resume=auto")));
   EXPECT_THAT(out, testing::Not(testing::HasSubstr("held-out:")));  // stopped, not finished
   Result resumed = RunTrain(absl::StrCat(args, " --resume=auto --steps=", step + 20));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  EXPECT_THAT(resumed.output, testing::HasSubstr(absl::StrCat("resume: restored checkpoint ", step)));
+  EXPECT_THAT(resumed.output,
+              testing::HasSubstr(absl::StrCat("resume: restored checkpoint ", step)));
   std::filesystem::remove_all(dir);
 }
 
@@ -559,7 +563,7 @@ TEST(TesseraBinaries, HelpListsEachBinarysOwnFlagsAndVersionPrintsIt) {
     Result help = RunBinary(binary, "--help");
     EXPECT_THAT(help.output, testing::HasSubstr(own_flag)) << binary;
     // Flags are listed by their file as the repository names it, not the build machine's.
-    EXPECT_THAT(help.output, testing::HasSubstr("Flags from client/security_flags.cc:")) << binary;
+    EXPECT_THAT(help.output, testing::HasSubstr("Flags from wire/security_flags.cc:")) << binary;
     EXPECT_THAT(help.output, testing::Not(testing::HasSubstr(TESSERA_SOURCE_DIR))) << binary;
     EXPECT_THAT(help.output, testing::Not(testing::HasSubstr("No flags matched"))) << binary;
     Result version = RunBinary(binary, "--version");

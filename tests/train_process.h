@@ -40,17 +40,17 @@ struct Cluster {
     std::string list;
     for (int k = 0; k < n; ++k) {
       shards.push_back(std::make_unique<ShardProcess>(k, n, shard_flags));
-      if (!shards[k]->address().empty() && WaitHealthy(shards[k]->address())) {
+      if (!shards[k]->address().empty() && client::WaitHealthy(shards[k]->address())) {
         absl::StrAppend(&list, k ? "," : "", shards[k]->address());
       }
     }
-    coordinator = std::make_unique<ServerProcess>(
+    coordinator = std::make_unique<base::ServerProcess>(
         TESSERA_COORDINATOR_BIN, std::vector<std::string>{absl::StrCat("--shards=", list)});
-    ok = !coordinator->address().empty() && WaitHealthy(coordinator->address());
+    ok = !coordinator->address().empty() && client::WaitHealthy(coordinator->address());
   }
   bool ok = false;
   std::vector<std::unique_ptr<ShardProcess>> shards;
-  std::unique_ptr<ServerProcess> coordinator;
+  std::unique_ptr<base::ServerProcess> coordinator;
 };
 
 // Runs shell command `command` to its end; its exit code, with stdout and stderr in
@@ -72,7 +72,7 @@ inline int RunTrain(const std::string& args, std::string* output) {
 
 // A program in the background (`argv[0]`: its path), its stdout and stderr in a file of
 // its own.
-class LoggedProcess : public ChildProcess {
+class LoggedProcess : public base::ChildProcess {
  public:
   LoggedProcess(std::vector<std::string> argv_s, const std::string& log) : log_(log) {
     std::vector<char*> argv;

@@ -45,7 +45,6 @@
 #include "base/command_line.h"
 #include "base/status.h"
 #include "client/channel_policy.h"
-#include "client/security_flags.h"
 #include "client/shard_router.h"
 #include "embedding/collection.h"
 #include "embedding/dtype.h"
@@ -57,6 +56,7 @@
 #include "tessera/v1/embedding_service.grpc.pb.h"
 #include "tools/npz.h"
 #include "wire/grpc_status.h"
+#include "wire/security_flags.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7000", "host:port of the coordinator");
 ABSL_FLAG(std::string, address, "", "health: the server to check (default: the coordinator)");
@@ -77,20 +77,23 @@ ABSL_FLAG(bool, all_models, false,
           "restore: without --model, restore every model of the cluster (rolls back every job "
           "sharing it)");
 ABSL_FLAG(std::string, durability, "checkpoint", "create: checkpoint or write_through");
-ABSL_FLAG(std::string, initializer, "uniform", "create: how new rows start: uniform, normal or zeros");
+ABSL_FLAG(std::string, initializer, "uniform",
+          "create: how new rows start: uniform, normal or zeros");
 ABSL_FLAG(double, init_scale, 0.05,
           "create: rows start U(-s, s) (normal: N(0, s^2)), as tessera-train's --init_scale; "
           "0 = 1/sqrt(dim)");
 ABSL_FLAG(std::string, eviction, "none",
           "create: what a table full at --max_rows does: none (refuses new rows), lru or lfu");
-ABSL_FLAG(int64_t, ttl_steps, 0, "create: rows not updated for this many steps are dropped (0 = never)");
+ABSL_FLAG(int64_t, ttl_steps, 0,
+          "create: rows not updated for this many steps are dropped (0 = never)");
 ABSL_FLAG(int64_t, vocabulary_size, 0,
           "create: a fixed vocabulary: ids in [0, N), rows addressed by id (0: any id)");
 ABSL_FLAG(int, admit_min_count, 0,
           "create: feature admission: an id gets a row once pushes of this many steps carried "
           "it (0 or 1: at once)");
-ABSL_FLAG(double, admit_probability, 0,
-          "create: feature admission: a new id gets a row with this probability (0 or 1: every id)");
+ABSL_FLAG(
+    double, admit_probability, 0,
+    "create: feature admission: a new id gets a row with this probability (0 or 1: every id)");
 ABSL_FLAG(int64_t, admit_sketch_width, 0,
           "create: counters per row of each shard's admission sketch (0: 65536)");
 ABSL_FLAG(std::optional<double>, epsilon, std::nullopt,
@@ -126,22 +129,22 @@ namespace {
 
 using tessera::v1::Coordinator;
 
-// TLS and token from the shared flags (client/security_flags.h), loaded in main().
-tessera::client::ClientSecurity& Security() {
-  static tessera::client::ClientSecurity security;
+// TLS and token from the shared flags (wire/security_flags.h), loaded in main().
+tessera::wire::ClientSecurity& Security() {
+  static tessera::wire::ClientSecurity security;
   return security;
 }
 
 std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
   grpc::ChannelArguments args = tessera::client::ChannelArgs();
-  auto credentials = tessera::client::MakeChannelCredentials(Security(), &args);
+  auto credentials = tessera::wire::MakeChannelCredentials(Security(), &args);
   return grpc::CreateCustomChannel(address, credentials, args);
 }
 
 std::unique_ptr<grpc::ClientContext> Context(int deadline_ms = absl::GetFlag(FLAGS_deadline_ms)) {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
-  tessera::client::Authorize(Security(), ctx.get());
+  tessera::wire::Authorize(Security(), ctx.get());
   return ctx;
 }
 
@@ -202,7 +205,7 @@ std::vector<tessera::v1::TableConfig> TablesOfModel(const tessera::v1::ListTable
 int Fail(const std::string& what, const grpc::Status& s) {
   // Calls go to the coordinator but for `health --address`: say what a shard or a TLS
   // mismatch looks like.
-  absl::Status explained = tessera::client::ExplainCoordinatorFailure(
+  absl::Status explained = tessera::wire::ExplainCoordinatorFailure(
       tessera::wire::FromGrpcStatus(s), absl::GetFlag(FLAGS_coordinator), Security());
   std::cerr << "tessera-cli: " << what << ": " << absl::StatusCodeToString(explained.code())
             << ": " << explained.message() << "\n";
@@ -485,7 +488,8 @@ int Apply(Coordinator::Stub& stub) {
   return failures == 0 ? 0 : 1;
 }
 
-void PrintTableList(const char* what, const google::protobuf::RepeatedPtrField<std::string>& names) {
+void PrintTableList(const char* what,
+                    const google::protobuf::RepeatedPtrField<std::string>& names) {
   std::vector<std::string> sorted(names.begin(), names.end());
   std::sort(sorted.begin(), sorted.end(), NaturalLess);
   std::printf("  %s (%zu): %s\n", what, sorted.size(),
@@ -983,8 +987,7 @@ int main(int argc, char** argv) {
     std::cerr << "usage: " << usage << "\n";
     return 1;
   }
-  absl::StatusOr<tessera::client::ClientSecurity> security =
-      tessera::client::ClientSecurityFromFlags();
+  absl::StatusOr<tessera::wire::ClientSecurity> security = tessera::wire::ClientSecurityFromFlags();
   if (!security.ok()) {
     std::cerr << "tessera-cli: " << security.status().message() << "\n";
     return 1;

@@ -42,7 +42,8 @@ size_t ItemSize(const std::string& dtype) { return dtype == "<f4" ? 4 : 8; }
 std::string Npy(const NpyArray& a) {
   std::string shape = "(";
   for (size_t i = 0; i < a.shape.size(); ++i) {
-    absl::StrAppend(&shape, a.shape[i], a.shape.size() == 1 ? "," : (i + 1 < a.shape.size() ? ", " : ""));
+    absl::StrAppend(&shape, a.shape[i],
+                    a.shape.size() == 1 ? "," : (i + 1 < a.shape.size() ? ", " : ""));
   }
   shape += ")";
   std::string header =

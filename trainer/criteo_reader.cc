@@ -9,14 +9,14 @@
 #include <iostream>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_split.h"
-#include "embedding/sharding.h"
+#include "absl/strings/strip.h"
 #include "base/status.h"
+#include "embedding/sharding.h"
 
 namespace tessera::trainer_internal {
 
@@ -171,7 +171,8 @@ absl::Status ParseCriteoLine(absl::string_view line, const CriteoOptions& option
       } else if (field == "1") {
         *label = 1.0f;
       } else {
-        return absl::InvalidArgumentError(absl::StrCat("label must be 0 or 1, got '", Printable(field), "'"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("label must be 0 or 1, got '", Printable(field), "'"));
       }
     } else if (column <= options.num_dense) {
       int64_t v = 0;
@@ -181,8 +182,8 @@ absl::Status ParseCriteoLine(absl::string_view line, const CriteoOptions& option
         dense[column - 1] =
             static_cast<float>(std::log1p(static_cast<double>(std::max<int64_t>(v, 0))));
       } else {
-        return absl::InvalidArgumentError(
-            absl::StrCat("integer column I", column, " is not an integer: '", Printable(field), "'"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "integer column I", column, " is not an integer: '", Printable(field), "'"));
       }
     } else {
       const int f = column - 1 - options.num_dense;
@@ -192,8 +193,8 @@ absl::Status ParseCriteoLine(absl::string_view line, const CriteoOptions& option
       } else if (ParseHex(field, &v)) {
         ids[f] = CriteoFeatureId(f, v, /*missing=*/false);
       } else {
-        return absl::InvalidArgumentError(
-            absl::StrCat("categorical column C", f + 1, " is not hexadecimal: '", Printable(field), "'"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "categorical column C", f + 1, " is not hexadecimal: '", Printable(field), "'"));
       }
     }
     ++column;

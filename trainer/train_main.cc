@@ -26,13 +26,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/command_line.h"
-#include "base/logging.h"
-#include "base/metrics.h"
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "client/channel_policy.h"
 #include "client/embedding_client.h"
-#include "client/security_flags.h"
 #include "embedding/collection.h"
 #include "embedding/device/device_collection.h"
 #include "embedding/device/device_table.h"
@@ -41,6 +38,8 @@
 #include "embedding/optimizer.h"
 #include "embedding/storage/durable_collection.h"
 #include "embedding/storage/host_checkpoints.h"
+#include "observability/logging.h"
+#include "observability/metrics.h"
 #include "trainer/coordinator_rendezvous.h"
 #include "trainer/criteo_reader.h"
 #include "trainer/data_parallel.h"
@@ -48,6 +47,7 @@
 #include "trainer/input_pipeline.h"
 #include "trainer/synthetic.h"
 #include "trainer/trainer.h"
+#include "wire/security_flags.h"
 
 ABSL_FLAG(std::string, data, "synthetic",
           "'synthetic', or Criteo-format TSV files (plain or .gz): comma-separated paths or "
@@ -498,7 +498,7 @@ absl::Status ParsePlacementFlags(TrainFlags* f) {
   } else {
     return absl::InvalidArgumentError("--client_mode must be smart or coordinator");
   }
-  TESSERA_ASSIGN_OR_RETURN(f->client.security, client::ClientSecurityFromFlags());
+  TESSERA_ASSIGN_OR_RETURN(f->client.security, wire::ClientSecurityFromFlags());
   f->client.retry.max_retries = absl::GetFlag(FLAGS_max_retries);
   DataParallelOptions& dpo = f->data_parallel;
   dpo.num_workers = f->num_workers;
@@ -670,8 +670,9 @@ absl::Status ParseDataFlags(TrainFlags* f) {
     sc.num_dense = f->model.num_dense;
     sc.seed = f->seed;
     sc.zipf_s = absl::GetFlag(FLAGS_zipf);
-    TESSERA_ASSIGN_OR_RETURN(sc.cardinalities, ParseCardinalities(absl::GetFlag(FLAGS_cardinalities),
-                                                                  f->model.num_sparse));
+    TESSERA_ASSIGN_OR_RETURN(
+        sc.cardinalities,
+        ParseCardinalities(absl::GetFlag(FLAGS_cardinalities), f->model.num_sparse));
     f->held_out = absl::GetFlag(FLAGS_held_out);
     if (f->steps == 0) f->steps = 10000;
     return ParseVocabularyFlag(sc.cardinalities, f);
@@ -788,10 +789,10 @@ prometheus::Gauge& TrainGauge(prometheus::Registry& registry, const std::string&
 }
 
 // --metrics_port: the trainer's progress and its tables' sizes (null without the flag).
-absl::StatusOr<std::unique_ptr<base::Metrics>> StartTrainMetrics(
+absl::StatusOr<std::unique_ptr<observability::Metrics>> StartTrainMetrics(
     embedding::EmbeddingCollection* tables, TrainerOptions* options) {
-  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<base::Metrics> metrics,
-                           base::StartMetricsFromFlags("train"));
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<observability::Metrics> metrics,
+                           observability::StartMetricsFromFlags("train"));
   if (metrics == nullptr) return metrics;
   auto& registry = metrics->registry();
   auto& rate = TrainGauge(registry, "tessera_train_samples_per_second",
@@ -806,8 +807,9 @@ absl::StatusOr<std::unique_ptr<base::Metrics>> StartTrainMetrics(
     steps.Set(static_cast<double>(p.step));
     samples.Set(static_cast<double>(p.samples));
   };
-  metrics->Watch([tables](base::Metrics& m) { m.ReadTables(base::ReadingsOf(tables)); },
-                 std::chrono::seconds(5));
+  metrics->Watch(
+      [tables](observability::Metrics& m) { m.ReadTables(observability::ReadingsOf(tables)); },
+      std::chrono::seconds(5));
   return metrics;
 }
 
@@ -1102,7 +1104,7 @@ absl::Status Run() {
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<DenseBackend> dense, MakeDenseBackend(f));
   TESSERA_ASSIGN_OR_RETURN(TrainTables tables, MakeTables(f));
   TrainerOptions options = f.options;
-  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<base::Metrics> metrics,
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<observability::Metrics> metrics,
                            StartTrainMetrics(tables.tables.get(), &options));
   TESSERA_ASSIGN_OR_RETURN(Workers workers, JoinWorkers(f, tables.remote, &options));
   DataParallel* dp = workers.dp.get();
@@ -1186,7 +1188,7 @@ int main(int argc, char** argv) {
       "  tessera-train                       synthetic data, 4 in-process shards\n"
       "  tessera-train --data=train.tsv      Criteo-format TSV\n"
       "  tessera-train --coordinator=HOST:PORT --model=NAME --resume=auto");
-  absl::Status s = tessera::base::ConfigureLoggingFromFlags("tessera-train");
+  absl::Status s = tessera::observability::ConfigureLoggingFromFlags("tessera-train");
   tessera::trainer::command_line.assign(argv, argv + argc);
   tessera::trainer::InstallStopHandlers();
   if (s.ok()) s = tessera::trainer::Run();

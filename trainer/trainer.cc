@@ -615,9 +615,9 @@ absl::StatusOr<TrainResult> Trainer::Train(BatchSource* source, int64_t max_step
                     static_cast<long long>(done), total.c_str(), rate, mean_loss, total_s);
         std::fflush(stdout);
       }
-      WriteMetrics(absl::StrFormat(
-          R"({"event":"train","step":%d,"samples":%d,"samples_per_s":%.1f,"loss":%.6f,"elapsed_s":%.3f})",
-          done, result.samples, rate, mean_loss, total_s));
+      WriteMetrics(absl::StrFormat(R"({"event":"train","step":%d,"samples":%d,)"
+                                   R"("samples_per_s":%.1f,"loss":%.6f,"elapsed_s":%.3f})",
+                                   done, result.samples, rate, mean_loss, total_s));
       if (options_.on_progress) {
         options_.on_progress(Progress{done, result.samples, rate, mean_loss, total_s});
       }

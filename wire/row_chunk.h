@@ -6,10 +6,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "wire/packed_bytes.h"
-#include "embedding/collection.h"
 #include "base/status.h"
+#include "embedding/collection.h"
 #include "tessera/v1/embedding_service.pb.h"
+#include "wire/packed_bytes.h"
 
 namespace tessera::wire {
 

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "client/health_check.h"
 
 namespace tessera::bench {
 
@@ -16,10 +17,10 @@ absl::StatusOr<LocalCluster::Process> LocalCluster::Spawn(const std::string& bin
     return absl::FailedPreconditionError(absl::StrCat(binary, " not found; build it first"));
   }
   // Stopped by the destructor whatever happens next.
-  servers_.push_back(std::make_unique<testing::ServerProcess>(binary, args, /*quiet=*/true));
-  const testing::ServerProcess& server = *servers_.back();
+  servers_.push_back(std::make_unique<base::ServerProcess>(binary, args, /*quiet=*/true));
+  const base::ServerProcess& server = *servers_.back();
   processes_.push_back(Process{name, server.pid(), server.address()});
-  if (server.address().empty() || !testing::WaitHealthy(server.address(), 20)) {
+  if (server.address().empty() || !client::WaitHealthy(server.address(), 20)) {
     return absl::UnavailableError(absl::StrCat(name, " (", binary, ") did not start"));
   }
   return processes_.back();

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "tests/support/child_process.h"
+#include "base/child_process.h"
 
 namespace tessera::bench {
 
@@ -36,7 +36,7 @@ class LocalCluster {
                                 std::vector<std::string> args);
 
   std::vector<Process> processes_;
-  std::vector<std::unique_ptr<testing::ServerProcess>> servers_;  // as processes_
+  std::vector<std::unique_ptr<base::ServerProcess>> servers_;  // as processes_
 };
 
 }  // namespace tessera::bench

@@ -16,9 +16,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/status.h"
 #include "embedding/batch_ops.h"
 #include "embedding/embedding_table.h"
-#include "base/status.h"
 
 namespace tessera::bench {
 namespace {

@@ -45,8 +45,8 @@ absl::StatusOr<TableLayout> DescribeTable(const v1::TableConfig& config) {
   }
   if (config.admission().min_count() > 1 ||
       (config.admission().probability() > 0.0f && config.admission().probability() < 1.0f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": admission needs a host table; a device table makes a row for every id"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": admission needs a host table; a device table makes a row for every id"));
   }
   absl::StatusOr<OptimizerParams> params = ResolveOptimizer(config.optimizer());
   if (!params.ok()) return params.status();

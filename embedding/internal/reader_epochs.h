@@ -38,7 +38,8 @@ class ReaderEpochs {
   }
   // Readers in flight (for tests).
   int32_t readers() const {
-    return readers_[0].load(std::memory_order_relaxed) + readers_[1].load(std::memory_order_relaxed);
+    return readers_[0].load(std::memory_order_relaxed) +
+           readers_[1].load(std::memory_order_relaxed);
   }
 
  private:

@@ -11,30 +11,14 @@
 #include <cstdint>
 #include <cstring>
 
+#include "embedding/prefetch.h"
+
 namespace tessera::embedding_internal {
 
-// Prefetches the line holding `p`. (The empty asm keeps a loop of these: a loop of
-// prefetches alone counts as free of effects, and GCC deletes it.)
-inline void PrefetchLine(const void* p, bool for_write) {
-  if (for_write) {
-    __builtin_prefetch(p, 1, 3);
-  } else {
-    __builtin_prefetch(p, 0, 3);
-  }
-  asm volatile("");
-}
-
-inline void PrefetchLines(const float* p, int lines, bool for_write) {
-  const char* c = reinterpret_cast<const char*>(p);
-  for (int l = 0; l < lines; ++l) PrefetchLine(c + 64 * l, for_write);
-}
-
-// Prefetches the cache lines of [p, p + bytes).
-inline void PrefetchBytes(const void* p, int bytes, bool for_write) {
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
-  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes);
-  for (uintptr_t a = begin; a < end; a += 64) PrefetchLine(reinterpret_cast<const void*>(a), for_write);
-}
+// The prefetches (embedding/prefetch.h), by their short names here.
+using embedding::PrefetchBytes;
+using embedding::PrefetchLine;
+using embedding::PrefetchLines;
 
 // Copies `n` floats with vector loads and stores in line: a row is a few of them, and
 // the library call a copy loop would otherwise become costs more than the copy.

@@ -72,7 +72,8 @@ class IdMap {
   static constexpr int kWideRowBytes = 256;
   struct alignas(64) Bucket {
     MapEntry slot[kSlots];
-    uint32_t overflow;  // TagBit of every entry whose first bucket this is and that went to its second
+    // TagBit of every entry whose first bucket this is and that went to its second.
+    uint32_t overflow;
   };
   static_assert(sizeof(Bucket) == 64);
 
@@ -132,7 +133,9 @@ class IdMap {
   // unchanged, when a walk of moves found no room for it.
   bool Place(uint64_t h, uint32_t row);
   // Empties slot `pos`.
-  void EraseSlot(uint64_t pos) { buckets_of_[pos / kSlots].slot[pos % kSlots] = MapEntry{0, kNoRow}; }
+  void EraseSlot(uint64_t pos) {
+    buckets_of_[pos / kSlots].slot[pos % kSlots] = MapEntry{0, kNoRow};
+  }
 
  private:
   IdMap(AlignedBlock block, uint64_t buckets, double max_load)

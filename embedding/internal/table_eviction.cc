@@ -5,10 +5,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "embedding/embedding_table.h"
 #include "embedding/internal/admission.h"
 #include "embedding/internal/stripe.h"
-#include "base/status.h"
 
 namespace tessera::embedding {
 

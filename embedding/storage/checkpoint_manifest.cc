@@ -9,8 +9,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "base/crc32c.h"
 #include "embedding/collection.h"
-#include "embedding/storage/crc32c.h"
 #include "embedding/storage/files.h"
 
 namespace tessera::storage {
@@ -30,7 +30,8 @@ std::string EncodeManifest(const CheckpointManifest& m) {
   for (const auto& a : m.attachments) absl::StrAppend(&out, "attachment=", a, "\n");
   for (const auto& s : m.shards) absl::StrAppend(&out, "shard=", s, "\n");
   for (const auto& d : m.shard_dirs) absl::StrAppend(&out, "shard_dir=", d, "\n");
-  absl::StrAppend(&out, "crc32c=", absl::StrFormat("%08x", Crc32c(out.data(), out.size())), "\n");
+  absl::StrAppend(&out, "crc32c=", absl::StrFormat("%08x", base::Crc32c(out.data(), out.size())),
+                  "\n");
   return out;
 }
 
@@ -44,7 +45,7 @@ absl::StatusOr<CheckpointManifest> DecodeManifest(absl::string_view text, const 
   absl::string_view crc_text = text.substr(crc_at + 7);
   if (!absl::ConsumeSuffix(&crc_text, "\n")) return bad("checksum line is incomplete");
   uint32_t crc = 0;
-  if (!absl::SimpleHexAtoi(crc_text, &crc) || crc != Crc32c(text.data(), crc_at)) {
+  if (!absl::SimpleHexAtoi(crc_text, &crc) || crc != base::Crc32c(text.data(), crc_at)) {
     return bad("checksum mismatch");
   }
   CheckpointManifest m;
@@ -158,7 +159,8 @@ absl::StatusOr<const std::pair<std::string, CheckpointManifest>*> ChooseCheckpoi
   }
   if (chosen != nullptr) return chosen;
   const std::string of = model.empty() ? "" : absl::StrCat(" of model '", model, "'");
-  if (step < 0) return absl::NotFoundError(absl::StrCat("no complete checkpoint", of, " in ", root));
+  if (step < 0)
+    return absl::NotFoundError(absl::StrCat("no complete checkpoint", of, " in ", root));
   // The steps there are, so that the caller can pick one.
   std::vector<int64_t> steps;
   for (const auto& c : complete) {
@@ -172,8 +174,9 @@ absl::StatusOr<const std::pair<std::string, CheckpointManifest>*> ChooseCheckpoi
                                    absl::StrJoin(steps, ", "))));
 }
 
-absl::Status RefuseOverwrite(const std::vector<std::pair<std::string, CheckpointManifest>>& complete,
-                             const std::string& model, int64_t step) {
+absl::Status RefuseOverwrite(
+    const std::vector<std::pair<std::string, CheckpointManifest>>& complete,
+    const std::string& model, int64_t step) {
   for (const auto& c : complete) {
     if (c.second.model == model && c.second.step == step) {
       return absl::AlreadyExistsError(absl::StrCat(

@@ -62,8 +62,9 @@ absl::StatusOr<const std::pair<std::string, CheckpointManifest>*> ChooseCheckpoi
 
 // AlreadyExists when `complete` holds checkpoint `step` of `model`: one is never
 // overwritten.
-absl::Status RefuseOverwrite(const std::vector<std::pair<std::string, CheckpointManifest>>& complete,
-                             const std::string& model, int64_t step);
+absl::Status RefuseOverwrite(
+    const std::vector<std::pair<std::string, CheckpointManifest>>& complete,
+    const std::string& model, int64_t step);
 
 // The directories of `complete` (oldest created first) beyond each model's newest `keep`
 // (0 = keep all): what retention removes.

@@ -7,8 +7,8 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "base/crc32c.h"
 #include "base/status.h"
-#include "embedding/storage/crc32c.h"
 #include "embedding/storage/files.h"
 
 namespace tessera::storage {
@@ -19,7 +19,7 @@ constexpr absl::string_view kStateMagic = "tessera-coordinator-state 1\n";
 std::string EncodeState(const v1::CoordinatorState& state) {
   std::string out(kStateMagic);
   state.AppendToString(&out);
-  const uint32_t crc = Crc32c(out.data(), out.size());
+  const uint32_t crc = base::Crc32c(out.data(), out.size());
   out.append(reinterpret_cast<const char*>(&crc), 4);
   return out;
 }
@@ -33,7 +33,7 @@ absl::StatusOr<v1::CoordinatorState> DecodeState(absl::string_view data, const s
   }
   uint32_t crc = 0;
   std::memcpy(&crc, data.data() + data.size() - 4, 4);
-  if (crc != Crc32c(data.data(), data.size() - 4)) return bad("checksum mismatch");
+  if (crc != base::Crc32c(data.data(), data.size() - 4)) return bad("checksum mismatch");
   v1::CoordinatorState state;
   const absl::string_view body =
       data.substr(kStateMagic.size(), data.size() - 4 - kStateMagic.size());

@@ -63,7 +63,8 @@ absl::Status DurableCollection::RecoverInterruptedCheckpoint() {
         TESSERA_ASSIGN_OR_RETURN(catalogs[dir], ReadCatalog(*sources[dir]));
       }
       for (const auto& [from_id, config] : catalogs[dir]) {
-        if (config.name() == name) TESSERA_RETURN_IF_ERROR(CopyRows(*sources[dir], from_id, t.id, &writes));
+        if (config.name() == name)
+          TESSERA_RETURN_IF_ERROR(CopyRows(*sources[dir], from_id, t.id, &writes));
       }
     }
     TESSERA_RETURN_IF_ERROR(store_->Write(writes, /*sync=*/false));
@@ -265,7 +266,8 @@ std::vector<std::pair<std::string, CheckpointManifest>> DurableCollection::Compl
 
 void DurableCollection::ApplyRetention() {
   if (options_.keep_checkpoints == 0) return;
-  for (const std::string& dir : RetiredCheckpoints(CompleteCheckpoints(), options_.keep_checkpoints)) {
+  for (const std::string& dir :
+       RetiredCheckpoints(CompleteCheckpoints(), options_.keep_checkpoints)) {
     absl::Status s = RemoveTree(dir);
     if (!s.ok()) Log(absl::StrCat("tessera: warning: ", s.message()));
   }

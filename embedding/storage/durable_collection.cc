@@ -11,9 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status.h"
-#include "embedding/storage/files.h"
 #include "embedding/batch_ops.h"
 #include "embedding/sharding.h"
+#include "embedding/storage/files.h"
 #include "embedding/storage/internal/durable_store.h"
 #include "embedding/storage/internal/row_loader.h"
 #include "embedding/storage/internal/store_spill.h"
@@ -38,7 +38,8 @@ DurableCollection::Table DurableCollection::MakeTable(uint32_t id, const v1::Tab
   t.config = config;
   t.write_mu = std::make_unique<absl::Mutex>();
   const auto& shards = *memory_->ShardsOf(config.name());
-  t.spill = std::make_unique<storage_internal::StoreSpill>(store_.get(), id, config, shards[0]->optimizer().StateFloats());
+  t.spill = std::make_unique<storage_internal::StoreSpill>(store_.get(), id, config,
+                                                           shards[0]->optimizer().StateFloats());
   for (const auto& shard : shards) shard->set_spill(t.spill.get());
   return t;
 }

@@ -443,7 +443,8 @@ TEST(DurableCollection, ACheckpointOfThreeShardsRestoresOntoTwo) {
     for (const v1::TableConfig* c : {&dyn, &fixed}) {
       std::vector<float>& want = c == &dyn ? want_dyn : want_fixed;
       for (size_t i = 0; i < ids.size(); ++i) {
-        const auto row = Read(*shards[embedding::ShardOfRow(*c, ids[i], 3)], c->name(), {ids[i]}, 4);
+        const auto row =
+            Read(*shards[embedding::ShardOfRow(*c, ids[i], 3)], c->name(), {ids[i]}, 4);
         std::copy(row.begin(), row.end(), want.begin() + i * 4);
       }
     }

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "embedding/storage/crc32c.h"
+#include "base/crc32c.h"
 
 namespace tessera::storage {
 namespace {
@@ -137,7 +137,7 @@ void EncodeRow(const float* weights, int dim, const float* state, int state_floa
   if (state_floats > 0) {
     out->append(reinterpret_cast<const char*>(state), sizeof(float) * state_floats);
   }
-  PutRaw(Crc32c(out->data(), out->size()), out);
+  PutRaw(base::Crc32c(out->data(), out->size()), out);
 }
 
 absl::Status DecodeRowInto(absl::string_view table, int64_t id, absl::string_view value, int dim,
@@ -149,7 +149,7 @@ absl::Status DecodeRowInto(absl::string_view table, int64_t id, absl::string_vie
   };
   if (value.size() < kRowHeader + 4) return bad(absl::StrCat("only ", value.size(), " bytes"));
   const uint32_t stored_crc = GetRaw<uint32_t>(value.data() + value.size() - 4);
-  if (Crc32c(value.data(), value.size() - 4) != stored_crc) return bad("checksum mismatch");
+  if (base::Crc32c(value.data(), value.size() - 4) != stored_crc) return bad("checksum mismatch");
   if (static_cast<uint8_t>(value[0]) != kRowVersion) {
     return bad(absl::StrCat("unknown format version ", static_cast<int>(value[0])));
   }
@@ -182,7 +182,7 @@ absl::Status DecodeRow(absl::string_view table, int64_t id, absl::string_view va
 std::string EncodeCatalogEntry(const v1::TableConfig& config) {
   std::string out(1, static_cast<char>(kCatalogVersion));
   config.AppendToString(&out);
-  PutRaw(Crc32c(out.data(), out.size()), &out);
+  PutRaw(base::Crc32c(out.data(), out.size()), &out);
   return out;
 }
 
@@ -192,7 +192,8 @@ absl::StatusOr<v1::TableConfig> DecodeCatalogEntry(uint32_t table_id, absl::stri
         absl::StrCat("catalog entry of table id ", table_id, " is corrupt: ", why));
   };
   if (value.size() < 5) return bad("truncated");
-  if (Crc32c(value.data(), value.size() - 4) != GetRaw<uint32_t>(value.data() + value.size() - 4)) {
+  if (base::Crc32c(value.data(), value.size() - 4) !=
+      GetRaw<uint32_t>(value.data() + value.size() - 4)) {
     return bad("checksum mismatch");
   }
   if (static_cast<uint8_t>(value[0]) != kCatalogVersion) return bad("unknown format version");

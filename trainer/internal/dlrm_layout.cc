@@ -5,7 +5,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "embedding/storage/crc32c.h"
+#include "base/crc32c.h"
 
 namespace tessera::trainer_internal {
 namespace {
@@ -66,7 +66,7 @@ std::string EncodeDenseState(absl::Span<const float> params, absl::Span<const fl
   for (absl::Span<const float> a : {params, m, v}) {
     out.append(reinterpret_cast<const char*>(a.data()), a.size() * sizeof(float));
   }
-  const uint32_t crc = storage::Crc32c(out.data(), out.size());
+  const uint32_t crc = base::Crc32c(out.data(), out.size());
   out.append(reinterpret_cast<const char*>(&crc), 4);
   return out;
 }
@@ -79,7 +79,7 @@ absl::Status DecodeDenseState(absl::string_view state, absl::Span<float> params,
   }
   uint32_t crc = 0;
   std::memcpy(&crc, state.data() + state.size() - 4, 4);
-  if (crc != storage::Crc32c(state.data(), state.size() - 4)) {
+  if (crc != base::Crc32c(state.data(), state.size() - 4)) {
     return absl::DataLossError("dense state: checksum mismatch (truncated or corrupt)");
   }
   uint64_t n = 0;

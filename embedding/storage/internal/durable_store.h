@@ -5,9 +5,9 @@
 // of a table's rows, checkpoint stores opened for reading, and the clock of its progress
 // lines.
 
-#include <functional>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>

@@ -9,8 +9,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "embedding/embedding_table.h"
 #include "base/status.h"
+#include "embedding/embedding_table.h"
 #include "embedding/storage/row_codec.h"
 
 namespace tessera::storage_internal {
@@ -122,9 +122,9 @@ absl::Status StoreBatch(const RawBatch& batch, const RowLoad& load,
     const int64_t id = batch.ids[i];
     const absl::string_view value(batch.bytes.data() + begin, batch.ends[i] - begin);
     begin = batch.ends[i];
-    ShardRows& r =
-        by_shard[n_shards == 1 ? 0
-                               : embedding::ShardOfRow(config, id, n_shards, load.cluster_num_shards)];
+    ShardRows& r = by_shard[n_shards == 1 ? 0
+                                          : embedding::ShardOfRow(config, id, n_shards,
+                                                                  load.cluster_num_shards)];
     r.ids.push_back(id);
     r.weights.resize(r.weights.size() + dim);
     r.state.resize(r.state.size() + sf);

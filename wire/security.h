@@ -1,5 +1,5 @@
-#ifndef TESSERA_CLIENT_SECURITY_H_
-#define TESSERA_CLIENT_SECURITY_H_
+#ifndef TESSERA_WIRE_SECURITY_H_
+#define TESSERA_WIRE_SECURITY_H_
 
 #include <memory>
 #include <string>
@@ -8,7 +8,7 @@
 #include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
 
-namespace tessera::client {
+namespace tessera::wire {
 
 // How a client checks the servers it calls and proves who it is. The default is what a
 // loopback cluster needs: plaintext, no token.
@@ -56,6 +56,6 @@ absl::StatusOr<std::string> ReadToken(const std::string& path);
 absl::Status ExplainCoordinatorFailure(const absl::Status& status, absl::string_view address,
                                        const ClientSecurity& security);
 
-}  // namespace tessera::client
+}  // namespace tessera::wire
 
-#endif  // TESSERA_CLIENT_SECURITY_H_
+#endif  // TESSERA_WIRE_SECURITY_H_

@@ -1,4 +1,4 @@
-#include "client/security_flags.h"
+#include "wire/security_flags.h"
 
 #include "absl/flags/flag.h"
 
@@ -14,7 +14,7 @@ ABSL_FLAG(std::string, token_file, "",
           "file whose first line is the access token: sent with every call (servers: the "
           "token that grants full access)");
 
-namespace tessera::client {
+namespace tessera::wire {
 
 absl::StatusOr<ClientSecurity> ClientSecurityFromFlags() {
   ClientSecurityFiles files;
@@ -29,4 +29,4 @@ absl::StatusOr<ClientSecurity> ClientSecurityFromFlags() {
   return LoadClientSecurity(files);
 }
 
-}  // namespace tessera::client
+}  // namespace tessera::wire

@@ -1,4 +1,4 @@
-#include "tests/support/child_process.h"
+#include "base/child_process.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -12,10 +12,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "grpc/health/v1/health.grpc.pb.h"
-#include "grpcpp/grpcpp.h"
 
-namespace tessera::testing {
+namespace tessera::base {
 
 pid_t ChildProcess::ParentToDieWith() {
   return static_cast<pid_t>(syscall(SYS_gettid)) == getpid() ? getpid() : 0;
@@ -92,15 +90,4 @@ ServerProcess::ServerProcess(const std::string& binary, std::vector<std::string>
   if (out != nullptr) fclose(out);
 }
 
-bool WaitHealthy(const std::string& address, int seconds) {
-  auto health = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_wait_for_ready(true);
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
-  grpc::health::v1::HealthCheckResponse resp;
-  return health->Check(&ctx, {}, &resp).ok() &&
-         resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
-}
-
-}  // namespace tessera::testing
+}  // namespace tessera::base

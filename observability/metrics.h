@@ -1,5 +1,5 @@
-#ifndef TESSERA_BASE_METRICS_H_
-#define TESSERA_BASE_METRICS_H_
+#ifndef TESSERA_OBSERVABILITY_METRICS_H_
+#define TESSERA_OBSERVABILITY_METRICS_H_
 
 #include <atomic>
 #include <chrono>
@@ -8,10 +8,10 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include <vector>
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "prometheus/counter.h"
@@ -20,7 +20,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 
-namespace tessera::base {
+namespace tessera::observability {
 
 // The Prometheus metrics of one process, served as text at http://<host>:<port>/metrics
 // (prometheus-cpp's exposer). Every metric is named tessera_* and labelled with the
@@ -110,7 +110,8 @@ class Metrics {
   prometheus::Gauge* budget_used_bytes_;  // tessera_memory_budget_used_bytes
   prometheus::Family<prometheus::Counter>* evictions_;
   prometheus::Family<prometheus::Counter>* expirations_;
-  prometheus::Family<prometheus::Counter>* admission_refused_;  // tessera_table_admission_refused_total
+  // tessera_table_admission_refused_total
+  prometheus::Family<prometheus::Counter>* admission_refused_;
   absl::Mutex mu_;
   std::map<std::string, int64_t> seen_evictions_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, int64_t> seen_expirations_ ABSL_GUARDED_BY(mu_);
@@ -120,6 +121,6 @@ class Metrics {
   std::thread watcher_;
 };
 
-}  // namespace tessera::base
+}  // namespace tessera::observability
 
-#endif  // TESSERA_BASE_METRICS_H_
+#endif  // TESSERA_OBSERVABILITY_METRICS_H_

@@ -1,4 +1,4 @@
-#include "embedding/storage/crc32c.h"
+#include "base/crc32c.h"
 
 #include <array>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include <nmmintrin.h>
 #endif
 
-namespace tessera::storage {
+namespace tessera::base {
 namespace {
 
 constexpr uint32_t kPoly = 0x82f63b78u;  // reflected Castagnoli polynomial
@@ -44,4 +44,4 @@ uint32_t Crc32c(const void* data, size_t n, uint32_t crc) {
   return ~c;
 }
 
-}  // namespace tessera::storage
+}  // namespace tessera::base

@@ -1,5 +1,5 @@
-#ifndef TESSERA_BASE_LOGGING_H_
-#define TESSERA_BASE_LOGGING_H_
+#ifndef TESSERA_OBSERVABILITY_LOGGING_H_
+#define TESSERA_OBSERVABILITY_LOGGING_H_
 
 #include <memory>
 #include <string>
@@ -10,7 +10,7 @@
 #include "grpcpp/support/server_interceptor.h"
 #include "spdlog/spdlog.h"
 
-namespace tessera::base {
+namespace tessera::observability {
 
 // Structured logs on stderr through spdlog: every line has a time, a level, the process
 // and key=value fields (or one JSON object per line with format "json").
@@ -57,6 +57,6 @@ void Log(spdlog::level::level_enum level, const std::string& message, const LogF
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> RpcLogInterceptors(
     int shard_index);
 
-}  // namespace tessera::base
+}  // namespace tessera::observability
 
-#endif  // TESSERA_BASE_LOGGING_H_
+#endif  // TESSERA_OBSERVABILITY_LOGGING_H_

@@ -1,4 +1,4 @@
-#include "client/security.h"
+#include "wire/security.h"
 
 #include <fstream>
 #include <sstream>
@@ -7,7 +7,7 @@
 #include "absl/strings/strip.h"
 #include "base/status.h"
 
-namespace tessera::client {
+namespace tessera::wire {
 
 absl::StatusOr<std::string> ReadSecret(const std::string& path, const std::string& what) {
   std::ifstream in(path, std::ios::binary);
@@ -92,4 +92,4 @@ absl::Status ExplainCoordinatorFailure(const absl::Status& status, absl::string_
   return status;
 }
 
-}  // namespace tessera::client
+}  // namespace tessera::wire

@@ -1,5 +1,5 @@
-#ifndef TESSERA_TESTS_SUPPORT_CHILD_PROCESS_H_
-#define TESSERA_TESTS_SUPPORT_CHILD_PROCESS_H_
+#ifndef TESSERA_BASE_CHILD_PROCESS_H_
+#define TESSERA_BASE_CHILD_PROCESS_H_
 
 #include <sys/types.h>
 
@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-namespace tessera::testing {
+namespace tessera::base {
 
-// A child process of a test or a benchmark: killed (SIGKILL) and reaped on destruction.
-// Not thread-safe.
+// A child process of a test or a benchmark (tessera-bench starts its local servers so): killed
+// (SIGKILL) and reaped on destruction. Not thread-safe.
 class ChildProcess {
  public:
   ChildProcess() = default;
@@ -52,9 +52,6 @@ class ServerProcess : public ChildProcess {
   std::string address_;
 };
 
-// Waits (bounded) until the server at `address` answers its health check as SERVING.
-bool WaitHealthy(const std::string& address, int seconds = 10);
+}  // namespace tessera::base
 
-}  // namespace tessera::testing
-
-#endif  // TESSERA_TESTS_SUPPORT_CHILD_PROCESS_H_
+#endif  // TESSERA_BASE_CHILD_PROCESS_H_

@@ -1,4 +1,4 @@
-#include "base/logging.h"
+#include "observability/logging.h"
 
 #include <atomic>
 #include <chrono>
@@ -15,7 +15,7 @@ ABSL_FLAG(std::string, log_level, "info",
           "log level: trace, debug (every RPC), info, warn (failed calls), error, off");
 ABSL_FLAG(std::string, log_format, "text", "log lines as text (logfmt) or json");
 
-namespace tessera::base {
+namespace tessera::observability {
 namespace {
 
 std::atomic<bool> json_format{false};
@@ -215,4 +215,4 @@ std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> RpcLogInt
   return std::make_unique<RpcLogInterceptorFactory>(shard_index);
 }
 
-}  // namespace tessera::base
+}  // namespace tessera::observability

@@ -1,4 +1,4 @@
-#include "base/metrics.h"
+#include "observability/metrics.h"
 
 #include <chrono>
 #include <exception>
@@ -7,14 +7,14 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
-#include "base/logging.h"
+#include "observability/logging.h"
 
 ABSL_FLAG(int, metrics_port, -1,
           "serve Prometheus metrics at http://--metrics_host:PORT/metrics; 0 picks a port, "
           "-1 = none");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1", "address the metrics endpoint binds");
 
-namespace tessera::base {
+namespace tessera::observability {
 namespace {
 
 const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
@@ -156,11 +156,12 @@ Metrics::Metrics(std::unique_ptr<prometheus::Exposer> exposer, const std::string
                       .Help("Rows dropped by their TTL, by table")
                       .Labels(labels)
                       .Register(*registry_);
-  admission_refused_ = &prometheus::BuildCounter()
-                            .Name("tessera_table_admission_refused_total")
-                            .Help("Gradients dropped because their id was not admitted yet, by table")
-                            .Labels(labels)
-                            .Register(*registry_);
+  admission_refused_ =
+      &prometheus::BuildCounter()
+           .Name("tessera_table_admission_refused_total")
+           .Help("Gradients dropped because their id was not admitted yet, by table")
+           .Labels(labels)
+           .Register(*registry_);
   exposer_->RegisterCollectable(registry_);
 }
 
@@ -216,4 +217,4 @@ void Metrics::StopWatching() {
   if (watcher_.joinable()) watcher_.join();
 }
 
-}  // namespace tessera::base
+}  // namespace tessera::observability
