@@ -61,6 +61,25 @@ void HostFloats::resize(size_t n) {
   size_ = n;
 }
 
+std::vector<DlrmLayerShape> DlrmLayerShapes(const DlrmConfig& config, size_t* bottom_layers) {
+  std::vector<DlrmLayerShape> layers;
+  int in = config.num_dense;
+  for (const int w : config.bottom_mlp) {
+    layers.push_back({in, w, true});
+    in = w;
+  }
+  layers.push_back({in, config.emb_dim, true});
+  if (bottom_layers != nullptr) *bottom_layers = layers.size();
+  const int f1 = config.num_sparse + 1;
+  in = config.emb_dim + f1 * (f1 - 1) / 2;
+  for (const int w : config.top_mlp) {
+    layers.push_back({in, w, true});
+    in = w;
+  }
+  layers.push_back({in, 1, false});
+  return layers;
+}
+
 absl::Status ValidateDlrmConfig(const DlrmConfig& c) {
   if (c.num_dense <= 0 || c.num_sparse < 0 || c.emb_dim <= 0) {
     return absl::InvalidArgumentError(

@@ -32,6 +32,20 @@ struct DlrmConfig {
 // Checks widths and rates; InvalidArgument names the bad field.
 absl::Status ValidateDlrmConfig(const DlrmConfig& config);
 
+// One linear layer of a DLRM: `in` inputs, `out` outputs, and whether a ReLU follows.
+struct DlrmLayerShape {
+  int in = 0;
+  int out = 0;
+  bool relu = true;
+};
+
+// The linear layers of `config`'s DLRM, in order: the bottom MLP (num_dense -> ... ->
+// emb_dim, ReLU throughout), then the top MLP (emb_dim + f1 (f1 - 1) / 2 -> ... -> 1, no
+// ReLU on the logit), f1 = num_sparse + 1 being the vectors of the pairwise interaction.
+// `bottom_layers` (when given) gets how many of them are the bottom MLP's.
+std::vector<DlrmLayerShape> DlrmLayerShapes(const DlrmConfig& config,
+                                            size_t* bottom_layers = nullptr);
+
 // Floats in host memory for the embeddings a DenseBackend's Forward reads and the
 // gradients its Backward writes, allocated the way that backend moves them fastest
 // (DenseBackend::NewHostFloats): page-locked for the CUDA backend, which then copies them to

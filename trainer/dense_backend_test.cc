@@ -54,6 +54,22 @@ void ExpectClose(double analytic, double numeric, const std::string& what) {
   EXPECT_NEAR(analytic, numeric, 2e-3 + 3e-2 * std::fabs(numeric)) << what;
 }
 
+// The one definition of the network's shapes, which the benchmark harness reads too: the
+// default model is 13 -> 64 -> 32 -> 16, then 16 + 27 * 26 / 2 = 367 -> 64 -> 32 -> 1.
+TEST(DlrmLayerShapes, BottomThenTopWithTheInteractionsWidth) {
+  DlrmConfig config;
+  size_t bottom = 0;
+  const std::vector<DlrmLayerShape> layers = DlrmLayerShapes(config, &bottom);
+  ASSERT_EQ(layers.size(), 6u);
+  EXPECT_EQ(bottom, 3u);
+  const std::vector<std::pair<int, int>> want = {{13, 64},  {64, 32}, {32, 16},
+                                                 {367, 64}, {64, 32}, {32, 1}};
+  for (size_t i = 0; i < layers.size(); ++i) {
+    EXPECT_EQ(std::make_pair(layers[i].in, layers[i].out), want[i]) << "layer " << i;
+    EXPECT_EQ(layers[i].relu, i + 1 < layers.size()) << "layer " << i;
+  }
+}
+
 TEST(CpuDenseBackend, ParameterGradientsMatchFiniteDifferences) {
   auto m = NewCpuDenseBackend(Small());
   ASSERT_TRUE(m.ok()) << m.status();

@@ -140,30 +140,13 @@ int PoolBatches(int64_t max_rows, int64_t ids_per_table, size_t tables) {
   return static_cast<int>(std::clamp<int64_t>(want, kMinPoolBatches, cap));
 }
 
-// The (out, in) shape of every linear layer of `m`.
-std::vector<std::pair<int, int>> LayerShapes(const trainer::DlrmConfig& m) {
-  std::vector<std::pair<int, int>> shapes;
-  int in = m.num_dense;
-  for (int w : m.bottom_mlp) {
-    shapes.emplace_back(w, in);
-    in = w;
-  }
-  shapes.emplace_back(m.emb_dim, in);
-  const int f1 = m.num_sparse + 1;
-  in = m.emb_dim + f1 * (f1 - 1) / 2;
-  for (int w : m.top_mlp) {
-    shapes.emplace_back(w, in);
-    in = w;
-  }
-  shapes.emplace_back(1, in);
-  return shapes;
-}
-
 // Matrix FLOPs of one training step: per layer 2*out*in*batch forward, twice that
 // backward (weight and input gradients), and the pairwise dot interaction both ways.
 double StepFlops(const trainer::DlrmConfig& m, int batch) {
   double flops = 0;
-  for (const auto& [out, in] : LayerShapes(m)) flops += 6.0 * out * in * batch;
+  for (const trainer::DlrmLayerShape& l : trainer::DlrmLayerShapes(m)) {
+    flops += 6.0 * l.out * l.in * batch;
+  }
   const int f1 = m.num_sparse + 1;
   flops += 3.0 * 2.0 * (f1 * (f1 - 1) / 2) * m.emb_dim * batch;
   return flops;
@@ -173,9 +156,9 @@ double StepFlops(const trainer::DlrmConfig& m, int batch) {
 double GemmGflops(const trainer::DlrmConfig& m, int batch) {
   using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic>;
   double flops = 0, seconds = 0;
-  for (const auto& [out, in] : LayerShapes(m)) {
-    const Mat w = Mat::Random(out, in), x = Mat::Random(in, batch);
-    Mat y(out, batch);
+  for (const trainer::DlrmLayerShape& l : trainer::DlrmLayerShapes(m)) {
+    const Mat w = Mat::Random(l.out, l.in), x = Mat::Random(l.in, batch);
+    Mat y(l.out, batch);
     y.noalias() = w * x;  // warm
     const auto start = Clock::now();
     int reps = 0;
@@ -184,7 +167,7 @@ double GemmGflops(const trainer::DlrmConfig& m, int batch) {
       ++reps;
     } while (Seconds(Clock::now() - start) < 0.05);
     seconds += Seconds(Clock::now() - start);
-    flops += 2.0 * out * in * batch * reps;
+    flops += 2.0 * l.out * l.in * batch * reps;
     volatile float sink = y(0, 0);
     (void)sink;
   }

@@ -27,18 +27,12 @@ DlrmLayout::DlrmLayout(const trainer::DlrmConfig& config) {
     at = l.b_at + pad(out);
     layers.push_back(l);
   };
-  int in = config.num_dense;
-  for (int w : config.bottom_mlp) {
-    add(bottom, in, w, true);
-    in = w;
+  size_t bottom_layers = 0;
+  const std::vector<trainer::DlrmLayerShape> shapes =
+      trainer::DlrmLayerShapes(config, &bottom_layers);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    add(i < bottom_layers ? bottom : top, shapes[i].in, shapes[i].out, shapes[i].relu);
   }
-  add(bottom, in, config.emb_dim, true);
-  in = top_in;
-  for (int w : config.top_mlp) {
-    add(top, in, w, true);
-    in = w;
-  }
-  add(top, in, 1, false);
   num_params = at;
 }
 
