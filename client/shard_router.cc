@@ -759,24 +759,11 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
       }
     }
   }
-  if (sync.active()) TESSERA_RETURN_IF_ERROR(RegisterSyncGroup(sync));
-  std::vector<grpc::Status> statuses = send();
-  // A shard that lost the group (it restarted, or joined in a reshard) refuses the push
-  // FAILED_PRECONDITION: registered again, it gets its part again under the same request
-  // id (a shard whose refusal had another cause refuses it again).
-  std::vector<bool> lost(shards, false);
-  for (int k = 0; k < shards; ++k) {
-    lost[k] = sync.active() && work[k] &&
-              statuses[k].error_code() == grpc::StatusCode::FAILED_PRECONDITION;
-  }
-  if (std::count(lost.begin(), lost.end(), true) > 0 &&
-      RegisterSyncGroup(sync, lost, /*again=*/true).ok()) {
-    const std::vector<bool> all = std::exchange(work, lost);
-    const std::vector<grpc::Status> resent = send();
-    work = all;
-    for (int k = 0; k < shards; ++k) {
-      if (lost[k]) statuses[k] = resent[k];
-    }
+  std::vector<grpc::Status> statuses;
+  if (sync.active()) {
+    TESSERA_ASSIGN_OR_RETURN(statuses, SendInSyncGroup(sync, &work, send));
+  } else {
+    statuses = send();
   }
   TESSERA_RETURN_IF_ERROR(PushOutcome(statuses, work, id));
   std::vector<int64_t> updated(num_parts, 0);
@@ -793,6 +780,31 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
     }
   }
   return updated;
+}
+
+absl::StatusOr<std::vector<grpc::Status>> ShardRouter::SendInSyncGroup(
+    const embedding::PushSync& sync, std::vector<bool>* work,
+    const std::function<std::vector<grpc::Status>()>& send) {
+  TESSERA_RETURN_IF_ERROR(RegisterSyncGroup(sync));
+  std::vector<grpc::Status> statuses = send();
+  // A shard that lost the group (it restarted, or joined in a reshard) refuses the push
+  // FAILED_PRECONDITION: registered again, it gets its part again under the same request
+  // id (a shard whose refusal had another cause refuses it again).
+  std::vector<bool> lost(num_shards(), false);
+  for (int k = 0; k < num_shards(); ++k) {
+    lost[k] = (*work)[k] && statuses[k].error_code() == grpc::StatusCode::FAILED_PRECONDITION;
+  }
+  if (std::count(lost.begin(), lost.end(), true) == 0 ||
+      !RegisterSyncGroup(sync, lost, /*again=*/true).ok()) {
+    return statuses;
+  }
+  const std::vector<bool> all = std::exchange(*work, lost);
+  const std::vector<grpc::Status> resent = send();
+  *work = all;
+  for (int k = 0; k < num_shards(); ++k) {
+    if (lost[k]) statuses[k] = resent[k];
+  }
+  return statuses;
 }
 
 absl::Status ShardRouter::RegisterSyncGroup(const embedding::PushSync& sync,

@@ -221,6 +221,12 @@ class ShardRouter {
   void AddPushPart(Scratch& s, size_t p, const v1::TableConfig& config, std::vector<bool>& work);
   absl::Status FillPushPart(Scratch& s, size_t p, const v1::TableConfig& config,
                             const embedding::TableGradients& part) const;
+  // A sync group's push: `send` (to the shards of *work) once the group is registered,
+  // and again to the shards that refused it FAILED_PRECONDITION (they lost the group),
+  // registered again. Every shard's status; the registration's failure.
+  absl::StatusOr<std::vector<grpc::Status>> SendInSyncGroup(
+      const embedding::PushSync& sync, std::vector<bool>* work,
+      const std::function<std::vector<grpc::Status>()>& send);
   // OK when every shard of `work` applied push `id`; else the first failure, naming the
   // shards that applied it (when any) and how to complete it.
   absl::Status PushOutcome(const std::vector<grpc::Status>& statuses, const std::vector<bool>& work,
