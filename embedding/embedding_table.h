@@ -15,6 +15,8 @@
 #include "embedding/memory_budget.h"
 #include "embedding/optimizer.h"
 #include "embedding/row_meta.h"
+#include "embedding/sharding.h"
+#include "embedding/table_config.h"
 #include "tessera/v1/config.pb.h"
 
 namespace tessera::embedding_internal {
@@ -56,33 +58,6 @@ class RowSpill {
   // Row `id` expired (TTL): forget any kept copy.
   virtual void Drop(int64_t id) = 0;
 };
-
-// The largest TableConfig.vocabulary_size.
-constexpr int64_t kMaxVocabularySize = int64_t{1} << 40;
-
-// The shard among `num_shards` that holds `id` of table `config`: ShardOf (a jump hash of
-// the mixed id) for a dynamic vocabulary; for a fixed one (vocabulary_size > 0) every
-// num_shards-th id, counted in units of `outer` (the shard count of the level above: a
-// cluster's shard k of M holds ids k + M i and splits them by i), so a shard's rows sit
-// densely at id / (outer * num_shards). Any id maps somewhere; its table refuses ids
-// outside the vocabulary.
-int32_t ShardOfRow(const v1::TableConfig& config, int64_t id, int32_t num_shards,
-                   int32_t outer = 1);
-// True when shard `shard_index` of `num_shards` (ShardOfRow) holds every id of `ids`.
-bool OwnsAll(const v1::TableConfig& config, absl::Span<const int64_t> ids, int32_t shard_index,
-             int32_t num_shards);
-
-// InvalidArgument naming the first of `ids` outside the fixed vocabulary of `config`
-// (vocabulary_size > 0); OK for a dynamic vocabulary.
-absl::Status CheckVocabulary(const v1::TableConfig& config, absl::Span<const int64_t> ids);
-
-// Checks a table config (name, dim, optimizer, initializer) and fills nothing in;
-// InvalidArgument names the bad field.
-absl::Status ValidateTableConfig(const v1::TableConfig& config);
-
-// OK for a HOST table; FailedPrecondition for a DEVICE one, which a host collection, a
-// shard or a coordinator does not hold (the trainer keeps those on its GPU).
-absl::Status RequireHostPlacement(const v1::TableConfig& config);
 
 // One embedding table (or one shard's part of it): a dynamic vocabulary over arbitrary
 // 64-bit ids. A row is created on first touch with weights that are a pure function of

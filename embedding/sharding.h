@@ -3,7 +3,10 @@
 
 #include <cstdint>
 
+#include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "embedding/row_math.h"
+#include "tessera/v1/config.pb.h"
 
 namespace tessera::embedding {
 
@@ -33,6 +36,22 @@ constexpr int32_t JumpConsistentHash(uint64_t key, int32_t num_buckets) {
 constexpr int32_t ShardOf(int64_t id, uint64_t table_seed, int32_t num_shards) {
   return JumpConsistentHash(Mix64(static_cast<uint64_t>(id) ^ table_seed), num_shards);
 }
+
+// The shard among `num_shards` that holds `id` of table `config`: ShardOf (a jump hash of
+// the mixed id) for a dynamic vocabulary; for a fixed one (vocabulary_size > 0) every
+// num_shards-th id, counted in units of `outer` (the shard count of the level above: a
+// cluster's shard k of M holds ids k + M i and splits them by i), so a shard's rows sit
+// densely at id / (outer * num_shards). Any id maps somewhere; its table refuses ids
+// outside the vocabulary.
+int32_t ShardOfRow(const v1::TableConfig& config, int64_t id, int32_t num_shards,
+                   int32_t outer = 1);
+// True when shard `shard_index` of `num_shards` (ShardOfRow) holds every id of `ids`.
+bool OwnsAll(const v1::TableConfig& config, absl::Span<const int64_t> ids, int32_t shard_index,
+             int32_t num_shards);
+
+// InvalidArgument naming the first of `ids` outside the fixed vocabulary of `config`
+// (vocabulary_size > 0); OK for a dynamic vocabulary.
+absl::Status CheckVocabulary(const v1::TableConfig& config, absl::Span<const int64_t> ids);
 
 }  // namespace tessera::embedding
 

@@ -1,14 +1,27 @@
 #ifndef TESSERA_EMBEDDING_TABLE_CONFIG_H_
 #define TESSERA_EMBEDDING_TABLE_CONFIG_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "tessera/v1/config.pb.h"
 
 namespace tessera::embedding {
+
+// The largest TableConfig.vocabulary_size.
+constexpr int64_t kMaxVocabularySize = int64_t{1} << 40;
+
+// Checks a table config (name, dim, optimizer, initializer) and fills nothing in;
+// InvalidArgument names the bad field.
+absl::Status ValidateTableConfig(const v1::TableConfig& config);
+
+// OK for a HOST table; FailedPrecondition for a DEVICE one, which a host collection, a
+// shard or a coordinator does not hold (the trainer keeps those on its GPU).
+absl::Status RequireHostPlacement(const v1::TableConfig& config);
 
 // The fields in which `have` (a table as it exists) and `want` (what a caller asks for)
 // differ, one entry each, as "optimizer.learning_rate 0.05 (the table's) vs 0.5": so that a

@@ -29,69 +29,24 @@ ShardService::ShardService(embedding::EmbeddingCollection* tables, const ShardOp
     : tables_(tables),
       options_(options),
       incarnation_(embedding::RandomNonZeroId()),
-      version_(options.shard_map_version),
-      journal_(options.push_window),
-      moved_(options.push_window * 4),
-      index_(options.shard_index),
-      num_shards_(options.num_shards),
-      groups_(absl::StrCat("shard ", options.shard_index)),
-      steps_(absl::StrCat("shard ", options.shard_index), options.max_sync_waiting) {
+      reshard_(tables, &pushes_,
+               {options.shard_index, options.num_shards, options.shard_map_version,
+                options.on_placement}),
+      pushes_(tables, &reshard_, Configs(),
+              {absl::StrCat("shard ", options.shard_index), options.push_window,
+               options.max_sync_waiting, options.max_sync_wait}) {
   // Unlisted tables are refused as unknown until a restore lists them again: say why.
   if (absl::Status s = ReloadConfigs(); !s.ok()) {
-    std::fprintf(stderr, "tessera: shard %d: cannot list the tables it holds: %s\n", index_.load(),
-                 s.ToString().c_str());
-  }
-  // The pushes handed over by reshards before a restart: retries of them still skip the
-  // rows that took them.
-  absl::StatusOr<std::string> kept = tables_->ServerState(kMovedPushesKey);
-  absl::Status s = kept.ok() ? moved_.AddSerialized(*kept) : kept.status();
-  if (!s.ok()) {
-    std::fprintf(stderr, "tessera: shard %d: cannot read the pushes of earlier maps: %s\n",
-                 index_.load(), s.ToString().c_str());
+    std::fprintf(stderr, "tessera: shard %d: cannot list the tables it holds: %s\n",
+                 reshard_.index(), s.ToString().c_str());
   }
 }
 
-ShardService::~ShardService() {
-  absl::MutexLock lock(&repartition_mu_);
-  if (repartition_.joinable()) repartition_.join();
-}
+ShardService::~ShardService() = default;
 
-absl::Status ShardService::SplitRowBudgets(const std::map<std::string, int64_t>& row_budgets,
-                                           int32_t num_shards) {
-  for (const auto& [table, whole] : row_budgets) {
-    const int64_t part = num_shards > 0 ? (whole + num_shards - 1) / num_shards : 0;
-    absl::Status s = tables_->SetRowBudget(table, part);
-    if (!s.ok() && !absl::IsNotFound(s)) return s;  // a table dropped meanwhile has none
-  }
-  return absl::OkStatus();
-}
-
-void ShardService::StartRepartition(int32_t index, int32_t num_shards,
-                                    std::map<std::string, int64_t> row_budgets) {
-  absl::MutexLock lock(&repartition_mu_);
-  if (repartition_.joinable()) repartition_.join();
-  repartition_index_ = index;
-  repartition_shards_ = num_shards;
-  repartition_ = std::thread([this, index, num_shards, budgets = std::move(row_budgets)] {
-    absl::Status s = tables_->Repartition(index, num_shards);
-    // Then the budgets of the new map (fewer rows to evict down once those that left went).
-    if (s.ok()) s = SplitRowBudgets(budgets, num_shards);
-    if (!s.ok()) {
-      std::fprintf(stderr, "tessera: shard %d: the rows that left it are not all dropped: %s\n",
-                   index, s.ToString().c_str());
-    }
-    repartitioned_ = s;
-  });
-}
-
-absl::Status ShardService::FinishRepartition() {
-  absl::MutexLock lock(&repartition_mu_);
-  if (!repartition_.joinable()) return absl::OkStatus();
-  repartition_.join();
-  if (repartitioned_.ok()) return absl::OkStatus();
-  repartitioned_ = tables_->Repartition(repartition_index_, repartition_shards_);
-  return Annotate(repartitioned_, absl::StrCat("shard ", index_.load(),
-                                               ": the rows that left it are not all dropped"));
+absl::Status ShardService::Enter(Traffic traffic, uint64_t version,
+                                 const grpc::ServerContextBase& context) {
+  return reshard_.Enter(traffic, version, absl::FromChrono(context.deadline()));
 }
 
 absl::Status ShardService::ReloadConfigs() {
@@ -122,7 +77,7 @@ grpc::Status ShardService::Checkpoint(grpc::ServerContext* context,
     options.replace = request->replace();
     absl::StatusOr<embedding::CheckpointInfo> info =
         tables_->Checkpoint(request->step(), attachments, options);
-    if (!info.ok()) return Annotate(info.status(), absl::StrCat("shard ", index_.load()));
+    if (!info.ok()) return Annotate(info.status(), absl::StrCat("shard ", reshard_.index()));
     wire::ToProto(*info, response->mutable_checkpoint());
     // Where it lies, for a restore onto another shard count (which reads every shard's).
     if (auto* durable = dynamic_cast<storage::DurableCollection*>(tables_)) {
@@ -153,14 +108,10 @@ grpc::Status ShardService::Restore(grpc::ServerContext* context, const v1::Resto
   return Serve(context, Access::kWrite, [&]() -> absl::Status {
     embedding::Attachments attachments;
     absl::StatusOr<embedding::CheckpointInfo> info = RestoreTables(*request, &attachments);
-    if (!info.ok()) return Annotate(info.status(), absl::StrCat("shard ", index_.load()));
+    if (!info.ok()) return Annotate(info.status(), absl::StrCat("shard ", reshard_.index()));
     // Every row is the checkpoint's now: pushes remembered as applied no longer are. (A
     // model's restore leaves the other models' pushes on record: their rows stand.)
-    if (request->model().empty()) {
-      journal_.Clear();
-      moved_.Clear();
-      TESSERA_RETURN_IF_ERROR(KeepMovedPushes());
-    }
+    if (request->model().empty()) TESSERA_RETURN_IF_ERROR(pushes_.ForgetAll());
     TESSERA_RETURN_IF_ERROR(ReloadConfigs());
     wire::ToProto(*info, response->mutable_checkpoint());
     for (auto& [name, blob] : attachments) (*response->mutable_attachments())[name] = blob;
@@ -176,7 +127,7 @@ grpc::Status ShardService::AlterTable(grpc::ServerContext* context,
         tables_->AlterTable(request->table(), request->optimizer());
     if (absl::IsNotFound(altered.status())) {
       return absl::NotFoundError(
-          absl::StrCat("table '", request->table(), "' not found on shard ", index_.load()));
+          absl::StrCat("table '", request->table(), "' not found on shard ", reshard_.index()));
     }
     TESSERA_RETURN_IF_ERROR(altered.status());
     absl::MutexLock lock(&mu_);
@@ -193,7 +144,7 @@ grpc::Status ShardService::DropTable(grpc::ServerContext* context,
     absl::Status s = tables_->DropTable(request->table());
     if (absl::IsNotFound(s)) {
       return absl::NotFoundError(
-          absl::StrCat("table '", request->table(), "' not found on shard ", index_.load()));
+          absl::StrCat("table '", request->table(), "' not found on shard ", reshard_.index()));
     }
     TESSERA_RETURN_IF_ERROR(s);
     absl::MutexLock lock(&mu_);
@@ -213,20 +164,10 @@ grpc::Status ShardService::ExportRows(grpc::ServerContext* context,
     if (request->chunk_rows() > 0) options.chunk_rows = static_cast<size_t>(request->chunk_rows());
     TESSERA_ASSIGN_OR_RETURN(const v1::TableConfig config, Config(request->table()));
     const v1::MovingRows& moving = request->moving();
-    // A fixed vocabulary's rows are laid out by place: those it keeps move too (into its
-    // layout for the new place), so every row goes.
-    const bool keep = moving.num_shards() > 0 && config.vocabulary_size() == 0;
-    if (moving.num_shards() > 0) {
-      absl::MutexLock lock(&changed_mu_);
-      copied_.insert(request->table());
-    }
+    if (moving.num_shards() > 0) reshard_.NoteCopied(request->table());
     std::vector<int64_t> changed;
     if (moving.changed_only()) {
-      {
-        absl::MutexLock lock(&changed_mu_);
-        auto it = to_send_.find(request->table());
-        if (it != to_send_.end()) changed = it->second;
-      }
+      changed = reshard_.ChangedInLastRound(request->table());
       if (changed.empty()) return absl::OkStatus();
       options.ids = changed;
     }
@@ -235,19 +176,7 @@ grpc::Status ShardService::ExportRows(grpc::ServerContext* context,
     return tables_->ExportRows(request->table(), options, [&](const embedding::RowBlock& all) {
       const embedding::RowBlock* b = &all;
       if (moving.num_shards() > 0) {
-        // Only the rows that leave this shard for the new map.
-        leaving.dim = all.dim;
-        leaving.state_floats = all.state_floats;
-        leaving.Clear();
-        for (size_t i = 0; i < all.size(); ++i) {
-          if (keep && embedding::ShardOfRow(config, all.ids[i], moving.num_shards()) ==
-                          moving.keep_index()) {
-            continue;
-          }
-          leaving.Append(all.ids[i], &all.weights[i * all.dim],
-                         all.state_floats > 0 ? &all.state[i * all.state_floats] : nullptr,
-                         all.last_steps[i], all.update_counts[i]);
-        }
+        LeavingRows(config, moving, all, &leaving);
         if (leaving.size() == 0) return absl::OkStatus();
         b = &leaving;
       }
@@ -256,6 +185,25 @@ grpc::Status ShardService::ExportRows(grpc::ServerContext* context,
       return absl::OkStatus();
     });
   });
+}
+
+void ShardService::LeavingRows(const v1::TableConfig& config, const v1::MovingRows& moving,
+                               const embedding::RowBlock& all, embedding::RowBlock* leaving) {
+  // A fixed vocabulary's rows are laid out by place: those it keeps move too (into its
+  // layout for the new place), so every row goes.
+  const bool keep = config.vocabulary_size() == 0;
+  leaving->dim = all.dim;
+  leaving->state_floats = all.state_floats;
+  leaving->Clear();
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (keep &&
+        embedding::ShardOfRow(config, all.ids[i], moving.num_shards()) == moving.keep_index()) {
+      continue;
+    }
+    leaving->Append(all.ids[i], &all.weights[i * all.dim],
+                    all.state_floats > 0 ? &all.state[i * all.state_floats] : nullptr,
+                    all.last_steps[i], all.update_counts[i]);
+  }
 }
 
 grpc::Status ShardService::ImportRows(grpc::ServerContext* context,
@@ -267,9 +215,9 @@ grpc::Status ShardService::ImportRows(grpc::ServerContext* context,
     // last copy), and a freeze waits for it. The reshard's own rows (stamped with the map
     // they move to) pass.
     const Traffic traffic =
-        MovingRowsOf(request->shard_map_version()) ? Traffic::kImport : Traffic::kPush;
+        reshard_.MovingRowsOf(request->shard_map_version()) ? Traffic::kImport : Traffic::kPush;
     TESSERA_RETURN_IF_ERROR(Enter(traffic, request->shard_map_version(), *context));
-    Admitted admitted(this, traffic);
+    Admitted admitted(&reshard_, traffic);
     TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(request->table()));
     TESSERA_ASSIGN_OR_RETURN(embedding::RowBlock rows, wire::FromChunk(request->rows()));
     // During a reshard, rows moving here come stamped with the new map, for this shard's
@@ -277,19 +225,7 @@ grpc::Status ShardService::ImportRows(grpc::ServerContext* context,
     uint64_t version = request->shard_map_version();
     int32_t index = -1;
     int32_t shards = -1;
-    {
-      absl::MutexLock lock(&gate_mu_);
-      if (pending_version_ != 0 && version != 0 && version == pending_version_) {
-        if (pending_index_ < 0) {
-          return absl::FailedPreconditionError(absl::StrCat("shard ", index_.load(),
-                                                            " leaves the map at version ", version,
-                                                            ": it takes no rows"));
-        }
-        version = 0;
-        index = pending_index_;
-        shards = pending_shards_;
-      }
-    }
+    TESSERA_RETURN_IF_ERROR(reshard_.PlaceOfImport(&version, &index, &shards));
     TESSERA_RETURN_IF_ERROR(CheckBatch(absl::StrCat("table '", request->table(), "'"),
                                        static_cast<int64_t>(rows.size()), version));
     TESSERA_RETURN_IF_ERROR(CheckOwnership(config, rows.ids, index, shards));
@@ -297,7 +233,7 @@ grpc::Status ShardService::ImportRows(grpc::ServerContext* context,
                                 ? tables_->ImportRows(request->table(), rows)
                                 : tables_->ImportMovingRows(request->table(), rows, index, shards));
     // A caller's import (not the reshard's own) changes rows a reshard's copy may have sent.
-    if (index < 0) NoteChanged(config, rows.ids);
+    if (index < 0) reshard_.NoteChanged(config, rows.ids);
     response->set_rows(static_cast<int64_t>(rows.size()));
     return absl::OkStatus();
   });
@@ -320,7 +256,7 @@ absl::StatusOr<v1::TableConfig> ShardService::Config(
   auto it = configs_.find(table);
   if (it == configs_.end()) {
     return absl::NotFoundError(
-        absl::StrCat("table '", table, "' not found on shard ", index_.load()));
+        absl::StrCat("table '", table, "' not found on shard ", reshard_.index()));
   }
   if (counters != nullptr) {
     auto c = counters_.find(table);
@@ -333,15 +269,15 @@ absl::Status ShardService::CheckBatch(const std::string& table, int64_t ids,
                                       uint64_t version) const {
   if (ids > options_.max_batch_ids) {
     return absl::ResourceExhaustedError(
-        absl::StrCat(table, ": batch of ", ids, " ids is over shard ", index_.load(),
+        absl::StrCat(table, ": batch of ", ids, " ids is over shard ", reshard_.index(),
                      "'s limit of ", options_.max_batch_ids,
                      " (tessera-shard --max_batch_ids): send smaller batches, or "
                      "raise the limit"));
   }
-  const uint64_t serving = version_.load();
+  const uint64_t serving = reshard_.version();
   if (version != 0 && version != serving) {
     return absl::FailedPreconditionError(
-        absl::StrCat("shard ", index_.load(), ": request built on shard map version ", version,
+        absl::StrCat("shard ", reshard_.index(), ": request built on shard map version ", version,
                      ", this shard serves version ", serving, "; refresh the shard map"));
   }
   return absl::OkStatus();
@@ -352,8 +288,8 @@ absl::Status ShardService::CheckOwnership(const v1::TableConfig& config,
                                           int32_t num_shards) const {
   TESSERA_RETURN_IF_ERROR(embedding::CheckVocabulary(config, ids));
   if (index < 0) {
-    index = index_.load();
-    num_shards = num_shards_.load();
+    index = reshard_.index();
+    num_shards = reshard_.num_shards();
   }
   if (num_shards <= 1) return absl::OkStatus();
   for (const int64_t id : ids) {
@@ -375,7 +311,7 @@ grpc::Status ShardService::CreateTable(grpc::ServerContext* context,
     // Each shard holds 1/num_shards of the rows, so of the row budget too.
     v1::TableConfig local = config;
     if (local.max_rows() > 0) {
-      local.set_max_rows((local.max_rows() + num_shards_.load() - 1) / num_shards_.load());
+      local.set_max_rows((local.max_rows() + reshard_.num_shards() - 1) / reshard_.num_shards());
     }
     // The same table again is done already (a retried or re-driven create): OK. Tables
     // loaded from disk carry this shard's part of max_rows.
@@ -389,7 +325,7 @@ grpc::Status ShardService::CreateTable(grpc::ServerContext* context,
         return true;
       }
       return absl::AlreadyExistsError(
-          absl::StrCat("table '", config.name(), "' already exists on shard ", index_.load(),
+          absl::StrCat("table '", config.name(), "' already exists on shard ", reshard_.index(),
                        " with another config: ",
                        absl::StrJoin(embedding::TableConfigDifferences(it->second, local), "; ")));
     };
@@ -435,7 +371,7 @@ grpc::Status ShardService::Lookup(grpc::ServerContext* context, const v1::Lookup
                                   v1::LookupResponse* response) {
   return Serve(context, Access::kRead, [&]() -> absl::Status {
     TESSERA_RETURN_IF_ERROR(Enter(Traffic::kRead, request->shard_map_version(), *context));
-    Admitted admitted(this, Traffic::kRead);
+    Admitted admitted(&reshard_, Traffic::kRead);
     std::shared_ptr<TableCounters> counters;
     TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, Config(request->table(), &counters));
     TESSERA_RETURN_IF_ERROR(CheckBatch(absl::StrCat("table '", request->table(), "'"),
@@ -464,7 +400,7 @@ grpc::Status ShardService::BatchLookup(grpc::ServerContext* context,
                                        v1::BatchLookupResponse* response) {
   return Serve(context, Access::kRead, [&]() -> absl::Status {
     TESSERA_RETURN_IF_ERROR(Enter(Traffic::kRead, request->shard_map_version(), *context));
-    Admitted admitted(this, Traffic::kRead);
+    Admitted admitted(&reshard_, Traffic::kRead);
     thread_local DecodedBatch batch;
     TESSERA_RETURN_IF_ERROR(
         PrepareBatchLookup(*request, Configs(), options_.max_batch_ids, response, &batch));
@@ -498,7 +434,7 @@ grpc::Status ShardService::Stats(grpc::ServerContext* context, const v1::StatsRe
       absl::ReaderMutexLock lock(&mu_);
       if (!request->table().empty() && configs_.count(request->table()) == 0) {
         return absl::NotFoundError(
-            absl::StrCat("table '", request->table(), "' not found on shard ", index_.load()));
+            absl::StrCat("table '", request->table(), "' not found on shard ", reshard_.index()));
       }
       counters = counters_;
     }
@@ -507,7 +443,7 @@ grpc::Status ShardService::Stats(grpc::ServerContext* context, const v1::StatsRe
       TESSERA_ASSIGN_OR_RETURN(embedding::TableUsage usage, tables_->Usage(name));
       v1::TableStats* t = response->add_tables();
       t->set_table(name);
-      t->set_shard_index(index_.load());
+      t->set_shard_index(reshard_.index());
       t->set_rows(usage.rows);
       t->set_memory_bytes(usage.memory_bytes);
       t->set_lookups(c->lookups.load());
@@ -526,307 +462,9 @@ grpc::Status ShardService::Stats(grpc::ServerContext* context, const v1::StatsRe
   });
 }
 
-bool ShardService::MovingRowsOf(uint64_t version) {
-  absl::MutexLock lock(&gate_mu_);
-  return version != 0 && version == pending_version_;
-}
-
-absl::Status ShardService::Enter(Traffic traffic, uint64_t version,
-                                 const grpc::ServerContextBase& context) {
-  // Waits no longer than shortly before the caller gives up, so that it hears why.
-  const absl::Time deadline =
-      std::min(absl::FromChrono(context.deadline()) - absl::Milliseconds(250),
-               absl::Now() + absl::Minutes(2));
-  absl::MutexLock lock(&gate_mu_);
-  auto waits = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gate_mu_) {
-    if (committing_) return true;
-    if (!frozen_) return false;
-    if (traffic == Traffic::kPush) return true;
-    return traffic == Traffic::kRead && version != 0 && version == pending_version_;
-  };
-  while (waits()) {
-    if (gate_cv_.WaitWithDeadline(&gate_mu_, deadline) && waits()) {
-      return absl::UnavailableError(absl::StrCat("shard ", index_.load(),
-                                                 " is moving rows to shard map version ",
-                                                 pending_version_, " (a reshard); retry"));
-    }
-  }
-  if (left_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("shard ", index_.load(), " is no longer in the shard map (it left at version ",
-                     version_.load(), "); refresh the shard map"));
-  }
-  ++(traffic == Traffic::kPush ? pushes_in_flight_ : reads_in_flight_);
-  return absl::OkStatus();
-}
-
-void ShardService::Leave(Traffic traffic) {
-  absl::MutexLock lock(&gate_mu_);
-  // Freeze and Commit await the counts with conditions, which the mutex checks itself.
-  --(traffic == Traffic::kPush ? pushes_in_flight_ : reads_in_flight_);
-}
-
-void ShardService::NoteChanged(const v1::TableConfig& config, absl::Span<const int64_t> ids) {
-  // Read after the rows changed: a push that finds it false changed them before COPY set
-  // it, so before the copy read them (COPY's store happens before the copy's reads).
-  if (!noting_.load()) return;
-  int32_t index = 0;
-  int32_t shards = 1;
-  {
-    absl::MutexLock lock(&gate_mu_);
-    if (!tracking_) return;
-    index = pending_index_;
-    shards = pending_shards_;
-  }
-  absl::MutexLock lock(&changed_mu_);
-  absl::flat_hash_set<int64_t>& changed = changed_[config.name()];
-  // A fixed vocabulary's rows all move (ExportRows), those this shard keeps too.
-  const bool all = config.vocabulary_size() > 0;
-  for (const int64_t id : ids) {
-    if (all || embedding::ShardOfRow(config, id, shards) != index) changed.insert(id);
-  }
-}
-
-int64_t ShardService::EndRound() {
-  absl::MutexLock lock(&changed_mu_);
-  int64_t n = 0;
-  to_send_.clear();
-  for (auto& [table, ids] : changed_) {
-    to_send_[table].assign(ids.begin(), ids.end());
-    n += static_cast<int64_t>(ids.size());
-  }
-  changed_.clear();
-  return n;
-}
-
 grpc::Status ShardService::Reshard(grpc::ServerContext* context, const v1::ReshardRequest* request,
                                    v1::ReshardResponse* response) {
-  return Serve(context, Access::kWrite, [&]() -> absl::Status {
-    const int32_t m = request->num_shards();
-    if (request->version() == 0 || m < 1 || request->shard_index() < -1 ||
-        request->shard_index() >= m) {
-      return absl::InvalidArgumentError(absl::StrCat("reshard: version ", request->version(),
-                                                     ", shard ", request->shard_index(), " of ", m,
-                                                     " is not a place in a shard map"));
-    }
-    // A phase of the next reshard waits until the last one's rows are dropped.
-    TESSERA_RETURN_IF_ERROR(FinishRepartition());
-    switch (request->phase()) {
-      case v1::ReshardRequest::COPY:
-        TESSERA_RETURN_IF_ERROR(Copy(*request, response));
-        break;
-      case v1::ReshardRequest::SETTLE:
-        break;  // FinishRepartition above
-      case v1::ReshardRequest::FREEZE:
-        TESSERA_RETURN_IF_ERROR(Freeze(*request, response));
-        break;
-      case v1::ReshardRequest::COMMIT:
-        TESSERA_RETURN_IF_ERROR(Commit(*request));
-        break;
-      case v1::ReshardRequest::ABORT: {
-        // The budgets of the map it serves again.
-        TESSERA_RETURN_IF_ERROR(SplitRowBudgets(
-            {request->row_budgets().begin(), request->row_budgets().end()}, num_shards_.load()));
-        absl::MutexLock lock(&gate_mu_);
-        if (!committing_ && pending_version_ == request->version()) {
-          frozen_ = false;
-          tracking_ = false;
-          noting_.store(false);
-          pending_version_ = 0;
-          gate_cv_.SignalAll();
-          // The rows that came for the next map go (the old owners kept theirs): a shard
-          // keeps no copy of a row it does not own. On an error it serves on, and the next
-          // reshard's first COPY tries again.
-          TESSERA_RETURN_IF_ERROR(Annotate(tables_->DropMovingRows(),
-                                           absl::StrCat("shard ", index_.load(),
-                                                        ": the rows moved here for the given-up "
-                                                        "shard map")));
-        }
-        break;
-      }
-      default:
-        return absl::InvalidArgumentError(
-            "reshard: phase must be COPY, FREEZE, COMMIT, SETTLE or ABORT");
-    }
-    response->set_version(version_.load());
-    response->set_shard_index(index_.load());
-    response->set_num_shards(num_shards_.load());
-    return absl::OkStatus();
-  });
-}
-
-absl::Status ShardService::Copy(const v1::ReshardRequest& request, v1::ReshardResponse* response) {
-  response->set_changed_rows(0);
-  // Rows arrive while they move: no budget refuses (or evicts) them until the commit.
-  TESSERA_RETURN_IF_ERROR(SplitRowBudgets(
-      {request.row_budgets().begin(), request.row_budgets().end()}, /*num_shards=*/0));
-  if (version_.load() >= request.version()) {
-    // A shard of the new map: the rows that came so far are written now, while the old
-    // map serves, and not while pushes wait at the commit.
-    if (index_.load() != request.shard_index() || num_shards_.load() != request.num_shards()) {
-      return absl::OkStatus();
-    }
-    return Annotate(tables_->Repartition(request.shard_index(), request.num_shards()),
-                    absl::StrCat("shard ", index_.load(), ": the rows moved here"));
-  }
-  absl::MutexLock lock(&gate_mu_);
-  if (pending_version_ != 0 && pending_version_ != request.version()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("shard ", index_.load(), " is moving to shard map version ", pending_version_,
-                     ", not ", request.version(), "; finish or abort that reshard first"));
-  }
-  // A COPY after the first starts another round: what changed in the last one.
-  response->set_changed_rows(tracking_ ? EndRound() : -1);
-  if (!tracking_) {
-    // The first: what an earlier reshard left is not this one's.
-    TESSERA_RETURN_IF_ERROR(Annotate(
-        tables_->DropMovingRows(),
-        absl::StrCat("shard ", index_.load(), ": the rows an earlier reshard moved here")));
-    absl::MutexLock changed(&changed_mu_);
-    copied_.clear();
-  }
-  tracking_ = true;
-  noting_.store(true);
-  pending_version_ = request.version();
-  pending_index_ = request.shard_index();
-  pending_shards_ = request.num_shards();
-  return absl::OkStatus();
-}
-
-absl::Status ShardService::Freeze(const v1::ReshardRequest& request,
-                                  v1::ReshardResponse* response) {
-  const uint64_t serving = version_.load();
-  response->set_changed_rows(-1);
-  if (serving < request.version()) {
-    absl::MutexLock lock(&gate_mu_);
-    if (pending_version_ != 0 && pending_version_ != request.version()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", index_.load(), " is moving to shard map version ", pending_version_, ", not ",
-          request.version(), "; finish or abort that reshard first"));
-    }
-    frozen_ = true;
-    pending_version_ = request.version();
-    pending_index_ = request.shard_index();
-    pending_shards_ = request.num_shards();
-    // Pushes in flight finish under the map they were checked against.
-    gate_mu_.Await(absl::Condition(
-        +[](int64_t* n) { return *n == 0; }, &pushes_in_flight_));
-    // Every push has noted what it changed before it left.
-    if (tracking_) response->set_changed_rows(EndRound());
-    // Its own pushes, under its place in the map it serves.
-    for (const PushJournal::Applied& a : journal_.AppliedPushes()) {
-      v1::AppliedPush* p = response->add_applied();
-      // Journaled under JournalId: the client's id back (the mix is its own inverse).
-      const embedding::RequestId client = JournalId(a.id);
-      p->mutable_request_id()->set_client_id(client.client_id);
-      p->mutable_request_id()->set_sequence(client.sequence);
-      p->set_owner(index_.load());
-      p->set_num_shards(num_shards_.load());
-      for (const std::string& t : a.tables) p->add_tables(t);
-    }
-    // And those on durable record, which a restart took out of its journal.
-    for (v1::AppliedPush& p :
-         RecordedUnder(tables_->RecordedPushes(), serving, index_.load(), num_shards_.load())) {
-      *response->add_applied() = std::move(p);
-    }
-  } else if (serving > request.version()) {
-    return absl::FailedPreconditionError(absl::StrCat("shard ", index_.load(),
-                                                      " serves shard map version ", serving,
-                                                      ", newer than ", request.version()));
-  }
-  // Those it kept from earlier reshards (a repeated FREEZE after its COMMIT: only these).
-  for (v1::AppliedPush& p : moved_.All()) *response->add_applied() = std::move(p);
-  return absl::OkStatus();
-}
-
-absl::Status ShardService::Commit(const v1::ReshardRequest& request) {
-  moved_.Add(request.applied());
-  // On disk before the new map is served: a shard restarted after the commit still skips
-  // the rows that took a retried push under the old map.
-  TESSERA_RETURN_IF_ERROR(KeepMovedPushes());
-  const uint64_t serving = version_.load();
-  if (serving == request.version() && index_.load() == request.shard_index() &&
-      num_shards_.load() == request.num_shards()) {
-    // A shard only in the new map (started on it), or a repeated commit: the rows copied
-    // here are written (a CHECKPOINT table's would wait for a checkpoint), those that left
-    // dropped.
-    absl::Status s = tables_->Repartition(request.shard_index(), request.num_shards());
-    if (s.ok()) {
-      s = SplitRowBudgets({request.row_budgets().begin(), request.row_budgets().end()},
-                          request.num_shards());
-    }
-    return Annotate(s, absl::StrCat("shard ", index_.load(), ": the rows moved"));
-  }
-  if (serving >= request.version()) return absl::OkStatus();  // committed already
-  {
-    absl::MutexLock lock(&gate_mu_);
-    if (!frozen_ || pending_version_ != request.version() ||
-        pending_index_ != request.shard_index() || pending_shards_ != request.num_shards()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", index_.load(), " was not frozen for shard ", request.shard_index(), " of ",
-          request.num_shards(), " at version ", request.version(), "; freeze it first"));
-    }
-    committing_ = true;
-    gate_mu_.Await(absl::Condition(
-        +[](ShardService* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->gate_mu_) {
-          return s->reads_in_flight_ == 0 && s->pushes_in_flight_ == 0;
-        },
-        this));
-    absl::Status s = CheckCopied();
-    if (s.ok() && options_.on_placement) {
-      s = options_.on_placement(request.shard_index(), request.num_shards(), request.version());
-    }
-    // Tables laid out by place serve the new one from here (recorded first: a restart
-    // opens the data directory at it, where the moving rows were written).
-    if (s.ok() && request.shard_index() >= 0) {
-      s = tables_->SwitchPlace(request.shard_index(), request.num_shards());
-    }
-    if (!s.ok()) {
-      committing_ = false;  // still frozen: the coordinator repeats the commit, or aborts
-      gate_cv_.SignalAll();
-      return Annotate(s, absl::StrCat("shard ", index_.load(), ": reshard not committed"));
-    }
-    if (request.shard_index() >= 0) {
-      index_.store(request.shard_index());
-      num_shards_.store(request.num_shards());
-    } else {
-      left_ = true;
-    }
-    version_.store(request.version());
-    // Its journal speaks of its place in the old map; what it said is in moved_ now.
-    journal_.Clear();
-    committing_ = false;
-    frozen_ = false;
-    tracking_ = false;
-    noting_.store(false);
-    pending_version_ = 0;
-    gate_cv_.SignalAll();
-  }
-  // Serving the new map already: the rows that left are no longer asked for, and go now.
-  if (request.shard_index() >= 0) {
-    StartRepartition(request.shard_index(), request.num_shards(),
-                     {request.row_budgets().begin(), request.row_budgets().end()});
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ShardService::CheckCopied() {
-  TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> tables, tables_->ListTables());
-  std::set<std::string> copied;
-  {
-    absl::MutexLock lock(&changed_mu_);
-    copied = copied_;
-  }
-  for (const v1::TableConfig& t : tables) {
-    if (copied.count(t.name()) > 0) continue;
-    absl::StatusOr<embedding::TableUsage> usage = tables_->Usage(t.name());
-    if (!usage.ok() || usage->rows == 0) continue;  // dropped meanwhile, or nothing to lose
-    return absl::FailedPreconditionError(absl::StrCat(
-        "table '", t.name(), "' holds ", usage->rows, " rows on shard ", index_.load(),
-        " that the reshard did not copy (the coordinator does not know the table): create it "
-        "through the coordinator or drop it, then repeat the reshard"));
-  }
-  return absl::OkStatus();
+  return Serve(context, Access::kWrite, [&] { return reshard_.Handle(*request, response); });
 }
 
 }  // namespace tessera::server

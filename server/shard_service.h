@@ -6,20 +6,16 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <set>
 #include <string>
-#include <thread>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "embedding/collection.h"
 #include "server/auth.h"
 #include "server/call_executor.h"
 #include "server/lookup_request.h"
-#include "server/push_journal.h"
-#include "server/step_aggregator.h"
-#include "server/sync_groups.h"
+#include "server/push_applier.h"
+#include "server/reshard_participant.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 #include "wire/call_metadata.h"
 
@@ -67,8 +63,8 @@ class ShardService final
   uint64_t incarnation() const { return incarnation_; }
 
   // Serve another shard-map version from now on (the map was rebalanced).
-  void SetShardMapVersion(uint64_t version) { version_.store(version); }
-  uint64_t shard_map_version() const { return version_.load(); }
+  void SetShardMapVersion(uint64_t version) { reshard_.SetVersion(version); }
+  uint64_t shard_map_version() const { return reshard_.version(); }
 
   grpc::Status CreateTable(grpc::ServerContext* context, const v1::CreateTableRequest* request,
                            v1::CreateTableResponse* response) override;
@@ -114,40 +110,14 @@ class ShardService final
 
   // Sync-group pushes waiting for their step's other workers, and threads running a push
   // now (tests and monitoring: a push that waits is not running).
-  int sync_pushes_waiting() const { return steps_.waiting(); }
+  int sync_pushes_waiting() const { return pushes_.sync_pushes_waiting(); }
   int push_threads_busy() const { return calls_.busy(); }
 
  private:
-  // What a data request is, for the reshard gate.
-  enum class Traffic { kRead, kPush, kImport };
-  // Admits a data request of map `version`: while the shard is frozen for a reshard,
-  // pushes and requests of the new map wait (until the commit or abort, or shortly before
-  // the call's deadline: then UNAVAILABLE, which callers retry); during a commit every
-  // request waits. A shard no longer in the map refuses all (FAILED_PRECONDITION). The
-  // request counts as in flight until Leave.
+  using Traffic = ReshardParticipant::Traffic;
+  using Admitted = ReshardParticipant::Admitted;
+  // Admits a data request through the reshard gate, until the call's deadline.
   absl::Status Enter(Traffic traffic, uint64_t version, const grpc::ServerContextBase& context);
-  // True when an import of map `version` brings a reshard's rows for the map this shard is
-  // moving to (not a caller's rows).
-  bool MovingRowsOf(uint64_t version);
-  void Leave(Traffic traffic);
-  // During a reshard's copy: notes the ids of `ids` that leave this shard as changed (after
-  // their rows changed), for the next round to copy again.
-  void NoteChanged(const v1::TableConfig& config, absl::Span<const int64_t> ids);
-  // Ends a copy round: the ids changed in it become those ExportRows sends
-  // (MovingRows.changed_only); returns how many.
-  int64_t EndRound();
-  // A data request admitted by Enter, until it is destroyed.
-  class Admitted {
-   public:
-    Admitted(ShardService* service, Traffic traffic) : service_(service), traffic_(traffic) {}
-    ~Admitted() { service_->Leave(traffic_); }
-    Admitted(const Admitted&) = delete;
-    Admitted& operator=(const Admitted&) = delete;
-
-   private:
-    ShardService* service_;
-    Traffic traffic_;
-  };
   struct PushCall;  // one BatchPush, from its start to its answer
   class PushReactor;
   // Runs `call` to its answer, or to where it waits in its step (a sync-group push whose
@@ -157,37 +127,14 @@ class ShardService final
   absl::Status AdmitBatchPush(PushCall* call);
   // A push that is not a sync group's: its check round, or its apply.
   absl::Status CheckOrApplyPush(PushCall* call);
-  // A data-parallel worker's push (request.sync): its part of the step, applied with the
-  // other workers' once all have pushed; answered then. Deduplicated by its request id.
+  // A data-parallel worker's push (request.sync): answered once its step is applied.
   void StartSyncPush(PushCall* call);
   // Answers `call` with `status` (and this shard's incarnation when OK).
   void Answer(PushCall* call, const absl::Status& status);
-  // COPY, FREEZE, COMMIT and ABORT (ReshardRequest).
-  absl::Status Copy(const v1::ReshardRequest& request, v1::ReshardResponse* response);
-  absl::Status Freeze(const v1::ReshardRequest& request, v1::ReshardResponse* response);
-  absl::Status Commit(const v1::ReshardRequest& request);
-  // FailedPrecondition, naming it, for a table holding rows that this reshard's rounds did
-  // not copy (the coordinator does not know it): its rows would be lost at the commit.
-  absl::Status CheckCopied();
-  // After a commit, while the new map is served: the rows that left are dropped (and the
-  // rows held written, with a data directory) on a thread of its own. The next reshard
-  // phase waits for it (FinishRepartition: its result, retried once when it failed).
-  void StartRepartition(int32_t index, int32_t num_shards,
-                        std::map<std::string, int64_t> row_budgets);
-  // Each table of `row_budgets` (whole budgets) gets its part of `num_shards` (0: none).
-  absl::Status SplitRowBudgets(const std::map<std::string, int64_t>& row_budgets,
-                               int32_t num_shards);
-  absl::Status FinishRepartition();
-  // The id a push is journaled (and recorded) under: JournalIdAt the map version served.
-  embedding::RequestId JournalId(const embedding::RequestId& id) const;
-  // Writes moved_ where the collection keeps the server's state (a durable one: its store).
-  absl::Status KeepMovedPushes();
-  static constexpr char kMovedPushesKey[] = "moved_pushes";
-  // `batch` without the ids whose rows already carry request `id` (applied under an
-  // earlier map, MovedPushes), into *kept (its copies hold them); (*skipped)[i]: distinct
-  // ids part i left out. False (nothing filled) when no earlier map applied `id`.
-  bool WithoutMovedPushes(const DecodedBatch& batch, const embedding::RequestId& id,
-                          DecodedBatch* kept, std::vector<int64_t>* skipped) const;
+  // The rows of `all` that leave this shard for the map `moving` describes (a fixed
+  // vocabulary's all go), into *leaving.
+  static void LeavingRows(const v1::TableConfig& config, const v1::MovingRows& moving,
+                          const embedding::RowBlock& all, embedding::RowBlock* leaving);
 
   // Checks the caller's token for `access`, then runs `handler` and maps its status.
   // Every answer, refusals included, carries this process's incarnation in its trailing
@@ -217,20 +164,6 @@ class ShardService final
   // place now).
   absl::Status CheckOwnership(const v1::TableConfig& config, absl::Span<const int64_t> ids,
                               int32_t index = -1, int32_t num_shards = -1) const;
-  // A step's pushes of every worker, merged, applied as one push.
-  absl::StatusOr<std::vector<int64_t>> ApplyMergedPush(
-      absl::Span<const embedding::TableGradients> merged, int64_t step,
-      const embedding::RequestId& first);
-  // Applies the decoded parts `batch->pushes` of a push, exactly once per request id.
-  absl::StatusOr<std::vector<int64_t>> ApplyPush(const DecodedBatch& batch, int64_t step,
-                                                 const embedding::RequestId& id);
-  // ApplyPush's batch in one PushBatch, for a collection that AppliesBatchWhole: *done gets
-  // every part's rows updated once it applied, and stays empty when it was refused.
-  // `first`: the push's journal id and map version (part 0's tag), for collections that
-  // record pushes.
-  absl::Status ApplyWhole(const DecodedBatch& batch, int64_t step, const embedding::PushTag& first,
-                          std::vector<int64_t>* done);
-
   // Serves exactly the tables `tables_` holds (after start-up or a restore).
   absl::Status ReloadConfigs();
 
@@ -240,42 +173,14 @@ class ShardService final
   embedding::EmbeddingCollection* tables_;
   const ShardOptions options_;
   const uint64_t incarnation_;  // random at each start: answers carry it
-  std::atomic<uint64_t> version_;
-  PushJournal journal_;
-  MovedPushes moved_;  // applied under earlier maps (reshards)
-  // This shard's place in the map (a reshard's COMMIT changes it).
-  std::atomic<int32_t> index_;
-  std::atomic<int32_t> num_shards_;
-  // The reshard gate (Enter / Leave).
-  absl::Mutex gate_mu_;
-  absl::CondVar gate_cv_;
-  int64_t reads_in_flight_ ABSL_GUARDED_BY(gate_mu_) = 0;   // lookups and imports
-  int64_t pushes_in_flight_ ABSL_GUARDED_BY(gate_mu_) = 0;
-  bool frozen_ ABSL_GUARDED_BY(gate_mu_) = false;      // FREEZE until COMMIT or ABORT
-  bool committing_ ABSL_GUARDED_BY(gate_mu_) = false;  // every request waits
-  bool left_ ABSL_GUARDED_BY(gate_mu_) = false;        // not in the map any more
-  uint64_t pending_version_ ABSL_GUARDED_BY(gate_mu_) = 0;  // COPY or FREEZE until COMMIT/ABORT
-  bool tracking_ ABSL_GUARDED_BY(gate_mu_) = false;          // since COPY
-  std::atomic<bool> noting_{false};                          // tracking_, for NoteChanged
-  absl::Mutex changed_mu_;
-  std::map<std::string, absl::flat_hash_set<int64_t>> changed_ ABSL_GUARDED_BY(changed_mu_);
-  std::map<std::string, std::vector<int64_t>> to_send_ ABSL_GUARDED_BY(changed_mu_);
-  // The tables whose rows a reshard's rounds exported (ExportRows with MovingRows) since
-  // its first COPY.
-  std::set<std::string> copied_ ABSL_GUARDED_BY(changed_mu_);
-  int32_t pending_index_ ABSL_GUARDED_BY(gate_mu_) = 0;
-  int32_t pending_shards_ ABSL_GUARDED_BY(gate_mu_) = 1;
-  absl::Mutex repartition_mu_;  // one reshard phase at a time, after the last drop
-  std::thread repartition_ ABSL_GUARDED_BY(repartition_mu_);
-  absl::Status repartitioned_;  // written by that thread, read once it is joined
-  int32_t repartition_index_ ABSL_GUARDED_BY(repartition_mu_) = 0;
-  int32_t repartition_shards_ ABSL_GUARDED_BY(repartition_mu_) = 1;
-  SyncGroups groups_;     // registered by data-parallel jobs
-  StepAggregator steps_;  // synchronous pushes of data-parallel workers
   mutable absl::Mutex mu_;
   std::map<std::string, v1::TableConfig> configs_ ABSL_GUARDED_BY(mu_);
   // Per table held; the map changes under the lock, the counts move without it.
   std::map<std::string, std::shared_ptr<TableCounters>> counters_ ABSL_GUARDED_BY(mu_);
+  // Its place in the map and the reshard gate; before the pushes, whose waiting calls
+  // leave the gate as the pushes go.
+  ReshardParticipant reshard_;
+  PushApplier pushes_;  // exactly once, across reshards; sync groups' steps
   // Runs pushes (BatchPush); last, so that it finishes the ones it holds before the
   // members they use go.
   CallExecutor calls_;

@@ -1,0 +1,127 @@
+// tessera-cli: what its commands share.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "base/command_line.h"
+#include "base/status.h"
+#include "client/channel_policy.h"
+#include "client/shard_router.h"
+#include "embedding/collection.h"
+#include "embedding/dtype.h"
+#include "embedding/optimizer.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "tessera/v1/embedding_service.grpc.pb.h"
+#include "tools/cli/cli.h"
+#include "tools/npz.h"
+#include "wire/grpc_status.h"
+#include "wire/security_flags.h"
+
+namespace tessera::cli {
+
+const int kCheckpointDeadlineMs = static_cast<int>(tessera::client::kCheckpointDeadline.count());
+
+// TLS and token from the shared flags (wire/security_flags.h), loaded in main().
+tessera::wire::ClientSecurity& Security() {
+  static tessera::wire::ClientSecurity security;
+  return security;
+}
+
+std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
+  grpc::ChannelArguments args = tessera::client::ChannelArgs();
+  auto credentials = tessera::wire::MakeChannelCredentials(Security(), &args);
+  return grpc::CreateCustomChannel(address, credentials, args);
+}
+
+std::unique_ptr<grpc::ClientContext> Context(int deadline_ms) {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
+  tessera::wire::Authorize(Security(), ctx.get());
+  return ctx;
+}
+
+void PrintCheckpoint(const tessera::v1::CheckpointInfo& c) {
+  if (!c.model().empty()) std::printf("model %s ", c.model().c_str());
+  const std::string created = absl::FormatTime(
+      "%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixMillis(c.created_unix_ms()), absl::UTCTimeZone());
+  std::printf("step %lld: %lld rows, %lld bytes, %zu shard(s), created %s",
+              static_cast<long long>(c.step()), static_cast<long long>(c.rows()),
+              static_cast<long long>(c.bytes()), static_cast<size_t>(c.shards_size()),
+              created.c_str());
+  if (c.seconds() > 0) std::printf(", took %.2f s", c.seconds());
+  std::printf("\n");
+}
+
+// Orders names as people read them: "C2" before "C10" (digit runs compare as numbers).
+bool NaturalLess(const std::string& a, const std::string& b) {
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (absl::ascii_isdigit(a[i]) && absl::ascii_isdigit(b[j])) {
+      size_t i_end = i, j_end = j;
+      while (i_end < a.size() && absl::ascii_isdigit(a[i_end])) ++i_end;
+      while (j_end < b.size() && absl::ascii_isdigit(b[j_end])) ++j_end;
+      // Without leading zeros, a longer run is a larger number.
+      absl::string_view x = absl::string_view(a).substr(i, i_end - i);
+      absl::string_view y = absl::string_view(b).substr(j, j_end - j);
+      while (x.size() > 1 && x[0] == '0') x.remove_prefix(1);
+      while (y.size() > 1 && y[0] == '0') y.remove_prefix(1);
+      if (x.size() != y.size()) return x.size() < y.size();
+      if (x != y) return x < y;
+      i = i_end;
+      j = j_end;
+    } else {
+      if (a[i] != b[j]) return a[i] < b[j];
+      ++i;
+      ++j;
+    }
+  }
+  return a.size() - i < b.size() - j;
+}
+
+// The tables of --model (every table without it), in natural order of their names.
+std::vector<tessera::v1::TableConfig> TablesOfModel(const tessera::v1::ListTablesResponse& resp) {
+  const std::string model = absl::GetFlag(FLAGS_model);
+  std::vector<tessera::v1::TableConfig> out;
+  for (const auto& t : resp.tables()) {
+    if (tessera::embedding::TableOfModel(t.name(), model)) out.push_back(t);
+  }
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return NaturalLess(a.name(), b.name()); });
+  return out;
+}
+
+int Fail(const std::string& what, const grpc::Status& s) {
+  // Calls go to the coordinator but for `health --address`: say what a shard or a TLS
+  // mismatch looks like.
+  absl::Status explained = tessera::wire::ExplainCoordinatorFailure(
+      tessera::wire::FromGrpcStatus(s), absl::GetFlag(FLAGS_coordinator), Security());
+  std::cerr << "tessera-cli: " << what << ": " << absl::StatusCodeToString(explained.code()) << ": "
+            << explained.message() << "\n";
+  return 1;
+}
+
+}  // namespace tessera::cli

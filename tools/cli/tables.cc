@@ -1,0 +1,354 @@
+// tessera-cli tables, apply, create, alter and drop.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "base/command_line.h"
+#include "base/status.h"
+#include "client/channel_policy.h"
+#include "client/shard_router.h"
+#include "embedding/collection.h"
+#include "embedding/dtype.h"
+#include "embedding/optimizer.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "tessera/v1/embedding_service.grpc.pb.h"
+#include "tools/cli/cli.h"
+#include "tools/npz.h"
+#include "wire/grpc_status.h"
+#include "wire/security_flags.h"
+
+namespace tessera::cli {
+
+namespace {
+
+// The optimizer settings: each flag and the OptimizerConfig field it sets.
+constexpr std::pair<const char*, const char*> kOptimizerSettings[] = {
+    {"--lr", "learning_rate"},
+    {"--epsilon", "epsilon"},
+    {"--beta1", "beta1"},
+    {"--beta2", "beta2"},
+    {"--initial_accumulator", "initial_accumulator"},
+    {"--l1", "l1"},
+    {"--l2", "l2"},
+    {"--lr_power", "learning_rate_power"},
+    {"--clip_norm", "clip_norm"},
+    {"--clip_value", "clip_value"},
+    {"--weight_decay", "weight_decay"},
+};
+
+// `value` of enum flag `flag` in any case, '-' for '_', with or without the proto's
+// `prefix` ("lru", "EVICTION_LRU"); InvalidArgument naming the choices.
+absl::StatusOr<int> ParseEnumFlag(const std::string& flag, const std::string& value,
+                                  const google::protobuf::EnumDescriptor* type,
+                                  const std::string& prefix = "") {
+  std::string name = absl::AsciiStrToUpper(value);
+  std::replace(name.begin(), name.end(), '-', '_');
+  for (const std::string& candidate : {name, prefix + name}) {
+    if (const auto* v = type->FindValueByName(candidate); v != nullptr) return v->number();
+  }
+  std::vector<std::string> choices;
+  for (int i = 0; i < type->value_count(); ++i) {
+    std::string choice = type->value(i)->name();
+    if (absl::StartsWith(choice, prefix)) choice = choice.substr(prefix.size());
+    if (!absl::StrContains(choice, "UNSPECIFIED")) choices.push_back(absl::AsciiStrToLower(choice));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, ": unknown value '", value,
+                                                 "'; expected ", absl::StrJoin(choices, ", ")));
+}
+
+// The optimizer settings given as flags (--lr, --epsilon, ...), and only those: what
+// `alter` changes, and what `create` sets beyond the defaults.
+tessera::v1::OptimizerConfig OptimizerChanges() {
+  using Config = tessera::v1::OptimizerConfig;
+  const std::pair<std::optional<double>, void (Config::*)(float)> settings[] = {
+      {absl::GetFlag(FLAGS_lr), &Config::set_learning_rate},
+      {absl::GetFlag(FLAGS_epsilon), &Config::set_epsilon},
+      {absl::GetFlag(FLAGS_beta1), &Config::set_beta1},
+      {absl::GetFlag(FLAGS_beta2), &Config::set_beta2},
+      {absl::GetFlag(FLAGS_initial_accumulator), &Config::set_initial_accumulator},
+      {absl::GetFlag(FLAGS_l1), &Config::set_l1},
+      {absl::GetFlag(FLAGS_l2), &Config::set_l2},
+      {absl::GetFlag(FLAGS_lr_power), &Config::set_learning_rate_power},
+      {absl::GetFlag(FLAGS_clip_norm), &Config::set_clip_norm},
+      {absl::GetFlag(FLAGS_clip_value), &Config::set_clip_value},
+      {absl::GetFlag(FLAGS_weight_decay), &Config::set_weight_decay},
+  };
+  Config out;
+  for (const auto& [value, set] : settings) {
+    if (value.has_value()) (out.*set)(static_cast<float>(*value));
+  }
+  return out;
+}
+
+// True when an optimizer of `type` uses setting `field`. Every type uses the learning rate,
+// clipping and weight decay; a type not listed here is not judged.
+bool UsesSetting(tessera::v1::OptimizerType type, const std::string& field) {
+  static const auto* own = new std::map<tessera::v1::OptimizerType, std::set<std::string>>{
+      {tessera::v1::SGD, {}},
+      {tessera::v1::ADAGRAD, {"epsilon", "initial_accumulator"}},
+      {tessera::v1::ROWWISE_ADAGRAD, {"epsilon", "initial_accumulator"}},
+      {tessera::v1::ADAM, {"epsilon", "beta1", "beta2"}},
+      {tessera::v1::FTRL, {"initial_accumulator", "l1", "l2", "learning_rate_power"}},
+  };
+  if (field == "learning_rate" || field == "clip_norm" || field == "clip_value" ||
+      field == "weight_decay") {
+    return true;
+  }
+  const auto it = own->find(type);
+  return it == own->end() || it->second.count(field) > 0;
+}
+
+// Refuses (false, saying why and what `type` takes) settings of `config` that `type` would
+// ignore (beta1 for SGD).
+bool SettingsTakeEffect(const char* command, const tessera::v1::OptimizerConfig& config,
+                        tessera::v1::OptimizerType type) {
+  std::vector<std::string> unused, used;
+  for (const auto& [flag, field] : kOptimizerSettings) {
+    if (UsesSetting(type, field)) {
+      used.push_back(flag);
+    } else if (config.GetReflection()->HasField(config,
+                                                config.GetDescriptor()->FindFieldByName(field))) {
+      unused.push_back(flag);
+    }
+  }
+  if (unused.empty()) return true;
+  std::cerr << "tessera-cli: " << command << ": " << absl::StrJoin(unused, ", ")
+            << (unused.size() == 1 ? " does" : " do") << " nothing with optimizer "
+            << tessera::embedding::OptimizerName(type) << ", which takes "
+            << absl::StrJoin(used, ", ") << "; leave " << (unused.size() == 1 ? "it" : "them")
+            << " out\n";
+  return false;
+}
+
+// The TableConfig of `create`'s flags: every field, with tessera-train's defaults; the
+// optimizer settings left out keep the servers' defaults.
+absl::StatusOr<tessera::v1::TableConfig> CreateConfig(const std::string& table) {
+  tessera::v1::TableConfig c;
+  c.set_name(table);
+  c.set_dim(absl::GetFlag(FLAGS_dim));
+  c.set_seed(absl::GetFlag(FLAGS_seed));
+  c.set_max_rows(absl::GetFlag(FLAGS_max_rows));
+  TESSERA_ASSIGN_OR_RETURN(tessera::v1::Dtype dtype,
+                           tessera::embedding::ParseDtypeName(absl::GetFlag(FLAGS_dtype)));
+  c.set_dtype(dtype);
+  TESSERA_ASSIGN_OR_RETURN(tessera::v1::OptimizerType type,
+                           tessera::embedding::ParseOptimizerName(absl::GetFlag(FLAGS_optimizer)));
+  auto* o = c.mutable_optimizer();
+  *o = OptimizerChanges();
+  o->set_type(type);
+  if (!o->has_learning_rate()) o->set_learning_rate(0.05f);  // tessera-train's default
+  TESSERA_ASSIGN_OR_RETURN(int initializer,
+                           ParseEnumFlag("initializer", absl::GetFlag(FLAGS_initializer),
+                                         tessera::v1::InitializerType_descriptor()));
+  // UNIFORM is what an unspecified initializer means, and is sent as that.
+  if (initializer != tessera::v1::UNIFORM) {
+    c.mutable_initializer()->set_type(static_cast<tessera::v1::InitializerType>(initializer));
+  }
+  if (const double scale = absl::GetFlag(FLAGS_init_scale); scale > 0) {
+    c.mutable_initializer()->set_scale(static_cast<float>(scale));
+  }
+  TESSERA_ASSIGN_OR_RETURN(int durability,
+                           ParseEnumFlag("durability", absl::GetFlag(FLAGS_durability),
+                                         tessera::v1::Durability_descriptor()));
+  c.set_durability(static_cast<tessera::v1::Durability>(durability));
+  TESSERA_ASSIGN_OR_RETURN(int eviction,
+                           ParseEnumFlag("eviction", absl::GetFlag(FLAGS_eviction),
+                                         tessera::v1::EvictionPolicy_descriptor(), "EVICTION_"));
+  c.mutable_eviction()->set_policy(static_cast<tessera::v1::EvictionPolicy>(eviction));
+  c.mutable_eviction()->set_ttl_steps(absl::GetFlag(FLAGS_ttl_steps));
+  c.set_vocabulary_size(absl::GetFlag(FLAGS_vocabulary_size));
+  if (absl::GetFlag(FLAGS_admit_min_count) != 0 || absl::GetFlag(FLAGS_admit_probability) != 0 ||
+      absl::GetFlag(FLAGS_admit_sketch_width) != 0) {
+    tessera::v1::AdmissionConfig* a = c.mutable_admission();
+    a->set_min_count(absl::GetFlag(FLAGS_admit_min_count));
+    a->set_probability(static_cast<float>(absl::GetFlag(FLAGS_admit_probability)));
+    a->set_sketch_width(absl::GetFlag(FLAGS_admit_sketch_width));
+  }
+  return c;
+}
+
+}  // namespace
+
+// Changes an existing table's optimizer settings to the flags given; prints the table's
+// settings before and after.
+int Alter(Coordinator::Stub& stub, const std::string& table) {
+  const tessera::v1::OptimizerConfig changes = OptimizerChanges();
+  const absl::CommandLineFlag* type = absl::FindCommandLineFlag("optimizer");
+  if (changes.ByteSizeLong() == 0 && type != nullptr &&
+      type->CurrentValue() != type->DefaultValue()) {
+    // The rows' optimizer state is the type's: it cannot change under them.
+    std::cerr << "tessera-cli: alter cannot change a table's optimizer type (--optimizer is "
+                 "create's: a table keeps the type it was made with, as its rows' optimizer "
+                 "state is that type's); give the settings to change (--lr, --epsilon, ...), or "
+                 "make a new table of that type and import the weights (export, create, "
+                 "import)\n";
+    return 1;
+  }
+  if (table.empty() || changes.ByteSizeLong() == 0) {
+    std::vector<const char*> flags;
+    for (const auto& setting : kOptimizerSettings) flags.push_back(setting.first);
+    std::cerr << "tessera-cli: alter needs --table=NAME and at least one optimizer setting ("
+              << absl::StrJoin(flags, ", ") << ")\n";
+    return 1;
+  }
+  // Settings the table's optimizer would ignore are refused (a table not listed is left to
+  // the coordinator to name).
+  if (tessera::v1::ListTablesResponse listed; stub.ListTables(Context().get(), {}, &listed).ok()) {
+    for (const tessera::v1::TableConfig& t : listed.tables()) {
+      if (t.name() == table && !SettingsTakeEffect("alter", changes, t.optimizer().type())) {
+        return 1;
+      }
+    }
+  }
+  tessera::v1::AlterTableRequest req;
+  req.set_table(table);
+  *req.mutable_optimizer() = changes;
+  tessera::v1::AlterTableResponse resp;
+  grpc::Status s = stub.AlterTable(Context().get(), req, &resp);
+  if (!s.ok()) return Fail("alter", s);
+  std::printf("altered table '%s': optimizer %s\n", table.c_str(),
+              resp.config().optimizer().ShortDebugString().c_str());
+  return 0;
+}
+
+int Create(Coordinator::Stub& stub, const std::string& table) {
+  if (table.empty()) {
+    std::cerr << "tessera-cli: create needs --table=NAME (and --dim)\n";
+    return 1;
+  }
+  absl::StatusOr<tessera::v1::TableConfig> config = CreateConfig(table);
+  if (!config.ok()) {
+    std::cerr << "tessera-cli: " << config.status().message() << "\n";
+    return 1;
+  }
+  if (!SettingsTakeEffect("create", config->optimizer(), config->optimizer().type())) return 1;
+  tessera::v1::CreateTableRequest req;
+  *req.mutable_config() = *config;
+  tessera::v1::CreateTableResponse resp;
+  grpc::Status s = stub.CreateTable(Context().get(), req, &resp);
+  if (!s.ok()) return Fail("create", s);
+  std::printf("created table '%s' (dim %d)\n", table.c_str(), config->dim());
+  return 0;
+}
+
+int Tables(Coordinator::Stub& stub, const std::string&) {
+  auto ctx = Context();
+  tessera::v1::ListTablesResponse resp;
+  grpc::Status s = stub.ListTables(ctx.get(), {}, &resp);
+  if (!s.ok()) return Fail("tables", s);
+  std::printf("%-20s %6s %-5s %-16s %10s %12s\n", "table", "dim", "dtype", "optimizer", "lr",
+              "max_rows");
+  for (const auto& t : TablesOfModel(resp)) {
+    std::printf("%-20s %6d %-5s %-16s %10g %12lld\n", t.name().c_str(), t.dim(),
+                tessera::embedding::DtypeName(t.dtype()).c_str(),
+                tessera::embedding::OptimizerName(t.optimizer().type()).c_str(),
+                t.optimizer().learning_rate(), static_cast<long long>(t.max_rows()));
+  }
+  return 0;
+}
+
+// Creates every table of --tables_file; a table that exists with the same config is left
+// as it is, one with another config is an error (nothing is changed).
+int Apply(Coordinator::Stub& stub) {
+  const std::string path = absl::GetFlag(FLAGS_tables_file);
+  std::ifstream in(path);
+  if (path.empty() || !in) {
+    std::cerr << "tessera-cli: apply needs a readable --tables_file, got '" << path << "'\n";
+    return 1;
+  }
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  tessera::v1::ListTablesResponse wanted;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(text, &wanted);
+  if (!parsed.ok()) {
+    std::cerr << "tessera-cli: " << path << ": " << parsed.ToString() << "\n";
+    return 1;
+  }
+  tessera::v1::ListTablesResponse existing;
+  grpc::Status s = stub.ListTables(Context().get(), {}, &existing);
+  if (!s.ok()) return Fail("apply", s);
+  int failures = 0;
+  for (const auto& config : wanted.tables()) {
+    const tessera::v1::TableConfig* have = nullptr;
+    for (const auto& t : existing.tables()) {
+      if (t.name() == config.name()) have = &t;
+    }
+    if (have != nullptr) {
+      if (google::protobuf::util::MessageDifferencer::Equals(*have, config)) {
+        std::printf("table '%s': unchanged\n", config.name().c_str());
+      } else {
+        std::fprintf(stderr, "tessera-cli: table '%s' exists with another config: %s\n",
+                     config.name().c_str(), have->ShortDebugString().c_str());
+        ++failures;
+      }
+      continue;
+    }
+    tessera::v1::CreateTableRequest req;
+    *req.mutable_config() = config;
+    tessera::v1::CreateTableResponse resp;
+    s = stub.CreateTable(Context().get(), req, &resp);
+    if (!s.ok()) {
+      Fail(absl::StrCat("create '", config.name(), "'"), s);
+      ++failures;
+      continue;
+    }
+    std::printf("table '%s': created (dim %d, %s)\n", config.name().c_str(), config.dim(),
+                tessera::embedding::DtypeName(config.dtype()).c_str());
+  }
+  return failures == 0 ? 0 : 1;
+}
+
+int Drop(Coordinator::Stub& stub, const std::string& table) {
+  std::vector<std::string> names;
+  const std::string model = absl::GetFlag(FLAGS_model);
+  if (!table.empty()) {
+    names.push_back(table);
+  } else if (!model.empty()) {
+    auto ctx = Context();
+    tessera::v1::ListTablesResponse resp;
+    grpc::Status s = stub.ListTables(ctx.get(), {}, &resp);
+    if (!s.ok()) return Fail("drop", s);
+    for (const auto& t : resp.tables()) {
+      if (tessera::embedding::TableOfModel(t.name(), model)) names.push_back(t.name());
+    }
+    if (names.empty()) std::printf("model '%s' has no tables\n", model.c_str());
+  } else {
+    std::cerr << "tessera-cli: drop needs --table=NAME, or --model=NAME for all its tables\n";
+    return 1;
+  }
+  for (const std::string& name : names) {
+    tessera::v1::DropTableRequest req;
+    req.set_table(name);
+    tessera::v1::DropTableResponse resp;
+    auto ctx = Context();
+    grpc::Status s = stub.DropTable(ctx.get(), req, &resp);
+    if (!s.ok()) return Fail(absl::StrCat("drop ", name), s);
+    std::printf("dropped table '%s'\n", name.c_str());
+  }
+  return 0;
+}
+
+}  // namespace tessera::cli
