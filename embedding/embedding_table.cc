@@ -1,20 +1,10 @@
 #include "embedding/embedding_table.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-
-#include <algorithm>
-#include <cctype>
-#include <cmath>
-#include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "base/check.h"
 #include "base/status.h"
-#include "embedding/batch_ops.h"
 #include "embedding/dtype.h"
 #include "embedding/internal/admission.h"
 #include "embedding/internal/fixed_rows.h"
@@ -23,33 +13,18 @@
 #include "embedding/internal/row_ops.h"
 #include "embedding/internal/row_store.h"
 #include "embedding/internal/stripe.h"
-#include "embedding/internal/stripe_groups.h"
 #include "embedding/internal/stripe_plan.h"
 #include "embedding/row_math.h"
-#include "embedding/sharding.h"
 
 namespace tessera::embedding {
 
 using embedding_internal::CopyFloats;
-using embedding_internal::FindGroup;
-using embedding_internal::ForEachGroup;
 using embedding_internal::IdMap;
-using embedding_internal::kChunk;
 using embedding_internal::kNoRow;
-using embedding_internal::kOptimisticTries;
-using embedding_internal::kProbeAhead;
 using embedding_internal::kStripeShift;
-using embedding_internal::MapEntry;
 using embedding_internal::MapHash;
-using embedding_internal::MapId;
 using embedding_internal::PackedMeta;
-using embedding_internal::PrefetchRow;
-using embedding_internal::ReaderScope;
 using embedding_internal::RowStore;
-using embedding_internal::SpinPause;
-using embedding_internal::StripePlan;
-using embedding_internal::StripeWriter;
-using embedding_internal::ThinGroups;
 
 static_assert(EmbeddingTable::kNumStripes == embedding_internal::kNumStripes);
 

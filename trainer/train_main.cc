@@ -7,11 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
-#include <functional>
 #include <iostream>
-#include <limits>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,20 +16,14 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "base/command_line.h"
 #include "base/status.h"
-#include "base/thread_pool.h"
-#include "client/channel_policy.h"
 #include "client/embedding_client.h"
 #include "embedding/collection.h"
 #include "embedding/device/device_collection.h"
-#include "embedding/device/device_table.h"
-#include "embedding/dtype.h"
 #include "embedding/inprocess_collection.h"
 #include "embedding/optimizer.h"
 #include "embedding/storage/durable_collection.h"
@@ -41,17 +31,13 @@
 #include "observability/logging.h"
 #include "observability/metrics.h"
 #include "trainer/coordinator_rendezvous.h"
-#include "trainer/criteo_reader.h"
 #include "trainer/data_parallel.h"
 #include "trainer/dense_backend.h"
-#include "trainer/input_pipeline.h"
 #include "trainer/resume.h"
-#include "trainer/synthetic.h"
 #include "trainer/train_data.h"
 #include "trainer/train_flags.h"
 #include "trainer/train_legs.h"
 #include "trainer/trainer.h"
-#include "wire/security_flags.h"
 
 namespace tessera::trainer {
 namespace {

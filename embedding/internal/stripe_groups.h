@@ -12,6 +12,7 @@
 #include "embedding/internal/row_store.h"
 #include "embedding/internal/stripe.h"
 #include "embedding/internal/stripe_plan.h"
+#include "embedding/prefetch.h"
 
 namespace tessera::embedding_internal {
 
@@ -35,12 +36,12 @@ inline bool ThinGroups(size_t ids) {
 // Brings row `row` of `rows` towards the cache: its weights, and for a write its state
 // and meta too.
 inline void PrefetchRow(const RowStore& rows, uint32_t row, bool for_write) {
-  embedding_internal::PrefetchBytes(rows.Weights(row), rows.weight_bytes(), for_write);
+  embedding::PrefetchBytes(rows.Weights(row), rows.weight_bytes(), for_write);
   if (for_write) {
-    embedding_internal::PrefetchBytes(rows.State(row), rows.cold_bytes(), true);
+    embedding::PrefetchBytes(rows.State(row), rows.cold_bytes(), true);
     // Its dirty bit's word too: one row in 64 shares it, so nearly every update's test of
     // the bit would otherwise wait for memory.
-    embedding_internal::PrefetchLine(rows.DirtyWordOf(row), true);
+    embedding::PrefetchLine(rows.DirtyWordOf(row), true);
   }
 }
 

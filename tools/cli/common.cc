@@ -1,45 +1,21 @@
 // tessera-cli: what its commands share.
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
-#include <fstream>
 #include <iostream>
-#include <iterator>
-#include <map>
-#include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/reflection.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
-#include "base/command_line.h"
-#include "base/status.h"
 #include "client/channel_policy.h"
 #include "client/shard_router.h"
 #include "embedding/collection.h"
-#include "embedding/dtype.h"
-#include "embedding/optimizer.h"
-#include "google/protobuf/util/json_util.h"
-#include "google/protobuf/util/message_differencer.h"
-#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 #include "tools/cli/cli.h"
-#include "tools/npz.h"
 #include "wire/grpc_status.h"
-#include "wire/security_flags.h"
 
 namespace tessera::cli {
 
