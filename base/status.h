@@ -39,6 +39,25 @@ inline absl::Status SetAsidePartlyApplied(absl::Status status, absl::Status* fir
   return absl::OkStatus();
 }
 
+// Why a run failed, where what to do next depends on it and not on the status code alone:
+// set by the layer that knows (a data-parallel partner that is missing, an input file that
+// is damaged) and read by the program that advises (tessera-train's "next:" line), so that
+// no advice hangs on a message's words. A payload: Annotate keeps it.
+enum class Cause { kNone, kWorker, kInputFile };
+inline constexpr absl::string_view kCausePayload = "tessera/cause";
+inline absl::Status WithCause(absl::Status status, Cause cause) {
+  if (status.ok() || cause == Cause::kNone) return status;
+  status.SetPayload(kCausePayload, absl::Cord(cause == Cause::kWorker ? "worker" : "input-file"));
+  return status;
+}
+inline Cause CauseOf(const absl::Status& status) {
+  const auto cause = status.GetPayload(kCausePayload);
+  if (!cause.has_value()) return Cause::kNone;
+  if (*cause == "worker") return Cause::kWorker;
+  if (*cause == "input-file") return Cause::kInputFile;
+  return Cause::kNone;
+}
+
 }  // namespace tessera
 
 #define TESSERA_STATUS_CONCAT_INNER_(a, b) a##b

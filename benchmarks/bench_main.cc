@@ -78,6 +78,27 @@ std::string BinDir() {
   return ec ? "." : self.parent_path().string();
 }
 
+// The one scenario the flags describe (without --scenarios).
+Scenario ScenarioFromFlags() {
+  Scenario s;
+  s.set_name(absl::GetFlag(FLAGS_name));
+  s.set_mode(absl::GetFlag(FLAGS_mode));
+  s.set_shards(absl::GetFlag(FLAGS_shards));
+  s.set_batch_size(absl::GetFlag(FLAGS_batch_size));
+  TableSpec* t = s.add_tables();
+  t->set_count(absl::GetFlag(FLAGS_num_tables));
+  t->set_rows(absl::GetFlag(FLAGS_rows));
+  t->set_dim(absl::GetFlag(FLAGS_dim));
+  t->set_dtype(absl::GetFlag(FLAGS_dtype));
+  s.set_distribution(absl::GetFlag(FLAGS_distribution));
+  s.set_zipf_s(absl::GetFlag(FLAGS_zipf_s));
+  s.set_workload(absl::GetFlag(FLAGS_workload));
+  s.set_max_staleness(absl::GetFlag(FLAGS_max_staleness));
+  s.set_seconds(absl::GetFlag(FLAGS_seconds));
+  s.set_warmup_seconds(absl::GetFlag(FLAGS_warmup_seconds));
+  return s;
+}
+
 absl::Status Run() {
   std::vector<Scenario> scenarios;
   const std::string file = absl::GetFlag(FLAGS_scenarios);
@@ -96,23 +117,7 @@ absl::Status Run() {
           (std::filesystem::path(file).parent_path().parent_path() / "prices.json").string();
     }
   } else {
-    Scenario s;
-    s.set_name(absl::GetFlag(FLAGS_name));
-    s.set_mode(absl::GetFlag(FLAGS_mode));
-    s.set_shards(absl::GetFlag(FLAGS_shards));
-    s.set_batch_size(absl::GetFlag(FLAGS_batch_size));
-    TableSpec* t = s.add_tables();
-    t->set_count(absl::GetFlag(FLAGS_num_tables));
-    t->set_rows(absl::GetFlag(FLAGS_rows));
-    t->set_dim(absl::GetFlag(FLAGS_dim));
-    t->set_dtype(absl::GetFlag(FLAGS_dtype));
-    s.set_distribution(absl::GetFlag(FLAGS_distribution));
-    s.set_zipf_s(absl::GetFlag(FLAGS_zipf_s));
-    s.set_workload(absl::GetFlag(FLAGS_workload));
-    s.set_max_staleness(absl::GetFlag(FLAGS_max_staleness));
-    s.set_seconds(absl::GetFlag(FLAGS_seconds));
-    s.set_warmup_seconds(absl::GetFlag(FLAGS_warmup_seconds));
-    scenarios.push_back(s);
+    scenarios.push_back(ScenarioFromFlags());
   }
   Prices prices;
   bool example_prices = false;

@@ -288,14 +288,20 @@ absl::Status EmbeddingClient::PushBatch(absl::Span<const embedding::TableGradien
   }
   // One id for every attempt of this push, whichever shards or hops repeat it.
   const embedding::RequestId id = options.request_id.empty() ? NextRequestId() : options.request_id;
+  // A sync group's push is ABORTED by a shard only for the step's workers (one did not push
+  // in time, or pushed again): the cause is a data-parallel partner, not a server.
+  auto caused = [&options](absl::Status s) {
+    return options.sync.active() && absl::IsAborted(s) ? WithCause(std::move(s), Cause::kWorker)
+                                                       : s;
+  };
   if (options_.mode == ClientOptions::Mode::kSmart) {
-    return OnShards([&](ShardRouter& router) -> absl::Status {
+    return caused(OnShards([&](ShardRouter& router) -> absl::Status {
       TESSERA_ASSIGN_OR_RETURN(
           std::vector<int64_t> updated,
           router.PushBatch(configs, tables, step, id, options.sync, options.after_lookup));
       if (options.rows_updated != nullptr) *options.rows_updated = std::move(updated);
       return absl::OkStatus();
-    });
+    }));
   }
   for (size_t i = 0; i < tables.size(); ++i) {
     TESSERA_RETURN_IF_ERROR(embedding::CheckFiniteGradients(
@@ -335,7 +341,7 @@ absl::Status EmbeddingClient::PushBatch(absl::Span<const embedding::TableGradien
   if (absl::IsFailedPrecondition(pushed) && RegisterSyncGroup(options.sync, /*again=*/true).ok()) {
     pushed = WithRetries(push);
   }
-  return pushed;
+  return caused(std::move(pushed));
 }
 
 absl::Status EmbeddingClient::RegisterSyncGroup(const embedding::PushSync& sync, bool again) {

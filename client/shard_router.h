@@ -231,6 +231,13 @@ class ShardRouter {
   // shards that applied it (when any) and how to complete it.
   absl::Status PushOutcome(const std::vector<grpc::Status>& statuses, const std::vector<bool>& work,
                            const embedding::RequestId& id) const;
+  // A push's parts before anything is sent: gradients of ids x dim, finite, ids in a fixed
+  // vocabulary's range. InvalidArgument names the table.
+  static absl::Status CheckPushParts(absl::Span<const v1::TableConfig> configs,
+                                     absl::Span<const embedding::TableGradients> parts);
+  // Rows updated per part, summed over the shards' answers in `s`.
+  absl::StatusOr<std::vector<int64_t>> RowsUpdated(const Scratch& s,
+                                                   absl::Span<const v1::TableConfig> configs) const;
   // The pool of options_, or the calling thread alone.
   base::ThreadPool& Pool() const;
   void AddShardBags(Scratch& s, size_t p, const v1::TableConfig& config,

@@ -1,9 +1,14 @@
 #include "embedding/batch_ops.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <random>
 #include <set>
+#include <string>
+#include <vector>
 
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -166,6 +171,44 @@ TEST(SumRowsByInverse, AddsRepeatedRows) {
   std::vector<float> out(4, 0.0f);
   SumRowsByInverse(rows.data(), 2, inverse, out.data());
   EXPECT_EQ(out, (std::vector<float>{3, 4, 6, 8}));
+}
+
+// A comma-separated list of numbers of the golden file ("-": none).
+template <typename T>
+std::vector<T> GoldenList(const std::string& field) {
+  std::vector<T> out;
+  if (field == "-") return out;
+  for (const std::string& v : std::vector<std::string>(absl::StrSplit(field, ','))) {
+    out.push_back(static_cast<T>(std::strtod(v.c_str(), nullptr)));  // inf and nan too
+  }
+  return out;
+}
+
+TEST(CheckLookupShape, RefusesAsTheGoldenFileThePythonClientChecksToo) {
+  std::ifstream in(TESSERA_SOURCE_DIR "/tests/data/lookup_checks_golden.txt");
+  ASSERT_TRUE(in.is_open());
+  std::string line;
+  int checked = 0;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const std::vector<std::string> f = absl::StrSplit(line, '\t');
+    ASSERT_EQ(f.size(), 5u) << line;
+    const std::vector<int64_t> ids = GoldenList<int64_t>(f[1]);
+    absl::Status s;
+    if (f[0] == "lookup") {
+      const std::vector<int32_t> offsets = GoldenList<int32_t>(f[2]);
+      const std::vector<float> weights = GoldenList<float>(f[3]);
+      s = CheckLookupShape("table 'ads'", ids.size(), offsets, weights).status();
+    } else {
+      ASSERT_EQ(f[0], "gradients") << line;
+      const std::vector<float> gradients = GoldenList<float>(f[3]);
+      s = CheckFiniteGradients("ads", ids, gradients.data(), std::stoi(f[2]));
+    }
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << line << ": " << s;
+    EXPECT_EQ(s.message(), "table 'ads': " + f[4]) << line;
+    ++checked;
+  }
+  EXPECT_GE(checked, 8);
 }
 
 }  // namespace

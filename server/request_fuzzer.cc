@@ -105,151 +105,154 @@ bool AllFinite(const std::vector<float>& rows) {
   return true;
 }
 
+void FuzzLookup(Fixture& env, grpc::ServerContext& ctx, const void* body, int n) {
+  v1::LookupRequest req;
+  if (!req.ParseFromArray(body, n)) return;
+  v1::LookupResponse resp;
+  if (env.service->Lookup(&ctx, &req, &resp).ok()) {
+    const int rows = req.offsets_size() > 0 ? req.offsets_size() - 1 : req.ids_size();
+    if (resp.values_size() != rows * resp.dim()) std::abort();
+    for (const float v : resp.values()) {
+      if (!std::isfinite(v)) std::abort();
+    }
+  }
+}
+
+void FuzzPushGradients(Fixture& env, grpc::ServerContext& ctx, const void* body, int n) {
+  v1::PushGradientsRequest req;
+  if (!req.ParseFromArray(body, n)) return;
+  const std::vector<float> before = Read(req.table(), req.ids());
+  v1::PushGradientsResponse resp;
+  const grpc::Status pushed = env.service->PushGradients(&ctx, &req, &resp);
+  if (PartlyApplied(pushed)) {
+    if (!AllFinite(Read(req.table(), req.ids()))) std::abort();
+  } else if (!pushed.ok()) {
+    // A refused push changes no row (rows of an evicting table may move to disk and
+    // back, but keep their values).
+    if (Read(req.table(), req.ids()) != before) {
+      std::fprintf(stderr, "refused push changed rows: %s: %s\n", req.ShortDebugString().c_str(),
+                   pushed.error_message().c_str());
+      std::abort();
+    }
+  }
+}
+
+void FuzzCreateTable(Fixture& env, grpc::ServerContext& ctx, const void* body, int n) {
+  v1::CreateTableRequest req;
+  if (!req.ParseFromArray(body, n)) return;
+  // Keep memory bounded: the fuzzer may ask for dim 65536 tables.
+  if (req.config().dim() > 1024) return;
+  v1::CreateTableResponse resp;
+  (void)env.service->CreateTable(&ctx, &req, &resp);
+}
+
+void FuzzStats(Fixture& env, grpc::ServerContext& ctx, const void* body, int n) {
+  v1::StatsRequest req;
+  if (!req.ParseFromArray(body, n)) return;
+  v1::StatsResponse resp;
+  (void)env.service->Stats(&ctx, &req, &resp);
+}
+
+void FuzzImportRows(Fixture& env, grpc::ServerContext& ctx, const void* body, int n) {
+  v1::ImportRowsRequest req;
+  if (!req.ParseFromArray(body, n)) return;
+  const std::string& packed = req.rows().ids();
+  google::protobuf::RepeatedField<int64_t> ids;
+  ids.Resize(static_cast<int>(packed.size() / sizeof(int64_t)), 0);
+  if (!packed.empty() && ids.size() > 0) {
+    std::memcpy(ids.mutable_data(), packed.data(), ids.size() * sizeof(int64_t));
+  }
+  const std::vector<float> before = Read(req.table(), ids);
+  v1::ImportRowsResponse resp;
+  const grpc::Status imported = env.service->ImportRows(&ctx, &req, &resp);
+  const std::vector<float> after = Read(req.table(), ids);
+  // A refused import stores nothing; an accepted one stores finite rows only.
+  if (!imported.ok() ? after != before : !AllFinite(after)) {
+    std::fprintf(stderr, "import broke its contract: %s: %s\n", req.ShortDebugString().c_str(),
+                 imported.error_message().c_str());
+    std::abort();
+  }
+}
+
+void FuzzRegisterSyncGroup(Fixture& env, grpc::ServerContext& ctx, const void* body, int n) {
+  // Registers a sync group: later fuzzed pushes of it wait (up to max_sync_wait).
+  v1::RegisterSyncGroupRequest req;
+  if (!req.ParseFromArray(body, n)) return;
+  v1::RegisterSyncGroupResponse resp;
+  (void)env.service->RegisterSyncGroup(&ctx, &req, &resp);
+}
+
+void FuzzBatchLookup(Fixture& env, grpc::ServerContext& ctx, const void* body, int n) {
+  v1::BatchLookupRequest req;
+  if (!req.ParseFromArray(body, n)) return;
+  v1::BatchLookupResponse resp;
+  if (env.service->BatchLookup(&ctx, &req, &resp).ok()) {
+    if (resp.tables_size() != req.tables_size()) std::abort();
+    for (const v1::TableValues& t : resp.tables()) {
+      if (t.values().size() != static_cast<size_t>(t.rows()) * t.dim() * sizeof(float)) {
+        std::abort();
+      }
+      std::vector<float> v(t.values().size() / sizeof(float));
+      if (!v.empty()) std::memcpy(v.data(), t.values().data(), t.values().size());
+      for (const float x : v) {
+        if (!std::isfinite(x)) std::abort();
+      }
+    }
+  }
+}
+
+void FuzzBatchPush(Fixture& env, grpc::ServerContext& ctx, const void* body, int n) {
+  v1::BatchPushRequest req;
+  if (!req.ParseFromArray(body, n)) return;
+  // The rows each named table holds for the ids the request names (when they parse).
+  std::vector<std::vector<float>> before;
+  std::vector<google::protobuf::RepeatedField<int64_t>> ids(req.tables_size());
+  for (int i = 0; i < req.tables_size(); ++i) {
+    const std::string& packed = req.tables(i).ids();
+    const size_t count = packed.size() / sizeof(int64_t);
+    ids[i].Resize(static_cast<int>(count), 0);
+    if (count > 0) std::memcpy(ids[i].mutable_data(), packed.data(), count * sizeof(int64_t));
+    before.push_back(Read(req.tables(i).table(), ids[i]));
+  }
+  v1::BatchPushResponse resp;
+  const grpc::Status pushed = env.service->BatchPushNow(&ctx, req, &resp);
+  if (PartlyApplied(pushed)) {
+    for (int i = 0; i < req.tables_size(); ++i) {
+      if (!AllFinite(Read(req.tables(i).table(), ids[i]))) std::abort();
+    }
+  } else if (!pushed.ok()) {
+    // A refused batch changes no row of any of its tables.
+    for (int i = 0; i < req.tables_size(); ++i) {
+      if (Read(req.tables(i).table(), ids[i]) != before[i]) {
+        std::fprintf(stderr, "refused batched push changed rows: %s: %s\n",
+                     req.ShortDebugString().c_str(), pushed.error_message().c_str());
+        std::abort();
+      }
+    }
+  } else if (resp.rows_updated_size() != req.tables_size()) {
+    std::abort();
+  }
+}
+
+void FuzzListCheckpoints(Fixture& env, grpc::ServerContext& ctx, const void* body, int n) {
+  v1::ListCheckpointsRequest req;
+  if (!req.ParseFromArray(body, n)) return;
+  v1::ListCheckpointsResponse resp;
+  (void)env.service->ListCheckpoints(&ctx, &req, &resp);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
+  // The first byte picks the request (its value mod 8; 248 and up: ListCheckpoints), the
+  // rest is its bytes.
+  static constexpr void (*kRequests[])(Fixture&, grpc::ServerContext&, const void*, int) = {
+      FuzzLookup,      FuzzPushGradients, FuzzCreateTable,
+      FuzzStats,       FuzzImportRows,    FuzzRegisterSyncGroup,
+      FuzzBatchLookup, FuzzBatchPush,     FuzzListCheckpoints};
   Fixture& env = NextInput();
-  const void* body = data + 1;
-  const int n = static_cast<int>(size - 1);
   grpc::ServerContext ctx;
-  switch (data[0] % 8) {
-    case 0: {
-      v1::LookupRequest req;
-      if (!req.ParseFromArray(body, n)) return 0;
-      v1::LookupResponse resp;
-      if (env.service->Lookup(&ctx, &req, &resp).ok()) {
-        const int rows = req.offsets_size() > 0 ? req.offsets_size() - 1 : req.ids_size();
-        if (resp.values_size() != rows * resp.dim()) std::abort();
-        for (const float v : resp.values()) {
-          if (!std::isfinite(v)) std::abort();
-        }
-      }
-      break;
-    }
-    case 1: {
-      v1::PushGradientsRequest req;
-      if (!req.ParseFromArray(body, n)) return 0;
-      const std::vector<float> before = Read(req.table(), req.ids());
-      v1::PushGradientsResponse resp;
-      const grpc::Status pushed = env.service->PushGradients(&ctx, &req, &resp);
-      if (PartlyApplied(pushed)) {
-        if (!AllFinite(Read(req.table(), req.ids()))) std::abort();
-      } else if (!pushed.ok()) {
-        // A refused push changes no row (rows of an evicting table may move to disk and
-        // back, but keep their values).
-        if (Read(req.table(), req.ids()) != before) {
-          std::fprintf(stderr, "refused push changed rows: %s: %s\n",
-                       req.ShortDebugString().c_str(), pushed.error_message().c_str());
-          std::abort();
-        }
-      }
-      break;
-    }
-    case 2: {
-      v1::CreateTableRequest req;
-      if (!req.ParseFromArray(body, n)) return 0;
-      // Keep memory bounded: the fuzzer may ask for dim 65536 tables.
-      if (req.config().dim() > 1024) return 0;
-      v1::CreateTableResponse resp;
-      (void)env.service->CreateTable(&ctx, &req, &resp);
-      break;
-    }
-    case 3: {
-      v1::StatsRequest req;
-      if (!req.ParseFromArray(body, n)) return 0;
-      v1::StatsResponse resp;
-      (void)env.service->Stats(&ctx, &req, &resp);
-      break;
-    }
-    case 4: {
-      v1::ImportRowsRequest req;
-      if (!req.ParseFromArray(body, n)) return 0;
-      const std::string& packed = req.rows().ids();
-      google::protobuf::RepeatedField<int64_t> ids;
-      ids.Resize(static_cast<int>(packed.size() / sizeof(int64_t)), 0);
-      if (!packed.empty() && ids.size() > 0) {
-        std::memcpy(ids.mutable_data(), packed.data(), ids.size() * sizeof(int64_t));
-      }
-      const std::vector<float> before = Read(req.table(), ids);
-      v1::ImportRowsResponse resp;
-      const grpc::Status imported = env.service->ImportRows(&ctx, &req, &resp);
-      const std::vector<float> after = Read(req.table(), ids);
-      // A refused import stores nothing; an accepted one stores finite rows only.
-      if (!imported.ok() ? after != before : !AllFinite(after)) {
-        std::fprintf(stderr, "import broke its contract: %s: %s\n", req.ShortDebugString().c_str(),
-                     imported.error_message().c_str());
-        std::abort();
-      }
-      break;
-    }
-    case 5: {
-      // Registers a sync group: later fuzzed pushes of it wait (up to max_sync_wait).
-      v1::RegisterSyncGroupRequest req;
-      if (!req.ParseFromArray(body, n)) return 0;
-      v1::RegisterSyncGroupResponse resp;
-      (void)env.service->RegisterSyncGroup(&ctx, &req, &resp);
-      break;
-    }
-    case 6: {
-      v1::BatchLookupRequest req;
-      if (!req.ParseFromArray(body, n)) return 0;
-      v1::BatchLookupResponse resp;
-      if (env.service->BatchLookup(&ctx, &req, &resp).ok()) {
-        if (resp.tables_size() != req.tables_size()) std::abort();
-        for (const v1::TableValues& t : resp.tables()) {
-          if (t.values().size() != static_cast<size_t>(t.rows()) * t.dim() * sizeof(float)) {
-            std::abort();
-          }
-          std::vector<float> v(t.values().size() / sizeof(float));
-          if (!v.empty()) std::memcpy(v.data(), t.values().data(), t.values().size());
-          for (const float x : v) {
-            if (!std::isfinite(x)) std::abort();
-          }
-        }
-      }
-      break;
-    }
-    case 7: {
-      v1::BatchPushRequest req;
-      if (!req.ParseFromArray(body, n)) return 0;
-      // The rows each named table holds for the ids the request names (when they parse).
-      std::vector<std::vector<float>> before;
-      std::vector<google::protobuf::RepeatedField<int64_t>> ids(req.tables_size());
-      for (int i = 0; i < req.tables_size(); ++i) {
-        const std::string& packed = req.tables(i).ids();
-        const size_t count = packed.size() / sizeof(int64_t);
-        ids[i].Resize(static_cast<int>(count), 0);
-        if (count > 0) std::memcpy(ids[i].mutable_data(), packed.data(), count * sizeof(int64_t));
-        before.push_back(Read(req.tables(i).table(), ids[i]));
-      }
-      v1::BatchPushResponse resp;
-      const grpc::Status pushed = env.service->BatchPushNow(&ctx, req, &resp);
-      if (PartlyApplied(pushed)) {
-        for (int i = 0; i < req.tables_size(); ++i) {
-          if (!AllFinite(Read(req.tables(i).table(), ids[i]))) std::abort();
-        }
-      } else if (!pushed.ok()) {
-        // A refused batch changes no row of any of its tables.
-        for (int i = 0; i < req.tables_size(); ++i) {
-          if (Read(req.tables(i).table(), ids[i]) != before[i]) {
-            std::fprintf(stderr, "refused batched push changed rows: %s: %s\n",
-                         req.ShortDebugString().c_str(), pushed.error_message().c_str());
-            std::abort();
-          }
-        }
-      } else if (resp.rows_updated_size() != req.tables_size()) {
-        std::abort();
-      }
-      break;
-    }
-    default: {
-      v1::ListCheckpointsRequest req;
-      if (!req.ParseFromArray(body, n)) return 0;
-      v1::ListCheckpointsResponse resp;
-      (void)env.service->ListCheckpoints(&ctx, &req, &resp);
-      break;
-    }
-  }
+  kRequests[data[0] >= 248 ? 8 : data[0] % 8](env, ctx, data + 1, static_cast<int>(size - 1));
   return 0;
 }

@@ -90,23 +90,52 @@ absl::StatusOr<std::unique_ptr<tessera::embedding::EmbeddingCollection>> OpenTab
   return std::unique_ptr<tessera::embedding::EmbeddingCollection>(*std::move(opened));
 }
 
-// --max_sync_wait_ms and --max_sync_waiting into `options`; false, saying why, outside
-// their ranges.
-bool SyncWaitFromFlag(tessera::server::ShardOptions* options) {
+// The shard's options from its flags (and its TLS and token settings into *security);
+// InvalidArgument names a flag outside its range.
+absl::StatusOr<tessera::server::ShardOptions> ShardOptionsFromFlags(
+    tessera::server::ServerSecurity* security) {
+  tessera::server::ShardOptions options;
+  options.shard_index = absl::GetFlag(FLAGS_shard_index);
+  options.num_shards = absl::GetFlag(FLAGS_num_shards);
+  options.shard_map_version = absl::GetFlag(FLAGS_shard_map_version);
+  options.max_batch_ids = absl::GetFlag(FLAGS_max_batch_ids);
+  options.max_tables = absl::GetFlag(FLAGS_max_tables);
   const int64_t wait = absl::GetFlag(FLAGS_max_sync_wait_ms);
   if (wait < 1 || wait > 3600000) {
-    std::cerr << "tessera-shard: --max_sync_wait_ms must be in [1, 3600000], got " << wait << "\n";
-    return false;
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_sync_wait_ms must be in [1, 3600000], got ", wait));
   }
-  options->max_sync_wait = std::chrono::milliseconds(wait);
+  options.max_sync_wait = std::chrono::milliseconds(wait);
   const int waiting = absl::GetFlag(FLAGS_max_sync_waiting);
   if (waiting < 1 || waiting > (1 << 20)) {
-    std::cerr << "tessera-shard: --max_sync_waiting must be in [1, 1048576], got " << waiting
-              << "\n";
-    return false;
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_sync_waiting must be in [1, 1048576], got ", waiting));
   }
-  options->max_sync_waiting = waiting;
-  return true;
+  options.max_sync_waiting = waiting;
+  TESSERA_ASSIGN_OR_RETURN(*security, tessera::server::ServerSecurityFromFlags());
+  options.auth = tessera::server::CallAuthorizer(*security);
+  if (options.num_shards < 1 || options.shard_index < 0 ||
+      options.shard_index >= options.num_shards) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--shard_index must be in [0, --num_shards), got ", options.shard_index,
+                     " of ", options.num_shards));
+  }
+  return options;
+}
+
+// --metrics_port: the shard's metrics with its tables' sizes (null without the flag).
+absl::StatusOr<std::unique_ptr<tessera::observability::Metrics>> StartShardMetrics(
+    tessera::embedding::EmbeddingCollection* tables) {
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<tessera::observability::Metrics> metrics,
+                           tessera::observability::StartMetricsFromFlags("shard"));
+  if (metrics != nullptr) {
+    metrics->Watch(
+        [tables](tessera::observability::Metrics& m) {
+          m.ReadTables(tessera::observability::ReadingsOf(tables));
+        },
+        std::chrono::seconds(5));
+  }
+  return metrics;
 }
 
 }  // namespace
@@ -119,26 +148,13 @@ int main(int argc, char** argv) {
     std::cerr << "tessera-shard: " << s.message() << "\n";
     return 1;
   }
-  tessera::server::ShardOptions options;
-  options.shard_index = absl::GetFlag(FLAGS_shard_index);
-  options.num_shards = absl::GetFlag(FLAGS_num_shards);
-  options.shard_map_version = absl::GetFlag(FLAGS_shard_map_version);
-  options.max_batch_ids = absl::GetFlag(FLAGS_max_batch_ids);
-  if (!SyncWaitFromFlag(&options)) return 1;
-  options.max_tables = absl::GetFlag(FLAGS_max_tables);
-  absl::StatusOr<tessera::server::ServerSecurity> security =
-      tessera::server::ServerSecurityFromFlags();
-  if (!security.ok()) {
-    std::cerr << "tessera-shard: " << security.status().message() << "\n";
+  tessera::server::ServerSecurity security;
+  absl::StatusOr<tessera::server::ShardOptions> parsed = ShardOptionsFromFlags(&security);
+  if (!parsed.ok()) {
+    std::cerr << "tessera-shard: " << parsed.status().message() << "\n";
     return 1;
   }
-  options.auth = tessera::server::CallAuthorizer(*security);
-  if (options.num_shards < 1 || options.shard_index < 0 ||
-      options.shard_index >= options.num_shards) {
-    std::cerr << "tessera-shard: --shard_index must be in [0, --num_shards), got "
-              << options.shard_index << " of " << options.num_shards << "\n";
-    return 1;
-  }
+  tessera::server::ShardOptions options = *std::move(parsed);
   const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
   absl::StatusOr<std::unique_ptr<tessera::embedding::EmbeddingCollection>> opened =
       OpenTables(data_dir, options);
@@ -155,30 +171,20 @@ int main(int argc, char** argv) {
     };
   }
   tessera::server::ShardService service(tables.get(), options);
-  std::unique_ptr<tessera::observability::Metrics> metrics;
-  if (auto started = tessera::observability::StartMetricsFromFlags("shard"); !started.ok()) {
-    std::cerr << "tessera-shard: " << started.status().message() << "\n";
+  absl::StatusOr<std::unique_ptr<tessera::observability::Metrics>> metrics =
+      StartShardMetrics(tables.get());
+  if (!metrics.ok()) {
+    std::cerr << "tessera-shard: " << metrics.status().message() << "\n";
     return 1;
-  } else {
-    metrics = *std::move(started);
   }
-  if (metrics != nullptr) {
-    auto* collection = tables.get();
-    metrics->Watch(
-        [collection](tessera::observability::Metrics& m) {
-          m.ReadTables(tessera::observability::ReadingsOf(collection));
-        },
-        std::chrono::seconds(5));
-  }
-
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   tessera::server::BlockShutdownSignals();
   tessera::server::ListenOptions listen;
   listen.host = absl::GetFlag(FLAGS_host);
   listen.port = absl::GetFlag(FLAGS_port);
   listen.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
-  listen.credentials = tessera::server::MakeServerCredentials(*security);
-  listen.metrics = metrics.get();
+  listen.credentials = tessera::server::MakeServerCredentials(security);
+  listen.metrics = metrics->get();
   listen.shard_index = options.shard_index;
   listen.service_name = tessera::v1::EmbeddingShard::service_full_name();
   listen.reflection = true;
@@ -196,8 +202,8 @@ int main(int argc, char** argv) {
                                   .Add("shards", options.num_shards)
                                   .Add("address", absl::StrCat(listen.host, ":", port))
                                   .Add("data_dir", data_dir.empty() ? "(memory)" : data_dir)
-                                  .Add("tls", security->cert_chain.empty() ? "off" : "on")
-                                  .Add("token", security->token.empty() ? "off" : "on"));
+                                  .Add("tls", security.cert_chain.empty() ? "off" : "on")
+                                  .Add("token", security.token.empty() ? "off" : "on"));
   tessera::server::ServeUntilShutdownSignal(server->get(), "tessera-shard");
   return 0;
 }

@@ -3,19 +3,8 @@
 # them with tessera-cli, checkpoint, kill a shard, stop everything and start it again on
 # the same data.
 set -euo pipefail
-ROOT="$1"
-BIN="$2"
-export TESSERA_BIN="$BIN"
-export TESSERA_CLUSTER_DIR="$(mktemp -d)"
-source "$(dirname "$0")/pick_base_port.sh"
-pick_base_port 4
-base="$TESSERA_BASE_PORT"
-CLUSTER="$ROOT/deploy/local/cluster.sh"
+source "$(dirname "$0")/local_cluster_kit.sh" "$1" "$2" 4
 CLI="$BIN/tessera-cli --coordinator=127.0.0.1:$base"
-cleanup() { "$CLUSTER" stop >/dev/null 2>&1 || true; rm -rf "$TESSERA_CLUSTER_DIR"; }
-trap cleanup EXIT
-
-fail() { echo "FAIL: $*"; exit 1; }
 
 "$CLUSTER" start 3
 "$CLUSTER" status | grep -c SERVING | grep -qx 4 || fail "not all 4 processes serving"

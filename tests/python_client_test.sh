@@ -1,16 +1,8 @@
 #!/usr/bin/env bash
 # examples/python/embedding_client.py against a local cluster, with Debian's python3-grpcio.
 set -euo pipefail
-ROOT="$1"
-BIN="$2"
-export TESSERA_BIN="$BIN"
-export TESSERA_CLUSTER_DIR="$(mktemp -d)"
-source "$(dirname "$0")/pick_base_port.sh"
-pick_base_port 3
-base="$TESSERA_BASE_PORT"
-cleanup() { "$ROOT/deploy/local/cluster.sh" stop >/dev/null 2>&1 || true; rm -rf "$TESSERA_CLUSTER_DIR"; }
-trap cleanup EXIT
-"$ROOT/deploy/local/cluster.sh" start 2
+source "$(dirname "$0")/local_cluster_kit.sh" "$1" "$2" 3
+"$CLUSTER" start 2
 # Debian's interpreter, where python3-grpcio is installed.
 PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/examples/python/embedding_client.py" "127.0.0.1:$base"
 # The tessera package: every feature against the cluster, then the example training loop

@@ -3,19 +3,8 @@
 # certificates made here with openssl; the CLI and tessera-train get in with the CA, a
 # certificate and the token, and are refused without them.
 set -euo pipefail
-ROOT="$1"
-BIN="$2"
-export TESSERA_BIN="$BIN"
-export TESSERA_CLUSTER_DIR="$(mktemp -d)"
-source "$(dirname "$0")/pick_base_port.sh"
-pick_base_port 3
-base="$TESSERA_BASE_PORT"
-CLUSTER="$ROOT/deploy/local/cluster.sh"
+source "$(dirname "$0")/local_cluster_kit.sh" "$1" "$2" 3
 D="$TESSERA_CLUSTER_DIR/secrets"
-cleanup() { "$CLUSTER" stop >/dev/null 2>&1 || true; rm -rf "$TESSERA_CLUSTER_DIR"; }
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-
 mkdir -p "$D"
 key="-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
 (

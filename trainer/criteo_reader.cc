@@ -48,8 +48,9 @@ class TextFile {
         int err = Z_OK;
         const char* what = gzerror(f_, &err);
         if (n < 0 || (err != Z_OK && err != Z_STREAM_END)) {
-          return absl::DataLossError(
-              absl::StrCat("'", path_, "' is corrupt or truncated (gzip: ", what, ")"));
+          return WithCause(absl::DataLossError(absl::StrCat(
+                               "'", path_, "' is corrupt or truncated (gzip: ", what, ")")),
+                           Cause::kInputFile);
         }
         if (n == 0) {
           eof_ = true;

@@ -142,10 +142,12 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Join(
     for (int w = 0; w < n; ++w) {
       if (!kv->Get({members[w]}, std::chrono::milliseconds(0)).ok()) missing.push_back(w);
     }
-    return absl::DeadlineExceededError(absl::StrCat(
-        "job '", options.job, "': worker(s) ", absl::StrJoin(missing, ", "), " of ", n,
-        " did not join within ", options.rendezvous_timeout.count() / 1000,
-        " s; start every worker with the same --coordinator, --model and --num_workers"));
+    return WithCause(
+        absl::DeadlineExceededError(absl::StrCat(
+            "job '", options.job, "': worker(s) ", absl::StrJoin(missing, ", "), " of ", n,
+            " did not join within ", options.rendezvous_timeout.count() / 1000,
+            " s; start every worker with the same --coordinator, --model and --num_workers")),
+        Cause::kWorker);
   }
   try {
     gloo::transport::tcp::attr attr;
@@ -157,11 +159,11 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Join(
     context->connectFullMesh(store, device);
     dp->context_ = std::move(context);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("job '", options.job, "': worker ",
-                                               options.worker_index,
-                                               " could not connect to the "
-                                               "other workers (listening on ",
-                                               options.host, "): ", e.what()));
+    return WithCause(absl::UnavailableError(
+                         absl::StrCat("job '", options.job, "': worker ", options.worker_index,
+                                      " could not connect to the other workers (listening on ",
+                                      options.host, "): ", e.what())),
+                     Cause::kWorker);
   }
   return dp;
 }
@@ -185,8 +187,10 @@ absl::Status DataParallel::Failed(const std::string& what, const std::string& de
           ? "every worker saw it fail"
           : absl::StrCat("worker ", absl::StrJoin(silent, ", worker "),
                          silent.size() == 1 ? " has" : " have", " stopped or cannot be reached");
-  return absl::AbortedError(absl::StrCat("job '", options_.job, "': ", what, " failed on worker ",
-                                         rank(), ": ", who, " (", detail, ")"));
+  return WithCause(
+      absl::AbortedError(absl::StrCat("job '", options_.job, "': ", what, " failed on worker ",
+                                      rank(), ": ", who, " (", detail, ")")),
+      Cause::kWorker);
 }
 
 template <typename Fn>

@@ -15,7 +15,6 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -33,6 +32,7 @@
 #include "trainer/coordinator_rendezvous.h"
 #include "trainer/data_parallel.h"
 #include "trainer/dense_backend.h"
+#include "trainer/next_step.h"
 #include "trainer/resume.h"
 #include "trainer/train_data.h"
 #include "trainer/train_flags.h"
@@ -395,45 +395,6 @@ absl::Status Run() {
 
 }  // namespace
 
-// What to do after a failure that ends a run, where its message does not say already.
-std::string NextStepAfter(const absl::Status& s) {
-  const bool checkpoints =
-      absl::GetFlag(FLAGS_checkpoint_every) > 0 || absl::GetFlag(FLAGS_resume) != "false";
-  const std::string resume =
-      checkpoints ? "then run again with --resume=auto: it goes on from the newest checkpoint"
-                  : "then run again (with --checkpoint_every, a run can go on from its last "
-                    "checkpoint)";
-  const absl::string_view message = s.message();
-  switch (s.code()) {
-    case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kDeadlineExceeded:
-    case absl::StatusCode::kAborted:
-      // A data-parallel partner, not a server, is what is missing.
-      if (absl::StrContains(message, "worker")) {
-        return absl::StrCat(
-            "start (or restart) the worker(s) named above with the same --coordinator, "
-            "--model and --num_workers (--worker_timeout_s and --rendezvous_timeout_s wait "
-            "longer), ", resume);
-      }
-      if (s.code() == absl::StatusCode::kAborted) return "";
-      return absl::StrCat(
-          "bring back the server named above (tessera-shard or tessera-coordinator; "
-          "--max_retries waits longer for one that restarts), ", resume);
-    case absl::StatusCode::kDataLoss:
-      // An input file that is damaged: nothing of the model is.
-      if (absl::StrContains(message, "corrupt or truncated")) {
-        return absl::StrCat("copy or compress the input file named above again (the model's "
-                            "tables are not affected), ", resume);
-      }
-      return absl::StrCat("restore a checkpoint (tessera-cli restore --model=",
-                          absl::GetFlag(FLAGS_model), "), ", resume);
-    case absl::StatusCode::kInternal:
-      return absl::StrCat("see the message above, ", resume);
-    default:
-      return "";
-  }
-}
-
 }  // namespace tessera::trainer
 
 int main(int argc, char** argv) {
@@ -455,7 +416,10 @@ int main(int argc, char** argv) {
   if (s.ok()) s = tessera::trainer::Run();
   if (!s.ok()) {
     std::cerr << "tessera-train: " << s << "\n";
-    const std::string next = tessera::trainer::NextStepAfter(s);
+    const bool checkpoints =
+        absl::GetFlag(FLAGS_checkpoint_every) > 0 || absl::GetFlag(FLAGS_resume) != "false";
+    const std::string next =
+        tessera::trainer::NextStepAfter(s, checkpoints, absl::GetFlag(FLAGS_model));
     if (!next.empty()) std::cerr << "tessera-train: next: " << next << "\n";
     return 1;
   }

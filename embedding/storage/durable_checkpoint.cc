@@ -74,6 +74,58 @@ absl::Status DurableCollection::RecoverInterruptedCheckpoint() {
   return RemoveTree(InProgressPath());
 }
 
+absl::StatusOr<int64_t> DurableCollection::WriteDirtyRows(
+    const Table& t, const std::function<absl::Status(absl::Span<const KvWrite>)>& write) {
+  // Each table's dirty rows in key order (ids as unsigned, as the big-endian keys sort),
+  // so the store's memtable takes each key next to the one before: a third of the flush
+  // went to finding each key's place otherwise. The rows cannot move meanwhile: every
+  // other call waits for the checkpoint.
+  struct Dirty {
+    uint64_t id;
+    const float* weights;
+    const float* state;
+    embedding::RowMeta meta;
+  };
+  std::vector<Dirty> dirty;
+  std::vector<float> widened;  // fp16 / bf16 tables: the weights the callbacks lent
+  std::vector<KvWrite> writes;
+  int64_t written = 0;
+  const auto& shards = *memory_->ShardsOf(t.config.name());
+  const int dim = t.config.dim();
+  const int sf = shards[0]->optimizer().StateFloats();
+  // A half-precision table hands out weights widened into a buffer it reuses: keep
+  // copies.
+  const bool copy_weights = t.config.dtype() != v1::FP32;
+  if (copy_weights) {
+    int64_t rows = 0;
+    for (const auto& shard : shards) rows += shard->DirtyRows();
+    widened.reserve(static_cast<size_t>(rows) * dim);
+  }
+  for (const auto& shard : shards) {
+    shard->ForEachDirtyRow(
+        [&](int64_t id, const float* w, const float* st, const embedding::RowMeta& m) {
+          if (copy_weights) widened.insert(widened.end(), w, w + dim);
+          dirty.push_back(Dirty{static_cast<uint64_t>(id), w, st, m});
+        });
+  }
+  if (copy_weights) {
+    for (size_t i = 0; i < dirty.size(); ++i) dirty[i].weights = widened.data() + i * dim;
+  }
+  std::sort(dirty.begin(), dirty.end(), [](const Dirty& a, const Dirty& b) { return a.id < b.id; });
+  for (size_t begin = 0; begin < dirty.size(); begin += kRowsPerBatch) {
+    const size_t end = std::min(dirty.size(), begin + static_cast<size_t>(kRowsPerBatch));
+    writes.resize(end - begin);
+    for (size_t i = begin; i < end; ++i) {
+      KvWrite& kv = writes[i - begin];
+      kv.key = RowKey(t.id, static_cast<int64_t>(dirty[i].id));
+      EncodeRow(dirty[i].weights, dim, dirty[i].state, sf, dirty[i].meta, &kv.value);
+    }
+    TESSERA_RETURN_IF_ERROR(write(writes));
+    written += static_cast<int64_t>(writes.size());
+  }
+  return written;
+}
+
 absl::StatusOr<int64_t> DurableCollection::FlushDirtyRows(const std::string& model,
                                                            bool logged) {
   int64_t written = 0;
@@ -104,56 +156,10 @@ absl::StatusOr<int64_t> DurableCollection::FlushDirtyRows(const std::string& mod
     written += static_cast<int64_t>(writes.size() / 2);
     writes.clear();
   }
-  // Each table's dirty rows in key order (ids as unsigned, as the big-endian keys sort),
-  // so the store's memtable takes each key next to the one before: a third of the flush
-  // went to finding each key's place otherwise. The rows cannot move meanwhile: every
-  // other call waits for the checkpoint.
-  struct Dirty {
-    uint64_t id;
-    const float* weights;
-    const float* state;
-    embedding::RowMeta meta;
-  };
-  std::vector<Dirty> dirty;
-  std::vector<float> widened;  // fp16 / bf16 tables: the weights the callbacks lent
   for (const auto& [name, t] : tables_) {
     if (!embedding::TableOfModel(name, model)) continue;
-    const auto& shards = *memory_->ShardsOf(name);
-    const int dim = t.config.dim();
-    const int sf = shards[0]->optimizer().StateFloats();
-    // A half-precision table hands out weights widened into a buffer it reuses: keep
-    // copies.
-    const bool copy_weights = t.config.dtype() != v1::FP32;
-    dirty.clear();
-    widened.clear();
-    if (copy_weights) {
-      int64_t rows = 0;
-      for (const auto& shard : shards) rows += shard->DirtyRows();
-      widened.reserve(static_cast<size_t>(rows) * dim);
-    }
-    for (const auto& shard : shards) {
-      shard->ForEachDirtyRow(
-          [&](int64_t id, const float* w, const float* st, const embedding::RowMeta& m) {
-            if (copy_weights) widened.insert(widened.end(), w, w + dim);
-            dirty.push_back(Dirty{static_cast<uint64_t>(id), w, st, m});
-          });
-    }
-    if (copy_weights) {
-      for (size_t i = 0; i < dirty.size(); ++i) dirty[i].weights = widened.data() + i * dim;
-    }
-    std::sort(dirty.begin(), dirty.end(),
-              [](const Dirty& a, const Dirty& b) { return a.id < b.id; });
-    for (size_t begin = 0; begin < dirty.size(); begin += kRowsPerBatch) {
-      const size_t end = std::min(dirty.size(), begin + static_cast<size_t>(kRowsPerBatch));
-      writes.resize(end - begin);
-      for (size_t i = begin; i < end; ++i) {
-        KvWrite& kv = writes[i - begin];
-        kv.key = RowKey(t.id, static_cast<int64_t>(dirty[i].id));
-        EncodeRow(dirty[i].weights, dim, dirty[i].state, sf, dirty[i].meta, &kv.value);
-      }
-      TESSERA_RETURN_IF_ERROR(write(writes));
-      written += static_cast<int64_t>(writes.size());
-    }
+    TESSERA_ASSIGN_OR_RETURN(const int64_t rows, WriteDirtyRows(t, write));
+    written += rows;
   }
   // Only now, with every row in the store, are the rows clean. (Checkpoint() flushes them
   // to disk next; if that fails, the checkpoint fails and a restart comes back as of the

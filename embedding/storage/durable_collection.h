@@ -310,6 +310,11 @@ class DurableCollection final : public embedding::EmbeddingCollection {
   // `logged`: through the write-ahead log, synced (no checkpoint follows to flush them).
   absl::StatusOr<int64_t> FlushDirtyRows(const std::string& model, bool logged = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FlushDirtyRows' part for table `t`: its dirty rows, in key order, through `write`;
+  // returns rows written.
+  absl::StatusOr<int64_t> WriteDirtyRows(
+      const Table& t, const std::function<absl::Status(absl::Span<const KvWrite>)>& write)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes into `dir`/db the store a checkpoint of `model` ("": every table) holds: the
   // live store's catalog entries and rows of its tables, and nothing of other models'.
   absl::Status SnapshotInto(const std::string& model, const std::string& dir)

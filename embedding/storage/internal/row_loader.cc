@@ -142,6 +142,22 @@ absl::Status StoreBatch(const RawBatch& batch, const RowLoad& load,
   return absl::OkStatus();
 }
 
+// Sizes the id maps once for the rows the store holds, instead of doubling them (and
+// faulting in and filling each new map) over and over while they arrive.
+absl::Status ReserveStoredRows(
+    const KvStore& store, const RowLoad& load,
+    const std::vector<std::unique_ptr<embedding::EmbeddingTable>>& shards) {
+  const int dim = shards[0]->dim();
+  const int64_t row_bytes =
+      kStoredRowOverhead + 4 * (static_cast<int64_t>(dim) + shards[0]->optimizer().StateFloats());
+  const int64_t expected = store.ApproximateBytesOf(RowPrefix(load.table_id)) / row_bytes;
+  if (expected <= 0) return absl::OkStatus();
+  for (const auto& shard : shards) {
+    TESSERA_RETURN_IF_ERROR(shard->Reserve(expected / static_cast<int64_t>(shards.size())));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status LoadRowsInParallel(
@@ -151,17 +167,7 @@ absl::Status LoadRowsInParallel(
   const int threads = load.threads > 0
                           ? load.threads
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  // Size the id maps once for the rows the store holds, instead of doubling them (and
-  // faulting in and filling each new map) over and over while they arrive.
-  const int dim = shards[0]->dim();
-  const int64_t row_bytes =
-      kStoredRowOverhead + 4 * (static_cast<int64_t>(dim) + shards[0]->optimizer().StateFloats());
-  const int64_t expected = store.ApproximateBytesOf(RowPrefix(load.table_id)) / row_bytes;
-  if (expected > 0) {
-    for (const auto& shard : shards) {
-      TESSERA_RETURN_IF_ERROR(shard->Reserve(expected / static_cast<int64_t>(shards.size())));
-    }
-  }
+  TESSERA_RETURN_IF_ERROR(ReserveStoredRows(store, load, shards));
   BatchQueue queue(2 * static_cast<size_t>(threads));
   FirstError error;
   std::atomic<int64_t> stored{0};
