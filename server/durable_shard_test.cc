@@ -14,6 +14,7 @@
 #include "server/shard_service.h"
 #include "tests/support/faulty_store.h"
 #include "tests/support/local_server.h"
+#include "tests/support/temp_dir.h"
 
 namespace tessera::server {
 namespace {
@@ -23,9 +24,8 @@ namespace fs = std::filesystem;
 class DurableShardTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "tessera-shard-XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
+    dir_ = testing::MakeTempDir("tessera-shard");
+    ASSERT_FALSE(dir_.empty());
   }
   void TearDown() override {
     Stop();

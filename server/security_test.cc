@@ -22,6 +22,7 @@
 #include "server/serving.h"
 #include "server/shard_service.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
+#include "tests/support/temp_dir.h"
 
 namespace tessera::server {
 namespace {
@@ -34,8 +35,7 @@ using ::testing::HasSubstr;
 class Certificates {
  public:
   Certificates() {
-    std::string tmpl = (fs::temp_directory_path() / "tessera-tls-XXXXXX").string();
-    dir_ = ::mkdtemp(tmpl.data());
+    dir_ = testing::MakeTempDir("tessera-tls");
     const std::string d = dir_;
     std::ofstream(d + "/server.ext") << "subjectAltName=IP:127.0.0.1,DNS:localhost\n";
     std::ofstream(d + "/client.ext") << "extendedKeyUsage=clientAuth\n";

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "embedding/collection.h"
 #include "embedding/inprocess_collection.h"
@@ -16,6 +17,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "gtest/gtest.h"
 #include "tests/support/local_server.h"
+#include "tests/support/stub_calls.h"
 
 namespace tessera::server {
 namespace {
@@ -51,17 +53,10 @@ class ShardServiceTest : public ::testing::Test {
     return c;
   }
 
-  grpc::Status Create(const v1::TableConfig& c) {
-    grpc::ClientContext ctx;
-    v1::CreateTableRequest req;
-    *req.mutable_config() = c;
-    v1::CreateTableResponse resp;
-    return stub_->CreateTable(&ctx, req, &resp);
-  }
+  grpc::Status Create(const v1::TableConfig& c) { return testing::CreateTable(*stub_, c); }
 
   grpc::Status Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp) {
-    grpc::ClientContext ctx;
-    return stub_->Lookup(&ctx, req, resp);
+    return testing::Lookup(*stub_, req, resp);
   }
 
   // Registers sync group `job` of `workers` workers, as a data-parallel job does first.
@@ -76,9 +71,7 @@ class ShardServiceTest : public ::testing::Test {
   }
 
   grpc::Status Push(const v1::PushGradientsRequest& req) {
-    grpc::ClientContext ctx;
-    v1::PushGradientsResponse resp;
-    return stub_->PushGradients(&ctx, req, &resp);
+    return testing::PushGradients(*stub_, req);
   }
 
   std::chrono::milliseconds max_sync_wait_{60000};  // ShardOptions::max_sync_wait
@@ -329,7 +322,7 @@ v1::BatchPushRequest BatchOf(const std::vector<int64_t>& ids,
   r.mutable_request_id()->set_sequence(1);
   for (size_t t = 0; t < grads.size(); ++t) {
     v1::TableGradients* part = r.add_tables();
-    part->set_table("t" + std::to_string(t));
+    part->set_table(absl::StrCat("t", t));
     part->set_ids(std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 8));
     part->set_gradients(
         std::string(reinterpret_cast<const char*>(grads[t].data()), grads[t].size() * 4));
@@ -339,10 +332,10 @@ v1::BatchPushRequest BatchOf(const std::vector<int64_t>& ids,
 
 TEST_F(ShardServiceTest, ABatchedPushIsRefusedWholeOrAppliedWholeAndOnce) {
   Start(0, 1);
-  for (int t = 0; t < 5; ++t) ASSERT_TRUE(Create(Config("t" + std::to_string(t))).ok());
+  for (int t = 0; t < 5; ++t) ASSERT_TRUE(Create(Config(absl::StrCat("t", t))).ok());
   auto rows = [&](int t) {
     v1::LookupResponse r;
-    EXPECT_TRUE(Lookup(LookupOf({1, 2, 3}, "t" + std::to_string(t)), &r).ok());
+    EXPECT_TRUE(Lookup(LookupOf({1, 2, 3}, absl::StrCat("t", t)), &r).ok());
     return std::vector<float>(r.values().begin(), r.values().end());
   };
   std::vector<std::vector<float>> before;
@@ -382,7 +375,7 @@ TEST_F(ShardServiceTest, ABatchedPushIsRefusedWholeOrAppliedWholeAndOnce) {
 // of being answered with the first push's answer (which does not fit it).
 TEST_F(ShardServiceTest, ARequestIdReusedForAnotherPushIsRefused) {
   Start(0, 1);
-  for (int t = 0; t < 2; ++t) ASSERT_TRUE(Create(Config("t" + std::to_string(t))).ok());
+  for (int t = 0; t < 2; ++t) ASSERT_TRUE(Create(Config(absl::StrCat("t", t))).ok());
   const std::vector<int64_t> ids = {1, 2};
   const std::vector<float> grads(ids.size() * 4, 1.0f);
   v1::BatchPushResponse resp;

@@ -12,6 +12,7 @@
 #include "server/coordinator_service.h"
 #include "tests/shard_process.h"
 #include "tests/support/local_server.h"
+#include "tests/support/stub_calls.h"
 
 namespace tessera {
 namespace {
@@ -56,21 +57,12 @@ class CoordinatorTest : public ::testing::Test {
     return c;
   }
 
-  grpc::Status Create(const v1::TableConfig& c) {
-    grpc::ClientContext ctx;
-    v1::CreateTableRequest req;
-    *req.mutable_config() = c;
-    v1::CreateTableResponse resp;
-    return stub_->CreateTable(&ctx, req, &resp);
-  }
+  grpc::Status Create(const v1::TableConfig& c) { return testing::CreateTable(*stub_, c); }
   grpc::Status Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp) {
-    grpc::ClientContext ctx;
-    return stub_->Lookup(&ctx, req, resp);
+    return testing::Lookup(*stub_, req, resp);
   }
   grpc::Status Push(const v1::PushGradientsRequest& req) {
-    grpc::ClientContext ctx;
-    v1::PushGradientsResponse resp;
-    return stub_->PushGradients(&ctx, req, &resp);
+    return testing::PushGradients(*stub_, req);
   }
 
   std::vector<std::unique_ptr<ShardProcess>> shards_;

@@ -16,6 +16,7 @@
 #include "server/shard_service.h"
 #include "tests/support/answer_loser.h"
 #include "tests/support/local_server.h"
+#include "tests/support/test_client.h"
 
 namespace tessera {
 namespace {
@@ -83,15 +84,8 @@ class ExactlyOnceTest : public ::testing::Test {
 
   std::unique_ptr<client::EmbeddingClient> Connect(client::ClientOptions::Mode mode,
                                                    int max_retries = 8) {
-    client::ClientOptions o;
-    o.mode = mode;
-    o.deadline = std::chrono::milliseconds(3000);
-    o.retry.max_retries = max_retries;
-    o.retry.initial_backoff = std::chrono::milliseconds(20);
-    o.retry.max_backoff = std::chrono::milliseconds(200);
-    auto c = client::EmbeddingClient::Connect(coordinator_address_, o);
-    EXPECT_TRUE(c.ok()) << c.status();
-    return std::move(c).value();
+    return testing::ConnectForTest(coordinator_address_, mode, std::chrono::milliseconds(3000),
+                                   max_retries);
   }
 
   void CreateBoth(client::EmbeddingClient& c, const v1::TableConfig& config) {
@@ -150,32 +144,39 @@ absl::Status PushOnes(embedding::EmbeddingCollection& c, const std::vector<int64
   return c.PushBatch(parts, step);
 }
 
-TEST_F(ExactlyOnceTest, ShardsThatApplyAndLoseTheirAnswerApplyEachPushOnce) {
-  for (auto mode :
-       {client::ClientOptions::Mode::kSmart, client::ClientOptions::Mode::kCoordinator}) {
-    SCOPED_TRACE(mode == client::ClientOptions::Mode::kSmart ? "smart" : "coordinator");
-    const std::string suffix = mode == client::ClientOptions::Mode::kSmart ? "s" : "c";
-    auto c = Connect(mode);
-    CreateBoth(*c, Sgd("a", 11));
-    CreateBoth(*c, Sgd("b", 12));
-    const std::vector<int64_t> a = Ids(400, 1), b = Ids(300, 5);
-    for (int step = 0; step < 3; ++step) {
-      // After the check round (each shard checks its part first: one call), shard 1
-      // applies the push, and twice in a row its answer is lost.
-      losing_[1]->LoseAnswers(2, /*after=*/1);
-      const int seen0 = losing_[0]->calls(), seen1 = losing_[1]->calls();
-      ASSERT_TRUE(PushOnes(*c, a, b, step).ok());
-      ASSERT_TRUE(PushOnes(*reference_, a, b, step).ok());
-      EXPECT_EQ(losing_[0]->calls() - seen0, 2) << "the healthy shard was sent it again";
-      EXPECT_EQ(losing_[1]->calls() - seen1, 4);  // the check, the push and two retries
-    }
-    ExpectRowsEqualReference(*c, "a", a);
-    ExpectRowsEqualReference(*c, "b", b);
-    // Same tables for the next mode: a fresh cluster.
-    c.reset();
-    TearDown();
-    SetUp();
+// The same case through the smart client and through the coordinator, each on a fresh
+// cluster.
+class ExactlyOnceInEachMode : public ExactlyOnceTest,
+                              public ::testing::WithParamInterface<client::ClientOptions::Mode> {};
+INSTANTIATE_TEST_SUITE_P(Modes, ExactlyOnceInEachMode,
+                         ::testing::Values(client::ClientOptions::Mode::kSmart,
+                                           client::ClientOptions::Mode::kCoordinator),
+                         [](const ::testing::TestParamInfo<client::ClientOptions::Mode>& info) {
+                           return std::string(info.param == client::ClientOptions::Mode::kSmart
+                                                  ? "Smart"
+                                                  : "Coordinator");
+                         });
+
+TEST_P(ExactlyOnceInEachMode, ShardsThatApplyAndLoseTheirAnswerApplyEachPushOnce) {
+  const client::ClientOptions::Mode mode = GetParam();
+  SCOPED_TRACE(mode == client::ClientOptions::Mode::kSmart ? "smart" : "coordinator");
+  const std::string suffix = mode == client::ClientOptions::Mode::kSmart ? "s" : "c";
+  auto c = Connect(mode);
+  CreateBoth(*c, Sgd("a", 11));
+  CreateBoth(*c, Sgd("b", 12));
+  const std::vector<int64_t> a = Ids(400, 1), b = Ids(300, 5);
+  for (int step = 0; step < 3; ++step) {
+    // After the check round (each shard checks its part first: one call), shard 1
+    // applies the push, and twice in a row its answer is lost.
+    losing_[1]->LoseAnswers(2, /*after=*/1);
+    const int seen0 = losing_[0]->calls(), seen1 = losing_[1]->calls();
+    ASSERT_TRUE(PushOnes(*c, a, b, step).ok());
+    ASSERT_TRUE(PushOnes(*reference_, a, b, step).ok());
+    EXPECT_EQ(losing_[0]->calls() - seen0, 2) << "the healthy shard was sent it again";
+    EXPECT_EQ(losing_[1]->calls() - seen1, 4);  // the check, the push and two retries
   }
+  ExpectRowsEqualReference(*c, "a", a);
+  ExpectRowsEqualReference(*c, "b", b);
 }
 
 TEST_F(ExactlyOnceTest, ACoordinatorThatAppliesAndLosesItsAnswerAppliesThePushOnce) {

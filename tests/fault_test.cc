@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 #include "tests/shard_process.h"
+#include "tests/support/temp_dir.h"
 
 namespace tessera {
 namespace {
@@ -30,9 +31,9 @@ using base::ServerProcess;
 using client::WaitHealthy;
 
 std::string TempDir() {
-  std::string tmpl = (fs::temp_directory_path() / "tessera-fault-XXXXXX").string();
-  EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
-  return tmpl;
+  std::string dir = testing::MakeTempDir("tessera-fault");
+  EXPECT_FALSE(dir.empty());
+  return dir;
 }
 
 // A shard server on a data directory that can be killed and restarted on the same port.

@@ -28,6 +28,7 @@
 #include "tests/support/answer_loser.h"
 #include "tests/support/local_server.h"
 #include "tests/support/stored_rows.h"
+#include "tests/support/test_client.h"
 
 namespace tessera {
 namespace {
@@ -183,15 +184,7 @@ class ReshardTest : public ::testing::Test {
   }
 
   std::unique_ptr<client::EmbeddingClient> Connect(client::ClientOptions::Mode mode) {
-    client::ClientOptions o;
-    o.mode = mode;
-    o.deadline = std::chrono::milliseconds(5000);
-    o.retry.max_retries = 8;
-    o.retry.initial_backoff = std::chrono::milliseconds(20);
-    o.retry.max_backoff = std::chrono::milliseconds(200);
-    auto c = client::EmbeddingClient::Connect(coordinator_address_, o);
-    EXPECT_TRUE(c.ok()) << c.status();
-    return std::move(c).value();
+    return testing::ConnectForTest(coordinator_address_, mode, std::chrono::milliseconds(5000));
   }
 
   void CreateBoth(client::EmbeddingClient& c, const v1::TableConfig& config) {
@@ -263,76 +256,83 @@ class ReshardTest : public ::testing::Test {
   std::unique_ptr<embedding::EmbeddingCollection> reference_;
 };
 
-TEST_F(ReshardTest, PushesDuringTwoToThreeToTwoWithLostAnswersEqualAReplay) {
-  for (auto mode :
-       {client::ClientOptions::Mode::kSmart, client::ClientOptions::Mode::kCoordinator}) {
-    SCOPED_TRACE(mode == client::ClientOptions::Mode::kSmart ? "smart" : "coordinator");
-    auto c = Connect(mode);
-    CreateBoth(*c, Table("a", v1::SGD, 11));
-    CreateBoth(*c, Table("b", v1::ADAGRAD, 12));
-    // A fixed vocabulary: its rows are laid out by place, and every row moves.
-    v1::TableConfig fixed = Table("c", v1::ADAGRAD, 13);
-    fixed.set_vocabulary_size(kVocabulary);
-    CreateBoth(*c, fixed);
-    constexpr int kPushes = 240;
-    std::atomic<int> acknowledged{0};
-    std::thread pusher([&] {
-      std::mt19937_64 rng(7);
-      for (int i = 0; i < kPushes; ++i) {
-        const Push p = MakePush(rng, i);
-        const std::vector<embedding::TableGradients> parts = {
-            {"a", p.a, p.ga}, {"b", p.b, p.gb}, {"c", p.c, p.gc}};
-        // Shard 1 applies a push and loses its answer now and then (retried with its id).
-        if (i % 7 == 3) shards_[1].loser->LoseAnswers(1);
-        embedding::PushOptions options;
-        options.request_id = c->NextRequestId();
-        absl::Status s = c->PushBatch(parts, i, options);
-        for (int retry = 0; !s.ok() && retry < 20; ++retry) s = c->PushBatch(parts, i, options);
-        ASSERT_TRUE(s.ok()) << "push " << i << ": " << s;
-        ASSERT_TRUE(reference_->PushBatch(parts, i).ok());
-        acknowledged.store(i + 1);
-      }
-    });
-    auto wait_for = [&](int n) {
-      for (int i = 0; i < 6000 && acknowledged.load() < n; ++i) usleep(10000);
-    };
-    // The reshards, while the pusher pushes (joined whatever they assert).
-    [&] {
-      wait_for(60);
-      // The new shard loses the answers of two imports (the coordinator repeats them).
-      shards_[2].loser->LoseAnswers(2);
-      v1::ReshardClusterResponse r;
-      grpc::Status s = Reshard({0, 1, 2}, &r);
-      ASSERT_TRUE(s.ok()) << s.error_message();
-      EXPECT_EQ(r.version(), 2u);
-      EXPECT_GT(r.rows_moved(), 0);
-      EXPECT_LE(shards_[2].loser->answers_left_to_lose(), 0) << "no import answer was lost";
-      EXPECT_LT(acknowledged.load(), kPushes) << "the pushes ended before the reshard";
-      wait_for(acknowledged.load() + 40);
-      s = Reshard({0, 1}, &r);
-      ASSERT_TRUE(s.ok()) << s.error_message();
-      EXPECT_EQ(r.version(), 3u);
-      EXPECT_LT(acknowledged.load(), kPushes) << "the pushes ended before the reshard";
-    }();
-    pusher.join();
-    ExpectRowsPlacedAndEqualTheReference({"a", "b", "c"}, {0, 1});
-    // The shards' disks hold what they serve: open them again.
-    for (int k = 0; k < 2; ++k) {
-      testing::RowMap b = StoredRows(*shards_[k].tables, "b");
-      testing::RowMap fixed_rows = StoredRows(*shards_[k].tables, "c");
-      shards_[k].Stop();
-      shards_[k].num_shards = 2;
-      shards_[k].version = 3;
-      ASSERT_NO_FATAL_FAILURE(shards_[k].Start());
-      EXPECT_TRUE(StoredRows(*shards_[k].tables, "b") == b)
-          << "shard " << k << "'s rows after a restart";
-      EXPECT_TRUE(StoredRows(*shards_[k].tables, "c") == fixed_rows)
-          << "shard " << k << "'s fixed-vocabulary rows after a restart";
+// The same case through the smart client and through the coordinator, each on a fresh
+// cluster.
+class ReshardInEachMode : public ReshardTest,
+                          public ::testing::WithParamInterface<client::ClientOptions::Mode> {};
+INSTANTIATE_TEST_SUITE_P(Modes, ReshardInEachMode,
+                         ::testing::Values(client::ClientOptions::Mode::kSmart,
+                                           client::ClientOptions::Mode::kCoordinator),
+                         [](const ::testing::TestParamInfo<client::ClientOptions::Mode>& info) {
+                           return std::string(info.param == client::ClientOptions::Mode::kSmart
+                                                  ? "Smart"
+                                                  : "Coordinator");
+                         });
+
+TEST_P(ReshardInEachMode, PushesDuringTwoToThreeToTwoWithLostAnswersEqualAReplay) {
+  const client::ClientOptions::Mode mode = GetParam();
+  SCOPED_TRACE(mode == client::ClientOptions::Mode::kSmart ? "smart" : "coordinator");
+  auto c = Connect(mode);
+  CreateBoth(*c, Table("a", v1::SGD, 11));
+  CreateBoth(*c, Table("b", v1::ADAGRAD, 12));
+  // A fixed vocabulary: its rows are laid out by place, and every row moves.
+  v1::TableConfig fixed = Table("c", v1::ADAGRAD, 13);
+  fixed.set_vocabulary_size(kVocabulary);
+  CreateBoth(*c, fixed);
+  constexpr int kPushes = 240;
+  std::atomic<int> acknowledged{0};
+  std::thread pusher([&] {
+    std::mt19937_64 rng(7);
+    for (int i = 0; i < kPushes; ++i) {
+      const Push p = MakePush(rng, i);
+      const std::vector<embedding::TableGradients> parts = {
+          {"a", p.a, p.ga}, {"b", p.b, p.gb}, {"c", p.c, p.gc}};
+      // Shard 1 applies a push and loses its answer now and then (retried with its id).
+      if (i % 7 == 3) shards_[1].loser->LoseAnswers(1);
+      embedding::PushOptions options;
+      options.request_id = c->NextRequestId();
+      absl::Status s = c->PushBatch(parts, i, options);
+      for (int retry = 0; !s.ok() && retry < 20; ++retry) s = c->PushBatch(parts, i, options);
+      ASSERT_TRUE(s.ok()) << "push " << i << ": " << s;
+      ASSERT_TRUE(reference_->PushBatch(parts, i).ok());
+      acknowledged.store(i + 1);
     }
-    // A fresh cluster for the next mode.
-    c.reset();
-    TearDown();
-    SetUp();
+  });
+  auto wait_for = [&](int n) {
+    for (int i = 0; i < 6000 && acknowledged.load() < n; ++i) usleep(10000);
+  };
+  // The reshards, while the pusher pushes (joined whatever they assert).
+  [&] {
+    wait_for(60);
+    // The new shard loses the answers of two imports (the coordinator repeats them).
+    shards_[2].loser->LoseAnswers(2);
+    v1::ReshardClusterResponse r;
+    grpc::Status s = Reshard({0, 1, 2}, &r);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(r.version(), 2u);
+    EXPECT_GT(r.rows_moved(), 0);
+    EXPECT_LE(shards_[2].loser->answers_left_to_lose(), 0) << "no import answer was lost";
+    EXPECT_LT(acknowledged.load(), kPushes) << "the pushes ended before the reshard";
+    wait_for(acknowledged.load() + 40);
+    s = Reshard({0, 1}, &r);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(r.version(), 3u);
+    EXPECT_LT(acknowledged.load(), kPushes) << "the pushes ended before the reshard";
+  }();
+  pusher.join();
+  ExpectRowsPlacedAndEqualTheReference({"a", "b", "c"}, {0, 1});
+  // The shards' disks hold what they serve: open them again.
+  for (int k = 0; k < 2; ++k) {
+    testing::RowMap b = StoredRows(*shards_[k].tables, "b");
+    testing::RowMap fixed_rows = StoredRows(*shards_[k].tables, "c");
+    shards_[k].Stop();
+    shards_[k].num_shards = 2;
+    shards_[k].version = 3;
+    ASSERT_NO_FATAL_FAILURE(shards_[k].Start());
+    EXPECT_TRUE(StoredRows(*shards_[k].tables, "b") == b)
+        << "shard " << k << "'s rows after a restart";
+    EXPECT_TRUE(StoredRows(*shards_[k].tables, "c") == fixed_rows)
+        << "shard " << k << "'s fixed-vocabulary rows after a restart";
   }
 }
 

@@ -25,6 +25,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/shard_process.h"
+#include "tests/support/temp_dir.h"
 
 namespace tessera {
 namespace {
@@ -33,13 +34,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using testing::DurableCluster;
 
-const std::string& ScratchDir() {
-  static const std::string dir = [] {
-    std::string tmpl = absl::StrCat(::testing::TempDir(), "/tessera-shared-XXXXXX");
-    return std::string(::mkdtemp(tmpl.data()));
-  }();
-  return dir;
-}
+const std::string& ScratchDir() { return testing::ProcessScratchDir(); }
 
 struct Result {
   int exit_code = -1;

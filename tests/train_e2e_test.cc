@@ -24,6 +24,7 @@
 #include "embedding/device/device_table.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/temp_dir.h"
 #include "tests/train_process.h"
 #include "trainer/criteo_reader.h"
 #include "trainer/dense_backend.h"
@@ -67,11 +68,7 @@ void ExpectRefused(const std::string& args, const std::string& says) {
 // A path in a directory of this process's own: two suites running at once on one machine
 // must not write each other's files.
 std::string TempPath(const std::string& name) {
-  static const std::string dir = [] {
-    std::string tmpl = absl::StrCat(testing::TempDir(), "/tessera-e2e-XXXXXX");
-    return std::string(::mkdtemp(tmpl.data()));
-  }();
-  return absl::StrCat(dir, "/", name);
+  return absl::StrCat(tessera::testing::ProcessScratchDir(), "/", name);
 }
 
 std::vector<std::string> ReadLines(const std::string& path) {

@@ -21,17 +21,12 @@
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "tests/shard_process.h"
+#include "tests/support/temp_dir.h"
 
 namespace tessera::testing {
 
 // A directory of this process's own: two suites running at once must not share files.
-inline const std::string& ScratchDir() {
-  static const std::string dir = [] {
-    std::string tmpl = absl::StrCat(::testing::TempDir(), "/tessera-dist-XXXXXX");
-    return std::string(::mkdtemp(tmpl.data()));
-  }();
-  return dir;
-}
+inline const std::string& ScratchDir() { return ProcessScratchDir(); }
 
 // A cluster of `n` shards and a coordinator.
 struct Cluster {

@@ -31,9 +31,9 @@ using ScopedDir = testing::ScopedTempDir;
 
 // A directory that outlives the test (a store reopened by another harness).
 std::string TempDir() {
-  std::string tmpl = (fs::temp_directory_path() / "tessera-durable-XXXXXX").string();
-  EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
-  return tmpl;
+  std::string dir = testing::MakeTempDir("tessera-durable");
+  EXPECT_FALSE(dir.empty());
+  return dir;
 }
 
 v1::TableConfig Config(const std::string& name, int dim, v1::Durability durability,

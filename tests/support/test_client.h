@@ -1,0 +1,34 @@
+#ifndef TESSERA_TESTS_SUPPORT_TEST_CLIENT_H_
+#define TESSERA_TESTS_SUPPORT_TEST_CLIENT_H_
+
+// A client of a test's cluster, with retries quick enough for a test: up to `max_retries`
+// retries from 20 ms to 200 ms apart, each call given `deadline`. Null (and a failed
+// expectation) when it cannot connect.
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "client/embedding_client.h"
+#include "gtest/gtest.h"
+
+namespace tessera::testing {
+
+inline std::unique_ptr<client::EmbeddingClient> ConnectForTest(const std::string& coordinator,
+                                                               client::ClientOptions::Mode mode,
+                                                               std::chrono::milliseconds deadline,
+                                                               int max_retries = 8) {
+  client::ClientOptions o;
+  o.mode = mode;
+  o.deadline = deadline;
+  o.retry.max_retries = max_retries;
+  o.retry.initial_backoff = std::chrono::milliseconds(20);
+  o.retry.max_backoff = std::chrono::milliseconds(200);
+  auto c = client::EmbeddingClient::Connect(coordinator, o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
+}  // namespace tessera::testing
+
+#endif  // TESSERA_TESTS_SUPPORT_TEST_CLIENT_H_
