@@ -108,7 +108,7 @@ struct Cluster {
     }
   }
 
-  std::vector<std::unique_ptr<embedding::EmbeddingCollection>> tables;
+  std::vector<std::unique_ptr<embedding::ShardTables>> tables;
   std::vector<std::unique_ptr<server::ShardService>> shard_services;
   std::unique_ptr<client::ShardRouter> router;
   std::unique_ptr<server::CoordinatorService> coordinator;

@@ -62,7 +62,7 @@ class EmbeddingClientTest : public ::testing::Test {
     return c;
   }
 
-  std::vector<std::unique_ptr<embedding::EmbeddingCollection>> tables_;
+  std::vector<std::unique_ptr<embedding::ShardTables>> tables_;
   std::vector<std::unique_ptr<server::ShardService>> shards_;
   std::unique_ptr<ShardRouter> router_;
   std::unique_ptr<server::CoordinatorService> coordinator_;

@@ -73,17 +73,6 @@ absl::Status EmbeddingCollection::PushBatch(absl::Span<const TableGradients> tab
   return partly;
 }
 
-absl::Status EmbeddingCollection::PushGradientsRecorded(absl::string_view table,
-                                                        absl::Span<const int64_t> ids,
-                                                        absl::Span<const float> gradients,
-                                                        int64_t step, const PushTag&) {
-  return PushGradients(table, ids, gradients, step);
-}
-
-std::optional<int64_t> EmbeddingCollection::RecordedPush(const PushTag&) const {
-  return std::nullopt;
-}
-
 absl::StatusOr<CheckpointInfo> EmbeddingCollection::Checkpoint(int64_t, const Attachments&,
                                                                const CheckpointOptions&) {
   return NoStorage();
@@ -204,23 +193,6 @@ absl::Status CheckRestorable(int64_t step, const Attachments& attachments,
 
 absl::StatusOr<std::vector<CheckpointInfo>> EmbeddingCollection::ListCheckpoints() const {
   return NoStorage();
-}
-
-absl::Status EmbeddingCollection::SetRowBudget(absl::string_view, int64_t) {
-  return absl::UnimplementedError("this collection cannot change a table's row budget");
-}
-
-absl::Status EmbeddingCollection::Repartition(int, int) {
-  return absl::UnimplementedError("this collection cannot move to another shard map");
-}
-
-absl::Status EmbeddingCollection::ImportMovingRows(absl::string_view table, const RowBlock& rows,
-                                                   int, int) {
-  return ImportRows(table, rows);
-}
-
-absl::Status EmbeddingCollection::SwitchPlace(int, int) {
-  return absl::UnimplementedError("this collection cannot move to another shard map");
 }
 
 }  // namespace tessera::embedding

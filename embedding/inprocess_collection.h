@@ -10,6 +10,7 @@
 #include "embedding/batch_ops.h"
 #include "embedding/collection.h"
 #include "embedding/embedding_table.h"
+#include "embedding/shard_tables.h"
 
 namespace tessera::embedding {
 
@@ -22,7 +23,7 @@ namespace tessera::embedding {
 //
 // A collection that builds on it (storage::DurableCollection keeps every row in one and
 // writes changed rows through to disk) reaches its shard tables through ShardsOf.
-class InProcessCollection : public EmbeddingCollection {
+class InProcessCollection : public ShardTables {
  public:
   // The shard tables of `table`, one per shard in shard order; null when the table is
   // unknown. Valid until the table is dropped: callers that drop tables concurrently must

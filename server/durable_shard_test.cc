@@ -110,7 +110,7 @@ class DurableShardTest : public ::testing::Test {
 
   std::string dir_;
   testing::StoreFaults faults_;
-  std::unique_ptr<embedding::EmbeddingCollection> tables_;
+  std::unique_ptr<embedding::ShardTables> tables_;
   std::unique_ptr<ShardService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<v1::EmbeddingShard::Stub> stub_;

@@ -59,7 +59,7 @@ class LoggingTest : public ::testing::Test {
     return testing::internal::GetCapturedStderr();
   }
 
-  std::unique_ptr<embedding::EmbeddingCollection> tables_;
+  std::unique_ptr<embedding::ShardTables> tables_;
   std::unique_ptr<ShardService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<v1::EmbeddingShard::Stub> stub_;

@@ -26,7 +26,7 @@ absl::Status ReusedRequestId(const embedding::RequestId& id, size_t tables) {
 
 }  // namespace
 
-PushApplier::PushApplier(embedding::EmbeddingCollection* tables, ReshardParticipant* reshard,
+PushApplier::PushApplier(embedding::ShardTables* tables, ReshardParticipant* reshard,
                          ConfigLookup configs, const Options& options)
     : tables_(tables),
       reshard_(reshard),

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "embedding/collection.h"
+#include "embedding/shard_tables.h"
 #include "google/protobuf/repeated_field.h"
 #include "server/lookup_request.h"
 #include "server/push_journal.h"
@@ -37,8 +38,8 @@ class PushApplier {
   // `tables` and `reshard` must outlive it. `configs` gives a table's config and counters
   // (for pushes merged from a step's workers). Loads the pushes of earlier maps the
   // collection keeps.
-  PushApplier(embedding::EmbeddingCollection* tables, ReshardParticipant* reshard,
-              ConfigLookup configs, const Options& options);
+  PushApplier(embedding::ShardTables* tables, ReshardParticipant* reshard, ConfigLookup configs,
+              const Options& options);
   PushApplier(const PushApplier&) = delete;
   PushApplier& operator=(const PushApplier&) = delete;
 
@@ -97,7 +98,7 @@ class PushApplier {
       absl::Span<const embedding::TableGradients> merged, int64_t step,
       const embedding::RequestId& first);
 
-  embedding::EmbeddingCollection* const tables_;
+  embedding::ShardTables* const tables_;
   ReshardParticipant* const reshard_;
   const ConfigLookup configs_;
   const Options options_;

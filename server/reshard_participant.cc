@@ -11,7 +11,7 @@
 
 namespace tessera::server {
 
-ReshardParticipant::ReshardParticipant(embedding::EmbeddingCollection* tables, PushApplier* pushes,
+ReshardParticipant::ReshardParticipant(embedding::ShardTables* tables, PushApplier* pushes,
                                        const Options& options)
     : tables_(tables),
       pushes_(pushes),

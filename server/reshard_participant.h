@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "embedding/collection.h"
+#include "embedding/shard_tables.h"
 #include "tessera/v1/embedding_service.pb.h"
 
 namespace tessera::server {
@@ -43,8 +44,7 @@ class ReshardParticipant {
 
   // `tables` and `pushes` must outlive it (`pushes` is only used from Handle on: it may be
   // constructed after this).
-  ReshardParticipant(embedding::EmbeddingCollection* tables, PushApplier* pushes,
-                     const Options& options);
+  ReshardParticipant(embedding::ShardTables* tables, PushApplier* pushes, const Options& options);
   ~ReshardParticipant();  // waits for the last commit's drop of the rows that left
   ReshardParticipant(const ReshardParticipant&) = delete;
   ReshardParticipant& operator=(const ReshardParticipant&) = delete;
@@ -124,7 +124,7 @@ class ReshardParticipant {
   absl::Status CheckPending(uint64_t version) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(gate_mu_);
   void ClearPending() ABSL_EXCLUSIVE_LOCKS_REQUIRED(gate_mu_);
 
-  embedding::EmbeddingCollection* const tables_;
+  embedding::ShardTables* const tables_;
   PushApplier* const pushes_;
   const std::function<absl::Status(int, int, uint64_t)> on_placement_;
   std::atomic<uint64_t> version_;

@@ -139,7 +139,7 @@ class TokenTest : public ::testing::Test {
     return resp.tables_size();
   }
 
-  std::unique_ptr<embedding::EmbeddingCollection> tables_;
+  std::unique_ptr<embedding::ShardTables> tables_;
   std::unique_ptr<ShardService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
@@ -265,7 +265,7 @@ class TlsTest : public ::testing::Test {
   }
 
   Certificates certs_;
-  std::unique_ptr<embedding::EmbeddingCollection> tables_;
+  std::unique_ptr<embedding::ShardTables> tables_;
   std::unique_ptr<ShardService> shard_;
   std::unique_ptr<client::ShardRouter> router_;
   std::unique_ptr<CoordinatorService> coordinator_;

@@ -58,7 +58,7 @@ namespace {
 
 // This shard's tables: in memory, or durable in `data_dir` (which must have been written
 // for this place in the shard map).
-absl::StatusOr<std::unique_ptr<tessera::embedding::EmbeddingCollection>> OpenTables(
+absl::StatusOr<std::unique_ptr<tessera::embedding::ShardTables>> OpenTables(
     const std::string& data_dir, const tessera::server::ShardOptions& options) {
   const int threads = absl::GetFlag(FLAGS_sparse_threads);
   if (data_dir.empty()) {
@@ -68,7 +68,7 @@ absl::StatusOr<std::unique_ptr<tessera::embedding::EmbeddingCollection>> OpenTab
     in_memory.cluster_shard_index = options.shard_index;
     in_memory.cluster_num_shards = options.num_shards;
     TESSERA_ASSIGN_OR_RETURN(auto memory, tessera::embedding::NewInProcessCollection(in_memory));
-    return std::unique_ptr<tessera::embedding::EmbeddingCollection>(std::move(memory));
+    return std::unique_ptr<tessera::embedding::ShardTables>(std::move(memory));
   }
   // Rows belong to the shard ShardOf(id, num_shards) names: a data directory written for
   // another place in the map would serve the wrong rows.
@@ -87,7 +87,7 @@ absl::StatusOr<std::unique_ptr<tessera::embedding::EmbeddingCollection>> OpenTab
     return tessera::Annotate(opened.status(),
                              absl::StrCat("cannot start on data directory ", data_dir));
   }
-  return std::unique_ptr<tessera::embedding::EmbeddingCollection>(*std::move(opened));
+  return std::unique_ptr<tessera::embedding::ShardTables>(*std::move(opened));
 }
 
 // The shard's options from its flags (and its TLS and token settings into *security);
@@ -156,13 +156,13 @@ int main(int argc, char** argv) {
   }
   tessera::server::ShardOptions options = *std::move(parsed);
   const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
-  absl::StatusOr<std::unique_ptr<tessera::embedding::EmbeddingCollection>> opened =
+  absl::StatusOr<std::unique_ptr<tessera::embedding::ShardTables>> opened =
       OpenTables(data_dir, options);
   if (!opened.ok()) {
     std::cerr << "tessera-shard: " << opened.status().message() << "\n";
     return 1;
   }
-  std::unique_ptr<tessera::embedding::EmbeddingCollection> tables = *std::move(opened);
+  std::unique_ptr<tessera::embedding::ShardTables> tables = *std::move(opened);
   options.data_dir = !data_dir.empty();
   if (!data_dir.empty()) {
     // A reshard's new place is recorded before it is served: a restart must name it.

@@ -25,7 +25,7 @@
 
 namespace tessera::server {
 
-ShardService::ShardService(embedding::EmbeddingCollection* tables, const ShardOptions& options)
+ShardService::ShardService(embedding::ShardTables* tables, const ShardOptions& options)
     : tables_(tables),
       options_(options),
       incarnation_(embedding::RandomNonZeroId()),

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "embedding/collection.h"
+#include "embedding/shard_tables.h"
 #include "server/auth.h"
 #include "server/call_executor.h"
 #include "server/lookup_request.h"
@@ -55,7 +56,7 @@ class ShardService final
  public:
   // `tables` must outlive the service. Tables it already holds (loaded from disk) are
   // served at once.
-  ShardService(embedding::EmbeddingCollection* tables, const ShardOptions& options);
+  ShardService(embedding::ShardTables* tables, const ShardOptions& options);
   ~ShardService() override;
 
   // Random at each start, sent with every push answer: a client can tell a shard that
@@ -170,7 +171,7 @@ class ShardService final
   // Restore: of this shard's own checkpoint, or from every old shard's (source_dirs).
   absl::StatusOr<embedding::CheckpointInfo> RestoreTables(const v1::RestoreRequest& request,
                                                           embedding::Attachments* attachments);
-  embedding::EmbeddingCollection* tables_;
+  embedding::ShardTables* tables_;
   const ShardOptions options_;
   const uint64_t incarnation_;  // random at each start: answers carry it
   mutable absl::Mutex mu_;

@@ -75,7 +75,7 @@ class ShardServiceTest : public ::testing::Test {
   }
 
   std::chrono::milliseconds max_sync_wait_{60000};  // ShardOptions::max_sync_wait
-  std::unique_ptr<embedding::EmbeddingCollection> tables_;
+  std::unique_ptr<embedding::ShardTables> tables_;
   std::unique_ptr<ShardService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> channel_;

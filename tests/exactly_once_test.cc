@@ -116,7 +116,7 @@ class ExactlyOnceTest : public ::testing::Test {
     ASSERT_NE(servers_[k], nullptr);
   }
 
-  std::vector<std::unique_ptr<embedding::EmbeddingCollection>> tables_;
+  std::vector<std::unique_ptr<embedding::ShardTables>> tables_;
   std::vector<std::unique_ptr<server::ShardService>> retired_;  // restarted away
   std::vector<std::unique_ptr<server::ShardService>> shards_;
   std::vector<std::unique_ptr<testing::AnswerLoser>> losing_;  // one per shard

@@ -16,6 +16,7 @@
 #include "embedding/batch_ops.h"
 #include "embedding/collection.h"
 #include "embedding/inprocess_collection.h"
+#include "embedding/shard_tables.h"
 #include "embedding/storage/checkpoint_manifest.h"
 #include "embedding/storage/kv_store.h"
 
@@ -75,7 +76,7 @@ struct DurableOptions {
 // Restore run alone (they wait for calls in flight and hold new ones back: the step
 // barrier).
 // Write-through pushes to one table are serialized, so the disk sees them in order.
-class DurableCollection final : public embedding::EmbeddingCollection {
+class DurableCollection final : public embedding::ShardTables {
  public:
   // Opens or creates the collection in options.data_dir. FailedPrecondition when the
   // directory cannot be written or its store not opened, DataLoss for a corrupt row or
