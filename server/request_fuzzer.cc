@@ -61,7 +61,7 @@ struct Fixture {
     make("c", 16, v1::FTRL, v1::FP16, 64, v1::EVICTION_LRU);
     make("d", 4, v1::ROWWISE_ADAGRAD, v1::FP32, 32, v1::EVICTION_NONE);
   }
-  std::unique_ptr<embedding::EmbeddingCollection> tables;
+  std::unique_ptr<embedding::ShardTables> tables;
   std::unique_ptr<server::ShardService> service;
 };
 
