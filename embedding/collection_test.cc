@@ -11,18 +11,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/stored_rows.h"
+#include "tests/support/table_configs.h"
 
 namespace tessera::embedding {
 namespace {
 
 v1::TableConfig Config(const std::string& name, int dim, v1::OptimizerType opt = v1::ADAGRAD) {
-  v1::TableConfig c;
-  c.set_name(name);
-  c.set_dim(dim);
-  c.set_seed(1234);
-  c.mutable_optimizer()->set_type(opt);
-  c.mutable_optimizer()->set_learning_rate(0.05f);
-  return c;
+  return testing::TestTable(name, dim, 1234, opt, 0.05f);
 }
 
 std::unique_ptr<InProcessCollection> Make(int shards) {

@@ -8,6 +8,7 @@
 #include "embedding/inprocess_collection.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/table_configs.h"
 
 namespace tessera::embedding {
 namespace {
@@ -15,13 +16,7 @@ namespace {
 using ::testing::HasSubstr;
 
 v1::TableConfig Config(const std::string& name) {
-  v1::TableConfig c;
-  c.set_name(name);
-  c.set_dim(8);
-  c.set_seed(3);
-  c.mutable_optimizer()->set_type(v1::SGD);
-  c.mutable_optimizer()->set_learning_rate(0.5f);
-  return c;
+  return testing::TestTable(name, 8, 3, v1::SGD, 0.5f);
 }
 
 std::vector<int64_t> Range(int64_t first, int64_t n) {

@@ -22,6 +22,7 @@
 #include "server/serving.h"
 #include "server/shard_service.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
+#include "tests/support/table_configs.h"
 #include "tests/support/temp_dir.h"
 
 namespace tessera::server {
@@ -78,13 +79,7 @@ std::unique_ptr<grpc::Server> Serve(grpc::Service* service, const ServerSecurity
 }
 
 v1::TableConfig Config(const std::string& name) {
-  v1::TableConfig c;
-  c.set_name(name);
-  c.set_dim(4);
-  c.set_seed(5);
-  c.mutable_optimizer()->set_type(v1::SGD);
-  c.mutable_optimizer()->set_learning_rate(1.0f);
-  return c;
+  return testing::TestTable(name, 4, 5, v1::SGD, 1.0f);
 }
 
 class TokenTest : public ::testing::Test {

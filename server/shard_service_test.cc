@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "tests/support/local_server.h"
 #include "tests/support/stub_calls.h"
+#include "tests/support/table_configs.h"
 
 namespace tessera::server {
 namespace {
@@ -44,13 +45,7 @@ class ShardServiceTest : public ::testing::Test {
   }
 
   v1::TableConfig Config(const std::string& name = "user", int dim = 4) {
-    v1::TableConfig c;
-    c.set_name(name);
-    c.set_dim(dim);
-    c.set_seed(99);
-    c.mutable_optimizer()->set_type(v1::SGD);
-    c.mutable_optimizer()->set_learning_rate(0.5f);
-    return c;
+    return testing::TestTable(name, dim, 99, v1::SGD, 0.5f);
   }
 
   grpc::Status Create(const v1::TableConfig& c) { return testing::CreateTable(*stub_, c); }

@@ -17,6 +17,7 @@
 #include "server/shard_service.h"
 #include "tests/support/answer_loser.h"
 #include "tests/support/local_server.h"
+#include "tests/support/table_configs.h"
 
 namespace tessera {
 namespace {
@@ -30,13 +31,7 @@ constexpr int64_t kShard0BatchLimit = 1000;    // ids a request to shard 0 may c
 constexpr int64_t kShard1MemoryLimit = 40000;  // bytes shard 1's rows may take
 
 v1::TableConfig Sgd(const std::string& name) {
-  v1::TableConfig c;
-  c.set_name(name);
-  c.set_dim(kDim);
-  c.set_seed(5);
-  c.mutable_optimizer()->set_type(v1::SGD);
-  c.mutable_optimizer()->set_learning_rate(1.0f);
-  return c;
+  return testing::TestTable(name, kDim, 5, v1::SGD, 1.0f);
 }
 
 class AllOrNothingPushTest : public ::testing::TestWithParam<Mode> {

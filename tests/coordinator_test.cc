@@ -13,6 +13,7 @@
 #include "tests/shard_process.h"
 #include "tests/support/local_server.h"
 #include "tests/support/stub_calls.h"
+#include "tests/support/table_configs.h"
 
 namespace tessera {
 namespace {
@@ -47,15 +48,7 @@ class CoordinatorTest : public ::testing::Test {
     if (server_) server_->Shutdown();
   }
 
-  static v1::TableConfig Config() {
-    v1::TableConfig c;
-    c.set_name("item");
-    c.set_dim(16);
-    c.set_seed(77);
-    c.mutable_optimizer()->set_type(v1::ADAM);
-    c.mutable_optimizer()->set_learning_rate(0.01f);
-    return c;
-  }
+  static v1::TableConfig Config() { return testing::TestTable("item", 16, 77, v1::ADAM, 0.01f); }
 
   grpc::Status Create(const v1::TableConfig& c) { return testing::CreateTable(*stub_, c); }
   grpc::Status Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp) {

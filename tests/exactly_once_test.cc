@@ -16,6 +16,7 @@
 #include "server/shard_service.h"
 #include "tests/support/answer_loser.h"
 #include "tests/support/local_server.h"
+#include "tests/support/table_configs.h"
 #include "tests/support/test_client.h"
 
 namespace tessera {
@@ -30,13 +31,7 @@ const std::vector<std::string> kCoordinatorLosable = {"/BatchPush", "/DropTable"
                                                       "/ImportRows"};
 
 v1::TableConfig Sgd(const std::string& name, uint64_t seed) {
-  v1::TableConfig c;
-  c.set_name(name);
-  c.set_dim(4);
-  c.set_seed(seed);
-  c.mutable_optimizer()->set_type(v1::SGD);
-  c.mutable_optimizer()->set_learning_rate(1.0f);
-  return c;
+  return testing::TestTable(name, 4, seed, v1::SGD, 1.0f);
 }
 
 class ExactlyOnceTest : public ::testing::Test {

@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 #include "tests/shard_process.h"
+#include "tests/support/table_configs.h"
 #include "tests/support/temp_dir.h"
 
 namespace tessera {
@@ -76,14 +77,7 @@ std::unique_ptr<grpc::ClientContext> Context(int ms = 3000) {
 }
 
 v1::TableConfig Table(const std::string& name, v1::Durability durability) {
-  v1::TableConfig c;
-  c.set_name(name);
-  c.set_dim(8);
-  c.set_seed(3);
-  c.set_durability(durability);
-  c.mutable_optimizer()->set_type(v1::ADAGRAD);
-  c.mutable_optimizer()->set_learning_rate(0.1f);
-  return c;
+  return testing::TestTable(name, 8, 3, v1::ADAGRAD, 0.1f, durability);
 }
 
 // The weights the shard at `address` serves for `ids` (read-only: nothing is created).

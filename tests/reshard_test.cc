@@ -28,6 +28,7 @@
 #include "tests/support/answer_loser.h"
 #include "tests/support/local_server.h"
 #include "tests/support/stored_rows.h"
+#include "tests/support/table_configs.h"
 #include "tests/support/test_client.h"
 
 namespace tessera {
@@ -38,14 +39,7 @@ using testing::StartLocalServer;
 constexpr int kDim = 4;
 
 v1::TableConfig Table(const std::string& name, v1::OptimizerType type, uint64_t seed) {
-  v1::TableConfig c;
-  c.set_name(name);
-  c.set_dim(kDim);
-  c.set_seed(seed);
-  c.set_durability(v1::WRITE_THROUGH);
-  c.mutable_optimizer()->set_type(type);
-  c.mutable_optimizer()->set_learning_rate(0.5f);
-  return c;
+  return testing::TestTable(name, kDim, seed, type, 0.5f, v1::WRITE_THROUGH);
 }
 
 // One shard: a durable collection in its own directory, served with an answer loser.

@@ -25,6 +25,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/shard_process.h"
+#include "tests/support/table_configs.h"
 #include "tests/support/temp_dir.h"
 
 namespace tessera {
@@ -53,13 +54,7 @@ Result RunBinary(const std::string& binary, const std::string& args) {
 }
 
 v1::TableConfig Table(const std::string& name) {
-  v1::TableConfig c;
-  c.set_name(name);
-  c.set_dim(4);
-  c.set_seed(11);
-  c.mutable_optimizer()->set_type(v1::SGD);
-  c.mutable_optimizer()->set_learning_rate(0.5f);
-  return c;
+  return testing::TestTable(name, 4, 11, v1::SGD, 0.5f);
 }
 
 class SharedClusterTest : public ::testing::Test {
