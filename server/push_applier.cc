@@ -220,10 +220,11 @@ void PushApplier::StartSync(embedding::PushSync member, int64_t step,
       member, step, part,
       [this, step](absl::Span<const embedding::TableGradients> merged,
                    const embedding::RequestId& first) { return ApplyMerged(merged, step, first); },
-      [this, journal_id, parts, done = std::move(done)](absl::StatusOr<std::vector<int64_t>> rows) {
+      [this, journal_id, done = std::move(done)](absl::StatusOr<std::vector<int64_t>> rows) {
+        // The aggregator answers each worker with its own parts' rows: kept with one more
+        // entry, the mark of a contribution made.
         std::vector<int64_t> kept;
         if (rows.ok()) {
-          rows->resize(parts);
           kept = *rows;
           kept.push_back(0);
         }
