@@ -143,19 +143,11 @@ absl::Status PushOnes(embedding::EmbeddingCollection& c, const std::vector<int64
 // cluster.
 class ExactlyOnceInEachMode : public ExactlyOnceTest,
                               public ::testing::WithParamInterface<client::ClientOptions::Mode> {};
-INSTANTIATE_TEST_SUITE_P(Modes, ExactlyOnceInEachMode,
-                         ::testing::Values(client::ClientOptions::Mode::kSmart,
-                                           client::ClientOptions::Mode::kCoordinator),
-                         [](const ::testing::TestParamInfo<client::ClientOptions::Mode>& info) {
-                           return std::string(info.param == client::ClientOptions::Mode::kSmart
-                                                  ? "Smart"
-                                                  : "Coordinator");
-                         });
+INSTANTIATE_TEST_SUITE_P(Modes, ExactlyOnceInEachMode, testing::BothClientModes(),
+                         testing::ClientModeName);
 
 TEST_P(ExactlyOnceInEachMode, ShardsThatApplyAndLoseTheirAnswerApplyEachPushOnce) {
   const client::ClientOptions::Mode mode = GetParam();
-  SCOPED_TRACE(mode == client::ClientOptions::Mode::kSmart ? "smart" : "coordinator");
-  const std::string suffix = mode == client::ClientOptions::Mode::kSmart ? "s" : "c";
   auto c = Connect(mode);
   CreateBoth(*c, Sgd("a", 11));
   CreateBoth(*c, Sgd("b", 12));

@@ -254,18 +254,11 @@ class ReshardTest : public ::testing::Test {
 // cluster.
 class ReshardInEachMode : public ReshardTest,
                           public ::testing::WithParamInterface<client::ClientOptions::Mode> {};
-INSTANTIATE_TEST_SUITE_P(Modes, ReshardInEachMode,
-                         ::testing::Values(client::ClientOptions::Mode::kSmart,
-                                           client::ClientOptions::Mode::kCoordinator),
-                         [](const ::testing::TestParamInfo<client::ClientOptions::Mode>& info) {
-                           return std::string(info.param == client::ClientOptions::Mode::kSmart
-                                                  ? "Smart"
-                                                  : "Coordinator");
-                         });
+INSTANTIATE_TEST_SUITE_P(Modes, ReshardInEachMode, testing::BothClientModes(),
+                         testing::ClientModeName);
 
 TEST_P(ReshardInEachMode, PushesDuringTwoToThreeToTwoWithLostAnswersEqualAReplay) {
   const client::ClientOptions::Mode mode = GetParam();
-  SCOPED_TRACE(mode == client::ClientOptions::Mode::kSmart ? "smart" : "coordinator");
   auto c = Connect(mode);
   CreateBoth(*c, Table("a", v1::SGD, 11));
   CreateBoth(*c, Table("b", v1::ADAGRAD, 12));

@@ -29,6 +29,18 @@ inline std::unique_ptr<client::EmbeddingClient> ConnectForTest(const std::string
   return c.ok() ? std::move(c).value() : nullptr;
 }
 
+// Both client modes, for a test suite that runs each case through the smart client and
+// through the coordinator (INSTANTIATE_TEST_SUITE_P(Modes, Suite, BothClientModes(),
+// ClientModeName)); the mode names each case: .../Smart, .../Coordinator.
+inline auto BothClientModes() {
+  return ::testing::Values(client::ClientOptions::Mode::kSmart,
+                           client::ClientOptions::Mode::kCoordinator);
+}
+inline std::string ClientModeName(
+    const ::testing::TestParamInfo<client::ClientOptions::Mode>& info) {
+  return info.param == client::ClientOptions::Mode::kSmart ? "Smart" : "Coordinator";
+}
+
 }  // namespace tessera::testing
 
 #endif  // TESSERA_TESTS_SUPPORT_TEST_CLIENT_H_
