@@ -281,11 +281,9 @@ absl::Status EmbeddingClient::PushBatch(absl::Span<const embedding::TableGradien
         "part before any applies");
   }
   TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> configs, Configs(tables));
-  for (size_t i = 0; i < tables.size(); ++i) {
-    TESSERA_RETURN_IF_ERROR(
-        embedding::CheckRowsSize(tables[i].table, "gradients", tables[i].gradients.size(),
-                                 tables[i].ids.size(), configs[i].dim(), "ids"));
-  }
+  // The one check of the push's values in this process (the servers check it again in theirs).
+  TESSERA_ASSIGN_OR_RETURN(const embedding::CheckedPush checked,
+                           embedding::CheckPush(configs, tables));
   // One id for every attempt of this push, whichever shards or hops repeat it.
   const embedding::RequestId id = options.request_id.empty() ? NextRequestId() : options.request_id;
   // A sync group's push is ABORTED by a shard only for the step's workers (one did not push
@@ -298,14 +296,10 @@ absl::Status EmbeddingClient::PushBatch(absl::Span<const embedding::TableGradien
     return caused(OnShards([&](ShardRouter& router) -> absl::Status {
       TESSERA_ASSIGN_OR_RETURN(
           std::vector<int64_t> updated,
-          router.PushBatch(configs, tables, step, id, options.sync, options.after_lookup));
+          router.PushBatch(checked, step, id, options.sync, options.after_lookup));
       if (options.rows_updated != nullptr) *options.rows_updated = std::move(updated);
       return absl::OkStatus();
     }));
-  }
-  for (size_t i = 0; i < tables.size(); ++i) {
-    TESSERA_RETURN_IF_ERROR(embedding::CheckFiniteGradients(
-        tables[i].table, tables[i].ids, tables[i].gradients.data(), configs[i].dim()));
   }
   v1::BatchPushRequest req;
   req.set_step(step);

@@ -132,9 +132,10 @@ class ShardRouter {
   absl::Status LookupBatch(absl::Span<const v1::TableConfig> configs,
                            absl::Span<const embedding::TableBags> parts, bool read_only);
 
-  // Sums repeated ids of each part, checks sizes and that every value is finite (the whole
-  // batch is refused before any shard is called), then pushes each shard its rows of every
-  // part under request id `id` (one of the router's own when empty). Returns the distinct
+  // Sums repeated ids of each part of `push` (checked where it entered this process), checks
+  // those sums finite and ids in a fixed vocabulary's range (the whole batch is refused
+  // before any shard is called), then pushes each shard its rows of every part under
+  // request id `id` (one of the router's own when empty). Returns the distinct
   // rows updated per part. A push spanning shards is one unit: each shard checks its part
   // first (BatchPushRequest.check_only), and a refusal there changes no row anywhere,
   // unless `after_lookup` says a lookup of the same ids by this caller did so in this step.
@@ -142,9 +143,8 @@ class ShardRouter {
   // them and the request id, and calling again with the same id applies only the rest.
   // With an active `sync` every shard gets a push (empty where the worker has no rows of
   // it), and the call waits for the other workers'.
-  absl::StatusOr<std::vector<int64_t>> PushBatch(absl::Span<const v1::TableConfig> configs,
-                                                 absl::Span<const embedding::TableGradients> parts,
-                                                 int64_t step, const embedding::RequestId& id,
+  absl::StatusOr<std::vector<int64_t>> PushBatch(const embedding::CheckedPush& push, int64_t step,
+                                                 const embedding::RequestId& id,
                                                  const embedding::PushSync& sync = {},
                                                  bool after_lookup = false);
 
@@ -217,7 +217,7 @@ class ShardRouter {
   void AddUniqueIds(Scratch& s, size_t p, const v1::TableConfig& config, std::vector<bool>& work);
   // PushBatch's stages: part p's tables in the shards' requests (ids and gradient rows
   // sized, the pointers in s.ids_out and s.grads_out), then filled: ids in place, each id's
-  // gradients summed into its row in the caller's order, the sums checked.
+  // gradients summed into its row in the caller's order, the sums of repeated ids checked.
   void AddPushPart(Scratch& s, size_t p, const v1::TableConfig& config, std::vector<bool>& work);
   absl::Status FillPushPart(Scratch& s, size_t p, const v1::TableConfig& config,
                             const embedding::TableGradients& part) const;
@@ -231,10 +231,9 @@ class ShardRouter {
   // shards that applied it (when any) and how to complete it.
   absl::Status PushOutcome(const std::vector<grpc::Status>& statuses, const std::vector<bool>& work,
                            const embedding::RequestId& id) const;
-  // A push's parts before anything is sent: gradients of ids x dim, finite, ids in a fixed
-  // vocabulary's range. InvalidArgument names the table.
-  static absl::Status CheckPushParts(absl::Span<const v1::TableConfig> configs,
-                                     absl::Span<const embedding::TableGradients> parts);
+  // A push's ids before anything is sent: in a fixed vocabulary's range. InvalidArgument
+  // names the table.
+  static absl::Status CheckPushIds(const embedding::CheckedPush& push);
   // Rows updated per part, summed over the shards' answers in `s`.
   absl::StatusOr<std::vector<int64_t>> RowsUpdated(const Scratch& s,
                                                    absl::Span<const v1::TableConfig> configs) const;

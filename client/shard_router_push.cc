@@ -73,7 +73,9 @@ absl::Status ShardRouter::FillPushPart(Scratch& s, size_t p, const v1::TableConf
     for (int j = 0; j < dim; ++j) dst[j] += src[j];
   }
   // Finite gradients of a repeated id can sum to Inf: refused here, before any shard
-  // applies its part (the one shard holding the id would refuse only its own).
+  // applies its part (the one shard holding the id would refuse only its own). Without
+  // repeats the rows are the gradients, checked where the push entered this process.
+  if (plan.unique.size() == part.ids.size()) return absl::OkStatus();
   for (int k = 0; k < shards; ++k) {
     if (plan.count[k] == 0) continue;
     TESSERA_RETURN_IF_ERROR(Annotate(
@@ -98,27 +100,23 @@ bool PlannedIds(const v1::TableConfig& config, const embedding::TableGradients& 
 
 }  // namespace
 
-absl::Status ShardRouter::CheckPushParts(absl::Span<const v1::TableConfig> configs,
-                                         absl::Span<const embedding::TableGradients> parts) {
-  for (size_t p = 0; p < parts.size(); ++p) {
-    const int dim = configs[p].dim();
-    TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(configs[p].name(), "gradients",
-                                                     parts[p].gradients.size(), parts[p].ids.size(),
-                                                     dim, "ids"));
-    TESSERA_RETURN_IF_ERROR(embedding::CheckFiniteGradients(configs[p].name(), parts[p].ids,
-                                                            parts[p].gradients.data(), dim));
-    TESSERA_RETURN_IF_ERROR(embedding::CheckVocabulary(configs[p], parts[p].ids));
+absl::Status ShardRouter::CheckPushIds(const embedding::CheckedPush& push) {
+  for (size_t p = 0; p < push.size(); ++p) {
+    TESSERA_RETURN_IF_ERROR(embedding::CheckVocabulary(push.configs()[p], push.parts()[p].ids));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(
-    absl::Span<const v1::TableConfig> configs, absl::Span<const embedding::TableGradients> parts,
-    int64_t step, const embedding::RequestId& request_id, const embedding::PushSync& sync,
-    bool after_lookup) {
+absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(const embedding::CheckedPush& push,
+                                                            int64_t step,
+                                                            const embedding::RequestId& request_id,
+                                                            const embedding::PushSync& sync,
+                                                            bool after_lookup) {
+  const absl::Span<const v1::TableConfig> configs = push.configs();
+  const absl::Span<const embedding::TableGradients> parts = push.parts();
   const int shards = num_shards();
   const size_t num_parts = parts.size();
-  TESSERA_RETURN_IF_ERROR(CheckPushParts(configs, parts));
+  TESSERA_RETURN_IF_ERROR(CheckPushIds(push));
   const embedding::RequestId id = request_id.empty() ? NextRequestId() : request_id;
   auto s = scratch_.Acquire();
   s->parts.resize(std::max(s->parts.size(), num_parts));

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "base/check.h"
 #include "base/status.h"
 #include "embedding/row_math.h"
 #include "embedding/sharding.h"
@@ -152,21 +153,43 @@ absl::Status CheckFiniteGradients(absl::string_view table, absl::Span<const int6
   return absl::OkStatus();
 }
 
+absl::StatusOr<CheckedPush> CheckPush(absl::Span<const v1::TableConfig> configs,
+                                      absl::Span<const TableGradients> parts) {
+  TESSERA_DCHECK(configs.size() == parts.size());
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const TableGradients& p = parts[i];
+    const int dim = configs[i].dim();
+    TESSERA_RETURN_IF_ERROR(
+        CheckRowsSize(p.table, "gradients", p.gradients.size(), p.ids.size(), dim, "ids"));
+    TESSERA_RETURN_IF_ERROR(CheckFiniteGradients(p.table, p.ids, p.gradients.data(), dim));
+  }
+  return CheckedPush(configs, parts);
+}
+
 absl::Status SumGradients(absl::string_view table, absl::Span<const int64_t> ids,
-                          absl::Span<const float> gradients, int dim, SummedGradients* out) {
-  TESSERA_RETURN_IF_ERROR(CheckRowsSize(table, "gradients", gradients.size(), ids.size(), dim,
-                                        "ids"));
+                          absl::Span<const float> gradients, int dim, SummedGradients* out,
+                          Gradients given) {
+  if (given == Gradients::kUnchecked) {
+    TESSERA_RETURN_IF_ERROR(
+        CheckRowsSize(table, "gradients", gradients.size(), ids.size(), dim, "ids"));
+  }
+  TESSERA_DCHECK(gradients.size() == ids.size() * dim);
   out->dim_ = dim;
   Unique(ids, &out->ids_, &out->inverse_);
   out->rows_.assign(out->ids_.size() * dim, 0.0f);
   SumRowsByInverse(gradients.data(), dim, out->inverse_, out->rows_.data());
+  const bool repeated = out->ids_.size() < ids.size();
+  // Checked gradients of distinct ids are their own sums, already found finite.
+  if (given == Gradients::kChecked && !repeated) return absl::OkStatus();
   absl::Status finite = CheckFiniteGradients(table, out->ids_, out->rows_.data(), dim);
-  // Finite gradients of a repeated id can sum to Inf: say so, or the caller looks for a
-  // bad gradient it did not send.
-  if (!finite.ok() && out->ids_.size() < ids.size()) {
-    return Annotate(finite, "summed over repeated ids");
+  if (finite.ok() || !repeated) return finite;
+  // A bad sum of repeated ids: name the gradient sent when one was bad; finite gradients
+  // can sum to Inf too, and then say so, or the caller looks for a bad gradient it did not
+  // send.
+  if (given == Gradients::kUnchecked) {
+    TESSERA_RETURN_IF_ERROR(CheckFiniteGradients(table, ids, gradients.data(), dim));
   }
-  return finite;
+  return Annotate(finite, "summed over repeated ids");
 }
 
 absl::Status CheckFiniteWeights(absl::string_view where, absl::Span<const float> weights) {

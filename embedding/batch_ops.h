@@ -37,12 +37,44 @@ absl::Status CheckRowsSize(absl::string_view table, absl::string_view what, size
 absl::Status CheckFiniteGradients(absl::string_view table, absl::Span<const int64_t> ids,
                                   const float* gradients, int dim);
 
+// A push's parts checked where they entered this process (CheckPush): part i's gradients
+// are ids x dim floats of configs()[i]'s table, and every one is finite. The layers
+// beneath (a shard router, a shard's collection) take it and scan the values no more: only
+// the sums of repeated ids, which finite gradients can overflow, are checked where they
+// are made. Only CheckPush makes one. A view: the configs and parts it was made from must
+// outlive it, unchanged.
+class CheckedPush {
+ public:
+  CheckedPush() = default;  // no parts
+  absl::Span<const v1::TableConfig> configs() const { return configs_; }
+  absl::Span<const TableGradients> parts() const { return parts_; }
+  size_t size() const { return parts_.size(); }
+
+ private:
+  friend absl::StatusOr<CheckedPush> CheckPush(absl::Span<const v1::TableConfig> configs,
+                                               absl::Span<const TableGradients> parts);
+  CheckedPush(absl::Span<const v1::TableConfig> configs, absl::Span<const TableGradients> parts)
+      : configs_(configs), parts_(parts) {}
+  absl::Span<const v1::TableConfig> configs_;
+  absl::Span<const TableGradients> parts_;
+};
+
+// The one scan of a push's values in a process, where it enters (a client's call, a
+// server's request): checks part i against configs[i] (the same number of each), its
+// gradients ids x dim floats (CheckRowsSize) and every one finite (CheckFiniteGradients).
+absl::StatusOr<CheckedPush> CheckPush(absl::Span<const v1::TableConfig> configs,
+                                      absl::Span<const TableGradients> parts);
+
+// Whether gradients given to SumGradients were checked at the process's edge (a part of a
+// CheckedPush): then only the sums of repeated ids are checked, and no size.
+enum class Gradients { kUnchecked, kChecked };
+
 // A push's gradients for one table, deduplicated and summed per id, every sum finite: the
-// form a table's update takes. SumGradients is the one place a push is deduplicated and
-// checked on its way in; the layers beneath (a collection's shards, the table) take it
-// as it is and only TESSERA_DCHECK it. Sums finite imply every gradient was (Inf and NaN
-// survive addition), so checking the sums checks the batch. Not thread-safe; reused
-// between calls, its buffers do not allocate once grown.
+// form a table's update takes. The layers beneath (a collection's shards, the table) take
+// it as it is and only TESSERA_DCHECK it. Sums finite imply every gradient was (Inf and NaN
+// survive addition), so checking the sums checks the batch; the raw gradients are searched
+// only to name a culprit. Not thread-safe; reused between calls, its buffers do not
+// allocate once grown.
 class SummedGradients {
  public:
   absl::Span<const int64_t> ids() const { return ids_; }  // distinct, in first-seen order
@@ -52,8 +84,8 @@ class SummedGradients {
 
  private:
   friend absl::Status SumGradients(absl::string_view table, absl::Span<const int64_t> ids,
-                                   absl::Span<const float> gradients, int dim,
-                                   SummedGradients* out);
+                                   absl::Span<const float> gradients, int dim, SummedGradients* out,
+                                   Gradients given);
   std::vector<int64_t> ids_;
   std::vector<int32_t> inverse_;
   std::vector<float> rows_;
@@ -62,9 +94,13 @@ class SummedGradients {
 
 // Fills `out` with `gradients` (ids.size(), dim) summed per distinct id of `ids`, in batch
 // order. InvalidArgument when the gradients are not ids x dim floats (CheckRowsSize) or a
-// sum is not finite (CheckFiniteGradients; "summed over repeated ids" when ids repeat).
+// sum is not finite: CheckFiniteGradients' words for the first bad gradient sent, or, when
+// every one was finite, for the first bad sum, "summed over repeated ids". Gradients
+// kChecked (a CheckedPush's part) are taken as they are: of them, only sums of repeated ids
+// are checked.
 absl::Status SumGradients(absl::string_view table, absl::Span<const int64_t> ids,
-                          absl::Span<const float> gradients, int dim, SummedGradients* out);
+                          absl::Span<const float> gradients, int dim, SummedGradients* out,
+                          Gradients given = Gradients::kUnchecked);
 
 // OK when every pooling weight is finite; otherwise InvalidArgument "WHERE: weight I is V".
 absl::Status CheckFiniteWeights(absl::string_view where, absl::Span<const float> weights);

@@ -173,6 +173,65 @@ TEST(SumRowsByInverse, AddsRepeatedRows) {
   EXPECT_EQ(out, (std::vector<float>{3, 4, 6, 8}));
 }
 
+// The culprit of a bad sum is the gradient sent, when one was bad: not the sum it spoiled.
+TEST(SumGradients, NamesTheBadGradientSentNotTheSumOfRepeatedIds) {
+  SummedGradients summed;
+  const std::vector<int64_t> ids = {7, 9, 7};
+  const std::vector<float> g = {1, 2, 3, 4, std::nanf(""), 6};
+  const absl::Status s = SumGradients("t", ids, g, 2, &summed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              ::testing::HasSubstr("gradient for id 7 (position 2, column 0) is nan"));
+  EXPECT_THAT(std::string(s.message()), ::testing::Not(::testing::HasSubstr("summed over")));
+}
+
+// Finite gradients whose sum overflows are refused, checked or not; checked gradients of
+// distinct ids are summed as they are.
+TEST(SumGradients, ChecksTheSumsOfRepeatedIdsOfACheckedPush) {
+  const v1::TableConfig config = [] {
+    v1::TableConfig c;
+    c.set_name("t");
+    c.set_dim(1);
+    return c;
+  }();
+  const std::vector<int64_t> repeated = {4, 4}, distinct = {4, 5};
+  const std::vector<float> huge = {3e38f, 3e38f};
+  for (const auto& ids : {repeated, distinct}) {
+    const TableGradients part{"t", ids, huge};
+    absl::StatusOr<CheckedPush> push = CheckPush({&config, 1}, {&part, 1});
+    ASSERT_TRUE(push.ok()) << push.status();  // every value is finite
+    ASSERT_EQ(push->size(), 1u);
+    SummedGradients summed;
+    for (Gradients given : {Gradients::kChecked, Gradients::kUnchecked}) {
+      const absl::Status s = SumGradients("t", ids, huge, 1, &summed, given);
+      if (ids == distinct) {
+        EXPECT_TRUE(s.ok()) << s;
+        EXPECT_EQ(summed.size(), 2u);
+        continue;
+      }
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("summed over repeated ids"));
+    }
+  }
+}
+
+TEST(CheckPush, RefusesAWrongSizeOrABadValueAndNamesTheTable) {
+  v1::TableConfig config;
+  config.set_name("t");
+  config.set_dim(2);
+  const std::vector<int64_t> ids = {1, 2};
+  const std::vector<float> short_rows = {1, 2, 3};
+  const std::vector<float> inf_row = {1, 2, 3, INFINITY};
+  const TableGradients shorter{"t", ids, short_rows}, bad{"t", ids, inf_row};
+  const absl::Status size = CheckPush({&config, 1}, {&shorter, 1}).status();
+  EXPECT_EQ(size.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(size.message()), ::testing::HasSubstr("table 't': dimension mismatch"));
+  const absl::Status value = CheckPush({&config, 1}, {&bad, 1}).status();
+  EXPECT_EQ(value.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(value.message()),
+              ::testing::HasSubstr("gradient for id 2 (position 1, column 1) is inf"));
+}
+
 // A comma-separated list of numbers of the golden file ("-": none).
 template <typename T>
 std::vector<T> GoldenList(const std::string& field) {

@@ -75,6 +75,8 @@ struct TableBags {
   IdPlan* plan = nullptr;             // optional: filled as IdPlan says
 };
 
+class CheckedPush;  // batch_ops.h
+
 // One table's part of a multi-table push.
 struct TableGradients {
   std::string table;
@@ -141,6 +143,9 @@ struct PushOptions {
   // (RecordedPush) records part i of a push with a request_id as PushTag{request_id, i,
   // map_version}, and answers a part on record with its recorded rows, unapplied.
   uint64_t map_version = 0;
+  // Optional: the push's parts as checked where they entered this process (CheckPush, made
+  // over the same parts): a collection that sums them scans only the sums of repeated ids.
+  const CheckedPush* checked = nullptr;
 };
 
 // FailedPrecondition for an active options.sync: what a collection in this process says.

@@ -216,12 +216,13 @@ absl::Status Cluster::RegisterSyncGroup(const embedding::PushSync& sync) {
   return live()->RegisterSyncGroup(sync, {}, /*again=*/true);
 }
 
-absl::StatusOr<std::vector<int64_t>> Cluster::PushBatch(
-    absl::Span<const v1::TableConfig> configs, absl::Span<const embedding::TableGradients> parts,
-    int64_t step, const embedding::RequestId& id, const embedding::PushSync& sync,
-    bool after_lookup) {
+absl::StatusOr<std::vector<int64_t>> Cluster::PushBatch(const embedding::CheckedPush& push,
+                                                        int64_t step,
+                                                        const embedding::RequestId& id,
+                                                        const embedding::PushSync& sync,
+                                                        bool after_lookup) {
   absl::ReaderMutexLock barrier(&barrier_mu_);
-  return live()->PushBatch(configs, parts, step, id, sync, after_lookup);
+  return live()->PushBatch(push, step, id, sync, after_lookup);
 }
 
 absl::StatusOr<std::vector<v1::TableStats>> Cluster::Stats(const std::string& table) {

@@ -114,9 +114,8 @@ class Cluster {
   absl::Status RegisterSyncGroup(const embedding::PushSync& sync);
   // Routes a push under request `id` (a new one when empty), waiting while a checkpoint
   // or restore runs: all or nothing, as ShardRouter::PushBatch says.
-  absl::StatusOr<std::vector<int64_t>> PushBatch(absl::Span<const v1::TableConfig> configs,
-                                                 absl::Span<const embedding::TableGradients> parts,
-                                                 int64_t step, const embedding::RequestId& id,
+  absl::StatusOr<std::vector<int64_t>> PushBatch(const embedding::CheckedPush& push, int64_t step,
+                                                 const embedding::RequestId& id,
                                                  const embedding::PushSync& sync = {},
                                                  bool after_lookup = false);
 

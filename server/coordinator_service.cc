@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
+#include "embedding/batch_ops.h"
 #include "wire/checkpoint_proto.h"
 #include "wire/push_proto.h"
 #include "wire/row_chunk.h"
@@ -178,9 +179,11 @@ grpc::Status CoordinatorService::PushGradients(grpc::ServerContext* context,
     const embedding::TableGradients part{
         request->table(), absl::MakeConstSpan(request->ids().data(), request->ids_size()),
         absl::MakeConstSpan(request->gradients().data(), request->gradients_size())};
-    TESSERA_ASSIGN_OR_RETURN(std::vector<int64_t> updated,
-                             cluster_.PushBatch({&config, 1}, {&part, 1}, request->step(),
-                                                wire::RequestIdOf(request->request_id())));
+    TESSERA_ASSIGN_OR_RETURN(const embedding::CheckedPush push,
+                             embedding::CheckPush({&config, 1}, {&part, 1}));
+    TESSERA_ASSIGN_OR_RETURN(
+        std::vector<int64_t> updated,
+        cluster_.PushBatch(push, request->step(), wire::RequestIdOf(request->request_id())));
     response->set_rows_updated(updated[0]);
     response->set_incarnation(cluster_.router().IncarnationDigest());
     return absl::OkStatus();
@@ -199,10 +202,10 @@ grpc::Status CoordinatorService::BatchPush(grpc::ServerContext* context,
     // registered it.
     const embedding::PushSync sync = wire::PushSyncOf(*request);
     if (sync.active()) TESSERA_RETURN_IF_ERROR(groups_.Check(sync.job, sync.workers));
-    TESSERA_ASSIGN_OR_RETURN(std::vector<int64_t> updated,
-                             cluster_.PushBatch(batch.configs, batch.pushes, request->step(),
-                                                wire::RequestIdOf(request->request_id()), sync,
-                                                request->after_lookup()));
+    TESSERA_ASSIGN_OR_RETURN(
+        std::vector<int64_t> updated,
+        cluster_.PushBatch(batch.checked, request->step(), wire::RequestIdOf(request->request_id()),
+                           sync, request->after_lookup()));
     for (const int64_t u : updated) response->add_rows_updated(u);
     const client::ShardRouter& router = cluster_.router();
     response->set_incarnation(router.IncarnationDigest());

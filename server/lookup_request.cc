@@ -127,13 +127,11 @@ absl::Status PrepareBatchPush(const v1::BatchPushRequest& request, const ConfigL
     TESSERA_ASSIGN_OR_RETURN(
         part.gradients,
         wire::PackedSpan<float>(t.gradients(), where + " gradients", &batch->float_copies[i]));
-    TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(t.table(), "gradients", part.gradients.size(),
-                                                     part.ids.size(), c.dim(), "ids"));
-    TESSERA_RETURN_IF_ERROR(
-        embedding::CheckFiniteGradients(t.table(), part.ids, part.gradients.data(), c.dim()));
     batch->total_ids += static_cast<int64_t>(part.ids.size());
     batch->configs.push_back(std::move(c));
   }
+  batch->checked = {};
+  TESSERA_ASSIGN_OR_RETURN(batch->checked, embedding::CheckPush(batch->configs, batch->pushes));
   return absl::OkStatus();
 }
 

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "embedding/batch_ops.h"
 #include "embedding/collection.h"
 #include "tessera/v1/embedding_service.pb.h"
 
@@ -50,10 +51,18 @@ struct DecodedBatch {
   std::vector<std::shared_ptr<TableCounters>> counters;  // per table (null: none kept)
   std::vector<embedding::TableBags> lookups;             // BatchLookup
   std::vector<embedding::TableGradients> pushes;         // BatchPush
+  embedding::CheckedPush checked;  // BatchPush: `pushes` as PrepareBatchPush checked them
   int64_t total_ids = 0;
   std::vector<std::vector<int64_t>> id_copies;
   std::vector<std::vector<int32_t>> offset_copies;
   std::vector<std::vector<float>> float_copies;
+
+  // `checked` when it holds `pushes` as they are (PushOptions::checked); null for pushes
+  // made otherwise (a step's merged parts, a push less its moved rows).
+  const embedding::CheckedPush* checked_pushes() const {
+    const bool same = checked.parts().data() == pushes.data() && checked.size() == pushes.size();
+    return same && !pushes.empty() ? &checked : nullptr;
+  }
 };
 
 // Decodes and checks every table of `request` (known table, whole values, bag offsets,
@@ -66,7 +75,8 @@ absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const Con
                                 DecodedBatch* batch);
 
 // Decodes and checks every table of `request` (known table, gradients of ids x dim floats,
-// all finite), so that the push can be refused whole before any row changes.
+// all finite: the one scan of its values in this process), so that the push can be refused
+// whole before any row changes. batch->checked holds the parts checked.
 absl::Status PrepareBatchPush(const v1::BatchPushRequest& request, const ConfigLookup& config,
                               DecodedBatch* batch);
 

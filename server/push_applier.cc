@@ -119,6 +119,7 @@ absl::Status PushApplier::ApplyParts(const DecodedBatch& batch, int64_t step,
 absl::Status PushApplier::Check(const DecodedBatch& batch, int64_t step) {
   embedding::PushOptions check;
   check.check_only = true;
+  check.checked = batch.checked_pushes();
   return tables_->PushBatch(batch.pushes, step, check);
 }
 
@@ -128,6 +129,7 @@ absl::Status PushApplier::ApplyWhole(const DecodedBatch& batch, int64_t step,
   options.rows_updated = done;
   options.request_id = first.request;  // a collection that records pushes records them
   options.map_version = first.map_version;
+  options.checked = batch.checked_pushes();
   absl::Status s = tables_->PushBatch(batch.pushes, step, options);
   // Refused whole (nothing applied, nothing noted), or applied: a part that kept some rows
   // has updated the others, so the push counts as applied and a repeat is not.

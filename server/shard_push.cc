@@ -29,13 +29,13 @@ grpc::Status ShardService::PushGradients(grpc::ServerContext* context,
                                        request->ids_size(), request->shard_map_version()));
     const absl::Span<const int64_t> ids(request->ids().data(), request->ids_size());
     TESSERA_RETURN_IF_ERROR(CheckOwnership(config, ids));
-    thread_local DecodedBatch batch;
+    thread_local DecodedBatch batch;  // every field this push reads is set afresh
+    batch.configs.assign(1, std::move(config));
     batch.counters.assign(1, std::move(counters));
     batch.pushes.assign(
         1, {request->table(), ids,
             absl::MakeConstSpan(request->gradients().data(), request->gradients_size())});
-    TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(
-        request->table(), "gradients", request->gradients_size(), ids.size(), config.dim(), "ids"));
+    TESSERA_ASSIGN_OR_RETURN(batch.checked, embedding::CheckPush(batch.configs, batch.pushes));
     TESSERA_ASSIGN_OR_RETURN(
         std::vector<int64_t> updated,
         pushes_.Apply(batch, request->step(), wire::RequestIdOf(request->request_id())));

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/embedding_client.h"
+#include "embedding/batch_ops.h"
 #include "embedding/embedding_table.h"
 #include "embedding/inprocess_collection.h"
 #include "embedding/storage/coordinator_store.h"
@@ -406,7 +407,10 @@ TEST_F(ReshardTest, ARestoreArrivingDuringAReshardWaitsForItAndBothEnd) {
   ASSERT_TRUE(cluster->CreateTable(table).ok());
   std::mt19937_64 rng(8);
   const Push p = MakePush(rng, 0);
-  ASSERT_TRUE(cluster->PushBatch({table}, {{"m.a", p.a, p.ga}}, 1, {}).ok());
+  const embedding::TableGradients part{"m.a", p.a, p.ga};
+  const absl::StatusOr<embedding::CheckedPush> push = embedding::CheckPush({&table, 1}, {&part, 1});
+  ASSERT_TRUE(push.ok()) << push.status();
+  ASSERT_TRUE(cluster->PushBatch(*push, 1, {}).ok());
   ASSERT_TRUE(cluster->Checkpoint(1, {}, "m").ok());
   auto reshard = std::async(std::launch::async, [&] {
     return cluster->Reshard({shards_[0].address(), shards_[1].address(), shards_[2].address()})

@@ -5,6 +5,7 @@
 
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -580,6 +581,18 @@ TEST_F(SharedClusterTest, GradientsThatSumToInfChangeNoShard) {
         static_cast<embedding::EmbeddingCollection*>(via.get())}) {
     absl::Status s = c->PushGradients("inf.t", pushed, g, 1);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("summed over repeated ids"));
+    EXPECT_EQ(Rows("inf.t", ids), before);
+  }
+  // A NaN sent is named where it was sent, by the layer that checks the push first.
+  g[39 * 4 + 1] = g[40 * 4 + 1] = 0.25f;
+  g[40 * 4 + 2] = std::nanf("");
+  for (embedding::EmbeddingCollection* c :
+       {static_cast<embedding::EmbeddingCollection*>(client_.get()),
+        static_cast<embedding::EmbeddingCollection*>(via.get())}) {
+    absl::Status s = c->PushGradients("inf.t", pushed, g, 1);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("(position 40, column 2) is nan"));
     EXPECT_EQ(Rows("inf.t", ids), before);
   }
 }

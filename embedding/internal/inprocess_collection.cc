@@ -570,14 +570,18 @@ absl::Status InProcessCollectionImpl::PushBatch(absl::Span<const embedding::Tabl
     TESSERA_ASSIGN_OR_RETURN(parts[i].table, Find(tables[i].table));
   }
   const int n = static_cast<int>(tables.size());
+  // Parts checked where the push entered this process are not scanned again.
+  TESSERA_DCHECK(options.checked == nullptr || options.checked->parts().data() == tables.data());
+  const embedding::Gradients given = options.checked != nullptr ? embedding::Gradients::kChecked
+                                                                : embedding::Gradients::kUnchecked;
   base::ThreadPool& pool = pool_->For(TotalIds(tables), kParallelIds);
   absl::Status s = pool.ParallelForStatus(n, [&](int i) -> absl::Status {
     PushPart& p = parts[i];
     const embedding::TableGradients& part = tables[i];
     p.planned = PlannedHere(*p.table, part);
-    if (p.planned) return CheckPlanned(*p.table, part);
+    if (p.planned) return CheckPlanned(*p.table, part, given);
     TESSERA_RETURN_IF_ERROR(embedding::SumGradients(part.table, part.ids, part.gradients,
-                                                    p.table->config.dim(), &p.summed));
+                                                    p.table->config.dim(), &p.summed, given));
     return RouteSummed(*p.table, p.summed, &p.routed);
   });
   if (s.ok()) s = CheckBatchMemory(tables, absl::MakeConstSpan(parts.data(), tables.size()));
@@ -707,14 +711,17 @@ bool InProcessCollectionImpl::PlannedHere(const ShardedTable& t,
 }
 
 absl::Status InProcessCollectionImpl::CheckPlanned(const ShardedTable& t,
-                                                   const embedding::TableGradients& part) {
+                                                   const embedding::TableGradients& part,
+                                                   embedding::Gradients given) {
   const int dim = t.config.dim();
   // The plan's ids are distinct, so each row of gradients is its id's sum: check what
-  // SumGradients would, without summing.
-  TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(part.table, "gradients", part.gradients.size(),
-                                                   part.ids.size(), dim, "ids"));
-  TESSERA_RETURN_IF_ERROR(
-      embedding::CheckFiniteGradients(part.table, part.ids, part.gradients.data(), dim));
+  // SumGradients would, without summing (and, as it would, nothing checked before).
+  if (given == embedding::Gradients::kUnchecked) {
+    TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(part.table, "gradients", part.gradients.size(),
+                                                     part.ids.size(), dim, "ids"));
+    TESSERA_RETURN_IF_ERROR(
+        embedding::CheckFiniteGradients(part.table, part.ids, part.gradients.data(), dim));
+  }
   return CheckRoomByShard(t, part.plan->shard_begin, part.plan->unique_ids);
 }
 

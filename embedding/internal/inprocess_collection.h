@@ -113,8 +113,10 @@ class InProcessCollectionImpl final : public embedding::InProcessCollection {
   // How many of `ids` (distinct, grouped by shard as shard_begin says) have no row.
   int64_t MissingByShard(const ShardedTable& t, absl::Span<const int32_t> shard_begin,
                          absl::Span<const int64_t> ids) const;
-  // A planned part's checks: ids x dim finite gradients, and every shard's room.
-  absl::Status CheckPlanned(const ShardedTable& t, const embedding::TableGradients& part);
+  // A planned part's checks: ids x dim finite gradients (unless `given` checked), and every
+  // shard's room.
+  absl::Status CheckPlanned(const ShardedTable& t, const embedding::TableGradients& part,
+                            embedding::Gradients given);
   // Applies a planned part's gradients shard by shard, straight from the caller's buffer.
   absl::Status ApplyPlanned(ShardedTable& t, const embedding::IdPlan& plan,
                             absl::Span<const float> gradients, int64_t step);

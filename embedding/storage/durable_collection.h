@@ -277,10 +277,11 @@ class DurableCollection final : public embedding::ShardTables {
     embedding::SummedGradients summed;
     std::map<int64_t, Before> before;
   };
-  // Sums the gradients of table `t`'s part into part->summed and snapshots its rows.
+  // Sums the gradients of table `t`'s part into part->summed (checked as `given` says) and
+  // snapshots its rows.
   absl::Status SnapshotPart(const Table& t, absl::Span<const int64_t> ids,
-                            absl::Span<const float> gradients, WrittenPart* part) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+                            absl::Span<const float> gradients, embedding::Gradients given,
+                            WrittenPart* part) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Puts the part's rows back as they were in memory: rows that were not in memory are
   // forgotten, so their next read finds the stored value (or initial weights) again.
   void UndoPart(const WrittenPart& part) const ABSL_SHARED_LOCKS_REQUIRED(mu_);

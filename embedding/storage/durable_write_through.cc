@@ -132,11 +132,11 @@ absl::Status DurableCollection::LoadPushRecords() {
 
 absl::Status DurableCollection::SnapshotPart(const Table& t, absl::Span<const int64_t> ids,
                                              absl::Span<const float> gradients,
-                                             WrittenPart* part) const {
+                                             embedding::Gradients given, WrittenPart* part) const {
   const std::string& name = t.config.name();
   part->t = &t;
   TESSERA_RETURN_IF_ERROR(
-      embedding::SumGradients(name, ids, gradients, t.config.dim(), &part->summed));
+      embedding::SumGradients(name, ids, gradients, t.config.dim(), &part->summed, given));
   const auto& shards = *memory_->ShardsOf(name);
   const int sf = shards[0]->optimizer().StateFloats();
   const int dim = t.config.dim();
@@ -208,7 +208,9 @@ absl::Status DurableCollection::WriteThroughBatch(
   for (auto& [id, mu] : locks) held.push_back(std::make_unique<absl::MutexLock>(mu));
   embedding::PushOptions check;
   check.check_only = true;
+  check.checked = options.checked;
   TESSERA_RETURN_IF_ERROR(memory_->PushBatch(tables, step, check));
+  // Every part is checked now: their sums are checked only where ids repeat.
   const size_t n = tables.size();
   std::vector<int64_t> rows(n, 0);
   std::vector<std::unique_ptr<WrittenPart>> parts;  // applied in memory, in part order
@@ -224,7 +226,8 @@ absl::Status DurableCollection::WriteThroughBatch(
     }
     parts.push_back(std::make_unique<WrittenPart>());
     WrittenPart& part = *parts.back();
-    absl::Status s = SnapshotPart(*through[i], tables[i].ids, tables[i].gradients, &part);
+    absl::Status s = SnapshotPart(*through[i], tables[i].ids, tables[i].gradients,
+                                  embedding::Gradients::kChecked, &part);
     if (s.ok()) s = memory_->PushSummed(tables[i].table, part.summed, step);
     if (!s.ok()) {
       for (auto it = parts.rbegin(); it != parts.rend(); ++it) UndoPart(**it);
@@ -278,7 +281,7 @@ absl::Status DurableCollection::WriteThroughPush(const Table& t, absl::Span<cons
   const std::string& name = t.config.name();
   // Summed and checked once: the rows it touches are snapshot, then it is applied as is.
   thread_local WrittenPart part;
-  TESSERA_RETURN_IF_ERROR(SnapshotPart(t, ids, gradients, &part));
+  TESSERA_RETURN_IF_ERROR(SnapshotPart(t, ids, gradients, embedding::Gradients::kUnchecked, &part));
   absl::Status applied = memory_->PushSummed(name, part.summed, step);
   if (!applied.ok()) {
     UndoPart(part);
