@@ -8,7 +8,10 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -23,6 +26,26 @@ void ChildProcess::DieWithParent(pid_t parent) {
   if (parent == 0) return;
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(125);  // the parent died before prctl took effect
+}
+
+void ChildProcess::Start(std::vector<std::string> args, int out, int err) {
+  // Everything is built before fork: the child of a threaded process may only exec.
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t parent = ParentToDieWith();
+  pid_ = fork();
+  if (pid_ == 0) {
+    DieWithParent(parent);
+    if (out >= 0) dup2(out, STDOUT_FILENO);
+    if (err >= 0) dup2(err, STDERR_FILENO);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+}
+
+void ChildProcess::Signal(int sig) {
+  if (pid_ > 0) kill(pid_, sig);
 }
 
 void ChildProcess::Kill() {
@@ -53,29 +76,16 @@ int ChildProcess::WaitForExit() {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-ServerProcess::ServerProcess(const std::string& binary, std::vector<std::string> args,
-                             bool quiet) {
-  // Everything is built before fork: the child of a threaded process may only exec.
+ServerProcess::ServerProcess(const std::string& binary, std::vector<std::string> args, bool quiet) {
   bool has_port = false;
   for (const auto& a : args) has_port |= a.rfind("--port=", 0) == 0;
   if (!has_port) args.insert(args.begin(), "--port=0");
   args.insert(args.begin(), binary);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
   int fds[2];
-  if (pipe(fds) != 0) return;
-  const pid_t parent = ParentToDieWith();
-  pid_ = fork();
-  if (pid_ == 0) {
-    DieWithParent(parent);
-    dup2(fds[1], STDOUT_FILENO);
-    if (quiet) dup2(open("/dev/null", O_WRONLY), STDERR_FILENO);
-    close(fds[0]);
-    close(fds[1]);
-    execv(binary.c_str(), argv.data());
-    _exit(127);
-  }
+  if (pipe2(fds, O_CLOEXEC) != 0) return;
+  const int null = quiet ? open("/dev/null", O_WRONLY | O_CLOEXEC) : -1;
+  Start(std::move(args), fds[1], null);
+  if (null >= 0) close(null);
   close(fds[1]);
   FILE* out = fdopen(fds[0], "r");
   char line[256] = {0};
@@ -88,6 +98,21 @@ ServerProcess::ServerProcess(const std::string& binary, std::vector<std::string>
     }
   }
   if (out != nullptr) fclose(out);
+}
+
+LoggedProcess::LoggedProcess(std::vector<std::string> argv, std::string log)
+    : log_(std::move(log)) {
+  const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  Start(std::move(argv), fd, fd);
+  close(fd);
+}
+
+std::string LoggedProcess::Output() const {
+  std::ifstream in(log_);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
 
 }  // namespace tessera::base

@@ -29,6 +29,8 @@ class ChildProcess {
   static void DieWithParent(pid_t parent);
 
   pid_t pid() const { return pid_; }
+  // Sends `sig` to it (while it runs).
+  void Signal(int sig);
   void Kill();
   // Sends SIGTERM, waits up to `grace` for the process to end, then kills it.
   void Terminate(std::chrono::milliseconds grace);
@@ -36,7 +38,24 @@ class ChildProcess {
   int WaitForExit();
 
  protected:
+  // Forks and execs argv (argv[0]: the program's path), dying with this process
+  // (DieWithParent). In the child, `out` becomes its stdout and `err` its stderr (-1: this
+  // process's); open them close-on-exec, so the child keeps only those copies.
+  void Start(std::vector<std::string> argv, int out, int err);
+
   pid_t pid_ = -1;
+};
+
+// A program in the background (`argv[0]`: its path) with its stdout and stderr in file
+// `log`, made afresh.
+class LoggedProcess : public ChildProcess {
+ public:
+  LoggedProcess(std::vector<std::string> argv, std::string log);
+  // What it printed so far.
+  std::string Output() const;
+
+ private:
+  const std::string log_;
 };
 
 // A child server process (tessera-shard, tessera-coordinator) started with --port=0

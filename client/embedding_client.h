@@ -36,7 +36,8 @@ struct ClientOptions {
 // one. Calls that fail with UNAVAILABLE are retried with exponential backoff; in smart
 // mode a FAILED_PRECONDITION (stale shard map) refreshes the map and retries once.
 // Thread-safe.
-class EmbeddingClient final : public embedding::EmbeddingCollection {
+class EmbeddingClient final : public embedding::EmbeddingCollection,
+                              public embedding::Checkpointing {
  public:
   // Connects to the coordinator at `address` (host:port) and, in smart mode, fetches the
   // shard map. UNAVAILABLE when the coordinator cannot be reached within the deadline.
@@ -78,6 +79,7 @@ class EmbeddingClient final : public embedding::EmbeddingCollection {
   absl::StatusOr<v1::TableConfig> AlterTable(absl::string_view table,
                                              const v1::OptimizerConfig& changes) override;
   // Cluster checkpoints through the coordinator (which needs a --data_dir).
+  embedding::Checkpointing* checkpointing() override { return this; }
   absl::StatusOr<embedding::CheckpointInfo> Checkpoint(
       int64_t step, const embedding::Attachments& attachments,
       const embedding::CheckpointOptions& options = {}) override;

@@ -30,13 +30,23 @@ function(tessera_cc_library)
   endif()
 endfunction()
 
-# tessera_cc_test(NAME name SRCS ... DEPS ... [TIMEOUT s] [LABELS ...])
-# One executable per test file, registered with CTest.
+# tessera_cc_test(NAME name SRCS ... DEPS ... [TIMEOUT s] [LABELS ...] [RUNS program ...])
+# One executable per test file, registered with CTest. RUNS: programs it starts (tessera_shard,
+# ...), built before it, their paths as TESSERA_SHARD_BIN and so on, and this source tree
+# as TESSERA_SOURCE_DIR.
 function(tessera_cc_test)
-  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS;RUNS" ${ARGN})
   add_executable(${T_NAME} ${T_SRCS})
   target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
   tessera_apply_common(${T_NAME})
+  if(T_RUNS)
+    target_compile_definitions(${T_NAME} PRIVATE TESSERA_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+    foreach(program ${T_RUNS})
+      string(TOUPPER ${program} macro)
+      target_compile_definitions(${T_NAME} PRIVATE ${macro}_BIN="$<TARGET_FILE:${program}>")
+    endforeach()
+    add_dependencies(${T_NAME} ${T_RUNS})
+  endif()
   add_test(NAME ${T_NAME} COMMAND ${T_NAME})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)

@@ -73,14 +73,10 @@ absl::Status EmbeddingCollection::PushBatch(absl::Span<const TableGradients> tab
   return partly;
 }
 
-absl::StatusOr<CheckpointInfo> EmbeddingCollection::Checkpoint(int64_t, const Attachments&,
-                                                               const CheckpointOptions&) {
-  return NoStorage();
-}
-
-absl::StatusOr<CheckpointInfo> EmbeddingCollection::Restore(int64_t, Attachments*,
-                                                            const RestoreOptions&) {
-  return NoStorage();
+absl::StatusOr<Checkpointing*> CheckpointsOf(EmbeddingCollection& tables) {
+  Checkpointing* checkpoints = tables.checkpointing();
+  if (checkpoints == nullptr) return NoStorage();
+  return checkpoints;
 }
 
 absl::Status EmbeddingCollection::ExportRows(absl::string_view table, const ExportOptions&,
@@ -189,10 +185,6 @@ absl::Status CheckRestorable(int64_t step, const Attachments& attachments,
     TESSERA_RETURN_IF_ERROR(CheckAttachment(which, name, it->second, want));
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<CheckpointInfo>> EmbeddingCollection::ListCheckpoints() const {
-  return NoStorage();
 }
 
 }  // namespace tessera::embedding

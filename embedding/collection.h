@@ -239,6 +239,8 @@ struct RestoreOptions {
 absl::Status CheckRestorable(int64_t step, const Attachments& attachments,
                              const RestoreOptions& options);
 
+class Checkpointing;
+
 // A set of named embedding tables, each partitioned over shards by ShardOf(). The
 // trainer and tools program against this interface; the in-process implementation
 // below holds the shards in this process, and a remote one talks to shard servers, so
@@ -323,23 +325,36 @@ class EmbeddingCollection {
   // hold it keep it (restoring one brings it back).
   virtual absl::Status DropTable(absl::string_view table) = 0;
 
-  // Checkpoints, on collections with storage (others answer FailedPrecondition).
+  // The collection's checkpoints, when it has storage (a data directory, or servers that
+  // have one); null when it has none. It lives as long as the collection.
+  virtual Checkpointing* checkpointing() { return nullptr; }
+};
+
+// A collection's checkpoints: what a collection with storage offers beside its data and
+// admin calls (EmbeddingCollection::checkpointing()). Thread-safe.
+class Checkpointing {
+ public:
+  virtual ~Checkpointing() = default;
   // Writes the tables of options.model ("" = every table), as of now, and `attachments` as
   // that model's checkpoint `step`; callers stop pushing to those tables while it runs (a
   // step barrier). The checkpoint exists once this returns OK. AlreadyExists when the
   // model has a complete checkpoint of that step (one is never overwritten, unless
   // options.replace).
   virtual absl::StatusOr<CheckpointInfo> Checkpoint(int64_t step, const Attachments& attachments,
-                                                    const CheckpointOptions& options = {});
+                                                    const CheckpointOptions& options = {}) = 0;
   // Replaces the tables of options.model with its checkpoint `step` (-1: its newest
   // complete one): tables of the model created since are dropped, dropped ones come back,
   // other tables are untouched. Fills `attachments` (may be null). NotFound when there is
   // no such checkpoint, FailedPrecondition when it fails options' checks (nothing changed).
   virtual absl::StatusOr<CheckpointInfo> Restore(int64_t step, Attachments* attachments,
-                                                 const RestoreOptions& options = {});
+                                                 const RestoreOptions& options = {}) = 0;
   // Complete checkpoints of every model, oldest (first created) first.
-  virtual absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints() const;
+  virtual absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints() const = 0;
 };
+
+// `tables`' checkpoints, or FailedPrecondition "this collection has no storage ..." when it
+// has none.
+absl::StatusOr<Checkpointing*> CheckpointsOf(EmbeddingCollection& tables);
 
 }  // namespace tessera::embedding
 

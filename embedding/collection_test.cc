@@ -73,6 +73,17 @@ TEST(CheckRestorable, NamesEachKeyOfARunSignatureThatDiffersWithBothValues) {
   EXPECT_FALSE(CheckRestorable(7, {{"run", "trainer_test2"}}, options).ok());
 }
 
+// A collection in memory has no checkpoints: the one call that asks says why, as the
+// trainer and the shard server pass it on.
+TEST(InProcessCollection, HasNoCheckpointsAndSaysWhy) {
+  auto c = Make(2);
+  EXPECT_EQ(c->checkpointing(), nullptr);
+  const absl::Status s = CheckpointsOf(*c).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()),
+              ::testing::HasSubstr("has no storage: checkpoints need a data directory"));
+}
+
 TEST(InProcessCollection, GivesBitIdenticalResultsWhateverTheShardCount) {
   std::vector<float> reference;
   for (int shards : {1, 2, 3, 8}) {

@@ -75,8 +75,10 @@ grpc::Status ShardService::Checkpoint(grpc::ServerContext* context,
     embedding::CheckpointOptions options;
     options.model = request->model();
     options.replace = request->replace();
+    absl::StatusOr<embedding::Checkpointing*> checkpoints = embedding::CheckpointsOf(*tables_);
     absl::StatusOr<embedding::CheckpointInfo> info =
-        tables_->Checkpoint(request->step(), attachments, options);
+        checkpoints.ok() ? (*checkpoints)->Checkpoint(request->step(), attachments, options)
+                         : absl::StatusOr<embedding::CheckpointInfo>(checkpoints.status());
     if (!info.ok()) return Annotate(info.status(), absl::StrCat("shard ", reshard_.index()));
     wire::ToProto(*info, response->mutable_checkpoint());
     // Where it lies, for a restore onto another shard count (which reads every shard's).
@@ -91,7 +93,9 @@ grpc::Status ShardService::Checkpoint(grpc::ServerContext* context,
 absl::StatusOr<embedding::CheckpointInfo> ShardService::RestoreTables(
     const v1::RestoreRequest& request, embedding::Attachments* attachments) {
   if (request.source_dirs().empty()) {
-    return tables_->Restore(request.step(), attachments, wire::RestoreOptionsOf(request));
+    TESSERA_ASSIGN_OR_RETURN(embedding::Checkpointing * checkpoints,
+                             embedding::CheckpointsOf(*tables_));
+    return checkpoints->Restore(request.step(), attachments, wire::RestoreOptionsOf(request));
   }
   auto* durable = dynamic_cast<storage::DurableCollection*>(tables_);
   if (durable == nullptr) {
@@ -243,8 +247,10 @@ grpc::Status ShardService::ListCheckpoints(grpc::ServerContext* context,
                                            const v1::ListCheckpointsRequest*,
                                            v1::ListCheckpointsResponse* response) {
   return Serve(context, Access::kRead, [&]() -> absl::Status {
+    TESSERA_ASSIGN_OR_RETURN(embedding::Checkpointing * checkpoints,
+                             embedding::CheckpointsOf(*tables_));
     TESSERA_ASSIGN_OR_RETURN(std::vector<embedding::CheckpointInfo> list,
-                             tables_->ListCheckpoints());
+                             checkpoints->ListCheckpoints());
     for (const auto& info : list) wire::ToProto(info, response->add_checkpoints());
     return absl::OkStatus();
   });
@@ -454,7 +460,9 @@ grpc::Status ShardService::Stats(grpc::ServerContext* context, const v1::StatsRe
       t->set_admission_refused(usage.admission_refused);
     }
     // Servers without storage have no checkpoints to report.
-    absl::StatusOr<std::vector<embedding::CheckpointInfo>> list = tables_->ListCheckpoints();
+    embedding::Checkpointing* checkpoints = tables_->checkpointing();
+    if (checkpoints == nullptr) return absl::OkStatus();
+    absl::StatusOr<std::vector<embedding::CheckpointInfo>> list = checkpoints->ListCheckpoints();
     if (list.ok()) {
       for (const auto& info : *list) wire::ToProto(info, response->add_checkpoints());
     }

@@ -65,40 +65,7 @@ inline int RunTrain(const std::string& args, std::string* output) {
   return RunCommand(absl::StrCat(TESSERA_TRAIN_BIN, " ", args), output);
 }
 
-// A program in the background (`argv[0]`: its path), its stdout and stderr in a file of
-// its own.
-class LoggedProcess : public base::ChildProcess {
- public:
-  LoggedProcess(std::vector<std::string> argv_s, const std::string& log) : log_(log) {
-    std::vector<char*> argv;
-    for (auto& a : argv_s) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t parent = ParentToDieWith();
-    pid_ = fork();
-    if (pid_ == 0) {
-      DieWithParent(parent);
-      FILE* f = freopen(log_.c_str(), "w", stdout);
-      if (f == nullptr) _exit(126);
-      dup2(STDOUT_FILENO, STDERR_FILENO);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-  }
-  // What it printed so far.
-  std::string Output() const {
-    std::ifstream in(log_);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
-  // Sends `sig` to it (while it runs).
-  void Signal(int sig) {
-    if (pid_ > 0) kill(pid_, sig);
-  }
-
- private:
-  const std::string log_;
-};
+using base::LoggedProcess;
 
 // tessera-train in the background with `args` (space-separated).
 class TrainProcess : public LoggedProcess {

@@ -153,7 +153,9 @@ absl::StatusOr<TrainTables> MakeTables(const TrainFlags& f) {
   }
   if (f.options.checkpoint_every > 0 || f.resume) {
     // Fail now, not at the first checkpoint, when there is nowhere to keep them.
-    TESSERA_RETURN_IF_ERROR(out.tables->ListCheckpoints().status());
+    TESSERA_ASSIGN_OR_RETURN(embedding::Checkpointing * checkpoints,
+                             embedding::CheckpointsOf(*out.tables));
+    TESSERA_RETURN_IF_ERROR(checkpoints->ListCheckpoints().status());
   }
   return out;
 }

@@ -256,7 +256,9 @@ absl::StatusOr<embedding::CheckpointInfo> Trainer::Checkpoint(int64_t steps) {
   attachments["run"] = options_.run_signature;
   embedding::CheckpointOptions where;
   where.model = options_.model;
-  return tables_->Checkpoint(steps, attachments, where);
+  TESSERA_ASSIGN_OR_RETURN(embedding::Checkpointing * checkpoints,
+                           embedding::CheckpointsOf(*tables_));
+  return checkpoints->Checkpoint(steps, attachments, where);
 }
 
 absl::Status Trainer::CheckpointAndReport(int64_t steps) {
@@ -291,8 +293,10 @@ absl::StatusOr<int64_t> Trainer::ResumeFrom(int64_t step) {
   checks.required_attachments = {"dense"};
   checks.expected_attachments["run"] = options_.run_signature;
   embedding::Attachments attachments;
+  TESSERA_ASSIGN_OR_RETURN(embedding::Checkpointing * checkpoints,
+                           embedding::CheckpointsOf(*tables_));
   TESSERA_ASSIGN_OR_RETURN(embedding::CheckpointInfo info,
-                           tables_->Restore(step, &attachments, checks));
+                           checkpoints->Restore(step, &attachments, checks));
   TESSERA_RETURN_IF_ERROR(Annotate(dense_->LoadState(attachments["dense"]),
                                    absl::StrCat("the dense state of checkpoint ", info.step)));
   last_checkpoint_ = info.step;
@@ -309,7 +313,9 @@ absl::StatusOr<int64_t> Trainer::Resume() {
   }
   // The newest checkpoint cannot be restored (a shard lacks it, a file of it is corrupt,
   // its dense state does not read): the one before it, and so on.
-  absl::StatusOr<std::vector<embedding::CheckpointInfo>> list = tables_->ListCheckpoints();
+  embedding::Checkpointing* checkpoints = tables_->checkpointing();
+  if (checkpoints == nullptr) return newest;
+  absl::StatusOr<std::vector<embedding::CheckpointInfo>> list = checkpoints->ListCheckpoints();
   if (!list.ok()) return newest;
   std::vector<int64_t> steps;
   for (const embedding::CheckpointInfo& c : *list) {

@@ -1,11 +1,8 @@
 #include "benchmarks/bench/redis_collection.h"
 
-#include <fcntl.h>
 #include <hiredis.h>
 #include <netinet/in.h>
-#include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -214,19 +211,11 @@ absl::StatusOr<std::unique_ptr<RedisServer>> RedisServer::Start() {
   std::unique_ptr<RedisServer> s(new RedisServer());
   s->port_ = FreePort();
   const std::string port = std::to_string(s->port_);
-  s->pid_ = fork();
-  if (s->pid_ == 0) {
-    // Its banner and log lines are not the benchmark's output.
-    const int devnull = open("/dev/null", O_WRONLY);
-    if (devnull >= 0) {
-      dup2(devnull, STDOUT_FILENO);
-      dup2(devnull, STDERR_FILENO);
-    }
-    execl(binary, binary, "--port", port.c_str(), "--bind", "127.0.0.1", "--save", "",
-          "--appendonly", "no", "--loglevel", "warning", "--daemonize", "no",
-          static_cast<char*>(nullptr));
-    _exit(127);
-  }
+  // Its banner and log lines are not the benchmark's output.
+  s->process_ = std::make_unique<base::LoggedProcess>(
+      std::vector<std::string>{binary, "--port", port, "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "no", "--loglevel", "warning", "--daemonize", "no"},
+      "/dev/null");
   for (int i = 0; i < 100; ++i) {
     redisContext* c = redisConnect("127.0.0.1", s->port_);
     if (c != nullptr && c->err == 0) {
@@ -239,13 +228,6 @@ absl::StatusOr<std::unique_ptr<RedisServer>> RedisServer::Start() {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return absl::UnavailableError(absl::StrCat("redis-server did not start on port ", port));
-}
-
-RedisServer::~RedisServer() {
-  if (pid_ > 0) {
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-  }
 }
 
 absl::StatusOr<std::unique_ptr<embedding::EmbeddingCollection>> NewRedisCollection(int port) {

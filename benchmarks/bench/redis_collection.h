@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "base/child_process.h"
 #include "embedding/collection.h"
 
 namespace tessera::bench {
@@ -16,13 +17,12 @@ namespace tessera::bench {
 class RedisServer {
  public:
   static absl::StatusOr<std::unique_ptr<RedisServer>> Start();
-  ~RedisServer();
   int port() const { return port_; }
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return process_->pid(); }
 
  private:
   RedisServer() = default;
-  pid_t pid_ = -1;
+  std::unique_ptr<base::LoggedProcess> process_;  // killed on destruction
   int port_ = 0;
 };
 

@@ -76,7 +76,7 @@ struct DurableOptions {
 // Restore run alone (they wait for calls in flight and hold new ones back: the step
 // barrier).
 // Write-through pushes to one table are serialized, so the disk sees them in order.
-class DurableCollection final : public embedding::ShardTables {
+class DurableCollection final : public embedding::ShardTables, public embedding::Checkpointing {
  public:
   // Opens or creates the collection in options.data_dir. FailedPrecondition when the
   // directory cannot be written or its store not opened, DataLoss for a corrupt row or
@@ -129,6 +129,7 @@ class DurableCollection final : public embedding::ShardTables {
   absl::Status ImportRows(absl::string_view table, const embedding::RowBlock& rows) override;
   int num_shards() const override { return options_.num_shards; }
 
+  embedding::Checkpointing* checkpointing() override { return this; }
   absl::StatusOr<embedding::CheckpointInfo> Checkpoint(int64_t step,
                                                        const embedding::Attachments& attachments,
                                                        const embedding::CheckpointOptions& options =

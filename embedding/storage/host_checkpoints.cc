@@ -20,7 +20,7 @@ v1::TableConfig OnHost(v1::TableConfig config) {
   return config;
 }
 
-class HostCheckpointed final : public EmbeddingCollection {
+class HostCheckpointed final : public EmbeddingCollection, public embedding::Checkpointing {
  public:
   HostCheckpointed(std::unique_ptr<EmbeddingCollection> live,
                    std::unique_ptr<DurableCollection> store)
@@ -70,6 +70,7 @@ class HostCheckpointed final : public EmbeddingCollection {
     TESSERA_RETURN_IF_ERROR(live_->DropTable(table));
     return store_->DropTable(table);
   }
+  embedding::Checkpointing* checkpointing() override { return this; }
   absl::StatusOr<embedding::CheckpointInfo> Checkpoint(
       int64_t step, const embedding::Attachments& attachments,
       const embedding::CheckpointOptions& options) override;

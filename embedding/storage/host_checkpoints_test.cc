@@ -70,13 +70,13 @@ TEST(CheckpointThroughHost, RestoresItsCheckpointAndAHostRunReadsIt) {
   {
     auto c = ThroughHost(dir.path);
     Train(*c, 1, 5);
-    ASSERT_TRUE(c->Checkpoint(5, {{"dense", "d5"}}).ok());
+    ASSERT_TRUE(c->checkpointing()->Checkpoint(5, {{"dense", "d5"}}).ok());
     at_checkpoint = Rows(*c);
     Train(*c, 6, 3);
     continued = Rows(*c);
     ASSERT_NE(continued, at_checkpoint);
     embedding::Attachments attachments;
-    const auto info = c->Restore(-1, &attachments);
+    const auto info = c->checkpointing()->Restore(-1, &attachments);
     ASSERT_TRUE(info.ok()) << info.status();
     EXPECT_EQ(info->step, 5);
     EXPECT_EQ(attachments["dense"], "d5");
@@ -109,7 +109,7 @@ TEST(CheckpointThroughHost, ResumesACheckpointTakenByAHostRun) {
   }
   auto c = ThroughHost(dir.path);
   embedding::Attachments attachments;
-  ASSERT_TRUE(c->Restore(-1, &attachments).ok());
+  ASSERT_TRUE(c->checkpointing()->Restore(-1, &attachments).ok());
   EXPECT_EQ(attachments["dense"], "d4");
   EXPECT_EQ(Rows(*c), at_checkpoint);
   Train(*c, 5, 2);
