@@ -12,6 +12,7 @@
 
 #include "embedding/embedding_table.h"
 #include "gtest/gtest.h"
+#include "tests/support/table_configs.h"
 
 namespace tessera::embedding {
 namespace {
@@ -19,11 +20,7 @@ namespace {
 constexpr int kDim = 16;
 
 v1::TableConfig ZeroSgd() {
-  v1::TableConfig c;
-  c.set_name("stress");
-  c.set_dim(kDim);
-  c.mutable_optimizer()->set_type(v1::SGD);
-  c.mutable_optimizer()->set_learning_rate(1.0f);
+  v1::TableConfig c = testing::TestTable("stress", kDim, 0, v1::SGD, 1.0f);
   c.mutable_initializer()->set_type(v1::ZEROS);
   return c;
 }

@@ -11,18 +11,13 @@
 #include "embedding/dtype.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/table_configs.h"
 
 namespace tessera::embedding {
 namespace {
 
 v1::TableConfig Config(int dim, v1::OptimizerType opt = v1::SGD, uint64_t seed = 7) {
-  v1::TableConfig c;
-  c.set_name("user");
-  c.set_dim(dim);
-  c.set_seed(seed);
-  c.mutable_optimizer()->set_type(opt);
-  c.mutable_optimizer()->set_learning_rate(0.1f);
-  return c;
+  return testing::TestTable("user", dim, seed, opt, 0.1f);
 }
 
 std::unique_ptr<EmbeddingTable> Make(const v1::TableConfig& c, int64_t budget = 0) {
@@ -174,9 +169,9 @@ TEST(EmbeddingTable, RowBudgetGivesExplicitErrorWhenFull) {
   std::vector<int64_t> four = {4};
   absl::Status s = t->Lookup(four, out.data());
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(s.message()), testing::HasSubstr("row budget of 3 rows is full"));
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("row budget of 3 rows is full"));
   // Shards split a table's max_rows: adding shards adds no rows, so it is not advised.
-  EXPECT_THAT(std::string(s.message()), testing::Not(testing::HasSubstr("add shards")));
+  EXPECT_THAT(std::string(s.message()), ::testing::Not(::testing::HasSubstr("add shards")));
   EXPECT_EQ(t->num_rows(), 3);
 
   // An update batch that needs a new row is rejected whole: existing rows do not move.
@@ -201,7 +196,7 @@ TEST(EmbeddingTable, NonFiniteGradientIsRejectedAndRowUntouched) {
     std::vector<float> g = {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, bad, 0.1f, 0.1f};
     absl::Status s = t->PushGradients(ids, g.data(), 3);
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(s.message()), testing::HasSubstr("gradient for id 2"));
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("gradient for id 2"));
     EXPECT_EQ(t->ReadRow(1)->weights, r1->weights);
     EXPECT_EQ(t->ReadRow(1)->state, r1->state);
     EXPECT_EQ(t->ReadRow(2)->weights, r2->weights);
@@ -227,7 +222,7 @@ TEST(EmbeddingTable, AnUpdateThatWouldOverflowLeavesItsRowAndSaysSo) {
       absl::Status s = t->PushGradients(ids, g.data(), 5);
       EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
       EXPECT_TRUE(IsPartlyApplied(s));
-      EXPECT_THAT(std::string(s.message()), testing::HasSubstr("(id 2 first) would make"));
+      EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("(id 2 first) would make"));
       ASSERT_TRUE(t->Lookup(ids, after.data()).ok());
       for (float v : after) EXPECT_TRUE(std::isfinite(v));
       EXPECT_EQ(after[2], before[2]);
@@ -599,7 +594,7 @@ TEST(EmbeddingTable, RejectsBadConfigs) {
     c.set_name(bad);
     const absl::Status named = EmbeddingTable::Create(c).status();
     EXPECT_EQ(named.code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_THAT(std::string(named.message()), testing::HasSubstr("use letters, digits")) << bad;
+    EXPECT_THAT(std::string(named.message()), ::testing::HasSubstr("use letters, digits")) << bad;
   }
   for (const char* good : {"user", "criteo.C1", "ads-v2.item_id"}) {
     c.set_name(good);
@@ -609,7 +604,7 @@ TEST(EmbeddingTable, RejectsBadConfigs) {
   c.mutable_optimizer()->set_learning_rate(0.0f);
   auto s = EmbeddingTable::Create(c).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), testing::HasSubstr("table 'user'"));
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("table 'user'"));
 }
 
 }  // namespace

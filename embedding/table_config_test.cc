@@ -2,21 +2,14 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/table_configs.h"
 
 namespace tessera::embedding {
 namespace {
 
 using ::testing::ElementsAre;
 
-v1::TableConfig Config() {
-  v1::TableConfig c;
-  c.set_name("m.C1");
-  c.set_dim(16);
-  c.set_seed(3);
-  c.mutable_optimizer()->set_type(v1::ADAGRAD);
-  c.mutable_optimizer()->set_learning_rate(0.05f);
-  return c;
-}
+v1::TableConfig Config() { return testing::TestTable("m.C1", 16, 3, v1::ADAGRAD, 0.05f); }
 
 TEST(TableConfigDifferences, NamesEachDifferingFieldWithBothValues) {
   v1::TableConfig want = Config();

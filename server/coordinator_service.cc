@@ -16,12 +16,18 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+ClusterOptions ClusterOptionsOf(const CoordinatorOptions& options) {
+  ClusterOptions cluster;
+  cluster.max_tables = options.max_tables;
+  return cluster;
+}
+
 }  // namespace
 
 CoordinatorService::CoordinatorService(client::ShardRouter* router, uint64_t shard_map_version,
                                        const CoordinatorOptions& options,
                                        storage::CoordinatorStore* store)
-    : options_(options), cluster_(router, shard_map_version, {options.max_tables}, store) {}
+    : options_(options), cluster_(router, shard_map_version, ClusterOptionsOf(options), store) {}
 
 absl::Status CoordinatorService::CheckBatch(const std::string& what, int64_t ids,
                                             uint64_t version) const {

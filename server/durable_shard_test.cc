@@ -227,16 +227,7 @@ TEST_F(DurableShardTest, APushAppliedBeforeARestartIsAnsweredNotAppliedWhenRepea
     EXPECT_TRUE(s.ok()) << s.error_message();
     return resp;
   };
-  auto rows = [&](const char* table) {
-    grpc::ClientContext ctx;
-    v1::LookupRequest req;
-    req.set_table(table);
-    req.set_read_only(true);
-    req.mutable_ids()->Add(ids.begin(), ids.end());
-    v1::LookupResponse resp;
-    EXPECT_TRUE(stub_->Lookup(&ctx, req, &resp).ok());
-    return std::vector<float>(resp.values().begin(), resp.values().end());
-  };
+  auto rows = [&](const char* table) { return Rows(ids, table); };
   const auto wt_before = rows("wt");
   const auto ck_before = rows("ck");
   const v1::BatchPushResponse first = push(1);

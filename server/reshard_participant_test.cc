@@ -12,6 +12,7 @@
 #include "embedding/sharding.h"
 #include "gtest/gtest.h"
 #include "server/push_applier.h"
+#include "tests/support/table_configs.h"
 
 namespace tessera::server {
 namespace {
@@ -19,12 +20,7 @@ namespace {
 using Traffic = ReshardParticipant::Traffic;
 
 v1::TableConfig Sgd(const std::string& name) {
-  v1::TableConfig c;
-  c.set_name(name);
-  c.set_dim(2);
-  c.mutable_optimizer()->set_type(v1::SGD);
-  c.mutable_optimizer()->set_learning_rate(0.5f);
-  return c;
+  return testing::TestTable(name, 2, 0, v1::SGD, 0.5f);
 }
 
 v1::ReshardRequest Phase(v1::ReshardRequest::Phase phase, uint64_t version, int32_t index,

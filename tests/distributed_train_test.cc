@@ -29,26 +29,42 @@ using tessera::testing::ScratchDir;
 using tessera::testing::ShardProcess;
 using tessera::testing::TrainRecords;
 
-TEST(DistributedTraining, LossTrajectoryEqualsTheInProcessRunBitForBit) {
-  const std::string common = "--steps=200 --log_every=10 --held_out=2000 --batch_size=128";
-  const std::string local = absl::StrCat(ScratchDir(), "/local.jsonl");
-  std::string out;
-  ASSERT_EQ(RunTrain(absl::StrCat(common, " --metrics_out=", local), &out), 0) << out;
-  const auto want = TrainRecords(local);
-  ASSERT_EQ(want.size(), 20u);
+// The flags of the runs that the in-process run of 200 steps is the reference of.
+constexpr char kCommon[] = "--log_every=10 --held_out=2000 --batch_size=128";
 
+// Runs tessera-train with `args` to its end, which must be exit 0; its output in *out.
+void Train(const std::string& args, std::string* out) {
+  out->clear();
+  ASSERT_EQ(RunTrain(args, out), 0) << "tessera-train " << args << "\n" << *out;
+}
+
+// The train records of the in-process run of kCommon for 200 steps: what every cluster run
+// of those flags must write, bit for bit. Run once, for every test that compares with it.
+const std::vector<std::string>& InProcessRun() {
+  static const std::vector<std::string> records = [] {
+    const std::string local = absl::StrCat(ScratchDir(), "/local-200.jsonl");
+    std::string out;
+    if (RunTrain(absl::StrCat(kCommon, " --steps=200 --metrics_out=", local), &out) != 0) {
+      ADD_FAILURE() << out;
+    }
+    return TrainRecords(local);
+  }();
+  return records;
+}
+
+TEST(DistributedTraining, LossTrajectoryEqualsTheInProcessRunBitForBit) {
+  const std::vector<std::string>& want = InProcessRun();
+  ASSERT_EQ(want.size(), 20u);
   for (const std::string mode : {"smart", "coordinator"}) {
     Cluster cluster(2);
     ASSERT_TRUE(cluster.ok) << "cluster did not come up";
     const std::string remote = absl::StrCat(ScratchDir(), "/", mode, ".jsonl");
-    out.clear();
+    std::string out;
     // One data-parallel worker is the run without any.
-    ASSERT_EQ(RunTrain(absl::StrCat(common, " --coordinator=", cluster.coordinator->address(),
-                                    " --client_mode=", mode, " --num_workers=1",
-                                    " --metrics_out=", remote),
-                       &out),
-              0)
-        << out;
+    ASSERT_NO_FATAL_FAILURE(
+        Train(absl::StrCat(kCommon, " --steps=200 --coordinator=", cluster.coordinator->address(),
+                           " --client_mode=", mode, " --num_workers=1", " --metrics_out=", remote),
+              &out));
     EXPECT_THAT(out, testing::HasSubstr("2 shards via"));
     EXPECT_EQ(TrainRecords(remote), want) << mode << " client";
   }
@@ -61,20 +77,18 @@ TEST(DistributedTraining, FixedVocabularyTablesTrainTheSameThroughACluster) {
       "--steps=150 --log_every=10 --held_out=2000 --batch_size=128 --vocabulary=hashed";
   const std::string local = absl::StrCat(ScratchDir(), "/hashed_local.jsonl");
   std::string out;
-  ASSERT_EQ(RunTrain(absl::StrCat(common, " --shards=inproc:1 --metrics_out=", local), &out), 0)
-      << out;
+  ASSERT_NO_FATAL_FAILURE(
+      Train(absl::StrCat(common, " --shards=inproc:1 --metrics_out=", local), &out));
   EXPECT_THAT(out, testing::HasSubstr("vocabulary: hashed"));
   const auto want = TrainRecords(local);
   ASSERT_EQ(want.size(), 15u);
   Cluster cluster(3);
   ASSERT_TRUE(cluster.ok) << "cluster did not come up";
   const std::string remote = absl::StrCat(ScratchDir(), "/hashed_remote.jsonl");
-  out.clear();
-  ASSERT_EQ(RunTrain(absl::StrCat(common, " --coordinator=", cluster.coordinator->address(),
-                                  " --metrics_out=", remote),
-                     &out),
-            0)
-      << out;
+  ASSERT_NO_FATAL_FAILURE(
+      Train(absl::StrCat(common, " --coordinator=", cluster.coordinator->address(),
+                         " --metrics_out=", remote),
+            &out));
   EXPECT_EQ(TrainRecords(remote), want);
 }
 
@@ -86,30 +100,24 @@ TEST(DistributedTraining, ResultsDoNotDependOnSparseThreads) {
   const std::string common = "--steps=100 --log_every=10 --held_out=2000 --batch_size=256";
   const std::string local = absl::StrCat(ScratchDir(), "/threads-local.jsonl");
   std::string out;
-  ASSERT_EQ(RunTrain(absl::StrCat(common, " --sparse_threads=1 --metrics_out=", local), &out), 0)
-      << out;
+  ASSERT_NO_FATAL_FAILURE(
+      Train(absl::StrCat(common, " --sparse_threads=1 --metrics_out=", local), &out));
   const auto want = TrainRecords(local);
   ASSERT_EQ(want.size(), 10u);
   for (const int threads : {2, 7}) {
     const std::string in_process = absl::StrCat(ScratchDir(), "/threads-", threads, ".jsonl");
-    out.clear();
-    ASSERT_EQ(RunTrain(absl::StrCat(common, " --sparse_threads=", threads,
-                                    " --metrics_out=", in_process),
-                       &out),
-              0)
-        << out;
+    ASSERT_NO_FATAL_FAILURE(Train(
+        absl::StrCat(common, " --sparse_threads=", threads, " --metrics_out=", in_process), &out));
     EXPECT_EQ(TrainRecords(in_process), want) << threads << " threads in process";
   }
   for (const int threads : {1, 2, 7}) {
     Cluster cluster(2, {absl::StrCat("--sparse_threads=", threads)});
     ASSERT_TRUE(cluster.ok) << "cluster did not come up";
     const std::string remote = absl::StrCat(ScratchDir(), "/threads-cluster-", threads, ".jsonl");
-    out.clear();
-    ASSERT_EQ(RunTrain(absl::StrCat(common, " --sparse_threads=", threads, " --coordinator=",
-                                    cluster.coordinator->address(), " --metrics_out=", remote),
-                       &out),
-              0)
-        << out;
+    ASSERT_NO_FATAL_FAILURE(Train(
+        absl::StrCat(common, " --sparse_threads=", threads,
+                     " --coordinator=", cluster.coordinator->address(), " --metrics_out=", remote),
+        &out));
     EXPECT_EQ(TrainRecords(remote), want) << threads << " threads through a cluster";
   }
 }
@@ -118,67 +126,63 @@ TEST(DistributedTraining, PipelinedTrainingReplaysExactlyAndReachesTheSynchronou
   const std::string common = "--steps=800 --log_every=100 --held_out=5000";
   const std::string local = absl::StrCat(ScratchDir(), "/k1-local.jsonl");
   std::string in_process;
-  ASSERT_EQ(RunTrain(absl::StrCat(common, " --max_staleness=1 --metrics_out=", local), &in_process),
-            0)
-      << in_process;
+  ASSERT_NO_FATAL_FAILURE(
+      Train(absl::StrCat(common, " --max_staleness=1 --metrics_out=", local), &in_process));
   Cluster cluster(2);
   ASSERT_TRUE(cluster.ok) << "cluster did not come up";
   const std::string remote = absl::StrCat(ScratchDir(), "/k1-smart.jsonl");
   std::string pipelined;
-  ASSERT_EQ(RunTrain(absl::StrCat(common, " --max_staleness=1 --coordinator=",
-                                  cluster.coordinator->address(), " --metrics_out=", remote),
-                     &pipelined),
-            0)
-      << pipelined;
+  ASSERT_NO_FATAL_FAILURE(Train(
+      absl::StrCat(common, " --max_staleness=1 --coordinator=", cluster.coordinator->address(),
+                   " --metrics_out=", remote),
+      &pipelined));
   // One sparse thread sends lookups and pushes in a fixed order: the same run either way.
   EXPECT_EQ(TrainRecords(remote), TrainRecords(local));
   Cluster fresh(2);
   ASSERT_TRUE(fresh.ok) << "cluster did not come up";
   std::string sync;
-  ASSERT_EQ(RunTrain(absl::StrCat(common, " --coordinator=", fresh.coordinator->address()), &sync),
-            0)
-      << sync;
+  ASSERT_NO_FATAL_FAILURE(
+      Train(absl::StrCat(common, " --coordinator=", fresh.coordinator->address()), &sync));
   const double auc_sync = HeldOutAuc(sync), auc_k1 = HeldOutAuc(pipelined);
   ASSERT_GT(auc_sync, 0.5) << sync;
   EXPECT_NEAR(auc_k1, auc_sync, 0.005) << pipelined;
+}
+
+// A run of 200 steps through `coordinator` with --resume: it restores the checkpoint of
+// step 100 and writes the in-process run's records from there, bit for bit.
+void ExpectResumedAsTheInProcessRun(const ServerProcess& coordinator) {
+  const std::vector<std::string>& want = InProcessRun();
+  ASSERT_EQ(want.size(), 20u);
+  const std::string resumed = absl::StrCat(ScratchDir(), "/resumed-", coordinator.pid(), ".jsonl");
+  std::string out;
+  ASSERT_NO_FATAL_FAILURE(Train(absl::StrCat(kCommon, " --steps=200 --resume --coordinator=",
+                                             coordinator.address(), " --metrics_out=", resumed),
+                                &out));
+  EXPECT_THAT(out, testing::HasSubstr("resume: restored checkpoint 100"));
+  EXPECT_EQ(TrainRecords(resumed), std::vector<std::string>(want.begin() + 10, want.end()));
 }
 
 // A distributed run checkpointed at step 100; every server is then killed and started
 // again on its data directory; the resumed run (dense state from the coordinator's
 // checkpoint, rows from the shards') ends exactly as the uninterrupted in-process run.
 TEST(DistributedTraining, ResumesAfterTheWholeClusterRestarts) {
-  const std::string common = "--log_every=10 --held_out=2000 --batch_size=128";
-  const std::string local = absl::StrCat(ScratchDir(), "/local-200.jsonl");
-  std::string out;
-  ASSERT_EQ(RunTrain(absl::StrCat(common, " --steps=200 --metrics_out=", local), &out), 0) << out;
-  const auto want = TrainRecords(local);
+  const std::vector<std::string>& want = InProcessRun();
   ASSERT_EQ(want.size(), 20u);
-
   const std::string root = absl::StrCat(ScratchDir(), "/durable-cluster");
   std::filesystem::remove_all(root);
   DurableCluster cluster(2, root);
   ASSERT_TRUE(cluster.Start());
   const std::string first = absl::StrCat(ScratchDir(), "/first-100.jsonl");
-  out.clear();
-  ASSERT_EQ(RunTrain(absl::StrCat(common, " --steps=100 --checkpoint_every=100 --coordinator=",
-                                  cluster.coordinator->address(), " --metrics_out=", first),
-                     &out),
-            0)
-      << out;
+  std::string out;
+  ASSERT_NO_FATAL_FAILURE(Train(
+      absl::StrCat(kCommon, " --steps=100 --checkpoint_every=100",
+                   " --coordinator=", cluster.coordinator->address(), " --metrics_out=", first),
+      &out));
   EXPECT_THAT(out, testing::HasSubstr("checkpoint 100:"));
   cluster.KillAll();
   ASSERT_TRUE(cluster.Start()) << "the cluster did not come back on its data directories";
-
-  const std::string resumed = absl::StrCat(ScratchDir(), "/resumed-200.jsonl");
-  out.clear();
-  ASSERT_EQ(RunTrain(absl::StrCat(common, " --steps=200 --resume --coordinator=",
-                                  cluster.coordinator->address(), " --metrics_out=", resumed),
-                     &out),
-            0)
-      << out;
-  EXPECT_THAT(out, testing::HasSubstr("resume: restored checkpoint 100"));
+  ASSERT_NO_FATAL_FAILURE(ExpectResumedAsTheInProcessRun(*cluster.coordinator));
   EXPECT_EQ(TrainRecords(first), std::vector<std::string>(want.begin(), want.begin() + 10));
-  EXPECT_EQ(TrainRecords(resumed), std::vector<std::string>(want.begin() + 10, want.end()));
   cluster.KillAll();
   std::filesystem::remove_all(root);
 }
@@ -187,13 +191,6 @@ TEST(DistributedTraining, ResumesAfterTheWholeClusterRestarts) {
 // 2: each new shard reads the 3 old shards' checkpoint directories and keeps the rows it
 // owns; the run goes on exactly as one that never stopped.
 TEST(DistributedTraining, ResumesOnTwoShardsFromACheckpointOfThree) {
-  const std::string common = "--log_every=10 --held_out=2000 --batch_size=128";
-  const std::string local = absl::StrCat(ScratchDir(), "/local-3to2.jsonl");
-  std::string out;
-  ASSERT_EQ(RunTrain(absl::StrCat(common, " --steps=200 --metrics_out=", local), &out), 0) << out;
-  const auto want = TrainRecords(local);
-  ASSERT_EQ(want.size(), 20u);
-
   const std::string root = absl::StrCat(ScratchDir(), "/three-shards");
   const std::string root2 = absl::StrCat(ScratchDir(), "/two-shards");
   std::filesystem::remove_all(root);
@@ -201,26 +198,16 @@ TEST(DistributedTraining, ResumesOnTwoShardsFromACheckpointOfThree) {
   {
     DurableCluster three(3, root);
     ASSERT_TRUE(three.Start());
-    out.clear();
-    ASSERT_EQ(RunTrain(absl::StrCat(common, " --steps=100 --checkpoint_every=100 --coordinator=",
-                                    three.coordinator->address()),
-                       &out),
-              0)
-        << out;
+    std::string out;
+    ASSERT_NO_FATAL_FAILURE(Train(absl::StrCat(kCommon, " --steps=100 --checkpoint_every=100",
+                                               " --coordinator=", three.coordinator->address()),
+                                  &out));
     three.KillAll();
   }
   DurableCluster two(2, root2);
   two.coordinator_dir = root + "/coordinator";  // its checkpoints, and the old shards'
   ASSERT_TRUE(two.Start());
-  const std::string resumed = absl::StrCat(ScratchDir(), "/resumed-3to2.jsonl");
-  out.clear();
-  ASSERT_EQ(RunTrain(absl::StrCat(common, " --steps=200 --resume --coordinator=",
-                                  two.coordinator->address(), " --metrics_out=", resumed),
-                     &out),
-            0)
-      << out;
-  EXPECT_THAT(out, testing::HasSubstr("resume: restored checkpoint 100"));
-  EXPECT_EQ(TrainRecords(resumed), std::vector<std::string>(want.begin() + 10, want.end()));
+  ASSERT_NO_FATAL_FAILURE(ExpectResumedAsTheInProcessRun(*two.coordinator));
   two.KillAll();
   std::filesystem::remove_all(root);
   std::filesystem::remove_all(root2);
@@ -245,10 +232,8 @@ TEST(DistributedTraining, ReshardsFromTwoToThreeAndBackWhileTrainingWithTheSameL
   for (const std::string vocabulary : {"dynamic", "hashed"}) {
     const std::string local = absl::StrCat(ScratchDir(), "/local-reshard-", vocabulary, ".jsonl");
     std::string out;
-    ASSERT_EQ(RunTrain(absl::StrCat(common, " --vocabulary=", vocabulary, " --metrics_out=", local),
-                       &out),
-              0)
-        << out;
+    ASSERT_NO_FATAL_FAILURE(
+        Train(absl::StrCat(common, " --vocabulary=", vocabulary, " --metrics_out=", local), &out));
     want[vocabulary] = TrainRecords(local);
     ASSERT_EQ(want[vocabulary].size(), 250u);
   }
@@ -261,8 +246,8 @@ TEST(DistributedTraining, ReshardsFromTwoToThreeAndBackWhileTrainingWithTheSameL
     // The third shard starts empty, with its place in map version 2.
     ShardProcess third(2, 3, {"--shard_map_version=2"});
     ASSERT_TRUE(!third.address().empty() && WaitHealthy(third.address()));
-    const std::string two = absl::StrCat(cluster.shards[0]->address(), ",",
-                                         cluster.shards[1]->address());
+    const std::string two =
+        absl::StrCat(cluster.shards[0]->address(), ",", cluster.shards[1]->address());
     const std::string three = absl::StrCat(two, ",", third.address());
     const std::string name = absl::StrCat("/reshard-", mode, "-", vocabulary);
     const std::string metrics = absl::StrCat(ScratchDir(), name, ".jsonl");

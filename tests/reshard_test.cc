@@ -186,6 +186,13 @@ class ReshardTest : public ::testing::Test {
     ASSERT_TRUE(c.CreateTable(config).ok());
     ASSERT_TRUE(reference_->CreateTable(config).ok());
   }
+  // `c` and the reference both take a push of `gradients` to `ids` of `table` in `step`.
+  void PushBoth(client::EmbeddingClient& c, const std::string& table,
+                const std::vector<int64_t>& ids, const std::vector<float>& gradients,
+                int64_t step) {
+    ASSERT_TRUE(c.PushGradients(table, ids, gradients, step).ok());
+    ASSERT_TRUE(reference_->PushGradients(table, ids, gradients, step).ok());
+  }
 
   // The coordinator's Reshard to `shards` (indices into shards_).
   grpc::Status Reshard(const std::vector<int>& shards, v1::ReshardClusterResponse* out) {
@@ -434,8 +441,7 @@ TEST_F(ReshardTest, ANewShardOfAnotherMapVersionIsRefusedBeforeAnythingIsPublish
   CreateBoth(*c, Table("a", v1::SGD, 11));
   std::mt19937_64 rng(6);
   const Push p = MakePush(rng, 0);
-  ASSERT_TRUE(c->PushGradients("a", p.a, p.ga, 1).ok());
-  ASSERT_TRUE(reference_->PushGradients("a", p.a, p.ga, 1).ok());
+  ASSERT_NO_FATAL_FAILURE(PushBoth(*c, "a", p.a, p.ga, 1));
   // Shard 2 started anew, empty, serving `version`.
   auto restart_new_shard = [&](uint64_t version) {
     shards_[2].Stop();
@@ -470,8 +476,7 @@ TEST_F(ReshardTest, ADroppedTablesRowsDoNotComeBackFromAnAbortedReshardsCopies) 
   CreateBoth(*c, Table("a", v1::SGD, 11));
   std::mt19937_64 rng(7);
   const Push p = MakePush(rng, 0);
-  ASSERT_TRUE(c->PushGradients("a", p.a, p.ga, 1).ok());
-  ASSERT_TRUE(reference_->PushGradients("a", p.a, p.ga, 1).ok());
+  ASSERT_NO_FATAL_FAILURE(PushBoth(*c, "a", p.a, p.ga, 1));
   // Shard 0 loses its answer to the catch-up round, after the rows came to shard 2.
   shards_[0].loser->LoseAnswers(1, /*after=*/1);
   v1::ReshardClusterResponse r;
@@ -483,8 +488,7 @@ TEST_F(ReshardTest, ADroppedTablesRowsDoNotComeBackFromAnAbortedReshardsCopies) 
   ASSERT_TRUE(c->DropTable("a").ok());
   ASSERT_TRUE(reference_->DropTable("a").ok());
   CreateBoth(*c, Table("a", v1::SGD, 11));
-  ASSERT_TRUE(c->PushGradients("a", p.b, p.gb, 2).ok());
-  ASSERT_TRUE(reference_->PushGradients("a", p.b, p.gb, 2).ok());
+  ASSERT_NO_FATAL_FAILURE(PushBoth(*c, "a", p.b, p.gb, 2));
   s = Reshard({0, 1, 2}, &r);
   ASSERT_TRUE(s.ok()) << s.error_message();
   ExpectRowsPlacedAndEqualTheReference({"a"}, {0, 1, 2});
@@ -497,8 +501,7 @@ TEST_F(ReshardTest, AFailedReshardIsAbortedOrFinishedByRepeatingIt) {
   CreateBoth(*c, Table("a", v1::SGD, 11));
   std::mt19937_64 rng(5);
   const Push p = MakePush(rng, 0);
-  ASSERT_TRUE(c->PushGradients("a", p.a, p.ga, 1).ok());
-  ASSERT_TRUE(reference_->PushGradients("a", p.a, p.ga, 1).ok());
+  ASSERT_NO_FATAL_FAILURE(PushBoth(*c, "a", p.a, p.ga, 1));
   // Shard 0 freezes and loses its answer: the reshard is aborted, shard 0 included.
   shards_[0].loser->LoseAnswers(1);
   v1::ReshardClusterResponse r;
@@ -525,8 +528,7 @@ TEST_F(ReshardTest, AFailedReshardIsAbortedOrFinishedByRepeatingIt) {
   s = Reshard({0, 1, 2}, &r);
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(r.version(), 2u);
-  ASSERT_TRUE(c->PushGradients("a", p.a, p.ga, 3).ok());
-  ASSERT_TRUE(reference_->PushGradients("a", p.a, p.ga, 3).ok());
+  ASSERT_NO_FATAL_FAILURE(PushBoth(*c, "a", p.a, p.ga, 3));
   ExpectRowsPlacedAndEqualTheReference({"a"}, {0, 1, 2});
 
   // A fixed vocabulary known to the coordinator moves (3 shards to 2).
@@ -536,8 +538,7 @@ TEST_F(ReshardTest, AFailedReshardIsAbortedOrFinishedByRepeatingIt) {
   std::vector<int64_t> ids(300);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i * 3 + 1);
   const std::vector<float> g(ids.size() * kDim, 0.5f);
-  ASSERT_TRUE(c->PushGradients("dense", ids, g, 4).ok());
-  ASSERT_TRUE(reference_->PushGradients("dense", ids, g, 4).ok());
+  ASSERT_NO_FATAL_FAILURE(PushBoth(*c, "dense", ids, g, 4));
   // Shard 0 loses its answer to the catch-up round's start, after shard 2's rows came to
   // it and to shard 1: the reshard is aborted, and no shard keeps a row it does not own.
   shards_[0].loser->LoseAnswers(1, /*after=*/1);
@@ -572,8 +573,7 @@ TEST_F(ReshardTest, ABudgetedTableMovesWithItsBudgetSplitAnew) {
   for (int step = 0; step < 3; ++step) {
     std::vector<float> grads(ids.size() * kDim);
     for (float& x : grads) x = g(rng);
-    ASSERT_TRUE(c->PushGradients("lru", ids, grads, step).ok());
-    ASSERT_TRUE(reference_->PushGradients("lru", ids, grads, step).ok());
+    ASSERT_NO_FATAL_FAILURE(PushBoth(*c, "lru", ids, grads, step));
   }
   auto expect_parts = [&](const std::vector<int>& serving, int64_t part) {
     for (int k : serving) {

@@ -411,8 +411,9 @@ TEST_F(SharedClusterTest, AResumeWithOtherSettingsOrOfTrainedTablesWithoutACheck
   const auto listed = client_->ListTables();
   ASSERT_TRUE(listed.ok()) << listed.status();
   for (const auto& t : *listed) {
-    if (absl::StartsWith(t.name(), "lr."))
+    if (absl::StartsWith(t.name(), "lr.")) {
       EXPECT_EQ(t.optimizer().learning_rate(), 0.5f) << t.name();
+    }
   }
 
   // A run that ends without a checkpoint leaves trained tables; resuming them would pair
@@ -459,7 +460,9 @@ TEST_F(SharedClusterTest, TheKubernetesTrainingJobRunsAndARestartedPodResumes) {
   int pods = 1;
   for (std::string line; std::getline(job, line);) {
     absl::string_view l = absl::StripAsciiWhitespace(line);
-    if (absl::ConsumePrefix(&l, "completions: ")) ASSERT_TRUE(absl::SimpleAtoi(l, &pods));
+    if (absl::ConsumePrefix(&l, "completions: ")) {
+      ASSERT_TRUE(absl::SimpleAtoi(l, &pods));
+    }
     if (!absl::ConsumePrefix(&l, "- --")) continue;
     if (absl::StartsWith(l, "coordinator=") || absl::StartsWith(l, "steps=") ||
         absl::StartsWith(l, "tables_file=") || absl::StartsWith(l, "checkpoint_every=")) {

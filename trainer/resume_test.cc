@@ -30,8 +30,8 @@ TEST(ResumeOffer, EachKindSurvivesItsEncoding) {
 }
 
 TEST(ResumeOffer, BytesItDidNotMakeAreRefused) {
-  for (const std::string bytes : {std::string(), std::string("S123"), std::string("Nx"),
-                                  std::string("?"), std::string("s\1\2\3\4\5\6\7\10")}) {
+  for (const std::string& bytes : {std::string(), std::string("S123"), std::string("Nx"),
+                                   std::string("?"), std::string("s\1\2\3\4\5\6\7\10")}) {
     absl::StatusOr<ResumeOffer> offer = DecodeResumeOffer(bytes);
     EXPECT_TRUE(absl::IsInternal(offer.status())) << "'" << bytes << "': " << offer.status();
   }

@@ -10,6 +10,7 @@
 
 #include "embedding/inprocess_collection.h"
 #include "gtest/gtest.h"
+#include "tests/support/table_configs.h"
 #include "tests/support/temp_dir.h"
 
 namespace tessera::storage {
@@ -17,15 +18,8 @@ namespace {
 
 constexpr int kDim = 8;
 
-v1::TableConfig Config() {
-  v1::TableConfig c;
-  c.set_name("t");
-  c.set_dim(kDim);
-  c.set_seed(5);
-  c.mutable_optimizer()->set_type(v1::ADAM);  // state and update counts must travel
-  c.mutable_optimizer()->set_learning_rate(0.05f);
-  return c;
-}
+// Adam: state and update counts must travel.
+v1::TableConfig Config() { return testing::TestTable("t", kDim, 5, v1::ADAM, 0.05f); }
 
 std::unique_ptr<DurableCollection> OpenStore(const std::string& dir) {
   DurableOptions o;
