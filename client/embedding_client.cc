@@ -24,7 +24,8 @@ absl::StatusOr<std::unique_ptr<EmbeddingClient>> EmbeddingClient::Connect(
   grpc::ChannelArguments args = ChannelArgs(options.max_message_bytes);
   auto credentials = wire::MakeChannelCredentials(options.security, &args);
   auto channel = grpc::CreateCustomChannel(address, credentials, args);
-  if (!channel->WaitForConnected(std::chrono::system_clock::now() + options.deadline)) {
+  if (options.wait_for_coordinator &&
+      !channel->WaitForConnected(std::chrono::system_clock::now() + options.deadline)) {
     return wire::ExplainCoordinatorFailure(
         absl::UnavailableError(absl::StrCat("coordinator ", address, " not reachable within ",
                                             options.deadline.count(), " ms")),

@@ -27,6 +27,9 @@ struct ClientOptions {
   std::chrono::milliseconds checkpoint_deadline = kCheckpointDeadline;  // Checkpoint and Restore
   int max_message_bytes = kMaxMessageBytes;                       // gRPC send/receive limit
   wire::ClientSecurity security;  // TLS and token for the coordinator and the shards
+  // Connect waits up to `deadline` for the coordinator to come up (a job started beside its
+  // cluster); false: its first call fails at once when it is not there (a command line tool).
+  bool wait_for_coordinator = true;
   // Smart mode: runs a batch's per-table work (deduplication, placing on shards, merging
   // answers) a table to a thread; null: the calling thread.
   std::shared_ptr<base::ThreadPool> pool;

@@ -141,8 +141,7 @@ absl::Status PushOnes(embedding::EmbeddingCollection& c, const std::vector<int64
 
 // The same case through the smart client and through the coordinator, each on a fresh
 // cluster.
-class ExactlyOnceInEachMode : public ExactlyOnceTest,
-                              public ::testing::WithParamInterface<client::ClientOptions::Mode> {};
+using ExactlyOnceInEachMode = testing::InEachClientMode<ExactlyOnceTest>;
 INSTANTIATE_TEST_SUITE_P(Modes, ExactlyOnceInEachMode, testing::BothClientModes(),
                          testing::ClientModeName);
 

@@ -260,8 +260,7 @@ class ReshardTest : public ::testing::Test {
 
 // The same case through the smart client and through the coordinator, each on a fresh
 // cluster.
-class ReshardInEachMode : public ReshardTest,
-                          public ::testing::WithParamInterface<client::ClientOptions::Mode> {};
+using ReshardInEachMode = testing::InEachClientMode<ReshardTest>;
 INSTANTIATE_TEST_SUITE_P(Modes, ReshardInEachMode, testing::BothClientModes(),
                          testing::ClientModeName);
 

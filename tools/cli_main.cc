@@ -99,19 +99,21 @@ ABSL_FLAG(std::string, tables_file, "",
 namespace tessera::cli {
 namespace {
 
-// Every command, in the order usage lists them; each gets the coordinator's stub and
-// --table. health is answered before a stub is made.
+// Every command, in the order usage lists them; each gets --table and either a client of
+// the coordinator (`tables`) or the coordinator's stub (`run`). health is answered before
+// either is made.
 struct Command {
   const char* name;
   int (*run)(Coordinator::Stub& stub, const std::string& table);
+  int (*tables)(client::EmbeddingClient& tables, const std::string& table) = nullptr;
 };
 constexpr Command kCommands[] = {
     {"health", nullptr},
-    {"tables", Tables},
-    {"apply", [](Coordinator::Stub& stub, const std::string&) { return Apply(stub); }},
-    {"create", Create},
-    {"alter", Alter},
-    {"drop", Drop},
+    {"tables", nullptr, Tables},
+    {"apply", nullptr, Apply},
+    {"create", nullptr, Create},
+    {"alter", nullptr, Alter},
+    {"drop", nullptr, Drop},
     {"lookup", Lookup},
     {"stats", Stats},
     {"shardmap", PrintShardMap},
@@ -137,7 +139,13 @@ std::string CommandNames(absl::string_view separator, absl::string_view last) {
 int Run(const std::string& command) {
   if (command == "health") return Health();
   for (const Command& c : kCommands) {
-    if (command != c.name || c.run == nullptr) continue;
+    if (command != c.name) continue;
+    if (c.tables != nullptr) {
+      absl::StatusOr<std::unique_ptr<client::EmbeddingClient>> tables = Client();
+      if (!tables.ok()) return Fail(command, tables.status());
+      return c.tables(**tables, absl::GetFlag(FLAGS_table));
+    }
+    if (c.run == nullptr) continue;
     auto stub = Coordinator::NewStub(Channel(absl::GetFlag(FLAGS_coordinator)));
     return c.run(*stub, absl::GetFlag(FLAGS_table));
   }

@@ -1,6 +1,7 @@
 #include "wire/grpc_status.h"
 
 #include "gtest/gtest.h"
+#include "wire/security.h"
 
 namespace tessera::wire {
 namespace {
@@ -35,6 +36,21 @@ TEST(FromGrpcStatus, IsTheInverseOfToGrpcStatus) {
   }
   EXPECT_EQ(FromGrpcStatus(grpc::Status(grpc::StatusCode::NOT_FOUND, "table 'ads' not found")),
             absl::NotFoundError("table 'ads' not found"));
+}
+
+// A failed first call names its likely cause once, however many layers explain it (the
+// client's Connect, then the command line's report).
+TEST(ExplainCoordinatorFailure, ExplainsAnUnreachableCoordinatorOnce) {
+  const ClientSecurity plaintext;
+  const absl::Status once = ExplainCoordinatorFailure(absl::UnavailableError("connection refused"),
+                                                      "127.0.0.1:1", plaintext);
+  EXPECT_EQ(once.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(once.message().find("pass --tls_ca_file"), absl::string_view::npos) << once;
+  EXPECT_EQ(ExplainCoordinatorFailure(once, "127.0.0.1:1", plaintext), once);
+  const absl::Status shard = ExplainCoordinatorFailure(absl::UnimplementedError("no such service"),
+                                                       "127.0.0.1:1", plaintext);
+  EXPECT_EQ(shard.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ExplainCoordinatorFailure(shard, "127.0.0.1:1", plaintext), shard);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "base/status.h"
@@ -87,6 +88,7 @@ absl::Status ExplainCoordinatorFailure(const absl::Status& status, absl::string_
             : " (this client uses TLS: check that --tls_ca_file signed the server's "
               "certificate, that the server trusts this client's, and that the server uses "
               "TLS)";
+    if (absl::StrContains(status.message(), hint)) return status;  // explained already
     return absl::Status(status.code(), absl::StrCat(status.message(), hint));
   }
   return status;

@@ -52,7 +52,8 @@ absl::StatusOr<std::string> ReadToken(const std::string& path);
 
 // `status` of a first call to the coordinator at `address`, with what the usual causes
 // are: UNIMPLEMENTED from a server that is not a coordinator (a shard), UNAVAILABLE from
-// a TLS server called in plaintext or the other way round.
+// a TLS server called in plaintext or the other way round. A status it explained already
+// comes back as it is.
 absl::Status ExplainCoordinatorFailure(const absl::Status& status, absl::string_view address,
                                        const ClientSecurity& security);
 

@@ -41,6 +41,12 @@ inline std::string ClientModeName(
   return info.param == client::ClientOptions::Mode::kSmart ? "Smart" : "Coordinator";
 }
 
+// Fixture's cases, each run once through each client mode (GetParam()) on a fresh fixture:
+// `using SuiteInEachMode = InEachClientMode<SuiteTest>;`, then the INSTANTIATE above.
+template <typename Fixture>
+class InEachClientMode : public Fixture,
+                         public ::testing::WithParamInterface<client::ClientOptions::Mode> {};
+
 }  // namespace tessera::testing
 
 #endif  // TESSERA_TESTS_SUPPORT_TEST_CLIENT_H_

@@ -12,6 +12,9 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "client/embedding_client.h"
 #include "grpcpp/grpcpp.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 #include "wire/security.h"
@@ -65,6 +68,10 @@ tessera::wire::ClientSecurity& Security();
 
 std::shared_ptr<grpc::Channel> Channel(const std::string& address);
 
+// A client of --coordinator in coordinator mode, with --deadline_ms and no retries (a
+// command says what failed at once).
+absl::StatusOr<std::unique_ptr<client::EmbeddingClient>> Client();
+
 std::unique_ptr<grpc::ClientContext> Context(int deadline_ms = absl::GetFlag(FLAGS_deadline_ms));
 
 void PrintCheckpoint(const tessera::v1::CheckpointInfo& c);
@@ -73,23 +80,28 @@ void PrintCheckpoint(const tessera::v1::CheckpointInfo& c);
 bool NaturalLess(const std::string& a, const std::string& b);
 
 // The tables of --model (every table without it), in natural order of their names.
-std::vector<tessera::v1::TableConfig> TablesOfModel(const tessera::v1::ListTablesResponse& resp);
+std::vector<tessera::v1::TableConfig> TablesOfModel(
+    const std::vector<tessera::v1::TableConfig>& tables);
 
+// Prints "tessera-cli: WHAT: CODE: message" (with what a shard or a TLS mismatch looks
+// like, for calls to the coordinator); returns 1, the exit code.
+int Fail(const std::string& what, const absl::Status& s);
 int Fail(const std::string& what, const grpc::Status& s);
 
 // Calls that take long: checkpoints, restores, reshards.
 extern const int kCheckpointDeadlineMs;
 
-// The commands. Each returns the process's exit code and prints what went wrong.
+// The commands. Each returns the process's exit code and prints what went wrong. The table
+// commands go through the client library; the others call the coordinator's service.
 // Changes an existing table's optimizer settings to the flags given; prints the table's
 // settings before and after.
-int Alter(Coordinator::Stub& stub, const std::string& table);
-int Create(Coordinator::Stub& stub, const std::string& table);
-int Tables(Coordinator::Stub& stub, const std::string&);
+int Alter(client::EmbeddingClient& tables, const std::string& table);
+int Create(client::EmbeddingClient& tables, const std::string& table);
+int Tables(client::EmbeddingClient& tables, const std::string&);
 // Creates every table of --tables_file; a table that exists with the same config is left
 // as it is, one with another config is an error (nothing is changed).
-int Apply(Coordinator::Stub& stub);
-int Drop(Coordinator::Stub& stub, const std::string& table);
+int Apply(client::EmbeddingClient& tables, const std::string&);
+int Drop(client::EmbeddingClient& tables, const std::string& table);
 int Export(tessera::v1::Coordinator::Stub& stub, const std::string& table);
 int Import(tessera::v1::Coordinator::Stub& stub, const std::string& table);
 int Lookup(Coordinator::Stub& stub, const std::string& table);

@@ -33,6 +33,16 @@ std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
   return grpc::CreateCustomChannel(address, credentials, args);
 }
 
+absl::StatusOr<std::unique_ptr<client::EmbeddingClient>> Client() {
+  client::ClientOptions options;
+  options.mode = client::ClientOptions::Mode::kCoordinator;
+  options.deadline = std::chrono::milliseconds(absl::GetFlag(FLAGS_deadline_ms));
+  options.retry.max_retries = 0;
+  options.wait_for_coordinator = false;
+  options.security = Security();
+  return client::EmbeddingClient::Connect(absl::GetFlag(FLAGS_coordinator), options);
+}
+
 std::unique_ptr<grpc::ClientContext> Context(int deadline_ms) {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
@@ -79,10 +89,11 @@ bool NaturalLess(const std::string& a, const std::string& b) {
 }
 
 // The tables of --model (every table without it), in natural order of their names.
-std::vector<tessera::v1::TableConfig> TablesOfModel(const tessera::v1::ListTablesResponse& resp) {
+std::vector<tessera::v1::TableConfig> TablesOfModel(
+    const std::vector<tessera::v1::TableConfig>& tables) {
   const std::string model = absl::GetFlag(FLAGS_model);
   std::vector<tessera::v1::TableConfig> out;
-  for (const auto& t : resp.tables()) {
+  for (const auto& t : tables) {
     if (tessera::embedding::TableOfModel(t.name(), model)) out.push_back(t);
   }
   std::sort(out.begin(), out.end(),
@@ -91,10 +102,14 @@ std::vector<tessera::v1::TableConfig> TablesOfModel(const tessera::v1::ListTable
 }
 
 int Fail(const std::string& what, const grpc::Status& s) {
+  return Fail(what, tessera::wire::FromGrpcStatus(s));
+}
+
+int Fail(const std::string& what, const absl::Status& s) {
   // Calls go to the coordinator but for `health --address`: say what a shard or a TLS
   // mismatch looks like.
-  absl::Status explained = tessera::wire::ExplainCoordinatorFailure(
-      tessera::wire::FromGrpcStatus(s), absl::GetFlag(FLAGS_coordinator), Security());
+  absl::Status explained =
+      tessera::wire::ExplainCoordinatorFailure(s, absl::GetFlag(FLAGS_coordinator), Security());
   std::cerr << "tessera-cli: " << what << ": " << absl::StatusCodeToString(explained.code()) << ": "
             << explained.message() << "\n";
   return 1;

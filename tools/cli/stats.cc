@@ -50,7 +50,8 @@ void PrintStats(Coordinator::Stub& stub, const tessera::v1::StatsResponse& resp)
   (void)stub.GetShardMap(Context().get(), {}, &map);
   std::map<std::string, std::vector<const tessera::v1::TableStats*>> by_table;
   for (const auto& t : resp.tables()) by_table[t.table()].push_back(&t);
-  for (const tessera::v1::TableConfig& c : TablesOfModel(tables)) {
+  for (const tessera::v1::TableConfig& c :
+       TablesOfModel({tables.tables().begin(), tables.tables().end()})) {
     const std::string& name = c.name();
     if (by_table.count(name) == 0) continue;  // not asked for (--table)
     const auto& shards = by_table[name];

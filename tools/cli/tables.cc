@@ -181,7 +181,7 @@ absl::StatusOr<tessera::v1::TableConfig> CreateConfig(const std::string& table) 
 
 // Changes an existing table's optimizer settings to the flags given; prints the table's
 // settings before and after.
-int Alter(Coordinator::Stub& stub, const std::string& table) {
+int Alter(client::EmbeddingClient& tables, const std::string& table) {
   const tessera::v1::OptimizerConfig changes = OptimizerChanges();
   const absl::CommandLineFlag* type = absl::FindCommandLineFlag("optimizer");
   if (changes.ByteSizeLong() == 0 && type != nullptr &&
@@ -203,25 +203,22 @@ int Alter(Coordinator::Stub& stub, const std::string& table) {
   }
   // Settings the table's optimizer would ignore are refused (a table not listed is left to
   // the coordinator to name).
-  if (tessera::v1::ListTablesResponse listed; stub.ListTables(Context().get(), {}, &listed).ok()) {
-    for (const tessera::v1::TableConfig& t : listed.tables()) {
+  if (absl::StatusOr<std::vector<tessera::v1::TableConfig>> listed = tables.ListTables();
+      listed.ok()) {
+    for (const tessera::v1::TableConfig& t : *listed) {
       if (t.name() == table && !SettingsTakeEffect("alter", changes, t.optimizer().type())) {
         return 1;
       }
     }
   }
-  tessera::v1::AlterTableRequest req;
-  req.set_table(table);
-  *req.mutable_optimizer() = changes;
-  tessera::v1::AlterTableResponse resp;
-  grpc::Status s = stub.AlterTable(Context().get(), req, &resp);
-  if (!s.ok()) return Fail("alter", s);
+  absl::StatusOr<tessera::v1::TableConfig> altered = tables.AlterTable(table, changes);
+  if (!altered.ok()) return Fail("alter", altered.status());
   std::printf("altered table '%s': optimizer %s\n", table.c_str(),
-              resp.config().optimizer().ShortDebugString().c_str());
+              altered->optimizer().ShortDebugString().c_str());
   return 0;
 }
 
-int Create(Coordinator::Stub& stub, const std::string& table) {
+int Create(client::EmbeddingClient& tables, const std::string& table) {
   if (table.empty()) {
     std::cerr << "tessera-cli: create needs --table=NAME (and --dim)\n";
     return 1;
@@ -232,23 +229,17 @@ int Create(Coordinator::Stub& stub, const std::string& table) {
     return 1;
   }
   if (!SettingsTakeEffect("create", config->optimizer(), config->optimizer().type())) return 1;
-  tessera::v1::CreateTableRequest req;
-  *req.mutable_config() = *config;
-  tessera::v1::CreateTableResponse resp;
-  grpc::Status s = stub.CreateTable(Context().get(), req, &resp);
-  if (!s.ok()) return Fail("create", s);
+  if (absl::Status s = tables.CreateTable(*config); !s.ok()) return Fail("create", s);
   std::printf("created table '%s' (dim %d)\n", table.c_str(), config->dim());
   return 0;
 }
 
-int Tables(Coordinator::Stub& stub, const std::string&) {
-  auto ctx = Context();
-  tessera::v1::ListTablesResponse resp;
-  grpc::Status s = stub.ListTables(ctx.get(), {}, &resp);
-  if (!s.ok()) return Fail("tables", s);
+int Tables(client::EmbeddingClient& tables, const std::string&) {
+  absl::StatusOr<std::vector<tessera::v1::TableConfig>> listed = tables.ListTables();
+  if (!listed.ok()) return Fail("tables", listed.status());
   std::printf("%-20s %6s %-5s %-16s %10s %12s\n", "table", "dim", "dtype", "optimizer", "lr",
               "max_rows");
-  for (const auto& t : TablesOfModel(resp)) {
+  for (const auto& t : TablesOfModel(*listed)) {
     std::printf("%-20s %6d %-5s %-16s %10g %12lld\n", t.name().c_str(), t.dim(),
                 tessera::embedding::DtypeName(t.dtype()).c_str(),
                 tessera::embedding::OptimizerName(t.optimizer().type()).c_str(),
@@ -259,7 +250,7 @@ int Tables(Coordinator::Stub& stub, const std::string&) {
 
 // Creates every table of --tables_file; a table that exists with the same config is left
 // as it is, one with another config is an error (nothing is changed).
-int Apply(Coordinator::Stub& stub) {
+int Apply(client::EmbeddingClient& tables, const std::string&) {
   const std::string path = absl::GetFlag(FLAGS_tables_file);
   std::ifstream in(path);
   if (path.empty() || !in) {
@@ -273,13 +264,12 @@ int Apply(Coordinator::Stub& stub) {
     std::cerr << "tessera-cli: " << path << ": " << parsed.ToString() << "\n";
     return 1;
   }
-  tessera::v1::ListTablesResponse existing;
-  grpc::Status s = stub.ListTables(Context().get(), {}, &existing);
-  if (!s.ok()) return Fail("apply", s);
+  absl::StatusOr<std::vector<tessera::v1::TableConfig>> existing = tables.ListTables();
+  if (!existing.ok()) return Fail("apply", existing.status());
   int failures = 0;
   for (const auto& config : wanted.tables()) {
     const tessera::v1::TableConfig* have = nullptr;
-    for (const auto& t : existing.tables()) {
+    for (const auto& t : *existing) {
       if (t.name() == config.name()) have = &t;
     }
     if (have != nullptr) {
@@ -292,11 +282,7 @@ int Apply(Coordinator::Stub& stub) {
       }
       continue;
     }
-    tessera::v1::CreateTableRequest req;
-    *req.mutable_config() = config;
-    tessera::v1::CreateTableResponse resp;
-    s = stub.CreateTable(Context().get(), req, &resp);
-    if (!s.ok()) {
+    if (absl::Status s = tables.CreateTable(config); !s.ok()) {
       Fail(absl::StrCat("create '", config.name(), "'"), s);
       ++failures;
       continue;
@@ -307,17 +293,15 @@ int Apply(Coordinator::Stub& stub) {
   return failures == 0 ? 0 : 1;
 }
 
-int Drop(Coordinator::Stub& stub, const std::string& table) {
+int Drop(client::EmbeddingClient& tables, const std::string& table) {
   std::vector<std::string> names;
   const std::string model = absl::GetFlag(FLAGS_model);
   if (!table.empty()) {
     names.push_back(table);
   } else if (!model.empty()) {
-    auto ctx = Context();
-    tessera::v1::ListTablesResponse resp;
-    grpc::Status s = stub.ListTables(ctx.get(), {}, &resp);
-    if (!s.ok()) return Fail("drop", s);
-    for (const auto& t : resp.tables()) {
+    absl::StatusOr<std::vector<tessera::v1::TableConfig>> listed = tables.ListTables();
+    if (!listed.ok()) return Fail("drop", listed.status());
+    for (const auto& t : *listed) {
       if (tessera::embedding::TableOfModel(t.name(), model)) names.push_back(t.name());
     }
     if (names.empty()) std::printf("model '%s' has no tables\n", model.c_str());
@@ -326,12 +310,8 @@ int Drop(Coordinator::Stub& stub, const std::string& table) {
     return 1;
   }
   for (const std::string& name : names) {
-    tessera::v1::DropTableRequest req;
-    req.set_table(name);
-    tessera::v1::DropTableResponse resp;
-    auto ctx = Context();
-    grpc::Status s = stub.DropTable(ctx.get(), req, &resp);
-    if (!s.ok()) return Fail(absl::StrCat("drop ", name), s);
+    if (absl::Status s = tables.DropTable(name); !s.ok())
+      return Fail(absl::StrCat("drop ", name), s);
     std::printf("dropped table '%s'\n", name.c_str());
   }
   return 0;
