@@ -45,6 +45,7 @@ struct CheckpointInfo {
   int64_t bytes = 0;            // bytes on disk
   int64_t created_unix_ms = 0;  // when it was completed
   double seconds = 0;           // how long the Checkpoint or Restore call took
+  std::vector<std::string> shards;  // a cluster's: the shard servers it spans
 };
 
 // How a lookup grouped one part's ids, kept for the gradients and the push of the same

@@ -15,6 +15,7 @@ inline void ToProto(const embedding::CheckpointInfo& info, v1::CheckpointInfo* o
   out->set_bytes(info.bytes);
   out->set_created_unix_ms(info.created_unix_ms);
   out->set_seconds(info.seconds);
+  for (const std::string& s : info.shards) out->add_shards(s);
 }
 
 inline embedding::CheckpointInfo FromProto(const v1::CheckpointInfo& p) {
@@ -25,6 +26,7 @@ inline embedding::CheckpointInfo FromProto(const v1::CheckpointInfo& p) {
   info.bytes = p.bytes();
   info.created_unix_ms = p.created_unix_ms();
   info.seconds = p.seconds();
+  info.shards.assign(p.shards().begin(), p.shards().end());
   return info;
 }
 

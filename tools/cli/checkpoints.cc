@@ -13,6 +13,7 @@
 #include "grpcpp/grpcpp.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 #include "tools/cli/cli.h"
+#include "wire/checkpoint_proto.h"
 
 namespace tessera::cli {
 
@@ -28,7 +29,7 @@ void PrintTableList(const char* what,
 
 }  // namespace
 
-int TakeCheckpoint(Coordinator::Stub& stub, const std::string&) {
+int TakeCheckpoint(client::EmbeddingClient& tables, const std::string&) {
   const int64_t step = absl::GetFlag(FLAGS_step);
   if (step < 0) {
     std::cerr << (step == -1 ? "tessera-cli: checkpoint needs --step (the training step it is "
@@ -37,25 +38,20 @@ int TakeCheckpoint(Coordinator::Stub& stub, const std::string&) {
                                             step, "\n"));
     return 1;
   }
-  tessera::v1::CheckpointRequest req;
-  req.set_step(step);
-  req.set_model(absl::GetFlag(FLAGS_model));
-  auto ctx = Context(kCheckpointDeadlineMs);
-  tessera::v1::CheckpointResponse resp;
-  grpc::Status s = stub.Checkpoint(ctx.get(), req, &resp);
-  if (!s.ok()) return Fail("checkpoint", s);
+  embedding::CheckpointOptions options;
+  options.model = absl::GetFlag(FLAGS_model);
+  absl::StatusOr<embedding::CheckpointInfo> taken = tables.Checkpoint(step, {}, options);
+  if (!taken.ok()) return Fail("checkpoint", taken.status());
   std::printf("checkpoint taken: ");
-  PrintCheckpoint(resp.checkpoint());
+  PrintCheckpoint(*taken);
   return 0;
 }
 
-int Checkpoints(Coordinator::Stub& stub, const std::string&) {
-  auto ctx = Context();
-  tessera::v1::ListCheckpointsResponse resp;
-  grpc::Status s = stub.ListCheckpoints(ctx.get(), {}, &resp);
-  if (!s.ok()) return Fail("checkpoints", s);
-  if (resp.checkpoints_size() == 0) std::printf("no complete checkpoints\n");
-  for (const auto& c : resp.checkpoints()) PrintCheckpoint(c);
+int Checkpoints(client::EmbeddingClient& tables, const std::string&) {
+  absl::StatusOr<std::vector<embedding::CheckpointInfo>> listed = tables.ListCheckpoints();
+  if (!listed.ok()) return Fail("checkpoints", listed.status());
+  if (listed->empty()) std::printf("no complete checkpoints\n");
+  for (const embedding::CheckpointInfo& c : *listed) PrintCheckpoint(c);
   return 0;
 }
 
@@ -79,7 +75,7 @@ int Restore(Coordinator::Stub& stub) {
   grpc::Status s = stub.Restore(ctx.get(), req, &resp);
   if (!s.ok()) return Fail("restore", s);
   std::printf("restored: ");
-  PrintCheckpoint(resp.checkpoint());
+  PrintCheckpoint(wire::FromProto(resp.checkpoint()));
   PrintTableList("rolled back", resp.rolled_back());
   PrintTableList("brought back", resp.brought_back());
   PrintTableList("dropped", resp.dropped());

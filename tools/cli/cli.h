@@ -74,7 +74,7 @@ absl::StatusOr<std::unique_ptr<client::EmbeddingClient>> Client();
 
 std::unique_ptr<grpc::ClientContext> Context(int deadline_ms = absl::GetFlag(FLAGS_deadline_ms));
 
-void PrintCheckpoint(const tessera::v1::CheckpointInfo& c);
+void PrintCheckpoint(const embedding::CheckpointInfo& c);
 
 // Orders names as people read them: "C2" before "C10" (digit runs compare as numbers).
 bool NaturalLess(const std::string& a, const std::string& b);
@@ -108,8 +108,8 @@ int Lookup(Coordinator::Stub& stub, const std::string& table);
 int Health();
 int Stats(Coordinator::Stub& stub, const std::string& table);
 int PrintShardMap(Coordinator::Stub& stub, const std::string&);
-int TakeCheckpoint(Coordinator::Stub& stub, const std::string&);
-int Checkpoints(Coordinator::Stub& stub, const std::string&);
+int TakeCheckpoint(client::EmbeddingClient& tables, const std::string&);
+int Checkpoints(client::EmbeddingClient& tables, const std::string&);
 // One model's checkpoint, or with --all_models every model's: a restore rolls tables back,
 // so one without a model must say so.
 int Restore(Coordinator::Stub& stub);

@@ -50,15 +50,14 @@ std::unique_ptr<grpc::ClientContext> Context(int deadline_ms) {
   return ctx;
 }
 
-void PrintCheckpoint(const tessera::v1::CheckpointInfo& c) {
-  if (!c.model().empty()) std::printf("model %s ", c.model().c_str());
+void PrintCheckpoint(const embedding::CheckpointInfo& c) {
+  if (!c.model.empty()) std::printf("model %s ", c.model.c_str());
   const std::string created = absl::FormatTime(
-      "%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixMillis(c.created_unix_ms()), absl::UTCTimeZone());
+      "%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixMillis(c.created_unix_ms), absl::UTCTimeZone());
   std::printf("step %lld: %lld rows, %lld bytes, %zu shard(s), created %s",
-              static_cast<long long>(c.step()), static_cast<long long>(c.rows()),
-              static_cast<long long>(c.bytes()), static_cast<size_t>(c.shards_size()),
-              created.c_str());
-  if (c.seconds() > 0) std::printf(", took %.2f s", c.seconds());
+              static_cast<long long>(c.step), static_cast<long long>(c.rows),
+              static_cast<long long>(c.bytes), c.shards.size(), created.c_str());
+  if (c.seconds > 0) std::printf(", took %.2f s", c.seconds);
   std::printf("\n");
 }
 

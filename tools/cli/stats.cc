@@ -14,6 +14,7 @@
 #include "grpcpp/grpcpp.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 #include "tools/cli/cli.h"
+#include "wire/checkpoint_proto.h"
 
 namespace tessera::cli {
 
@@ -151,7 +152,7 @@ int Stats(Coordinator::Stub& stub, const std::string& table) {
   PrintAdmission(resp);
   for (const auto& c : resp.checkpoints()) {
     std::printf("checkpoint ");
-    PrintCheckpoint(c);
+    PrintCheckpoint(wire::FromProto(c));
   }
   return 0;
 }
