@@ -13,10 +13,15 @@ command -v clang++ > /dev/null || { echo "fuzz: clang++ not found (apt-get insta
 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
   -DTESSERA_FUZZ=ON -DTESSERA_SANITIZE=address,undefined -DTESSERA_BUILD_BENCHMARKS=OFF \
   -DTESSERA_CUDA=OFF > /dev/null
+# The state of the tree it is built from, for the sanitized tests to compare with the tree
+# they run in (tests/sanitized_build.sh): taken before the build, written once it is done.
+source tests/sanitized_build.sh
+state="$(source_state .)"
 # The table's lock-free lookup stress test too, for tests/sanitized_stress_test.sh, and the
 # cluster suites of tests/sanitized_cluster_test.sh with the binaries they start.
 cmake --build build-fuzz -j"${JOBS:-2}" --target request_fuzzer embedding_table_stress_test \
   train_e2e_test exactly_once_test shared_cluster_test reshard_test
+echo "$state" > build-fuzz/source-state
 [ "$SECONDS_TO_RUN" = build ] && exit 0
 mkdir -p build-fuzz/corpus build-fuzz/findings
 # -rss_limit_mb: the fixture's tables and a 512-id batch of dim 1024 fit well inside it.

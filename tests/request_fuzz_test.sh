@@ -7,6 +7,8 @@ ROOT="$1"
 SECONDS_TO_RUN="${2:-30}"
 FUZZER="$ROOT/build-fuzz/server/request_fuzzer"
 [ -x "$FUZZER" ] || { echo "request fuzzer not built (scripts/fuzz.sh build): skipped"; exit 77; }
+source "$ROOT/tests/sanitized_build.sh"
+require_fresh_build "$ROOT"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 cp "$ROOT"/tests/fuzz_corpus/* "$WORK/"

@@ -12,6 +12,8 @@ TESTS="$ROOT/build-fuzz/tests"
 for t in train_e2e_test exactly_once_test shared_cluster_test reshard_test; do
   [ -x "$TESTS/$t" ] || { echo "sanitized $t not built (scripts/fuzz.sh build): skipped"; exit 77; }
 done
+source "$ROOT/tests/sanitized_build.sh"
+require_fresh_build "$ROOT"
 # Exit-time leaks of gRPC's and protobuf's globals are not what this looks for.
 export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:${ASAN_OPTIONS:-}"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:${UBSAN_OPTIONS:-}"

@@ -7,4 +7,6 @@ set -uo pipefail
 ROOT="$1"
 BINARY="$ROOT/build-fuzz/embedding/embedding_table_stress_test"
 [ -x "$BINARY" ] || { echo "sanitized stress test not built (scripts/fuzz.sh build): skipped"; exit 77; }
+source "$ROOT/tests/sanitized_build.sh"
+require_fresh_build "$ROOT"
 exec "$BINARY" --gtest_brief=1
