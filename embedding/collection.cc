@@ -60,9 +60,7 @@ absl::Status EmbeddingCollection::PushBatch(absl::Span<const TableGradients> tab
     if (it == configs.end()) {
       return absl::NotFoundError(absl::StrCat("table '", t.table, "' not found"));
     }
-    TESSERA_RETURN_IF_ERROR(
-        CheckRowsSize(t.table, "gradients", t.gradients.size(), t.ids.size(), it->dim(), "ids"));
-    TESSERA_RETURN_IF_ERROR(CheckFiniteGradients(t.table, t.ids, t.gradients.data(), it->dim()));
+    TESSERA_RETURN_IF_ERROR(CheckPush({&*it, 1}, {&t, 1}).status());
   }
   if (options.check_only) return absl::OkStatus();
   absl::Status partly;

@@ -578,26 +578,23 @@ TEST_F(SharedClusterTest, GradientsThatSumToInfChangeNoShard) {
   std::vector<int64_t> pushed = ids;
   pushed.push_back(ids.back());
   std::vector<float> g(pushed.size() * 4, 0.25f);
+  // Through both clients: refused, in words with `words`, and no row changed.
+  auto expect_refused = [&](const std::vector<float>& g, const std::string& words) {
+    for (embedding::EmbeddingCollection* c :
+         {static_cast<embedding::EmbeddingCollection*>(client_.get()),
+          static_cast<embedding::EmbeddingCollection*>(via.get())}) {
+      absl::Status s = c->PushGradients("inf.t", pushed, g, 1);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      EXPECT_THAT(std::string(s.message()), HasSubstr(words));
+      EXPECT_EQ(Rows("inf.t", ids), before);
+    }
+  };
   for (int j = 0; j < 4; ++j) g[39 * 4 + j] = g[40 * 4 + j] = -3e38f;
-  for (embedding::EmbeddingCollection* c :
-       {static_cast<embedding::EmbeddingCollection*>(client_.get()),
-        static_cast<embedding::EmbeddingCollection*>(via.get())}) {
-    absl::Status s = c->PushGradients("inf.t", pushed, g, 1);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_THAT(std::string(s.message()), HasSubstr("summed over repeated ids"));
-    EXPECT_EQ(Rows("inf.t", ids), before);
-  }
+  expect_refused(g, "summed over repeated ids");
   // A NaN sent is named where it was sent, by the layer that checks the push first.
   g[39 * 4 + 1] = g[40 * 4 + 1] = 0.25f;
   g[40 * 4 + 2] = std::nanf("");
-  for (embedding::EmbeddingCollection* c :
-       {static_cast<embedding::EmbeddingCollection*>(client_.get()),
-        static_cast<embedding::EmbeddingCollection*>(via.get())}) {
-    absl::Status s = c->PushGradients("inf.t", pushed, g, 1);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-    EXPECT_THAT(std::string(s.message()), HasSubstr("(position 40, column 2) is nan"));
-    EXPECT_EQ(Rows("inf.t", ids), before);
-  }
+  expect_refused(g, "(position 40, column 2) is nan");
 }
 
 // Ids are 64-bit patterns in every client: the CLI takes an unsigned hash as the int64 of

@@ -713,14 +713,10 @@ bool InProcessCollectionImpl::PlannedHere(const ShardedTable& t,
 absl::Status InProcessCollectionImpl::CheckPlanned(const ShardedTable& t,
                                                    const embedding::TableGradients& part,
                                                    embedding::Gradients given) {
-  const int dim = t.config.dim();
   // The plan's ids are distinct, so each row of gradients is its id's sum: check what
   // SumGradients would, without summing (and, as it would, nothing checked before).
   if (given == embedding::Gradients::kUnchecked) {
-    TESSERA_RETURN_IF_ERROR(embedding::CheckRowsSize(part.table, "gradients", part.gradients.size(),
-                                                     part.ids.size(), dim, "ids"));
-    TESSERA_RETURN_IF_ERROR(
-        embedding::CheckFiniteGradients(part.table, part.ids, part.gradients.data(), dim));
+    TESSERA_RETURN_IF_ERROR(embedding::CheckPush({&t.config, 1}, {&part, 1}).status());
   }
   return CheckRoomByShard(t, part.plan->shard_begin, part.plan->unique_ids);
 }
