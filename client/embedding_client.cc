@@ -72,11 +72,7 @@ absl::Status EmbeddingClient::WithRetries(const std::function<absl::Status()>& c
 }
 
 absl::Status EmbeddingClient::RefreshShardMap() {
-  v1::ShardMap map;
-  TESSERA_RETURN_IF_ERROR(WithRetries([&] {
-    auto ctx = NewContext();
-    return wire::FromGrpcStatus(coordinator_.Get()->GetShardMap(ctx.get(), {}, &map));
-  }));
+  TESSERA_ASSIGN_OR_RETURN(v1::ShardMap map, ShardMap());
   std::vector<std::string> addresses;
   for (const auto& s : map.shards()) addresses.push_back(s.address());
   absl::MutexLock lock(&mu_);
@@ -137,13 +133,10 @@ absl::Status EmbeddingClient::OnShards(const std::function<absl::Status(ShardRou
 }
 
 absl::Status EmbeddingClient::CreateTable(const v1::TableConfig& config) {
-  TESSERA_RETURN_IF_ERROR(WithRetries([&] {
-    auto ctx = NewContext();
-    v1::CreateTableRequest req;
-    *req.mutable_config() = config;
-    v1::CreateTableResponse resp;
-    return wire::FromGrpcStatus(coordinator_.Get()->CreateTable(ctx.get(), req, &resp));
-  }));
+  v1::CreateTableRequest req;
+  *req.mutable_config() = config;
+  v1::CreateTableResponse resp;
+  TESSERA_RETURN_IF_ERROR(CallCoordinator(&v1::Coordinator::Stub::CreateTable, req, &resp));
   absl::MutexLock lock(&mu_);
   configs_[config.name()] = config;
   return absl::OkStatus();
@@ -151,11 +144,8 @@ absl::Status EmbeddingClient::CreateTable(const v1::TableConfig& config) {
 
 absl::StatusOr<std::vector<v1::TableConfig>> EmbeddingClient::ListTables() const {
   v1::ListTablesResponse resp;
-  TESSERA_RETURN_IF_ERROR(WithRetries([&] {
-    resp.Clear();
-    auto ctx = NewContext();
-    return wire::FromGrpcStatus(coordinator_.Get()->ListTables(ctx.get(), {}, &resp));
-  }));
+  TESSERA_RETURN_IF_ERROR(
+      CallCoordinator(&v1::Coordinator::Stub::ListTables, v1::ListTablesRequest(), &resp));
   std::vector<v1::TableConfig> out(resp.tables().begin(), resp.tables().end());
   absl::MutexLock lock(&mu_);
   for (const auto& t : out) configs_[t.name()] = t;
@@ -348,25 +338,15 @@ absl::Status EmbeddingClient::RegisterSyncGroup(const embedding::PushSync& sync,
   v1::RegisterSyncGroupRequest req;
   req.mutable_group()->set_job(sync.job);
   req.mutable_group()->set_workers(sync.workers);
-  TESSERA_RETURN_IF_ERROR(WithRetries([&] {
-    auto ctx = NewContext();
-    v1::RegisterSyncGroupResponse resp;
-    return wire::FromGrpcStatus(coordinator_.Get()->RegisterSyncGroup(ctx.get(), req, &resp));
-  }));
+  v1::RegisterSyncGroupResponse resp;
+  TESSERA_RETURN_IF_ERROR(CallCoordinator(&v1::Coordinator::Stub::RegisterSyncGroup, req, &resp));
   absl::MutexLock lock(&mu_);
   sync_groups_[sync.job] = sync.workers;
   return absl::OkStatus();
 }
 
 absl::StatusOr<embedding::TableUsage> EmbeddingClient::Usage(absl::string_view table) const {
-  v1::StatsResponse resp;
-  TESSERA_RETURN_IF_ERROR(WithRetries([&] {
-    resp.Clear();
-    auto ctx = NewContext();
-    v1::StatsRequest req;
-    req.set_table(std::string(table));
-    return wire::FromGrpcStatus(coordinator_.Get()->Stats(ctx.get(), req, &resp));
-  }));
+  TESSERA_ASSIGN_OR_RETURN(v1::StatsResponse resp, Stats(table));
   embedding::TableUsage usage;
   for (const auto& t : resp.tables()) {
     usage.rows += t.rows();
@@ -422,11 +402,8 @@ absl::Status EmbeddingClient::ImportRows(absl::string_view table, const embeddin
   v1::ImportRowsRequest req;
   req.set_table(std::string(table));
   wire::ToChunk(rows, req.mutable_rows());
-  return WithRetries([&] {  // an import sets rows: repeating it stores the same
-    auto ctx = NewContext();
-    v1::ImportRowsResponse resp;
-    return wire::FromGrpcStatus(coordinator_.Get()->ImportRows(ctx.get(), req, &resp));
-  });
+  v1::ImportRowsResponse resp;  // an import sets rows: repeating it stores the same
+  return CallCoordinator(&v1::Coordinator::Stub::ImportRows, req, &resp);
 }
 
 absl::StatusOr<v1::TableConfig> EmbeddingClient::AlterTable(absl::string_view table,
@@ -435,10 +412,8 @@ absl::StatusOr<v1::TableConfig> EmbeddingClient::AlterTable(absl::string_view ta
   req.set_table(std::string(table));
   *req.mutable_optimizer() = changes;
   v1::AlterTableResponse resp;
-  TESSERA_RETURN_IF_ERROR(WithRetries([&] {  // the same change again is OK
-    auto ctx = NewContext();
-    return wire::FromGrpcStatus(coordinator_.Get()->AlterTable(ctx.get(), req, &resp));
-  }));
+  // The same change again is OK.
+  TESSERA_RETURN_IF_ERROR(CallCoordinator(&v1::Coordinator::Stub::AlterTable, req, &resp));
   absl::MutexLock lock(&mu_);
   configs_.erase(std::string(table));  // cached configs are looked up again
   return resp.config();
@@ -486,16 +461,20 @@ absl::StatusOr<embedding::CheckpointInfo> EmbeddingClient::Checkpoint(
   return wire::FromProto(resp.checkpoint());
 }
 
-absl::StatusOr<embedding::CheckpointInfo> EmbeddingClient::Restore(
-    int64_t step, embedding::Attachments* attachments, const embedding::RestoreOptions& options) {
+absl::StatusOr<v1::RestoreResponse> EmbeddingClient::RestoreTables(
+    int64_t step, const embedding::RestoreOptions& options) {
   v1::RestoreRequest req;
   req.set_step(step);
   wire::ToProto(options, &req);
-  v1::RestoreResponse resp;
-  TESSERA_RETURN_IF_ERROR(WithRetries([&] {  // restoring a step twice gives the same state
-    auto ctx = NewContext(options_.checkpoint_deadline);
-    return wire::FromGrpcStatus(coordinator_.Get()->Restore(ctx.get(), req, &resp));
-  }));
+  v1::RestoreResponse resp;  // restoring a step twice gives the same state
+  TESSERA_RETURN_IF_ERROR(
+      CallCoordinator(&v1::Coordinator::Stub::Restore, req, &resp, options_.checkpoint_deadline));
+  return resp;
+}
+
+absl::StatusOr<embedding::CheckpointInfo> EmbeddingClient::Restore(
+    int64_t step, embedding::Attachments* attachments, const embedding::RestoreOptions& options) {
+  TESSERA_ASSIGN_OR_RETURN(v1::RestoreResponse resp, RestoreTables(step, options));
   if (attachments != nullptr) {
     attachments->clear();
     for (const auto& [name, blob] : resp.attachments()) (*attachments)[name] = blob;
@@ -505,11 +484,8 @@ absl::StatusOr<embedding::CheckpointInfo> EmbeddingClient::Restore(
 
 absl::StatusOr<std::vector<embedding::CheckpointInfo>> EmbeddingClient::ListCheckpoints() const {
   v1::ListCheckpointsResponse resp;
-  TESSERA_RETURN_IF_ERROR(WithRetries([&] {
-    resp.Clear();
-    auto ctx = NewContext();
-    return wire::FromGrpcStatus(coordinator_.Get()->ListCheckpoints(ctx.get(), {}, &resp));
-  }));
+  TESSERA_RETURN_IF_ERROR(CallCoordinator(&v1::Coordinator::Stub::ListCheckpoints,
+                                          v1::ListCheckpointsRequest(), &resp));
   std::vector<embedding::CheckpointInfo> out;
   for (const auto& c : resp.checkpoints()) out.push_back(wire::FromProto(c));
   return out;
@@ -519,11 +495,8 @@ absl::Status EmbeddingClient::StoreSet(const std::string& key, const std::string
   v1::StoreSetRequest req;
   req.set_key(key);
   req.set_value(value);
-  return WithRetries([&] {
-    auto ctx = NewContext();
-    v1::StoreSetResponse resp;
-    return wire::FromGrpcStatus(coordinator_.Get()->StoreSet(ctx.get(), req, &resp));
-  });
+  v1::StoreSetResponse resp;
+  return CallCoordinator(&v1::Coordinator::Stub::StoreSet, req, &resp);
 }
 
 absl::StatusOr<std::vector<std::string>> EmbeddingClient::StoreGet(
@@ -533,17 +506,39 @@ absl::StatusOr<std::vector<std::string>> EmbeddingClient::StoreGet(
   req.set_timeout_ms(static_cast<int32_t>(
       std::clamp<int64_t>(timeout.count(), 0, std::numeric_limits<int32_t>::max())));
   v1::StoreGetResponse resp;
-  TESSERA_RETURN_IF_ERROR(WithRetries([&] {
-    // The coordinator waits up to `timeout` for the keys: the call may take that long.
-    auto ctx = NewContext(timeout + options_.deadline);
-    resp.Clear();
-    return wire::FromGrpcStatus(coordinator_.Get()->StoreGet(ctx.get(), req, &resp));
-  }));
+  // The coordinator waits up to `timeout` for the keys: the call may take that long.
+  TESSERA_RETURN_IF_ERROR(
+      CallCoordinator(&v1::Coordinator::Stub::StoreGet, req, &resp, timeout + options_.deadline));
   if (resp.values_size() != static_cast<int>(keys.size())) {
     return absl::InternalError(absl::StrCat("coordinator answered ", resp.values_size(),
                                             " values for ", keys.size(), " keys"));
   }
   return std::vector<std::string>(resp.values().begin(), resp.values().end());
+}
+
+absl::StatusOr<v1::StatsResponse> EmbeddingClient::Stats(absl::string_view table) const {
+  v1::StatsRequest req;
+  req.set_table(std::string(table));
+  v1::StatsResponse resp;
+  TESSERA_RETURN_IF_ERROR(CallCoordinator(&v1::Coordinator::Stub::Stats, req, &resp));
+  return resp;
+}
+
+absl::StatusOr<v1::ShardMap> EmbeddingClient::ShardMap() const {
+  v1::ShardMap map;
+  TESSERA_RETURN_IF_ERROR(
+      CallCoordinator(&v1::Coordinator::Stub::GetShardMap, v1::GetShardMapRequest(), &map));
+  return map;
+}
+
+absl::StatusOr<v1::ReshardClusterResponse> EmbeddingClient::Reshard(
+    const std::vector<std::string>& shards) {
+  v1::ReshardClusterRequest req;
+  for (const std::string& a : shards) req.add_shards(a);
+  v1::ReshardClusterResponse resp;
+  auto ctx = NewContext(options_.checkpoint_deadline);
+  TESSERA_RETURN_IF_ERROR(wire::FromGrpcStatus(coordinator_.Get()->Reshard(ctx.get(), req, &resp)));
+  return resp;
 }
 
 absl::StatusOr<int64_t> EmbeddingClient::StoreAdd(const std::string& key, int64_t delta) {

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "client/channel_policy.h"
@@ -14,6 +15,7 @@
 #include "client/shard_router.h"
 #include "embedding/collection.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
+#include "wire/grpc_status.h"
 
 namespace tessera::client {
 
@@ -90,6 +92,16 @@ class EmbeddingClient final : public embedding::EmbeddingCollection,
       int64_t step, embedding::Attachments* attachments,
       const embedding::RestoreOptions& options = {}) override;
   absl::StatusOr<std::vector<embedding::CheckpointInfo>> ListCheckpoints() const override;
+  // Restore, answering also what it did to each table: rolled back, brought back, dropped.
+  absl::StatusOr<v1::RestoreResponse> RestoreTables(int64_t step,
+                                                    const embedding::RestoreOptions& options);
+
+  // An operator's calls (tessera-cli). Per-shard statistics of `table` ("": every table)
+  // and the cluster's checkpoints; the shard map; a move of the cluster onto `shards` (the
+  // new map, in shard order) while it trains on, sent once (never retried).
+  absl::StatusOr<v1::StatsResponse> Stats(absl::string_view table) const;
+  absl::StatusOr<v1::ShardMap> ShardMap() const;
+  absl::StatusOr<v1::ReshardClusterResponse> Reshard(const std::vector<std::string>& shards);
 
   // The coordinator's rendezvous store (data-parallel trainers): sets `key`; returns the
   // values of `keys` once all exist (DeadlineExceeded after `timeout`, naming those
@@ -108,6 +120,27 @@ class EmbeddingClient final : public embedding::EmbeddingCollection,
   std::unique_ptr<grpc::ClientContext> NewContext(std::chrono::milliseconds deadline) const;
   // Runs `call` until it succeeds, fails with a code retrying cannot fix, or retries run out.
   absl::Status WithRetries(const std::function<absl::Status()>& call) const;
+  // One unary call of the coordinator's service, through WithRetries (`resp` cleared before
+  // each attempt).
+  template <typename Request, typename Response>
+  absl::Status CallCoordinator(grpc::Status (v1::Coordinator::Stub::*method)(grpc::ClientContext*,
+                                                                             const Request&,
+                                                                             Response*),
+                               const Request& req, Response* resp,
+                               std::chrono::milliseconds deadline) const {
+    return WithRetries([&] {
+      resp->Clear();
+      auto ctx = NewContext(deadline);
+      return wire::FromGrpcStatus((coordinator_.Get().get()->*method)(ctx.get(), req, resp));
+    });
+  }
+  template <typename Request, typename Response>
+  absl::Status CallCoordinator(grpc::Status (v1::Coordinator::Stub::*method)(grpc::ClientContext*,
+                                                                             const Request&,
+                                                                             Response*),
+                               const Request& req, Response* resp) const {
+    return CallCoordinator(method, req, resp, options_.deadline);
+  }
   absl::Status RefreshShardMap();
   // Coordinator mode: registers `sync`'s group with the coordinator unless this client did
   // already (or `again`: after a push of it was refused FAILED_PRECONDITION).

@@ -2,6 +2,7 @@
 
 #include "client/embedding_client.h"
 
+#include "client/health_check.h"
 #include "embedding/collection.h"
 #include "embedding/inprocess_collection.h"
 #include "gmock/gmock.h"
@@ -228,6 +229,46 @@ TEST_F(EmbeddingClientTest, RetriesUnavailableThenReportsTheDeadShard) {
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("shard 1"));
   // Four retries with 50, 100, 200 and 400 ms of backoff happened before giving up.
   EXPECT_GE(waited, std::chrono::milliseconds(750));
+}
+
+// The operator's calls answer what the coordinator knows: the shard map (in shard order,
+// each serving), per-shard statistics of the rows a push stored, whether a server is
+// serving; and they refuse what it would.
+TEST_F(EmbeddingClientTest, AnswersAnOperatorsCalls) {
+  auto client = Connect(ClientOptions::Mode::kCoordinator);
+  absl::StatusOr<v1::ShardMap> map = client->ShardMap();
+  ASSERT_TRUE(map.ok()) << map.status();
+  ASSERT_EQ(map->shards_size(), 2);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(map->shards(k).index(), k);
+    EXPECT_EQ(map->shards(k).address(), shard_addresses_[k]);
+  }
+  ASSERT_TRUE(client->CreateTable(Config()).ok());
+  const std::vector<int64_t> ids = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  const std::vector<float> grads(ids.size() * Config().dim(), 0.5f);
+  ASSERT_TRUE(client->PushGradients("user", ids, grads, 1).ok());
+  absl::StatusOr<v1::StatsResponse> stats = client->Stats("user");
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  int64_t rows = 0;
+  for (const auto& t : stats->tables()) {
+    EXPECT_EQ(t.table(), "user");
+    rows += t.rows();
+  }
+  EXPECT_EQ(rows, static_cast<int64_t>(ids.size()));
+  EXPECT_EQ(client->Stats("nope").status().code(), absl::StatusCode::kNotFound);
+  // No checkpoints without a data directory: the restore is refused, saying why.
+  embedding::RestoreOptions restore;
+  restore.all_models = true;
+  EXPECT_EQ(client->RestoreTables(-1, restore).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  absl::StatusOr<bool> serving =
+      IsServing(shard_addresses_[0], wire::ClientSecurity(), std::chrono::seconds(3));
+  ASSERT_TRUE(serving.ok()) << serving.status();
+  EXPECT_TRUE(*serving);
+  std::string nobody = tessera::testing::LocalAddress(1);
+  EXPECT_EQ(IsServing(nobody, wire::ClientSecurity(), std::chrono::seconds(3)).status().code(),
+            absl::StatusCode::kUnavailable);
 }
 
 }  // namespace

@@ -148,7 +148,9 @@ grpc::Status CoordinatorService::Lookup(grpc::ServerContext* context,
     TESSERA_RETURN_IF_ERROR(CheckBatch(absl::StrCat("table '", request->table(), "'"),
                                        request->ids_size(), request->shard_map_version()));
     TESSERA_ASSIGN_OR_RETURN(
-        LookupView view, PrepareLookup(*request, config.dim(), options_.max_batch_ids, response));
+        LookupView view,
+        PrepareLookup(*request, config.dim(),
+                      {options_.max_batch_ids, "tessera-coordinator --max_batch_ids"}, response));
     embedding::TableBags part{request->table(), view.ids,           view.offsets,
                               view.weights,     request->pooling(), view.out};
     absl::Status s = cluster_.LookupBatch({&config, 1}, {&part, 1}, request->read_only());
@@ -162,8 +164,9 @@ grpc::Status CoordinatorService::BatchLookup(grpc::ServerContext* context,
                                              v1::BatchLookupResponse* response) {
   return Serve(context, Access::kRead, [&]() -> absl::Status {
     thread_local DecodedBatch batch;
-    TESSERA_RETURN_IF_ERROR(
-        PrepareBatchLookup(*request, Configs(), options_.max_batch_ids, response, &batch));
+    TESSERA_RETURN_IF_ERROR(PrepareBatchLookup(
+        *request, Configs(), {options_.max_batch_ids, "tessera-coordinator --max_batch_ids"},
+        response, &batch));
     TESSERA_RETURN_IF_ERROR(
         CheckBatch("batched lookup", batch.total_ids, request->shard_map_version()));
     absl::Status s = cluster_.LookupBatch(batch.configs, batch.lookups, request->read_only());

@@ -12,18 +12,18 @@ namespace tessera::server {
 
 namespace {
 
-// ResourceExhausted when an answer of `rows` rows (ids, or bags) is over `max_rows`.
-absl::Status CheckAnswerRows(const std::string& what, int64_t rows, int64_t max_rows) {
-  if (rows <= max_rows) return absl::OkStatus();
-  return absl::ResourceExhaustedError(
-      absl::StrCat(what, ": an answer of ", rows, " rows (ids, or bags) is over the limit of ",
-                   max_rows, " (--max_batch_ids): send smaller batches, or raise the limit"));
+// ResourceExhausted when an answer of `rows` rows (ids, or bags) is over the limit.
+absl::Status CheckAnswerRows(const std::string& what, int64_t rows, const AnswerLimit& limit) {
+  if (rows <= limit.max_rows) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, ": an answer of ", rows, " rows (ids, or bags) is over the limit of ", limit.max_rows,
+      " (", limit.flag, "): send smaller batches, or raise the limit"));
 }
 
 }  // namespace
 
 absl::StatusOr<LookupView> PrepareLookup(const v1::LookupRequest& request, int dim,
-                                         int64_t max_rows, v1::LookupResponse* response) {
+                                         const AnswerLimit& limit, v1::LookupResponse* response) {
   LookupView v;
   v.ids = absl::Span<const int64_t>(request.ids().data(), request.ids_size());
   v.offsets = absl::Span<const int32_t>(request.offsets().data(), request.offsets_size());
@@ -33,7 +33,7 @@ absl::StatusOr<LookupView> PrepareLookup(const v1::LookupRequest& request, int d
       const size_t rows, embedding::CheckLookupShape(absl::StrCat("table '", request.table(), "'"),
                                                      v.ids.size(), v.offsets, v.weights));
   TESSERA_RETURN_IF_ERROR(CheckAnswerRows(absl::StrCat("table '", request.table(), "'"),
-                                          static_cast<int64_t>(rows), max_rows));
+                                          static_cast<int64_t>(rows), limit));
   response->set_dim(dim);
   // Every value is written by the lookup, so the buffer is not zero-filled first.
   auto* values = response->mutable_values();
@@ -58,7 +58,7 @@ std::string TablePart(const std::string& table, size_t index) {
 }  // namespace
 
 absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const ConfigLookup& config,
-                                int64_t max_rows, v1::BatchLookupResponse* response,
+                                const AnswerLimit& limit, v1::BatchLookupResponse* response,
                                 DecodedBatch* batch) {
   const size_t n = request.tables_size();
   batch->configs.clear();
@@ -94,7 +94,7 @@ absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const Con
     batch->configs.push_back(std::move(c));
   }
   // The whole answer is bounded before any of it is allocated.
-  TESSERA_RETURN_IF_ERROR(CheckAnswerRows("batched lookup", total_rows, max_rows));
+  TESSERA_RETURN_IF_ERROR(CheckAnswerRows("batched lookup", total_rows, limit));
   for (size_t i = 0; i < n; ++i) {
     const size_t rows = answer_rows[i];
     const int dim = batch->configs[i].dim();

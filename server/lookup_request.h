@@ -25,12 +25,20 @@ struct LookupView {
   absl::Span<float> out;  // the response's values: (ids or bags, dim)
 };
 
+// The most rows (ids, or bags: empty bags cost no ids but answer a row each) a server
+// answers for one request, and the flag that sets it ("tessera-shard --max_batch_ids"),
+// which the refusal names.
+struct AnswerLimit {
+  int64_t max_rows = 0;
+  const char* flag = "";
+};
+
 // Checks weights and bag offsets of `request` for a table of `dim`, sets response->dim()
 // and sizes its values. InvalidArgument names the table and the broken rule;
-// ResourceExhausted, before anything is allocated, when the answer would hold more than
-// `max_rows` rows (ids, or bags: empty bags cost no ids but answer a row each).
+// ResourceExhausted, before anything is allocated, when the answer would hold more rows
+// than `limit` allows.
 absl::StatusOr<LookupView> PrepareLookup(const v1::LookupRequest& request, int dim,
-                                         int64_t max_rows, v1::LookupResponse* response);
+                                         const AnswerLimit& limit, v1::LookupResponse* response);
 
 // A table's request counts on a shard, bumped without a lock by the RPCs that serve it.
 struct TableCounters {
@@ -69,9 +77,9 @@ struct DecodedBatch {
 // weights with offsets and finite), adds one TableValues per table to `response`, sized
 // for its answer, and points each part's `out` there. NotFound or InvalidArgument names
 // the table; ResourceExhausted, before any answer is allocated, when the answers would
-// hold more than `max_rows` rows in all.
+// hold more rows in all than `limit` allows.
 absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const ConfigLookup& config,
-                                int64_t max_rows, v1::BatchLookupResponse* response,
+                                const AnswerLimit& limit, v1::BatchLookupResponse* response,
                                 DecodedBatch* batch);
 
 // Decodes and checks every table of `request` (known table, gradients of ids x dim floats,

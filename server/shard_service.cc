@@ -385,7 +385,9 @@ grpc::Status ShardService::Lookup(grpc::ServerContext* context, const v1::Lookup
     TESSERA_RETURN_IF_ERROR(
         CheckOwnership(config, absl::MakeConstSpan(request->ids().data(), request->ids_size())));
     TESSERA_ASSIGN_OR_RETURN(
-        LookupView view, PrepareLookup(*request, config.dim(), options_.max_batch_ids, response));
+        LookupView view,
+        PrepareLookup(*request, config.dim(),
+                      {options_.max_batch_ids, "tessera-shard --max_batch_ids"}, response));
     embedding::LookupOptions options;
     options.insert_missing = !request->read_only();
     absl::Status s =
@@ -408,8 +410,9 @@ grpc::Status ShardService::BatchLookup(grpc::ServerContext* context,
     TESSERA_RETURN_IF_ERROR(Enter(Traffic::kRead, request->shard_map_version(), *context));
     Admitted admitted(&reshard_, Traffic::kRead);
     thread_local DecodedBatch batch;
-    TESSERA_RETURN_IF_ERROR(
-        PrepareBatchLookup(*request, Configs(), options_.max_batch_ids, response, &batch));
+    TESSERA_RETURN_IF_ERROR(PrepareBatchLookup(
+        *request, Configs(), {options_.max_batch_ids, "tessera-shard --max_batch_ids"}, response,
+        &batch));
     TESSERA_RETURN_IF_ERROR(
         CheckBatch("batched lookup", batch.total_ids, request->shard_map_version()));
     for (size_t i = 0; i < batch.lookups.size(); ++i) {

@@ -258,8 +258,8 @@ TEST(ShardProcesses, ABatchOverTheIdLimitNamesTheFlagThatSetsIt) {
   EXPECT_THAT(cli(coordinator.address(), "lookup --table=t --ids=1,2,3"),
               ::testing::HasSubstr("1:"));
   EXPECT_THAT(cli(coordinator.address(), "lookup --table=t --ids=1,2,3,4"),
-              ::testing::HasSubstr("batch of 4 ids is over the limit of 3 (tessera-coordinator "
-                                   "--max_batch_ids)"));
+              ::testing::HasSubstr("4 rows (ids, or bags) is over the limit of 3 "
+                                   "(tessera-coordinator --max_batch_ids)"));
 }
 
 // A shard past its --memory_limit refuses new rows with the reason, over the wire; the

@@ -99,30 +99,28 @@ ABSL_FLAG(std::string, tables_file, "",
 namespace tessera::cli {
 namespace {
 
-// Every command, in the order usage lists them; each gets --table and either a client of
-// the coordinator (`tables`) or the coordinator's stub (`run`). health is answered before
-// either is made.
+// Every command, in the order usage lists them; each but health gets a client of the
+// coordinator and --table.
 struct Command {
   const char* name;
-  int (*run)(Coordinator::Stub& stub, const std::string& table);
-  int (*tables)(client::EmbeddingClient& tables, const std::string& table) = nullptr;
+  int (*run)(client::EmbeddingClient& tables, const std::string& table);
 };
 constexpr Command kCommands[] = {
-    {"health", nullptr},
-    {"tables", nullptr, Tables},
-    {"apply", nullptr, Apply},
-    {"create", nullptr, Create},
-    {"alter", nullptr, Alter},
-    {"drop", nullptr, Drop},
+    {"health", nullptr},  // of --address (default: the coordinator), with no client
+    {"tables", Tables},
+    {"apply", Apply},
+    {"create", Create},
+    {"alter", Alter},
+    {"drop", Drop},
     {"lookup", Lookup},
     {"stats", Stats},
     {"shardmap", PrintShardMap},
-    {"checkpoint", nullptr, TakeCheckpoint},
-    {"restore", [](Coordinator::Stub& stub, const std::string&) { return Restore(stub); }},
-    {"checkpoints", nullptr, Checkpoints},
+    {"checkpoint", TakeCheckpoint},
+    {"restore", Restore},
+    {"checkpoints", Checkpoints},
     {"export", Export},
     {"import", Import},
-    {"reshard", [](Coordinator::Stub& stub, const std::string&) { return Reshard(stub); }},
+    {"reshard", Reshard},
 };
 
 // "health|tables|...|import", or with `last` before the last: "health, ..., export or import".
@@ -137,17 +135,15 @@ std::string CommandNames(absl::string_view separator, absl::string_view last) {
 }
 
 int Run(const std::string& command) {
-  if (command == "health") return Health();
+  if (command == "health") {
+    const std::string address = absl::GetFlag(FLAGS_address);
+    return Health(address.empty() ? absl::GetFlag(FLAGS_coordinator) : address);
+  }
   for (const Command& c : kCommands) {
-    if (command != c.name) continue;
-    if (c.tables != nullptr) {
-      absl::StatusOr<std::unique_ptr<client::EmbeddingClient>> tables = Client();
-      if (!tables.ok()) return Fail(command, tables.status());
-      return c.tables(**tables, absl::GetFlag(FLAGS_table));
-    }
-    if (c.run == nullptr) continue;
-    auto stub = Coordinator::NewStub(Channel(absl::GetFlag(FLAGS_coordinator)));
-    return c.run(*stub, absl::GetFlag(FLAGS_table));
+    if (command != c.name || c.run == nullptr) continue;
+    absl::StatusOr<std::unique_ptr<client::EmbeddingClient>> tables = Client();
+    if (!tables.ok()) return Fail(command, tables.status());
+    return c.run(**tables, absl::GetFlag(FLAGS_table));
   }
   std::cerr << "tessera-cli: unknown command '" << command << "'; expected "
             << CommandNames(", ", " or ") << "\n";

@@ -12,7 +12,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "benchmarks/bench/process_stats.h"
+#include "benchmarks/bench/measures.h"
 #include "benchmarks/bench/report.h"
 #include "benchmarks/bench/runner.h"
 #include "gmock/gmock.h"

@@ -1,9 +1,8 @@
-#include "benchmarks/bench/echo_ceiling.h"
-
 #include <chrono>
 #include <memory>
 #include <string>
 
+#include "benchmarks/bench/measures.h"
 #include "benchmarks/echo.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 

@@ -1,5 +1,3 @@
-#include "benchmarks/bench/process_stats.h"
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -7,6 +5,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+
+#include "benchmarks/bench/measures.h"
 
 namespace tessera::bench {
 

@@ -16,9 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
-#include "benchmarks/bench/echo_ceiling.h"
 #include "benchmarks/bench/local_cluster.h"
-#include "benchmarks/bench/process_stats.h"
+#include "benchmarks/bench/measures.h"
 #include "benchmarks/memcpy_ceiling.h"
 #if TESSERA_HAVE_HIREDIS
 #include "benchmarks/bench/redis_collection.h"

@@ -1,8 +1,8 @@
 #ifndef TESSERA_TOOLS_CLI_CLI_H_
 #define TESSERA_TOOLS_CLI_CLI_H_
 
-// tessera-cli's commands and what they share: its flags, the coordinator's channel and
-// call context, and how failures and checkpoints are printed.
+// tessera-cli's commands and what they share: its flags, its client of the coordinator,
+// and how failures and checkpoints are printed.
 
 #include <cstdint>
 #include <memory>
@@ -15,8 +15,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "client/embedding_client.h"
-#include "grpcpp/grpcpp.h"
-#include "tessera/v1/embedding_service.grpc.pb.h"
 #include "wire/security.h"
 
 ABSL_DECLARE_FLAG(std::string, coordinator);
@@ -61,18 +59,16 @@ ABSL_DECLARE_FLAG(std::string, tables_file);
 
 namespace tessera::cli {
 
-using v1::Coordinator;
-
 // TLS and token from the shared flags (wire/security_flags.h), loaded in main().
 tessera::wire::ClientSecurity& Security();
-
-std::shared_ptr<grpc::Channel> Channel(const std::string& address);
 
 // A client of --coordinator in coordinator mode, with --deadline_ms and no retries (a
 // command says what failed at once).
 absl::StatusOr<std::unique_ptr<client::EmbeddingClient>> Client();
 
-std::unique_ptr<grpc::ClientContext> Context(int deadline_ms = absl::GetFlag(FLAGS_deadline_ms));
+// The config of table `name`; NotFound naming it when the cluster has no such table.
+absl::StatusOr<tessera::v1::TableConfig> TableConfig(client::EmbeddingClient& tables,
+                                                     const std::string& name);
 
 void PrintCheckpoint(const embedding::CheckpointInfo& c);
 
@@ -86,35 +82,34 @@ std::vector<tessera::v1::TableConfig> TablesOfModel(
 // Prints "tessera-cli: WHAT: CODE: message" (with what a shard or a TLS mismatch looks
 // like, for calls to the coordinator); returns 1, the exit code.
 int Fail(const std::string& what, const absl::Status& s);
-int Fail(const std::string& what, const grpc::Status& s);
+// Prints "tessera-cli: MESSAGE" (a command's flags or files are not what it needs); returns
+// 1, the exit code.
+int Refuse(absl::string_view message);
 
-// Calls that take long: checkpoints, restores, reshards.
-extern const int kCheckpointDeadlineMs;
-
-// The commands. Each returns the process's exit code and prints what went wrong. The table
-// commands go through the client library; the others call the coordinator's service.
-// Changes an existing table's optimizer settings to the flags given; prints the table's
-// settings before and after.
-int Alter(client::EmbeddingClient& tables, const std::string& table);
-int Create(client::EmbeddingClient& tables, const std::string& table);
+// The commands, a file each. Each returns the process's exit code and prints what went
+// wrong; each but health talks to the cluster through `tables`, a client of the
+// coordinator, and gets --table as `table`.
+int Health(const std::string& address);  // of a coordinator or a shard
 int Tables(client::EmbeddingClient& tables, const std::string&);
 // Creates every table of --tables_file; a table that exists with the same config is left
 // as it is, one with another config is an error (nothing is changed).
 int Apply(client::EmbeddingClient& tables, const std::string&);
+int Create(client::EmbeddingClient& tables, const std::string& table);
+// Changes an existing table's optimizer settings to the flags given.
+int Alter(client::EmbeddingClient& tables, const std::string& table);
 int Drop(client::EmbeddingClient& tables, const std::string& table);
-int Export(tessera::v1::Coordinator::Stub& stub, const std::string& table);
-int Import(tessera::v1::Coordinator::Stub& stub, const std::string& table);
-int Lookup(Coordinator::Stub& stub, const std::string& table);
-int Health();
-int Stats(Coordinator::Stub& stub, const std::string& table);
-int PrintShardMap(Coordinator::Stub& stub, const std::string&);
+int Lookup(client::EmbeddingClient& tables, const std::string& table);
+int Stats(client::EmbeddingClient& tables, const std::string& table);
+int PrintShardMap(client::EmbeddingClient& tables, const std::string&);
 int TakeCheckpoint(client::EmbeddingClient& tables, const std::string&);
-int Checkpoints(client::EmbeddingClient& tables, const std::string&);
 // One model's checkpoint, or with --all_models every model's: a restore rolls tables back,
 // so one without a model must say so.
-int Restore(Coordinator::Stub& stub);
+int Restore(client::EmbeddingClient& tables, const std::string&);
+int Checkpoints(client::EmbeddingClient& tables, const std::string&);
+int Export(client::EmbeddingClient& tables, const std::string& table);
+int Import(client::EmbeddingClient& tables, const std::string& table);
 // Moves the cluster to the shards of --shards while it trains on.
-int Reshard(Coordinator::Stub& stub);
+int Reshard(client::EmbeddingClient& tables, const std::string&);
 
 }  // namespace tessera::cli
 

@@ -8,29 +8,19 @@
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "client/channel_policy.h"
-#include "client/shard_router.h"
+#include "base/status.h"
 #include "embedding/collection.h"
-#include "grpcpp/grpcpp.h"
-#include "tessera/v1/embedding_service.grpc.pb.h"
 #include "tools/cli/cli.h"
 #include "wire/grpc_status.h"
 
 namespace tessera::cli {
 
-const int kCheckpointDeadlineMs = static_cast<int>(tessera::client::kCheckpointDeadline.count());
-
 // TLS and token from the shared flags (wire/security_flags.h), loaded in main().
 tessera::wire::ClientSecurity& Security() {
   static tessera::wire::ClientSecurity security;
   return security;
-}
-
-std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
-  grpc::ChannelArguments args = tessera::client::ChannelArgs();
-  auto credentials = tessera::wire::MakeChannelCredentials(Security(), &args);
-  return grpc::CreateCustomChannel(address, credentials, args);
 }
 
 absl::StatusOr<std::unique_ptr<client::EmbeddingClient>> Client() {
@@ -43,11 +33,13 @@ absl::StatusOr<std::unique_ptr<client::EmbeddingClient>> Client() {
   return client::EmbeddingClient::Connect(absl::GetFlag(FLAGS_coordinator), options);
 }
 
-std::unique_ptr<grpc::ClientContext> Context(int deadline_ms) {
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
-  tessera::wire::Authorize(Security(), ctx.get());
-  return ctx;
+absl::StatusOr<tessera::v1::TableConfig> TableConfig(client::EmbeddingClient& tables,
+                                                     const std::string& name) {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<tessera::v1::TableConfig> listed, tables.ListTables());
+  for (tessera::v1::TableConfig& t : listed) {
+    if (t.name() == name) return std::move(t);
+  }
+  return absl::NotFoundError(absl::StrCat("table '", name, "' not found"));
 }
 
 void PrintCheckpoint(const embedding::CheckpointInfo& c) {
@@ -100,8 +92,9 @@ std::vector<tessera::v1::TableConfig> TablesOfModel(
   return out;
 }
 
-int Fail(const std::string& what, const grpc::Status& s) {
-  return Fail(what, tessera::wire::FromGrpcStatus(s));
+int Refuse(absl::string_view message) {
+  std::cerr << "tessera-cli: " << message << "\n";
+  return 1;
 }
 
 int Fail(const std::string& what, const absl::Status& s) {

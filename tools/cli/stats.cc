@@ -1,4 +1,4 @@
-// tessera-cli health, stats and shardmap.
+// tessera-cli stats.
 #include <cstdio>
 #include <map>
 #include <string>
@@ -10,9 +10,6 @@
 #include "embedding/collection.h"
 #include "embedding/dtype.h"
 #include "embedding/optimizer.h"
-#include "grpc/health/v1/health.grpc.pb.h"
-#include "grpcpp/grpcpp.h"
-#include "tessera/v1/embedding_service.grpc.pb.h"
 #include "tools/cli/cli.h"
 #include "wire/checkpoint_proto.h"
 
@@ -44,15 +41,13 @@ std::string Bytes(int64_t n) {
 
 // Per table: its config, then one line per shard (address, health, rows and their share,
 // memory, traffic, evictions) and a total, so skew and a down shard stand out.
-void PrintStats(Coordinator::Stub& stub, const tessera::v1::StatsResponse& resp) {
-  tessera::v1::ListTablesResponse tables;
-  tessera::v1::ShardMap map;
-  (void)stub.ListTables(Context().get(), {}, &tables);
-  (void)stub.GetShardMap(Context().get(), {}, &map);
+void PrintStats(client::EmbeddingClient& client, const tessera::v1::StatsResponse& resp) {
+  const tessera::v1::ShardMap map = client.ShardMap().value_or(tessera::v1::ShardMap());
+  const std::vector<tessera::v1::TableConfig> tables =
+      client.ListTables().value_or(std::vector<tessera::v1::TableConfig>());
   std::map<std::string, std::vector<const tessera::v1::TableStats*>> by_table;
   for (const auto& t : resp.tables()) by_table[t.table()].push_back(&t);
-  for (const tessera::v1::TableConfig& c :
-       TablesOfModel({tables.tables().begin(), tables.tables().end()})) {
+  for (const tessera::v1::TableConfig& c : TablesOfModel(tables)) {
     const std::string& name = c.name();
     if (by_table.count(name) == 0) continue;  // not asked for (--table)
     const auto& shards = by_table[name];
@@ -127,45 +122,15 @@ void PrintAdmission(const tessera::v1::StatsResponse& resp) {
 
 }  // namespace
 
-int Health() {
-  std::string address = absl::GetFlag(FLAGS_address);
-  if (address.empty()) address = absl::GetFlag(FLAGS_coordinator);
-  auto stub = grpc::health::v1::Health::NewStub(Channel(address));
-  auto ctx = Context();
-  grpc::health::v1::HealthCheckResponse resp;
-  grpc::Status s = stub->Check(ctx.get(), {}, &resp);
-  if (!s.ok()) return Fail(absl::StrCat("health of ", address), s);
-  const bool serving = resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
-  std::printf("%s: %s\n", address.c_str(), serving ? "SERVING" : "NOT_SERVING");
-  return serving ? 0 : 1;
-}
-
-int Stats(Coordinator::Stub& stub, const std::string& table) {
-  tessera::v1::StatsRequest req;
-  req.set_table(table);
-  auto ctx = Context();
-  tessera::v1::StatsResponse resp;
-  grpc::Status s = stub.Stats(ctx.get(), req, &resp);
-  if (!s.ok()) return Fail("stats", s);
-  PrintStats(stub, resp);
-  PrintMemoryBudgets(resp);
-  PrintAdmission(resp);
-  for (const auto& c : resp.checkpoints()) {
+int Stats(client::EmbeddingClient& tables, const std::string& table) {
+  absl::StatusOr<tessera::v1::StatsResponse> resp = tables.Stats(table);
+  if (!resp.ok()) return Fail("stats", resp.status());
+  PrintStats(tables, *resp);
+  PrintMemoryBudgets(*resp);
+  PrintAdmission(*resp);
+  for (const auto& c : resp->checkpoints()) {
     std::printf("checkpoint ");
     PrintCheckpoint(wire::FromProto(c));
-  }
-  return 0;
-}
-
-int PrintShardMap(Coordinator::Stub& stub, const std::string&) {
-  auto ctx = Context();
-  tessera::v1::ShardMap map;
-  grpc::Status s = stub.GetShardMap(ctx.get(), {}, &map);
-  if (!s.ok()) return Fail("shardmap", s);
-  std::printf("version %llu\n", static_cast<unsigned long long>(map.version()));
-  for (const auto& sh : map.shards()) {
-    std::printf("shard %d  %s  %s\n", sh.index(), sh.address().c_str(),
-                sh.serving() ? "serving" : "DOWN");
   }
   return 0;
 }
