@@ -31,18 +31,7 @@ CoordinatorService::CoordinatorService(client::ShardRouter* router, uint64_t sha
 
 absl::Status CoordinatorService::CheckBatch(const std::string& what, int64_t ids,
                                             uint64_t version) const {
-  if (ids > options_.max_batch_ids) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        what, ": batch of ", ids, " ids is over the limit of ", options_.max_batch_ids,
-        " (tessera-coordinator --max_batch_ids): send smaller batches, or raise the limit"));
-  }
-  // As a shard would: a request built on another map is refused, not routed on this one.
-  if (const uint64_t serving = cluster_.shard_map_version(); version != 0 && version != serving) {
-    return absl::FailedPreconditionError(absl::StrCat(what, ": request built on shard map version ",
-                                                      version, ", the coordinator serves version ",
-                                                      serving, "; refresh the shard map"));
-  }
-  return absl::OkStatus();
+  return CheckRequest(what, ids, Limit(), version, "the coordinator", cluster_.shard_map_version());
 }
 
 grpc::Status CoordinatorService::CreateTable(grpc::ServerContext* context,
@@ -147,10 +136,8 @@ grpc::Status CoordinatorService::Lookup(grpc::ServerContext* context,
     TESSERA_ASSIGN_OR_RETURN(v1::TableConfig config, cluster_.Config(request->table()));
     TESSERA_RETURN_IF_ERROR(CheckBatch(absl::StrCat("table '", request->table(), "'"),
                                        request->ids_size(), request->shard_map_version()));
-    TESSERA_ASSIGN_OR_RETURN(
-        LookupView view,
-        PrepareLookup(*request, config.dim(),
-                      {options_.max_batch_ids, "tessera-coordinator --max_batch_ids"}, response));
+    TESSERA_ASSIGN_OR_RETURN(LookupView view,
+                             PrepareLookup(*request, config.dim(), Limit(), response));
     embedding::TableBags part{request->table(), view.ids,           view.offsets,
                               view.weights,     request->pooling(), view.out};
     absl::Status s = cluster_.LookupBatch({&config, 1}, {&part, 1}, request->read_only());
@@ -164,9 +151,7 @@ grpc::Status CoordinatorService::BatchLookup(grpc::ServerContext* context,
                                              v1::BatchLookupResponse* response) {
   return Serve(context, Access::kRead, [&]() -> absl::Status {
     thread_local DecodedBatch batch;
-    TESSERA_RETURN_IF_ERROR(PrepareBatchLookup(
-        *request, Configs(), {options_.max_batch_ids, "tessera-coordinator --max_batch_ids"},
-        response, &batch));
+    TESSERA_RETURN_IF_ERROR(PrepareBatchLookup(*request, Configs(), Limit(), response, &batch));
     TESSERA_RETURN_IF_ERROR(
         CheckBatch("batched lookup", batch.total_ids, request->shard_map_version()));
     absl::Status s = cluster_.LookupBatch(batch.configs, batch.lookups, request->read_only());

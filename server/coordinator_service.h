@@ -88,6 +88,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // ResourceExhausted for a batch over the limit, FailedPrecondition for a request built on
   // another shard map version than the one served (`version` 0: not checked).
   absl::Status CheckBatch(const std::string& what, int64_t ids, uint64_t version) const;
+  AnswerLimit Limit() const {
+    return {options_.max_batch_ids, "tessera-coordinator --max_batch_ids"};
+  }
   ConfigLookup Configs() const {
     return [this](const std::string& t, std::shared_ptr<TableCounters>*) {
       return cluster_.Config(t);

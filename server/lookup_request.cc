@@ -22,6 +22,22 @@ absl::Status CheckAnswerRows(const std::string& what, int64_t rows, const Answer
 
 }  // namespace
 
+absl::Status CheckRequest(const std::string& what, int64_t ids, const AnswerLimit& limit,
+                          uint64_t version, const std::string& server, uint64_t serving) {
+  if (ids > limit.max_rows) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": batch of ", ids, " ids is over ", server, "'s limit of ", limit.max_rows, " (",
+        limit.flag, "): send smaller batches, or raise the limit"));
+  }
+  // A request built on another map is refused, not served (or routed) on this one.
+  if (version != 0 && version != serving) {
+    return absl::FailedPreconditionError(absl::StrCat(what, ": request built on shard map version ",
+                                                      version, ", ", server, " serves version ",
+                                                      serving, "; refresh the shard map"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<LookupView> PrepareLookup(const v1::LookupRequest& request, int dim,
                                          const AnswerLimit& limit, v1::LookupResponse* response) {
   LookupView v;

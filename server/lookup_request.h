@@ -33,6 +33,12 @@ struct AnswerLimit {
   const char* flag = "";
 };
 
+// A server's checks of any request before its values: ResourceExhausted when its `ids` are
+// over `limit` (naming the flag); FailedPrecondition when it was built on shard map
+// `version` (0: any) while `server` ("shard 2", "the coordinator") serves `serving`.
+absl::Status CheckRequest(const std::string& what, int64_t ids, const AnswerLimit& limit,
+                          uint64_t version, const std::string& server, uint64_t serving);
+
 // Checks weights and bag offsets of `request` for a table of `dim`, sets response->dim()
 // and sizes its values. InvalidArgument names the table and the broken rule;
 // ResourceExhausted, before anything is allocated, when the answer would hold more rows

@@ -273,20 +273,8 @@ absl::StatusOr<v1::TableConfig> ShardService::Config(
 
 absl::Status ShardService::CheckBatch(const std::string& table, int64_t ids,
                                       uint64_t version) const {
-  if (ids > options_.max_batch_ids) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(table, ": batch of ", ids, " ids is over shard ", reshard_.index(),
-                     "'s limit of ", options_.max_batch_ids,
-                     " (tessera-shard --max_batch_ids): send smaller batches, or "
-                     "raise the limit"));
-  }
-  const uint64_t serving = reshard_.version();
-  if (version != 0 && version != serving) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("shard ", reshard_.index(), ": request built on shard map version ", version,
-                     ", this shard serves version ", serving, "; refresh the shard map"));
-  }
-  return absl::OkStatus();
+  return CheckRequest(table, ids, Limit(), version, absl::StrCat("shard ", reshard_.index()),
+                      reshard_.version());
 }
 
 absl::Status ShardService::CheckOwnership(const v1::TableConfig& config,
@@ -384,10 +372,8 @@ grpc::Status ShardService::Lookup(grpc::ServerContext* context, const v1::Lookup
                                        request->ids_size(), request->shard_map_version()));
     TESSERA_RETURN_IF_ERROR(
         CheckOwnership(config, absl::MakeConstSpan(request->ids().data(), request->ids_size())));
-    TESSERA_ASSIGN_OR_RETURN(
-        LookupView view,
-        PrepareLookup(*request, config.dim(),
-                      {options_.max_batch_ids, "tessera-shard --max_batch_ids"}, response));
+    TESSERA_ASSIGN_OR_RETURN(LookupView view,
+                             PrepareLookup(*request, config.dim(), Limit(), response));
     embedding::LookupOptions options;
     options.insert_missing = !request->read_only();
     absl::Status s =
@@ -410,9 +396,7 @@ grpc::Status ShardService::BatchLookup(grpc::ServerContext* context,
     TESSERA_RETURN_IF_ERROR(Enter(Traffic::kRead, request->shard_map_version(), *context));
     Admitted admitted(&reshard_, Traffic::kRead);
     thread_local DecodedBatch batch;
-    TESSERA_RETURN_IF_ERROR(PrepareBatchLookup(
-        *request, Configs(), {options_.max_batch_ids, "tessera-shard --max_batch_ids"}, response,
-        &batch));
+    TESSERA_RETURN_IF_ERROR(PrepareBatchLookup(*request, Configs(), Limit(), response, &batch));
     TESSERA_RETURN_IF_ERROR(
         CheckBatch("batched lookup", batch.total_ids, request->shard_map_version()));
     for (size_t i = 0; i < batch.lookups.size(); ++i) {

@@ -161,6 +161,7 @@ class ShardService final
   }
   // Checks the ids of a request: their count against the limit, the map version.
   absl::Status CheckBatch(const std::string& table, int64_t ids, uint64_t version) const;
+  AnswerLimit Limit() const { return {options_.max_batch_ids, "tessera-shard --max_batch_ids"}; }
   // Checks that every id belongs to this shard (shard `index` of `num_shards`; -1: its
   // place now).
   absl::Status CheckOwnership(const v1::TableConfig& config, absl::Span<const int64_t> ids,

@@ -141,9 +141,7 @@ absl::Status PushOnes(embedding::EmbeddingCollection& c, const std::vector<int64
 
 // The same case through the smart client and through the coordinator, each on a fresh
 // cluster.
-using ExactlyOnceInEachMode = testing::InEachClientMode<ExactlyOnceTest>;
-INSTANTIATE_TEST_SUITE_P(Modes, ExactlyOnceInEachMode, testing::BothClientModes(),
-                         testing::ClientModeName);
+TESSERA_IN_EACH_CLIENT_MODE(ExactlyOnceInEachMode, ExactlyOnceTest);
 
 TEST_P(ExactlyOnceInEachMode, ShardsThatApplyAndLoseTheirAnswerApplyEachPushOnce) {
   const client::ClientOptions::Mode mode = GetParam();

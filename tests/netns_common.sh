@@ -23,4 +23,17 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
+# link_namespace K ADDRESS [BRIDGE]: a veth pair from this namespace (end ${TAG}hK, up, in
+# BRIDGE when given) into namespace ${TAG}nK (end ${TAG}vK, up, with ADDRESS/24), whose
+# loopback comes up too.
+link_namespace() {
+  local k="$1" address="$2" bridge="${3:-}" ns="${TAG}n$1"
+  ip link add "${TAG}h$k" type veth peer name "${TAG}v$k"
+  ip link set "${TAG}v$k" netns "$ns"
+  if [ -n "$bridge" ]; then ip link set "${TAG}h$k" master "$bridge"; fi
+  ip link set "${TAG}h$k" up
+  ip netns exec "$ns" ip addr add "$address/24" dev "${TAG}v$k"
+  ip netns exec "$ns" ip link set "${TAG}v$k" up
+  ip netns exec "$ns" ip link set lo up
+}
 ip netns add "${TAG}n0" 2>/dev/null || skip "cannot create network namespaces here"

@@ -19,13 +19,8 @@ ip netns add "${TAG}n1"
 shards=""
 for k in 0 1; do
   ns="${TAG}n$k"
-  ip link add "${TAG}h$k" type veth peer name "${TAG}s$k"
-  ip link set "${TAG}s$k" netns "$ns"
+  link_namespace "$k" "$NET.$k.2"
   ip addr add "$NET.$k.1/24" dev "${TAG}h$k"
-  ip link set "${TAG}h$k" up
-  ip netns exec "$ns" ip addr add "$NET.$k.2/24" dev "${TAG}s$k"
-  ip netns exec "$ns" ip link set "${TAG}s$k" up
-  ip netns exec "$ns" ip link set lo up
   ip netns exec "$ns" "$BIN/tessera-shard" --host="$NET.$k.2" --port=7001 --shard_index="$k" \
     --num_shards=2 > "$WORK/shard-$k.log" 2>&1 &
   PIDS+=($!)

@@ -18,14 +18,7 @@ ip netns add "${TAG}n1"
 ip addr add "$NET.1/24" dev "${TAG}br"
 ip link set "${TAG}br" up
 for k in 0 1; do
-  ns="${TAG}n$k"
-  ip link add "${TAG}h$k" type veth peer name "${TAG}w$k"
-  ip link set "${TAG}w$k" netns "$ns"
-  ip link set "${TAG}h$k" master "${TAG}br"
-  ip link set "${TAG}h$k" up
-  ip netns exec "$ns" ip addr add "$NET.$((k + 2))/24" dev "${TAG}w$k"
-  ip netns exec "$ns" ip link set "${TAG}w$k" up
-  ip netns exec "$ns" ip link set lo up
+  link_namespace "$k" "$NET.$((k + 2))" "${TAG}br"
 done
 
 for k in 0 1; do

@@ -260,9 +260,7 @@ class ReshardTest : public ::testing::Test {
 
 // The same case through the smart client and through the coordinator, each on a fresh
 // cluster.
-using ReshardInEachMode = testing::InEachClientMode<ReshardTest>;
-INSTANTIATE_TEST_SUITE_P(Modes, ReshardInEachMode, testing::BothClientModes(),
-                         testing::ClientModeName);
+TESSERA_IN_EACH_CLIENT_MODE(ReshardInEachMode, ReshardTest);
 
 TEST_P(ReshardInEachMode, PushesDuringTwoToThreeToTwoWithLostAnswersEqualAReplay) {
   const client::ClientOptions::Mode mode = GetParam();

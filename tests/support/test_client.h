@@ -42,11 +42,18 @@ inline std::string ClientModeName(
 }
 
 // Fixture's cases, each run once through each client mode (GetParam()) on a fresh fixture:
-// `using SuiteInEachMode = InEachClientMode<SuiteTest>;`, then the INSTANTIATE above.
+// TESSERA_IN_EACH_CLIENT_MODE below.
 template <typename Fixture>
 class InEachClientMode : public Fixture,
                          public ::testing::WithParamInterface<client::ClientOptions::Mode> {};
 
 }  // namespace tessera::testing
+
+// Declares test suite `Suite`: the TEST_P cases of Suite run on a fresh `Fixture` once
+// through each client mode, named .../Smart and .../Coordinator.
+#define TESSERA_IN_EACH_CLIENT_MODE(Suite, Fixture)                             \
+  using Suite = ::tessera::testing::InEachClientMode<Fixture>;                  \
+  INSTANTIATE_TEST_SUITE_P(Modes, Suite, ::tessera::testing::BothClientModes(), \
+                           ::tessera::testing::ClientModeName)
 
 #endif  // TESSERA_TESTS_SUPPORT_TEST_CLIENT_H_

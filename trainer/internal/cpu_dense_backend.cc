@@ -6,6 +6,7 @@
 
 #include "Eigen/Dense"
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "trainer/dense_backend.h"
 #include "trainer/internal/dlrm_layout.h"
 
@@ -77,15 +78,12 @@ class CpuDenseBackend final : public trainer::DenseBackend {
     RunLayers(top_, top_in_, top_h_);
     const Mat& out = top_h_.back();
     for (int b = 0; b < batch; ++b) logits[b] = out(0, b);
-    forward_done_ = true;
+    forward_.Open();
     return absl::OkStatus();
   }
 
   absl::StatusOr<double> Backward(const float* labels, float* embedding_grads) override {
-    if (!forward_done_) {
-      return absl::FailedPreconditionError("Backward called without a Forward");
-    }
-    forward_done_ = false;
+    TESSERA_RETURN_IF_ERROR(forward_.Take());
     const int batch = batch_;
     const int d = config_.emb_dim;
     const int f1 = config_.num_sparse + 1;
@@ -149,7 +147,7 @@ class CpuDenseBackend final : public trainer::DenseBackend {
     m_.swap(m);
     v_.swap(v);
     adam_t_ = t;
-    forward_done_ = false;
+    forward_.Close();
     return absl::OkStatus();
   }
 
@@ -229,7 +227,7 @@ class CpuDenseBackend final : public trainer::DenseBackend {
   int64_t adam_t_ = 0;
 
   int batch_ = 0;
-  bool forward_done_ = false;
+  ForwardGate forward_;  // open from a Forward to its Backward
   const float* embeddings_ = nullptr;
   Mat input_;
   std::vector<Mat> bottom_h_, top_h_;

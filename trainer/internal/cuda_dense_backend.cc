@@ -265,7 +265,7 @@ class CudaDenseBackend final : public trainer::DenseBackend {
     TESSERA_CUDA_RETURN(cudaSetDevice(device_));
     TESSERA_RETURN_IF_ERROR(PushHostParameters());
     TESSERA_RETURN_IF_ERROR(EnsureBatch(batch));
-    forward_done_ = false;
+    forward_.Close();
     batch_ = batch;
     const int d = config_.emb_dim;
     const size_t emb_floats = static_cast<size_t>(config_.num_sparse) * batch * d;
@@ -303,15 +303,12 @@ class CudaDenseBackend final : public trainer::DenseBackend {
     }));
     TESSERA_CUDA_RETURN(cudaStreamSynchronize(compute_));
     std::memcpy(logits, pinned_logits_.get(), batch * sizeof(float));
-    forward_done_ = true;
+    forward_.Open();
     return absl::OkStatus();
   }
 
   absl::StatusOr<double> Backward(const float* labels, float* embedding_grads) override {
-    if (!forward_done_) {
-      return absl::FailedPreconditionError("Backward called without a Forward");
-    }
-    forward_done_ = false;
+    TESSERA_RETURN_IF_ERROR(forward_.Take());
     TESSERA_RETURN_IF_ERROR(TakeError());
     TESSERA_CUDA_RETURN(cudaSetDevice(device_));
     const int batch = batch_;
@@ -400,7 +397,7 @@ class CudaDenseBackend final : public trainer::DenseBackend {
     host_params_valid_ = true;
     host_params_dirty_ = false;
     adam_t_ = t;
-    forward_done_ = false;
+    forward_.Close();
     return absl::OkStatus();
   }
 
@@ -710,7 +707,7 @@ class CudaDenseBackend final : public trainer::DenseBackend {
 
   int capacity_ = 0;  // samples the buffers below hold
   int batch_ = 0;
-  bool forward_done_ = false;
+  ForwardGate forward_;  // open from a Forward to its Backward
   std::vector<DeviceFloats> bottom_h_, top_h_;
   DeviceFloats dense_in_, emb_, emb_grad_, t_, dt_, gram_, top_in_, d_z0_, labels_, loss_, ones_;
   DeviceFloats back_[2];

@@ -54,6 +54,22 @@ std::string EncodeDenseState(absl::Span<const float> params, absl::Span<const fl
 absl::Status DecodeDenseState(absl::string_view state, absl::Span<float> params,
                               absl::Span<float> m, absl::Span<float> v, int64_t* adam_step);
 
+// The activations of a Forward, which one Backward consumes: a Backward with no Forward
+// of its own before it is refused (FailedPrecondition).
+class ForwardGate {
+ public:
+  void Open() { open_ = true; }
+  void Close() { open_ = false; }
+  absl::Status Take() {
+    if (!open_) return absl::FailedPreconditionError("Backward called without a Forward");
+    open_ = false;
+    return absl::OkStatus();
+  }
+
+ private:
+  bool open_ = false;
+};
+
 }  // namespace tessera::trainer_internal
 
 #endif  // TESSERA_TRAINER_INTERNAL_DLRM_LAYOUT_H_
