@@ -108,6 +108,12 @@ Push MakePush(std::mt19937_64& rng, int i) {
   return p;
 }
 
+// MakePush's first push from a generator seeded with `seed`.
+Push FirstPush(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  return MakePush(rng, 0);
+}
+
 // Push `p`'s parts of tables a and b.
 std::vector<embedding::TableGradients> PartsOf(const Push& p) {
   return {{"a", p.a, p.ga}, {"b", p.b, p.gb}};
@@ -192,6 +198,16 @@ class ReshardTest : public ::testing::Test {
                 int64_t step) {
     ASSERT_TRUE(c.PushGradients(table, ids, gradients, step).ok());
     ASSERT_TRUE(reference_->PushGradients(table, ids, gradients, step).ok());
+  }
+
+  // A smart client, with table "a" (SGD) made on the cluster and in the reference, and
+  // MakePush's first push from `seed` (its ids `a`) applied to both at step 1.
+  std::unique_ptr<client::EmbeddingClient> ConnectWithTableA(uint64_t seed, Push* p) {
+    auto c = Connect(client::ClientOptions::Mode::kSmart);
+    CreateBoth(*c, Table("a", v1::SGD, 11));
+    *p = FirstPush(seed);
+    PushBoth(*c, "a", p->a, p->ga, 1);
+    return c;
   }
 
   // The coordinator's Reshard to `shards` (indices into shards_).
@@ -333,8 +349,7 @@ TEST_P(ReshardInEachMode, PushesDuringTwoToThreeToTwoWithLostAnswersEqualAReplay
 // the new shard) do not take it again, the others do.
 TEST_F(ReshardTest, APushHalfAppliedBeforeAReshardIsCompletedOnceAfterIt) {
   auto c = Connect(client::ClientOptions::Mode::kSmart);
-  std::mt19937_64 rng(3);
-  const Push p = MakePush(rng, 0);
+  const Push p = FirstPush(3);
   embedding::RequestId id;
   ASSERT_NO_FATAL_FAILURE(HalfApply(*c, p, &id));
   v1::ReshardClusterResponse r;
@@ -351,8 +366,7 @@ TEST_F(ReshardTest, APushHalfAppliedBeforeAReshardIsCompletedOnceAfterIt) {
 // its request id, the push still reaches each row once.
 TEST_F(ReshardTest, APushHalfAppliedBeforeAReshardIsCompletedOnceAcrossRestarts) {
   auto c = Connect(client::ClientOptions::Mode::kSmart);
-  std::mt19937_64 rng(5);
-  const Push p = MakePush(rng, 0);
+  const Push p = FirstPush(5);
   embedding::RequestId id;
   ASSERT_NO_FATAL_FAILURE(HalfApply(*c, p, &id));
   shards_[0].Stop();
@@ -434,11 +448,9 @@ TEST_F(ReshardTest, ARestoreArrivingDuringAReshardWaitsForItAndBothEnd) {
 // before anything is published, naming the flag; the old map serves on, and the same
 // reshard works once the shard runs with the version it names.
 TEST_F(ReshardTest, ANewShardOfAnotherMapVersionIsRefusedBeforeAnythingIsPublished) {
-  auto c = Connect(client::ClientOptions::Mode::kSmart);
-  CreateBoth(*c, Table("a", v1::SGD, 11));
-  std::mt19937_64 rng(6);
-  const Push p = MakePush(rng, 0);
-  ASSERT_NO_FATAL_FAILURE(PushBoth(*c, "a", p.a, p.ga, 1));
+  Push p;
+  std::unique_ptr<client::EmbeddingClient> c;
+  ASSERT_NO_FATAL_FAILURE(c = ConnectWithTableA(6, &p));
   // Shard 2 started anew, empty, serving `version`.
   auto restart_new_shard = [&](uint64_t version) {
     shards_[2].Stop();
@@ -469,11 +481,9 @@ TEST_F(ReshardTest, ANewShardOfAnotherMapVersionIsRefusedBeforeAnythingIsPublish
 // Rows an aborted reshard copied to a new shard do not come back: a table dropped (and made
 // again) meanwhile holds only its new rows once the next reshard commits.
 TEST_F(ReshardTest, ADroppedTablesRowsDoNotComeBackFromAnAbortedReshardsCopies) {
-  auto c = Connect(client::ClientOptions::Mode::kSmart);
-  CreateBoth(*c, Table("a", v1::SGD, 11));
-  std::mt19937_64 rng(7);
-  const Push p = MakePush(rng, 0);
-  ASSERT_NO_FATAL_FAILURE(PushBoth(*c, "a", p.a, p.ga, 1));
+  Push p;
+  std::unique_ptr<client::EmbeddingClient> c;
+  ASSERT_NO_FATAL_FAILURE(c = ConnectWithTableA(7, &p));
   // Shard 0 loses its answer to the catch-up round, after the rows came to shard 2.
   shards_[0].loser->LoseAnswers(1, /*after=*/1);
   v1::ReshardClusterResponse r;
@@ -494,11 +504,9 @@ TEST_F(ReshardTest, ADroppedTablesRowsDoNotComeBackFromAnAbortedReshardsCopies) 
 // A reshard that fails before it publishes changes nothing (the frozen shards go on);
 // one that fails after it publishes is finished by repeating it.
 TEST_F(ReshardTest, AFailedReshardIsAbortedOrFinishedByRepeatingIt) {
-  auto c = Connect(client::ClientOptions::Mode::kSmart);
-  CreateBoth(*c, Table("a", v1::SGD, 11));
-  std::mt19937_64 rng(5);
-  const Push p = MakePush(rng, 0);
-  ASSERT_NO_FATAL_FAILURE(PushBoth(*c, "a", p.a, p.ga, 1));
+  Push p;
+  std::unique_ptr<client::EmbeddingClient> c;
+  ASSERT_NO_FATAL_FAILURE(c = ConnectWithTableA(5, &p));
   // Shard 0 freezes and loses its answer: the reshard is aborted, shard 0 included.
   shards_[0].loser->LoseAnswers(1);
   v1::ReshardClusterResponse r;

@@ -65,6 +65,20 @@ void ExpectRefused(const std::string& args, const std::string& says) {
   EXPECT_THAT(r.output, testing::HasSubstr(says)) << args;
 }
 
+// Where no GPU is usable (`usable` is why), `args` fail at start-up, before any data is
+// read, naming `flag`, what is missing and `instead` (what runs without a GPU); skipped
+// where a GPU is (TesseraTrainCuda, ctest label gpu, runs it there).
+void ExpectRefusedWithoutAGpu(const std::string& args, const absl::Status& usable,
+                              const std::string& flag, const std::string& instead) {
+  if (usable.ok()) GTEST_SKIP() << "a GPU is here: TesseraTrainCuda (ctest label gpu) runs it";
+  const Result r = RunTrain(args);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, testing::HasSubstr(flag));
+  EXPECT_THAT(r.output, testing::HasSubstr(std::string(usable.message())));
+  EXPECT_THAT(r.output, testing::HasSubstr(instead));
+  EXPECT_THAT(r.output, testing::Not(testing::HasSubstr("step 1")));
+}
+
 // A path in a directory of this process's own: two suites running at once on one machine
 // must not write each other's files.
 std::string TempPath(const std::string& name) {
@@ -287,46 +301,41 @@ TEST(TesseraTrain, BadFlagsGiveClearErrors) {
 TEST(TesseraTrain, DenseBackendFlagRefusesWhatCannotRunHere) {
   ExpectRefused("--dense_backend=tpu --steps=1", "dense backend must be cpu or cuda, got 'tpu'");
   ExpectRefused("--cuda_device=1 --steps=1", "--cuda_device=1 needs --dense_backend=cuda");
-  const absl::Status usable = tessera::trainer::CudaBackendUsable();
-  if (usable.ok()) GTEST_SKIP() << "a GPU is here: TesseraTrainCuda (ctest label gpu) runs it";
-  // No GPU, no driver or no CUDA in the build: a clear failure at start-up naming what is
-  // missing, before any data is read.
-  const Result r = RunTrain("--dense_backend=cuda --steps=5");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_THAT(r.output, testing::HasSubstr("--dense_backend=cuda"));
-  EXPECT_THAT(r.output, testing::HasSubstr(std::string(usable.message())));
-  EXPECT_THAT(r.output, testing::HasSubstr("--dense_backend=cpu runs without a GPU"));
-  EXPECT_THAT(r.output, testing::Not(testing::HasSubstr("step 1")));
+  // No GPU, no driver or no CUDA in the build.
+  ExpectRefusedWithoutAGpu("--dense_backend=cuda --steps=5", tessera::trainer::CudaBackendUsable(),
+                           "--dense_backend=cuda", "--dense_backend=cpu runs without a GPU");
 }
 
 TEST(TesseraTrain, DeviceTablesFlagRefusesWhatCannotRunHere) {
   ExpectRefused("--shards=cuda --steps=1", "--shards=cuda keeps the tables in the dense "
                                            "network's GPU: it needs --dense_backend=cuda");
-  const absl::Status usable = tessera::embedding::device::DeviceTable::Usable(0);
-  if (usable.ok()) GTEST_SKIP() << "a GPU is here: TesseraTrainCuda (ctest label gpu) runs it";
-  // No GPU, no driver or no CUDA in the build: a clear failure at start-up naming what is
-  // missing, before any data is read.
-  const Result r = RunTrain("--shards=cuda --dense_backend=cuda --steps=5");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_THAT(r.output, testing::HasSubstr("FAILED_PRECONDITION: --shards=cuda: "));
-  EXPECT_THAT(r.output, testing::HasSubstr(std::string(usable.message())));
-  EXPECT_THAT(r.output, testing::HasSubstr("--shards=inproc:N runs without"));
-  EXPECT_THAT(r.output, testing::Not(testing::HasSubstr("step 1")));
+  ExpectRefusedWithoutAGpu(
+      "--shards=cuda --dense_backend=cuda --steps=5",
+      tessera::embedding::device::DeviceTable::Usable(0),
+      "FAILED_PRECONDITION: --shards=cuda: ", "--shards=inproc:N runs without");
+}
+
+// The default run on the CPU (metrics to `cpu`) and with `gpu_flags` (metrics to `gpu`, its
+// output saying `gpu_says`) reach the same held-out AUC (within 0.002).
+void ExpectTheCpuRunsAuc(const std::string& gpu_flags, const std::string& gpu_says,
+                         const std::string& cpu, const std::string& gpu) {
+  Result a = RunTrain(absl::StrCat("--dense_backend=cpu --metrics_out=", cpu));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  Result b = RunTrain(absl::StrCat(gpu_flags, " --metrics_out=", gpu));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_THAT(b.output, testing::HasSubstr(gpu_says));
+  const double auc_cpu = JsonNumber(ReadLines(cpu).back(), "auc");
+  const double auc_gpu = JsonNumber(ReadLines(gpu).back(), "auc");
+  std::printf("held-out AUC: cpu %.5f, %s %.5f\n", auc_cpu, gpu_flags.c_str(), auc_gpu);
+  EXPECT_NEAR(auc_gpu, auc_cpu, 0.002);
 }
 
 // Run by `train_e2e_test --gpu` (ctest: train_cuda_test, label gpu) where a GPU is.
 // The default run with the dense network on the GPU reaches the CPU backend's AUC.
 TEST(TesseraTrainCuda, DefaultRunReachesTheCpuBackendsAuc) {
   const std::string cpu = TempPath("cpu.jsonl"), gpu = TempPath("gpu.jsonl");
-  Result a = RunTrain(absl::StrCat("--dense_backend=cpu --metrics_out=", cpu));
-  ASSERT_EQ(a.exit_code, 0) << a.output;
-  Result b = RunTrain(absl::StrCat("--dense_backend=cuda --metrics_out=", gpu));
-  ASSERT_EQ(b.exit_code, 0) << b.output;
-  EXPECT_THAT(b.output, testing::HasSubstr("model: 'dlrm' (DLRM) on cuda:0"));
-  const double auc_cpu = JsonNumber(ReadLines(cpu).back(), "auc");
-  const double auc_gpu = JsonNumber(ReadLines(gpu).back(), "auc");
-  std::printf("held-out AUC: cpu %.5f, cuda %.5f\n", auc_cpu, auc_gpu);
-  EXPECT_NEAR(auc_gpu, auc_cpu, 0.002);
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectTheCpuRunsAuc("--dense_backend=cuda", "model: 'dlrm' (DLRM) on cuda:0", cpu, gpu));
   const std::vector<double> lc = TrainLosses(cpu), lg = TrainLosses(gpu);
   ASSERT_EQ(lc.size(), lg.size());
   // The first logged loss (step 100) is before the two runs' small differences compound.
@@ -336,49 +345,36 @@ TEST(TesseraTrainCuda, DefaultRunReachesTheCpuBackendsAuc) {
 // Every table in the GPU's memory (--shards=cuda): the default run reaches the CPU run's
 // AUC (issue 28's check).
 TEST(TesseraTrainCuda, DeviceTablesReachTheCpuRunsAuc) {
-  const std::string cpu = TempPath("cpu-host.jsonl"), gpu = TempPath("gpu-device.jsonl");
-  Result a = RunTrain(absl::StrCat("--dense_backend=cpu --metrics_out=", cpu));
+  ExpectTheCpuRunsAuc("--dense_backend=cuda --shards=cuda", "device tables on GPU 0",
+                      TempPath("cpu-host.jsonl"), TempPath("gpu-device.jsonl"));
+}
+
+// A run of 200 steps with `flags` and `first`, checkpointed into `dir`, resumes with
+// `flags` and `second` from its checkpoint of step 200 and runs on to step 400.
+void ExpectResumedWith(const std::string& flags, const std::string& first,
+                       const std::string& second, const std::string& dir) {
+  const std::string common = "--log_every=50 --held_out=5000 " + flags;
+  Result a = RunTrain(
+      absl::StrCat(common, " --steps=200 --checkpoint_every=100 --data_dir=", dir, " ", first));
   ASSERT_EQ(a.exit_code, 0) << a.output;
-  Result b = RunTrain(absl::StrCat("--dense_backend=cuda --shards=cuda --metrics_out=", gpu));
+  Result b = RunTrain(absl::StrCat(common, " --steps=400 --resume --data_dir=", dir, " ", second));
   ASSERT_EQ(b.exit_code, 0) << b.output;
-  EXPECT_THAT(b.output, testing::HasSubstr("device tables on GPU 0"));
-  const double auc_cpu = JsonNumber(ReadLines(cpu).back(), "auc");
-  const double auc_gpu = JsonNumber(ReadLines(gpu).back(), "auc");
-  std::printf("held-out AUC: cpu with host tables %.5f, cuda with device tables %.5f\n", auc_cpu,
-              auc_gpu);
-  EXPECT_NEAR(auc_gpu, auc_cpu, 0.002);
+  EXPECT_THAT(b.output, testing::HasSubstr("resume: restored checkpoint 200"));
 }
 
 // A checkpoint written with device tables resumes on host tables and the other way round
-// (both through the same files), and continues to the losses of an uninterrupted run.
+// (both through the same files).
 TEST(TesseraTrainCuda, DeviceTableCheckpointsResumeOnHostTables) {
-  const std::string common = "--log_every=50 --held_out=5000 --dense_backend=cuda";
-  for (const auto& [first, second] :
-       {std::pair{"cuda", "inproc:4"}, std::pair{"inproc:4", "cuda"}}) {
-    const std::string dir = TempPath(absl::StrCat("tables-", first[0] == 'c' ? "device" : "host"));
-    Result a = RunTrain(absl::StrCat(common, " --steps=200 --checkpoint_every=100 --data_dir=", dir,
-                                     " --shards=", first));
-    ASSERT_EQ(a.exit_code, 0) << a.output;
-    Result b = RunTrain(absl::StrCat(common, " --steps=400 --resume --data_dir=", dir,
-                                     " --shards=", second));
-    ASSERT_EQ(b.exit_code, 0) << b.output;
-    EXPECT_THAT(b.output, testing::HasSubstr("resume: restored checkpoint 200"));
-  }
+  ExpectResumedWith("--dense_backend=cuda", "--shards=cuda", "--shards=inproc:4",
+                    TempPath("tables-device"));
+  ExpectResumedWith("--dense_backend=cuda", "--shards=inproc:4", "--shards=cuda",
+                    TempPath("tables-host"));
 }
 
 // A checkpoint written with one backend resumes with the other.
 TEST(TesseraTrainCuda, CheckpointsResumeOnTheOtherBackend) {
-  const std::string common = "--log_every=50 --held_out=5000";
-  for (const auto& [first, second] : {std::pair{"cuda", "cpu"}, std::pair{"cpu", "cuda"}}) {
-    const std::string dir = TempPath(absl::StrCat("resume-", first));
-    Result a = RunTrain(absl::StrCat(common, " --steps=200 --checkpoint_every=100 --data_dir=", dir,
-                                     " --dense_backend=", first));
-    ASSERT_EQ(a.exit_code, 0) << a.output;
-    Result b = RunTrain(absl::StrCat(common, " --steps=400 --resume --data_dir=", dir,
-                                     " --dense_backend=", second));
-    ASSERT_EQ(b.exit_code, 0) << b.output;
-    EXPECT_THAT(b.output, testing::HasSubstr("resume: restored checkpoint 200"));
-  }
+  ExpectResumedWith("", "--dense_backend=cuda", "--dense_backend=cpu", TempPath("resume-cuda"));
+  ExpectResumedWith("", "--dense_backend=cpu", "--dense_backend=cuda", TempPath("resume-cpu"));
 }
 
 std::string WriteCriteo(const std::string& name, int lines, uint32_t seed) {
