@@ -61,6 +61,21 @@ function(tessera_cc_test)
   endif()
 endfunction()
 
+# tessera_sh_test(NAME name TIMEOUT seconds [ARGS ...] [RUN_SERIAL])
+# The script NAME.sh beside the calling CMakeLists.txt, run by bash with ARGS (default:
+# the source and the build folder); exit code 77 reports it skipped.
+function(tessera_sh_test)
+  cmake_parse_arguments(T "RUN_SERIAL" "NAME;TIMEOUT" "ARGS" ${ARGN})
+  if(NOT T_ARGS)
+    set(T_ARGS ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+  endif()
+  add_test(NAME ${T_NAME} COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/${T_NAME}.sh ${T_ARGS})
+  set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} SKIP_RETURN_CODE 77)
+  if(T_RUN_SERIAL)
+    set_tests_properties(${T_NAME} PROPERTIES RUN_SERIAL TRUE)
+  endif()
+endfunction()
+
 # tessera_cc_binary(NAME name OUTPUT tessera-foo SRCS ... DEPS ...)
 # Binaries land at the top of the build tree (build/tessera-train).
 function(tessera_cc_binary)

@@ -141,24 +141,23 @@ fixed="$(rows fixed)"
 [ "${fixed%% *}" = 334 ] || fail "fixed rows not imported: $fixed"
 # To the shard count it has: nothing to do, and the next reshard still works.
 "$CLUSTER" reshard 3 | grep -q "nothing to do" || fail "reshard to the current count"
-out="$("$CLUSTER" reshard 4 2>&1)" || fail "reshard to 4: $out"
-echo "$out" | grep -q "resharded: 4 shards, shard map version 2" || fail "reshard to 4: $out"
-"$CLUSTER" status | grep -c SERVING | grep -qx 5 || fail "not all 5 processes serving after the reshard"
-[ "$(rows)" = "$trained" ] || fail "rows changed across the reshard to 4"
-[ "$(rows fixed)" = "$fixed" ] || fail "fixed-vocabulary rows changed across the reshard to 4"
-"$CLUSTER" stop >/dev/null
-"$CLUSTER" start 4 >/dev/null || fail "restart on the new map"
-[ "$(rows)" = "$trained" ] || fail "rows changed across a restart on 4 shards"
-[ "$(rows fixed)" = "$fixed" ] || fail "fixed-vocabulary rows changed across a restart on 4 shards"
-out="$("$CLUSTER" reshard 3 2>&1)" || fail "reshard to 3: $out"
-echo "$out" | grep -q "resharded: 3 shards, shard map version 3" || fail "reshard to 3: $out"
-"$CLUSTER" status | grep -c SERVING | grep -qx 4 || fail "not all 4 processes serving after the reshard"
+# reshard_to N VERSION: a live reshard to N shards, as shard map VERSION; the rows read the
+# same after it and after a restart of every process on the new map.
+reshard_to() {
+  local out
+  out="$("$CLUSTER" reshard "$1" 2>&1)" || fail "reshard to $1: $out"
+  echo "$out" | grep -q "resharded: $1 shards, shard map version $2" || fail "reshard to $1: $out"
+  "$CLUSTER" status | grep -c SERVING | grep -qx $(($1 + 1)) \
+    || fail "not all $(($1 + 1)) processes serving after the reshard to $1"
+  [ "$(rows)" = "$trained" ] || fail "rows changed across the reshard to $1"
+  [ "$(rows fixed)" = "$fixed" ] || fail "fixed-vocabulary rows changed across the reshard to $1"
+  "$CLUSTER" stop >/dev/null
+  "$CLUSTER" start "$1" >/dev/null || fail "restart on $1 shards"
+  [ "$(rows)" = "$trained" ] || fail "rows changed across a restart on $1 shards"
+  [ "$(rows fixed)" = "$fixed" ] || fail "fixed-vocabulary rows changed across a restart on $1 shards"
+}
+reshard_to 4 2
+reshard_to 3 3
 [ -d "$TESSERA_CLUSTER_DIR/data/shard-3.left-3" ] || fail "the shard that left kept no data aside"
-[ "$(rows)" = "$trained" ] || fail "rows changed across the reshard to 3"
-[ "$(rows fixed)" = "$fixed" ] || fail "fixed-vocabulary rows changed across the reshard to 3"
-"$CLUSTER" stop >/dev/null
-"$CLUSTER" start 3 >/dev/null || fail "restart on 3 shards"
-[ "$(rows)" = "$trained" ] || fail "rows changed across a restart on 3 shards"
-[ "$(rows fixed)" = "$fixed" ] || fail "fixed-vocabulary rows changed across a restart on 3 shards"
 "$CLUSTER" stop >/dev/null
 echo "cluster script: ok"

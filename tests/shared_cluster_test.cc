@@ -104,6 +104,12 @@ class SharedClusterTest : public ::testing::Test {
   Result Cli(const std::string& args) {
     return RunBinary(TESSERA_CLI_BIN, absl::StrCat("--coordinator=", address(), " ", args));
   }
+  // tessera-cli with `args` fails (exit code 1), saying `says`.
+  void ExpectCliRefuses(const std::string& args, const std::string& says) {
+    Result r = Cli(args);
+    EXPECT_EQ(r.exit_code, 1) << args;
+    EXPECT_THAT(r.output, HasSubstr(says)) << args;
+  }
 
   std::string root_;
   std::unique_ptr<DurableCluster> cluster_;
@@ -129,9 +135,7 @@ TEST_F(SharedClusterTest, RetentionKeepsTheNewestCreatedAndAStepIsNeverOverwritt
   EXPECT_EQ(steps, (std::vector<int64_t>{2100, 2400, 5}));  // oldest created first, 3 kept
   const std::vector<float> at5 = Rows("job.t", ids_);
 
-  Result again = Cli("checkpoint --step=2400");
-  EXPECT_EQ(again.exit_code, 1);
-  EXPECT_THAT(again.output, HasSubstr("ALREADY_EXISTS"));
+  ExpectCliRefuses("checkpoint --step=2400", "ALREADY_EXISTS");
   embedding::Attachments attachments;
   embedding::RestoreOptions whole_cluster;
   whole_cluster.all_models = true;
@@ -225,9 +229,7 @@ TEST_F(SharedClusterTest, ARestoreOfEveryModelMustBeAskedForAndSaysWhatItDid) {
   ASSERT_TRUE(client_->DropTable("ads.item").ok());
   const auto ads3 = Rows("ads.user", ids_), feed3 = Rows("feed.user", ids_);
 
-  Result bare = Cli("restore");
-  EXPECT_EQ(bare.exit_code, 1);
-  EXPECT_THAT(bare.output, HasSubstr("restore needs --model=NAME"));
+  ExpectCliRefuses("restore", "restore needs --model=NAME");
   // The coordinator refuses it too, naming the models it would roll back.
   auto refused = client_->Restore(1, nullptr);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
@@ -252,24 +254,18 @@ TEST_F(SharedClusterTest, ARestoreOfEveryModelMustBeAskedForAndSaysWhatItDid) {
 TEST_F(SharedClusterTest, AlterChangesATablesOptimizerEverywhereAndIsCheckpointed) {
   ASSERT_TRUE(client_->CreateTable(Table("alt.t")).ok());  // SGD, learning rate 0.5
   ASSERT_TRUE(client_->Checkpoint(1, {}).ok());
-  Result refused = Cli("alter --table=alt.t");
-  EXPECT_EQ(refused.exit_code, 1);
-  EXPECT_THAT(refused.output, HasSubstr("at least one optimizer setting"));
-  Result type_alone = Cli("alter --table=alt.t --optimizer=adam");
-  EXPECT_EQ(type_alone.exit_code, 1);
-  EXPECT_THAT(type_alone.output, HasSubstr("alter cannot change a table's optimizer type"));
+  ExpectCliRefuses("alter --table=alt.t", "at least one optimizer setting");
+  ExpectCliRefuses("alter --table=alt.t --optimizer=adam",
+                   "alter cannot change a table's optimizer type");
   // A setting the table's type ignores is refused, naming it and what the type takes.
-  Result ignored = Cli("alter --table=alt.t --lr=0.2 --beta1=0.5");
-  EXPECT_EQ(ignored.exit_code, 1);
-  EXPECT_THAT(ignored.output, HasSubstr("alter: --beta1 does nothing with optimizer sgd, which "
-                                        "takes --lr, --clip_norm, --clip_value, --weight_decay"));
-  Result create = Cli("create --table=alt.u --dim=4 --optimizer=sgd --beta1=0.5 --l1=1");
-  EXPECT_EQ(create.exit_code, 1);
-  EXPECT_THAT(create.output, HasSubstr("create: --beta1, --l1 do nothing with optimizer sgd"));
-  Result adam = Cli("create --table=alt.u --dim=4 --optimizer=adam --beta1=0.5 --l1=1");
-  EXPECT_EQ(adam.exit_code, 1);
-  EXPECT_THAT(adam.output, HasSubstr("--l1 does nothing with optimizer adam, which takes --lr, "
-                                     "--epsilon, --beta1, --beta2, --clip_norm"));
+  ExpectCliRefuses("alter --table=alt.t --lr=0.2 --beta1=0.5",
+                   "alter: --beta1 does nothing with optimizer sgd, which "
+                   "takes --lr, --clip_norm, --clip_value, --weight_decay");
+  ExpectCliRefuses("create --table=alt.u --dim=4 --optimizer=sgd --beta1=0.5 --l1=1",
+                   "create: --beta1, --l1 do nothing with optimizer sgd");
+  ExpectCliRefuses("create --table=alt.u --dim=4 --optimizer=adam --beta1=0.5 --l1=1",
+                   "--l1 does nothing with optimizer adam, which takes --lr, "
+                   "--epsilon, --beta1, --beta2, --clip_norm");
   Result alter = Cli("alter --table=alt.t --lr=0.125 --clip_value=100");
   ASSERT_EQ(alter.exit_code, 0) << alter.output;
   EXPECT_THAT(alter.output, HasSubstr("learning_rate: 0.125"));
@@ -298,9 +294,7 @@ TEST_F(SharedClusterTest, AlterChangesATablesOptimizerEverywhereAndIsCheckpointe
 // Item 7: a checkpoint of a model with no tables is NOT_FOUND and is not listed.
 TEST_F(SharedClusterTest, ACheckpointOfAModelWithoutTablesIsNotFound) {
   ASSERT_TRUE(client_->CreateTable(Table("ads.user")).ok());
-  Result nosuch = Cli("checkpoint --model=nosuch --step=4");
-  EXPECT_EQ(nosuch.exit_code, 1);
-  EXPECT_THAT(nosuch.output, HasSubstr("NOT_FOUND: model 'nosuch' has no tables"));
+  ExpectCliRefuses("checkpoint --model=nosuch --step=4", "NOT_FOUND: model 'nosuch' has no tables");
   embedding::CheckpointOptions other;
   other.model = "ad";  // a prefix of "ads" is another model
   EXPECT_EQ(client_->Checkpoint(4, {}, other).status().code(), absl::StatusCode::kNotFound);
@@ -560,9 +554,7 @@ TEST_F(SharedClusterTest, AnExportedDroppedRecreatedAndImportedTableServesTheSam
   v1::TableConfig wide = Table("serve.eight");
   wide.set_dim(8);
   ASSERT_TRUE(client_->CreateTable(wide).ok());
-  Result refused = Cli(absl::StrCat("import --table=serve.eight --in=", delta));
-  EXPECT_EQ(refused.exit_code, 1);
-  EXPECT_THAT(refused.output, HasSubstr("dim"));
+  ExpectCliRefuses(absl::StrCat("import --table=serve.eight --in=", delta), "dim");
 }
 
 // Gradients of a repeated id that sum to Inf are refused before any shard applies its
