@@ -14,6 +14,7 @@
 #include "server/shard_service.h"
 #include "tests/support/faulty_store.h"
 #include "tests/support/local_server.h"
+#include "tests/support/push_requests.h"
 #include "tests/support/temp_dir.h"
 
 namespace tessera::server {
@@ -259,20 +260,9 @@ TEST_F(DurableShardTest, ASyncStepAppliedBeforeARestartIsNotAppliedAgainWhenRepe
   Start(/*durable=*/true);
   CreateSgd("wt", v1::WRITE_THROUGH);
   auto part = [](int worker, std::vector<int64_t> ids, uint64_t client) {
-    v1::BatchPushRequest req;
-    req.set_step(5);
-    req.mutable_request_id()->set_client_id(client);
-    req.mutable_request_id()->set_sequence(9);
-    req.mutable_sync()->set_job("job#0");
-    req.mutable_sync()->set_worker(worker);
-    req.mutable_sync()->set_workers(2);
-    req.mutable_sync()->set_timeout_ms(20000);
-    const std::vector<float> grads(ids.size() * 4, 1.0f);
-    v1::TableGradients* t = req.add_tables();
-    t->set_table("wt");
-    t->set_ids(std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 8));
-    t->set_gradients(std::string(reinterpret_cast<const char*>(grads.data()), grads.size() * 4));
-    return req;
+    const testing::SyncPart p{
+        .job = "job#0", .worker = worker, .client = client, .sequence = 9, .step = 5};
+    return testing::SyncPushRequest(p, "wt", ids, 4);
   };
   auto step = [&] {
     // (Registered again each time: a restarted shard has lost the job's group, and a

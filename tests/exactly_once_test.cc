@@ -16,6 +16,7 @@
 #include "server/shard_service.h"
 #include "tests/support/answer_loser.h"
 #include "tests/support/local_server.h"
+#include "tests/support/push_requests.h"
 #include "tests/support/table_configs.h"
 #include "tests/support/test_client.h"
 
@@ -517,20 +518,12 @@ TEST_F(ExactlyOnceTest, TheCoordinatorRegistersAGroupAgainWithAShardThatLostIt) 
   ASSERT_TRUE(stub->RegisterSyncGroup(&registering, group, &registered).ok());
   const std::vector<int64_t> ids = Ids(50, 9);
   auto part = [&](int worker, int64_t step) {
-    v1::BatchPushRequest r;
-    r.set_step(step);
-    r.mutable_request_id()->set_client_id(100 + worker);
-    r.mutable_request_id()->set_sequence(step);
-    r.mutable_sync()->set_job("raw#0");
-    r.mutable_sync()->set_worker(worker);
-    r.mutable_sync()->set_workers(2);
-    r.mutable_sync()->set_timeout_ms(20000);
-    const std::vector<float> g(ids.size() * 4, 1.0f);
-    v1::TableGradients* t = r.add_tables();
-    t->set_table("raw");
-    t->set_ids(std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 8));
-    t->set_gradients(std::string(reinterpret_cast<const char*>(g.data()), g.size() * 4));
-    return r;
+    const testing::SyncPart p{.job = "raw#0",
+                              .worker = worker,
+                              .client = 100 + static_cast<uint64_t>(worker),
+                              .sequence = static_cast<uint64_t>(step),
+                              .step = step};
+    return testing::SyncPushRequest(p, "raw", ids, 4);
   };
   auto step = [&](int64_t at) {
     grpc::Status s1;

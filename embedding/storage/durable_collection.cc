@@ -99,14 +99,7 @@ absl::StatusOr<std::unique_ptr<DurableCollection>> DurableCollection::Open(
 absl::Status DurableCollection::OpenAndLoad() {
   const auto start = Clock::now();
   TESSERA_ASSIGN_OR_RETURN(store_, options_.open_store(LivePath(), KvStoreOptions()));
-  embedding::InProcessOptions memory;
-  memory.num_shards = options_.num_shards;
-  memory.threads = options_.threads;
-  memory.pool = options_.pool;
-  memory.memory_limit = options_.memory_limit;
-  memory.cluster_shard_index = options_.cluster_shard_index;
-  memory.cluster_num_shards = options_.cluster_num_shards;
-  TESSERA_ASSIGN_OR_RETURN(memory_, embedding::NewInProcessCollection(memory));
+  TESSERA_ASSIGN_OR_RETURN(memory_, embedding::NewInProcessCollection(options_));
   tables_.clear();
   next_table_id_ = 1;
   rows_loaded_ = 0;

@@ -22,18 +22,11 @@
 
 namespace tessera::storage {
 
-struct DurableOptions {
+// The in-memory collection's options (shards, threads, memory budget, place in a cluster),
+// and where and how the rows are kept on disk.
+struct DurableOptions : embedding::InProcessOptions {
   std::string data_dir;      // required: the live store and checkpoints
-  int num_shards = 1;        // in-memory shards (rows are keyed by id alone)
-  int threads = 0;           // threads of the in-memory collection; 0 = every CPU
-  std::shared_ptr<base::ThreadPool> pool;  // or a pool shared with the caller
-  // Bytes the rows in memory may take (embedding::InProcessOptions::memory_limit): 0 = the
-  // default budget, negative = none.
-  int64_t memory_limit = 0;
   int keep_checkpoints = 3;  // newest complete checkpoints kept; 0 = all
-  // This collection's place in a cluster (embedding::InProcessOptions).
-  int cluster_shard_index = 0;
-  int cluster_num_shards = 1;
   KvStoreFactory open_store = OpenRocksDbStore;
   // Write-through push parts kept on record by request id (PushGradientsRecorded), newest
   // first; older ones are erased with the write that records a new one.

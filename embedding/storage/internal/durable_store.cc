@@ -26,13 +26,13 @@ double SecondsSince(Clock::time_point start) {
 }
 
 embedding::CheckpointInfo InfoOf(const storage::CheckpointManifest& m) {
-  embedding::CheckpointInfo info;
-  info.model = m.model;
-  info.step = m.step;
-  info.rows = m.rows;
-  info.bytes = m.bytes;
-  info.created_unix_ms = m.created_unix_ms;
-  return info;
+  return {.model = m.model,
+          .step = m.step,
+          .rows = m.rows,
+          .bytes = m.bytes,
+          .created_unix_ms = m.created_unix_ms,
+          .seconds = 0,   // the call that took or restored it times itself
+          .shards = {}};  // one place's: no shard servers
 }
 
 absl::StatusOr<std::vector<std::pair<uint32_t, v1::TableConfig>>> ReadCatalog(
