@@ -58,6 +58,16 @@ inline Cause CauseOf(const absl::Status& status) {
   return Cause::kNone;
 }
 
+// FailedPrecondition from a part that a build without CUDA lacks (TESSERA_CUDA=OFF, or AUTO
+// where nvcc was not found): names `what` and how to get a build that has it, on a
+// machine where `needs` are installed.
+inline absl::Status NotBuiltWithoutCuda(absl::string_view what, absl::string_view needs) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("this build has no ", what,
+                   ": configure with -DTESSERA_CUDA=AUTO (the default) or ON on a machine where ",
+                   needs, " are installed"));
+}
+
 }  // namespace tessera
 
 #define TESSERA_STATUS_CONCAT_INNER_(a, b) a##b

@@ -47,10 +47,7 @@ EmbeddingClient::EmbeddingClient(const std::string& address, grpc::ChannelArgume
 
 std::unique_ptr<grpc::ClientContext> EmbeddingClient::NewContext(
     std::chrono::milliseconds deadline) const {
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(std::chrono::system_clock::now() + deadline);
-  wire::Authorize(options_.security, ctx.get());
-  return ctx;
+  return wire::NewCallContext(options_.security, deadline);
 }
 
 absl::Status EmbeddingClient::WithRetries(const std::function<absl::Status()>& call) const {

@@ -26,11 +26,8 @@ absl::StatusOr<bool> IsServing(const std::string& address, const wire::ClientSec
   auto credentials = wire::MakeChannelCredentials(security, &args);
   auto health =
       grpc::health::v1::Health::NewStub(grpc::CreateCustomChannel(address, credentials, args));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + deadline);
-  wire::Authorize(security, &ctx);
   grpc::health::v1::HealthCheckResponse resp;
-  grpc::Status s = health->Check(&ctx, {}, &resp);
+  grpc::Status s = health->Check(wire::NewCallContext(security, deadline).get(), {}, &resp);
   if (!s.ok()) return wire::FromGrpcStatus(s);
   return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
 }

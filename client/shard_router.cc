@@ -116,10 +116,7 @@ void ShardRouter::Reconnect() const {
 
 std::unique_ptr<grpc::ClientContext> ShardRouter::NewContext(
     std::chrono::milliseconds deadline) const {
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(std::chrono::system_clock::now() + deadline);
-  wire::Authorize(options_.security, ctx.get());
-  return ctx;
+  return wire::NewCallContext(options_.security, deadline);
 }
 
 void ShardRouter::ShardRestarted(int k) const {

@@ -69,6 +69,14 @@ void Authorize(const ClientSecurity& security, grpc::ClientContext* context) {
   if (!security.token.empty()) context->AddMetadata("authorization", "Bearer " + security.token);
 }
 
+std::unique_ptr<grpc::ClientContext> NewCallContext(const ClientSecurity& security,
+                                                    std::chrono::milliseconds deadline) {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() + deadline);
+  Authorize(security, ctx.get());
+  return ctx;
+}
+
 absl::Status ExplainCoordinatorFailure(const absl::Status& status, absl::string_view address,
                                        const ClientSecurity& security) {
   if (absl::IsUnimplemented(status)) {

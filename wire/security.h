@@ -1,6 +1,7 @@
 #ifndef TESSERA_WIRE_SECURITY_H_
 #define TESSERA_WIRE_SECURITY_H_
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -42,6 +43,10 @@ std::shared_ptr<grpc::ChannelCredentials> MakeChannelCredentials(const ClientSec
 
 // Attaches the token of `security` (if any) to a call.
 void Authorize(const ClientSecurity& security, grpc::ClientContext* context);
+
+// A call's context: its deadline `deadline` from now, authorized as `security` says.
+std::unique_ptr<grpc::ClientContext> NewCallContext(const ClientSecurity& security,
+                                                    std::chrono::milliseconds deadline);
 
 // Reads a whole PEM or token file; InvalidArgument naming `what` and the path.
 absl::StatusOr<std::string> ReadSecret(const std::string& path, const std::string& what);

@@ -10,9 +10,7 @@ namespace tessera::embedding::device {
 namespace {
 
 absl::Status NotBuilt() {
-  return absl::FailedPreconditionError(
-      "this build has no device tables: configure with -DTESSERA_CUDA=AUTO (the default) or ON "
-      "on a machine where nvcc and the CUDA toolkit are installed");
+  return NotBuiltWithoutCuda("device tables", "nvcc and the CUDA toolkit");
 }
 
 }  // namespace

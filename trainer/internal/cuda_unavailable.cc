@@ -2,16 +2,13 @@
 // no nvcc was found): each says so, and how to get a build that has it.
 
 #include "absl/strings/str_cat.h"
+#include "base/status.h"
 #include "trainer/dense_backend.h"
 
 namespace tessera::trainer {
 namespace {
 
-absl::Status NotBuilt() {
-  return absl::FailedPreconditionError(
-      "this build has no CUDA backend: configure with -DTESSERA_CUDA=AUTO (the default) or ON "
-      "on a machine where nvcc and cuBLAS are installed");
-}
+absl::Status NotBuilt() { return NotBuiltWithoutCuda("CUDA backend", "nvcc and cuBLAS"); }
 
 }  // namespace
 
