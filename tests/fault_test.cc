@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 #include "tests/shard_process.h"
+#include "tests/support/random_pushes.h"
 #include "tests/support/table_configs.h"
 #include "tests/support/temp_dir.h"
 
@@ -248,13 +249,11 @@ bool ShardServing(const std::string& coordinator, int k, bool want) {
 }
 
 void PushSteps(client::EmbeddingClient& c, const std::string& table, int from, int to) {
-  std::mt19937_64 rng(from);
-  std::normal_distribution<float> g(0.0f, 1.0f);
+  testing::RandomPushes pushes(from, 64, 300, 8);
+  std::vector<int64_t> ids;
+  std::vector<float> grads;
   for (int step = from; step < to; ++step) {
-    std::vector<int64_t> ids(64);
-    for (auto& id : ids) id = static_cast<int64_t>(rng() % 300);
-    std::vector<float> grads(ids.size() * 8);
-    for (auto& x : grads) x = g(rng);
+    pushes.Next(&ids, &grads);
     ASSERT_TRUE(c.PushGradients(table, ids, grads, step).ok());
   }
 }

@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/faulty_store.h"
+#include "tests/support/random_pushes.h"
 #include "tests/support/stored_rows.h"
 #include "tests/support/temp_dir.h"
 
@@ -77,13 +78,11 @@ std::vector<float> Read(embedding::EmbeddingCollection& c, const std::string& ta
 // Pushes `steps` batches of random gradients over ids [0, 200).
 void Train(embedding::EmbeddingCollection& c, const std::string& table, int dim, int first_step,
            int steps, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> g(0.0f, 1.0f);
+  testing::RandomPushes pushes(seed, 64, 200, dim);
+  std::vector<int64_t> ids;
+  std::vector<float> grads;
   for (int s = first_step; s < first_step + steps; ++s) {
-    std::vector<int64_t> ids(64);
-    for (auto& id : ids) id = static_cast<int64_t>(rng() % 200);
-    std::vector<float> grads(ids.size() * dim);
-    for (auto& x : grads) x = g(rng);
+    pushes.Next(&ids, &grads);
     ASSERT_TRUE(c.PushGradients(table, ids, grads, s).ok());
   }
 }
@@ -1065,13 +1064,11 @@ void ExpectLargerThanMemory(v1::Durability durability, v1::Dtype dtype = v1::FP3
     return out;
   };
   auto train = [&](embedding::EmbeddingCollection& c, int from, int to) {
-    std::mt19937_64 rng(from);
-    std::normal_distribution<float> g(0.0f, 1.0f);
+    testing::RandomPushes pushes(from, 50, 3000, 4);
+    std::vector<int64_t> ids;
+    std::vector<float> grads;
     for (int step = from; step < to; ++step) {
-      std::vector<int64_t> ids(50);
-      for (auto& id : ids) id = static_cast<int64_t>(rng() % 3000);
-      std::vector<float> grads(ids.size() * 4);
-      for (auto& x : grads) x = g(rng);
+      pushes.Next(&ids, &grads);
       ASSERT_TRUE(c.PushGradients("big", ids, grads, step).ok());
       ASSERT_TRUE(reference->PushGradients(ids, grads.data(), step).ok());
     }

@@ -10,6 +10,7 @@
 
 #include "embedding/inprocess_collection.h"
 #include "gtest/gtest.h"
+#include "tests/support/random_pushes.h"
 #include "tests/support/table_configs.h"
 #include "tests/support/temp_dir.h"
 
@@ -37,13 +38,11 @@ std::unique_ptr<embedding::EmbeddingCollection> ThroughHost(const std::string& d
 }
 
 void Train(embedding::EmbeddingCollection& c, int first_step, int steps) {
-  std::mt19937_64 rng(first_step);
-  std::normal_distribution<float> g(0.0f, 1.0f);
+  testing::RandomPushes pushes(first_step, 40, 100, kDim);
+  std::vector<int64_t> ids;
+  std::vector<float> grads;
   for (int s = first_step; s < first_step + steps; ++s) {
-    std::vector<int64_t> ids(40);
-    for (auto& id : ids) id = static_cast<int64_t>(rng() % 100);
-    std::vector<float> grads(ids.size() * kDim);
-    for (auto& x : grads) x = g(rng);
+    pushes.Next(&ids, &grads);
     ASSERT_TRUE(c.PushGradients("t", ids, grads, s).ok());
   }
 }
