@@ -78,13 +78,17 @@ TEST(PushApplier, AStepIsAppliedOnceAndEachWorkersRetryGetsItsOwnAnswer) {
   shard.Start(1, {"t1", "t2"}, &w1);
   ASSERT_TRUE(w0.answered.WaitForNotificationWithTimeout(absl::Seconds(60)));
   ASSERT_TRUE(w1.answered.WaitForNotificationWithTimeout(absl::Seconds(60)));
-  ASSERT_TRUE(w0.rows.ok()) << w0.rows.status();
-  ASSERT_TRUE(w1.rows.ok()) << w1.rows.status();
-  EXPECT_EQ(*w0.rows, std::vector<int64_t>{1});
-  EXPECT_EQ(*w1.rows, (std::vector<int64_t>{1, 1}));
-  // Both gradients summed on t1 (lr 1: each weight down by 2), one on t2.
-  EXPECT_FLOAT_EQ(shard.Row("t1")[0], t1[0] - 2.0f);
-  EXPECT_FLOAT_EQ(shard.Row("t2")[0], t2[0] - 1.0f);
+  // Each worker is answered the rows of its own tables; both gradients are summed on t1 (lr
+  // 1: each weight down by 2), one on t2.
+  auto expect_step_applied = [&](const Shard::Push& worker0, const Shard::Push& worker1) {
+    ASSERT_TRUE(worker0.rows.ok()) << worker0.rows.status();
+    ASSERT_TRUE(worker1.rows.ok()) << worker1.rows.status();
+    EXPECT_EQ(*worker0.rows, std::vector<int64_t>{1});
+    EXPECT_EQ(*worker1.rows, (std::vector<int64_t>{1, 1}));
+    EXPECT_FLOAT_EQ(shard.Row("t1")[0], t1[0] - 2.0f);
+    EXPECT_FLOAT_EQ(shard.Row("t2")[0], t2[0] - 1.0f);
+  };
+  expect_step_applied(w0, w1);
   // Each worker's retry (its answer was lost) is answered as before and applies nothing,
   // whatever number of tables the step merged.
   Shard::Push again0, again1;
@@ -92,12 +96,7 @@ TEST(PushApplier, AStepIsAppliedOnceAndEachWorkersRetryGetsItsOwnAnswer) {
   shard.Start(1, {"t1", "t2"}, &again1);
   ASSERT_TRUE(again0.answered.HasBeenNotified());
   ASSERT_TRUE(again1.answered.HasBeenNotified());
-  ASSERT_TRUE(again0.rows.ok()) << again0.rows.status();
-  ASSERT_TRUE(again1.rows.ok()) << again1.rows.status();
-  EXPECT_EQ(*again0.rows, std::vector<int64_t>{1});
-  EXPECT_EQ(*again1.rows, (std::vector<int64_t>{1, 1}));
-  EXPECT_FLOAT_EQ(shard.Row("t1")[0], t1[0] - 2.0f);
-  EXPECT_FLOAT_EQ(shard.Row("t2")[0], t2[0] - 1.0f);
+  expect_step_applied(again0, again1);
 }
 
 TEST(PushApplier, ASyncPushOfAGroupNoJobRegisteredIsRefused) {

@@ -16,15 +16,10 @@
 #include "gtest/gtest.h"
 #include "tests/train_process.h"
 
+// In the test kit's namespace: its clusters, processes and records by their names.
+namespace tessera::testing {
 namespace {
 
-using tessera::testing::Cluster;
-using tessera::testing::DurableCluster;
-using tessera::testing::HeldOutAuc;
-using tessera::testing::RunTrain;
-using tessera::testing::ScratchDir;
-using tessera::testing::TrainProcess;
-using tessera::testing::TrainRecords;
 using ::testing::HasSubstr;
 
 // The "dense parameters XXXX" fingerprint a worker printed, or "".
@@ -110,7 +105,7 @@ TEST(DataParallelTraining, TheLocalLauncherRunsTheWorkersAndFailsWithThem) {
   const std::string script = absl::StrCat("TESSERA_BIN=", TESSERA_BIN_DIR, " bash ",
                                           TESSERA_SOURCE_DIR, "/scripts/train_workers.sh");
   auto run = [&](const std::string& args, std::string* out) {
-    return tessera::testing::RunCommand(absl::StrCat(script, " ", args), out);
+    return RunCommand(absl::StrCat(script, " ", args), out);
   };
   const std::string at = absl::StrCat("--coordinator=", cluster.coordinator->address());
   std::string out;
@@ -137,7 +132,7 @@ TEST(DataParallelTraining, ATerminatedLauncherStopsItsWorkersTogetherAtACheckpoi
   DurableCluster cluster(2, root);
   ASSERT_TRUE(cluster.Start());
   setenv("TESSERA_BIN", TESSERA_BIN_DIR, 1);
-  tessera::testing::LoggedProcess launcher(
+  LoggedProcess launcher(
       {"/bin/bash", absl::StrCat(TESSERA_SOURCE_DIR, "/scripts/train_workers.sh"), "2",
        absl::StrCat("--coordinator=", cluster.coordinator->address()), "--model=stopped",
        "--steps=1000000", "--log_every=10", "--held_out=100", "--checkpoint_every=1000000"},
@@ -160,7 +155,7 @@ TEST(DataParallelTraining, ATerminatedLauncherStopsItsWorkersTogetherAtACheckpoi
   EXPECT_THAT(out, HasSubstr(absl::StrCat("[worker 1] newest checkpoint: step ", step, " ")));
   EXPECT_THAT(out, HasSubstr("--resume=auto"));
   std::string left;
-  EXPECT_EQ(tessera::testing::RunCommand("pgrep -f -- '--model=[s]topped '", &left), 1) << left;
+  EXPECT_EQ(RunCommand("pgrep -f -- '--model=[s]topped '", &left), 1) << left;
 }
 
 TEST(DataParallelTraining, AKilledWorkerMakesTheOtherFailNamingIt) {
@@ -181,12 +176,12 @@ TEST(DataParallelTraining, AKilledWorkerMakesTheOtherFailNamingIt) {
   EXPECT_NE(w0.WaitForExit(), 0);
   const std::string out = w0.Output();
   // Named whichever way worker 0 learns it: its allreduce, or a shard's wait for the push.
-  EXPECT_THAT(out, testing::AnyOf(HasSubstr("worker 1 has stopped"),
-                                  HasSubstr("worker(s) 1 of 2 did not push")))
+  EXPECT_THAT(out, ::testing::AnyOf(HasSubstr("worker 1 has stopped"),
+                                    HasSubstr("worker(s) 1 of 2 did not push")))
       << out;
   // The hint points at the worker, not at a server.
   EXPECT_THAT(out, HasSubstr("next: start (or restart) the worker(s) named above")) << out;
-  EXPECT_THAT(out, testing::Not(HasSubstr("bring back the server"))) << out;
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("bring back the server"))) << out;
 }
 
 // Two workers checkpoint at step 100, every server is killed and started again on its
@@ -247,3 +242,4 @@ TEST(DataParallelTraining, BadWorkerFlagsAreClearErrors) {
 }
 
 }  // namespace
+}  // namespace tessera::testing

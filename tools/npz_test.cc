@@ -30,6 +30,15 @@ NpyArray Ints(const std::vector<int64_t>& v) {
   return a;
 }
 
+// The values of array `name`, `a`, which must be of NumPy type `dtype` (T's).
+template <typename T>
+std::vector<T> ValuesOf(const std::string& name, const NpyArray& a, const std::string& dtype) {
+  EXPECT_EQ(a.dtype, dtype) << name;
+  std::vector<T> v(a.data.size() / sizeof(T));
+  std::memcpy(v.data(), a.data.data(), a.data.size());
+  return v;
+}
+
 TEST(Npz, WrittenArraysReadBackAsTheyWere) {
   const std::string path = absl::StrCat(testing::TempDir(), "/rows.npz");
   std::map<std::string, NpyArray> arrays = {
@@ -89,18 +98,10 @@ TEST(Npz, IntegersOfAnyWidthReadAsInt64AndFloatsAsFloat32) {
   auto read = ReadNpz(path);
   ASSERT_TRUE(read.ok()) << read.status();
   auto ints = [&](const std::string& name) {
-    const NpyArray& a = (*read)[name];
-    EXPECT_EQ(a.dtype, "<i8") << name;
-    std::vector<int64_t> v(a.data.size() / 8);
-    std::memcpy(v.data(), a.data.data(), a.data.size());
-    return v;
+    return ValuesOf<int64_t>(name, (*read)[name], "<i8");
   };
   auto floats = [&](const std::string& name) {
-    const NpyArray& a = (*read)[name];
-    EXPECT_EQ(a.dtype, "<f4") << name;
-    std::vector<float> v(a.data.size() / 4);
-    std::memcpy(v.data(), a.data.data(), a.data.size());
-    return v;
+    return ValuesOf<float>(name, (*read)[name], "<f4");
   };
   EXPECT_EQ(ints("i32"), (std::vector<int64_t>{-3, 2147483647}));
   EXPECT_EQ(ints("u16"), (std::vector<int64_t>{65535, 1}));

@@ -30,6 +30,13 @@ std::string Line(int label, int seed) {
   return s;
 }
 
+// Lines 0 .. n-1: labels alternating from 0, line i's features from seed i.
+std::vector<std::string> Lines(int n) {
+  std::vector<std::string> lines;
+  for (int i = 0; i < n; ++i) lines.push_back(Line(i % 2, i));
+  return lines;
+}
+
 std::string WriteFile(const std::string& name, const std::vector<std::string>& lines) {
   const std::string path = absl::StrCat(testing::TempDir(), "/", name);
   std::ofstream out(path);
@@ -100,8 +107,7 @@ TEST(ParseCriteoLine, AByteOrderMarkAndATrailingTabDoNotDropAValidLine) {
 }
 
 TEST(CriteoReader, SkipsAndCountsBadLinesOrStopsNamingTheLine) {
-  std::vector<std::string> lines;
-  for (int i = 0; i < 30; ++i) lines.push_back(Line(i % 2, i));
+  std::vector<std::string> lines = Lines(30);
   lines[4] = "garbage";
   lines[17] = "1\tnot\tenough";
   const std::string path = WriteFile("skip.tsv", lines);
@@ -141,8 +147,7 @@ TEST(CriteoReader, SkipsAndCountsBadLinesOrStopsNamingTheLine) {
 }
 
 TEST(CriteoReader, HeldOutSplitIsDisjointStableAndEpochsRepeat) {
-  std::vector<std::string> lines;
-  for (int i = 0; i < 200; ++i) lines.push_back(Line(i % 2, i));
+  std::vector<std::string> lines = Lines(200);
   const std::string path = WriteFile("split.tsv", lines);
   CriteoOptions o;
   o.held_out_fraction = 0.25;
@@ -203,8 +208,7 @@ TEST(CriteoReader, ReadsGzipFilesLikeThePlainOnes) {
 }
 
 TEST(CriteoReader, DataParallelWorkersSplitTheTrainingLinesByLineNumber) {
-  std::vector<std::string> lines;
-  for (int i = 0; i < 301; ++i) lines.push_back(Line(i % 2, i));
+  std::vector<std::string> lines = Lines(301);
   const std::string path = WriteFile("workers.tsv", lines);
   CriteoOptions o;
   o.held_out_fraction = 0.2;
@@ -282,8 +286,7 @@ TEST(CriteoReader, ReadsSeveralFilesInOrderNamingEachFilesOwnLines) {
 }
 
 TEST(CriteoReader, ATruncatedGzipIsDataLossNotAShortFile) {
-  std::vector<std::string> lines;
-  for (int i = 0; i < 3000; ++i) lines.push_back(Line(i % 2, i));
+  std::vector<std::string> lines = Lines(3000);
   const std::string gz = WriteGzip("cut.tsv.gz", lines);
   std::string bytes;
   {
@@ -318,8 +321,7 @@ TEST(CriteoReader, StoppingHeldOutPassNamesTheFirstBadLineOfEitherSplit) {
     if (IsHeldOutLine(line, o) && train_line != 0) held_line = line;
   }
   ASSERT_GT(held_line, train_line);
-  std::vector<std::string> lines;
-  for (int i = 0; i < 100; ++i) lines.push_back(Line(i % 2, i));
+  std::vector<std::string> lines = Lines(100);
   lines[train_line - 1] = "bad training line";
   lines[held_line - 1] = "bad held-out line";
   const std::string path = WriteFile("first-bad.tsv", lines);
