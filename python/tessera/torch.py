@@ -25,8 +25,9 @@ from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, 
 import numpy as np
 import torch
 
-from tessera.client import (OPTIMIZER_SETTINGS, TABLE_SETTINGS, Client, TesseraError, as_ids,
-                            check_lookup, sqrtn_scale, table_config)
+from tessera.checks import TesseraError, as_ids, check_lookup, sqrtn_scale
+from tessera.client import Client
+from tessera.tables import OPTIMIZER_SETTINGS, TABLE_SETTINGS, table_config
 
 __all__ = ["EmbeddingCollection", "Fetched", "prefetch", "TesseraError"]
 

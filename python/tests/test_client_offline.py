@@ -5,8 +5,8 @@ import unittest
 import numpy as np
 
 from tessera import sharding, wire
-from tessera.client import (TesseraError, _check_gradients, _pool, as_ids, check_lookup,
-                            parse_enum, table_config)
+from tessera.checks import TesseraError, _check_gradients, _pool, as_ids, check_lookup
+from tessera.tables import parse_enum, table_config
 from tessera.v1 import config_pb2
 from tessera.v1 import embedding_service_pb2 as api
 

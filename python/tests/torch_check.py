@@ -81,7 +81,7 @@ def check_gradients(client, prefix):
             pooled = ref[n](torch.from_numpy(ids), torch.from_numpy(offsets[:-1]),
                             per_sample_weights=torch.from_numpy(weights) if weighted else None)
             if mode == "sqrtn":
-                scale = tessera.client.sqrtn_scale(np.diff(offsets))
+                scale = tessera.checks.sqrtn_scale(np.diff(offsets))
                 pooled = pooled * torch.from_numpy(scale)[:, None]
             ref_out.append(pooled)
         out = module(feats)
