@@ -17,6 +17,7 @@
 #include "tests/support/answer_loser.h"
 #include "tests/support/local_server.h"
 #include "tests/support/push_requests.h"
+#include "tests/support/reference_cluster.h"
 #include "tests/support/table_configs.h"
 #include "tests/support/test_client.h"
 
@@ -35,7 +36,7 @@ v1::TableConfig Sgd(const std::string& name, uint64_t seed) {
   return testing::TestTable(name, 4, seed, v1::SGD, 1.0f);
 }
 
-class ExactlyOnceTest : public ::testing::Test {
+class ExactlyOnceTest : public testing::ReferenceClusterTest {
  protected:
   static constexpr int kShards = 2;
 
@@ -62,31 +63,15 @@ class ExactlyOnceTest : public ::testing::Test {
     ro.retry.max_retries = 4;
     ro.retry.initial_backoff = std::chrono::milliseconds(20);
     ro.health_check_interval = std::chrono::milliseconds(100);
-    router_ = std::make_unique<client::ShardRouter>(addresses, ro);
-    coordinator_ = std::make_unique<server::CoordinatorService>(router_.get(), 1,
-                                                                server::CoordinatorOptions());
     losing_coordinator_ = std::make_unique<testing::AnswerLoser>(kCoordinatorLosable);
-    int port = 0;
-    coordinator_server_ = StartLocalServer(coordinator_.get(), &port, losing_coordinator_.get());
-    coordinator_address_ = "127.0.0.1:" + std::to_string(port);
+    ASSERT_NO_FATAL_FAILURE(StartCoordinator(addresses, ro, losing_coordinator_.get()));
     reference_ = std::move(embedding::NewInProcessCollection(kShards)).value();
   }
   void TearDown() override {
-    coordinator_server_->Shutdown();
+    ReferenceClusterTest::TearDown();
     for (auto& s : servers_) {
       if (s) s->Shutdown();
     }
-  }
-
-  std::unique_ptr<client::EmbeddingClient> Connect(client::ClientOptions::Mode mode,
-                                                   int max_retries = 8) {
-    return testing::ConnectForTest(coordinator_address_, mode, std::chrono::milliseconds(3000),
-                                   max_retries);
-  }
-
-  void CreateBoth(client::EmbeddingClient& c, const v1::TableConfig& config) {
-    ASSERT_TRUE(c.CreateTable(config).ok());
-    ASSERT_TRUE(reference_->CreateTable(config).ok());
   }
 
   // Every row of `ids` in `table` as the cluster and as the reference see it.
@@ -118,12 +103,7 @@ class ExactlyOnceTest : public ::testing::Test {
   std::vector<std::unique_ptr<testing::AnswerLoser>> losing_;  // one per shard
   std::vector<int> ports_;
   std::vector<std::unique_ptr<grpc::Server>> servers_;
-  std::unique_ptr<client::ShardRouter> router_;
-  std::unique_ptr<server::CoordinatorService> coordinator_;
   std::unique_ptr<testing::AnswerLoser> losing_coordinator_;
-  std::unique_ptr<grpc::Server> coordinator_server_;
-  std::string coordinator_address_;
-  std::unique_ptr<embedding::EmbeddingCollection> reference_;
 };
 
 std::vector<int64_t> Ids(int n, int64_t base) {

@@ -28,6 +28,7 @@
 #include "server/shard_service.h"
 #include "tests/support/answer_loser.h"
 #include "tests/support/local_server.h"
+#include "tests/support/reference_cluster.h"
 #include "tests/support/stored_rows.h"
 #include "tests/support/table_configs.h"
 #include "tests/support/test_client.h"
@@ -150,7 +151,7 @@ void PushShardZerosPart(int port, const Push& p, const embedding::RequestId& id)
 
 using testing::StoredRows;
 
-class ReshardTest : public ::testing::Test {
+class ReshardTest : public testing::ReferenceClusterTest {
  protected:
   void SetUp() override {
     root_ = absl::StrCat(::testing::TempDir(), "/reshard-", ::getpid());
@@ -168,36 +169,15 @@ class ReshardTest : public ::testing::Test {
     ro.deadline = std::chrono::milliseconds(5000);
     ro.retry.max_retries = 4;
     ro.retry.initial_backoff = std::chrono::milliseconds(20);
-    router_ = std::make_unique<client::ShardRouter>(
-        std::vector<std::string>{shards_[0].address(), shards_[1].address()}, ro);
-    coordinator_ = std::make_unique<server::CoordinatorService>(router_.get(), 1,
-                                                                server::CoordinatorOptions());
-    int port = 0;
-    coordinator_server_ = StartLocalServer(coordinator_.get(), &port);
-    coordinator_address_ = "127.0.0.1:" + std::to_string(port);
-    coordinator_stub_ = v1::Coordinator::NewStub(testing::LocalChannel(port));
+    ASSERT_NO_FATAL_FAILURE(StartCoordinator({shards_[0].address(), shards_[1].address()}, ro));
+    coordinator_stub_ = v1::Coordinator::NewStub(testing::LocalChannel(coordinator_port_));
+    client_deadline_ = std::chrono::milliseconds(5000);
     reference_ = std::move(embedding::NewInProcessCollection(1)).value();
   }
   void TearDown() override {
-    coordinator_server_->Shutdown();
+    ReferenceClusterTest::TearDown();
     for (Shard& s : shards_) s.Stop();
     std::filesystem::remove_all(root_);
-  }
-
-  std::unique_ptr<client::EmbeddingClient> Connect(client::ClientOptions::Mode mode) {
-    return testing::ConnectForTest(coordinator_address_, mode, std::chrono::milliseconds(5000));
-  }
-
-  void CreateBoth(client::EmbeddingClient& c, const v1::TableConfig& config) {
-    ASSERT_TRUE(c.CreateTable(config).ok());
-    ASSERT_TRUE(reference_->CreateTable(config).ok());
-  }
-  // `c` and the reference both take a push of `gradients` to `ids` of `table` in `step`.
-  void PushBoth(client::EmbeddingClient& c, const std::string& table,
-                const std::vector<int64_t>& ids, const std::vector<float>& gradients,
-                int64_t step) {
-    ASSERT_TRUE(c.PushGradients(table, ids, gradients, step).ok());
-    ASSERT_TRUE(reference_->PushGradients(table, ids, gradients, step).ok());
   }
 
   // A smart client, with table "a" (SGD) made on the cluster and in the reference, and
@@ -266,12 +246,7 @@ class ReshardTest : public ::testing::Test {
 
   std::string root_;
   std::vector<Shard> shards_;
-  std::unique_ptr<client::ShardRouter> router_;
-  std::unique_ptr<server::CoordinatorService> coordinator_;
-  std::unique_ptr<grpc::Server> coordinator_server_;
-  std::string coordinator_address_;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_stub_;
-  std::unique_ptr<embedding::EmbeddingCollection> reference_;
 };
 
 // The same case through the smart client and through the coordinator, each on a fresh
