@@ -7,6 +7,7 @@
 #include "embedding/embedding_table.h"
 #include "embedding/inprocess_collection.h"
 #include "gtest/gtest.h"
+#include "tests/support/table_configs.h"
 
 namespace tessera::embedding {
 namespace {
@@ -14,12 +15,7 @@ namespace {
 constexpr int kDim = 4;
 
 v1::TableConfig Config(int min_count, float probability = 0.0f, uint64_t seed = 7) {
-  v1::TableConfig c;
-  c.set_name("ads");
-  c.set_dim(kDim);
-  c.set_seed(seed);
-  c.mutable_optimizer()->set_type(v1::SGD);
-  c.mutable_optimizer()->set_learning_rate(0.5f);
+  v1::TableConfig c = testing::TestTable("ads", kDim, seed, v1::SGD, 0.5f);
   c.mutable_admission()->set_min_count(min_count);
   c.mutable_admission()->set_probability(probability);
   return c;

@@ -11,6 +11,7 @@
 #include "embedding/embedding_table.h"
 #include "embedding/inprocess_collection.h"
 #include "gtest/gtest.h"
+#include "tests/support/table_configs.h"
 
 namespace tessera::embedding {
 namespace {
@@ -19,13 +20,8 @@ constexpr int64_t kVocabulary = 10000;
 
 v1::TableConfig Config(int dim, v1::OptimizerType opt = v1::ADAGRAD, v1::Dtype dtype = v1::FP32,
                        int64_t vocabulary = kVocabulary) {
-  v1::TableConfig c;
-  c.set_name("item");
-  c.set_dim(dim);
-  c.set_seed(11);
+  v1::TableConfig c = testing::TestTable("item", dim, 11, opt, 0.05f);
   c.set_dtype(dtype);
-  c.mutable_optimizer()->set_type(opt);
-  c.mutable_optimizer()->set_learning_rate(0.05f);
   c.set_vocabulary_size(vocabulary);
   return c;
 }
@@ -78,7 +74,7 @@ TEST(FixedVocabulary, UpdatesMatchADynamicTableBitForBit) {
   for (const v1::OptimizerType opt :
        {v1::SGD, v1::ADAGRAD, v1::ROWWISE_ADAGRAD, v1::ADAM, v1::FTRL}) {
     for (const v1::Dtype dtype : {v1::FP32, v1::BF16}) {
-      SCOPED_TRACE(testing::Message()
+      SCOPED_TRACE(::testing::Message()
                    << v1::OptimizerType_Name(opt) << " " << v1::Dtype_Name(dtype));
       const int dim = 16;
       auto fixed = Make(Config(dim, opt, dtype));
@@ -181,7 +177,7 @@ TEST(FixedVocabulary, DirtyRowsPutRowAndForget) {
 TEST(FixedVocabulary, LongLookupsTellStoredZeroRowsFromUntouchedOnes) {
   for (const v1::Dtype dtype : {v1::FP32, v1::BF16}) {
     for (const VocabularyPart part : {VocabularyPart{0, 1}, VocabularyPart{2, 3}}) {
-      SCOPED_TRACE(testing::Message() << v1::Dtype_Name(dtype) << " part " << part.index);
+      SCOPED_TRACE(::testing::Message() << v1::Dtype_Name(dtype) << " part " << part.index);
       constexpr int kDim = 8;
       auto t = Make(Config(kDim, v1::SGD, dtype), part);
       std::vector<int64_t> mine, theirs;  // ids the lookups read, ids the writer updates

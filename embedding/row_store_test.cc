@@ -17,6 +17,7 @@
 #include "embedding/embedding_table.h"
 #include "embedding/internal/stripe.h"
 #include "gtest/gtest.h"
+#include "tests/support/table_configs.h"
 
 namespace tessera::embedding {
 namespace {
@@ -268,12 +269,8 @@ TEST(RowStoreTest, WideRowsWithStateSitTogetherOnWholeLines) {
 }
 
 v1::TableConfig Config(v1::OptimizerType type, v1::Dtype dtype = v1::FP32) {
-  v1::TableConfig c;
-  c.set_name("t");
-  c.set_dim(16);
+  v1::TableConfig c = testing::TestTable("t", 16, /*seed=*/0, type, 0.1f);
   c.set_dtype(dtype);
-  c.mutable_optimizer()->set_type(type);
-  c.mutable_optimizer()->set_learning_rate(0.1f);
   return c;
 }
 

@@ -19,19 +19,14 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
+#include "tests/support/table_configs.h"
 
 namespace {
 
 using tessera::testing::ShardProcess;
 
 tessera::v1::TableConfig Config() {
-  tessera::v1::TableConfig c;
-  c.set_name("user");
-  c.set_dim(8);
-  c.set_seed(4242);
-  c.mutable_optimizer()->set_type(tessera::v1::ADAGRAD);
-  c.mutable_optimizer()->set_learning_rate(0.1f);
-  return c;
+  return tessera::testing::TestTable("user", 8, 4242, tessera::v1::ADAGRAD, 0.1f);
 }
 
 TEST(ShardProcesses, TwoShardsServeTheirPartsAndADeadShardIsUnavailable) {

@@ -18,19 +18,15 @@
 #include "embedding/embedding_table.h"
 #include "embedding/optimizer.h"
 #include "gtest/gtest.h"
+#include "tests/support/table_configs.h"
 
 namespace tessera::embedding::device {
 namespace {
 
 v1::TableConfig Config(v1::OptimizerType type, v1::Dtype dtype) {
-  v1::TableConfig c;
-  c.set_name("t");
-  c.set_dim(16);
-  c.set_seed(77);
+  v1::TableConfig c = testing::TestTable("t", 16, 77, type, 0.05f);
   c.set_dtype(dtype);
   c.set_max_rows(20000);
-  c.mutable_optimizer()->set_type(type);
-  c.mutable_optimizer()->set_learning_rate(0.05f);
   if (type == v1::FTRL) c.mutable_optimizer()->set_l1(0.001f);
   return c;
 }

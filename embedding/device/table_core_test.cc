@@ -14,6 +14,7 @@
 #include "embedding/embedding_table.h"
 #include "embedding/optimizer.h"
 #include "gtest/gtest.h"
+#include "tests/support/table_configs.h"
 
 namespace tessera::embedding::device {
 namespace {
@@ -114,14 +115,9 @@ void ExpectSameBits(const float* a, const float* b, int n, const std::string& wh
 }
 
 v1::TableConfig Config(v1::OptimizerType type, v1::Dtype dtype) {
-  v1::TableConfig c;
-  c.set_name("t");
-  c.set_dim(12);
-  c.set_seed(2024);
+  v1::TableConfig c = testing::TestTable("t", 12, 2024, type, 0.05f);
   c.set_dtype(dtype);
   c.set_max_rows(4000);
-  c.mutable_optimizer()->set_type(type);
-  c.mutable_optimizer()->set_learning_rate(0.05f);
   if (type == v1::FTRL) {
     c.mutable_optimizer()->set_l1(0.001f);
     c.mutable_optimizer()->set_initial_accumulator(0.1f);

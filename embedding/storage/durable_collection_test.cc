@@ -19,6 +19,7 @@
 #include "tests/support/faulty_store.h"
 #include "tests/support/random_pushes.h"
 #include "tests/support/stored_rows.h"
+#include "tests/support/table_configs.h"
 #include "tests/support/temp_dir.h"
 
 namespace tessera::storage {
@@ -39,14 +40,7 @@ std::string TempDir() {
 
 v1::TableConfig Config(const std::string& name, int dim, v1::Durability durability,
                        v1::OptimizerType opt = v1::ADAGRAD) {
-  v1::TableConfig c;
-  c.set_name(name);
-  c.set_dim(dim);
-  c.set_seed(11);
-  c.set_durability(durability);
-  c.mutable_optimizer()->set_type(opt);
-  c.mutable_optimizer()->set_learning_rate(0.05f);
-  return c;
+  return testing::TestTable(name, dim, 11, opt, 0.05f, durability);
 }
 
 struct Harness {
