@@ -104,8 +104,18 @@ def check_workers(problems, job_spec, container, args, where):
                   "others from the newest checkpoint")
 
 
-def main(folder: str) -> int:
-    problems = Problems()
+class Seen:
+    """What the objects say that other objects must agree with."""
+
+    def __init__(self):
+        self.pods = []  # (labels, ports, where)
+        self.services = []  # (object, where)
+        self.shard_replicas, self.statefulset, self.num_shards_args = None, None, set()
+        self.coordinator_shards, self.train_model, self.table_names = None, None, None
+
+
+def load_objects(problems, folder):
+    """(file name, object) of every resource kustomization.yaml lists."""
     kustomization = yaml.safe_load(open(os.path.join(folder, "kustomization.yaml")))
     problems.need(kustomization.get("kind") == "Kustomization", "kustomization.yaml", "kind must be Kustomization")
     objects = []
@@ -116,96 +126,121 @@ def main(folder: str) -> int:
         for doc in yaml.safe_load_all(open(path)):
             if doc is not None:
                 objects.append((name, doc))
+    return objects
 
-    pods = []  # (labels, ports, where)
-    services, shard_replicas, num_shards_args, coordinator_shards = [], None, set(), None
-    train_model, table_names = None, None
-    for name, obj in objects:
-        kind = obj.get("kind")
-        where = f"{name} {kind}/{obj.get('metadata', {}).get('name')}"
-        if not problems.need(kind in KINDS, where, f"unknown kind {kind!r}"):
+
+def check_train_job(problems, obj, containers, where, seen):
+    for c in containers:
+        args = c.get("args", []) + c.get("command", [])
+        if "tessera-train" not in args:
             continue
-        problems.need(obj.get("apiVersion") == KINDS[kind], where, f"apiVersion must be {KINDS[kind]}")
-        typed(problems, obj, ["metadata", "name"], str, where)
-        if kind in ("StatefulSet", "Deployment", "Job"):
-            template = typed(problems, obj, ["spec", "template"], dict, where) or {}
-            labels = template.get("metadata", {}).get("labels", {})
-            if kind != "Job":
-                match = typed(problems, obj, ["spec", "selector", "matchLabels"], dict, where) or {}
-                problems.need(match and all(labels.get(k) == v for k, v in match.items()), where,
-                              "selector.matchLabels must match the pod template's labels")
-                typed(problems, obj, ["spec", "replicas"], int, where)
-            else:
-                problems.need(template.get("spec", {}).get("restartPolicy") in ("Never", "OnFailure"),
-                              where, "a Job's restartPolicy must be Never or OnFailure")
-            claims = [t.get("metadata", {}).get("name") for t in obj["spec"].get("volumeClaimTemplates", [])]
-            pod_spec = typed(problems, template, ["spec"], dict, where) or {}
-            ports, containers = check_pod(problems, pod_spec, where, claims)
-            pods.append((labels, ports, where))
-            text = json.dumps(containers)
-            if kind == "Job":
-                for c in containers:
-                    args = c.get("args", []) + c.get("command", [])
-                    if "tessera-train" not in args:
-                        continue
-                    cw = f"{where} container {c.get('name')}"
-                    problems.need("--resume=auto" in args, cw,
-                                  "tessera-train must pass --resume=auto (tables exist after the "
-                                  "init container; a restarted pod must continue)")
-                    models = [a.split("=", 1)[1] for a in args if a.startswith("--model=")]
-                    if problems.need(len(models) == 1, cw, "tessera-train needs one --model"):
-                        train_model = models[0]
-                    check_workers(problems, obj["spec"], c, args, cw)
-            if kind == "StatefulSet":
-                problems.need(isinstance(obj["spec"].get("serviceName"), str), where, "needs serviceName")
-                shard_replicas = obj["spec"].get("replicas")
-                num_shards_args |= {int(n) for n in re.findall(r"--num_shards=(\d+)", text)}
-                statefulset = obj
-            m = re.search(r"--shards=([^\"\s]+)", text)
-            if m:
-                coordinator_shards = m.group(1).split(",")
-        if kind == "Service":
-            services.append((obj, where))
-        if kind == "PersistentVolumeClaim":
-            typed(problems, obj, ["spec", "resources", "requests", "storage"], str, where)
-        if kind == "ConfigMap" and "tables.json" in obj.get("data", {}):
-            try:
-                tables = json.loads(obj["data"]["tables.json"])["tables"]
-                for t in tables:
-                    problems.need(isinstance(t.get("name"), str) and t["name"], where, "a table without a name")
-                    problems.need(isinstance(t.get("dim"), int) and t["dim"] > 0, where,
-                                  f"table {t.get('name')!r} needs a dim > 0")
-                names = [t.get("name") for t in tables]
-                problems.need(len(names) == len(set(names)), where, "table names repeat")
-                table_names = names
-            except (ValueError, KeyError, TypeError) as e:
-                problems.append(f"{where}: tables.json does not parse: {e}")
+        cw = f"{where} container {c.get('name')}"
+        problems.need("--resume=auto" in args, cw,
+                      "tessera-train must pass --resume=auto (tables exist after the "
+                      "init container; a restarted pod must continue)")
+        models = [a.split("=", 1)[1] for a in args if a.startswith("--model=")]
+        if problems.need(len(models) == 1, cw, "tessera-train needs one --model"):
+            seen.train_model = models[0]
+        check_workers(problems, obj["spec"], c, args, cw)
 
-    if train_model is not None and table_names is not None:
-        strays = [n for n in table_names if not str(n).startswith(train_model + ".")]
+
+def check_workload(problems, obj, kind, where, seen):
+    """A StatefulSet, Deployment or Job: its selector, pods, and the flags of its servers."""
+    template = typed(problems, obj, ["spec", "template"], dict, where) or {}
+    labels = template.get("metadata", {}).get("labels", {})
+    if kind != "Job":
+        match = typed(problems, obj, ["spec", "selector", "matchLabels"], dict, where) or {}
+        problems.need(match and all(labels.get(k) == v for k, v in match.items()), where,
+                      "selector.matchLabels must match the pod template's labels")
+        typed(problems, obj, ["spec", "replicas"], int, where)
+    else:
+        problems.need(template.get("spec", {}).get("restartPolicy") in ("Never", "OnFailure"),
+                      where, "a Job's restartPolicy must be Never or OnFailure")
+    claims = [t.get("metadata", {}).get("name") for t in obj["spec"].get("volumeClaimTemplates", [])]
+    pod_spec = typed(problems, template, ["spec"], dict, where) or {}
+    ports, containers = check_pod(problems, pod_spec, where, claims)
+    seen.pods.append((labels, ports, where))
+    text = json.dumps(containers)
+    if kind == "Job":
+        check_train_job(problems, obj, containers, where, seen)
+    if kind == "StatefulSet":
+        problems.need(isinstance(obj["spec"].get("serviceName"), str), where, "needs serviceName")
+        seen.shard_replicas = obj["spec"].get("replicas")
+        seen.num_shards_args |= {int(n) for n in re.findall(r"--num_shards=(\d+)", text)}
+        seen.statefulset = obj
+    m = re.search(r"--shards=([^\"\s]+)", text)
+    if m:
+        seen.coordinator_shards = m.group(1).split(",")
+
+
+def check_tables_json(problems, obj, where, seen):
+    try:
+        tables = json.loads(obj["data"]["tables.json"])["tables"]
+        for t in tables:
+            problems.need(isinstance(t.get("name"), str) and t["name"], where, "a table without a name")
+            problems.need(isinstance(t.get("dim"), int) and t["dim"] > 0, where,
+                          f"table {t.get('name')!r} needs a dim > 0")
+        names = [t.get("name") for t in tables]
+        problems.need(len(names) == len(set(names)), where, "table names repeat")
+        seen.table_names = names
+    except (ValueError, KeyError, TypeError) as e:
+        problems.append(f"{where}: tables.json does not parse: {e}")
+
+
+def check_object(problems, name, obj, seen):
+    kind = obj.get("kind")
+    where = f"{name} {kind}/{obj.get('metadata', {}).get('name')}"
+    if not problems.need(kind in KINDS, where, f"unknown kind {kind!r}"):
+        return
+    problems.need(obj.get("apiVersion") == KINDS[kind], where, f"apiVersion must be {KINDS[kind]}")
+    typed(problems, obj, ["metadata", "name"], str, where)
+    if kind in ("StatefulSet", "Deployment", "Job"):
+        check_workload(problems, obj, kind, where, seen)
+    if kind == "Service":
+        seen.services.append((obj, where))
+    if kind == "PersistentVolumeClaim":
+        typed(problems, obj, ["spec", "resources", "requests", "storage"], str, where)
+    if kind == "ConfigMap" and "tables.json" in obj.get("data", {}):
+        check_tables_json(problems, obj, where, seen)
+
+
+def check_agreement(problems, seen):
+    """The tables are the Job's model's; services select pods with their ports; the
+    coordinator's --shards and the shards' --num_shards match the StatefulSet."""
+    if seen.train_model is not None and seen.table_names is not None:
+        model = seen.train_model
+        strays = [n for n in seen.table_names if not str(n).startswith(model + ".")]
         problems.need(not strays, "tables.json",
-                      f"tables {strays[:3]} are not of the Job's model '{train_model}' ({train_model}.*)")
-
-    for svc, where in services:
+                      f"tables {strays[:3]} are not of the Job's model '{model}' ({model}.*)")
+    for svc, where in seen.services:
         selector = svc.get("spec", {}).get("selector", {})
-        targets = [p for p in pods if selector and all(p[0].get(k) == v for k, v in selector.items())]
+        targets = [p for p in seen.pods if selector and all(p[0].get(k) == v for k, v in selector.items())]
         if problems.need(targets, where, f"selects no pods ({selector})"):
             for port in svc["spec"].get("ports", []):
                 target = port.get("targetPort", port.get("port"))
                 problems.need(any(target in p[1] for p in targets), where,
                               f"targetPort {target} is not a port of the pods it selects")
+    replicas, shards = seen.shard_replicas, seen.coordinator_shards
+    if replicas is None:
+        return
+    problems.need(seen.num_shards_args == {replicas}, "shards",
+                  f"--num_shards {sorted(seen.num_shards_args)} differs from replicas {replicas}")
+    if problems.need(shards is not None, "coordinator", "no --shards list"):
+        problems.need(len(shards) == replicas, "coordinator",
+                      f"--shards names {len(shards)} shards, the StatefulSet has {replicas}")
+        name, service = seen.statefulset["metadata"]["name"], seen.statefulset["spec"].get("serviceName")
+        for i, address in enumerate(shards):
+            problems.need(address.split(":")[0] == f"{name}-{i}.{service}", "coordinator",
+                          f"shard {i} should be {name}-{i}.{service}, got {address}")
 
-    if shard_replicas is not None:
-        problems.need(num_shards_args == {shard_replicas}, "shards",
-                      f"--num_shards {sorted(num_shards_args)} differs from replicas {shard_replicas}")
-        if problems.need(coordinator_shards is not None, "coordinator", "no --shards list"):
-            problems.need(len(coordinator_shards) == shard_replicas, "coordinator",
-                          f"--shards names {len(coordinator_shards)} shards, the StatefulSet has {shard_replicas}")
-            name, service = statefulset["metadata"]["name"], statefulset["spec"].get("serviceName")
-            for i, address in enumerate(coordinator_shards):
-                problems.need(address.split(":")[0] == f"{name}-{i}.{service}", "coordinator",
-                              f"shard {i} should be {name}-{i}.{service}, got {address}")
 
+def main(folder: str) -> int:
+    problems = Problems()
+    objects = load_objects(problems, folder)
+    seen = Seen()
+    for name, obj in objects:
+        check_object(problems, name, obj, seen)
+    check_agreement(problems, seen)
     for p in problems:
         print("invalid:", p)
     if not problems:

@@ -159,7 +159,7 @@ def auc(labels, scores):
     return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--coordinator", default="", help="host:port (with --tables=tessera)")
     parser.add_argument("--data", required=True, help="Criteo-format TSV (plain or .gz)")
@@ -174,57 +174,41 @@ def main():
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--continue_tables", action="store_true",
                         help="train on tables a previous run trained (refused otherwise)")
-    args = parser.parse_args()
-    if args.make_data:
-        make_data(args.data, args.make_data, args.seed)
-        return
-    if args.epochs < 1 or args.batch_size < 1:
-        sys.exit("--epochs and --batch_size must be >= 1")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        sys.exit(f"--device={args.device}: this PyTorch has no usable CUDA device")
-    device = torch.device(args.device)
-    torch.manual_seed(args.seed)
-    (y, x, ids), (hy, hx, hids) = read(args.data)
-    if len(y) == 0:
-        sys.exit(f"no training line in {args.data}")
-    print(f"data: {args.data}, {len(y)} training and {len(hy)} held-out samples, "
-          f"{args.epochs} epoch(s) of batches of {args.batch_size}")
+    return parser.parse_args()
 
-    dense = Dense().to(device)
-    dense_opt = torch.optim.Adam(dense.parameters(), lr=2e-3)
+
+def tessera_tables(args, device):
+    """The model's tables on the cluster of --coordinator: (module, its bag lookup, no
+    optimizer of its own: the servers apply the rows' updates, where they are)."""
     names = [f"{args.model}.C{f + 1}" for f in range(NUM_SPARSE)]
-    if args.tables == "tessera":
-        if not args.coordinator:
-            sys.exit("--tables=tessera needs --coordinator=HOST:PORT")
-        import tessera
-        import tessera.torch as ttorch
-        client = tessera.connect(args.coordinator)
-        # A previous run's tables without its dense model: refuse, as tessera-train does.
-        trained = client.trained_rows(names)
-        if trained and not args.continue_tables:
-            sys.exit(f"model '{args.model}': {len(trained)} of its tables hold a previous "
-                     f"run's training ({sum(trained.values())} rows), and this example keeps "
-                     f"no checkpoint of its dense model; drop them (tessera-cli drop "
-                     f"--model={args.model}), pick another --model, or pass --continue_tables "
-                     f"to train a new dense model on them")
-        if trained:
-            print(f"model '{args.model}': continuing on a previous run's tables "
-                  f"({sum(trained.values())} rows)")
-        emb = ttorch.EmbeddingCollection(
-            client, [{"name": n, "dim": DIM, "optimizer": "adagrad", "learning_rate": 0.05,
-                      "seed": args.seed * 1000 + i, "init_scale": 0.05}
-                     for i, n in enumerate(names)], device=device)
-        embed = lambda batch_ids: emb({n: (batch_ids[:, f], np.arange(len(batch_ids) + 1))
-                                       for f, n in enumerate(names)})
-        sparse_opt = None
-        where = f"Tessera tables via {args.coordinator}"
-    else:
-        emb = TorchTables(np.concatenate([ids, hids]), device).to(device)
-        embed = emb
-        sparse_opt = torch.optim.Adagrad(emb.parameters(), lr=0.05, eps=1e-10)
-        where = "torch.nn.EmbeddingBag tables"
-    print(f"model: dlrm (PyTorch, dense on {device}), {where}")
+    if not args.coordinator:
+        sys.exit("--tables=tessera needs --coordinator=HOST:PORT")
+    import tessera
+    import tessera.torch as ttorch
+    client = tessera.connect(args.coordinator)
+    # A previous run's tables without its dense model: refuse, as tessera-train does.
+    trained = client.trained_rows(names)
+    if trained and not args.continue_tables:
+        sys.exit(f"model '{args.model}': {len(trained)} of its tables hold a previous "
+                 f"run's training ({sum(trained.values())} rows), and this example keeps "
+                 f"no checkpoint of its dense model; drop them (tessera-cli drop "
+                 f"--model={args.model}), pick another --model, or pass --continue_tables "
+                 f"to train a new dense model on them")
+    if trained:
+        print(f"model '{args.model}': continuing on a previous run's tables "
+              f"({sum(trained.values())} rows)")
+    emb = ttorch.EmbeddingCollection(
+        client, [{"name": n, "dim": DIM, "optimizer": "adagrad", "learning_rate": 0.05,
+                  "seed": args.seed * 1000 + i, "init_scale": 0.05}
+                 for i, n in enumerate(names)], device=device)
+    embed = lambda batch_ids: emb({n: (batch_ids[:, f], np.arange(len(batch_ids) + 1))
+                                   for f, n in enumerate(names)})
+    return emb, embed, None, f"Tessera tables via {args.coordinator}"
 
+
+def train(args, dense, emb, embed, sparse_opt, y, x, ids, device):
+    """--epochs over the training samples in batches; prints progress and the rate."""
+    dense_opt = torch.optim.Adam(dense.parameters(), lr=2e-3)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     rng = np.random.default_rng(args.seed)
     start = window = time.time()
@@ -258,6 +242,9 @@ def main():
     print(f"trained {step} steps, {samples} samples in {seconds:.1f}s "
           f"({samples / seconds:.0f} samples/s)")
 
+
+def evaluate(dense, emb, embed, hy, hx, hids, device):
+    """Prints the held-out logloss and AUC."""
     emb.eval()
     dense.eval()
     probs = []
@@ -271,6 +258,36 @@ def main():
     p = np.clip(np.concatenate(probs).astype(np.float64), 1e-7, 1 - 1e-7)
     logloss = float(-np.mean(hy * np.log(p) + (1 - hy) * np.log(1 - p)))
     print(f"held-out: {len(hy)} samples  logloss {logloss:.5f}  auc {auc(hy, p):.5f}")
+
+
+def main():
+    args = parse_args()
+    if args.make_data:
+        make_data(args.data, args.make_data, args.seed)
+        return
+    if args.epochs < 1 or args.batch_size < 1:
+        sys.exit("--epochs and --batch_size must be >= 1")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit(f"--device={args.device}: this PyTorch has no usable CUDA device")
+    device = torch.device(args.device)
+    torch.manual_seed(args.seed)
+    (y, x, ids), (hy, hx, hids) = read(args.data)
+    if len(y) == 0:
+        sys.exit(f"no training line in {args.data}")
+    print(f"data: {args.data}, {len(y)} training and {len(hy)} held-out samples, "
+          f"{args.epochs} epoch(s) of batches of {args.batch_size}")
+
+    dense = Dense().to(device)
+    if args.tables == "tessera":
+        emb, embed, sparse_opt, where = tessera_tables(args, device)
+    else:
+        emb = TorchTables(np.concatenate([ids, hids]), device).to(device)
+        embed = emb
+        sparse_opt = torch.optim.Adagrad(emb.parameters(), lr=0.05, eps=1e-10)
+        where = "torch.nn.EmbeddingBag tables"
+    print(f"model: dlrm (PyTorch, dense on {device}), {where}")
+    train(args, dense, emb, embed, sparse_opt, y, x, ids, device)
+    evaluate(dense, emb, embed, hy, hx, hids, device)
 
 
 if __name__ == "__main__":
