@@ -51,6 +51,9 @@ class EmbeddingClient final : public embedding::EmbeddingCollection,
 
   absl::Status CreateTable(const v1::TableConfig& config) override;
   absl::StatusOr<std::vector<v1::TableConfig>> ListTables() const override;
+  // The config of `table`, as this client last listed it (listed again when it has none);
+  // NotFound naming it when the cluster has no such table.
+  absl::StatusOr<v1::TableConfig> Config(absl::string_view table) const;
   absl::Status Lookup(absl::string_view table, absl::Span<const int64_t> ids, absl::Span<float> out,
                       const embedding::LookupOptions& options) override;
   absl::Status PooledLookup(absl::string_view table, absl::Span<const int64_t> ids,
@@ -152,7 +155,6 @@ class EmbeddingClient final : public embedding::EmbeddingCollection,
   // Smart mode: runs `call` on the current router (which retries failed shards itself),
   // again once on a fresh router after a stale shard map.
   absl::Status OnShards(const std::function<absl::Status(ShardRouter&)>& call);
-  absl::StatusOr<v1::TableConfig> Config(absl::string_view table) const;
   // The configs of `tables`' tables, in order.
   template <typename Part>
   absl::StatusOr<std::vector<v1::TableConfig>> Configs(absl::Span<const Part> tables) const;

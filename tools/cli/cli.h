@@ -66,10 +66,6 @@ tessera::wire::ClientSecurity& Security();
 // command says what failed at once).
 absl::StatusOr<std::unique_ptr<client::EmbeddingClient>> Client();
 
-// The config of table `name`; NotFound naming it when the cluster has no such table.
-absl::StatusOr<tessera::v1::TableConfig> TableConfig(client::EmbeddingClient& tables,
-                                                     const std::string& name);
-
 void PrintCheckpoint(const embedding::CheckpointInfo& c);
 
 // Orders names as people read them: "C2" before "C10" (digit runs compare as numbers).

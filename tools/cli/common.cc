@@ -8,9 +8,7 @@
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "base/status.h"
 #include "embedding/collection.h"
 #include "tools/cli/cli.h"
 #include "wire/grpc_status.h"
@@ -31,15 +29,6 @@ absl::StatusOr<std::unique_ptr<client::EmbeddingClient>> Client() {
   options.wait_for_coordinator = false;
   options.security = Security();
   return client::EmbeddingClient::Connect(absl::GetFlag(FLAGS_coordinator), options);
-}
-
-absl::StatusOr<tessera::v1::TableConfig> TableConfig(client::EmbeddingClient& tables,
-                                                     const std::string& name) {
-  TESSERA_ASSIGN_OR_RETURN(std::vector<tessera::v1::TableConfig> listed, tables.ListTables());
-  for (tessera::v1::TableConfig& t : listed) {
-    if (t.name() == name) return std::move(t);
-  }
-  return absl::NotFoundError(absl::StrCat("table '", name, "' not found"));
 }
 
 void PrintCheckpoint(const embedding::CheckpointInfo& c) {

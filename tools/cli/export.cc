@@ -48,7 +48,7 @@ int Export(client::EmbeddingClient& tables, const std::string& table) {
   });
   if (!exported.ok()) return Fail("export", exported);
   if (all.ids.empty()) {  // no rows: the table's dim from its config
-    absl::StatusOr<tessera::v1::TableConfig> config = TableConfig(tables, table);
+    absl::StatusOr<tessera::v1::TableConfig> config = tables.Config(table);
     if (config.ok()) all.dim = config->dim();
   }
   const int64_t n = static_cast<int64_t>(all.ids.size());

@@ -43,7 +43,7 @@ int Lookup(client::EmbeddingClient& tables, const std::string& table) {
   if (!ids.ok()) {
     return Refuse(ids.status().message());
   }
-  absl::StatusOr<tessera::v1::TableConfig> config = TableConfig(tables, table);
+  absl::StatusOr<tessera::v1::TableConfig> config = tables.Config(table);
   if (!config.ok()) return Fail("lookup", config.status());
   const int dim = config->dim();
   std::vector<float> values(ids->size() * dim);
