@@ -211,6 +211,28 @@ absl::Status ServingTable::Apply(absl::Span<const int64_t> ids, absl::Span<const
   return absl::OkStatus();
 }
 
+absl::Status ServingTable::ResetRows(absl::Span<const int64_t> ids) {
+  TESSERA_RETURN_IF_ERROR(CheckIds(ids));
+  std::vector<float> row(config_.dim());
+  absl::MutexLock lock(&mu_);
+  for (const int64_t id : ids) {
+    const uint32_t slot = Find(id);
+    if (slot == kEmpty) continue;
+    initializer_->InitialWeights(id, row.data());
+    EncodeServingRow(format_, row.data(), config_.dim(), Record(slot) + sizeof(int64_t));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> ServingTable::Ids() const {
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<int64_t> ids(used_);
+  for (uint32_t slot = 0; slot < used_; ++slot) {
+    std::memcpy(&ids[slot], Record(slot), sizeof(int64_t));
+  }
+  return ids;
+}
+
 absl::Status ServingTable::Lookup(absl::Span<const int64_t> ids, absl::Span<float> out) const {
   const int dim = config_.dim();
   if (out.size() != ids.size() * dim) {

@@ -62,6 +62,12 @@ class ServingTable {
   // last row). InvalidArgument, with nothing changed, for a wrong size, a value that is not
   // finite or an id outside a fixed vocabulary.
   absl::Status Apply(absl::Span<const int64_t> ids, absl::Span<const float> weights);
+  // Sets the rows of `ids` back to their initial weights (the training side no longer
+  // stores them: a shard restarted from an older checkpoint). InvalidArgument, with
+  // nothing changed, for an id outside a fixed vocabulary.
+  absl::Status ResetRows(absl::Span<const int64_t> ids);
+  // Every id sent, in no particular order.
+  std::vector<int64_t> Ids() const;
   // The rows of `ids` (ids x dim) into `out`; InvalidArgument for a wrong size or an id
   // outside a fixed vocabulary.
   absl::Status Lookup(absl::Span<const int64_t> ids, absl::Span<float> out) const;

@@ -1,5 +1,6 @@
 #include "embedding/serving_table.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <thread>
@@ -130,6 +131,22 @@ TEST(ServingTable, AnIdSentAgainTakesItsNewRowAndTheLastOfABatch) {
   ASSERT_TRUE(serving->Lookup({{4}}, absl::MakeSpan(got)).ok());
   EXPECT_EQ(got, (std::vector<float>{5.0f, 6.0f}));
   EXPECT_EQ(serving->rows(), 1);
+}
+
+TEST(ServingTable, ResetRowsReadTheirInitialWeightsAgainAndIdsListsWhatWasSent) {
+  const v1::TableConfig config = testing::TestTable("t", 4, 3, v1::SGD, 0.1f);
+  auto serving = Make(config, ServingFormat::kFp32);
+  std::vector<float> initial(2 * 4);
+  ASSERT_TRUE(serving->Lookup({{8, 9}}, absl::MakeSpan(initial)).ok());
+  ASSERT_TRUE(serving->Apply({{8, 9, 10}}, std::vector<float>(12, 0.5f)).ok());
+  std::vector<int64_t> ids = serving->Ids();
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(ids, (std::vector<int64_t>{8, 9, 10}));
+  ASSERT_TRUE(serving->ResetRows({{8, 9, 77}}).ok());  // 77 was never sent: nothing to do
+  std::vector<float> got(3 * 4);
+  ASSERT_TRUE(serving->Lookup({{8, 9, 10}}, absl::MakeSpan(got)).ok());
+  EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + 8), initial);
+  EXPECT_EQ(std::vector<float>(got.begin() + 8, got.end()), std::vector<float>(4, 0.5f));
 }
 
 TEST(ServingTable, RefusesBadRowsAndIdsAndKeepsWhatItHad) {

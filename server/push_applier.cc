@@ -35,7 +35,8 @@ PushApplier::PushApplier(embedding::ShardTables* tables, ReshardParticipant* res
       journal_(options.push_window),
       moved_(options.push_window * 4),
       groups_(options.where),
-      steps_(options.where, options.max_sync_waiting) {
+      steps_(options.where, options.max_sync_waiting),
+      changes_(options.change_log_bytes) {
   // The pushes handed over by reshards before a restart: retries of them still skip the
   // rows that took them.
   absl::StatusOr<std::string> kept = tables_->ServerState(kMovedPushesKey);
@@ -107,6 +108,7 @@ absl::Status PushApplier::ApplyParts(const DecodedBatch& batch, int64_t step,
     // A part that kept some rows (their results were not finite) has updated the others: it
     // counts as applied, so a repeat does not apply them again.
     TESSERA_RETURN_IF_ERROR(tessera::SetAsidePartlyApplied(std::move(applied), &partly));
+    changes_.Append(part.table, step, part.ids);
     embedding::Unique(part.ids, &unique, &inverse);
     done->push_back(static_cast<int64_t>(unique.size()));
     if (i < batch.counters.size() && batch.counters[i] != nullptr) {
@@ -138,6 +140,9 @@ absl::Status PushApplier::ApplyWhole(const DecodedBatch& batch, int64_t step,
     return s;
   }
   TESSERA_DCHECK(done->size() == batch.pushes.size());
+  for (const embedding::TableGradients& part : batch.pushes) {
+    changes_.Append(part.table, step, part.ids);
+  }
   for (size_t i = 0; i < done->size() && i < batch.counters.size(); ++i) {
     if (batch.counters[i] != nullptr) batch.counters[i]->updates += (*done)[i];
   }

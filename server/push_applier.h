@@ -11,6 +11,7 @@
 #include "embedding/collection.h"
 #include "embedding/shard_tables.h"
 #include "google/protobuf/repeated_field.h"
+#include "server/change_log.h"
 #include "server/lookup_request.h"
 #include "server/push_journal.h"
 #include "server/step_aggregator.h"
@@ -34,6 +35,7 @@ class PushApplier {
     // Sync-group pushes waiting at once, and the longest one waits.
     int max_sync_waiting = 1024;
     std::chrono::milliseconds max_sync_wait{60000};
+    size_t change_log_bytes = size_t{128} << 20;  // the bound of the rows-changed log
   };
   // `tables` and `reshard` must outlive it. `configs` gives a table's config and counters
   // (for pushes merged from a step's workers). Loads the pushes of earlier maps the
@@ -76,6 +78,10 @@ class PushApplier {
   // After a restore of every model: no push is remembered as applied.
   absl::Status ForgetAll();
 
+  // The ids each push applied here changed, for serving replicas (appended once a push's
+  // part is applied, never for a repeat answered from the journal).
+  ChangeLog& changes() { return changes_; }
+
  private:
   static constexpr char kMovedPushesKey[] = "moved_pushes";
   absl::Status KeepMoved();
@@ -106,6 +112,7 @@ class PushApplier {
   MovedPushes moved_;     // applied under earlier maps (reshards)
   SyncGroups groups_;     // registered by data-parallel jobs
   StepAggregator steps_;  // synchronous pushes of data-parallel workers
+  ChangeLog changes_;     // rows changed, for serving replicas
 };
 
 }  // namespace tessera::server

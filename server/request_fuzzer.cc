@@ -241,18 +241,26 @@ void FuzzListCheckpoints(Fixture& env, grpc::ServerContext& ctx, const void* bod
   (void)env.service->ListCheckpoints(&ctx, &req, &resp);
 }
 
+void FuzzReadChanges(Fixture& env, grpc::ServerContext& ctx, const void* body, int n) {
+  v1::ReadChangesRequest req;
+  if (!req.ParseFromArray(body, n)) return;
+  v1::ReadChangesResponse resp;
+  (void)env.service->ReadChanges(&ctx, &req, &resp);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  // The first byte picks the request (its value mod 8; 248 and up: ListCheckpoints), the
-  // rest is its bytes.
+  // The first byte picks the request (its value mod 8; 240 to 247: ReadChanges; 248 and
+  // up: ListCheckpoints), the rest is its bytes.
   static constexpr void (*kRequests[])(Fixture&, grpc::ServerContext&, const void*, int) = {
-      FuzzLookup,      FuzzPushGradients, FuzzCreateTable,
-      FuzzStats,       FuzzImportRows,    FuzzRegisterSyncGroup,
-      FuzzBatchLookup, FuzzBatchPush,     FuzzListCheckpoints};
+      FuzzLookup,          FuzzPushGradients,     FuzzCreateTable, FuzzStats,
+      FuzzImportRows,      FuzzRegisterSyncGroup, FuzzBatchLookup, FuzzBatchPush,
+      FuzzListCheckpoints, FuzzReadChanges};
   Fixture& env = NextInput();
   grpc::ServerContext ctx;
-  kRequests[data[0] >= 248 ? 8 : data[0] % 8](env, ctx, data + 1, static_cast<int>(size - 1));
+  const int pick = data[0] >= 248 ? 8 : data[0] >= 240 ? 9 : data[0] % 8;
+  kRequests[pick](env, ctx, data + 1, static_cast<int>(size - 1));
   return 0;
 }

@@ -193,6 +193,7 @@ absl::Status ReshardParticipant::Copy(const v1::ReshardRequest& request,
   response->set_changed_rows(tracking_ ? EndRound() : -1);
   if (!tracking_) {
     // The first: what an earlier reshard left is not this one's.
+    pushes_->changes().DropHeld();
     TESSERA_RETURN_IF_ERROR(Annotate(
         tables_->DropMovingRows(),
         absl::StrCat("shard ", index_.load(), ": the rows an earlier reshard moved here")));
@@ -301,6 +302,8 @@ absl::Status ReshardParticipant::CommitFrozen(const v1::ReshardRequest& request)
   version_.store(request.version());
   // Its journal speaks of its place in the old map; what it said is moved now.
   pushes_->ClearJournal();
+  // The rows that moved here are this shard's to tell replicas of from now on.
+  pushes_->changes().Publish();
   committing_ = false;
   ClearPending();
   return absl::OkStatus();
@@ -313,6 +316,7 @@ absl::Status ReshardParticipant::Abort(const v1::ReshardRequest& request) {
   absl::MutexLock lock(&gate_mu_);
   if (committing_ || pending_version_ != request.version()) return absl::OkStatus();
   ClearPending();
+  pushes_->changes().DropHeld();
   // The rows that came for the next map go (the old owners kept theirs): a shard keeps no
   // copy of a row it does not own. On an error it serves on, and the next reshard's first
   // COPY tries again.

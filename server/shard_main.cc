@@ -36,6 +36,9 @@ ABSL_FLAG(int64_t, max_sync_wait_ms, 60000,
 ABSL_FLAG(int, max_sync_waiting, 1024,
           "data-parallel pushes that may wait for their other workers at once (each holds its "
           "request, not a thread), in [1, 1048576]; one more is RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, change_log_bytes, int64_t{128} << 20,
+          "bytes of the log of rows changed that serving replicas read (ids, not rows); a "
+          "replica that falls further behind starts again from a snapshot; 0 = no log");
 ABSL_FLAG(int, max_message_bytes, tessera::client::kMaxMessageBytes,
           "largest gRPC message accepted or sent");
 ABSL_FLAG(int, max_tables, 1024,
@@ -112,6 +115,12 @@ absl::StatusOr<tessera::server::ShardOptions> ShardOptionsFromFlags(
         absl::StrCat("--max_sync_waiting must be in [1, 1048576], got ", waiting));
   }
   options.max_sync_waiting = waiting;
+  const int64_t log_bytes = absl::GetFlag(FLAGS_change_log_bytes);
+  if (log_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--change_log_bytes must be >= 0, got ", log_bytes));
+  }
+  options.change_log_bytes = static_cast<size_t>(log_bytes);
   TESSERA_ASSIGN_OR_RETURN(*security, tessera::server::ServerSecurityFromFlags());
   options.auth = tessera::server::CallAuthorizer(*security);
   if (options.num_shards < 1 || options.shard_index < 0 ||

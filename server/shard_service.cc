@@ -34,7 +34,7 @@ ShardService::ShardService(embedding::ShardTables* tables, const ShardOptions& o
                 options.on_placement}),
       pushes_(tables, &reshard_, Configs(),
               {absl::StrCat("shard ", options.shard_index), options.push_window,
-               options.max_sync_waiting, options.max_sync_wait}) {
+               options.max_sync_waiting, options.max_sync_wait, options.change_log_bytes}) {
   // Unlisted tables are refused as unknown until a restore lists them again: say why.
   if (absl::Status s = ReloadConfigs(); !s.ok()) {
     std::fprintf(stderr, "tessera: shard %d: cannot list the tables it holds: %s\n",
@@ -116,6 +116,8 @@ grpc::Status ShardService::Restore(grpc::ServerContext* context, const v1::Resto
     // Every row is the checkpoint's now: pushes remembered as applied no longer are. (A
     // model's restore leaves the other models' pushes on record: their rows stand.)
     if (request->model().empty()) TESSERA_RETURN_IF_ERROR(pushes_.ForgetAll());
+    // Rows went back without a push: a replica reading the log starts again.
+    pushes_.changes().Reset();
     TESSERA_RETURN_IF_ERROR(ReloadConfigs());
     wire::ToProto(*info, response->mutable_checkpoint());
     for (auto& [name, blob] : attachments) (*response->mutable_attachments())[name] = blob;
@@ -151,6 +153,8 @@ grpc::Status ShardService::DropTable(grpc::ServerContext* context,
           absl::StrCat("table '", request->table(), "' not found on shard ", reshard_.index()));
     }
     TESSERA_RETURN_IF_ERROR(s);
+    // A table of the same name made later starts from initial rows: replicas start again.
+    pushes_.changes().Reset();
     absl::MutexLock lock(&mu_);
     configs_.erase(request->table());
     counters_.erase(request->table());
@@ -238,6 +242,12 @@ grpc::Status ShardService::ImportRows(grpc::ServerContext* context,
                                 : tables_->ImportMovingRows(request->table(), rows, index, shards));
     // A caller's import (not the reshard's own) changes rows a reshard's copy may have sent.
     if (index < 0) reshard_.NoteChanged(config, rows.ids);
+    // Replicas read rows moving here once this shard serves them (the commit publishes).
+    if (index < 0) {
+      pushes_.changes().Append(request->table(), -1, rows.ids);
+    } else {
+      pushes_.changes().Hold(request->table(), rows.ids);
+    }
     response->set_rows(static_cast<int64_t>(rows.size()));
     return absl::OkStatus();
   });

@@ -43,6 +43,8 @@ struct ShardOptions {
   // version, before it serves them; an error stops the commit (shard_main records it in
   // the data directory's SHARD file).
   std::function<absl::Status(int index, int num_shards, uint64_t version)> on_placement;
+  // The bound of the log of rows changed that serving replicas read (ReadChanges).
+  size_t change_log_bytes = size_t{128} << 20;
 };
 
 // The EmbeddingShard gRPC service: converts requests to calls on the embedding core held
@@ -108,6 +110,9 @@ class ShardService final
   grpc::Status RegisterSyncGroup(grpc::ServerContext* context,
                                  const v1::RegisterSyncGroupRequest* request,
                                  v1::RegisterSyncGroupResponse* response) override;
+  // The rows changed after a serving replica's cursor (server/change_log.h).
+  grpc::Status ReadChanges(grpc::ServerContext* context, const v1::ReadChangesRequest* request,
+                           v1::ReadChangesResponse* response) override;
 
   // Sync-group pushes waiting for their step's other workers, and threads running a push
   // now (tests and monitoring: a push that waits is not running).

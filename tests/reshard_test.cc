@@ -165,11 +165,8 @@ class ReshardTest : public testing::ReferenceClusterTest {
       shards_[k].version = k < 2 ? 1 : 2;
       ASSERT_NO_FATAL_FAILURE(shards_[k].Start());
     }
-    client::RouterOptions ro;
-    ro.deadline = std::chrono::milliseconds(5000);
-    ro.retry.max_retries = 4;
-    ro.retry.initial_backoff = std::chrono::milliseconds(20);
-    ASSERT_NO_FATAL_FAILURE(StartCoordinator({shards_[0].address(), shards_[1].address()}, ro));
+    ASSERT_NO_FATAL_FAILURE(StartCoordinator({shards_[0].address(), shards_[1].address()},
+                                             RetryingRouter(std::chrono::milliseconds(5000))));
     coordinator_stub_ = v1::Coordinator::NewStub(testing::LocalChannel(coordinator_port_));
     client_deadline_ = std::chrono::milliseconds(5000);
     reference_ = std::move(embedding::NewInProcessCollection(1)).value();

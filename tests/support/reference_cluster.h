@@ -41,6 +41,16 @@ class ReferenceClusterTest : public ::testing::Test {
     coordinator_address_ = LocalAddress(coordinator_port_);
   }
 
+  // The router options of a coordinator whose shards the test restarts or reshards: calls
+  // with `deadline`, retried 4 times from 20 ms on.
+  static client::RouterOptions RetryingRouter(std::chrono::milliseconds deadline) {
+    client::RouterOptions ro;
+    ro.deadline = deadline;
+    ro.retry.max_retries = 4;
+    ro.retry.initial_backoff = std::chrono::milliseconds(20);
+    return ro;
+  }
+
   std::unique_ptr<client::EmbeddingClient> Connect(client::ClientOptions::Mode mode,
                                                    int max_retries = 8) {
     return ConnectForTest(coordinator_address_, mode, client_deadline_, max_retries);

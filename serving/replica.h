@@ -1,0 +1,101 @@
+#ifndef TESSERA_SERVING_REPLICA_H_
+#define TESSERA_SERVING_REPLICA_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "client/embedding_client.h"
+#include "client/reconnecting_stub.h"
+#include "embedding/serving_table.h"
+#include "tessera/v1/embedding_service.grpc.pb.h"
+
+namespace tessera::serving {
+
+struct ReplicaOptions {
+  std::string model;                // the tables "<model>.*" (required)
+  std::vector<std::string> tables;  // only these of the model; empty: every table of it
+  embedding::ServingFormat format = embedding::ServingFormat::kFp32;
+  client::ClientOptions client;  // reaching the coordinator, and the shards (security)
+  int64_t max_read_bytes = int64_t{16} << 20;  // rows per change read, in bytes
+  int max_reads_per_poll = 64;                 // a shard's reads in one Poll at most
+};
+
+// What a replica did since it started.
+struct ReplicaCounters {
+  int64_t snapshots = 0;     // a shard's rows read whole (at start, and starting again)
+  int64_t reads = 0;         // change reads answered
+  int64_t rows_applied = 0;  // rows written into the tables (snapshots and changes)
+  int64_t bytes_read = 0;    // of the rows' answers
+};
+
+// A serving replica of one model's tables: starts from a snapshot of every shard's rows
+// (each shard's change-log head, then its rows), then follows each shard's change log
+// (server/change_log.h) from there: every row a push changed is read after the push, none
+// missed. A shard whose log no longer holds the replica's cursor (it restarted, its rows were
+// restored, the replica fell behind the log's bound) is read whole again, and its rows the
+// snapshot no longer holds go back to their initial weights. Follows reshards through the
+// coordinator's shard map. Lookups (table()) run beside Poll. Thread-safe.
+class Replica {
+ public:
+  // Connects to the coordinator at `coordinator`, lists the model's tables and reads every
+  // shard's rows. InvalidArgument for a bad model name; the first failure of a shard.
+  static absl::StatusOr<std::unique_ptr<Replica>> Start(const std::string& coordinator,
+                                                        const ReplicaOptions& options);
+  ~Replica();
+
+  // One round: the coordinator's shard map (kept as it was when the coordinator is away),
+  // then every shard's changes since the replica's cursor, until caught up with the head
+  // it saw or max_reads_per_poll. The first shard's failure, after trying every shard.
+  absl::Status Poll();
+
+  // The table `name`, or null when the replica holds no such table (yet).
+  std::shared_ptr<const embedding::ServingTable> table(const std::string& name) const;
+  std::vector<std::string> tables() const;
+
+  // The newest training step every shard's changes have been read to: every push of a step
+  // up to it is reflected in the rows (later ones may be too). -1 before any.
+  int64_t serving_step() const;
+  // Shards whose log the replica has read to its head, of those it follows.
+  int shards_caught_up() const;
+  int shards() const;
+  ReplicaCounters counters() const;
+  // What made the replica read a shard whole, the newest last (the last 64).
+  std::vector<std::string> events() const;
+
+ private:
+  struct Shard;
+  Replica(const ReplicaOptions& options, std::unique_ptr<client::EmbeddingClient> client);
+  bool Wanted(const std::string& table) const;
+  // Follows the coordinator's shard map: new shards are read whole, gone ones dropped.
+  absl::Status FollowMap();
+  // A shard's changes until caught up; a snapshot when its log no longer has them.
+  absl::Status FollowShard(Shard* shard);
+  // Reads `shard` whole: its log's head, then its rows, those it no longer holds reset.
+  absl::Status Snapshot(Shard* shard, const std::string& why);
+  // The replica's table `name`, made from the coordinator's config when new; null for a
+  // table the replica does not serve.
+  absl::StatusOr<std::shared_ptr<embedding::ServingTable>> TableFor(const std::string& name);
+  absl::Status ApplyRows(const std::string& table, const v1::RowChunk& rows);
+  void Note(const std::string& event);
+
+  const ReplicaOptions options_;
+  const std::unique_ptr<client::EmbeddingClient> client_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<embedding::ServingTable>> tables_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> events_ ABSL_GUARDED_BY(mu_);
+  ReplicaCounters counters_ ABSL_GUARDED_BY(mu_);
+  // One Poll at a time. The shards followed, by address: changed with poll_mu_ and mu_
+  // held, read by Poll under poll_mu_ and by the status calls under mu_.
+  absl::Mutex poll_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::map<std::string, std::unique_ptr<Shard>> shards_;
+  uint64_t map_version_ = 0;  // under poll_mu_
+};
+
+}  // namespace tessera::serving
+
+#endif  // TESSERA_SERVING_REPLICA_H_

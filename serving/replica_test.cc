@@ -1,0 +1,330 @@
+#include "serving/replica.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "embedding/inprocess_collection.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/shard_service.h"
+#include "tests/support/local_server.h"
+#include "tests/support/reference_cluster.h"
+#include "tests/support/table_configs.h"
+#include "tests/support/test_client.h"
+
+namespace tessera::serving {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kDim = 4;
+constexpr int64_t kVocabulary = 5000;
+
+// One shard: an in-process collection served on 127.0.0.1.
+struct Shard {
+  int index = 0;
+  int num_shards = 2;
+  uint64_t version = 1;
+  size_t change_log_bytes = size_t{64} << 20;
+  std::unique_ptr<embedding::InProcessCollection> tables;
+  std::unique_ptr<server::ShardService> service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;  // kept across a restart
+
+  void Start() {
+    tables = std::move(embedding::NewInProcessCollection(1)).value();
+    server::ShardOptions o;
+    o.shard_index = index;
+    o.num_shards = num_shards;
+    o.shard_map_version = version;
+    o.change_log_bytes = change_log_bytes;
+    service = std::make_unique<server::ShardService>(tables.get(), o);
+    server = testing::StartLocalServer(service.get(), &port);
+    ASSERT_NE(server, nullptr);
+  }
+  void Stop() {
+    if (server) server->Shutdown();
+    server.reset();
+    service.reset();
+    tables.reset();
+  }
+  std::string address() const { return testing::LocalAddress(port); }
+};
+
+class ReplicaTest : public testing::ReferenceClusterTest {
+ protected:
+  void StartCluster(size_t change_log_bytes = size_t{64} << 20) {
+    shards_.resize(3);
+    for (int k = 0; k < 3; ++k) {
+      shards_[k].index = k;
+      // Shards 0 and 1 serve map version 1; shard 2 waits with its place in version 2.
+      shards_[k].num_shards = k < 2 ? 2 : 3;
+      shards_[k].version = k < 2 ? 1 : 2;
+      shards_[k].change_log_bytes = change_log_bytes;
+      ASSERT_NO_FATAL_FAILURE(shards_[k].Start());
+    }
+    ASSERT_NO_FATAL_FAILURE(StartCoordinator({shards_[0].address(), shards_[1].address()},
+                                             RetryingRouter(std::chrono::milliseconds(5000))));
+    client_deadline_ = std::chrono::milliseconds(5000);
+    trainer_ = Connect(client::ClientOptions::Mode::kSmart);
+    ASSERT_NE(trainer_, nullptr);
+    ASSERT_TRUE(trainer_->CreateTable(testing::TestTable("m.a", kDim, 11, v1::SGD, 0.5f)).ok());
+    ASSERT_TRUE(trainer_->CreateTable(testing::TestTable("m.b", kDim, 12, v1::ADAGRAD, 0.5f)).ok());
+    v1::TableConfig fixed = testing::TestTable("m.c", kDim, 13, v1::ADAGRAD, 0.5f);
+    fixed.set_vocabulary_size(kVocabulary);
+    ASSERT_TRUE(trainer_->CreateTable(fixed).ok());
+    // Another model's table: the replica does not follow it.
+    ASSERT_TRUE(trainer_->CreateTable(testing::TestTable("other.x", kDim, 14, v1::SGD, 0.5f)).ok());
+  }
+  void TearDown() override {
+    ReferenceClusterTest::TearDown();
+    for (Shard& s : shards_) s.Stop();
+  }
+
+  std::unique_ptr<Replica> StartReplica(ReplicaOptions options = {}) {
+    options.model = "m";
+    options.client.deadline = std::chrono::milliseconds(5000);
+    options.client.retry.max_retries = 2;
+    options.client.retry.initial_backoff = std::chrono::milliseconds(20);
+    absl::StatusOr<std::unique_ptr<Replica>> r = Replica::Start(coordinator_address_, options);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? std::move(r).value() : nullptr;
+  }
+
+  // Push `i` of a stream: ids drawn from a pool (rows updated many times) and new ones.
+  void Push(int i) {
+    std::mt19937_64 rng(1000 + i);
+    std::uniform_int_distribution<int64_t> pool(0, 400);
+    std::uniform_real_distribution<float> g(-1.0f, 1.0f);
+    std::vector<embedding::TableGradients> parts(4);
+    const char* names[] = {"m.a", "m.b", "m.c", "other.x"};
+    std::vector<std::vector<int64_t>> ids(4);
+    std::vector<std::vector<float>> grads(4);
+    for (int t = 0; t < 4; ++t) {
+      for (int j = 0; j < 24; ++j) {
+        ids[t].push_back(t == 2  ? static_cast<int64_t>(rng() % kVocabulary)
+                         : j % 6 ? pool(rng) * 7919
+                                 : static_cast<int64_t>(rng()));
+        for (int d = 0; d < kDim; ++d) grads[t].push_back(g(rng));
+      }
+      parts[t] = {names[t], ids[t], grads[t]};
+    }
+    embedding::PushOptions options;
+    options.request_id = trainer_->NextRequestId();
+    absl::Status s = trainer_->PushBatch(parts, i, options);
+    for (int retry = 0; !s.ok() && retry < 20; ++retry) s = trainer_->PushBatch(parts, i, options);
+    ASSERT_TRUE(s.ok()) << "push " << i << ": " << s;
+  }
+
+  // Polls until every shard is caught up (bounded).
+  void CatchUp(Replica& replica) {
+    for (int i = 0; i < 200; ++i) {
+      const absl::Status s = replica.Poll();
+      if (s.ok() && replica.shards_caught_up() == replica.shards()) return;
+      usleep(20000);
+    }
+    FAIL() << "the replica did not catch up";
+  }
+
+  // Every row the cluster stores of the model's tables reads the same on the replica, bit
+  // for bit, and so do ids never pushed (their initial weights).
+  void ExpectReplicaEqualsTheCluster(const Replica& replica) {
+    for (const std::string table : {"m.a", "m.b", "m.c"}) {
+      SCOPED_TRACE(table);
+      std::vector<int64_t> ids;
+      std::vector<float> want;
+      embedding::ExportOptions options;
+      ASSERT_TRUE(trainer_
+                      ->ExportRows(table, options,
+                                   [&](const embedding::RowBlock& b) {
+                                     ids.insert(ids.end(), b.ids.begin(), b.ids.end());
+                                     want.insert(want.end(), b.weights.begin(), b.weights.end());
+                                     return absl::OkStatus();
+                                   })
+                      .ok());
+      ASSERT_GT(ids.size(), 0u);
+      for (int64_t never : {int64_t{3}, int64_t{4999}, int64_t{77}}) {
+        ids.push_back(never);
+        std::vector<float> row(kDim);
+        const int64_t one[] = {never};
+        ASSERT_TRUE(trainer_->Lookup(table, one, absl::MakeSpan(row), {}).ok());
+        want.insert(want.end(), row.begin(), row.end());
+      }
+      std::shared_ptr<const embedding::ServingTable> served = replica.table(table);
+      ASSERT_NE(served, nullptr);
+      std::vector<float> got(want.size());
+      ASSERT_TRUE(served->Lookup(ids, absl::MakeSpan(got)).ok());
+      int differ = 0;
+      for (size_t i = 0; i < want.size(); ++i) differ += want[i] != got[i] ? 1 : 0;
+      EXPECT_EQ(differ, 0) << "of " << want.size() << " values";
+    }
+    EXPECT_EQ(replica.table("other.x"), nullptr);
+  }
+
+  grpc::Status Reshard(const std::vector<int>& shards) {
+    v1::ReshardClusterRequest request;
+    for (int k : shards) request.add_shards(shards_[k].address());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    v1::ReshardClusterResponse out;
+    return v1::Coordinator::NewStub(testing::LocalChannel(coordinator_port_))
+        ->Reshard(&ctx, request, &out);
+  }
+
+  std::vector<Shard> shards_;
+  std::unique_ptr<client::EmbeddingClient> trainer_;
+};
+
+TEST_F(ReplicaTest, FollowsPushesFromASnapshotAndEqualsTheTrainingRowsBitForBit) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
+  for (int i = 0; i < 20; ++i) ASSERT_NO_FATAL_FAILURE(Push(i));
+  std::unique_ptr<Replica> replica = StartReplica();
+  ASSERT_NE(replica, nullptr);
+  EXPECT_EQ(replica->counters().snapshots, 2);
+  EXPECT_EQ(replica->serving_step(), 19);
+  // Pushes while the replica follows.
+  std::atomic<bool> done{false};
+  std::thread follower([&] {
+    for (int i = 0; i < 2000 && !done.load(); ++i) {
+      (void)replica->Poll();
+      usleep(2000);
+    }
+  });
+  for (int i = 20; i < 120; ++i) ASSERT_NO_FATAL_FAILURE(Push(i));
+  done = true;
+  follower.join();
+  ASSERT_NO_FATAL_FAILURE(CatchUp(*replica));
+  ExpectReplicaEqualsTheCluster(*replica);
+  EXPECT_EQ(replica->serving_step(), 119);
+  EXPECT_EQ(replica->counters().snapshots, 2) << "no shard was read whole again";
+  EXPECT_GT(replica->counters().reads, 2);
+  EXPECT_THAT(replica->tables(), ::testing::ElementsAre("m.a", "m.b", "m.c"));
+}
+
+TEST_F(ReplicaTest, AReplicaBehindTheLogsBoundReadsTheShardWholeAndSaysSo) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(/*change_log_bytes=*/4096));
+  std::unique_ptr<Replica> replica = StartReplica();
+  ASSERT_NE(replica, nullptr);
+  for (int i = 0; i < 40; ++i) ASSERT_NO_FATAL_FAILURE(Push(i));
+  ASSERT_NO_FATAL_FAILURE(CatchUp(*replica));
+  ExpectReplicaEqualsTheCluster(*replica);
+  EXPECT_GT(replica->counters().snapshots, 2);
+  const std::vector<std::string> events = replica->events();
+  ASSERT_FALSE(events.empty());
+  EXPECT_THAT(events.back(), HasSubstr("--change_log_bytes"));
+}
+
+TEST_F(ReplicaTest, AShardThatCameBackEmptyIsReadWholeAndItsOldRowsGoBackToInitial) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
+  for (int i = 0; i < 10; ++i) ASSERT_NO_FATAL_FAILURE(Push(i));
+  std::unique_ptr<Replica> replica = StartReplica();
+  ASSERT_NE(replica, nullptr);
+  // Shard 1 restarts with no rows (memory only); its tables made again, as the
+  // coordinator re-provisions a shard that came back empty.
+  shards_[1].Stop();
+  ASSERT_NO_FATAL_FAILURE(shards_[1].Start());
+  auto stub = v1::EmbeddingShard::NewStub(testing::LocalChannel(shards_[1].port));
+  const std::vector<v1::TableConfig> configs = trainer_->ListTables().value();
+  for (const v1::TableConfig& c : configs) {
+    grpc::ClientContext ctx;
+    v1::CreateTableRequest request;
+    *request.mutable_config() = c;
+    v1::CreateTableResponse response;
+    ASSERT_TRUE(stub->CreateTable(&ctx, request, &response).ok());
+  }
+  for (int i = 10; i < 15; ++i) ASSERT_NO_FATAL_FAILURE(Push(i));
+  ASSERT_NO_FATAL_FAILURE(CatchUp(*replica));
+  ExpectReplicaEqualsTheCluster(*replica);
+  EXPECT_EQ(replica->counters().snapshots, 3);
+  EXPECT_THAT(replica->events().back(), HasSubstr("is gone"));
+}
+
+TEST_F(ReplicaTest, FollowsALiveReshardTwoToThreeToTwo) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
+  for (int i = 0; i < 10; ++i) ASSERT_NO_FATAL_FAILURE(Push(i));
+  std::unique_ptr<Replica> replica = StartReplica();
+  ASSERT_NE(replica, nullptr);
+  std::atomic<bool> done{false};
+  std::atomic<int> pushed{10};
+  std::thread pusher([&] {
+    for (int i = 10; i < 150 && !done.load(); ++i) {
+      Push(i);
+      pushed = i + 1;
+    }
+  });
+  std::thread follower([&] {
+    for (int i = 0; i < 5000 && !done.load(); ++i) {
+      (void)replica->Poll();
+      usleep(1000);
+    }
+  });
+  for (int i = 0; i < 3000 && pushed.load() < 40; ++i) usleep(1000);
+  grpc::Status s = Reshard({0, 1, 2});
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  for (int i = 0; i < 3000 && pushed.load() < 90; ++i) usleep(1000);
+  s = Reshard({0, 1});
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  pusher.join();
+  done = true;
+  follower.join();
+  ASSERT_NO_FATAL_FAILURE(CatchUp(*replica));
+  ExpectReplicaEqualsTheCluster(*replica);
+  EXPECT_EQ(replica->serving_step(), pushed.load() - 1);
+  EXPECT_EQ(replica->counters().snapshots, 3) << "only the new shard was read whole";
+}
+
+// The shard's side of the stream, on the wire.
+TEST_F(ReplicaTest, ReadChangesRefusesBadRequestsWithClearErrors) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(/*change_log_bytes=*/4096));
+  auto stub = v1::EmbeddingShard::NewStub(testing::LocalChannel(shards_[0].port));
+  auto read = [&](const v1::ReadChangesRequest& request, v1::ReadChangesResponse* response) {
+    grpc::ClientContext ctx;
+    return stub->ReadChanges(&ctx, request, response);
+  };
+  v1::ReadChangesRequest head;
+  head.set_model("m");
+  v1::ReadChangesResponse at;
+  ASSERT_TRUE(read(head, &at).ok());
+  EXPECT_NE(at.head().log(), 0u);
+  EXPECT_EQ(at.num_shards(), 2);
+  v1::ReadChangesRequest bad = head;
+  bad.set_model("no spaces");
+  v1::ReadChangesResponse r;
+  EXPECT_EQ(read(bad, &r).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  bad = head;
+  *bad.mutable_after() = at.head();
+  bad.set_max_bytes(-1);
+  EXPECT_EQ(read(bad, &r).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  bad.set_max_bytes(0);
+  bad.mutable_after()->set_sequence(at.head().sequence() + 5);
+  EXPECT_EQ(read(bad, &r).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  bad.mutable_after()->set_log(at.head().log() + 1);
+  grpc::Status other = read(bad, &r);
+  EXPECT_EQ(other.error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_THAT(other.error_message(), HasSubstr("snapshot"));
+  // Pushes past the bound: the first cursor fell out.
+  for (int i = 0; i < 30; ++i) ASSERT_NO_FATAL_FAILURE(Push(i));
+  v1::ReadChangesRequest behind = head;
+  *behind.mutable_after() = at.head();
+  grpc::Status old = read(behind, &r);
+  EXPECT_EQ(old.error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_THAT(old.error_message(), HasSubstr("--change_log_bytes"));
+  // Another model's changes are read past: none of its rows come.
+  v1::ReadChangesRequest other_model;
+  other_model.set_model("other");
+  ASSERT_TRUE(read(other_model, &at).ok());
+  Push(30);
+  *other_model.mutable_after() = at.head();
+  ASSERT_TRUE(read(other_model, &r).ok());
+  ASSERT_EQ(r.tables_size(), 1);
+  EXPECT_EQ(r.tables(0).table(), "other.x");
+  EXPECT_EQ(r.tables(0).step(), 30);
+  EXPECT_EQ(r.reached().sequence(), r.head().sequence());
+}
+
+}  // namespace
+}  // namespace tessera::serving
