@@ -217,4 +217,9 @@ void Metrics::StopWatching() {
   if (watcher_.joinable()) watcher_.join();
 }
 
+prometheus::Gauge& NewGauge(prometheus::Registry& registry, const std::string& name,
+                            const std::string& help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add({});
+}
+
 }  // namespace tessera::observability

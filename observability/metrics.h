@@ -70,6 +70,10 @@ std::vector<TableReading> ReadingsOf(Collection* tables) {
 // listen.
 absl::StatusOr<std::unique_ptr<Metrics>> StartMetricsFromFlags(const std::string& role);
 
+// A gauge without labels, `name` with `help`, registered in `registry`.
+prometheus::Gauge& NewGauge(prometheus::Registry& registry, const std::string& name,
+                            const std::string& help);
+
 class Metrics {
  public:
   // Serves on `host`:`port` (0 picks a free port). Unavailable when it cannot listen.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -9,7 +10,10 @@
 #include "base/status.h"
 #include "client/channel_policy.h"
 #include "client/shard_router.h"
+#include "embedding/batch_ops.h"
 #include "embedding/sharding.h"
+#include "trainer/coordinator_rendezvous.h"
+#include "trainer/dense_snapshot.h"
 #include "wire/row_chunk.h"
 #include "wire/security.h"
 
@@ -40,7 +44,8 @@ struct Replica::Shard {
   std::unique_ptr<client::ReconnectingStub<v1::EmbeddingShard>> stub;
   v1::ChangeCursor cursor;  // log 0: not read yet (a snapshot first)
   std::atomic<bool> caught_up{false};
-  std::atomic<int64_t> step{-1};  // the newest training step read to
+  std::atomic<int64_t> step{-1};       // the newest training step read to
+  std::atomic<int64_t> head_step{-1};  // the newest the shard said it applied
 };
 
 Replica::Replica(const ReplicaOptions& options, std::unique_ptr<client::EmbeddingClient> client)
@@ -112,7 +117,82 @@ absl::Status Replica::Poll() {
     absl::Status s = FollowShard(shard.get());
     if (first.ok() && !s.ok()) first = s;
   }
-  return first;
+  bool all = !shards_.empty();
+  for (auto& [address, shard] : shards_) all = all && shard->caught_up.load();
+  if (all) {
+    absl::MutexLock lock(&mu_);
+    caught_up_at_ = std::chrono::steady_clock::now();
+  }
+  // The dense weights after the rows: rows newer than the weights rather than older.
+  absl::Status dense = FollowDense();
+  return first.ok() ? dense : first;
+}
+
+absl::Status Replica::FollowDense() {
+  const int64_t held = dense_step();
+  trainer::CoordinatorRendezvous store(client_.get());
+  TESSERA_ASSIGN_OR_RETURN(std::optional<v1::DenseSnapshot> published,
+                           trainer::ReadDenseSnapshot(store, options_.model, held));
+  if (!published.has_value()) return absl::OkStatus();
+  absl::StatusOr<std::shared_ptr<const DenseModel>> model = DenseModel::Make(*published);
+  if (!model.ok()) {
+    Note(absl::StrCat("dense weights of step ", published->step(),
+                      " refused: ", model.status().message()));
+    return model.status();
+  }
+  absl::MutexLock lock(&mu_);
+  dense_ = *std::move(model);
+  return absl::OkStatus();
+}
+
+std::shared_ptr<const DenseModel> Replica::dense() const {
+  absl::MutexLock lock(&mu_);
+  return dense_;
+}
+
+int64_t Replica::dense_step() const {
+  absl::MutexLock lock(&mu_);
+  return dense_ == nullptr ? -1 : dense_->step();
+}
+
+absl::StatusOr<Replica::Prediction> Replica::Predict(int samples, absl::Span<const float> dense,
+                                                     absl::Span<const FeatureBags> features) const {
+  std::shared_ptr<const DenseModel> model = this->dense();
+  if (model == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("model '", options_.model,
+                     "' has no dense network published yet (tessera-train --publish_dense_every)"));
+  }
+  const trainer::DlrmConfig& config = model->config();
+  if (samples < 1 || dense.size() != static_cast<size_t>(samples) * config.num_dense) {
+    return absl::InvalidArgumentError(absl::StrCat(dense.size(), " dense features for ", samples,
+                                                   " samples of ", config.num_dense));
+  }
+  TESSERA_RETURN_IF_ERROR(embedding::CheckFiniteWeights("dense features", dense));
+  std::vector<std::shared_ptr<const embedding::ServingTable>> held;
+  std::vector<const embedding::ServingTable*> tables;
+  for (const std::string& name : model->tables()) {
+    held.push_back(table(name));
+    if (held.back() == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("this replica does not serve table '", name, "' (see its --tables)"));
+    }
+    if (held.back()->dim() != config.emb_dim) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "table '", name, "' has dim ", held.back()->dim(), ", the network ", config.emb_dim));
+    }
+    tables.push_back(held.back().get());
+  }
+  Prediction out;
+  out.serving_step = serving_step();
+  out.dense_step = model->step();
+  std::vector<float> embeddings(tables.size() * samples * config.emb_dim);
+  TESSERA_RETURN_IF_ERROR(PooledEmbeddings(tables, features, samples, absl::MakeSpan(embeddings)));
+  out.logits.resize(samples);
+  TESSERA_RETURN_IF_ERROR(
+      model->Forward(samples, dense.data(), embeddings.data(), out.logits.data()));
+  for (float x : out.logits) out.scores.push_back(1.0f / (1.0f + std::exp(-x)));
+  return out;
 }
 
 absl::Status Replica::FollowShard(Shard* shard) {
@@ -144,6 +224,7 @@ absl::Status Replica::FollowShard(Shard* shard) {
       counters_.bytes_read += static_cast<int64_t>(response.ByteSizeLong());
     }
     shard->cursor = response.reached();
+    shard->head_step = response.head_step();
     const bool caught_up = SameCursor(response.reached(), response.head());
     int64_t step = shard->step.load();
     for (const v1::TableChanges& changes : response.tables()) {
@@ -226,6 +307,7 @@ absl::Status Replica::Snapshot(Shard* shard, const std::string& why) {
   }
   shard->cursor = head.head();
   shard->step = head.head_step();
+  shard->head_step = head.head_step();
   return absl::OkStatus();  // the changes since the head: the next Poll
 }
 
@@ -283,10 +365,26 @@ std::vector<std::string> Replica::tables() const {
 
 int64_t Replica::serving_step() const {
   absl::MutexLock lock(&mu_);
-  if (shards_.empty()) return -1;
-  int64_t step = INT64_MAX;
-  for (const auto& [address, shard] : shards_) step = std::min(step, shard->step.load());
-  return step;
+  // A shard read to its head holds back nothing (it applied no push the replica lacks):
+  // the newest step any shard applied, less what shards still to be read lack.
+  int64_t step = -1;
+  for (const auto& [address, shard] : shards_) step = std::max(step, shard->head_step.load());
+  for (const auto& [address, shard] : shards_) {
+    if (!shard->caught_up.load()) step = std::min(step, shard->step.load());
+  }
+  return step + 1;  // steps are counted from 0: the pushes of steps 0 .. step are in
+}
+
+int64_t Replica::head_step() const {
+  absl::MutexLock lock(&mu_);
+  int64_t step = -1;
+  for (const auto& [address, shard] : shards_) step = std::max(step, shard->head_step.load());
+  return step + 1;
+}
+
+double Replica::seconds_since_caught_up() const {
+  absl::MutexLock lock(&mu_);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - caught_up_at_).count();
 }
 
 int Replica::shards_caught_up() const {

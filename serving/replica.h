@@ -1,6 +1,7 @@
 #ifndef TESSERA_SERVING_REPLICA_H_
 #define TESSERA_SERVING_REPLICA_H_
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -12,6 +13,7 @@
 #include "client/embedding_client.h"
 #include "client/reconnecting_stub.h"
 #include "embedding/serving_table.h"
+#include "serving/dense_model.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 
 namespace tessera::serving {
@@ -57,15 +59,41 @@ class Replica {
   std::shared_ptr<const embedding::ServingTable> table(const std::string& name) const;
   std::vector<std::string> tables() const;
 
-  // The newest training step every shard's changes have been read to: every push of a step
-  // up to it is reflected in the rows (later ones may be too). -1 before any.
+  // The training steps every shard's changes have been read through, counted as
+  // tessera-train counts steps done: the pushes of steps 0 .. serving_step() - 1 are all in
+  // the rows (later ones may be too). 0 before any.
   int64_t serving_step() const;
+  // The training steps the shards have applied, counted the same way (the newest step any
+  // shard's log holds, plus one): head_step() - serving_step() is the lag in steps.
+  int64_t head_step() const;
+  // Seconds since a Poll last found every shard read to its head (0 then; since the start
+  // before any).
+  double seconds_since_caught_up() const;
+  const std::string& model() const { return options_.model; }
   // Shards whose log the replica has read to its head, of those it follows.
   int shards_caught_up() const;
   int shards() const;
   ReplicaCounters counters() const;
-  // What made the replica read a shard whole, the newest last (the last 64).
+  // What made the replica read a shard whole, or take new dense weights, the newest last
+  // (the last 64).
   std::vector<std::string> events() const;
+
+  // The dense network the trainer published last that the replica has (null before any).
+  std::shared_ptr<const DenseModel> dense() const;
+  int64_t dense_step() const;
+
+  // Scores `samples` samples: `dense` (samples, num_dense) and one FeatureBags per sparse
+  // feature of the model, through the published dense network and the replica's rows.
+  // FailedPrecondition before a dense network is published or when a feature's table is
+  // not one the replica serves; InvalidArgument for wrong shapes or non-finite features.
+  struct Prediction {
+    std::vector<float> logits;
+    std::vector<float> scores;  // sigmoid(logit), as the trainer's evaluation computes it
+    int64_t dense_step = -1;
+    int64_t serving_step = -1;
+  };
+  absl::StatusOr<Prediction> Predict(int samples, absl::Span<const float> dense,
+                                     absl::Span<const FeatureBags> features) const;
 
  private:
   struct Shard;
@@ -81,6 +109,8 @@ class Replica {
   // table the replica does not serve.
   absl::StatusOr<std::shared_ptr<embedding::ServingTable>> TableFor(const std::string& name);
   absl::Status ApplyRows(const std::string& table, const v1::RowChunk& rows);
+  // Takes the dense network the trainer published when it is newer than the one held.
+  absl::Status FollowDense();
   void Note(const std::string& event);
 
   const ReplicaOptions options_;
@@ -89,11 +119,14 @@ class Replica {
   std::map<std::string, std::shared_ptr<embedding::ServingTable>> tables_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> events_ ABSL_GUARDED_BY(mu_);
   ReplicaCounters counters_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const DenseModel> dense_ ABSL_GUARDED_BY(mu_);
   // One Poll at a time. The shards followed, by address: changed with poll_mu_ and mu_
   // held, read by Poll under poll_mu_ and by the status calls under mu_.
   absl::Mutex poll_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   std::map<std::string, std::unique_ptr<Shard>> shards_;
   uint64_t map_version_ = 0;  // under poll_mu_
+  std::chrono::steady_clock::time_point caught_up_at_ ABSL_GUARDED_BY(mu_) =
+      std::chrono::steady_clock::now();
 };
 
 }  // namespace tessera::serving

@@ -11,10 +11,18 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/shard_service.h"
+#include "serving/serving_service.h"
 #include "tests/support/local_server.h"
 #include "tests/support/reference_cluster.h"
 #include "tests/support/table_configs.h"
 #include "tests/support/test_client.h"
+#include "trainer/coordinator_rendezvous.h"
+#include "trainer/input_pipeline.h"
+#include "trainer/metrics.h"
+#include "trainer/sparse_step.h"
+#include "trainer/synthetic.h"
+#include "trainer/trainer.h"
+#include "wire/packed_bytes.h"
 
 namespace tessera::serving {
 namespace {
@@ -185,7 +193,7 @@ TEST_F(ReplicaTest, FollowsPushesFromASnapshotAndEqualsTheTrainingRowsBitForBit)
   std::unique_ptr<Replica> replica = StartReplica();
   ASSERT_NE(replica, nullptr);
   EXPECT_EQ(replica->counters().snapshots, 2);
-  EXPECT_EQ(replica->serving_step(), 19);
+  EXPECT_EQ(replica->serving_step(), 20);
   // Pushes while the replica follows.
   std::atomic<bool> done{false};
   std::thread follower([&] {
@@ -199,7 +207,7 @@ TEST_F(ReplicaTest, FollowsPushesFromASnapshotAndEqualsTheTrainingRowsBitForBit)
   follower.join();
   ASSERT_NO_FATAL_FAILURE(CatchUp(*replica));
   ExpectReplicaEqualsTheCluster(*replica);
-  EXPECT_EQ(replica->serving_step(), 119);
+  EXPECT_EQ(replica->serving_step(), 120);
   EXPECT_EQ(replica->counters().snapshots, 2) << "no shard was read whole again";
   EXPECT_GT(replica->counters().reads, 2);
   EXPECT_THAT(replica->tables(), ::testing::ElementsAre("m.a", "m.b", "m.c"));
@@ -273,8 +281,204 @@ TEST_F(ReplicaTest, FollowsALiveReshardTwoToThreeToTwo) {
   follower.join();
   ASSERT_NO_FATAL_FAILURE(CatchUp(*replica));
   ExpectReplicaEqualsTheCluster(*replica);
-  EXPECT_EQ(replica->serving_step(), pushed.load() - 1);
+  EXPECT_EQ(replica->serving_step(), pushed.load());
   EXPECT_EQ(replica->counters().snapshots, 3) << "only the new shard was read whole";
+}
+
+// A small DLRM trained through the cluster on the model's tables "m.C1".."m.C4", its dense
+// network published every 10 steps.
+struct TrainedModel {
+  std::unique_ptr<trainer::DenseBackend> dense;
+  std::unique_ptr<trainer::CoordinatorRendezvous> store;
+  std::unique_ptr<trainer::DensePublisher> publisher;
+  std::unique_ptr<trainer::Trainer> trainer;
+  std::unique_ptr<trainer::SyntheticGenerator> data;
+};
+
+TrainedModel MakeModel(client::EmbeddingClient* tables) {
+  TrainedModel m;
+  trainer::DlrmConfig config;
+  config.num_sparse = 4;
+  config.emb_dim = 8;
+  config.bottom_mlp = {16};
+  config.top_mlp = {16};
+  config.learning_rate = 3e-3f;
+  m.dense = std::move(trainer::NewCpuDenseBackend(config)).value();
+  m.store = std::make_unique<trainer::CoordinatorRendezvous>(tables);
+  m.publisher = std::make_unique<trainer::DensePublisher>(
+      m.store.get(), "m", trainer::Trainer::TableNames(config.num_sparse, "m"));
+  trainer::TrainerOptions options;
+  options.model = "m";
+  options.print_progress = false;
+  options.publish_dense_every = 10;
+  options.dense_publisher = m.publisher.get();
+  m.trainer = std::make_unique<trainer::Trainer>(tables, m.dense.get(), options);
+  v1::TableConfig proto;
+  proto.set_dim(8);
+  proto.set_seed(5);
+  proto.mutable_optimizer()->set_type(v1::ADAGRAD);
+  proto.mutable_optimizer()->set_learning_rate(0.05f);
+  proto.mutable_initializer()->set_scale(0.05f);
+  EXPECT_TRUE(m.trainer->CreateTables(proto).ok());
+  trainer::SyntheticConfig sc;
+  sc.cardinalities = {20, 200, 50, 1000};
+  sc.seed = 5;
+  m.data = std::move(trainer::SyntheticGenerator::Create(sc)).value();
+  return m;
+}
+
+void Train(TrainedModel& m, int64_t from, int64_t to) {
+  const trainer::SyntheticGenerator* g = m.data.get();
+  trainer::ParallelBatchPipeline source(
+      [g](int64_t i, trainer::Batch* b) {
+        g->MakeBatch(i, 64, b);
+        return absl::OkStatus();
+      },
+      to - from, 1, 4);
+  absl::StatusOr<trainer::TrainResult> r = m.trainer->Train(&source, to, from);
+  ASSERT_TRUE(r.ok()) << r.status();
+}
+
+std::vector<FeatureBags> BagsOf(const trainer::Batch& batch) {
+  std::vector<FeatureBags> bags;
+  for (size_t f = 0; f < batch.ids.size(); ++f) bags.push_back({batch.ids[f], batch.offsets[f]});
+  return bags;
+}
+
+TEST_F(ReplicaTest, PredictEqualsTheTrainersEvaluationBitForBitAtThePublishedStep) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
+  TrainedModel m = MakeModel(trainer_.get());
+  std::unique_ptr<Replica> replica = StartReplica();
+  ASSERT_NE(replica, nullptr);
+  const trainer::Batch held_out = m.data->MakeHeldOut(700);
+  EXPECT_EQ(replica->Predict(held_out.size, held_out.dense, BagsOf(held_out)).status().code(),
+            absl::StatusCode::kFailedPrecondition)
+      << "no dense network published yet";
+  ASSERT_NO_FATAL_FAILURE(Train(m, 0, 25));
+  ASSERT_NO_FATAL_FAILURE(CatchUp(*replica));
+  EXPECT_EQ(replica->dense_step(), 25) << "published every 10 steps and after the last";
+  EXPECT_EQ(replica->serving_step(), 25);
+  absl::StatusOr<Replica::Prediction> p =
+      replica->Predict(held_out.size, held_out.dense, BagsOf(held_out));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->dense_step, 25);
+  // The trainer's evaluation path: its pooled lookup through the cluster, its network.
+  trainer::SparseStep lookup;
+  const std::vector<std::string> names = trainer::Trainer::TableNames(4, "m");
+  std::vector<float> emb(4 * held_out.size * 8);
+  ASSERT_TRUE(
+      lookup.Lookup(*trainer_, names, held_out, 8, /*insert_missing=*/false, absl::MakeSpan(emb))
+          .ok());
+  std::vector<float> logits(held_out.size);
+  ASSERT_TRUE(
+      m.dense->Forward(held_out.size, held_out.dense.data(), emb.data(), logits.data()).ok());
+  EXPECT_EQ(p->logits, logits);
+  absl::StatusOr<trainer::EvalResult> eval = m.trainer->Evaluate(held_out);
+  ASSERT_TRUE(eval.ok());
+  EXPECT_EQ(trainer::ExactAuc(p->scores, held_out.labels), eval->auc);
+  // Training on: the replica follows, rows and weights.
+  ASSERT_NO_FATAL_FAILURE(Train(m, 25, 40));
+  ASSERT_NO_FATAL_FAILURE(CatchUp(*replica));
+  EXPECT_EQ(replica->dense_step(), 40);
+  p = replica->Predict(held_out.size, held_out.dense, BagsOf(held_out));
+  ASSERT_TRUE(p.ok());
+  eval = m.trainer->Evaluate(held_out);
+  EXPECT_EQ(trainer::ExactAuc(p->scores, held_out.labels), eval->auc);
+}
+
+// Bad requests get clear errors, and the replica serves on.
+TEST_F(ReplicaTest, TheServiceRefusesBadRequestsAndServesOn) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
+  TrainedModel m = MakeModel(trainer_.get());
+  ASSERT_NO_FATAL_FAILURE(Train(m, 0, 10));
+  std::unique_ptr<Replica> replica = StartReplica();
+  ASSERT_NE(replica, nullptr);
+  ASSERT_NO_FATAL_FAILURE(CatchUp(*replica));
+  ServingServiceOptions so;
+  so.max_batch_ids = 1000;
+  ServingService service(replica.get(), so);
+  const trainer::Batch batch = m.data->MakeHeldOut(16);
+  auto predict = [&](const v1::PredictRequest& request, v1::PredictResponse* response) {
+    grpc::ServerContext ctx;
+    return service.Predict(&ctx, &request, response);
+  };
+  v1::PredictRequest good;
+  good.set_samples(batch.size);
+  wire::SetPacked<float>(batch.dense, good.mutable_dense());
+  for (size_t f = 0; f < batch.ids.size(); ++f) {
+    v1::TableLookup* feature = good.add_features();
+    wire::SetPacked<int64_t>(batch.ids[f], feature->mutable_ids());
+    wire::SetPacked<int32_t>(batch.offsets[f], feature->mutable_offsets());
+  }
+  v1::PredictResponse r;
+  ASSERT_TRUE(predict(good, &r).ok());
+  EXPECT_EQ(r.scores().size(), batch.size * sizeof(float));
+  auto expect_refused = [&](const v1::PredictRequest& bad, grpc::StatusCode code,
+                            const std::string& says) {
+    v1::PredictResponse out;
+    const grpc::Status s = predict(bad, &out);
+    EXPECT_EQ(s.error_code(), code) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(says));
+  };
+  v1::PredictRequest bad = good;
+  std::vector<float> nan_dense = batch.dense;
+  nan_dense[3] = std::nanf("");
+  wire::SetPacked<float>(nan_dense, bad.mutable_dense());
+  expect_refused(bad, grpc::StatusCode::INVALID_ARGUMENT, "dense features");
+  bad = good;
+  bad.set_samples(batch.size + 1);
+  expect_refused(bad, grpc::StatusCode::INVALID_ARGUMENT, "dense features");
+  bad = good;
+  bad.mutable_features()->RemoveLast();
+  expect_refused(bad, grpc::StatusCode::INVALID_ARGUMENT, "3 sparse features");
+  bad = good;
+  bad.mutable_features(1)->set_offsets("abc");
+  expect_refused(bad, grpc::StatusCode::INVALID_ARGUMENT, "feature 1");
+  bad = good;
+  bad.set_samples(5000);
+  expect_refused(bad, grpc::StatusCode::RESOURCE_EXHAUSTED, "--max_batch_ids");
+  // Lookups: an unknown table, an id outside a fixed vocabulary.
+  auto lookup = [&](const v1::LookupRequest& request, v1::LookupResponse* response) {
+    grpc::ServerContext ctx;
+    return service.Lookup(&ctx, &request, response);
+  };
+  v1::LookupRequest unknown;
+  unknown.set_table("m.nope");
+  unknown.add_ids(1);
+  v1::LookupResponse lr;
+  grpc::Status s = lookup(unknown, &lr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(s.error_message(), HasSubstr("m.nope"));
+  v1::LookupRequest outside;
+  outside.set_table("m.c");
+  outside.add_ids(kVocabulary);
+  s = lookup(outside, &lr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  // And it serves on: a pooled lookup equal to the training tables' answer.
+  v1::LookupRequest pooled;
+  pooled.set_table("m.C2");
+  for (int64_t id : {3, 7, 3, 11}) pooled.add_ids(id);
+  for (int32_t o : {0, 2, 4}) pooled.add_offsets(o);
+  pooled.set_pooling(v1::MEAN);
+  ASSERT_TRUE(lookup(pooled, &lr).ok());
+  std::vector<float> want(2 * 8);
+  embedding::LookupOptions read_only;
+  read_only.insert_missing = false;
+  const int64_t ids[] = {3, 7, 3, 11};
+  const int32_t offsets[] = {0, 2, 4};
+  ASSERT_TRUE(
+      trainer_->PooledLookup("m.C2", ids, offsets, {}, v1::MEAN, absl::MakeSpan(want), read_only)
+          .ok());
+  EXPECT_EQ(std::vector<float>(lr.values().begin(), lr.values().end()), want);
+  grpc::ServerContext ctx;
+  v1::ServingStatusRequest status_request;
+  v1::ServingStatusResponse status;
+  ASSERT_TRUE(service.Status(&ctx, &status_request, &status).ok());
+  EXPECT_EQ(status.model(), "m");
+  EXPECT_EQ(status.dense_step(), 10);
+  EXPECT_EQ(status.serving_step(), 10);
+  EXPECT_EQ(status.shards_caught_up(), 2);
+  EXPECT_EQ(status.tables_size(), 7);  // a, b, c and C1..C4
 }
 
 // The shard's side of the stream, on the wire.

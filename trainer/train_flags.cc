@@ -95,6 +95,10 @@ ABSL_FLAG(int, max_staleness, 0,
 ABSL_FLAG(int64_t, checkpoint_every, 0,
           "steps between checkpoints of tables and dense state, and one at the end (0 = none); "
           "needs --data_dir, or a coordinator with one");
+ABSL_FLAG(int64_t, publish_dense_every, 0,
+          "with --coordinator: steps between publications of the dense network for serving "
+          "replicas (tessera-serve), through the coordinator; also after the last step. 0 = "
+          "none");
 ABSL_FLAG(std::string, model, "dlrm",
           "the model's name: its tables are NAME.C1..NAME.Cn and its checkpoints and restores "
           "touch those tables only, so several jobs share one cluster (1-64 of A-Za-z0-9_-)");
@@ -203,6 +207,9 @@ absl::Status CheckFlagRanges() {
                                      " (0 = synchronous)"));
   TESSERA_RETURN_IF_ERROR(CheckRange("checkpoint_every", absl::GetFlag(FLAGS_checkpoint_every),
                                      int64_t{0}, kMax, " (0 = no checkpoints)"));
+  TESSERA_RETURN_IF_ERROR(CheckRange("publish_dense_every",
+                                     absl::GetFlag(FLAGS_publish_dense_every), int64_t{0}, kMax,
+                                     " (0 = no publications)"));
   TESSERA_RETURN_IF_ERROR(CheckRange("keep_checkpoints", absl::GetFlag(FLAGS_keep_checkpoints), 0,
                                      kMaxInt, " (0 = keep all)"));
   TESSERA_RETURN_IF_ERROR(CheckRange("max_retries", absl::GetFlag(FLAGS_max_retries), 0, 100));
@@ -373,6 +380,7 @@ absl::Status ParseTrainingFlags(TrainFlags* f) {
   options.log_every = absl::GetFlag(FLAGS_log_every);
   options.metrics_out = absl::GetFlag(FLAGS_metrics_out);
   options.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  options.publish_dense_every = absl::GetFlag(FLAGS_publish_dense_every);
   options.max_staleness = absl::GetFlag(FLAGS_max_staleness);
   const int requested = absl::GetFlag(FLAGS_sparse_threads);
   TESSERA_RETURN_IF_ERROR(base::ResolveThreads(requested, &f->sparse_threads));

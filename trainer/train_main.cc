@@ -160,11 +160,6 @@ absl::StatusOr<TrainTables> MakeTables(const TrainFlags& f) {
   return out;
 }
 
-prometheus::Gauge& TrainGauge(prometheus::Registry& registry, const std::string& name,
-                              const std::string& help) {
-  return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add({});
-}
-
 // --metrics_port: the trainer's progress and its tables' sizes (null without the flag).
 absl::StatusOr<std::unique_ptr<observability::Metrics>> StartTrainMetrics(
     embedding::EmbeddingCollection* tables, TrainerOptions* options) {
@@ -172,12 +167,14 @@ absl::StatusOr<std::unique_ptr<observability::Metrics>> StartTrainMetrics(
                            observability::StartMetricsFromFlags("train"));
   if (metrics == nullptr) return metrics;
   auto& registry = metrics->registry();
-  auto& rate = TrainGauge(registry, "tessera_train_samples_per_second",
-                          "Training throughput over the last progress window");
-  auto& loss = TrainGauge(registry, "tessera_train_loss",
-                          "Mean training loss over the last progress window");
-  auto& steps = TrainGauge(registry, "tessera_train_step", "Steps trained in this run");
-  auto& samples = TrainGauge(registry, "tessera_train_samples", "Samples trained in this run");
+  auto& rate = observability::NewGauge(registry, "tessera_train_samples_per_second",
+                                       "Training throughput over the last progress window");
+  auto& loss = observability::NewGauge(registry, "tessera_train_loss",
+                                       "Mean training loss over the last progress window");
+  auto& steps =
+      observability::NewGauge(registry, "tessera_train_step", "Steps trained in this run");
+  auto& samples =
+      observability::NewGauge(registry, "tessera_train_samples", "Samples trained in this run");
   options->on_progress = [&rate, &loss, &steps, &samples](const Progress& p) {
     rate.Set(p.samples_per_s);
     loss.Set(p.loss);
@@ -362,6 +359,26 @@ absl::Status ReportEvaluation(Trainer& trainer, const Batch& held_out, const Tra
   return absl::OkStatus();
 }
 
+// --publish_dense_every: worker 0 publishes the dense network through the coordinator
+// (every worker holds the same one).
+absl::StatusOr<std::unique_ptr<DensePublisher>> MakeDensePublisher(const TrainFlags& f,
+                                                                   CoordinatorRendezvous* kv,
+                                                                   TrainerOptions* options) {
+  if (options->publish_dense_every == 0) return nullptr;
+  if (kv == nullptr) {
+    return absl::InvalidArgumentError(
+        "--publish_dense_every publishes through a cluster: give --coordinator=HOST:PORT");
+  }
+  if (f.worker != 0) {
+    options->publish_dense_every = 0;
+    return nullptr;
+  }
+  auto publisher = std::make_unique<DensePublisher>(
+      kv, options->model, Trainer::TableNames(f.model.num_sparse, options->model));
+  options->dense_publisher = publisher.get();
+  return publisher;
+}
+
 absl::Status Run() {
   TESSERA_ASSIGN_OR_RETURN(const TrainFlags f, ParseTrainFlags());
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<DenseBackend> dense, MakeDenseBackend(f));
@@ -371,6 +388,10 @@ absl::Status Run() {
                            StartTrainMetrics(tables.tables.get(), &options));
   TESSERA_ASSIGN_OR_RETURN(Workers workers, JoinWorkers(f, tables.remote, &options));
   DataParallel* dp = workers.dp.get();
+  std::unique_ptr<CoordinatorRendezvous> store;
+  if (tables.remote != nullptr) store = std::make_unique<CoordinatorRendezvous>(tables.remote);
+  TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<DensePublisher> publisher,
+                           MakeDensePublisher(f, store.get(), &options));
   Trainer trainer(tables.tables.get(), dense.get(), options);
   TESSERA_ASSIGN_OR_RETURN(const int64_t first_step,
                            PrepareTables(trainer, f, dense.get(), dp, options));

@@ -573,15 +573,45 @@ absl::Status Trainer::Drain() {
   return s;
 }
 
+void Trainer::ReportProgress(int64_t done, int64_t max_steps, int64_t samples,
+                             std::chrono::steady_clock::time_point start, ProgressWindow* window) {
+  const auto now = std::chrono::steady_clock::now();
+  const double window_s = std::chrono::duration<double>(now - window->start).count();
+  const double total_s = std::chrono::duration<double>(now - start).count();
+  const double rate = window_s > 0 ? window->samples / window_s : 0.0;
+  const double mean_loss = window->loss / window->steps;
+  if (options_.print_progress) {
+    std::string total = max_steps > 0 ? absl::StrCat("/", max_steps) : "";
+    std::printf("step %lld%s  samples/s %.0f  loss %.5f  elapsed %.1fs\n",
+                static_cast<long long>(done), total.c_str(), rate, mean_loss, total_s);
+    std::fflush(stdout);
+  }
+  WriteMetrics(absl::StrFormat(R"({"event":"train","step":%d,"samples":%d,)"
+                               R"("samples_per_s":%.1f,"loss":%.6f,"elapsed_s":%.3f})",
+                               done, samples, rate, mean_loss, total_s));
+  if (options_.on_progress) {
+    options_.on_progress(Progress{done, samples, rate, mean_loss, total_s});
+  }
+  *window = ProgressWindow{now};
+}
+
+absl::Status Trainer::PublishDense(int64_t done) {
+  if (options_.dense_publisher == nullptr) {
+    return absl::FailedPreconditionError(
+        "publish_dense_every is set but nothing to publish through (a cluster's coordinator)");
+  }
+  TESSERA_RETURN_IF_ERROR(Annotate(options_.dense_publisher->Publish(done, *dense_),
+                                   absl::StrCat("publishing the dense network of step ", done)));
+  last_published_ = done;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<TrainResult> Trainer::Train(BatchSource* source, int64_t max_steps,
                                            int64_t first_step) {
   TrainResult result;
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
-  auto window_start = start;
-  int64_t window_samples = 0;
-  double window_loss = 0.0;
-  int64_t window_steps = 0;
+  ProgressWindow window{start};
   int64_t done = first_step;  // steps completed, counting those before a resume
   int64_t checkpointed = -1;
   // True when a shard restart sent the model back to a checkpoint: `result` is then what
@@ -605,32 +635,15 @@ absl::StatusOr<TrainResult> Trainer::Train(BatchSource* source, int64_t max_step
     ++result.steps;
     ++done;
     result.samples += samples;
-    window_samples += samples;
-    window_loss += loss;
-    ++window_steps;
+    window.samples += samples;
+    window.loss += loss;
+    ++window.steps;
     const bool last = max_steps > 0 && done == max_steps;
     if (options_.log_every > 0 && (done % options_.log_every == 0 || last)) {
-      const auto now = Clock::now();
-      const double window_s = std::chrono::duration<double>(now - window_start).count();
-      const double total_s = std::chrono::duration<double>(now - start).count();
-      const double rate = window_s > 0 ? window_samples / window_s : 0.0;
-      const double mean_loss = window_loss / window_steps;
-      if (options_.print_progress) {
-        std::string total = max_steps > 0 ? absl::StrCat("/", max_steps) : "";
-        std::printf("step %lld%s  samples/s %.0f  loss %.5f  elapsed %.1fs\n",
-                    static_cast<long long>(done), total.c_str(), rate, mean_loss, total_s);
-        std::fflush(stdout);
-      }
-      WriteMetrics(absl::StrFormat(R"({"event":"train","step":%d,"samples":%d,)"
-                                   R"("samples_per_s":%.1f,"loss":%.6f,"elapsed_s":%.3f})",
-                                   done, result.samples, rate, mean_loss, total_s));
-      if (options_.on_progress) {
-        options_.on_progress(Progress{done, result.samples, rate, mean_loss, total_s});
-      }
-      window_start = now;
-      window_samples = 0;
-      window_loss = 0.0;
-      window_steps = 0;
+      ReportProgress(done, max_steps, result.samples, start, &window);
+    }
+    if (options_.publish_dense_every > 0 && (done % options_.publish_dense_every == 0 || last)) {
+      TESSERA_RETURN_IF_ERROR(PublishDense(done));
     }
     TESSERA_ASSIGN_OR_RETURN(bool back, sent_back());
     if (back) return result;
@@ -646,9 +659,13 @@ absl::StatusOr<TrainResult> Trainer::Train(BatchSource* source, int64_t max_step
   TESSERA_RETURN_IF_ERROR(Drain());
   TESSERA_ASSIGN_OR_RETURN(bool back, sent_back());
   if (back) return result;
-  // A source that ran out before max_steps: the last steps are checkpointed too.
+  // A source that ran out before max_steps: the last steps are checkpointed (and
+  // published) too.
   if (options_.checkpoint_every > 0 && result.steps > 0 && checkpointed != done) {
     TESSERA_RETURN_IF_ERROR(CheckpointAndReport(done));
+  }
+  if (options_.publish_dense_every > 0 && result.steps > 0 && last_published_ != done) {
+    TESSERA_RETURN_IF_ERROR(PublishDense(done));
   }
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return result;

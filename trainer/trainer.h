@@ -20,6 +20,7 @@
 #include "trainer/batch.h"
 #include "trainer/data_parallel.h"
 #include "trainer/dense_backend.h"
+#include "trainer/dense_snapshot.h"
 #include "trainer/sparse_step.h"
 
 namespace tessera::trainer {
@@ -45,6 +46,11 @@ struct TrainerOptions {
   // Steps between checkpoints of the tables and the dense state, taken through the
   // collection (which needs storage); also one after the last step. 0 = none.
   int64_t checkpoint_every = 0;
+  // Steps between publications of the dense network for serving replicas, through
+  // `dense_publisher` (which must then be set and outlive the trainer); also one after the
+  // last step. 0 = none.
+  int64_t publish_dense_every = 0;
+  DensePublisher* dense_publisher = nullptr;
   // Existing tables whose learning rate differs from the prototype's get the prototype's
   // (EmbeddingCollection::AlterTable) instead of being refused.
   bool alter_tables = false;
@@ -220,6 +226,19 @@ class Trainer {
                                                            int64_t max_steps);
   // Checkpoint(steps) with a progress line and a metrics record.
   absl::Status CheckpointAndReport(int64_t steps);
+  // The steps since the last progress line.
+  struct ProgressWindow {
+    std::chrono::steady_clock::time_point start;
+    int64_t samples = 0;
+    double loss = 0.0;
+    int64_t steps = 0;
+  };
+  // The progress line and metrics record after `done` steps (`samples` in all), and a new
+  // window.
+  void ReportProgress(int64_t done, int64_t max_steps, int64_t samples,
+                      std::chrono::steady_clock::time_point start, ProgressWindow* window);
+  // The dense network after `done` steps, published for serving replicas.
+  absl::Status PublishDense(int64_t done);
   // After a shard restart seen at step `step`: the checkpoint step the model was restored
   // to, -1 when no shard restarted or nothing was lost, or the error that ends the run.
   absl::StatusOr<int64_t> HandleShardRestart(int64_t step);
@@ -244,6 +263,7 @@ class Trainer {
   int64_t next_lookup_step_ = 0;
   bool source_done_ = false;
   int64_t last_checkpoint_ = -1;
+  int64_t last_published_ = -1;
   int64_t restarts_seen_ = 0;  // tables_->ShardRestarts() handled so far
   StepTimes times_;
   // Nanoseconds the sparse thread spent in lookups and pushes (pipelined runs).

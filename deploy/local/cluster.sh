@@ -7,13 +7,16 @@
 #                                          # place, map version and data directory)
 #   deploy/local/cluster.sh reshard M  # the running cluster to M shards, live (tessera-cli
 #                                      # reshard); start then takes M; M = N: nothing to do
-#   deploy/local/cluster.sh stop
+#   deploy/local/cluster.sh serve MODEL [K]  # serving replica K (default 0) of MODEL on
+#                                            # BASE+100+K, following the running cluster
+#   deploy/local/cluster.sh stop             # the replicas too
 #
 # Environment: TESSERA_CLUSTER_DIR (state, logs; default .tessera-cluster in the repo),
 # TESSERA_BASE_PORT (default 7000), TESSERA_BIN (binaries; default build/),
 # TESSERA_SERVER_FLAGS (extra flags for every server: TLS, tokens; see docs/security.md),
 # TESSERA_SHARD_FLAGS (for the shards only: --memory_limit, ...),
-# TESSERA_COORDINATOR_FLAGS (for the coordinator only: --health_check_ms, ...) and
+# TESSERA_COORDINATOR_FLAGS (for the coordinator only: --health_check_ms, ...),
+# TESSERA_SERVE_FLAGS (for the replicas only: --format=int8, --tables=..., ...) and
 # TESSERA_CLIENT_FLAGS (the matching client flags, for the health checks here).
 set -euo pipefail
 
@@ -26,6 +29,7 @@ read -r -a SERVER_FLAGS <<< "${TESSERA_SERVER_FLAGS:-}"
 read -r -a SHARD_FLAGS <<< "${TESSERA_SHARD_FLAGS:-}"
 read -r -a COORDINATOR_FLAGS <<< "${TESSERA_COORDINATOR_FLAGS:-}"
 read -r -a CLIENT_FLAGS <<< "${TESSERA_CLIENT_FLAGS:-}"
+read -r -a SERVE_FLAGS <<< "${TESSERA_SERVE_FLAGS:-}"
 
 die() { echo "cluster: $*" >&2; exit 1; }
 
@@ -190,6 +194,36 @@ start() {
   echo "cluster: logs in $DIR/logs, data in $DIR/data (kept across restarts)"
 }
 
+# A serving replica of model $1 (tessera-serve), index $2 (default 0), on BASE+100+K: it
+# reads every shard's rows, then follows the cluster. Ready (SERVING in status) once it is
+# caught up and holds a dense network the trainer published (--publish_dense_every).
+serve() {
+  local model="${1:-}" k="${2:-0}"
+  [[ "$model" =~ ^[A-Za-z0-9_-]{1,64}$ ]] && [[ "$k" =~ ^[0-9]+$ ]] \
+    || die "usage: cluster.sh serve MODEL [K] (a model name, a replica index K >= 0)"
+  [ -x "$BIN/tessera-serve" ] || die "$BIN/tessera-serve not found; run ./scripts/setup.sh first"
+  alive "$DIR/pids/coordinator.pid" || die "no cluster runs in $DIR: cluster.sh start N first"
+  if alive "$DIR/pids/serve-$k.pid"; then die "replica $k runs already"; fi
+  local base port log before
+  base="$(cat "$DIR/base_port")"
+  port=$((base + 100 + k))
+  log="$DIR/logs/serve-$k.log"
+  touch "$log"
+  before="$(wc -l < "$log")"
+  "$BIN/tessera-serve" --port="$port" --coordinator="127.0.0.1:$base" --model="$model" \
+    "${SERVER_FLAGS[@]}" "${SERVE_FLAGS[@]}" >> "$log" 2>&1 &
+  echo $! > "$DIR/pids/serve-$k.pid"
+  for _ in $(seq 1 600); do
+    if tail -n +"$((before + 1))" "$log" | grep -q "listening on"; then
+      echo "cluster: replica $k of model '$model' on 127.0.0.1:$port (log $log)"
+      return 0
+    fi
+    alive "$DIR/pids/serve-$k.pid" || die "replica $k exited at start-up: $(tail -n 1 "$log")"
+    sleep 0.1
+  done
+  die "replica $k did not start listening in 60 s; see $log"
+}
+
 # One process's line: SERVING, DOWN (not running) or UNREACHABLE (running, but its health
 # check failed, with why: most often TLS flags that do not match the servers').
 report() {  # name, address, pid file
@@ -201,6 +235,10 @@ report() {  # name, address, pid file
   if out="$("$CLI" "${CLIENT_FLAGS[@]}" health --address="$2" 2>&1)"; then
     echo "$1  $2  SERVING"
     return 0
+  fi
+  if [[ "$out" == *NOT_SERVING ]]; then
+    echo "$1  $2  NOT READY (running; catching up, or no dense network published yet)"
+    return 1
   fi
   local why="${out#tessera-cli: }"
   if [ -f "$DIR/tls" ] && [ "${#CLIENT_FLAGS[@]}" -eq 0 ]; then
@@ -219,6 +257,12 @@ status() {
     report "shard $k      " "127.0.0.1:$((base + 1 + k))" "$DIR/pids/shard-$k.pid" || bad=1
   done
   report "coordinator   " "127.0.0.1:$base" "$DIR/pids/coordinator.pid" || bad=1
+  for f in "$DIR"/pids/serve-*.pid; do
+    [ -f "$f" ] || continue
+    local r="${f##*/serve-}"
+    r="${r%.pid}"
+    report "replica $r     " "127.0.0.1:$((base + 100 + r))" "$f" || bad=1
+  done
   return $bad
 }
 
@@ -245,6 +289,7 @@ case "${1:-}" in
   status) status ;;
   start-shard) start_one_shard "${2:-}" ;;
   reshard) reshard "${2:-}" ;;
+  serve) serve "${2:-}" "${3:-}" ;;
   stop) stop ;;
-  *) die "usage: cluster.sh start N | status | start-shard K | reshard M | stop" ;;
+  *) die "usage: cluster.sh start N | status | start-shard K | reshard M | serve MODEL [K] | stop" ;;
 esac

@@ -622,9 +622,15 @@ def _batch_push_request(table: str, ids, gradients, step: int, version: int, req
     return request
 
 
-def connect(address: str, mode: str = "smart", **kwargs) -> Client:
+def connect(address: str, mode: str = "smart", **kwargs):
     """Connects to the coordinator at host:port. mode "smart" talks to the shards directly
     on the hot path; "coordinator" sends everything through the coordinator. Keyword
     arguments: token, root_certs / cert_chain / private_key (PEM bytes, for TLS),
-    server_name, timeout (seconds per call), retries (of UNAVAILABLE calls)."""
+    server_name, timeout (seconds per call), retries (of UNAVAILABLE calls).
+    An address of a serving replica (tessera-serve) gives a tessera.serving.ServingClient
+    (predict, lookup, status) instead."""
+    from tessera import serving
+    probe = {k: v for k, v in kwargs.items() if k != "retries"}
+    if serving.serves_replica(address, **probe):
+        return serving.ServingClient(address, **kwargs)
     return Client(address, mode=mode, **kwargs)

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# A serving replica (tessera-serve) following a 2-shard cluster through a run of
+# tessera-train (3 passes over 40,000 lines: 1,689 steps), with its own SIGKILL and restart, then a shard SIGKILLed and
+# brought back, the coordinator restarted and a live 2->3 reshard along the way: at the end
+# every stored row reads the same on the replica, bit for bit, and its Predict of the
+# held-out lines gives the trainer's own evaluation (python/tests/serving_check.py).
+set -euo pipefail
+source "$(dirname "$0")/local_cluster_kit.sh" "$1" "$2" 101
+DIR="$TESSERA_CLUSTER_DIR"
+PY=(env PYTHONPATH="$BIN/python" /usr/bin/python3)
+"${PY[@]}" "$ROOT/examples/python/torch_dlrm.py" --make_data=40000 --data="$DIR/clicks.tsv" \
+  > /dev/null
+[ -s "$DIR/clicks.tsv" ] || fail "no data generated"
+"$CLUSTER" start 2
+"$CLUSTER" serve ads
+"$BIN/tessera-train" --coordinator="127.0.0.1:$base" --model=ads --data="$DIR/clicks.tsv" \
+  --epochs=3 --batch_size=64 --checkpoint_every=40 --publish_dense_every=20 \
+  --log_every=10 --metrics_out="$DIR/train.jsonl" > "$DIR/train.log" 2>&1 &
+trainer=$!
+# Waits (up to 120 s) for the run to pass step $1.
+wait_step() {
+  for _ in $(seq 1 1200); do
+    local at
+    at="$(grep -o '^step [0-9]*' "$DIR/train.log" | tail -n 1 | cut -d' ' -f2 || true)"
+    [ -n "$at" ] && [ "$at" -ge "$1" ] && return 0
+    kill -0 "$trainer" 2>/dev/null || { cat "$DIR/train.log"; fail "training ended before step $1"; }
+    sleep 0.1
+  done
+  fail "training did not reach step $1"
+}
+wait_step 30
+kill_and_wait() {  # pid file
+  local pid
+  pid="$(cat "$1")"
+  kill -KILL "$pid"
+  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+}
+kill_and_wait "$DIR/pids/serve-0.pid"
+"$CLUSTER" serve ads
+wait_step 200
+kill_and_wait "$DIR/pids/shard-1.pid"
+"$CLUSTER" start-shard 1
+wait_step 400
+# The coordinator, restarted with the command line it runs with.
+pid="$(cat "$DIR/pids/coordinator.pid")"
+mapfile -d '' command < "/proc/$pid/cmdline"
+kill -TERM "$pid"
+for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+"${command[@]}" >> "$DIR/logs/coordinator.log" 2>&1 &
+echo $! > "$DIR/pids/coordinator.pid"
+wait_step 600
+"$CLUSTER" reshard 3
+kill -0 "$trainer" 2>/dev/null || fail "training ended before the reshard: the faults must land during it"
+wait "$trainer" || { cat "$DIR/train.log"; fail "training failed"; }
+grep -q "held-out" "$DIR/train.log" || fail "training did not evaluate"
+"${PY[@]}" "$ROOT/python/tests/serving_check.py" wait-and-check "127.0.0.1:$base" \
+  "127.0.0.1:$((base + 100))" ads "$DIR/clicks.tsv" "$DIR/train.jsonl" \
+  --expect_event="is gone" --expect_event="a shard new to the replica" \
+  || { tail -n 20 "$DIR/logs/serve-0.log"; fail "the replica differs from the cluster"; }
+"$CLUSTER" status | grep -q "replica 0 .* SERVING" || { "$CLUSTER" status; fail "replica not ready"; }
+echo "serving: ok"
