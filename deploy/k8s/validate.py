@@ -12,7 +12,10 @@ on, and the tables the init container applied are taken, not refused) and every 
 tables.json belongs to that model (MODEL.*); a training Job of --num_workers=N > 1 is an
 Indexed Job of N completions run N at a time, each pod passing its completion index as
 --worker_index (through JOB_COMPLETION_INDEX or the job-completion-index annotation) and
-checkpointing (--checkpoint_every), so its workers can resume together.
+checkpointing (--checkpoint_every), so its workers can resume together; serving replicas
+(tessera-serve) serve the Job's model, which the Job publishes (--publish_dense_every),
+and are probed for readiness over gRPC (SERVING: caught up) but for liveness only by their
+port (a replica catching up is alive).
 
     /usr/bin/python3 deploy/k8s/validate.py [deploy/k8s]      # exit 1 and a list of problems
 """
@@ -112,6 +115,7 @@ class Seen:
         self.services = []  # (object, where)
         self.shard_replicas, self.statefulset, self.num_shards_args = None, None, set()
         self.coordinator_shards, self.train_model, self.table_names = None, None, None
+        self.serve_models, self.train_publishes = [], False
 
 
 def load_objects(problems, folder):
@@ -141,6 +145,8 @@ def check_train_job(problems, obj, containers, where, seen):
         models = [a.split("=", 1)[1] for a in args if a.startswith("--model=")]
         if problems.need(len(models) == 1, cw, "tessera-train needs one --model"):
             seen.train_model = models[0]
+        seen.train_publishes = any(a.startswith("--publish_dense_every=") and a != "--publish_dense_every=0"
+                                   for a in args)
         check_workers(problems, obj["spec"], c, args, cw)
 
 
@@ -168,9 +174,26 @@ def check_workload(problems, obj, kind, where, seen):
         seen.shard_replicas = obj["spec"].get("replicas")
         seen.num_shards_args |= {int(n) for n in re.findall(r"--num_shards=(\d+)", text)}
         seen.statefulset = obj
+    if "tessera-serve" in text:
+        check_serving(problems, containers, where, seen)
     m = re.search(r"--shards=([^\"\s]+)", text)
     if m:
         seen.coordinator_shards = m.group(1).split(",")
+
+
+def check_serving(problems, containers, where, seen):
+    """A tessera-serve container: its model, and probes that tell catching up from dead."""
+    for c in containers:
+        if "tessera-serve" not in json.dumps(c.get("args", [])):
+            continue
+        m = re.search(r"--model=([A-Za-z0-9_-]+)", json.dumps(c["args"]))
+        if problems.need(m, where, "tessera-serve needs a --model"):
+            seen.serve_models.append((m.group(1), where))
+        problems.need("grpc" in c.get("readinessProbe", {}), where,
+                      "a replica's readinessProbe must be grpc (SERVING once caught up)")
+        problems.need("grpc" not in c.get("livenessProbe", {}), where,
+                      "a replica's livenessProbe must not be grpc: NOT_SERVING while it "
+                      "catches up would restart it")
 
 
 def check_tables_json(problems, obj, where, seen):
@@ -220,6 +243,12 @@ def check_agreement(problems, seen):
                 target = port.get("targetPort", port.get("port"))
                 problems.need(any(target in p[1] for p in targets), where,
                               f"targetPort {target} is not a port of the pods it selects")
+    for model, where in seen.serve_models:
+        if seen.train_model is not None:
+            problems.need(model == seen.train_model, where,
+                          f"serves model '{model}', the Job trains '{seen.train_model}'")
+            problems.need(seen.train_publishes, where, "the Job publishes no dense network "
+                          "for replicas (tessera-train --publish_dense_every)")
     replicas, shards = seen.shard_replicas, seen.coordinator_shards
     if replicas is None:
         return

@@ -61,6 +61,13 @@ class ValidateTest(unittest.TestCase):
               "metadata.name"), "--worker_index must be the pod's completion index"),
             (("train-job.yaml", "            - --checkpoint_every=5000\n", ""),
              "needs --checkpoint_every"),
+            (("serving.yaml", "--model=criteo", "--model=ads"), "the Job trains 'criteo'"),
+            (("train-job.yaml", "            - --publish_dense_every=500\n", ""),
+             "publishes no dense network"),
+            (("serving.yaml", "livenessProbe:\n            tcpSocket:", "livenessProbe:\n            grpc:"),
+             "livenessProbe must not be grpc"),
+            (("serving.yaml", "readinessProbe:\n            grpc:", "readinessProbe:\n            tcpSocket:"),
+             "readinessProbe must be grpc"),
         ]
         for edit, message in cases:
             rc, out = self.run_on([edit])
