@@ -109,12 +109,13 @@ def cost(coordinator, steps):
             rates[n].append(samples_per_s(out))
             for p in reps:
                 stop(p)
-    base = np.median(rates[0])
     print("\n### Training's cost (samples/s, tessera-train through 2 shards, batch 256)\n")
-    print("| replicas | runs | median | vs none |\n|---|---|---|---|")
+    print("| replicas | runs (rounds in order) | median | vs none, per round | median ratio |")
+    print("|---|---|---|---|---|")
     for n, r in rates.items():
+        ratios = [x / b for x, b in zip(r, rates[0])]
         print(f"| {n} | {', '.join(f'{x:.0f}' for x in r)} | {np.median(r):.0f} | "
-              f"{np.median(r) / base:.2f}x |")
+              f"{', '.join(f'{x:.2f}' for x in ratios)} | {np.median(ratios):.2f}x |")
 
 
 def freshness(client, r, probes=200):
@@ -170,7 +171,7 @@ def fresh_and_serving(coordinator):
     print("\n### Freshness: a push acknowledged to its row on the replica, while tessera-train "
           "trains the same model at full speed\n")
     print(f"{len(times)} pushes: p50 {pct(times, 50) * 1e3:.1f} ms, p99 {pct(times, 99) * 1e3:.1f} "
-          f"ms, max {max(times) * 1e3:.1f} ms (replicas poll every 50 ms, --poll_ms)")
+          f"ms, max {max(times) * 1e3:.1f} ms (replicas poll every 100 ms, --poll_ms)")
     print("\n### Serving (one client, Python, gRPC on loopback)\n")
     print("| call | beside | batch | p50 ms | p99 ms | samples/s |\n|---|---|---|---|---|---|")
     print("\n".join(quiet + loaded))
@@ -190,9 +191,10 @@ def catch_up(p, r, address, coordinator):
     p.send_signal(signal.SIGCONT)
     took, after = wait_caught_up(r, since=let_go)
     print(f"\n### Catch-up after {PAUSE_S:.0f} s stopped while training ran\n")
-    print(f"- from its cursor: {took:.2f} s to the head, "
+    print(f"- let go: {took:.2f} s to the head, "
           f"{after['bytes_read'] - before['bytes_read']:,} bytes read, "
-          f"{after['snapshots'] - before['snapshots']} snapshot(s); it caught up "
+          f"{after['snapshots'] - before['snapshots']} snapshot(s) (0: from its cursor; else "
+          f"the logs' bound no longer held what it missed); it caught up "
           f"{after['serving_step'] - before['serving_step']} steps of training")
     stop(p)
     t0 = time.time()

@@ -1,6 +1,7 @@
 // ShardService's change stream for serving replicas: ReadChanges answers the rows that
 // changed after a replica's cursor, as they are now, of the rows this shard owns.
 #include <algorithm>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
@@ -60,10 +61,15 @@ grpc::Status ShardService::ReadChanges(grpc::ServerContext* context,
     const size_t budget = request->max_bytes() > 0
                               ? std::min(static_cast<size_t>(request->max_bytes()), kMaxChangeBytes)
                               : kDefaultChangeBytes;
+    // A row's bytes per table, looked up once a read (the log holds many entries a table).
+    std::map<std::string, size_t> row_bytes;
     auto cost = [&](const std::string& table) -> size_t {
-      if (!embedding::TableOfModel(table, model)) return 0;
-      absl::StatusOr<v1::TableConfig> config = Config(table);
-      return config.ok() ? sizeof(int64_t) + sizeof(float) * config->dim() : 0;
+      auto [it, added] = row_bytes.try_emplace(table, 0);
+      if (added && embedding::TableOfModel(table, model)) {
+        absl::StatusOr<v1::TableConfig> config = Config(table);
+        if (config.ok()) it->second = sizeof(int64_t) + sizeof(float) * config->dim();
+      }
+      return it->second;
     };
     TESSERA_ASSIGN_OR_RETURN(
         ChangeLog::Changes changes,

@@ -111,17 +111,26 @@ absl::Status Replica::FollowMap() {
 
 absl::Status Replica::Poll() {
   absl::MutexLock poll(&poll_mu_);
-  // A coordinator away (restarting) leaves the map as it was: the shards are followed on.
-  absl::Status first = FollowMap();
+  const auto began = std::chrono::steady_clock::now();
+  // The shard map once a second, and after a shard failed (it may have left the map). A
+  // coordinator away (restarting) leaves the map as it was: the shards are followed on.
+  absl::Status first;
+  if (map_stale_ || began - map_read_at_ >= std::chrono::seconds(1)) {
+    first = FollowMap();
+    if (first.ok()) map_read_at_ = began;
+    map_stale_ = !first.ok();
+  }
   for (auto& [address, shard] : shards_) {
     absl::Status s = FollowShard(shard.get());
+    map_stale_ = map_stale_ || !s.ok();
     if (first.ok() && !s.ok()) first = s;
   }
   bool all = !shards_.empty();
   for (auto& [address, shard] : shards_) all = all && shard->caught_up.load();
   if (all) {
+    // Every change made before this Poll began is in the rows now.
     absl::MutexLock lock(&mu_);
-    caught_up_at_ = std::chrono::steady_clock::now();
+    caught_up_at_ = began;
   }
   // The dense weights after the rows: rows newer than the weights rather than older.
   absl::Status dense = FollowDense();

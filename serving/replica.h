@@ -50,9 +50,10 @@ class Replica {
                                                         const ReplicaOptions& options);
   ~Replica();
 
-  // One round: the coordinator's shard map (kept as it was when the coordinator is away),
-  // then every shard's changes since the replica's cursor, until caught up with the head
-  // it saw or max_reads_per_poll. The first shard's failure, after trying every shard.
+  // One round: the coordinator's shard map (at most once a second, and after a shard
+  // failed; kept as it was when the coordinator is away), then every shard's changes since
+  // the replica's cursor, until caught up with the head it saw or max_reads_per_poll, then
+  // the dense network. The first failure, after trying every shard.
   absl::Status Poll();
 
   // The table `name`, or null when the replica holds no such table (yet).
@@ -66,8 +67,8 @@ class Replica {
   // The training steps the shards have applied, counted the same way (the newest step any
   // shard's log holds, plus one): head_step() - serving_step() is the lag in steps.
   int64_t head_step() const;
-  // Seconds since a Poll last found every shard read to its head (0 then; since the start
-  // before any).
+  // Seconds since the start of the last Poll that found every shard read to its head: every
+  // change made before then is in the rows (since the replica's start before any).
   double seconds_since_caught_up() const;
   const std::string& model() const { return options_.model; }
   // Shards whose log the replica has read to its head, of those it follows.
@@ -124,7 +125,9 @@ class Replica {
   // held, read by Poll under poll_mu_ and by the status calls under mu_.
   absl::Mutex poll_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   std::map<std::string, std::unique_ptr<Shard>> shards_;
-  uint64_t map_version_ = 0;  // under poll_mu_
+  uint64_t map_version_ = 0;  // under poll_mu_, as the two below
+  std::chrono::steady_clock::time_point map_read_at_;
+  bool map_stale_ = false;  // a shard failed: read the map at the next Poll
   std::chrono::steady_clock::time_point caught_up_at_ ABSL_GUARDED_BY(mu_) =
       std::chrono::steady_clock::now();
 };

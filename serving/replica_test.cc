@@ -259,25 +259,33 @@ TEST_F(ReplicaTest, FollowsALiveReshardTwoToThreeToTwo) {
   std::atomic<bool> done{false};
   std::atomic<int> pushed{10};
   std::thread pusher([&] {
-    for (int i = 10; i < 150 && !done.load(); ++i) {
+    for (int i = 10; i < 2000 && !done.load(); ++i) {
       Push(i);
       pushed = i + 1;
     }
   });
   std::thread follower([&] {
-    for (int i = 0; i < 5000 && !done.load(); ++i) {
+    for (int i = 0; i < 20000 && !done.load(); ++i) {
       (void)replica->Poll();
       usleep(1000);
     }
   });
-  for (int i = 0; i < 3000 && pushed.load() < 40; ++i) usleep(1000);
+  auto push_more = [&](int n) {
+    const int until = pushed.load() + n;
+    for (int i = 0; i < 5000 && pushed.load() < until; ++i) usleep(1000);
+  };
+  push_more(30);
   grpc::Status s = Reshard({0, 1, 2});
   EXPECT_TRUE(s.ok()) << s.error_message();
-  for (int i = 0; i < 3000 && pushed.load() < 90; ++i) usleep(1000);
+  // The replica takes the new map (it reads it once a second) and follows three shards.
+  for (int i = 0; i < 5000 && replica->shards() != 3; ++i) usleep(1000);
+  EXPECT_EQ(replica->shards(), 3);
+  push_more(30);
   s = Reshard({0, 1});
   EXPECT_TRUE(s.ok()) << s.error_message();
-  pusher.join();
+  push_more(10);
   done = true;
+  pusher.join();
   follower.join();
   ASSERT_NO_FATAL_FAILURE(CatchUp(*replica));
   ExpectReplicaEqualsTheCluster(*replica);

@@ -33,7 +33,7 @@ ABSL_FLAG(std::string, tables, "",
           "comma-separated tables of the model to serve (a large model spread over several "
           "replicas); empty = every table of it");
 ABSL_FLAG(std::string, format, "fp32", "how rows are held: fp32 (as trained), fp16 or int8");
-ABSL_FLAG(int, poll_ms, 50, "pause between rounds of reading the shards' changes");
+ABSL_FLAG(int, poll_ms, 100, "pause between rounds of reading the shards' changes");
 ABSL_FLAG(double, max_lag_s, 10,
           "readiness: SERVING while every shard was read to its head within this many seconds "
           "(and a dense network is held, unless --lookup_only)");
