@@ -233,6 +233,29 @@ std::vector<int64_t> ServingTable::Ids() const {
   return ids;
 }
 
+absl::Status ServingTable::ForEachRecords(
+    const std::function<absl::Status(const uint8_t* records, int64_t count)>& sink) const {
+  absl::ReaderMutexLock lock(&mu_);
+  for (int64_t at = 0; at < used_; at += kBlockRows) {
+    TESSERA_RETURN_IF_ERROR(
+        sink(blocks_[at / kBlockRows].get(), std::min<int64_t>(kBlockRows, used_ - at)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ServingTable::LoadRecords(const uint8_t* records, int64_t count) {
+  std::vector<int64_t> ids(count);
+  for (int64_t i = 0; i < count; ++i) {
+    std::memcpy(&ids[i], records + i * record_bytes_, sizeof(int64_t));
+  }
+  TESSERA_RETURN_IF_ERROR(CheckIds(ids));
+  absl::MutexLock lock(&mu_);
+  for (int64_t i = 0; i < count; ++i) {
+    std::memcpy(Record(FindOrAdd(ids[i])), records + i * record_bytes_, record_bytes_);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ServingTable::Lookup(absl::Span<const int64_t> ids, absl::Span<float> out) const {
   const int dim = config_.dim();
   if (out.size() != ids.size() * dim) {

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -68,6 +69,16 @@ class ServingTable {
   absl::Status ResetRows(absl::Span<const int64_t> ids);
   // Every id sent, in no particular order.
   std::vector<int64_t> Ids() const;
+  // Bytes of one stored record: the id (8 bytes, little-endian), then the encoded row.
+  size_t record_bytes() const { return record_bytes_; }
+  // Hands `sink` every stored record, `count` at a time, contiguous (a replica saving its
+  // rows); Apply waits meanwhile, lookups do not. Stops at the first error of `sink`.
+  absl::Status ForEachRecords(
+      const std::function<absl::Status(const uint8_t* records, int64_t count)>& sink) const;
+  // Stores `count` records as ForEachRecords gave them (an id already held takes the
+  // record's row). InvalidArgument, with nothing changed, for an id outside a fixed
+  // vocabulary.
+  absl::Status LoadRecords(const uint8_t* records, int64_t count);
   // The rows of `ids` (ids x dim) into `out`; InvalidArgument for a wrong size or an id
   // outside a fixed vocabulary.
   absl::Status Lookup(absl::Span<const int64_t> ids, absl::Span<float> out) const;

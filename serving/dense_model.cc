@@ -26,6 +26,7 @@ DenseModel::DenseModel(const v1::DenseSnapshot& snapshot, trainer::DlrmConfig co
       config_(std::move(config)),
       tables_(snapshot.tables().begin(), snapshot.tables().end()),
       parameters_(ParametersOf(snapshot)),
+      snapshot_(snapshot),
       backends_([this] { return NewBackend(); }, /*max_idle=*/16) {}
 
 absl::StatusOr<std::shared_ptr<const DenseModel>> DenseModel::Make(

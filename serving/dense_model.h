@@ -28,6 +28,8 @@ class DenseModel {
   const trainer::DlrmConfig& config() const { return config_; }
   // The sparse features' tables, in feature order.
   const std::vector<std::string>& tables() const { return tables_; }
+  // What it was made from, its parameters included.
+  const v1::DenseSnapshot& snapshot() const { return snapshot_; }
 
   // The logits of `samples` samples: `dense` (samples, num_dense), `embeddings`
   // (features, samples, emb_dim), as the trainer's evaluation passes them.
@@ -42,6 +44,7 @@ class DenseModel {
   const trainer::DlrmConfig config_;
   const std::vector<std::string> tables_;
   const std::vector<float> parameters_;
+  const v1::DenseSnapshot snapshot_;
   mutable client::ObjectPool<trainer::DenseBackend> backends_;
 };
 

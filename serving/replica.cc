@@ -12,6 +12,7 @@
 #include "client/shard_router.h"
 #include "embedding/batch_ops.h"
 #include "embedding/sharding.h"
+#include "serving/internal/replica_shard.h"
 #include "trainer/coordinator_rendezvous.h"
 #include "trainer/dense_snapshot.h"
 #include "wire/row_chunk.h"
@@ -28,25 +29,6 @@ bool SameCursor(const v1::ChangeCursor& a, const v1::ChangeCursor& b) {
 }
 
 }  // namespace
-
-// A shard the replica follows: where it stands in the shard's change log.
-struct Replica::Shard {
-  Shard(int index, std::string address, const client::ClientOptions& options)
-      : index(index), address(address) {
-    grpc::ChannelArguments args = client::ChannelArgs(options.max_message_bytes);
-    std::shared_ptr<grpc::ChannelCredentials> credentials =
-        wire::MakeChannelCredentials(options.security, &args);
-    stub =
-        std::make_unique<client::ReconnectingStub<v1::EmbeddingShard>>(address, args, credentials);
-  }
-  int index;
-  std::string address;
-  std::unique_ptr<client::ReconnectingStub<v1::EmbeddingShard>> stub;
-  v1::ChangeCursor cursor;  // log 0: not read yet (a snapshot first)
-  std::atomic<bool> caught_up{false};
-  std::atomic<int64_t> step{-1};       // the newest training step read to
-  std::atomic<int64_t> head_step{-1};  // the newest the shard said it applied
-};
 
 Replica::Replica(const ReplicaOptions& options, std::unique_ptr<client::EmbeddingClient> client)
     : options_(options), client_(std::move(client)) {}
@@ -69,14 +51,17 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Start(const std::string& coord
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<client::EmbeddingClient> client,
                            client::EmbeddingClient::Connect(coordinator, options.client));
   std::unique_ptr<Replica> replica(new Replica(options, std::move(client)));
+  absl::MutexLock poll(&replica->poll_mu_);
+  replica->LoadState();
   TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> listed, replica->client_->ListTables());
   for (const v1::TableConfig& config : listed) {
     if (!replica->Wanted(config.name())) continue;
     TESSERA_RETURN_IF_ERROR(replica->TableFor(config.name()).status());
   }
-  absl::MutexLock poll(&replica->poll_mu_);
   TESSERA_RETURN_IF_ERROR(replica->FollowMap());
+  // Shards with a saved cursor are read on from it (the next Poll); the others whole.
   for (auto& [address, shard] : replica->shards_) {
+    if (shard->cursor.log() != 0) continue;
     TESSERA_RETURN_IF_ERROR(replica->Snapshot(shard.get(), "start"));
   }
   return replica;

@@ -25,6 +25,9 @@ struct ReplicaOptions {
   client::ClientOptions client;  // reaching the coordinator, and the shards (security)
   int64_t max_read_bytes = int64_t{16} << 20;  // rows per change read, in bytes
   int max_reads_per_poll = 64;                 // a shard's reads in one Poll at most
+  // Where the replica keeps its rows, cursors and dense network (Save); a replica started
+  // on it reads on from the saved cursors. Empty: nothing is kept.
+  std::string state_dir;
 };
 
 // What a replica did since it started.
@@ -55,6 +58,11 @@ class Replica {
   // the replica's cursor, until caught up with the head it saw or max_reads_per_poll, then
   // the dense network. The first failure, after trying every shard.
   absl::Status Poll();
+
+  // Writes the replica's rows, its cursor in each shard's log and its dense network to
+  // options.state_dir, whole or not at all (a new file renamed over the last); no Poll
+  // runs meanwhile, lookups do. FailedPrecondition without a state_dir.
+  absl::Status Save();
 
   // The table `name`, or null when the replica holds no such table (yet).
   std::shared_ptr<const embedding::ServingTable> table(const std::string& name) const;
@@ -104,6 +112,13 @@ class Replica {
   absl::Status FollowMap();
   // A shard's changes until caught up; a snapshot when its log no longer has them.
   absl::Status FollowShard(Shard* shard);
+  // The state options.state_dir holds, when it holds one of this model and format: its
+  // tables, shards with their cursors and dense network taken (under poll_mu_). Says in
+  // events what it found; a state it cannot read is left for a fresh start.
+  void LoadState();
+  // LoadState's reading of the file at `path`: DataLoss for a damaged one,
+  // FailedPrecondition for one of another model or format.
+  absl::Status ReadState(const std::string& path);
   // Reads `shard` whole: its log's head, then its rows, those it no longer holds reset.
   absl::Status Snapshot(Shard* shard, const std::string& why);
   // The replica's table `name`, made from the coordinator's config when new; null for a

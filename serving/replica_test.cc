@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 #include <thread>
@@ -291,6 +293,56 @@ TEST_F(ReplicaTest, FollowsALiveReshardTwoToThreeToTwo) {
   ExpectReplicaEqualsTheCluster(*replica);
   EXPECT_EQ(replica->serving_step(), pushed.load());
   EXPECT_EQ(replica->counters().snapshots, 3) << "only the new shard was read whole";
+}
+
+// A replica with a state_dir, stopped and started again, reads on from its saved cursors:
+// no shard read whole, rows equal; one whose shards' logs no longer hold what it missed
+// reads them whole and says so.
+TEST_F(ReplicaTest, ARestartedReplicaReadsOnFromItsSavedStateOrSaysWhyNot) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(/*change_log_bytes=*/size_t{64} << 10));
+  const std::string dir = ::testing::TempDir() + "/replica-state-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  ReplicaOptions options;
+  options.state_dir = dir;
+  for (int i = 0; i < 10; ++i) ASSERT_NO_FATAL_FAILURE(Push(i));
+  std::unique_ptr<Replica> replica = StartReplica(options);
+  ASSERT_NE(replica, nullptr);
+  EXPECT_EQ(replica->counters().snapshots, 2);
+  ASSERT_NO_FATAL_FAILURE(CatchUp(*replica));
+  ASSERT_TRUE(replica->Save().ok());
+  replica.reset();
+  for (int i = 10; i < 20; ++i) ASSERT_NO_FATAL_FAILURE(Push(i));
+  replica = StartReplica(options);
+  ASSERT_NE(replica, nullptr);
+  EXPECT_THAT(replica->events().front(), HasSubstr("resumed from the state saved"));
+  ASSERT_NO_FATAL_FAILURE(CatchUp(*replica));
+  EXPECT_EQ(replica->counters().snapshots, 0) << "every shard read on from its cursor";
+  ExpectReplicaEqualsTheCluster(*replica);
+  EXPECT_EQ(replica->serving_step(), 20);
+  // Down while the logs' bound (64 KiB) moved past its cursors: read whole, and said.
+  ASSERT_TRUE(replica->Save().ok());
+  replica.reset();
+  for (int i = 20; i < 400; ++i) ASSERT_NO_FATAL_FAILURE(Push(i));
+  replica = StartReplica(options);
+  ASSERT_NE(replica, nullptr);
+  ASSERT_NO_FATAL_FAILURE(CatchUp(*replica));
+  EXPECT_EQ(replica->counters().snapshots, 2);
+  EXPECT_THAT(replica->events().back(), HasSubstr("fell out of the shard's change log"));
+  ExpectReplicaEqualsTheCluster(*replica);
+  // A damaged state is not taken: a fresh start, which says so.
+  ASSERT_TRUE(replica->Save().ok());
+  replica.reset();
+  {
+    std::fstream f(dir + "/replica.state", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(200);
+    f.put('\x5a');
+  }
+  replica = StartReplica(options);
+  ASSERT_NE(replica, nullptr);
+  EXPECT_THAT(replica->events().front(), HasSubstr("not taken"));
+  ASSERT_NO_FATAL_FAILURE(CatchUp(*replica));
+  ExpectReplicaEqualsTheCluster(*replica);
+  std::filesystem::remove_all(dir);
 }
 
 // A small DLRM trained through the cluster on the model's tables "m.C1".."m.C4", its dense

@@ -41,6 +41,11 @@ ABSL_FLAG(bool, lookup_only, false, "ready without a published dense network (Lo
 ABSL_FLAG(int64_t, max_batch_ids, 1 << 20, "ids per request before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, max_message_bytes, tessera::client::kMaxMessageBytes,
           "largest gRPC message accepted or sent");
+ABSL_FLAG(std::string, state_dir, "",
+          "where the replica keeps its rows, cursors and dense network (every --save_every_s "
+          "and at shutdown), so that a restart reads on from there; empty = nothing kept, a "
+          "restart reads every shard whole");
+ABSL_FLAG(int, save_every_s, 60, "with --state_dir: seconds between saves of the state");
 ABSL_FLAG(int, start_timeout_s, 120,
           "how long to keep trying to reach the cluster at start before giving up");
 
@@ -61,6 +66,10 @@ absl::StatusOr<ReplicaOptions> ReplicaOptionsFromFlags() {
   if (!(absl::GetFlag(FLAGS_max_lag_s) > 0)) {
     return absl::InvalidArgumentError("--max_lag_s must be > 0");
   }
+  if (absl::GetFlag(FLAGS_save_every_s) < 1) {
+    return absl::InvalidArgumentError("--save_every_s must be >= 1");
+  }
+  options.state_dir = absl::GetFlag(FLAGS_state_dir);
   return options;
 }
 
@@ -119,9 +128,16 @@ void Follow(Replica* replica, grpc::Server* server, const std::atomic<bool>* sto
   const auto pause = std::chrono::milliseconds(absl::GetFlag(FLAGS_poll_ms));
   const double max_lag = absl::GetFlag(FLAGS_max_lag_s);
   const bool lookup_only = absl::GetFlag(FLAGS_lookup_only);
+  const bool keeps_state = !absl::GetFlag(FLAGS_state_dir).empty();
+  const auto save_every = std::chrono::seconds(absl::GetFlag(FLAGS_save_every_s));
+  auto saved_at = std::chrono::steady_clock::now();
   std::string last_error;
   while (!stop->load()) {
-    const absl::Status s = replica->Poll();
+    absl::Status s = replica->Poll();
+    if (s.ok() && keeps_state && std::chrono::steady_clock::now() - saved_at >= save_every) {
+      s = Annotate(replica->Save(), "saving the replica's state");
+      saved_at = std::chrono::steady_clock::now();
+    }
     if (!s.ok() && s.ToString() != last_error) {
       std::cerr << "tessera-serve: " << s << "\n";
     }
@@ -170,6 +186,9 @@ absl::Status Serve() {
   server::ServeUntilShutdownSignal(server.get(), "tessera-serve");
   stop = true;
   follower.join();
+  if (!options.state_dir.empty()) {
+    TESSERA_RETURN_IF_ERROR(Annotate(replica->Save(), "saving the replica's state"));
+  }
   return absl::OkStatus();
 }
 

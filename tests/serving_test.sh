@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A serving replica (tessera-serve) following a 2-shard cluster through a run of
-# tessera-train (3 passes over 40,000 lines: 1,689 steps), with its own SIGKILL and restart, then a shard SIGKILLed and
+# tessera-train (3 passes over 40,000 lines: 1,689 steps), with its own SIGKILL and restart
+# (it reads on from the state it saved a second before), then a shard SIGKILLed and
 # brought back, the coordinator restarted and a live 2->3 reshard along the way: at the end
 # every stored row reads the same on the replica, bit for bit, and its Predict of the
 # held-out lines gives the trainer's own evaluation (python/tests/serving_check.py).
@@ -12,6 +13,7 @@ PY=(env PYTHONPATH="$BIN/python" /usr/bin/python3)
   > /dev/null
 [ -s "$DIR/clicks.tsv" ] || fail "no data generated"
 "$CLUSTER" start 2
+export TESSERA_SERVE_FLAGS="--save_every_s=1"  # the restarted replica reads on from its state
 "$CLUSTER" serve ads
 "$BIN/tessera-train" --coordinator="127.0.0.1:$base" --model=ads --data="$DIR/clicks.tsv" \
   --epochs=3 --batch_size=64 --checkpoint_every=40 --publish_dense_every=20 \
@@ -35,6 +37,7 @@ kill_and_wait() {  # pid file
   kill -KILL "$pid"
   for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
 }
+sleep 1.5  # a save of its state
 kill_and_wait "$DIR/pids/serve-0.pid"
 "$CLUSTER" serve ads
 wait_step 200
@@ -55,7 +58,8 @@ wait "$trainer" || { cat "$DIR/train.log"; fail "training failed"; }
 grep -q "held-out" "$DIR/train.log" || fail "training did not evaluate"
 "${PY[@]}" "$ROOT/python/tests/serving_check.py" wait-and-check "127.0.0.1:$base" \
   "127.0.0.1:$((base + 100))" ads "$DIR/clicks.tsv" "$DIR/train.jsonl" \
-  --expect_event="is gone" --expect_event="a shard new to the replica" \
+  --expect_event="resumed from the state saved" --expect_event="is gone" \
+  --expect_event="a shard new to the replica" \
   || { tail -n 20 "$DIR/logs/serve-0.log"; fail "the replica differs from the cluster"; }
 "$CLUSTER" status | grep -q "replica 0 .* SERVING" || { "$CLUSTER" status; fail "replica not ready"; }
 echo "serving: ok"

@@ -195,7 +195,8 @@ start() {
 }
 
 # A serving replica of model $1 (tessera-serve), index $2 (default 0), on BASE+100+K: it
-# reads every shard's rows, then follows the cluster. Ready (SERVING in status) once it is
+# reads every shard's rows (or reads on from the state it saved in data/serve-K when it ran
+# before), then follows the cluster. Ready (SERVING in status) once it is
 # caught up and holds a dense network the trainer published (--publish_dense_every).
 serve() {
   local model="${1:-}" k="${2:-0}"
@@ -210,8 +211,9 @@ serve() {
   log="$DIR/logs/serve-$k.log"
   touch "$log"
   before="$(wc -l < "$log")"
+  mkdir -p "$DIR/data/serve-$k"
   "$BIN/tessera-serve" --port="$port" --coordinator="127.0.0.1:$base" --model="$model" \
-    "${SERVER_FLAGS[@]}" "${SERVE_FLAGS[@]}" >> "$log" 2>&1 &
+    --state_dir="$DIR/data/serve-$k" "${SERVER_FLAGS[@]}" "${SERVE_FLAGS[@]}" >> "$log" 2>&1 &
   echo $! > "$DIR/pids/serve-$k.pid"
   for _ in $(seq 1 600); do
     if tail -n +"$((before + 1))" "$log" | grep -q "listening on"; then
