@@ -71,6 +71,8 @@ class ChangeLog {
   // when `after` is of another log or older than the oldest entry kept.
   absl::StatusOr<Changes> Read(const Cursor& after, size_t budget, const IdCost& cost) const;
 
+  // False for a log bounded to 0 bytes, which keeps nothing.
+  bool keeps() const { return max_bytes_ > 0; }
   // Bytes the entries take now, entries kept, and entries dropped for room since start.
   size_t bytes() const;
   size_t entries() const;

@@ -48,6 +48,12 @@ grpc::Status ShardService::ReadChanges(grpc::ServerContext* context,
     response->set_num_shards(num_shards);
     response->set_shard_map_version(reshard_.version());
     ChangeLog& log = pushes_.changes();
+    if (!log.keeps()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("shard ", index,
+                       " keeps no change log (tessera-shard --change_log_bytes=0): serving "
+                       "replicas cannot follow it"));
+    }
     if (request->after().log() == 0) {
       const ChangeLog::Cursor head = log.Head();
       for (auto* c : {response->mutable_reached(), response->mutable_head()}) {

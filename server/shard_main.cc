@@ -38,7 +38,8 @@ ABSL_FLAG(int, max_sync_waiting, 1024,
           "request, not a thread), in [1, 1048576]; one more is RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, change_log_bytes, int64_t{128} << 20,
           "bytes of the log of rows changed that serving replicas read (ids, not rows); a "
-          "replica that falls further behind starts again from a snapshot; 0 = no log");
+          "replica that falls further behind starts again from a snapshot; 0 = no log (replicas "
+          "cannot follow this shard)");
 ABSL_FLAG(int, max_message_bytes, tessera::client::kMaxMessageBytes,
           "largest gRPC message accepted or sent");
 ABSL_FLAG(int, max_tables, 1024,

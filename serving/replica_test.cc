@@ -577,6 +577,18 @@ TEST_F(ReplicaTest, ReadChangesRefusesBadRequestsWithClearErrors) {
   grpc::Status old = read(behind, &r);
   EXPECT_EQ(old.error_code(), grpc::StatusCode::OUT_OF_RANGE);
   EXPECT_THAT(old.error_message(), HasSubstr("--change_log_bytes"));
+  // A shard that keeps no log says so (a replica cannot follow it).
+  Shard bare;
+  bare.index = 0;
+  bare.num_shards = 1;
+  bare.change_log_bytes = 0;
+  ASSERT_NO_FATAL_FAILURE(bare.Start());
+  grpc::ClientContext bare_ctx;
+  const grpc::Status none = v1::EmbeddingShard::NewStub(testing::LocalChannel(bare.port))
+                                ->ReadChanges(&bare_ctx, head, &r);
+  EXPECT_EQ(none.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(none.error_message(), HasSubstr("--change_log_bytes=0"));
+  bare.Stop();
   // Another model's changes are read past: none of its rows come.
   v1::ReadChangesRequest other_model;
   other_model.set_model("other");
