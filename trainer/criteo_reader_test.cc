@@ -2,9 +2,11 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -65,6 +67,55 @@ TEST(ParseCriteoLine, AppliesLogToIntegersAndHashesCategoricalsPerFeature) {
   // The same value in another feature gets another id.
   EXPECT_NE(ids[0], ids[2]);
   EXPECT_NE(CriteoFeatureId(1, 0, true), CriteoFeatureId(1, 0, false));
+}
+
+// The lines and held-out line numbers of tests/data/criteo_golden.txt, which the Python
+// package's reading (tessera.criteo, for scoring on a serving replica) checks too.
+TEST(ParseCriteoLine, MatchesTheGoldenValuesThePythonReaderChecksToo) {
+  std::ifstream in(TESSERA_SOURCE_DIR "/tests/data/criteo_golden.txt");
+  ASSERT_TRUE(in.is_open());
+  CriteoOptions o;
+  std::vector<float> dense(13);
+  std::vector<int64_t> ids(26);
+  float label = 0;
+  std::string text;
+  int lines = 0, held_out_sets = 0;
+  while (std::getline(in, text)) {
+    if (text.empty() || text[0] == '#') continue;
+    std::istringstream fields(text);
+    std::string kind;
+    fields >> kind;
+    if (kind == "line") {
+      std::string line = text.substr(5);
+      std::replace(line.begin(), line.end(), '|', '\t');
+      ASSERT_TRUE(ParseCriteoLine(line, o, dense.data(), ids.data(), &label).ok()) << line;
+      ++lines;
+    } else if (kind == "dense") {
+      for (int i = 0; i < 13; ++i) {
+        float want = 0;
+        ASSERT_TRUE(fields >> want) << text;
+        EXPECT_EQ(dense[i], want) << "line " << lines << " dense " << i;
+      }
+    } else if (kind == "ids") {
+      for (int i = 0; i < 26; ++i) {
+        int64_t want = 0;
+        ASSERT_TRUE(fields >> want) << text;
+        EXPECT_EQ(ids[i], want) << "line " << lines << " feature " << i;
+      }
+    } else if (kind == "held_out") {
+      CriteoOptions split;
+      fields >> split.seed >> split.held_out_fraction;
+      std::vector<int64_t> want, got;
+      for (int64_t n = 0; fields >> n;) want.push_back(n);
+      for (int64_t n = 1; n <= 2000; ++n) {
+        if (IsHeldOutLine(n, split)) got.push_back(n);
+      }
+      EXPECT_EQ(got, want) << "seed " << split.seed;
+      ++held_out_sets;
+    }
+  }
+  EXPECT_EQ(lines, 3);
+  EXPECT_EQ(held_out_sets, 2);
 }
 
 TEST(ParseCriteoLine, ExplainsMalformedLines) {

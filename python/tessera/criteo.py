@@ -33,6 +33,17 @@ def held_out_line(number: int, seed: int = 1, fraction: float = 0.1) -> bool:
     return (h >> 11) * 2.0 ** -53 < fraction
 
 
+def parse_line(line: str) -> Tuple[float, list, list]:
+    """(label, dense (13 floats), ids (26 int64)) of one well-formed Criteo-format line, as
+    trainer/criteo_reader.cc's ParseCriteoLine reads it: dense log(1 + max(x, 0)) (empty:
+    0), ids CriteoFeatureId of the hex value (empty: the feature's missing id)."""
+    cols = line.rstrip("\n").split("\t")
+    dense = [math.log1p(max(int(c), 0)) if c else 0.0 for c in cols[1:1 + NUM_DENSE]]
+    ids = [feature_id(f, int(c, 16) if c else 0, not c)
+           for f, c in enumerate(cols[1 + NUM_DENSE:1 + NUM_DENSE + NUM_SPARSE])]
+    return float(cols[0]), dense, ids
+
+
 def read(path: str, held_out: bool = True, seed: int = 1, fraction: float = 0.1,
          limit: int = 200000) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(labels (n,) float32, dense (n, 13) float32, ids (26, n) int64) of the held-out lines
@@ -43,12 +54,10 @@ def read(path: str, held_out: bool = True, seed: int = 1, fraction: float = 0.1,
         for number, line in enumerate(f, 1):
             if held_out_line(number, seed, fraction) != held_out:
                 continue
-            cols = line.rstrip("\n").split("\t")
-            labels.append(float(cols[0]))
-            dense.append([math.log1p(max(int(c), 0)) if c else 0.0
-                          for c in cols[1:1 + NUM_DENSE]])
-            ids.append([feature_id(f, int(c, 16) if c else 0, not c)
-                        for f, c in enumerate(cols[1 + NUM_DENSE:])])
+            label, d, i = parse_line(line)
+            labels.append(label)
+            dense.append(d)
+            ids.append(i)
             if len(labels) == limit:
                 break
     return (np.array(labels, dtype=np.float32),

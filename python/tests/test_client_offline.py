@@ -13,6 +13,8 @@ from tessera.v1 import embedding_service_pb2 as api
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "data",
                       "shard_of_golden.txt")
+CRITEO_GOLDEN = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "data",
+                             "criteo_golden.txt")
 CHECKS_GOLDEN = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "data",
                              "lookup_checks_golden.txt")
 
@@ -28,6 +30,32 @@ def golden_checks():
                 continue
             kind, ids, shape, values, message = line.rstrip("\n").split("\t")
             yield kind, numbers(ids, int), numbers(shape, int), numbers(values, float), message
+
+
+class CriteoTest(unittest.TestCase):
+    def test_lines_read_as_the_golden_values_the_cpp_reader_checks_too(self):
+        from tessera import criteo
+        lines = held = 0
+        with open(CRITEO_GOLDEN) as golden:
+            for text in golden:
+                if not text.strip() or text.startswith("#"):
+                    continue
+                kind, _, rest = text.rstrip("\n").partition(" ")
+                if kind == "line":
+                    _, dense, ids = criteo.parse_line(rest.replace("|", "\t"))
+                    lines += 1
+                elif kind == "dense":
+                    want = np.array([float(x) for x in rest.split()], dtype=np.float32)
+                    self.assertEqual(np.array(dense, dtype=np.float32).tobytes(), want.tobytes())
+                elif kind == "ids":
+                    self.assertEqual(ids, [int(x) for x in rest.split()])
+                elif kind == "held_out":
+                    seed, fraction, *numbers = rest.split()
+                    got = [n for n in range(1, 2001)
+                           if criteo.held_out_line(n, int(seed), float(fraction))]
+                    self.assertEqual(got, [int(n) for n in numbers])
+                    held += 1
+        self.assertEqual((lines, held), (3, 2))
 
 
 class ShardingTest(unittest.TestCase):
