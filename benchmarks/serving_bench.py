@@ -8,14 +8,17 @@
 - serving: Lookup and Predict latency and throughput (one client) at batch 1, 64 and 512,
   with training running and without;
 - catch-up: a replica stopped (SIGSTOP) for PAUSE_S seconds of training, then let go: how
-  long and how many bytes until it is at the head again; and one restarted instead (a
-  snapshot of every shard);
+  long and how many bytes until it is at the head again; a new replica instead (a snapshot
+  of every shard); and one killed (SIGKILL) for PAUSE_S seconds, restarted on its
+  --state_dir;
 - the stream's cost: a table of BIG_ROWS rows, a replica's snapshot of it against the bytes
   it reads after pushes touch 1% of its rows;
 - formats: held-out AUC and bytes per row through fp32, fp16 and int8 replicas of a model
   trained on a generated Criteo-format TSV.
 
-    /usr/bin/python3 benchmarks/serving_bench.py [BUILD_DIR] [PAUSE_S] [BIG_ROWS]
+    /usr/bin/python3 benchmarks/serving_bench.py [BUILD_DIR] [PAUSE_S] [BIG_ROWS] [PHASES]
+
+PHASES: a comma-separated subset of cost,fresh,formats,stream (default: all).
 
 Every process listens on 127.0.0.1 only. Prints a Markdown report.
 """
@@ -33,6 +36,7 @@ import numpy as np
 BUILD = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build")
 PAUSE_S = float(sys.argv[2]) if len(sys.argv) > 2 else 60.0
 BIG_ROWS = int(sys.argv[3]) if len(sys.argv) > 3 else 10_000_000
+PHASES = (sys.argv[4] if len(sys.argv) > 4 else "cost,fresh,formats,stream").split(",")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(BUILD, "python"))
 import tessera  # noqa: E402
@@ -62,9 +66,9 @@ def stop(p):
             p.kill()
 
 
-def replica(coordinator, model, fmt="fp32"):
+def replica(coordinator, model, fmt="fp32", extra=()):
     return start([f"{BUILD}/tessera-serve", "--port=0", f"--coordinator={coordinator}",
-                  f"--model={model}", f"--format={fmt}", "--lookup_only"])
+                  f"--model={model}", f"--format={fmt}", "--lookup_only"] + list(extra))
 
 
 def train(coordinator, model, steps, extra=()):
@@ -201,9 +205,26 @@ def catch_up(p, r, address, coordinator):
     p2, address2 = replica(coordinator, "fresh")
     r2 = tessera.connect(address2)
     took2, s2 = wait_caught_up(r2)
-    print(f"- restarted instead: {time.time() - t0:.2f} s to the head (a snapshot of every "
+    print(f"- a new replica instead: {time.time() - t0:.2f} s to the head (a snapshot of every "
           f"shard: {s2['bytes_read']:,} bytes, {sum(t['rows'] for t in s2['tables'].values()):,} rows)")
+    # Down (SIGKILL) for PAUSE_S s, restarted on the state it saved.
+    state = tempfile.mkdtemp()
+    flags = [f"--state_dir={state}", "--save_every_s=1"]
     stop(p2)
+    p3, _ = replica(coordinator, "fresh", extra=flags)
+    time.sleep(2.5)  # a save
+    p3.kill()
+    p3.wait()
+    time.sleep(PAUSE_S)
+    t0 = time.time()
+    p4, address4 = replica(coordinator, "fresh", extra=flags)
+    r4 = tessera.connect(address4)
+    took4, s4 = wait_caught_up(r4, since=t0)
+    how = "read on from its saved cursors" if s4["snapshots"] == 0 else (
+        f"{s4['snapshots']} shard(s) read whole: the logs no longer held what it missed")
+    print(f"- down (SIGKILL) {PAUSE_S:.0f} s, restarted on its --state_dir: {time.time() - t0:.2f} s "
+          f"from its start to the head, {s4['bytes_read']:,} bytes read; {how}")
+    stop(p4)
 
 
 def stream_cost(coordinator):
@@ -279,10 +300,14 @@ def main():
                                 "--shards=" + ",".join(shards)])
         time.sleep(0.5)
         print(f"## Serving replicas ({os.cpu_count()} CPUs)")
-        cost(coordinator, 3000)
-        fresh_and_serving(coordinator)
-        formats(coordinator, tmp)
-        stream_cost(coordinator)
+        if "cost" in PHASES:
+            cost(coordinator, 3000)
+        if "fresh" in PHASES:
+            fresh_and_serving(coordinator)
+        if "formats" in PHASES:
+            formats(coordinator, tmp)
+        if "stream" in PHASES:
+            stream_cost(coordinator)
     finally:
         for p in PROCS:
             if p.poll() is None:

@@ -21,10 +21,14 @@ namespace tessera::server {
 // (or import) changed, in the order they were applied, each entry numbered in sequence.
 // Ids only, not copies of the rows: a reader reads the rows as they are when it reads, so
 // that what it reads of entries up to N reflects every change up to N (and perhaps later
-// ones, whose entries follow). Bounded in bytes: the oldest entries go first, and a reader
-// whose cursor is older than what is kept is told to start again from a snapshot. A log has
-// an id, random at each start and made anew when rows change by other means (a restore, a
-// dropped table): a cursor of another log is as old as one that fell out. Thread-safe.
+// ones, whose entries follow). Bounded in bytes: past the bound, the oldest eighth of the
+// entries is merged into one entry a table (the union of their ids: a reader whose cursor
+// falls inside them reads every row changed after it, and perhaps a few before), which
+// keeps a long history of a working set that pushes touch again and again; when that leaves
+// less than 1/8 of the bound free, the oldest entries go, down to 3/4 of the bound, and a reader
+// whose cursor is older than what is kept is told to start again from a snapshot. A log has an id,
+// random at each start and made anew when rows change by other means (a restore, a dropped table):
+// a cursor of another log is as old as one that fell out. Thread-safe.
 class ChangeLog {
  public:
   // Ids an entry holds at most: a larger change is split into several.
@@ -73,14 +77,18 @@ class ChangeLog {
 
   // False for a log bounded to 0 bytes, which keeps nothing.
   bool keeps() const { return max_bytes_ > 0; }
-  // Bytes the entries take now, entries kept, and entries dropped for room since start.
+  // Bytes the entries take now, entries kept, and the sequences no longer covered (dropped
+  // for room: the oldest cursor a reader may hold is dropped()).
   size_t bytes() const;
   size_t entries() const;
   int64_t dropped() const;
 
  private:
+  // The ids `table` changed in sequences [from, sequence]. Merged entries (one a table)
+  // share their sequence: a reader takes such a group whole.
   struct Entry {
     uint64_t sequence = 0;
+    uint64_t from = 0;
     std::string table;
     int64_t step = -1;
     std::vector<int64_t> ids;
@@ -88,6 +96,10 @@ class ChangeLog {
   };
   void AppendLocked(absl::string_view table, int64_t step, absl::Span<const int64_t> ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Back under the bound: the oldest eighth merged, then the oldest groups dropped.
+  void MakeRoom() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The oldest `n` entries (whole groups) as one entry a table.
+  void MergeOldest(size_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const size_t max_bytes_;
   mutable absl::Mutex mu_;

@@ -1,6 +1,8 @@
 #include "server/change_log.h"
 
+#include <algorithm>
 #include <numeric>
+#include <random>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -81,22 +83,77 @@ TEST(ChangeLog, ALargeChangeIsSplitAndAnEntryLargerThanTheLimitIsStillRead) {
 TEST(ChangeLog, OldEntriesGoPastTheBoundAndACursorBehindThemIsToldToStartAgain) {
   ChangeLog log(4096);
   const ChangeLog::Cursor start = log.Head();
-  for (int64_t step = 0; step < 100; ++step) log.Append("t", step, std::vector<int64_t>{step});
+  // Every push a row of its own, 8,000 bytes of ids: merged, they still do not fit.
+  for (int64_t step = 0; step < 1000; ++step) log.Append("t", step, std::vector<int64_t>{step});
   EXPECT_LE(log.bytes(), 4096u);
   EXPECT_GT(log.dropped(), 0);
-  EXPECT_EQ(static_cast<int64_t>(log.entries()) + log.dropped(), 100);
-  absl::StatusOr<ChangeLog::Changes> old = log.Read(start, 100, nullptr);
+  absl::StatusOr<ChangeLog::Changes> old = log.Read(start, 1000, nullptr);
   EXPECT_EQ(old.status().code(), absl::StatusCode::kOutOfRange);
   EXPECT_THAT(std::string(old.status().message()), HasSubstr("--change_log_bytes"));
   EXPECT_THAT(std::string(old.status().message()), HasSubstr("snapshot"));
-  // The oldest kept is still readable from just before it.
-  const uint64_t oldest = static_cast<uint64_t>(log.dropped()) + 1;
-  ChangeLog::Changes kept = ReadAll(log, {start.log, oldest - 1}, 1000);
-  EXPECT_EQ(kept.ids["t"].front(), log.dropped());
-  EXPECT_EQ(kept.reached.sequence, 100u);
+  // From the oldest cursor kept: every row changed after it (push k changed row k - 1).
+  const uint64_t oldest = static_cast<uint64_t>(log.dropped());
+  ChangeLog::Changes kept = ReadAll(log, {start.log, oldest}, 10000);
+  std::vector<int64_t> ids = kept.ids["t"];
+  std::sort(ids.begin(), ids.end());
+  std::vector<int64_t> want(1000 - oldest);
+  std::iota(want.begin(), want.end(), static_cast<int64_t>(oldest));
+  EXPECT_EQ(ids, want);
+  EXPECT_EQ(kept.reached.sequence, 1000u);
   // A cursor past the head is a caller's mistake.
-  EXPECT_EQ(log.Read({start.log, 101}, 1, nullptr).status().code(),
+  EXPECT_EQ(log.Read({start.log, 1001}, 1, nullptr).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ChangeLog, PushesOfAWorkingSetAreMergedAndKeptFarPastTheBound) {
+  ChangeLog log(4096);
+  const ChangeLog::Cursor start = log.Head();
+  for (int64_t step = 0; step < 5000; ++step) {
+    log.Append(step % 2 ? "a" : "b", step, std::vector<int64_t>{step % 7, 100 + step % 3});
+  }
+  EXPECT_LE(log.bytes(), 4096u);
+  EXPECT_EQ(log.dropped(), 0) << "the union of a small working set fits";
+  ChangeLog::Changes all = ReadAll(log, start, 1 << 20);
+  std::vector<int64_t> a = all.ids["a"], b = all.ids["b"];
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  EXPECT_EQ(a, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 100, 101, 102}));
+  EXPECT_EQ(b, a);
+  EXPECT_EQ(all.steps["a"], 4999);
+  EXPECT_EQ(all.reached.sequence, 5000u);
+}
+
+// Whatever merges and drops did: from any cursor still valid, a read takes every id
+// appended after it (and perhaps some before), and a cursor behind is told so.
+TEST(ChangeLog, EveryCursorKeptReadsEveryIdAppendedAfterIt) {
+  ChangeLog log(8192);
+  const ChangeLog::Cursor start = log.Head();
+  std::mt19937_64 rng(3);
+  std::vector<std::pair<std::string, std::vector<int64_t>>> appended;  // by sequence - 1
+  for (int i = 0; i < 3000; ++i) {
+    std::vector<int64_t> ids(1 + rng() % 4);
+    for (int64_t& id : ids) id = static_cast<int64_t>(rng() % (i < 1500 ? 40 : 4000));
+    const std::string table = rng() % 3 == 0 ? "x" : "y";
+    log.Append(table, i, ids);
+    appended.emplace_back(table, ids);
+  }
+  const uint64_t oldest = static_cast<uint64_t>(log.dropped());
+  for (uint64_t c = 0; c <= 3000; c += 97) {
+    absl::StatusOr<ChangeLog::Changes> read = log.Read({start.log, c}, 1 << 20, nullptr);
+    if (c < oldest) {
+      EXPECT_EQ(read.status().code(), absl::StatusCode::kOutOfRange) << c;
+      continue;
+    }
+    ASSERT_TRUE(read.ok()) << c << ": " << read.status();
+    for (uint64_t seq = c + 1; seq <= 3000; ++seq) {
+      const auto& [table, ids] = appended[seq - 1];
+      for (int64_t id : ids) {
+        const std::vector<int64_t>& got = read->ids[table];
+        ASSERT_NE(std::find(got.begin(), got.end(), id), got.end())
+            << "cursor " << c << " misses id " << id << " of change " << seq;
+      }
+    }
+  }
 }
 
 TEST(ChangeLog, AResetStartsAnotherLogThatOldCursorsDoNotRead) {

@@ -299,7 +299,7 @@ TEST_F(ReplicaTest, FollowsALiveReshardTwoToThreeToTwo) {
 // no shard read whole, rows equal; one whose shards' logs no longer hold what it missed
 // reads them whole and says so.
 TEST_F(ReplicaTest, ARestartedReplicaReadsOnFromItsSavedStateOrSaysWhyNot) {
-  ASSERT_NO_FATAL_FAILURE(StartCluster(/*change_log_bytes=*/size_t{64} << 10));
+  ASSERT_NO_FATAL_FAILURE(StartCluster(/*change_log_bytes=*/size_t{16} << 10));
   const std::string dir = ::testing::TempDir() + "/replica-state-" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
   ReplicaOptions options;
@@ -319,7 +319,7 @@ TEST_F(ReplicaTest, ARestartedReplicaReadsOnFromItsSavedStateOrSaysWhyNot) {
   EXPECT_EQ(replica->counters().snapshots, 0) << "every shard read on from its cursor";
   ExpectReplicaEqualsTheCluster(*replica);
   EXPECT_EQ(replica->serving_step(), 20);
-  // Down while the logs' bound (64 KiB) moved past its cursors: read whole, and said.
+  // Down while the logs' bound (16 KiB) moved past its cursors: read whole, and said.
   ASSERT_TRUE(replica->Save().ok());
   replica.reset();
   for (int i = 20; i < 400; ++i) ASSERT_NO_FATAL_FAILURE(Push(i));
