@@ -45,10 +45,7 @@ ShardRouter::ShardRouter(std::vector<std::string> addresses, const RouterOptions
         return s;
       }) {
   for (const std::string& address : addresses_) {
-    grpc::ChannelArguments args = ChannelArgs(options_.max_message_bytes);
-    auto credentials = wire::MakeChannelCredentials(options_.security, &args);
-    stubs_.push_back(std::make_unique<ReconnectingStub<v1::EmbeddingShard>>(
-        address, std::move(args), std::move(credentials)));
+    stubs_.push_back(NewShardStub(address, options_.security, options_.max_message_bytes));
   }
   serving_ = std::make_unique<std::atomic<bool>[]>(addresses_.size());
   incarnations_ = std::make_unique<std::atomic<uint64_t>[]>(addresses_.size());
@@ -56,6 +53,14 @@ ShardRouter::ShardRouter(std::vector<std::string> addresses, const RouterOptions
   for (size_t k = 0; k < addresses_.size(); ++k) serving_[k] = true;
   if (options_.health_check_interval.count() > 0)
     monitor_ = std::thread([this] { MonitorHealth(); });
+}
+
+std::unique_ptr<ReconnectingStub<v1::EmbeddingShard>> NewShardStub(
+    const std::string& address, const wire::ClientSecurity& security, int max_message_bytes) {
+  grpc::ChannelArguments args = ChannelArgs(max_message_bytes);
+  auto credentials = wire::MakeChannelCredentials(security, &args);
+  return std::make_unique<ReconnectingStub<v1::EmbeddingShard>>(address, std::move(args),
+                                                                std::move(credentials));
 }
 
 ShardRouter::~ShardRouter() {

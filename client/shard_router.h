@@ -47,6 +47,11 @@ struct RouterOptions {
   std::shared_ptr<base::ThreadPool> pool;
 };
 
+// A stub of the shard at `address`, on a channel with `security` (TLS, token) and the
+// message limit `max_message_bytes`: the router's, and a serving replica's.
+std::unique_ptr<ReconnectingStub<v1::EmbeddingShard>> NewShardStub(
+    const std::string& address, const wire::ClientSecurity& security, int max_message_bytes);
+
 // The grpc::Status of a shard call as an absl::Status naming the shard.
 absl::Status FromShardStatus(const grpc::Status& status, int shard, const std::string& address);
 

@@ -108,8 +108,8 @@ absl::Status PushApplier::ApplyParts(const DecodedBatch& batch, int64_t step,
     // A part that kept some rows (their results were not finite) has updated the others: it
     // counts as applied, so a repeat does not apply them again.
     TESSERA_RETURN_IF_ERROR(tessera::SetAsidePartlyApplied(std::move(applied), &partly));
-    changes_.Append(part.table, step, part.ids);
     embedding::Unique(part.ids, &unique, &inverse);
+    changes_.Append(part.table, step, unique);
     done->push_back(static_cast<int64_t>(unique.size()));
     if (i < batch.counters.size() && batch.counters[i] != nullptr) {
       batch.counters[i]->updates += static_cast<int64_t>(unique.size());

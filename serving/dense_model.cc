@@ -11,22 +11,9 @@
 
 namespace tessera::serving {
 
-namespace {
-
-std::vector<float> ParametersOf(const v1::DenseSnapshot& snapshot) {
-  std::vector<float> params(snapshot.parameters().size() / sizeof(float));
-  std::memcpy(params.data(), snapshot.parameters().data(), params.size() * sizeof(float));
-  return params;
-}
-
-}  // namespace
-
 DenseModel::DenseModel(const v1::DenseSnapshot& snapshot, trainer::DlrmConfig config)
-    : step_(snapshot.step()),
+    : snapshot_(snapshot),
       config_(std::move(config)),
-      tables_(snapshot.tables().begin(), snapshot.tables().end()),
-      parameters_(ParametersOf(snapshot)),
-      snapshot_(snapshot),
       backends_([this] { return NewBackend(); }, /*max_idle=*/16) {}
 
 absl::StatusOr<std::shared_ptr<const DenseModel>> DenseModel::Make(
@@ -50,8 +37,9 @@ std::unique_ptr<trainer::DenseBackend> DenseModel::NewBackend() const {
   std::unique_ptr<trainer::DenseBackend> backend =
       std::move(trainer::NewCpuDenseBackend(config_)).value();
   absl::Span<float> params = backend->Parameters();
-  TESSERA_DCHECK(params.size() == parameters_.size());
-  std::copy(parameters_.begin(), parameters_.end(), params.begin());
+  const std::string& bytes = snapshot_.parameters();
+  TESSERA_DCHECK(params.size() * sizeof(float) == bytes.size());
+  std::memcpy(params.data(), bytes.data(), bytes.size());
   return backend;
 }
 
@@ -61,6 +49,18 @@ absl::Status DenseModel::Forward(int samples, const float* dense, const float* e
   return backend->Forward(samples, dense, embeddings, logits);
 }
 
+absl::Status LookupRows(const embedding::ServingTable& table, const embedding::TableBags& bags) {
+  if (bags.offsets.empty()) return table.Lookup(bags.ids, bags.out);
+  std::vector<int64_t> unique;
+  std::vector<int32_t> inverse;
+  embedding::Unique(bags.ids, &unique, &inverse);
+  std::vector<float> rows(unique.size() * table.dim());
+  TESSERA_RETURN_IF_ERROR(table.Lookup(unique, absl::MakeSpan(rows)));
+  embedding::PoolBags(rows.data(), table.dim(), inverse, bags.offsets, bags.weights, bags.pooling,
+                      bags.out.data());
+  return absl::OkStatus();
+}
+
 absl::Status PooledEmbeddings(absl::Span<const embedding::ServingTable* const> tables,
                               absl::Span<const FeatureBags> features, int samples,
                               absl::Span<float> out) {
@@ -68,9 +68,6 @@ absl::Status PooledEmbeddings(absl::Span<const embedding::ServingTable* const> t
     return absl::InvalidArgumentError(
         absl::StrCat(features.size(), " sparse features for a model of ", tables.size()));
   }
-  std::vector<int64_t> unique;
-  std::vector<int32_t> inverse;
-  std::vector<float> rows;
   size_t at = 0;
   for (size_t f = 0; f < tables.size(); ++f) {
     const embedding::ServingTable& table = *tables[f];
@@ -94,10 +91,11 @@ absl::Status PooledEmbeddings(absl::Span<const embedding::ServingTable* const> t
     if (at + block > out.size()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": no room for its embeddings"));
     }
-    embedding::Unique(bags.ids, &unique, &inverse);
-    rows.resize(unique.size() * table.dim());
-    TESSERA_RETURN_IF_ERROR(table.Lookup(unique, absl::MakeSpan(rows)));
-    embedding::PoolBags(rows.data(), table.dim(), inverse, offsets, {}, v1::SUM, out.data() + at);
+    embedding::TableBags part;
+    part.ids = bags.ids;
+    part.offsets = offsets;
+    part.out = out.subspan(at, block);
+    TESSERA_RETURN_IF_ERROR(LookupRows(table, part));
     at += block;
   }
   return absl::OkStatus();

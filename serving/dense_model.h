@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "client/object_pool.h"
+#include "embedding/collection.h"
 #include "embedding/serving_table.h"
 #include "tessera/v1/serving.pb.h"
 #include "trainer/dense_backend.h"
@@ -24,10 +25,12 @@ class DenseModel {
   // not fit it.
   static absl::StatusOr<std::shared_ptr<const DenseModel>> Make(const v1::DenseSnapshot& snapshot);
 
-  int64_t step() const { return step_; }
+  int64_t step() const { return snapshot_.step(); }
   const trainer::DlrmConfig& config() const { return config_; }
   // The sparse features' tables, in feature order.
-  const std::vector<std::string>& tables() const { return tables_; }
+  const google::protobuf::RepeatedPtrField<std::string>& tables() const {
+    return snapshot_.tables();
+  }
   // What it was made from, its parameters included.
   const v1::DenseSnapshot& snapshot() const { return snapshot_; }
 
@@ -40,11 +43,8 @@ class DenseModel {
   DenseModel(const v1::DenseSnapshot& snapshot, trainer::DlrmConfig config);
   std::unique_ptr<trainer::DenseBackend> NewBackend() const;
 
-  const int64_t step_;
-  const trainer::DlrmConfig config_;
-  const std::vector<std::string> tables_;
-  const std::vector<float> parameters_;
   const v1::DenseSnapshot snapshot_;
+  const trainer::DlrmConfig config_;  // the shape snapshot_ gives
   mutable client::ObjectPool<trainer::DenseBackend> backends_;
 };
 
@@ -54,6 +54,11 @@ struct FeatureBags {
   absl::Span<const int64_t> ids;
   absl::Span<const int32_t> offsets;
 };
+
+// One table's lookup on a replica's rows: the rows of `bags.ids`, or (offsets set) their
+// bags pooled as bags.pooling says, into bags.out, as the training tables answer it (the
+// distinct ids' rows, then embedding::PoolBags).
+absl::Status LookupRows(const embedding::ServingTable& table, const embedding::TableBags& bags);
 
 // The pooled (SUM) embeddings of `features` (one per table of `tables`, in order) into
 // `out` (features, samples, dim), read from `tables`' rows: the trainer's evaluation's

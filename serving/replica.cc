@@ -245,14 +245,14 @@ absl::Status Replica::Snapshot(Shard* shard, const std::string& why) {
     if (status.error_code() == grpc::StatusCode::UNAVAILABLE) shard->stub->Reset();
     return client::FromShardStatus(status, shard->index, shard->address);
   }
-  std::vector<std::string> names;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [name, table] : tables_) names.push_back(name);
-  }
-  for (const std::string& name : names) {
+  for (const std::string& name : tables()) {
     TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<embedding::ServingTable> table, TableFor(name));
     if (table == nullptr) continue;
+    // Rows the shard owns now: a copy it keeps of a row that moved away is not its to say.
+    auto owned_here = [&](int64_t id) {
+      return head.num_shards() <= 1 ||
+             embedding::ShardOfRow(table->config(), id, head.num_shards()) == head.shard_index();
+    };
     v1::ExportRowsRequest request;
     request.set_table(name);
     request.set_since_step(-1);
@@ -260,7 +260,6 @@ absl::Status Replica::Snapshot(Shard* shard, const std::string& why) {
         wire::NewCallContext(options_.client.security, options_.client.checkpoint_deadline);
     std::unique_ptr<grpc::ClientReader<v1::RowChunk>> reader =
         shard->stub->Get()->ExportRows(export_context.get(), request);
-    // Rows the shard owns now: a copy it keeps of a row that moved away is not read.
     absl::flat_hash_set<int64_t> held;
     v1::RowChunk chunk;
     while (reader->Read(&chunk)) {
@@ -268,11 +267,7 @@ absl::Status Replica::Snapshot(Shard* shard, const std::string& why) {
       embedding::RowBlock owned;
       owned.dim = rows.dim;
       for (size_t i = 0; i < rows.size(); ++i) {
-        if (head.num_shards() > 1 &&
-            embedding::ShardOfRow(table->config(), rows.ids[i], head.num_shards()) !=
-                head.shard_index()) {
-          continue;
-        }
+        if (!owned_here(rows.ids[i])) continue;
         owned.Append(rows.ids[i], &rows.weights[i * rows.dim], nullptr, -1, 0);
         held.insert(rows.ids[i]);
       }
@@ -288,10 +283,7 @@ absl::Status Replica::Snapshot(Shard* shard, const std::string& why) {
     // from an older checkpoint): the training side reads them as initial rows again.
     std::vector<int64_t> gone;
     for (const int64_t id : table->Ids()) {
-      const bool owned =
-          head.num_shards() <= 1 ||
-          embedding::ShardOfRow(table->config(), id, head.num_shards()) == head.shard_index();
-      if (owned && !held.contains(id)) gone.push_back(id);
+      if (owned_here(id) && !held.contains(id)) gone.push_back(id);
     }
     TESSERA_RETURN_IF_ERROR(table->ResetRows(gone));
   }
@@ -357,12 +349,17 @@ std::vector<std::string> Replica::tables() const {
   return names;
 }
 
+int64_t Replica::NewestHeadStep() const {
+  int64_t step = -1;
+  for (const auto& [address, shard] : shards_) step = std::max(step, shard->head_step.load());
+  return step;
+}
+
 int64_t Replica::serving_step() const {
   absl::MutexLock lock(&mu_);
   // A shard read to its head holds back nothing (it applied no push the replica lacks):
   // the newest step any shard applied, less what shards still to be read lack.
-  int64_t step = -1;
-  for (const auto& [address, shard] : shards_) step = std::max(step, shard->head_step.load());
+  int64_t step = NewestHeadStep();
   for (const auto& [address, shard] : shards_) {
     if (!shard->caught_up.load()) step = std::min(step, shard->step.load());
   }
@@ -371,9 +368,7 @@ int64_t Replica::serving_step() const {
 
 int64_t Replica::head_step() const {
   absl::MutexLock lock(&mu_);
-  int64_t step = -1;
-  for (const auto& [address, shard] : shards_) step = std::max(step, shard->head_step.load());
-  return step + 1;
+  return NewestHeadStep() + 1;
 }
 
 double Replica::seconds_since_caught_up() const {

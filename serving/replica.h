@@ -125,6 +125,8 @@ class Replica {
   // table the replica does not serve.
   absl::StatusOr<std::shared_ptr<embedding::ServingTable>> TableFor(const std::string& name);
   absl::Status ApplyRows(const std::string& table, const v1::RowChunk& rows);
+  // The newest step any shard said it applied (-1: none); under mu_.
+  int64_t NewestHeadStep() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Takes the dense network the trainer published when it is newer than the one held.
   absl::Status FollowDense();
   void Note(const std::string& event);

@@ -23,18 +23,6 @@ absl::StatusOr<std::shared_ptr<const embedding::ServingTable>> ServingService::T
   return table;
 }
 
-absl::Status LookupRows(const embedding::ServingTable& table, const embedding::TableBags& bags) {
-  if (bags.offsets.empty()) return table.Lookup(bags.ids, bags.out);
-  std::vector<int64_t> unique;
-  std::vector<int32_t> inverse;
-  embedding::Unique(bags.ids, &unique, &inverse);
-  std::vector<float> rows(unique.size() * table.dim());
-  TESSERA_RETURN_IF_ERROR(table.Lookup(unique, absl::MakeSpan(rows)));
-  embedding::PoolBags(rows.data(), table.dim(), inverse, bags.offsets, bags.weights, bags.pooling,
-                      bags.out.data());
-  return absl::OkStatus();
-}
-
 grpc::Status ServingService::Lookup(grpc::ServerContext* context, const v1::LookupRequest* request,
                                     v1::LookupResponse* response) {
   return server::ServeCall(options_.auth, *context, server::Access::kRead, [&]() -> absl::Status {

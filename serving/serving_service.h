@@ -48,10 +48,6 @@ class ServingService final : public v1::Serving::Service {
   const ServingServiceOptions options_;
 };
 
-// One table's lookup on a replica's rows: the rows of `bags.ids`, or (offsets set) their
-// bags pooled as bags.pooling says, into bags.out, as the training tables answer it.
-absl::Status LookupRows(const embedding::ServingTable& table, const embedding::TableBags& bags);
-
 }  // namespace tessera::serving
 
 #endif  // TESSERA_SERVING_SERVING_SERVICE_H_

@@ -44,6 +44,33 @@ def _identity(data: bytes) -> bytes:
     return data
 
 
+def channel_options(server_name: Optional[str] = None) -> list:
+    """The channel arguments of every Tessera client: the message limit, and a restarted
+    server dialled again within a second (gRPC's own reconnect backoff, up to two minutes,
+    would otherwise outlast the retries); `server_name` overrides TLS's expected name."""
+    options = [("grpc.max_receive_message_length", _MAX_MESSAGE),
+               ("grpc.max_send_message_length", _MAX_MESSAGE),
+               ("grpc.initial_reconnect_backoff_ms", 100),
+               ("grpc.min_reconnect_backoff_ms", 100),
+               ("grpc.max_reconnect_backoff_ms", 1000)]
+    if server_name:
+        options.append(("grpc.ssl_target_name_override", server_name))
+    return options
+
+
+def call_with_retries(method, request, timeout: float, metadata, retries: int):
+    """One call with retries of UNAVAILABLE (exponential backoff); TesseraError else."""
+    delay = _INITIAL_BACKOFF
+    for attempt in range(retries + 1):
+        try:
+            return method(request, timeout=timeout, metadata=metadata)
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.UNAVAILABLE or attempt == retries:
+                _raise(error)
+            time.sleep(delay)
+            delay = min(delay * 2, _MAX_BACKOFF)
+
+
 class _Endpoint:
     """One server's channel with raw-bytes Lookup and PushGradients and typed stubs."""
 
@@ -83,15 +110,7 @@ class Client:
         self.timeout = timeout
         self.retries = retries
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        # A restarted server is dialled again within a second: gRPC's own reconnect backoff
-        # (up to two minutes) would otherwise outlast the retries.
-        self._options = [("grpc.max_receive_message_length", _MAX_MESSAGE),
-                         ("grpc.max_send_message_length", _MAX_MESSAGE),
-                         ("grpc.initial_reconnect_backoff_ms", 100),
-                         ("grpc.min_reconnect_backoff_ms", 100),
-                         ("grpc.max_reconnect_backoff_ms", 1000)]
-        if server_name:
-            self._options.append(("grpc.ssl_target_name_override", server_name))
+        self._options = channel_options(server_name)
         self._credentials = (grpc.ssl_channel_credentials(root_certs, private_key, cert_chain)
                              if root_certs else None)
         self._coordinator = _Endpoint(address, "Coordinator", self._credentials, self._options)
@@ -408,15 +427,8 @@ class Client:
 
     def _call(self, method, request, timeout: Optional[float] = None):
         """One call with retries of UNAVAILABLE (exponential backoff)."""
-        delay = _INITIAL_BACKOFF
-        for attempt in range(self.retries + 1):
-            try:
-                return method(request, timeout=timeout or self.timeout, metadata=self._metadata)
-            except grpc.RpcError as error:
-                if error.code() != grpc.StatusCode.UNAVAILABLE or attempt == self.retries:
-                    _raise(error)
-                time.sleep(delay)
-                delay = min(delay * 2, _MAX_BACKOFF)
+        return call_with_retries(method, request, timeout or self.timeout, self._metadata,
+                                 self.retries)
 
     def _with_map_refresh(self, call):
         # A stale map: refresh and retry, again while the map keeps changing (the shards of

@@ -8,27 +8,20 @@
 
 connect() returns a ServingClient when the address serves tessera.v1.Serving.
 """
-import time
 from typing import Optional, Sequence
 
 import grpc
 import numpy as np
 
 from tessera import wire
-from tessera.checks import _POOLING, TesseraError, _raise, as_ids, check_lookup
+from tessera.checks import _POOLING, TesseraError, as_ids, check_lookup
+from tessera.client import _RETRIES, _TIMEOUT, call_with_retries, channel_options
 from tessera.v1 import embedding_service_pb2 as api
 from tessera.v1 import serving_pb2, serving_pb2_grpc
 
-_TIMEOUT = 10.0  # s
-_RETRIES = 8
-
 
 def _channel(address: str, root_certs, cert_chain, private_key, server_name):
-    options = [("grpc.max_receive_message_length", 256 << 20),
-               ("grpc.max_send_message_length", 256 << 20),
-               ("grpc.max_reconnect_backoff_ms", 1000)]
-    if server_name:
-        options.append(("grpc.ssl_target_name_override", server_name))
+    options = channel_options(server_name)
     if root_certs:
         credentials = grpc.ssl_channel_credentials(root_certs, private_key, cert_chain)
         return grpc.secure_channel(address, credentials, options=options)
@@ -78,15 +71,7 @@ class ServingClient:
         self.close()
 
     def _call(self, method, request):
-        delay = 0.05
-        for attempt in range(self.retries + 1):
-            try:
-                return method(request, timeout=self.timeout, metadata=self._metadata)
-            except grpc.RpcError as error:
-                if error.code() != grpc.StatusCode.UNAVAILABLE or attempt == self.retries:
-                    _raise(error)
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        return call_with_retries(method, request, self.timeout, self._metadata, self.retries)
 
     def predict(self, dense, features: Sequence, logits: bool = False) -> np.ndarray:
         """Click probabilities (float32, one per sample) of samples with `dense` features

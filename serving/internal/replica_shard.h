@@ -6,24 +6,20 @@
 #include <memory>
 #include <string>
 
-#include "client/channel_policy.h"
+#include "client/embedding_client.h"
 #include "client/reconnecting_stub.h"
+#include "client/shard_router.h"
 #include "serving/replica.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
-#include "wire/security.h"
 
 namespace tessera::serving {
 
 // A shard the replica follows: where it stands in the shard's change log.
 struct Replica::Shard {
   Shard(int index, std::string address, const client::ClientOptions& options)
-      : index(index), address(address) {
-    grpc::ChannelArguments args = client::ChannelArgs(options.max_message_bytes);
-    std::shared_ptr<grpc::ChannelCredentials> credentials =
-        wire::MakeChannelCredentials(options.security, &args);
-    stub =
-        std::make_unique<client::ReconnectingStub<v1::EmbeddingShard>>(address, args, credentials);
-  }
+      : index(index),
+        address(address),
+        stub(client::NewShardStub(address, options.security, options.max_message_bytes)) {}
   int index;
   std::string address;
   std::unique_ptr<client::ReconnectingStub<v1::EmbeddingShard>> stub;
