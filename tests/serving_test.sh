@@ -37,7 +37,9 @@ kill_and_wait() {  # pid file
   kill -KILL "$pid"
   for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
 }
-sleep 1.5  # a save of its state
+# Its first save of its state (every second), before it is killed.
+for _ in $(seq 1 300); do [ -f "$DIR/data/serve-0/replica.state" ] && break; sleep 0.1; done
+[ -f "$DIR/data/serve-0/replica.state" ] || fail "the replica saved no state in 30 s"
 kill_and_wait "$DIR/pids/serve-0.pid"
 "$CLUSTER" serve ads
 wait_step 200
