@@ -34,6 +34,15 @@ struct RetryPolicy {
   }
 };
 
+// Whether a failed call is worth sending again: UNAVAILABLE (the server was not reached,
+// or the connection was lost), or CANCELLED, which a gRPC server that shuts down answers
+// for calls it had received and not begun (grpc/grpc#41785): a coordinator or shard
+// restarted with SIGTERM. Tessera's callers never retry a call they cancelled themselves,
+// and every call they retry is safe to repeat (pushes carry their request ids).
+inline bool RetryCanFix(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::CANCELLED;
+}
+
 // The coordinator's retries of a shard call (--shard_retries): fewer than a client's, as
 // the client retries the whole call on top.
 inline constexpr int kShardRetries = 4;

@@ -53,7 +53,8 @@ std::unique_ptr<grpc::ClientContext> EmbeddingClient::NewContext(
 absl::Status EmbeddingClient::WithRetries(const std::function<absl::Status()>& call) const {
   for (int attempt = 0;; ++attempt) {
     absl::Status s = call();
-    if (s.code() != absl::StatusCode::kUnavailable || attempt >= options_.retry.max_retries) {
+    if (!RetryCanFix(static_cast<grpc::StatusCode>(s.code())) ||
+        attempt >= options_.retry.max_retries) {
       return s;
     }
     std::this_thread::sleep_for(options_.retry.Backoff(attempt));

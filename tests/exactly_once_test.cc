@@ -157,6 +157,33 @@ TEST_F(ExactlyOnceTest, ACoordinatorThatAppliesAndLosesItsAnswerAppliesThePushOn
   ExpectRowsEqualReference(*c, "b", b);
 }
 
+// A server shutting down (SIGTERM) answers CANCELLED to the calls it had received and not
+// begun, and to those its grace period cut short: the callers retry them as they retry
+// UNAVAILABLE, and each push is still applied once. (A training run used to end with
+// "CANCELLED" when its coordinator was restarted.)
+TEST_P(ExactlyOnceInEachMode, CallsCancelledByAServerShuttingDownAreRetriedAndAppliedOnce) {
+  const client::ClientOptions::Mode mode = GetParam();
+  auto c = Connect(mode);
+  CreateBoth(*c, Sgd("a", 11));
+  CreateBoth(*c, Sgd("b", 12));
+  for (auto& loser : losing_) loser->set_code(grpc::StatusCode::CANCELLED);
+  losing_coordinator_->set_code(grpc::StatusCode::CANCELLED);
+  const std::vector<int64_t> a = Ids(400, 1), b = Ids(300, 5);
+  for (int step = 0; step < 2; ++step) {
+    losing_[1]->LoseAnswers(1, /*after=*/1);  // applied, then cut short
+    losing_coordinator_->LoseAnswers(1);      // through it: applied, then cut short
+    losing_coordinator_->RefuseNext("/ListTables", 1);
+    losing_[0]->RefuseNext("/Lookup", 1);  // not begun
+    ASSERT_TRUE(PushOnes(*c, a, b, step).ok());
+    ASSERT_TRUE(PushOnes(*reference_, a, b, step).ok());
+    auto tables = c->ListTables();
+    ASSERT_TRUE(tables.ok()) << tables.status();
+    EXPECT_EQ(tables->size(), 2u);
+    ExpectRowsEqualReference(*c, "a", a);
+    ExpectRowsEqualReference(*c, "b", b);
+  }
+}
+
 TEST_F(ExactlyOnceTest, AFailedPushRepeatedWithItsRequestIdCompletesWithoutApplyingTwice) {
   auto c = Connect(client::ClientOptions::Mode::kSmart, /*max_retries=*/0);
   CreateBoth(*c, Sgd("a", 11));

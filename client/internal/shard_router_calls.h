@@ -94,8 +94,7 @@ std::vector<grpc::Status> ShardRouter::CallShardsWithRetries(std::vector<bool> w
       if (!work[k]) continue;
       result[k] = statuses[k];
       const auto code = statuses[k].error_code();
-      work[k] = !down[k] && (code == grpc::StatusCode::UNAVAILABLE ||
-                             code == grpc::StatusCode::DEADLINE_EXCEEDED);
+      work[k] = !down[k] && (RetryCanFix(code) || code == grpc::StatusCode::DEADLINE_EXCEEDED);
       if (reprovision && restarted[k] && code == grpc::StatusCode::NOT_FOUND && !reprovisioned[k]) {
         // Back empty: its tables are made again, then its part is sent again.
         reprovisioned[k] = true;

@@ -58,14 +58,22 @@ def channel_options(server_name: Optional[str] = None) -> list:
     return options
 
 
+# What a retry can fix (C++: client::RetryCanFix): a server not reached or a connection
+# lost, or CANCELLED, which a gRPC server shutting down answers for calls it had received
+# and not begun. This client never cancels a call it retries; what it retries is safe to
+# repeat.
+_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+
+
 def call_with_retries(method, request, timeout: float, metadata, retries: int):
-    """One call with retries of UNAVAILABLE (exponential backoff); TesseraError else."""
+    """One call with retries of UNAVAILABLE or CANCELLED (exponential backoff);
+    TesseraError else."""
     delay = _INITIAL_BACKOFF
     for attempt in range(retries + 1):
         try:
             return method(request, timeout=timeout, metadata=metadata)
         except grpc.RpcError as error:
-            if error.code() != grpc.StatusCode.UNAVAILABLE or attempt == retries:
+            if error.code() not in _RETRYABLE or attempt == retries:
                 _raise(error)
             time.sleep(delay)
             delay = min(delay * 2, _MAX_BACKOFF)
@@ -426,7 +434,7 @@ class Client:
         return self._configs[table]
 
     def _call(self, method, request, timeout: Optional[float] = None):
-        """One call with retries of UNAVAILABLE (exponential backoff)."""
+        """One call with retries of UNAVAILABLE or CANCELLED (exponential backoff)."""
         return call_with_retries(method, request, timeout or self.timeout, self._metadata,
                                  self.retries)
 
@@ -464,8 +472,8 @@ class Client:
 
     def _fan_out(self, requests):
         """[(shard, method name, bytes)] -> answers, the calls in flight together. Calls
-        that fail with UNAVAILABLE or DEADLINE_EXCEEDED are sent again, alone (with backoff,
-        up to `retries` times); the others' answers are kept. A NOT_FOUND from a shard that
+        that fail with UNAVAILABLE, CANCELLED or DEADLINE_EXCEEDED are sent again, alone
+        (with backoff, up to `retries` times); the others' answers are kept. A NOT_FOUND from a shard that
         restarted (a new incarnation) has its tables made again and is sent again, once."""
         answers = [None] * len(requests)
         pending = list(range(len(requests)))
@@ -492,8 +500,7 @@ class Client:
                         failed.append(i)
                         at_once = True
                         continue
-                    if error.code() not in (grpc.StatusCode.UNAVAILABLE,
-                                            grpc.StatusCode.DEADLINE_EXCEEDED):
+                    if error.code() not in _RETRYABLE + (grpc.StatusCode.DEADLINE_EXCEEDED,):
                         _raise(error)
                     failed.append(i)
                     last = error

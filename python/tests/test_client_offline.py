@@ -2,9 +2,10 @@
 import os
 import unittest
 
+import grpc
 import numpy as np
 
-from tessera import sharding, wire
+from tessera import client, sharding, wire
 from tessera.checks import TesseraError, _check_gradients, _pool, as_ids, check_lookup
 from tessera.tables import parse_enum, table_config
 from tessera.v1 import config_pb2
@@ -222,6 +223,48 @@ class TableConfigTest(unittest.TestCase):
         self.assertAlmostEqual(default.initializer.scale, 0.05)
         with self.assertRaises(ValueError):
             table_config("t", 8, momentum=0.9)
+
+
+class _Failure(grpc.RpcError):
+    def __init__(self, code):
+        super().__init__()
+        self._code = code
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return "injected"
+
+
+class RetryTest(unittest.TestCase):
+    def failing(self, codes):
+        """A method that fails with `codes`, one a call, then answers "done"."""
+        calls = []
+
+        def method(request, timeout, metadata):
+            calls.append(request)
+            if len(calls) <= len(codes):
+                raise _Failure(codes[len(calls) - 1])
+            return "done"
+        return method, calls
+
+    def test_unavailable_and_a_shutting_down_servers_cancelled_are_retried(self):
+        method, calls = self.failing([grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED])
+        self.assertEqual(client.call_with_retries(method, "r", 1.0, (), retries=2), "done")
+        self.assertEqual(calls, ["r"] * 3)
+
+    def test_other_codes_and_spent_retries_fail_with_the_servers_code(self):
+        method, calls = self.failing([grpc.StatusCode.INVALID_ARGUMENT])
+        with self.assertRaises(TesseraError) as failed:
+            client.call_with_retries(method, "r", 1.0, (), retries=2)
+        self.assertEqual(failed.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertEqual(len(calls), 1)
+        method, calls = self.failing([grpc.StatusCode.CANCELLED] * 3)
+        with self.assertRaises(TesseraError) as failed:
+            client.call_with_retries(method, "r", 1.0, (), retries=2)
+        self.assertEqual(failed.exception.code, grpc.StatusCode.CANCELLED)
+        self.assertEqual(len(calls), 3)
 
 
 if __name__ == "__main__":

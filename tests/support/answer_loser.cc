@@ -22,13 +22,13 @@ class AnswerLosingInterceptor final : public grpc::experimental::Interceptor {
     }
     if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
       if (refused_) {
-        methods->ModifySendStatus(grpc::Status(grpc::StatusCode::UNAVAILABLE, "injected"));
+        methods->ModifySendStatus(grpc::Status(loser_->code_.load(), "injected"));
       } else if (loser_->Losable(method_)) {
         loser_->calls_.fetch_add(1);
         if (methods->GetSendStatus().ok() && loser_->skip_.fetch_sub(1) <= 0 &&
             loser_->lose_.fetch_sub(1) > 0) {
-          methods->ModifySendStatus(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                                 "injected: applied, answer lost"));
+          methods->ModifySendStatus(
+              grpc::Status(loser_->code_.load(), "injected: applied, answer lost"));
         }
       }
     }

@@ -17,7 +17,8 @@ namespace tessera::testing {
 // (the caller sees UNAVAILABLE "injected: applied, answer lost" and must not apply it
 // twice when it retries), or a call is refused before the service acts on it (its request
 // is emptied, so the service changes nothing, and the caller sees UNAVAILABLE
-// "injected"). Thread-safe; must outlive the servers it is installed in.
+// "injected"). set_code(CANCELLED) answers both as a server shutting down does instead.
+// Thread-safe; must outlive the servers it is installed in.
 class AnswerLoser {
  public:
   // Methods are matched by the end of their full name: "/BatchPush", "Table".
@@ -30,6 +31,8 @@ class AnswerLoser {
     lose_.store(n);
   }
   int answers_left_to_lose() const { return lose_.load(); }
+  // The code the faults answer: UNAVAILABLE (a connection lost) unless set.
+  void set_code(grpc::StatusCode code) { code_.store(code); }
   // The next `n` calls of `method` (a name's end) are refused before the service sees them.
   void RefuseNext(const std::string& method, int n);
   // Calls of losable methods answered, successful or not, answers lost or not.
@@ -45,6 +48,7 @@ class AnswerLoser {
   bool TakeRefusal(const std::string& method);
 
   const std::vector<std::string> losable_;
+  std::atomic<grpc::StatusCode> code_{grpc::StatusCode::UNAVAILABLE};
   std::atomic<int> lose_{0};
   std::atomic<int> skip_{0};
   std::atomic<int> calls_{0};
