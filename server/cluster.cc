@@ -324,24 +324,21 @@ absl::StatusOr<storage::CheckpointManifest> Cluster::Restore(
                            store_->FindCheckpoint(step, &blobs, options.model));
   // Checked here, before any shard changes.
   TESSERA_RETURN_IF_ERROR(embedding::CheckRestorable(m.step, blobs, options));
+  const std::string which = embedding::CheckpointName(m.model, m.step);
+  if (options.verify_only) {
+    // Read, nothing changed: no barrier, training goes on meanwhile.
+    TESSERA_RETURN_IF_ERROR(CheckSourcesRecorded(m));
+    TESSERA_RETURN_IF_ERROR(Annotate(ReadOnEveryShard(m), absl::StrCat(which, " cannot be read")));
+    if (attachments != nullptr) *attachments = std::move(blobs);
+    return m;
+  }
   // In the lock order (cluster.h): the registry's lock before the barrier, as a reshard
   // takes them.
   absl::MutexLock create(&create_mu_);
   absl::MutexLock barrier(&barrier_mu_);  // also keeps the shard map as it is
   if (options_.pause) options_.pause("restore: locked");
-  // Taken on another shard map (another count, or shards replaced or moved by a reshard):
-  // every shard reads every old shard's checkpoint directory and keeps the rows it owns
-  // now.
-  if (!SourcesRecorded(m)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", m.step, " was taken on shards ", absl::StrJoin(m.shards, ","),
-        ", this cluster has ", absl::StrJoin(live()->addresses(), ","),
-        ", and it does not "
-        "record the shards' checkpoint directories (taken by an older coordinator); restore "
-        "it on its shards"));
-  }
+  TESSERA_RETURN_IF_ERROR(CheckSourcesRecorded(m));
   const RestoredTables changes = RestoreOutcome(m);
-  const std::string which = embedding::CheckpointName(m.model, m.step);
   // Every shard reads the checkpoint whole first: one that cannot (a corrupt or missing
   // file) changes no shard.
   if (absl::Status s = ReadOnEveryShard(m); !s.ok()) {
@@ -377,6 +374,19 @@ v1::RestoreRequest Cluster::RestoreRequestOf(const storage::CheckpointManifest& 
 
 bool Cluster::SourcesRecorded(const storage::CheckpointManifest& m) const {
   return m.shards == live()->addresses() || m.shard_dirs.size() == m.shards.size();
+}
+
+absl::Status Cluster::CheckSourcesRecorded(const storage::CheckpointManifest& m) const {
+  // Taken on another shard map (another count, or shards replaced or moved by a reshard):
+  // every shard reads every old shard's checkpoint directory and keeps the rows it owns
+  // now.
+  if (SourcesRecorded(m)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "checkpoint ", m.step, " was taken on shards ", absl::StrJoin(m.shards, ","),
+      ", this cluster has ", absl::StrJoin(live()->addresses(), ","),
+      ", and it does not "
+      "record the shards' checkpoint directories (taken by an older coordinator); restore "
+      "it on its shards"));
 }
 
 absl::Status Cluster::ReadOnEveryShard(const storage::CheckpointManifest& m) const {

@@ -136,7 +136,8 @@ class Cluster {
   // FailedPrecondition (nothing restored) when it fails options' checks.
   // InvalidArgument, with nothing restored, for options.model "" without
   // options.all_models. Fills `outcome` (when given) with the tables it rolled back,
-  // brought back and dropped.
+  // brought back and dropped. With options.verify_only: every shard reads the checkpoint
+  // whole, nothing changes (and no barrier holds training back); `attachments` filled.
   absl::StatusOr<storage::CheckpointManifest> Restore(int64_t step,
                                                       embedding::Attachments* attachments,
                                                       const embedding::RestoreOptions& options = {},
@@ -172,6 +173,8 @@ class Cluster {
   // False for a checkpoint taken on another map that does not record its shards'
   // directories (an older coordinator's): the shards of this map cannot read it.
   bool SourcesRecorded(const storage::CheckpointManifest& m) const;
+  // SourcesRecorded, or FailedPrecondition saying why the shards cannot read it.
+  absl::Status CheckSourcesRecorded(const storage::CheckpointManifest& m) const;
   // Every shard reads its part of checkpoint `m` whole (verify_only), changing nothing.
   absl::Status ReadOnEveryShard(const storage::CheckpointManifest& m) const;
   absl::Status AdoptRestoredTables(const storage::CheckpointManifest& m)

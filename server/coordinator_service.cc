@@ -252,7 +252,9 @@ grpc::Status CoordinatorService::Checkpoint(grpc::ServerContext* context,
 grpc::Status CoordinatorService::Restore(grpc::ServerContext* context,
                                          const v1::RestoreRequest* request,
                                          v1::RestoreResponse* response) {
-  return Serve(context, Access::kWrite, [&]() -> absl::Status {
+  // A verify_only request reads and changes nothing.
+  const Access access = request->verify_only() ? Access::kRead : Access::kWrite;
+  return Serve(context, access, [&]() -> absl::Status {
     const auto start = std::chrono::steady_clock::now();
     embedding::Attachments attachments;
     RestoredTables outcome;

@@ -166,6 +166,7 @@ grpc::Status ShardService::ExportRows(grpc::ServerContext* context,
                                       const v1::ExportRowsRequest* request,
                                       grpc::ServerWriter<v1::RowChunk>* writer) {
   return Serve(context, Access::kRead, [&]() -> absl::Status {
+    if (!request->checkpoint_dirs().empty()) return ExportCheckpointRows(*request, writer);
     embedding::ExportOptions options;
     options.since_step = request->since_step();
     options.with_state = request->with_state();
@@ -193,6 +194,41 @@ grpc::Status ShardService::ExportRows(grpc::ServerContext* context,
       return absl::OkStatus();
     });
   });
+}
+
+absl::Status ShardService::ExportCheckpointRows(const v1::ExportRowsRequest& request,
+                                                grpc::ServerWriter<v1::RowChunk>* writer) {
+  auto* durable = dynamic_cast<storage::DurableCollection*>(tables_);
+  if (durable == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", reshard_.index(), " keeps no checkpoints (it runs without --data_dir)"));
+  }
+  embedding::ExportOptions options;
+  options.since_step = request.since_step();
+  options.with_state = request.with_state();
+  if (request.chunk_rows() > 0) options.chunk_rows = static_cast<size_t>(request.chunk_rows());
+  v1::TableConfig config;
+  v1::RowChunk chunk;
+  bool first = true;
+  auto send = [&](const embedding::RowBlock& rows) -> absl::Status {
+    wire::ToChunk(rows, &chunk);
+    if (first)
+      *chunk.mutable_config() = config;  // set before the first rows
+    else
+      chunk.clear_config();
+    first = false;
+    if (!writer->Write(chunk)) return absl::CancelledError("the caller went away");
+    return absl::OkStatus();
+  };
+  TESSERA_RETURN_IF_ERROR(
+      Annotate(durable->ExportCheckpointRows(
+                   {request.checkpoint_dirs().begin(), request.checkpoint_dirs().end()},
+                   request.table(), options, &config, send),
+               absl::StrCat("shard ", reshard_.index())));
+  if (!first) return absl::OkStatus();
+  embedding::RowBlock none;  // no row of it here: its config still
+  none.dim = config.dim();
+  return send(none);
 }
 
 void ShardService::LeavingRows(const v1::TableConfig& config, const v1::MovingRows& moving,

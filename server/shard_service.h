@@ -139,6 +139,9 @@ class ShardService final
   void Answer(PushCall* call, const absl::Status& status);
   // The rows of `all` that leave this shard for the map `moving` describes (a fixed
   // vocabulary's all go), into *leaving.
+  // ExportRows of a checkpoint's rows (request.checkpoint_dirs), read from its files.
+  absl::Status ExportCheckpointRows(const v1::ExportRowsRequest& request,
+                                    grpc::ServerWriter<v1::RowChunk>* writer);
   static void LeavingRows(const v1::TableConfig& config, const v1::MovingRows& moving,
                           const embedding::RowBlock& all, embedding::RowBlock* leaving);
 

@@ -48,10 +48,19 @@ absl::StatusOr<std::unique_ptr<Replica>> Replica::Start(const std::string& coord
   if (options.max_read_bytes <= 0 || options.max_reads_per_poll <= 0) {
     return absl::InvalidArgumentError("max_read_bytes and max_reads_per_poll must be > 0");
   }
+  if (options.checkpoint.has_value() && !options.state_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "a replica of a checkpoint keeps no state (--state_dir): it reads the checkpoint again "
+        "when it starts");
+  }
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<client::EmbeddingClient> client,
                            client::EmbeddingClient::Connect(coordinator, options.client));
   std::unique_ptr<Replica> replica(new Replica(options, std::move(client)));
   absl::MutexLock poll(&replica->poll_mu_);
+  if (options.checkpoint.has_value()) {
+    TESSERA_RETURN_IF_ERROR(replica->LoadCheckpoint(*options.checkpoint));
+    return replica;
+  }
   replica->LoadState();
   TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> listed, replica->client_->ListTables());
   for (const v1::TableConfig& config : listed) {
@@ -97,6 +106,11 @@ absl::Status Replica::FollowMap() {
 absl::Status Replica::Poll() {
   absl::MutexLock poll(&poll_mu_);
   const auto began = std::chrono::steady_clock::now();
+  if (frozen_step_ >= 0) {  // a checkpoint's: nothing to follow, never behind
+    absl::MutexLock lock(&mu_);
+    caught_up_at_ = began;
+    return absl::OkStatus();
+  }
   // The shard map once a second, and after a shard failed (it may have left the map). A
   // coordinator away (restarting) leaves the map as it was: the shards are followed on.
   absl::Status first;
@@ -356,6 +370,7 @@ int64_t Replica::NewestHeadStep() const {
 }
 
 int64_t Replica::serving_step() const {
+  if (frozen_step_ >= 0) return frozen_step_;
   absl::MutexLock lock(&mu_);
   // A shard read to its head holds back nothing (it applied no push the replica lacks):
   // the newest step any shard applied, less what shards still to be read lack.
@@ -367,6 +382,7 @@ int64_t Replica::serving_step() const {
 }
 
 int64_t Replica::head_step() const {
+  if (frozen_step_ >= 0) return frozen_step_;
   absl::MutexLock lock(&mu_);
   return NewestHeadStep() + 1;
 }

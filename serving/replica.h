@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,10 @@ struct ReplicaOptions {
   // Where the replica keeps its rows, cursors and dense network (Save); a replica started
   // on it reads on from the saved cursors. Empty: nothing is kept.
   std::string state_dir;
+  // Serve this checkpoint of the model, frozen (-1: its newest complete one): its rows, read
+  // from the checkpoint's files by the shards, and the dense network it holds (taken by
+  // tessera-train); no change is followed. Unset: follow training.
+  std::optional<int64_t> checkpoint;
 };
 
 // What a replica did since it started.
@@ -70,7 +75,7 @@ class Replica {
 
   // The training steps every shard's changes have been read through, counted as
   // tessera-train counts steps done: the pushes of steps 0 .. serving_step() - 1 are all in
-  // the rows (later ones may be too). 0 before any.
+  // the rows (later ones may be too). 0 before any. A checkpoint's replica: its step.
   int64_t serving_step() const;
   // The training steps the shards have applied, counted the same way (the newest step any
   // shard's log holds, plus one): head_step() - serving_step() is the lag in steps.
@@ -79,6 +84,10 @@ class Replica {
   // change made before then is in the rows (since the replica's start before any).
   double seconds_since_caught_up() const;
   const std::string& model() const { return options_.model; }
+  // The step of the checkpoint served frozen (options.checkpoint), or nullopt.
+  std::optional<int64_t> frozen_step() const {
+    return frozen_step_ < 0 ? std::nullopt : std::optional<int64_t>(frozen_step_);
+  }
   // Shards whose log the replica has read to its head, of those it follows.
   int shards_caught_up() const;
   int shards() const;
@@ -119,6 +128,12 @@ class Replica {
   // LoadState's reading of the file at `path`: DataLoss for a damaged one,
   // FailedPrecondition for one of another model or format.
   absl::Status ReadState(const std::string& path);
+  // Reads checkpoint `step` of the model (-1: the newest) from the shards of the map now
+  // (FollowMap first), and its dense network; sets frozen_step_.
+  absl::Status LoadCheckpoint(int64_t step);
+  // Reads table `name` of the checkpoint in `dirs` from every shard, making the table from
+  // the config the checkpoint holds.
+  absl::Status LoadCheckpointTable(const std::string& name, const std::vector<std::string>& dirs);
   // Reads `shard` whole: its log's head, then its rows, those it no longer holds reset.
   absl::Status Snapshot(Shard* shard, const std::string& why);
   // The replica's table `name`, made from the coordinator's config when new; null for a
@@ -142,6 +157,7 @@ class Replica {
   // held, read by Poll under poll_mu_ and by the status calls under mu_.
   absl::Mutex poll_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   std::map<std::string, std::unique_ptr<Shard>> shards_;
+  int64_t frozen_step_ = -1;  // set by Start, before the replica is shared
   uint64_t map_version_ = 0;  // under poll_mu_, as the two below
   std::chrono::steady_clock::time_point map_read_at_;
   bool map_stale_ = false;  // a shard failed: read the map at the next Poll

@@ -9,7 +9,10 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "embedding/inprocess_collection.h"
+#include "embedding/storage/coordinator_store.h"
+#include "embedding/storage/durable_collection.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/shard_service.h"
@@ -17,6 +20,7 @@
 #include "tests/support/local_server.h"
 #include "tests/support/reference_cluster.h"
 #include "tests/support/table_configs.h"
+#include "tests/support/temp_dir.h"
 #include "tests/support/test_client.h"
 #include "trainer/coordinator_rendezvous.h"
 #include "trainer/input_pipeline.h"
@@ -34,24 +38,37 @@ using ::testing::HasSubstr;
 constexpr int kDim = 4;
 constexpr int64_t kVocabulary = 5000;
 
-// One shard: an in-process collection served on 127.0.0.1.
+// One shard: an in-process collection served on 127.0.0.1, durable in `dir` when set.
 struct Shard {
   int index = 0;
   int num_shards = 2;
   uint64_t version = 1;
   size_t change_log_bytes = size_t{64} << 20;
-  std::unique_ptr<embedding::InProcessCollection> tables;
+  std::string dir;  // a data directory (checkpoints); empty: rows in memory only
+  std::unique_ptr<embedding::ShardTables> tables;
   std::unique_ptr<server::ShardService> service;
   std::unique_ptr<grpc::Server> server;
   int port = 0;  // kept across a restart
 
   void Start() {
-    tables = std::move(embedding::NewInProcessCollection(1)).value();
+    if (dir.empty()) {
+      tables = std::move(embedding::NewInProcessCollection(1)).value();
+    } else {
+      storage::DurableOptions d;
+      d.data_dir = dir;
+      d.cluster_shard_index = index;
+      d.cluster_num_shards = num_shards;
+      d.threads = 1;
+      auto opened = storage::DurableCollection::Open(d);
+      ASSERT_TRUE(opened.ok()) << opened.status();
+      tables = *std::move(opened);
+    }
     server::ShardOptions o;
     o.shard_index = index;
     o.num_shards = num_shards;
     o.shard_map_version = version;
     o.change_log_bytes = change_log_bytes;
+    o.data_dir = !dir.empty();
     service = std::make_unique<server::ShardService>(tables.get(), o);
     server = testing::StartLocalServer(service.get(), &port);
     ASSERT_NE(server, nullptr);
@@ -67,7 +84,8 @@ struct Shard {
 
 class ReplicaTest : public testing::ReferenceClusterTest {
  protected:
-  void StartCluster(size_t change_log_bytes = size_t{64} << 20) {
+  // `durable`: shards and coordinator keep their data (and checkpoints) in directories.
+  void StartCluster(size_t change_log_bytes = size_t{64} << 20, bool durable = false) {
     shards_.resize(3);
     for (int k = 0; k < 3; ++k) {
       shards_[k].index = k;
@@ -75,10 +93,17 @@ class ReplicaTest : public testing::ReferenceClusterTest {
       shards_[k].num_shards = k < 2 ? 2 : 3;
       shards_[k].version = k < 2 ? 1 : 2;
       shards_[k].change_log_bytes = change_log_bytes;
+      if (durable) shards_[k].dir = absl::StrCat(data_.path, "/shard-", k);
       ASSERT_NO_FATAL_FAILURE(shards_[k].Start());
     }
+    if (durable) {
+      auto store = storage::CoordinatorStore::Open(data_.path + "/coordinator", 3);
+      ASSERT_TRUE(store.ok()) << store.status();
+      store_ = *std::move(store);
+    }
     ASSERT_NO_FATAL_FAILURE(StartCoordinator({shards_[0].address(), shards_[1].address()},
-                                             RetryingRouter(std::chrono::milliseconds(5000))));
+                                             RetryingRouter(std::chrono::milliseconds(5000)),
+                                             nullptr, store_.get()));
     client_deadline_ = std::chrono::milliseconds(5000);
     trainer_ = Connect(client::ClientOptions::Mode::kSmart);
     ASSERT_NE(trainer_, nullptr);
@@ -92,6 +117,7 @@ class ReplicaTest : public testing::ReferenceClusterTest {
   }
   void TearDown() override {
     ReferenceClusterTest::TearDown();
+    coordinator_.reset();  // before the store it keeps its checkpoints in
     for (Shard& s : shards_) s.Stop();
   }
 
@@ -185,6 +211,8 @@ class ReplicaTest : public testing::ReferenceClusterTest {
         ->Reshard(&ctx, request, &out);
   }
 
+  testing::ScopedTempDir data_{"tessera-replica"};  // of a durable cluster
+  std::unique_ptr<storage::CoordinatorStore> store_;
   std::vector<Shard> shards_;
   std::unique_ptr<client::EmbeddingClient> trainer_;
 };
@@ -355,7 +383,7 @@ struct TrainedModel {
   std::unique_ptr<trainer::SyntheticGenerator> data;
 };
 
-TrainedModel MakeModel(client::EmbeddingClient* tables) {
+TrainedModel MakeModel(client::EmbeddingClient* tables, int64_t checkpoint_every = 0) {
   TrainedModel m;
   trainer::DlrmConfig config;
   config.num_sparse = 4;
@@ -372,6 +400,7 @@ TrainedModel MakeModel(client::EmbeddingClient* tables) {
   options.print_progress = false;
   options.publish_dense_every = 10;
   options.dense_publisher = m.publisher.get();
+  options.checkpoint_every = checkpoint_every;
   m.trainer = std::make_unique<trainer::Trainer>(tables, m.dense.get(), options);
   v1::TableConfig proto;
   proto.set_dim(8);
@@ -444,6 +473,131 @@ TEST_F(ReplicaTest, PredictEqualsTheTrainersEvaluationBitForBitAtThePublishedSte
   ASSERT_TRUE(p.ok());
   eval = m.trainer->Evaluate(held_out);
   EXPECT_EQ(trainer::ExactAuc(p->scores, held_out.labels), eval->auc);
+}
+
+// The trainer's logits for `batch` now: its pooled lookup through the cluster, its network.
+std::vector<float> TrainerLogits(TrainedModel& m, client::EmbeddingClient& tables,
+                                 const trainer::Batch& batch) {
+  trainer::SparseStep lookup;
+  const std::vector<std::string> names = trainer::Trainer::TableNames(4, "m");
+  std::vector<float> emb(4 * batch.size * 8);
+  EXPECT_TRUE(
+      lookup.Lookup(tables, names, batch, 8, /*insert_missing=*/false, absl::MakeSpan(emb)).ok());
+  std::vector<float> logits(batch.size);
+  EXPECT_TRUE(m.dense->Forward(batch.size, batch.dense.data(), emb.data(), logits.data()).ok());
+  return logits;
+}
+
+// Every stored row of the model's tables "m.C1".."m.C4", by table and id.
+using ModelRows = std::map<std::string, std::map<int64_t, std::vector<float>>>;
+ModelRows RowsOf(client::EmbeddingClient& tables) {
+  ModelRows out;
+  for (const std::string& name : trainer::Trainer::TableNames(4, "m")) {
+    std::map<int64_t, std::vector<float>>& rows = out[name];
+    EXPECT_TRUE(tables
+                    .ExportRows(name, {},
+                                [&](const embedding::RowBlock& b) {
+                                  for (size_t i = 0; i < b.size(); ++i) {
+                                    rows[b.ids[i]].assign(b.weights.begin() + i * b.dim,
+                                                          b.weights.begin() + (i + 1) * b.dim);
+                                  }
+                                  return absl::OkStatus();
+                                })
+                    .ok());
+  }
+  return out;
+}
+
+// The replica's rows of every id in `want` equal want's, bit for bit; so do ids never
+// trained (their initial weights, as `tables` reads them).
+void ExpectServes(const Replica& replica, const ModelRows& want, client::EmbeddingClient& tables) {
+  for (const auto& [name, rows] : want) {
+    SCOPED_TRACE(name);
+    std::shared_ptr<const embedding::ServingTable> served = replica.table(name);
+    ASSERT_NE(served, nullptr);
+    ASSERT_GT(rows.size(), 0u);
+    std::vector<int64_t> ids;
+    std::vector<float> expected;
+    for (const auto& [id, row] : rows) {
+      ids.push_back(id);
+      expected.insert(expected.end(), row.begin(), row.end());
+    }
+    const std::vector<int64_t> never = {int64_t{1} << 50, (int64_t{1} << 50) + 7};
+    std::vector<float> initial(never.size() * 8);
+    embedding::LookupOptions read_only;
+    read_only.insert_missing = false;
+    ASSERT_TRUE(tables.Lookup(name, never, absl::MakeSpan(initial), read_only).ok());
+    ids.insert(ids.end(), never.begin(), never.end());
+    expected.insert(expected.end(), initial.begin(), initial.end());
+    std::vector<float> got(expected.size());
+    ASSERT_TRUE(served->Lookup(ids, absl::MakeSpan(got)).ok());
+    int differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += got[i] != expected[i] ? 1 : 0;
+    EXPECT_EQ(differ, 0) << "of " << got.size() << " values";
+  }
+}
+
+// A replica of a named checkpoint serves its rows and its dense network as they were when
+// it was taken, bit for bit, frozen while training goes on, and after a reshard since
+// (the checkpoint's 2 shards' files read by 3); reading it changes no training table.
+TEST_F(ReplicaTest, ServesANamedCheckpointFrozenAsItWasTaken) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(size_t{64} << 20, /*durable=*/true));
+  TrainedModel m = MakeModel(trainer_.get(), /*checkpoint_every=*/10);
+  const trainer::Batch held_out = m.data->MakeHeldOut(500);
+  ASSERT_NO_FATAL_FAILURE(Train(m, 0, 20));  // checkpoints 10 and 20
+  const ModelRows at_20 = RowsOf(*trainer_);
+  const std::vector<float> logits_20 = TrainerLogits(m, *trainer_, held_out);
+  ASSERT_NO_FATAL_FAILURE(Train(m, 20, 35));  // checkpoints 30 and 35 (a run's last step)
+  ASSERT_TRUE(Reshard({0, 1, 2}).ok());
+  const ModelRows at_35 = RowsOf(*trainer_);
+  ASSERT_NE(at_35, at_20);
+
+  ReplicaOptions options;
+  options.checkpoint = 20;
+  std::unique_ptr<Replica> replica = StartReplica(options);
+  ASSERT_NE(replica, nullptr);
+  EXPECT_EQ(replica->frozen_step(), 20);
+  EXPECT_EQ(replica->serving_step(), 20);
+  EXPECT_EQ(replica->dense_step(), 20);
+  EXPECT_THAT(replica->events().back(), HasSubstr("serving checkpoint 20 of model 'm' frozen"));
+  ExpectServes(*replica, at_20, *trainer_);
+  absl::StatusOr<Replica::Prediction> p =
+      replica->Predict(held_out.size, held_out.dense, BagsOf(held_out));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->logits, logits_20);
+  EXPECT_EQ(RowsOf(*trainer_), at_35) << "reading the checkpoint changed the training tables";
+  // Training on: the replica stays at its checkpoint.
+  ASSERT_NO_FATAL_FAILURE(Train(m, 35, 45));  // checkpoints 40 and 45
+  ASSERT_TRUE(replica->Poll().ok());
+  EXPECT_EQ(replica->serving_step(), 20);
+  ExpectServes(*replica, at_20, *trainer_);
+
+  options.checkpoint = -1;  // the newest
+  replica = StartReplica(options);
+  ASSERT_NE(replica, nullptr);
+  EXPECT_EQ(replica->frozen_step(), 45);
+  ExpectServes(*replica, RowsOf(*trainer_), *trainer_);
+
+  // An operator's checkpoint of the model holds no dense network: lookups only.
+  embedding::CheckpointOptions of_m;
+  of_m.model = "m";
+  ASSERT_TRUE(trainer_->Checkpoint(100, {}, of_m).ok());
+  options.checkpoint = 100;
+  replica = StartReplica(options);
+  ASSERT_NE(replica, nullptr);
+  EXPECT_EQ(replica->dense(), nullptr);
+  EXPECT_THAT(replica->events().front(), HasSubstr("holds no dense network"));
+  ExpectServes(*replica, RowsOf(*trainer_), *trainer_);
+
+  // Refused, with reasons.
+  options.model = "m";
+  options.checkpoint = 25;
+  absl::StatusOr<std::unique_ptr<Replica>> none = Replica::Start(coordinator_address_, options);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound) << none.status();
+  options.checkpoint = 20;
+  options.state_dir = data_.path + "/state";
+  none = Replica::Start(coordinator_address_, options);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument) << none.status();
 }
 
 // Bad requests get clear errors, and the replica serves on.

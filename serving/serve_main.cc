@@ -5,11 +5,13 @@
 #include <atomic>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/command_line.h"
@@ -45,6 +47,11 @@ ABSL_FLAG(std::string, state_dir, "",
           "where the replica keeps its rows, cursors and dense network (every --save_every_s "
           "and at shutdown), so that a restart reads on from there; empty = nothing kept, a "
           "restart reads every shard whole");
+ABSL_FLAG(std::string, checkpoint, "",
+          "serve this checkpoint of the model, frozen: a step, or 'newest' (its newest "
+          "complete one); its rows are read from the checkpoint's files by the shards (which "
+          "keep them: --data_dir) and its dense network from the checkpoint. Empty = follow "
+          "training");
 ABSL_FLAG(int, save_every_s, 60, "with --state_dir: seconds between saves of the state");
 ABSL_FLAG(int, start_timeout_s, 120,
           "how long to keep trying to reach the cluster at start before giving up");
@@ -70,6 +77,17 @@ absl::StatusOr<ReplicaOptions> ReplicaOptionsFromFlags() {
     return absl::InvalidArgumentError("--save_every_s must be >= 1");
   }
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  if (checkpoint == "newest") {
+    options.checkpoint = -1;
+  } else if (!checkpoint.empty()) {
+    int64_t step = 0;
+    if (!absl::SimpleAtoi(checkpoint, &step) || step < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--checkpoint must be a step (>= 0) or 'newest', not '", checkpoint, "'"));
+    }
+    options.checkpoint = step;
+  }
   return options;
 }
 
@@ -80,8 +98,13 @@ absl::StatusOr<std::unique_ptr<Replica>> StartReplica(const ReplicaOptions& opti
       std::chrono::steady_clock::now() + std::chrono::seconds(absl::GetFlag(FLAGS_start_timeout_s));
   while (true) {
     absl::StatusOr<std::unique_ptr<Replica>> replica = Replica::Start(coordinator, options);
-    if (replica.ok() || absl::IsInvalidArgument(replica.status()) ||
-        std::chrono::steady_clock::now() > until) {
+    // A checkpoint that is not there, or cannot be read, will not be by waiting.
+    const bool final =
+        absl::IsInvalidArgument(replica.status()) ||
+        (options.checkpoint.has_value() &&
+         (absl::IsNotFound(replica.status()) || absl::IsFailedPrecondition(replica.status()) ||
+          absl::IsDataLoss(replica.status())));
+    if (replica.ok() || final || std::chrono::steady_clock::now() > until) {
       return replica;
     }
     std::cerr << "tessera-serve: not started yet: " << replica.status().message() << "\n";
@@ -177,7 +200,9 @@ absl::Status Serve() {
   TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<grpc::Server> server,
                            server::StartServer(&service, listen, &port));
   server->GetHealthCheckService()->SetServingStatus(false);  // until caught up
-  std::cout << "tessera-serve: model '" << options.model << "' ("
+  const std::optional<int64_t> frozen = replica->frozen_step();
+  std::cout << "tessera-serve: model '" << options.model << "'"
+            << (frozen ? absl::StrCat(" checkpoint ", *frozen, " (frozen)") : "") << " ("
             << embedding::ServingFormatName(options.format) << " rows, " << replica->tables().size()
             << " table(s), " << replica->shards() << " shard(s)), listening on " << listen.host
             << ":" << port << std::endl;

@@ -116,6 +116,7 @@ void ServingService::StatusOf(const Replica& replica, v1::ServingStatusResponse*
   out->set_rows_applied(counters.rows_applied);
   out->set_bytes_read(counters.bytes_read);
   for (const std::string& e : replica.events()) out->add_events(e);
+  out->set_frozen(replica.frozen_step().has_value());
 }
 
 grpc::Status ServingService::Status(grpc::ServerContext* context, const v1::ServingStatusRequest*,

@@ -4,7 +4,8 @@
 # (it reads on from the state it saved a second before), then a shard SIGKILLed and
 # brought back, the coordinator restarted and a live 2->3 reshard along the way: at the end
 # every stored row reads the same on the replica, bit for bit, and its Predict of the
-# held-out lines gives the trainer's own evaluation (python/tests/serving_check.py).
+# held-out lines gives the trainer's own evaluation (python/tests/serving_check.py); so do
+# those of a replica of the run's last checkpoint, served frozen.
 set -euo pipefail
 source "$(dirname "$0")/local_cluster_kit.sh" "$1" "$2" 101
 DIR="$TESSERA_CLUSTER_DIR"
@@ -64,4 +65,11 @@ grep -q "held-out" "$DIR/train.log" || fail "training did not evaluate"
   --expect_event="a shard new to the replica" \
   || { tail -n 20 "$DIR/logs/serve-0.log"; fail "the replica differs from the cluster"; }
 "$CLUSTER" status | grep -q "replica 0 .* SERVING" || { "$CLUSTER" status; fail "replica not ready"; }
+# A replica of the run's last checkpoint (its last step), frozen: the same rows and scores,
+# read from the checkpoint's files.
+"$CLUSTER" serve ads 1 newest
+"${PY[@]}" "$ROOT/python/tests/serving_check.py" wait-and-check "127.0.0.1:$base" \
+  "127.0.0.1:$((base + 101))" ads "$DIR/clicks.tsv" "$DIR/train.jsonl" \
+  --expect_event="frozen" \
+  || { tail -n 20 "$DIR/logs/serve-1.log"; fail "the checkpoint's replica differs from it"; }
 echo "serving: ok"

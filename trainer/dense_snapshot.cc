@@ -16,28 +16,49 @@ std::string DensePartKey(const std::string& model, int slot, int part) {
   return absl::StrCat(DenseKey(model), ".", slot, ".", part);
 }
 
-absl::Status DensePublisher::Publish(int64_t step, DenseBackend& dense) {
+v1::DenseSnapshot DenseSnapshotOf(int64_t step, DenseBackend& dense,
+                                  const std::vector<std::string>& tables) {
   const absl::Span<const float> params = dense.Parameters();
-  const size_t bytes = params.size() * sizeof(float);
-  const char* data = reinterpret_cast<const char*>(params.data());
   const DlrmConfig& config = dense.config();
-  v1::DenseSnapshot header;
-  header.set_step(step);
-  header.set_num_dense(config.num_dense);
-  header.set_emb_dim(config.emb_dim);
-  for (int w : config.bottom_mlp) header.add_bottom_mlp(w);
-  for (int w : config.top_mlp) header.add_top_mlp(w);
-  for (const std::string& t : tables_) header.add_tables(t);
-  header.set_parameter_floats(static_cast<int64_t>(params.size()));
+  v1::DenseSnapshot snapshot;
+  snapshot.set_step(step);
+  snapshot.set_num_dense(config.num_dense);
+  snapshot.set_emb_dim(config.emb_dim);
+  for (int w : config.bottom_mlp) snapshot.add_bottom_mlp(w);
+  for (int w : config.top_mlp) snapshot.add_top_mlp(w);
+  for (const std::string& t : tables) snapshot.add_tables(t);
+  snapshot.set_parameter_floats(static_cast<int64_t>(params.size()));
+  snapshot.set_parameters(reinterpret_cast<const char*>(params.data()),
+                          params.size() * sizeof(float));
+  snapshot.set_checksum(base::Crc32c(snapshot.parameters().data(), snapshot.parameters().size()));
+  return snapshot;
+}
+
+absl::StatusOr<v1::DenseSnapshot> ParseDenseSnapshot(const std::string& bytes) {
+  v1::DenseSnapshot snapshot;
+  if (!snapshot.ParseFromString(bytes) || snapshot.parameter_floats() < 0 ||
+      snapshot.parameters().size() !=
+          static_cast<size_t>(snapshot.parameter_floats()) * sizeof(float) ||
+      base::Crc32c(snapshot.parameters().data(), snapshot.parameters().size()) !=
+          snapshot.checksum()) {
+    return absl::DataLossError("a damaged dense snapshot (its parameters fail their checksum)");
+  }
+  return snapshot;
+}
+
+absl::Status DensePublisher::Publish(int64_t step, DenseBackend& dense) {
+  v1::DenseSnapshot header = DenseSnapshotOf(step, dense, tables_);
+  const std::string params = std::move(*header.mutable_parameters());
+  header.clear_parameters();
+  const size_t bytes = params.size();
   header.set_parts(
       static_cast<int32_t>(std::max<size_t>(1, (bytes + kDensePartBytes - 1) / kDensePartBytes)));
   header.set_slot(static_cast<int32_t>(published_ % 2));
-  header.set_checksum(base::Crc32c(data, bytes));
   for (int p = 0; p < header.parts(); ++p) {
     const size_t begin = p * kDensePartBytes;
     v1::DenseSnapshot part;
     part.set_step(step);
-    part.set_parameters(data + begin, std::min(kDensePartBytes, bytes - begin));
+    part.set_parameters(params.data() + begin, std::min(kDensePartBytes, bytes - begin));
     TESSERA_RETURN_IF_ERROR(
         kv_->Set(DensePartKey(model_, header.slot(), p), part.SerializeAsString()));
   }

@@ -44,6 +44,18 @@ class DensePublisher {
   int64_t published_ = 0;  // publications made; the slot alternates with it
 };
 
+// The name of the attachment that holds a checkpoint's DenseSnapshot (parameters inline): a
+// serving replica of a checkpoint (tessera-serve --checkpoint) scores with it.
+inline constexpr char kServingAttachment[] = "serving";
+
+// `dense`'s network after `step` steps, for features reading `tables` in order: its shape,
+// its parameters (inline, with their checksum; parts and slot unset).
+v1::DenseSnapshot DenseSnapshotOf(int64_t step, DenseBackend& dense,
+                                  const std::vector<std::string>& tables);
+// A snapshot DenseSnapshotOf made, read back: DataLoss unless it parses and its parameters
+// match their count and checksum.
+absl::StatusOr<v1::DenseSnapshot> ParseDenseSnapshot(const std::string& bytes);
+
 // The DlrmConfig a snapshot's network has (its shape; the rest is the defaults').
 DlrmConfig ConfigOf(const v1::DenseSnapshot& snapshot);
 

@@ -254,6 +254,8 @@ absl::StatusOr<embedding::CheckpointInfo> Trainer::Checkpoint(int64_t steps) {
   embedding::Attachments attachments;
   attachments["dense"] = dense_->SaveState();
   attachments["run"] = options_.run_signature;
+  // What a serving replica of this checkpoint scores with (tessera-serve --checkpoint).
+  attachments[kServingAttachment] = DenseSnapshotOf(steps, *dense_, names_).SerializeAsString();
   embedding::CheckpointOptions where;
   where.model = options_.model;
   TESSERA_ASSIGN_OR_RETURN(embedding::Checkpointing * checkpoints,

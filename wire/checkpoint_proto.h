@@ -40,6 +40,8 @@ inline void ToProto(const storage::CheckpointManifest& m, double seconds,
   out->set_created_unix_ms(m.created_unix_ms);
   out->set_seconds(seconds);
   for (const auto& s : m.shards) out->add_shards(s);
+  for (const auto& d : m.shard_dirs) out->add_dirs(d);
+  for (const auto& t : m.tables) out->add_tables(t);
 }
 
 // A restore's checks <-> a RestoreRequest's fields (model, required and expected

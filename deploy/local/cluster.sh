@@ -9,6 +9,8 @@
 #                                      # reshard); start then takes M; M = N: nothing to do
 #   deploy/local/cluster.sh serve MODEL [K]  # serving replica K (default 0) of MODEL on
 #                                            # BASE+100+K, following the running cluster
+#   deploy/local/cluster.sh serve MODEL K CHECKPOINT  # ... of its checkpoint CHECKPOINT (a
+#                                            # step, or newest), frozen
 #   deploy/local/cluster.sh stop             # the replicas too
 #
 # Environment: TESSERA_CLUSTER_DIR (state, logs; default .tessera-cluster in the repo),
@@ -198,10 +200,13 @@ start() {
 # reads every shard's rows (or reads on from the state it saved in data/serve-K when it ran
 # before), then follows the cluster. Ready (SERVING in status) once it is
 # caught up and holds a dense network the trainer published (--publish_dense_every).
+# With $3 (a step, or "newest"): a replica of that checkpoint of the model, frozen.
 serve() {
-  local model="${1:-}" k="${2:-0}"
+  local model="${1:-}" k="${2:-0}" checkpoint="${3:-}"
   [[ "$model" =~ ^[A-Za-z0-9_-]{1,64}$ ]] && [[ "$k" =~ ^[0-9]+$ ]] \
-    || die "usage: cluster.sh serve MODEL [K] (a model name, a replica index K >= 0)"
+    && [[ "$checkpoint" =~ ^([0-9]+|newest)?$ ]] \
+    || die "usage: cluster.sh serve MODEL [K [CHECKPOINT]] (a model name, a replica index" \
+      "K >= 0, a checkpoint's step or 'newest')"
   [ -x "$BIN/tessera-serve" ] || die "$BIN/tessera-serve not found; run ./scripts/setup.sh first"
   alive "$DIR/pids/coordinator.pid" || die "no cluster runs in $DIR: cluster.sh start N first"
   if alive "$DIR/pids/serve-$k.pid"; then die "replica $k runs already"; fi
@@ -211,9 +216,11 @@ serve() {
   log="$DIR/logs/serve-$k.log"
   touch "$log"
   before="$(wc -l < "$log")"
+  local kept=(--state_dir="$DIR/data/serve-$k")  # a checkpoint's replica reads it again
+  [ -n "$checkpoint" ] && kept=(--checkpoint="$checkpoint")
   mkdir -p "$DIR/data/serve-$k"
   "$BIN/tessera-serve" --port="$port" --coordinator="127.0.0.1:$base" --model="$model" \
-    --state_dir="$DIR/data/serve-$k" "${SERVER_FLAGS[@]}" "${SERVE_FLAGS[@]}" >> "$log" 2>&1 &
+    "${kept[@]}" "${SERVER_FLAGS[@]}" "${SERVE_FLAGS[@]}" >> "$log" 2>&1 &
   echo $! > "$DIR/pids/serve-$k.pid"
   for _ in $(seq 1 600); do
     if tail -n +"$((before + 1))" "$log" | grep -q "listening on"; then
@@ -291,7 +298,7 @@ case "${1:-}" in
   status) status ;;
   start-shard) start_one_shard "${2:-}" ;;
   reshard) reshard "${2:-}" ;;
-  serve) serve "${2:-}" "${3:-}" ;;
+  serve) serve "${2:-}" "${3:-}" "${4:-}" ;;
   stop) stop ;;
-  *) die "usage: cluster.sh start N | status | start-shard K | reshard M | serve MODEL [K] | stop" ;;
+  *) die "usage: cluster.sh start N | status | start-shard K | reshard M | serve MODEL [K [CHECKPOINT]] | stop" ;;
 esac

@@ -146,6 +146,17 @@ class DurableCollection final : public embedding::ShardTables, public embedding:
       const std::vector<std::string>& dirs, embedding::Attachments* attachments,
       const embedding::RestoreOptions& options = {});
 
+  // Reads table `table` of the checkpoint in `dirs` (as RestoreFromShards takes them)
+  // without restoring it: `config` gets the table's config as the checkpoint holds it, then
+  // `sink` the rows this collection owns now, each from the directory of the shard that
+  // owned it then (of `options`, since_step, with_state and chunk_rows count). NotFound for
+  // a directory without a complete checkpoint or a table the checkpoint lacks;
+  // InvalidArgument as RestoreFromShards. Reads files only: the tables serve on meanwhile.
+  absl::Status ExportCheckpointRows(
+      const std::vector<std::string>& dirs, absl::string_view table,
+      const embedding::ExportOptions& options, v1::TableConfig* config,
+      const std::function<absl::Status(const embedding::RowBlock&)>& sink) const;
+
   // Forgets the rows it no longer owns (in memory, on disk and spilled), then writes
   // every dirty row (synced), so that rows imported for the new place survive a restart.
   absl::Status Repartition(int shard_index, int num_shards) override;
@@ -190,6 +201,9 @@ class DurableCollection final : public embedding::ShardTables, public embedding:
   // spilled rows to `writes`.
   absl::Status ForgetTable(const std::string& name, std::vector<KvWrite>* writes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The manifest of the one checkpoint `dirs` hold (every shard's of one step and model):
+  // NotFound for a directory without a complete one, InvalidArgument for different ones.
+  static absl::StatusOr<CheckpointManifest> ManifestOfDirs(const std::vector<std::string>& dirs);
   // Replaces the tables of `m.model` with those of the checkpoint in `dirs` (one
   // checkpoint of each shard of a cluster, or this collection's own): the rows this
   // collection owns in its cluster (all of them outside one).

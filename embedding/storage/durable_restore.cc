@@ -14,6 +14,8 @@
 #include "absl/strings/str_split.h"
 #include "base/status.h"
 #include "embedding/embedding_table.h"
+#include "embedding/optimizer.h"
+#include "embedding/row_math.h"
 #include "embedding/storage/durable_collection.h"
 #include "embedding/storage/files.h"
 #include "embedding/storage/internal/durable_store.h"
@@ -169,12 +171,10 @@ absl::Status DurableCollection::FinishInterruptedRestore() {
   return RestoreModel(dirs, m, resharded);
 }
 
-absl::StatusOr<embedding::CheckpointInfo> DurableCollection::RestoreFromShards(
-    const std::vector<std::string>& dirs, embedding::Attachments* attachments,
-    const embedding::RestoreOptions& options) {
-  const auto start = Clock::now();
+absl::StatusOr<CheckpointManifest> DurableCollection::ManifestOfDirs(
+    const std::vector<std::string>& dirs) {
   if (dirs.empty()) {
-    return absl::InvalidArgumentError("a restore from shards needs their checkpoint directories");
+    return absl::InvalidArgumentError("reading shards' checkpoints needs their directories");
   }
   std::vector<CheckpointManifest> manifests;
   for (const std::string& dir : dirs) {
@@ -191,9 +191,84 @@ absl::StatusOr<embedding::CheckpointInfo> DurableCollection::RestoreFromShards(
       return absl::InvalidArgumentError(absl::StrCat(
           dirs[i], " holds ", embedding::CheckpointName(manifests[i].model, manifests[i].step),
           ", ", dirs[0], " holds ", embedding::CheckpointName(m.model, m.step),
-          ": a restore takes one checkpoint from every shard"));
+          ": one checkpoint is read from every shard"));
     }
   }
+  return m;
+}
+
+absl::Status DurableCollection::ExportCheckpointRows(
+    const std::vector<std::string>& dirs, absl::string_view table,
+    const embedding::ExportOptions& options, v1::TableConfig* config,
+    const std::function<absl::Status(const embedding::RowBlock&)>& sink) const {
+  TESSERA_ASSIGN_OR_RETURN(const CheckpointManifest m, ManifestOfDirs(dirs));
+  const std::string which = embedding::CheckpointName(m.model, m.step);
+  if (std::find(m.tables.begin(), m.tables.end(), table) == m.tables.end()) {
+    return absl::NotFoundError(absl::StrCat(which, " holds no table '", table, "'"));
+  }
+  const int sources = static_cast<int>(dirs.size());
+  int here = 0, shards = 1;
+  {
+    absl::MutexLock lock(&mu_);  // the place changes under it
+    here = options_.cluster_shard_index;
+    shards = options_.cluster_num_shards;
+  }
+  bool found = false;
+  for (int k = 0; k < sources; ++k) {
+    // On the same shard count a shard owns what it owned then: its own directory alone.
+    if (sources == shards && k != here) continue;
+    TESSERA_ASSIGN_OR_RETURN(std::unique_ptr<KvStore> source,
+                             OpenCheckpointStore(options_.open_store, dirs[k]));
+    TESSERA_ASSIGN_OR_RETURN(auto catalog, ReadCatalog(*source));
+    auto it = std::find_if(catalog.begin(), catalog.end(),
+                           [&](const auto& entry) { return entry.second.name() == table; });
+    if (it == catalog.end()) continue;  // no row of it there
+    const v1::TableConfig& c = it->second;
+    if (!found) *config = c;
+    found = true;
+    embedding::RowBlock block;
+    block.dim = c.dim();
+    const int state_floats =
+        embedding::row_math::StateFloatsOf(embedding::KindOf(c.optimizer().type()), c.dim());
+    block.state_floats = options.with_state ? state_floats : 0;
+    DecodedRow row;
+    TESSERA_RETURN_IF_ERROR(Annotate(
+        source->Scan(
+            RowPrefix(it->first),
+            [&](absl::string_view key, absl::string_view value) -> absl::Status {
+              uint32_t table_id = 0;
+              int64_t id = 0;
+              if (!ParseRowKey(key, &table_id, &id) || table_id != it->first) {
+                return absl::DataLossError(absl::StrCat("table '", table, "': malformed row key"));
+              }
+              if (embedding::ShardOfRow(c, id, shards) != here ||
+                  embedding::ShardOfRow(c, id, sources) != k) {
+                return absl::OkStatus();
+              }
+              TESSERA_RETURN_IF_ERROR(DecodeRow(table, id, value, c.dim(), state_floats, &row));
+              if (row.meta.last_step < options.since_step) return absl::OkStatus();
+              block.Append(id, row.weights.data(), row.state.data(), row.meta.last_step,
+                           row.meta.update_count);
+              if (block.size() < options.chunk_rows) return absl::OkStatus();
+              TESSERA_RETURN_IF_ERROR(sink(block));
+              block.Clear();
+              return absl::OkStatus();
+            }),
+        absl::StrCat(which, " in ", dirs[k])));
+    if (block.size() > 0) TESSERA_RETURN_IF_ERROR(sink(block));
+  }
+  if (!found) {
+    return absl::NotFoundError(absl::StrCat(which, " in ", dirs[sources == shards ? here : 0],
+                                            " holds no table '", table, "'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<embedding::CheckpointInfo> DurableCollection::RestoreFromShards(
+    const std::vector<std::string>& dirs, embedding::Attachments* attachments,
+    const embedding::RestoreOptions& options) {
+  const auto start = Clock::now();
+  TESSERA_ASSIGN_OR_RETURN(const CheckpointManifest m, ManifestOfDirs(dirs));
   if (options.model != m.model) {
     return absl::InvalidArgumentError(
         absl::StrCat("the directories hold ", embedding::CheckpointName(m.model, m.step),

@@ -110,7 +110,8 @@ class ServingClient:
 
     def status(self) -> dict:
         """The replica's progress: model, serving_step, dense_step, head_step, shards,
-        shards_caught_up, seconds_since_caught_up, tables (rows, bytes, format), events."""
+        shards_caught_up, seconds_since_caught_up, tables (rows, bytes, format), events,
+        frozen (a replica of a checkpoint: serving_step is its step)."""
         s = self._call(self._stub.Status, serving_pb2.ServingStatusRequest())
         return {
             "model": s.model, "serving_step": s.serving_step, "dense_step": s.dense_step,
@@ -119,4 +120,4 @@ class ServingClient:
             "tables": {t.table: {"rows": t.rows, "bytes": t.bytes, "format": t.format}
                        for t in s.tables},
             "snapshots": s.snapshots, "rows_applied": s.rows_applied,
-            "bytes_read": s.bytes_read, "events": list(s.events)}
+            "bytes_read": s.bytes_read, "events": list(s.events), "frozen": s.frozen}

@@ -30,12 +30,13 @@ class ReferenceClusterTest : public ::testing::Test {
   }
 
   // The coordinator over `shards` (addresses in shard order, map version 1), routing with
-  // `router`; `losing` (null: nothing) loses the answers of the calls it is told to.
+  // `router`; `losing` (null: nothing) loses the answers of the calls it is told to;
+  // `store` (null: none) keeps its tables and checkpoints.
   void StartCoordinator(const std::vector<std::string>& shards, const client::RouterOptions& router,
-                        AnswerLoser* losing = nullptr) {
+                        AnswerLoser* losing = nullptr, storage::CoordinatorStore* store = nullptr) {
     router_ = std::make_unique<client::ShardRouter>(shards, router);
-    coordinator_ = std::make_unique<server::CoordinatorService>(router_.get(), 1,
-                                                                server::CoordinatorOptions());
+    coordinator_ = std::make_unique<server::CoordinatorService>(
+        router_.get(), 1, server::CoordinatorOptions(), store);
     coordinator_server_ = StartLocalServer(coordinator_.get(), &coordinator_port_, losing);
     ASSERT_NE(coordinator_server_, nullptr);
     coordinator_address_ = LocalAddress(coordinator_port_);
