@@ -17,7 +17,7 @@ install_packages \
   protobuf-compiler-grpc libgrpc++-dev libgrpc-dev \
   libabsl-dev libeigen3-dev librocksdb-dev zlib1g-dev libgloo-dev \
   libgtest-dev libgmock-dev googletest libbenchmark-dev libhiredis-dev \
-  python3 python3-grpcio python3-protobuf python3-numpy python3-yaml \
+  python3 python3-dev pybind11-dev python3-grpcio python3-protobuf python3-numpy python3-yaml \
   prometheus-cpp-dev libspdlog-dev openssl
 
 JOBS="${JOBS:-2}"

@@ -34,11 +34,12 @@ PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/python/tests/torch_check.py" "1
 # ... and under DistributedDataParallel: 2 processes on the gloo backend, one dense model.
 PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/python/tests/torch_ddp_check.py" "127.0.0.1:$base"
 # examples/python/torch_dlrm.py on a small generated Criteo-format TSV: DLRM in PyTorch
-# with its tables on Tessera, and the same model on torch.nn.EmbeddingBag tables; both
+# with its tables on Tessera (the cluster, and tessera.local in the process), and the same
+# model on torch.nn.EmbeddingBag tables; all
 # must learn (the AUC comparison on a larger file is in BENCHMARKS.md).
 PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/examples/python/torch_dlrm.py" \
   --make_data=20000 --data="$TESSERA_CLUSTER_DIR/clicks.tsv" > /dev/null
-for tables in tessera torch; do
+for tables in tessera torch local; do
   PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/examples/python/torch_dlrm.py" \
     --coordinator="127.0.0.1:$base" --data="$TESSERA_CLUSTER_DIR/clicks.tsv" --tables="$tables" \
     --model="dlrm_$tables" > "$TESSERA_CLUSTER_DIR/dlrm-$tables.log" 2>&1 \

@@ -8,6 +8,10 @@
     # the same model with torch.nn.EmbeddingBag tables, for comparison:
     PYTHONPATH=build/python /usr/bin/python3 examples/python/torch_dlrm.py --tables=torch \\
         --data=/tmp/clicks.tsv
+    # Tessera's tables in this process (tessera.local: no server), optionally kept in a
+    # directory (--local_dir):
+    PYTHONPATH=build/python /usr/bin/python3 examples/python/torch_dlrm.py --tables=local \\
+        --data=/tmp/clicks.tsv
 
 The model has tessera-train's default shape: bottom MLP 13 -> 64 -> 32 -> 16, pairwise dot
 interaction of its output with the 26 pooled embeddings, top MLP 367 -> 64 -> 32 -> 1,
@@ -167,7 +171,11 @@ def parse_args():
                         help="write this many lines of planted-teacher data to --data and stop")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch_size", type=int, default=256)
-    parser.add_argument("--tables", choices=("tessera", "torch"), default="tessera")
+    parser.add_argument("--tables", choices=("tessera", "local", "torch"), default="tessera",
+                        help="tessera: a cluster's (--coordinator); local: Tessera's tables "
+                             "in this process; torch: torch.nn.EmbeddingBag")
+    parser.add_argument("--local_dir", default="",
+                        help="with --tables=local: keep the tables in this directory")
     parser.add_argument("--model", default="torchdlrm", help="Tessera tables: MODEL.C1..C26")
     parser.add_argument("--device", default="cpu", help="where the dense model runs (cpu, cuda)")
     parser.add_argument("--log_every", type=int, default=100)
@@ -178,14 +186,21 @@ def parse_args():
 
 
 def tessera_tables(args, device):
-    """The model's tables on the cluster of --coordinator: (module, its bag lookup, no
-    optimizer of its own: the servers apply the rows' updates, where they are)."""
+    """The model's tables on the cluster of --coordinator, or in this process
+    (--tables=local): (module, its bag lookup, no optimizer of its own: the tables apply
+    the rows' updates, where they are)."""
     names = [f"{args.model}.C{f + 1}" for f in range(NUM_SPARSE)]
-    if not args.coordinator:
-        sys.exit("--tables=tessera needs --coordinator=HOST:PORT")
     import tessera
     import tessera.torch as ttorch
-    client = tessera.connect(args.coordinator)
+    if args.tables == "local":
+        client = tessera.local(data_dir=args.local_dir or None)
+        where = "Tessera tables in this process" + (
+            f" (kept in {args.local_dir})" if args.local_dir else "")
+    elif not args.coordinator:
+        sys.exit("--tables=tessera needs --coordinator=HOST:PORT")
+    else:
+        client = tessera.connect(args.coordinator)
+        where = f"Tessera tables via {args.coordinator}"
     # A previous run's tables without its dense model: refuse, as tessera-train does.
     trained = client.trained_rows(names)
     if trained and not args.continue_tables:
@@ -203,7 +218,7 @@ def tessera_tables(args, device):
                  for i, n in enumerate(names)], device=device)
     embed = lambda batch_ids: emb({n: (batch_ids[:, f], np.arange(len(batch_ids) + 1))
                                    for f, n in enumerate(names)})
-    return emb, embed, None, f"Tessera tables via {args.coordinator}"
+    return emb, embed, None, where
 
 
 def train(args, dense, emb, embed, sparse_opt, y, x, ids, device):
@@ -278,7 +293,7 @@ def main():
           f"{args.epochs} epoch(s) of batches of {args.batch_size}")
 
     dense = Dense().to(device)
-    if args.tables == "tessera":
+    if args.tables in ("tessera", "local"):
         emb, embed, sparse_opt, where = tessera_tables(args, device)
     else:
         emb = TorchTables(np.concatenate([ids, hids]), device).to(device)

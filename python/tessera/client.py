@@ -28,7 +28,7 @@ import numpy as np
 from tessera import sharding, wire
 from tessera.checks import (_POOLING, TesseraError, _check_gradients, _invalid, _pool, _raise,
                             _sum_repeats, as_ids, check_lookup)
-from tessera.tables import OPTIMIZER_SETTINGS, table_config
+from tessera.tables import optimizer_changes, table_config
 from tessera.v1 import config_pb2, embedding_service_pb2 as api
 
 _MAX_MESSAGE = 256 << 20
@@ -187,13 +187,7 @@ class Client:
         them. The optimizer's type cannot change. Returns the table's config now. Safe to
         repeat. TesseraError NOT_FOUND for an unknown table, INVALID_ARGUMENT for a bad
         value; ValueError for an unknown setting or none."""
-        unknown = set(optimizer_settings) - set(OPTIMIZER_SETTINGS)
-        if unknown or not optimizer_settings:
-            raise ValueError(f"alter_table takes optimizer settings {list(OPTIMIZER_SETTINGS)}, "
-                             f"got {sorted(optimizer_settings)}")
-        changes = config_pb2.OptimizerConfig()
-        for key, value in optimizer_settings.items():
-            setattr(changes, key, value)
+        changes = optimizer_changes(**optimizer_settings)
         response = self._call(self._stub.AlterTable,
                               api.AlterTableRequest(table=name, optimizer=changes))
         self._configs[name] = response.config

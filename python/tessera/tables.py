@@ -89,3 +89,16 @@ def table_config(name: str, dim: int, optimizer: str = "adagrad", learning_rate:
     if init_scale is not None:
         config.initializer.scale = init_scale
     return config
+
+
+def optimizer_changes(**optimizer_settings) -> config_pb2.OptimizerConfig:
+    """The OptimizerConfig that alter_table sends: the settings given (OPTIMIZER_SETTINGS),
+    the others unset. ValueError for an unknown setting or none."""
+    unknown = set(optimizer_settings) - set(OPTIMIZER_SETTINGS)
+    if unknown or not optimizer_settings:
+        raise ValueError(f"alter_table takes optimizer settings {list(OPTIMIZER_SETTINGS)}, "
+                         f"got {sorted(optimizer_settings)}")
+    changes = config_pb2.OptimizerConfig()
+    for key, value in optimizer_settings.items():
+        setattr(changes, key, value)
+    return changes

@@ -2,7 +2,9 @@
 torch.nn.EmbeddingBag computes for the same model and batch (sum and mean pooling,
 per-id weights, repeated ids); 200 training steps through the module equal the same
 model trained with EmbeddingBag tables and the same row-wise optimizer written in torch
-(SGD and Adagrad) within 1e-5; eval mode creates no rows and pushes nothing.
+(SGD and Adagrad) within 1e-5; eval mode creates no rows and pushes nothing. The same
+checks over tables in this process (tessera.local), and a model trained on both equal bit
+for bit.
 
     PYTHONPATH=build/python /usr/bin/python3 python/tests/torch_check.py HOST:PORT
 """
@@ -303,9 +305,40 @@ def check_refused_push_is_dropped(client, prefix):
     print("refused push: dropped, the module trains on")
 
 
-def main():
-    client = tessera.connect(sys.argv[1])
-    prefix = "torchcheck"
+def check_local_equals_cluster(client, prefix, steps=60):
+    """The same model trained the same steps with its tables on the cluster and in this
+    process (tessera.local): every row and every dense parameter equal, bit for bit."""
+    specs = [{"name": f"{prefix}.same.{k}", "dim": DIM, "optimizer": opt, "learning_rate": 0.1,
+              "seed": 7 + k} for k, opt in enumerate(("adagrad", "sgd", "adam"))]
+    trained = {}
+    for where, tables in (("cluster", client), ("local", tessera.local())):
+        module = ttorch.EmbeddingCollection(tables, specs)
+        torch.manual_seed(3)
+        dense = torch.nn.Sequential(torch.nn.Linear(len(specs) * DIM, 8), torch.nn.ReLU(),
+                                    torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(dense.parameters(), lr=0.05)
+        rng = np.random.default_rng(21)
+        for _ in range(steps):
+            feats = {s["name"]: batch(rng) for s in specs}
+            labels = torch.from_numpy(rng.integers(0, 2, size=16).astype(np.float32))
+            opt.zero_grad()
+            logits = dense(module(feats).flatten(1)).squeeze(1)
+            torch.nn.BCEWithLogitsLoss()(logits, labels).backward()
+            opt.step()
+        rows = {s["name"]: tables.lookup(s["name"], np.arange(VOCAB), read_only=True)
+                for s in specs}
+        trained[where] = (rows, [p.detach().clone() for p in dense.parameters()])
+    for s in specs:
+        name = s["name"]
+        assert trained["cluster"][0][name].tobytes() == trained["local"][0][name].tobytes(), (
+            f"{name} ({s['optimizer']}): local rows differ from the cluster's")
+    for p, q in zip(trained["cluster"][1], trained["local"][1]):
+        assert torch.equal(p, q), "the dense models differ"
+    print(f"tessera.local: {steps} steps give the cluster's rows (adagrad, sgd, adam) and "
+          f"dense parameters, bit for bit")
+
+
+def run_checks(client, prefix):
     check_gradients(client, prefix)
     train(client, prefix, "sgd")
     train(client, prefix, "adagrad")
@@ -314,6 +347,16 @@ def main():
     check_keyed_jagged(client, prefix)
     check_errors(client, prefix)
     check_refused_push_is_dropped(client, prefix)
+
+
+def main():
+    client = tessera.connect(sys.argv[1])
+    prefix = "torchcheck"
+    run_checks(client, prefix)
+    print("tessera.torch on the cluster: ok")
+    run_checks(tessera.local(), prefix)
+    print("tessera.torch on tessera.local: ok")
+    check_local_equals_cluster(client, prefix)
     print("tessera.torch: ok")
 
 
