@@ -10,12 +10,16 @@
 namespace tessera::embedding {
 
 // Prefetches the line holding `p`. (The empty asm keeps a loop of these: a loop of
-// prefetches alone counts as free of effects, and GCC deletes it.)
+// prefetches alone counts as free of effects, and GCC deletes it.) A read goes to the L2
+// cache (prefetcht1), not the L1: a gather's prefetches of many rows ahead then wait on
+// the L2's many miss buffers instead of the L1's few, which stalled the loop that issued
+// them (a dynamic table's gather from 2.5 GiB of dim-64 rows: 0.48-0.53x of torch's
+// embedding_bag with prefetcht0, 0.59x with prefetcht1; benchmarks/gather_vs_torch.py).
 inline void PrefetchLine(const void* p, bool for_write) {
   if (for_write) {
     __builtin_prefetch(p, 1, 3);
   } else {
-    __builtin_prefetch(p, 0, 3);
+    __builtin_prefetch(p, 0, 2);
   }
   asm volatile("");
 }

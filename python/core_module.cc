@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "embedding/collection.h"
@@ -29,6 +30,7 @@ namespace {
 
 using Ids = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
 using Floats = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using Offsets = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
 
 // A status that is not OK, thrown to Python as _core.Error(code, message).
 struct StatusError {
@@ -167,6 +169,76 @@ class Tables {
     return d;
   }
 
+  // The SUM of each bag of ids (CSR `offsets`, bags + 1) of every table, unweighted, into
+  // one (tables, bags, dim) array: the tables must share a dim and a bag count. The sums
+  // run in each bag's order from zero, as torch's index_add does.
+  py::array_t<float> PooledLookup(const std::vector<std::string>& names,
+                                  const std::vector<Ids>& ids, const std::vector<Offsets>& offsets,
+                                  bool read_only) {
+    const auto [dim, bags] = PooledShape(names, ids, offsets);
+    py::array_t<float> out({static_cast<py::ssize_t>(names.size()), static_cast<py::ssize_t>(bags),
+                            static_cast<py::ssize_t>(dim)});
+    std::vector<embedding::TableBags> parts;
+    for (size_t t = 0; t < names.size(); ++t) {
+      embedding::TableBags b;
+      b.table = names[t];
+      b.ids = SpanOf(ids[t]);
+      b.offsets = absl::MakeConstSpan(offsets[t].data(), static_cast<size_t>(offsets[t].size()));
+      b.pooling = v1::SUM;
+      b.out = absl::MakeSpan(out.mutable_data() + t * bags * dim, bags * dim);
+      parts.push_back(b);
+    }
+    embedding::LookupOptions options;
+    options.insert_missing = !read_only;
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = tables_->LookupBatch(parts, options);
+    }
+    Check(s);
+    return out;
+  }
+
+  // The gradients PooledLookup's bags give their rows: for each table, its distinct ids in
+  // order of first sight and, for each, the sum from zero of grads[table, bag] over the
+  // id's places in ascending order (torch's accumulation into an indexed tensor): {table:
+  // (distinct ids, (distinct, dim) gradients)}.
+  py::dict PooledGradients(const std::vector<std::string>& names, const std::vector<Ids>& ids,
+                           const std::vector<Offsets>& offsets, const Floats& grads) {
+    const auto [dim, bags] = PooledShape(names, ids, offsets);
+    if (grads.size() != static_cast<py::ssize_t>(names.size() * bags * dim)) {
+      throw StatusError{absl::InvalidArgumentError(
+          absl::StrCat("gradients of ", grads.size(), " values for ", names.size(), " tables x ",
+                       bags, " bags x dim ", dim))};
+    }
+    py::dict out;
+    for (size_t t = 0; t < names.size(); ++t) {
+      const int64_t* id = ids[t].data();
+      const int32_t* off = offsets[t].data();
+      const float* g = grads.data() + t * bags * dim;
+      absl::flat_hash_map<int64_t, int32_t> place;
+      std::vector<int64_t> unique;
+      std::vector<float> sums;
+      place.reserve(static_cast<size_t>(ids[t].size()));
+      for (size_t b = 0; b < bags; ++b) {
+        for (int32_t j = off[b]; j < off[b + 1]; ++j) {
+          auto [it, added] = place.try_emplace(id[j], static_cast<int32_t>(unique.size()));
+          if (added) {
+            unique.push_back(id[j]);
+            sums.resize(sums.size() + dim, 0.0f);
+          }
+          float* row = sums.data() + static_cast<size_t>(it->second) * dim;
+          for (size_t d = 0; d < dim; ++d) row[d] += g[b * dim + d];
+        }
+      }
+      const auto n = static_cast<py::ssize_t>(unique.size());
+      out[py::str(names[t])] =
+          py::make_tuple(py::array_t<int64_t>(n, unique.data()),
+                         py::array_t<float>({n, static_cast<py::ssize_t>(dim)}, sums.data()));
+    }
+    return out;
+  }
+
   // [(table, ids, gradients (len(ids), dim))] applied at `step` as one batch (every part
   // checked before any applies): {table: distinct rows updated}.
   py::dict PushMany(const std::vector<std::tuple<std::string, Ids, Floats>>& parts, int64_t step) {
@@ -264,6 +336,30 @@ class Tables {
     return py::bytes(t.SerializeAsString());
   }
 
+  // (dim, bags) of PooledLookup's tables; InvalidArgument unless they agree and the
+  // offsets are CSR offsets over their ids.
+  std::pair<size_t, size_t> PooledShape(const std::vector<std::string>& names,
+                                        const std::vector<Ids>& ids,
+                                        const std::vector<Offsets>& offsets) {
+    if (names.empty() || ids.size() != names.size() || offsets.size() != names.size()) {
+      throw StatusError{absl::InvalidArgumentError("one ids and one offsets array a table")};
+    }
+    const int dim = Dim(names[0]);
+    const py::ssize_t bags = offsets[0].size() - 1;
+    for (size_t t = 0; t < names.size(); ++t) {
+      const py::ssize_t n = offsets[t].size();
+      const int32_t* off = offsets[t].data();
+      bool csr = n == bags + 1 && n >= 1 && off[0] == 0 && off[n - 1] == ids[t].size();
+      for (py::ssize_t b = 0; csr && b + 1 < n; ++b) csr = off[b] <= off[b + 1];
+      if (Dim(names[t]) != dim || !csr) {
+        throw StatusError{absl::InvalidArgumentError(absl::StrCat(
+            "table '", names[t], "': pooled lookups of several tables take one dim and ", bags,
+            " bags (CSR offsets over the ids) for every table"))};
+      }
+    }
+    return {static_cast<size_t>(dim), static_cast<size_t>(bags)};
+  }
+
   int Dim(const std::string& name) {
     auto it = dims_.find(name);
     if (it == dims_.end()) {
@@ -318,6 +414,10 @@ PYBIND11_MODULE(_core, m) {
            py::arg("read_only") = false)
       .def("lookup_many", &Tables::LookupMany, py::arg("tables"), py::arg("read_only") = false)
       .def("push_many", &Tables::PushMany, py::arg("parts"), py::arg("step"))
+      .def("pooled_lookup", &Tables::PooledLookup, py::arg("tables"), py::arg("ids"),
+           py::arg("offsets"), py::arg("read_only") = false)
+      .def("pooled_gradients", &Tables::PooledGradients, py::arg("tables"), py::arg("ids"),
+           py::arg("offsets"), py::arg("grads"))
       .def("export", &Tables::Export, py::arg("table"), py::arg("since_step") = -1,
            py::arg("with_state") = false)
       .def("checkpoint", &Tables::Checkpoint, py::arg("step"), py::arg("model") = "",

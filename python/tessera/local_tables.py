@@ -142,6 +142,21 @@ class LocalTables:
         return self._call(self._tables.lookup_many,
                           {name: as_ids(ids) for name, ids in tables.items()}, read_only)
 
+    def pooled_lookup(self, tables: Sequence[str], ids: Sequence[np.ndarray],
+                      offsets: Sequence[np.ndarray], read_only: bool = False) -> np.ndarray:
+        """The SUM of every bag (CSR `offsets`) of each table's `ids`, unweighted, as one
+        (tables, bags, dim) array (one dim and bag count for every table): tessera.torch's
+        fused forward."""
+        return self._call(self._tables.pooled_lookup, list(tables), list(ids), list(offsets),
+                          read_only)
+
+    def pooled_gradients(self, tables: Sequence[str], ids: Sequence[np.ndarray],
+                         offsets: Sequence[np.ndarray], grads: np.ndarray) -> Dict[str, tuple]:
+        """What pooled_lookup's bags give their rows from `grads` (tables, bags, dim):
+        {table: (distinct ids, their summed gradients)}, for push_many."""
+        return self._call(self._tables.pooled_gradients, list(tables), list(ids), list(offsets),
+                          grads)
+
     def next_request_id(self):
         with self._lock:
             return (0, next(self._sequence))

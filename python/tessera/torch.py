@@ -181,6 +181,8 @@ class EmbeddingCollection(torch.nn.Module):
             self.names.append(name)
             self.dims[name] = config.dim
         self.pushed_rows = 0  # distinct rows pushed so far (all tables)
+        # What the fused path's output hangs from (autograd calls its backward through it).
+        self._anchor = torch.zeros(0, requires_grad=True)
         # The newest push that raised (dropped from the steps that follow), or None.
         self.failed_push: Optional[_FailedPush] = None
 
@@ -212,6 +214,10 @@ class EmbeddingCollection(torch.nn.Module):
         rows' gradients are pushed at step `step` (default: the module's next step) during
         backward. TesseraError as the client raises it (unknown table, bad ids or
         offsets)."""
+        if not isinstance(features, Fetched) and hasattr(self.client, "pooled_lookup"):
+            fused = self._fused_forward(features, step, as_dict)
+            if fused is not None:
+                return fused
         fetched = features if isinstance(features, Fetched) else self.fetch(features)
         training = self.training and torch.is_grad_enabled()
         if training and step is None:
@@ -234,6 +240,41 @@ class EmbeddingCollection(torch.nn.Module):
         if len(shapes) != 1:
             raise ValueError(f"tables give pooled shapes {sorted(shapes)}: pass as_dict=True")
         return torch.stack([pooled[n] for n in self.names], dim=1)
+
+    def _fused_forward(self, features, step, as_dict):
+        """Tables in this process (tessera.local), "sum" pooling without weights, one dim and
+        bag count: every table's bags pooled in one call of the core, and in backward their
+        rows' gradients summed by it, in the order and arithmetic of the general path (so
+        the rows equal a cluster's after the same steps). None where that does not apply."""
+        if self.pooling != "sum" or len(set(self.dims.values())) != 1:
+            return None
+        parts = _features(features, self.names)
+        if any(parts[n][2] is not None for n in self.names):
+            return None
+        ids = [as_ids(parts[n][0]) for n in self.names]
+        offsets = []
+        for name, table_ids in zip(self.names, ids):
+            table_offsets, _ = check_lookup(len(table_ids), list(parts[name][1]), None, "sum")
+            offsets.append(np.asarray(table_offsets, dtype=np.int64))
+        if len({len(o) for o in offsets}) != 1:
+            return None
+        training = self.training and torch.is_grad_enabled()
+        if training and step is None:
+            step = self.step
+            self.step += 1
+        self.flush()
+        if training:
+            pending = _PendingPush(step, len(self.names))
+            pooled = _PooledTables.apply(self._anchor, self, ids, offsets, pending)
+        else:
+            pending = None
+            pooled = torch.from_numpy(self.client.pooled_lookup(
+                self.names, ids, offsets, read_only=not self.training)).permute(1, 0, 2)
+        pooled = pooled.to(self.device)
+        self._pending = pending
+        if as_dict:
+            return {name: pooled[:, t] for t, name in enumerate(self.names)}
+        return pooled
 
     def _pool(self, rows: torch.Tensor, inverse: np.ndarray, offsets, weights) -> torch.Tensor:
         offsets = np.asarray(offsets, dtype=np.int64)
@@ -306,6 +347,30 @@ class EmbeddingCollection(torch.nn.Module):
         pending = getattr(self, "_pending", None)
         if pending is not None:
             self._push(pending)
+
+class _PooledTables(torch.autograd.Function):
+    """Every table's pooled bags as one (bags, tables, dim) tensor from the tables in this
+    process; backward pushes the rows' gradients (EmbeddingCollection._push)."""
+
+    @staticmethod
+    def forward(ctx, anchor, module, ids, offsets, pending):
+        pooled = module.client.pooled_lookup(module.names, ids, offsets)
+        ctx.module, ctx.ids, ctx.offsets, ctx.pending = module, ids, offsets, pending
+        return torch.from_numpy(pooled).permute(1, 0, 2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        module, pending = ctx.module, ctx.pending
+        g = grad.detach().to("cpu", torch.float32).permute(1, 0, 2).contiguous().numpy()
+        if pending.grads:  # a second backward through the same step
+            module._push(pending)
+        grads = module.client.pooled_gradients(module.names, ctx.ids, ctx.offsets, g)
+        if module.grad_scale != 1.0:  # of each row's sum, as the general path scales
+            grads = {n: (u, r * np.float32(module.grad_scale)) for n, (u, r) in grads.items()}
+        pending.grads = grads
+        module._push(pending)
+        return None, None, None, None, None
+
 
 class _PendingPush:
     """One training step's table gradients on their way to one push."""

@@ -48,6 +48,33 @@ class LocalTablesTest(unittest.TestCase):
             self.assertIn(words, raised.exception.message)
         self.assertEqual(tables.trained_rows(["m.e"]), {})
 
+    def test_pooled_lookups_and_their_gradients_of_several_tables(self):
+        tables = tessera.local()
+        for name in ("m.p", "m.q"):
+            tables.create_table(name, 4, optimizer="sgd", learning_rate=1.0)
+        tables.create_table("m.wide", 8)
+        ids = [np.array([3, 4, 3, 9]), np.array([1, 2, 2, 2])]
+        offsets = [np.array([0, 1, 4]), np.array([0, 2, 4])]
+        pooled = tables.pooled_lookup(["m.p", "m.q"], ids, offsets)
+        self.assertEqual(pooled.shape, (2, 2, 4))
+        rows = tables.lookup("m.p", [3, 4, 9])
+        np.testing.assert_array_equal(pooled[0, 1], (rows[1] + rows[0]) + rows[2])
+        grads = np.arange(16, dtype=np.float32).reshape(2, 2, 4)
+        summed = tables.pooled_gradients(["m.p", "m.q"], ids, offsets, grads)
+        unique, g = summed["m.p"]
+        np.testing.assert_array_equal(unique, [3, 4, 9])  # in order of first sight
+        np.testing.assert_array_equal(g[0], grads[0, 0] + grads[0, 1])  # 3 is in both bags
+        np.testing.assert_array_equal(g[1], grads[0, 1])
+        unique, g = summed["m.q"]
+        np.testing.assert_array_equal(unique, [1, 2])
+        np.testing.assert_array_equal(g[1], grads[1, 0] + grads[1, 1] + grads[1, 1])
+        for bad in (lambda: tables.pooled_lookup(["m.p", "m.wide"], ids, offsets),
+                    lambda: tables.pooled_lookup(["m.p"], [ids[0]], [np.array([0, 5])]),
+                    lambda: tables.pooled_gradients(["m.p"], [ids[0]], [offsets[0]], grads)):
+            with self.assertRaises(tessera.TesseraError) as raised:
+                bad()
+            self.assertEqual(raised.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+
     def test_eviction_keeps_a_table_within_its_rows(self):
         tables = tessera.local()
         tables.create_table("m.lru", 4, max_rows=100, eviction="lru")

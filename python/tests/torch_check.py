@@ -305,11 +305,15 @@ def check_refused_push_is_dropped(client, prefix):
     print("refused push: dropped, the module trains on")
 
 
-def check_local_equals_cluster(client, prefix, steps=60):
+def check_local_equals_cluster(client, prefix, weighted, steps=60):
     """The same model trained the same steps with its tables on the cluster and in this
-    process (tessera.local): every row and every dense parameter equal, bit for bit."""
-    specs = [{"name": f"{prefix}.same.{k}", "dim": DIM, "optimizer": opt, "learning_rate": 0.1,
-              "seed": 7 + k} for k, opt in enumerate(("adagrad", "sgd", "adam"))]
+    process (tessera.local): every row and every dense parameter equal, bit for bit.
+    Unweighted bags take the local tables' fused path (pooled and summed in the core),
+    weighted ones the general path."""
+    kind = "weighted" if weighted else "fused"
+    specs = [{"name": f"{prefix}.same.{kind}.{k}", "dim": DIM, "optimizer": opt,
+              "learning_rate": 0.1, "seed": 7 + k}
+             for k, opt in enumerate(("adagrad", "sgd", "adam"))]
     trained = {}
     for where, tables in (("cluster", client), ("local", tessera.local())):
         module = ttorch.EmbeddingCollection(tables, specs)
@@ -319,7 +323,7 @@ def check_local_equals_cluster(client, prefix, steps=60):
         opt = torch.optim.SGD(dense.parameters(), lr=0.05)
         rng = np.random.default_rng(21)
         for _ in range(steps):
-            feats = {s["name"]: batch(rng) for s in specs}
+            feats = {s["name"]: batch(rng)[:3 if weighted else 2] for s in specs}
             labels = torch.from_numpy(rng.integers(0, 2, size=16).astype(np.float32))
             opt.zero_grad()
             logits = dense(module(feats).flatten(1)).squeeze(1)
@@ -334,8 +338,8 @@ def check_local_equals_cluster(client, prefix, steps=60):
             f"{name} ({s['optimizer']}): local rows differ from the cluster's")
     for p, q in zip(trained["cluster"][1], trained["local"][1]):
         assert torch.equal(p, q), "the dense models differ"
-    print(f"tessera.local: {steps} steps give the cluster's rows (adagrad, sgd, adam) and "
-          f"dense parameters, bit for bit")
+    print(f"tessera.local ({kind}): {steps} steps give the cluster's rows (adagrad, sgd, "
+          f"adam) and dense parameters, bit for bit")
 
 
 def run_checks(client, prefix):
@@ -356,7 +360,8 @@ def main():
     print("tessera.torch on the cluster: ok")
     run_checks(tessera.local(), prefix)
     print("tessera.torch on tessera.local: ok")
-    check_local_equals_cluster(client, prefix)
+    check_local_equals_cluster(client, prefix, weighted=False)
+    check_local_equals_cluster(client, prefix, weighted=True)
     print("tessera.torch: ok")
 
 
