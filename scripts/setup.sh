@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the build needs (idempotent), then configures Tessera into
 # build/ and builds its programs: tessera-train, tessera-shard, tessera-coordinator,
-# tessera-cli and the Python stubs. scripts/test.sh builds the rest (tests, benchmarks,
+# tessera-cli, tessera-serve, the Python stubs and tessera._core (the core as a Python
+# extension, tessera.local). scripts/test.sh builds the rest (tests, benchmarks,
 # the sanitized tree) and runs the tests. Safe to run again: apt skips what is installed
 # and CMake rebuilds only what changed.
 set -euo pipefail
