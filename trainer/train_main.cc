@@ -303,6 +303,17 @@ absl::Status ReportTraining(const TrainFlags& f, const Trainer& trainer, const T
     // Pipelined, the tables' work runs while the dense step does: a step nears the larger.
     std::printf("per step: sparse work %.2f ms, dense %.2f ms, step %.2f ms\n",
                 s.sparse_work * ms, (s.dense + s.optimizer) * ms, s.wall * ms);
+    // The first steps create most rows: apart from the steady state after them.
+    if (const StepTimes& f = trainer.first_step_times(); f.steps > 0 && s.steps > f.steps) {
+      const double first = 1e3 / static_cast<double>(f.steps);
+      const double after = 1e3 / static_cast<double>(s.steps - f.steps);
+      std::printf(
+          "per step, first %lld steps: sparse work %.2f ms, dense %.2f ms; after them: "
+          "sparse work %.2f ms, dense %.2f ms\n",
+          static_cast<long long>(f.steps), f.sparse_work * first, (f.dense + f.optimizer) * first,
+          (s.sparse_work - f.sparse_work) * after,
+          (s.dense + s.optimizer - f.dense - f.optimizer) * after);
+    }
   }
   if (t.replayed > 0) {
     std::printf("(%lld of them trained again after shard restarts sent the model back to its "

@@ -416,6 +416,7 @@ absl::StatusOr<double> Trainer::TrainStep(const Batch& batch, int64_t step) {
   times_.wall += (times_.lookup - before.lookup) + (times_.dense - before.dense) +
                  (times_.grads - before.grads) + (times_.allreduce - before.allreduce) +
                  (times_.push - before.push) + (times_.optimizer - before.optimizer);
+  if (times_.steps == kFirstSteps) first_times_ = times_;
   return loss;
 }
 
@@ -488,6 +489,7 @@ absl::StatusOr<std::optional<Trainer::StepOutcome>> Trainer::PipelinedStep(Batch
   ++times_.steps;
   times_.sparse_work = static_cast<double>(worker_ns_.load()) / 1e9 + times_.grads;
   times_.wall += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  if (times_.steps == kFirstSteps) first_times_ = times_;
   return std::optional<StepOutcome>(StepOutcome{loss, s->batch.size});
 }
 

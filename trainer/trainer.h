@@ -198,6 +198,10 @@ class Trainer {
   absl::StatusOr<EvalResult> Evaluate(const Batch& held_out);
 
   const StepTimes& step_times() const { return times_; }
+  // The steps' times when the first kFirstSteps of this trainer's were done (steps 0 before
+  // then): a run's first steps create most of its rows, apart from its steady state.
+  static constexpr int64_t kFirstSteps = 100;
+  const StepTimes& first_step_times() const { return first_times_; }
   // The step of the newest checkpoint this trainer took (or resumed from); -1 for none.
   int64_t last_checkpoint() const { return last_checkpoint_; }
 
@@ -266,6 +270,7 @@ class Trainer {
   int64_t last_published_ = -1;
   int64_t restarts_seen_ = 0;  // tables_->ShardRestarts() handled so far
   StepTimes times_;
+  StepTimes first_times_;  // times_ after kFirstSteps steps
   // Nanoseconds the sparse thread spent in lookups and pushes (pipelined runs).
   std::atomic<int64_t> worker_ns_{0};
 };

@@ -14,6 +14,7 @@ struct TrainedRun {
   std::vector<double> losses;
   EvalResult eval;
   StepTimes times;
+  StepTimes first;  // after the first Trainer::kFirstSteps steps
 };
 
 TrainedRun TrainSynthetic(int shards, uint64_t seed, int reader_threads = 1, int steps = 150,
@@ -61,7 +62,7 @@ TrainedRun TrainSynthetic(int shards, uint64_t seed, int reader_threads = 1, int
   EXPECT_TRUE(result.ok()) << result.status();
   auto eval = trainer.Evaluate(g->MakeHeldOut(5000));
   EXPECT_TRUE(eval.ok());
-  return TrainedRun{result->losses, *eval, trainer.step_times()};
+  return TrainedRun{result->losses, *eval, trainer.step_times(), trainer.first_step_times()};
 }
 
 // Steps [from, to) of a small model on durable tables in `dir`; with `resume` the dense
@@ -170,6 +171,21 @@ TEST(Trainer, StepTimesSayWhatTheTablesTookAndWhatAStepTook) {
   EXPECT_EQ(piped.steps, 40);
   EXPECT_GT(piped.sparse_work, piped.grads);
   EXPECT_GT(piped.wall, piped.dense);
+}
+
+// The first steps (which create most rows) are kept apart: what the times were after them,
+// in both modes; a run shorter than them has none.
+TEST(Trainer, StepTimesKeepTheFirstStepsApart) {
+  EXPECT_EQ(TrainSynthetic(2, 5, 1, 40, 0, 2).first.steps, 0);
+  for (const int staleness : {0, 1}) {
+    const TrainedRun run = TrainSynthetic(2, 5, 1, 150, staleness, 2);
+    EXPECT_EQ(run.first.steps, Trainer::kFirstSteps) << "staleness " << staleness;
+    EXPECT_EQ(run.times.steps, 150);
+    EXPECT_GT(run.first.sparse_work, 0);
+    EXPECT_LT(run.first.sparse_work, run.times.sparse_work);
+    EXPECT_LT(run.first.wall, run.times.wall);
+    EXPECT_LE(run.first.dense, run.times.dense);
+  }
 }
 
 TEST(Trainer, BoundedStalenessReplaysExactlyAndTrainsAsWellAsSynchronous) {
