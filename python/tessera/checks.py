@@ -109,16 +109,17 @@ def _nonfinite_gradient(table: str, ids: np.ndarray, gradients: np.ndarray) -> O
             f"is {gradients.ravel()[bad[0]]}; batch rejected")
 
 
-def _check_gradients(config, ids: np.ndarray, gradients) -> np.ndarray:
+def _check_gradients(config, ids: np.ndarray, gradients, finite: bool = True) -> np.ndarray:
     """`gradients` as a (len(ids), dim) float32 array; INVALID_ARGUMENT for another shape
-    (a transposed or flattened array is not read row-major into the rows) or a value that
-    is not finite."""
+    (a transposed or flattened array is not read row-major into the rows) or, unless
+    `finite` is False (the core in this process checks them itself, with the same
+    message), a value that is not finite."""
     table = config.name
     gradients = np.ascontiguousarray(gradients, dtype=np.float32)
     if gradients.shape != (len(ids), config.dim):
         _invalid(f"table '{table}': gradients of shape ({len(ids)}, {config.dim}) expected "
                  f"({len(ids)} ids x dim {config.dim}), got {gradients.shape}")
-    broken = _nonfinite_gradient(table, ids, gradients)
+    broken = _nonfinite_gradient(table, ids, gradients) if finite else None
     if broken is not None:
         _invalid(broken)
     return gradients

@@ -171,7 +171,8 @@ class LocalTables:
         parts = []
         for table, (ids, gradients) in pushes.items():
             ids = as_ids(ids)
-            parts.append((table, ids, _check_gradients(self._config(table), ids, gradients)))
+            parts.append((table, ids, _check_gradients(self._config(table), ids, gradients,
+                                                       finite=False)))
         return self._call(self._tables.push_many, parts, step)
 
     def export(self, table: str, since_step: int = -1,

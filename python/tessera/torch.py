@@ -254,8 +254,15 @@ class EmbeddingCollection(torch.nn.Module):
         ids = [as_ids(parts[n][0]) for n in self.names]
         offsets = []
         for name, table_ids in zip(self.names, ids):
-            table_offsets, _ = check_lookup(len(table_ids), list(parts[name][1]), None, "sum")
-            offsets.append(np.asarray(table_offsets, dtype=np.int64))
+            table_offsets = np.asarray(parts[name][1], dtype=np.int64)
+            # CSR offsets over the ids, checked at array speed; anything else is named as
+            # check_lookup names it.
+            if (table_offsets.ndim != 1 or len(table_offsets) < 1 or table_offsets[0] != 0
+                    or table_offsets[-1] != len(table_ids)
+                    or np.any(table_offsets[1:] < table_offsets[:-1])):
+                check_lookup(len(table_ids), list(parts[name][1]), None, "sum")
+                return None
+            offsets.append(table_offsets)
         if len({len(o) for o in offsets}) != 1:
             return None
         training = self.training and torch.is_grad_enabled()
