@@ -5,7 +5,7 @@ embedding kernel) and torch.nn.functional.embedding ("none"), the best of which 
 ceiling the table is measured against.
 
     PYTHONPATH=build/python /usr/bin/python3 benchmarks/gather_vs_torch.py [--dims 16,64]
-        [--ids uniform,zipf] [--kinds dynamic,fixed] [--seconds 2]
+        [--ids uniform,zipf] [--kinds dynamic,fixed] [--seconds 2] [--bytes B]
 
 Rows span eight times the last-level cache (at least 1 GiB; TESSERA_BENCH_LLC_BYTES
 overrides the cache size, as for tessera-embedding-benchmark), batches of 4,096 ids
@@ -111,15 +111,18 @@ def main():
     parser.add_argument("--kinds", default="dynamic,fixed")
     parser.add_argument("--seconds", type=float, default=2.0, help="of each op, each case")
     parser.add_argument("--json", default="", help="write the results here")
+    parser.add_argument("--bytes", type=int, default=0,
+                        help="bytes of rows a table (0: 8x the last-level cache, >= 1 GiB)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    budget = max(8 * llc_bytes(), MIN_BYTES)
+    budget = args.bytes or max(8 * llc_bytes(), MIN_BYTES)
     results = []
-    print(f"rows of {budget / 2**30:.2f} GiB a table (8x the last-level cache, at least 1 GiB); "
+    print(f"rows of {budget / 2**30:.2f} GiB a table"
+          f"{'' if args.bytes else ' (8x the last-level cache, at least 1 GiB)'}; "
           f"batches of {BATCH} ids; one thread each")
     for dim in (int(d) for d in args.dims.split(",")):
         rows = budget // (dim * 4)
-        count = max(64, budget // (BATCH * dim * 4))
+        count = max(4 if args.bytes else 64, budget // (BATCH * dim * 4))
         for kind in args.kinds.split(","):
             tables, weight = build(kind, dim, rows)
             for ids in args.ids.split(","):

@@ -8,6 +8,16 @@ OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
+# The gather against torch's (benchmarks/gather_vs_torch.py) on small tables: every case
+# gives a line with both rates and the ratio, and the JSON the same.
+PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/benchmarks/gather_vs_torch.py" --bytes=4194304 \
+  --seconds=0.05 --json="$OUT/gather.json" > "$OUT/gather.log" 2>&1 \
+  || { cat "$OUT/gather.log"; fail "gather_vs_torch.py failed"; }
+[ "$(grep -c "x the best" "$OUT/gather.log")" = 8 ] || { cat "$OUT/gather.log"; fail "not 8 cases"; }
+/usr/bin/python3 -c "import json, sys; r = json.load(open(sys.argv[1])); \
+assert len(r) == 8 and all(x['vs_torch'] > 0 and x['torch_sum_rows_per_s'] > 0 for x in r), r" \
+  "$OUT/gather.json" || fail "gather.json without 8 positive ratios"
+
 "$BIN/tessera-bench" --scenarios="$ROOT/benchmarks/scenarios/smoke.json" --out="$OUT" > "$OUT/log" \
   || { cat "$OUT/log"; fail "tessera-bench failed"; }
 grep -q "smoke-smart: starting 2 shard(s) and a coordinator" "$OUT/log" || fail "no progress lines"
