@@ -117,7 +117,8 @@ def main():
     torch.set_num_threads(1)
     budget = args.bytes or max(8 * llc_bytes(), MIN_BYTES)
     results = []
-    print(f"rows of {budget / 2**30:.2f} GiB a table"
+    size = f"{budget / 2**30:.2f} GiB" if budget >= 2**30 else f"{budget / 2**20:.1f} MiB"
+    print(f"rows of {size} a table"
           f"{'' if args.bytes else ' (8x the last-level cache, at least 1 GiB)'}; "
           f"batches of {BATCH} ids; one thread each")
     for dim in (int(d) for d in args.dims.split(",")):
