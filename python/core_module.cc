@@ -47,6 +47,23 @@ T Take(absl::StatusOr<T> s) {
   return *std::move(s);
 }
 
+// Runs `call` (a call of the core) with the GIL released, and raises what it returns.
+template <typename Call>
+void WithoutGil(const Call& call) {
+  absl::Status s;
+  {
+    py::gil_scoped_release release;
+    s = call();
+  }
+  Check(s);
+}
+
+embedding::LookupOptions LookupOptionsOf(bool read_only) {
+  embedding::LookupOptions options;
+  options.insert_missing = !read_only;
+  return options;
+}
+
 absl::Span<const int64_t> SpanOf(const Ids& ids) {
   return absl::MakeConstSpan(ids.data(), static_cast<size_t>(ids.size()));
 }
@@ -129,15 +146,10 @@ class Tables {
   py::array_t<float> Lookup(const std::string& name, const Ids& ids, bool read_only) {
     const int dim = Dim(name);
     py::array_t<float> out({static_cast<py::ssize_t>(ids.size()), static_cast<py::ssize_t>(dim)});
-    embedding::LookupOptions options;
-    options.insert_missing = !read_only;
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      s = tables_->Lookup(name, SpanOf(ids), absl::MakeSpan(out.mutable_data(), out.size()),
-                          options);
-    }
-    Check(s);
+    WithoutGil([&] {
+      return tables_->Lookup(name, SpanOf(ids), absl::MakeSpan(out.mutable_data(), out.size()),
+                             LookupOptionsOf(read_only));
+    });
     return out;
   }
 
@@ -156,14 +168,7 @@ class Tables {
       bags.push_back(b);
       out.emplace(name, std::move(rows));
     }
-    embedding::LookupOptions options;
-    options.insert_missing = !read_only;
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      s = tables_->LookupBatch(bags, options);
-    }
-    Check(s);
+    WithoutGil([&] { return tables_->LookupBatch(bags, LookupOptionsOf(read_only)); });
     py::dict d;
     for (auto& [name, rows] : out) d[py::str(name)] = std::move(rows);
     return d;
@@ -188,14 +193,7 @@ class Tables {
       b.out = absl::MakeSpan(out.mutable_data() + t * bags * dim, bags * dim);
       parts.push_back(b);
     }
-    embedding::LookupOptions options;
-    options.insert_missing = !read_only;
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      s = tables_->LookupBatch(parts, options);
-    }
-    Check(s);
+    WithoutGil([&] { return tables_->LookupBatch(parts, LookupOptionsOf(read_only)); });
     return out;
   }
 
@@ -249,12 +247,7 @@ class Tables {
     std::vector<int64_t> updated;
     embedding::PushOptions options;
     options.rows_updated = &updated;
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      s = tables_->PushBatch(grads, step, options);
-    }
-    Check(s);
+    WithoutGil([&] { return tables_->PushBatch(grads, step, options); });
     py::dict d;
     for (size_t i = 0; i < parts.size(); ++i) {
       d[py::str(std::get<0>(parts[i]))] = i < updated.size() ? updated[i] : 0;

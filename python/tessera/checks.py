@@ -20,6 +20,18 @@ class TesseraError(Exception):
         self.message = message
 
 
+class TableConfigs:
+    """The table configs a client keeps (`_configs`, by name), which its tables() lists
+    again: _config(table) is a table's, NOT_FOUND for one that is not listed."""
+
+    def _config(self, table: str) -> config_pb2.TableConfig:
+        if table not in self._configs:
+            self.tables()
+        if table not in self._configs:
+            raise TesseraError(grpc.StatusCode.NOT_FOUND, f"table '{table}' not found")
+        return self._configs[table]
+
+
 def _raise(error: grpc.RpcError):
     raise TesseraError(error.code(), error.details()) from None
 

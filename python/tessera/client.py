@@ -26,8 +26,8 @@ import grpc
 import numpy as np
 
 from tessera import sharding, wire
-from tessera.checks import (_POOLING, TesseraError, _check_gradients, _invalid, _pool, _raise,
-                            _sum_repeats, as_ids, check_lookup)
+from tessera.checks import (_POOLING, TableConfigs, TesseraError, _check_gradients, _invalid, _pool,
+                            _raise, _sum_repeats, as_ids, check_lookup)
 from tessera.tables import optimizer_changes, table_config
 from tessera.v1 import config_pb2, embedding_service_pb2 as api
 
@@ -105,7 +105,7 @@ class _Endpoint:
         self.channel.close()
 
 
-class Client:
+class Client(TableConfigs):
     """See connect(). Thread-safe for concurrent calls once connected."""
 
     def __init__(self, address: str, mode: str = "smart", token: Optional[str] = None,
@@ -419,13 +419,6 @@ class Client:
                                            after_lookup))
 
     # -- internals -------------------------------------------------------------------------
-
-    def _config(self, table: str) -> config_pb2.TableConfig:
-        if table not in self._configs:
-            self.tables()
-        if table not in self._configs:
-            raise TesseraError(grpc.StatusCode.NOT_FOUND, f"table '{table}' not found")
-        return self._configs[table]
 
     def _call(self, method, request, timeout: Optional[float] = None):
         """One call with retries of UNAVAILABLE or CANCELLED (exponential backoff)."""

@@ -18,7 +18,8 @@ from typing import Dict, Optional, Sequence
 import grpc
 import numpy as np
 
-from tessera.checks import TesseraError, _check_gradients, _pool, as_ids, check_lookup
+from tessera.checks import (TableConfigs, TesseraError, _check_gradients, _pool, as_ids,
+                            check_lookup)
 from tessera.tables import optimizer_changes, table_config
 from tessera.v1 import config_pb2
 from tessera.v1 import embedding_service_pb2 as api
@@ -52,7 +53,7 @@ def local(data_dir: Optional[str] = None, shards: int = 0, threads: int = 0,
     return LocalTables(data_dir, shards, threads, memory_limit)
 
 
-class LocalTables:
+class LocalTables(TableConfigs):
     """See the module's docstring. Thread-safe as a Client is."""
 
     mode = "local"
@@ -196,13 +197,6 @@ class LocalTables:
 
     def checkpoints(self):
         return self._call(self._tables.list_checkpoints)
-
-    def _config(self, table: str) -> config_pb2.TableConfig:
-        if table not in self._configs:
-            self.tables()
-        if table not in self._configs:
-            raise TesseraError(grpc.StatusCode.NOT_FOUND, f"table '{table}' not found")
-        return self._configs[table]
 
     def close(self):
         self._tables = None

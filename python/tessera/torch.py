@@ -190,7 +190,10 @@ class EmbeddingCollection(torch.nn.Module):
         """Looks up the rows `features` needs (each table's distinct ids), for a later
         forward(): what prefetch() runs ahead on a background thread. Read-only unless the
         module is in training mode."""
-        parts = _features(features, self.names)
+        return self._fetch(_features(features, self.names))
+
+    def _fetch(self, parts) -> "Fetched":
+        """fetch() of the features' parts (_features)."""
         training = self.training
         checked = {}
         for name in self.names:
@@ -214,11 +217,15 @@ class EmbeddingCollection(torch.nn.Module):
         rows' gradients are pushed at step `step` (default: the module's next step) during
         backward. TesseraError as the client raises it (unknown table, bad ids or
         offsets)."""
-        if not isinstance(features, Fetched) and hasattr(self.client, "pooled_lookup"):
-            fused = self._fused_forward(features, step, as_dict)
-            if fused is not None:
-                return fused
-        fetched = features if isinstance(features, Fetched) else self.fetch(features)
+        if isinstance(features, Fetched):
+            fetched = features
+        else:
+            parts = _features(features, self.names)
+            if hasattr(self.client, "pooled_lookup"):
+                fused = self._fused_forward(parts, step, as_dict)
+                if fused is not None:
+                    return fused
+            fetched = self._fetch(parts)
         training = self.training and torch.is_grad_enabled()
         if training and step is None:
             step = self.step
@@ -241,14 +248,14 @@ class EmbeddingCollection(torch.nn.Module):
             raise ValueError(f"tables give pooled shapes {sorted(shapes)}: pass as_dict=True")
         return torch.stack([pooled[n] for n in self.names], dim=1)
 
-    def _fused_forward(self, features, step, as_dict):
+    def _fused_forward(self, parts, step, as_dict):
         """Tables in this process (tessera.local), "sum" pooling without weights, one dim and
         bag count: every table's bags pooled in one call of the core, and in backward their
         rows' gradients summed by it, in the order and arithmetic of the general path (so
-        the rows equal a cluster's after the same steps). None where that does not apply."""
+        the rows equal a cluster's after the same steps). `parts`: the features' parts
+        (_features). None where that does not apply."""
         if self.pooling != "sum" or len(set(self.dims.values())) != 1:
             return None
-        parts = _features(features, self.names)
         if any(parts[n][2] is not None for n in self.names):
             return None
         ids = [as_ids(parts[n][0]) for n in self.names]
