@@ -204,8 +204,8 @@ absl::Status EmbeddingClient::PooledLookup(absl::string_view table, absl::Span<c
   return LookupBatch({&part, 1}, options);
 }
 
-absl::Status EmbeddingClient::LookupBatch(absl::Span<const embedding::TableBags> tables,
-                                          const embedding::LookupOptions& options) {
+absl::StatusOr<std::vector<v1::TableConfig>> EmbeddingClient::CheckedLookups(
+    absl::Span<const embedding::TableBags> tables) const {
   TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> configs, Configs(tables));
   for (size_t i = 0; i < tables.size(); ++i) {
     const embedding::TableBags& t = tables[i];
@@ -216,6 +216,128 @@ absl::Status EmbeddingClient::LookupBatch(absl::Span<const embedding::TableBags>
                                                      configs[i].dim(),
                                                      t.offsets.empty() ? "ids" : "bags"));
   }
+  return configs;
+}
+
+namespace {
+
+// The coordinator's request for a lookup of `tables`.
+void FillLookupRequest(absl::Span<const embedding::TableBags> tables, bool insert_missing,
+                       v1::BatchLookupRequest* req) {
+  req->Clear();
+  req->set_read_only(!insert_missing);
+  // The coordinator forwards its shards' answers; they are merged here (MergeForwarded).
+  req->set_shard_rows(true);
+  for (const embedding::TableBags& t : tables) {
+    v1::TableLookup* part = req->add_tables();
+    part->set_table(t.table);
+    part->set_pooling(t.pooling);
+    wire::SetPacked(t.ids, part->mutable_ids());
+    wire::SetPacked(t.offsets, part->mutable_offsets());
+    wire::SetPacked(t.weights, part->mutable_weights());
+  }
+}
+
+// A table's answer forwarded from its shards (TableValues.shard_values) merged into
+// part.out as the router merges its shards' answers: the same floats, in the same order.
+absl::Status MergeForwarded(const v1::TableValues& answer, const embedding::TableBags& part) {
+  const int dim = answer.dim();
+  const size_t row_bytes = static_cast<size_t>(dim) * sizeof(float);
+  auto broken = [&](const std::string& why) {
+    return absl::InternalError(
+        absl::StrCat("table '", part.table, "': coordinator's forwarded answer ", why));
+  };
+  if (dim <= 0 || static_cast<size_t>(answer.rows()) * dim != part.out.size()) {
+    return broken(absl::StrCat("is ", answer.rows(), " rows of dim ", dim, ", expected ",
+                               part.out.size(), " floats"));
+  }
+  if (answer.shard_pooled()) {
+    if (part.offsets.empty()) return broken("pools bags the request did not have");
+    std::vector<const char*> partials;
+    for (const std::string& block : answer.shard_values()) {
+      if (block.size() != part.out.size() * sizeof(float)) return broken("has a short block");
+      partials.push_back(block.data());
+    }
+    embedding::AddPartialBags(partials, dim, part.offsets, part.pooling, part.out.data());
+    return absl::OkStatus();
+  }
+  thread_local std::vector<float> rows;
+  thread_local std::vector<int32_t> row_of;
+  size_t total = 0;
+  for (const std::string& block : answer.shard_values()) {
+    if (block.size() % row_bytes != 0) return broken("has a block of part of a row");
+    total += block.size();
+  }
+  rows.resize(total / sizeof(float));
+  char* at = reinterpret_cast<char*>(rows.data());
+  for (const std::string& block : answer.shard_values()) {
+    std::memcpy(at, block.data(), block.size());
+    at += block.size();
+  }
+  if (answer.row_of_ids().size() != part.ids.size() * sizeof(int32_t)) {
+    return broken("does not give every id its row");
+  }
+  row_of.resize(part.ids.size());
+  std::memcpy(row_of.data(), answer.row_of_ids().data(), answer.row_of_ids().size());
+  const int64_t num_rows = static_cast<int64_t>(total / row_bytes);
+  for (const int32_t r : row_of) {
+    if (r < 0 || r >= num_rows) return broken("names a row it does not hold");
+  }
+  embedding::RowsToAnswer(rows.data(), dim, row_of, part.offsets, part.weights, part.pooling,
+                          part.out.data());
+  return absl::OkStatus();
+}
+
+// The coordinator's answer to a lookup of `tables`, copied or merged into their `out`.
+absl::Status CopyLookupAnswer(const v1::BatchLookupResponse& resp,
+                              absl::Span<const embedding::TableBags> tables) {
+  if (resp.tables_size() != static_cast<int>(tables.size())) {
+    return absl::InternalError(absl::StrCat("coordinator answered ", resp.tables_size(),
+                                            " tables, expected ", tables.size()));
+  }
+  for (size_t i = 0; i < tables.size(); ++i) {
+    if (resp.tables(i).values().empty() && !tables[i].out.empty()) {
+      TESSERA_RETURN_IF_ERROR(MergeForwarded(resp.tables(i), tables[i]));
+      continue;
+    }
+    const std::string& values = resp.tables(i).values();
+    if (values.size() != tables[i].out.size() * sizeof(float)) {
+      return absl::InternalError(absl::StrCat("table '", tables[i].table,
+                                              "': coordinator returned ", values.size() / 4,
+                                              " floats, expected ", tables[i].out.size()));
+    }
+    std::memcpy(tables[i].out.data(), values.data(), values.size());
+  }
+  return absl::OkStatus();
+}
+
+// The coordinator's request for a push of `tables` under request id `id`.
+void FillPushRequest(absl::Span<const embedding::TableGradients> tables, int64_t step,
+                     const embedding::RequestId& id, const embedding::PushOptions& options,
+                     v1::BatchPushRequest* req) {
+  req->set_step(step);
+  wire::ToProto(id, req->mutable_request_id());
+  if (options.sync.active()) wire::ToProto(options.sync, req->mutable_sync());
+  req->set_after_lookup(options.after_lookup);
+  for (const embedding::TableGradients& t : tables) {
+    v1::TableGradients* part = req->add_tables();
+    part->set_table(t.table);
+    wire::SetPacked(t.ids, part->mutable_ids());
+    wire::SetPacked(t.gradients, part->mutable_gradients());
+  }
+}
+
+void SetRowsUpdated(const v1::BatchPushResponse& resp, const embedding::PushOptions& options) {
+  if (options.rows_updated != nullptr) {
+    options.rows_updated->assign(resp.rows_updated().begin(), resp.rows_updated().end());
+  }
+}
+
+}  // namespace
+
+absl::Status EmbeddingClient::LookupBatch(absl::Span<const embedding::TableBags> tables,
+                                          const embedding::LookupOptions& options) {
+  TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> configs, CheckedLookups(tables));
   if (options_.mode == ClientOptions::Mode::kSmart) {
     return OnShards([&](ShardRouter& router) {
       return router.LookupBatch(configs, tables, !options.insert_missing);
@@ -224,35 +346,56 @@ absl::Status EmbeddingClient::LookupBatch(absl::Span<const embedding::TableBags>
   auto messages = lookup_messages_.Acquire();
   v1::BatchLookupRequest& req = messages->request;
   v1::BatchLookupResponse& resp = messages->response;
-  req.Clear();
-  req.set_read_only(!options.insert_missing);
-  for (const embedding::TableBags& t : tables) {
-    v1::TableLookup* part = req.add_tables();
-    part->set_table(t.table);
-    part->set_pooling(t.pooling);
-    wire::SetPacked(t.ids, part->mutable_ids());
-    wire::SetPacked(t.offsets, part->mutable_offsets());
-    wire::SetPacked(t.weights, part->mutable_weights());
-  }
+  FillLookupRequest(tables, options.insert_missing, &req);
   return WithRetries([&] {
     auto ctx = NewContext();
     TESSERA_RETURN_IF_ERROR(
         wire::FromGrpcStatus(coordinator_.Get()->BatchLookup(ctx.get(), req, &resp)));
     NoteCoordinatorDigest(resp.incarnation(), resp.shard_map_version());
-    if (resp.tables_size() != static_cast<int>(tables.size())) {
-      return absl::InternalError(absl::StrCat("coordinator answered ", resp.tables_size(),
-                                              " tables, expected ", tables.size()));
+    return CopyLookupAnswer(resp, tables);
+  });
+}
+
+absl::Status EmbeddingClient::PushThenLookup(absl::Span<const embedding::TableGradients> push,
+                                             int64_t step, const embedding::PushOptions& pushing,
+                                             absl::Span<const embedding::TableBags> lookups,
+                                             const embedding::LookupOptions& options) {
+  if (push.empty() || pushing.check_only || pushing.sync.active()) {
+    // A check round or a sync group's push does not ride on a lookup: two calls.
+    return EmbeddingCollection::PushThenLookup(push, step, pushing, lookups, options);
+  }
+  TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> configs, CheckedLookups(lookups));
+  TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> push_configs, Configs(push));
+  TESSERA_ASSIGN_OR_RETURN(const embedding::CheckedPush checked,
+                           embedding::CheckPush(push_configs, push));
+  const embedding::RequestId id = pushing.request_id.empty() ? NextRequestId() : pushing.request_id;
+  if (options_.mode == ClientOptions::Mode::kSmart) {
+    return OnShards([&](ShardRouter& router) -> absl::Status {
+      TESSERA_ASSIGN_OR_RETURN(std::vector<int64_t> updated,
+                               router.PushThenLookup(checked, step, id, pushing.after_lookup,
+                                                     configs, lookups, !options.insert_missing));
+      if (pushing.rows_updated != nullptr) *pushing.rows_updated = std::move(updated);
+      return absl::OkStatus();
+    });
+  }
+  auto messages = lookup_messages_.Acquire();
+  v1::BatchLookupRequest& req = messages->request;
+  v1::BatchLookupResponse& resp = messages->response;
+  FillLookupRequest(lookups, options.insert_missing, &req);
+  FillPushRequest(push, step, id, pushing, req.mutable_push());
+  // Every attempt carries the push's one request id: a repeat applies it once.
+  return WithRetries([&] {
+    auto ctx = NewContext();
+    TESSERA_RETURN_IF_ERROR(
+        wire::FromGrpcStatus(coordinator_.Get()->BatchLookup(ctx.get(), req, &resp)));
+    NoteCoordinatorDigest(resp.incarnation(), resp.shard_map_version());
+    if (!resp.has_push()) {
+      return absl::InternalError(
+          "the coordinator answered a lookup carrying a push without the push's answer (an "
+          "older tessera-coordinator?)");
     }
-    for (size_t i = 0; i < tables.size(); ++i) {
-      const std::string& values = resp.tables(i).values();
-      if (values.size() != tables[i].out.size() * sizeof(float)) {
-        return absl::InternalError(absl::StrCat("table '", tables[i].table,
-                                                "': coordinator returned ", values.size() / 4,
-                                                " floats, expected ", tables[i].out.size()));
-      }
-      std::memcpy(tables[i].out.data(), values.data(), values.size());
-    }
-    return absl::OkStatus();
+    SetRowsUpdated(resp.push(), pushing);
+    return CopyLookupAnswer(resp, lookups);
   });
 }
 
@@ -291,28 +434,17 @@ absl::Status EmbeddingClient::PushBatch(absl::Span<const embedding::TableGradien
     }));
   }
   v1::BatchPushRequest req;
-  req.set_step(step);
-  wire::ToProto(id, req.mutable_request_id());
-  if (options.sync.active()) wire::ToProto(options.sync, req.mutable_sync());
-  req.set_after_lookup(options.after_lookup);
+  FillPushRequest(tables, step, id, options, &req);
   const std::chrono::milliseconds deadline =
       options.sync.active() ? wire::SyncDeadline(options.sync, options_.deadline)
                             : options_.deadline;
-  for (const embedding::TableGradients& t : tables) {
-    v1::TableGradients* part = req.add_tables();
-    part->set_table(t.table);
-    wire::SetPacked(t.ids, part->mutable_ids());
-    wire::SetPacked(t.gradients, part->mutable_gradients());
-  }
   auto push = [&] {
     auto ctx = NewContext(deadline);
     v1::BatchPushResponse resp;
     TESSERA_RETURN_IF_ERROR(
         wire::FromGrpcStatus(coordinator_.Get()->BatchPush(ctx.get(), req, &resp)));
     NoteCoordinatorDigest(resp.incarnation(), resp.shard_map_version());
-    if (options.rows_updated != nullptr) {
-      options.rows_updated->assign(resp.rows_updated().begin(), resp.rows_updated().end());
-    }
+    SetRowsUpdated(resp, options);
     return absl::OkStatus();
   };
   if (!options.sync.active()) return WithRetries(push);

@@ -69,6 +69,14 @@ class EmbeddingClient final : public embedding::EmbeddingCollection,
   // and is retried with it, so a retry never applies a part twice.
   absl::Status PushBatch(absl::Span<const embedding::TableGradients> tables, int64_t step,
                          const embedding::PushOptions& options = {}) override;
+  // The push rides on the lookup (BatchLookupRequest.push): one round trip per shard (smart
+  // mode) or one to the coordinator, retried whole under the push's one request id. A sync
+  // group's push or a check round goes as two calls.
+  absl::Status PushThenLookup(absl::Span<const embedding::TableGradients> push, int64_t step,
+                              const embedding::PushOptions& push_options,
+                              absl::Span<const embedding::TableBags> lookups,
+                              const embedding::LookupOptions& options = {}) override;
+  bool FusesPushAndLookup() const override { return true; }
   absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override;
   int num_shards() const override;
   // Smart mode: the shards' incarnations as the router sees them; coordinator mode: the
@@ -121,6 +129,9 @@ class EmbeddingClient final : public embedding::EmbeddingCollection,
 
   std::unique_ptr<grpc::ClientContext> NewContext() const { return NewContext(options_.deadline); }
   std::unique_ptr<grpc::ClientContext> NewContext(std::chrono::milliseconds deadline) const;
+  // The configs of `tables`, each checked to be looked up as it is shaped.
+  absl::StatusOr<std::vector<v1::TableConfig>> CheckedLookups(
+      absl::Span<const embedding::TableBags> tables) const;
   // Runs `call` until it succeeds, fails with a code retrying cannot fix, or retries run out.
   absl::Status WithRetries(const std::function<absl::Status()>& call) const;
   // One unary call of the coordinator's service, through WithRetries (`resp` cleared before

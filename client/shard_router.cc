@@ -345,9 +345,21 @@ void ShardRouter::AddUniqueIds(Scratch& s, size_t p, const v1::TableConfig& conf
   }
 }
 
-base::ThreadPool& ShardRouter::Pool() const {
-  return options_.pool != nullptr ? *options_.pool : base::ThreadPool::CallingThread();
+base::ThreadPool& ShardRouter::Pool(size_t ids) const {
+  return options_.pool != nullptr ? options_.pool->For(ids, kParallelIds)
+                                  : base::ThreadPool::CallingThread();
 }
+
+namespace {
+
+template <typename Part>
+size_t TotalIds(absl::Span<const Part> parts) {
+  size_t n = 0;
+  for (const Part& part : parts) n += part.ids.size();
+  return n;
+}
+
+}  // namespace
 
 void ShardRouter::AddShardBags(Scratch& s, size_t p, const v1::TableConfig& config,
                                const embedding::TableBags& part, std::vector<bool>& work) {
@@ -402,30 +414,14 @@ absl::StatusOr<const char*> ShardRouter::LookupAnswer(const Scratch& s, int k, s
 absl::Status ShardRouter::MergeShardBags(const Scratch& s, size_t p, size_t num_parts,
                                          const v1::TableConfig& config,
                                          const embedding::TableBags& part) {
-  const int dim = config.dim();
   const size_t bags = part.offsets.size() - 1;
-  std::fill(part.out.begin(), part.out.end(), 0.0f);
-  std::vector<float> partial(bags * dim);
+  std::vector<const char*> partials;
   for (int k = 0; k < num_shards(); ++k) {
     if (s.part_index[k * num_parts + p] < 0) continue;
     TESSERA_ASSIGN_OR_RETURN(const char* values, LookupAnswer(s, k, p, num_parts, bags, config));
-    std::memcpy(partial.data(), values, bags * dim * sizeof(float));
-    for (size_t j = 0; j < bags * dim; ++j) part.out[j] += partial[j];
+    partials.push_back(values);
   }
-  if (part.pooling == v1::MEAN) {
-    for (size_t b = 0; b < bags; ++b) {
-      const int n = part.offsets[b + 1] - part.offsets[b];
-      if (n == 0) continue;
-      for (int j = 0; j < dim; ++j) part.out[b * dim + j] /= static_cast<float>(n);
-    }
-  } else if (part.pooling == v1::SQRTN) {
-    // As the in-process pooling scales: by row_math::BagScale.
-    for (size_t b = 0; b < bags; ++b) {
-      const float scale = embedding::row_math::BagScale(embedding::row_math::PoolingKind::kSqrtN,
-                                                        part.offsets[b + 1] - part.offsets[b]);
-      for (int j = 0; j < dim; ++j) part.out[b * dim + j] *= scale;
-    }
-  }
+  embedding::AddPartialBags(partials, config.dim(), part.offsets, part.pooling, part.out.data());
   return absl::OkStatus();
 }
 
@@ -448,14 +444,37 @@ absl::Status ShardRouter::MergeUniqueRows(Scratch& s, size_t p, size_t num_parts
     std::memcpy(plan.rows.data() + u * dim,
                 plan.values_in[plan.shard_of[u]] + plan.slot[u] * row_bytes, row_bytes);
   }
-  if (part.offsets.empty()) {
-    for (size_t i = 0; i < part.ids.size(); ++i) {
-      std::copy_n(plan.rows.data() + static_cast<size_t>(plan.inverse[i]) * dim, dim,
-                  part.out.data() + i * dim);
-    }
-  } else {
-    embedding::PoolBags(plan.rows.data(), dim, plan.inverse, part.offsets, part.weights,
-                        part.pooling, part.out.data());
+  embedding::RowsToAnswer(plan.rows.data(), dim, plan.inverse, part.offsets, part.weights,
+                          part.pooling, part.out.data());
+  return absl::OkStatus();
+}
+
+absl::Status ShardRouter::ForwardAnswers(Scratch& s, size_t p, size_t num_parts,
+                                         const v1::TableConfig& config,
+                                         const embedding::TableBags& part,
+                                         v1::TableValues* answer) {
+  const PartPlan& plan = s.parts[p];
+  const size_t bags = part.offsets.empty() ? 0 : part.offsets.size() - 1;
+  answer->clear_values();
+  answer->set_shard_pooled(plan.shard_pools);
+  // Each shard's block moves into the answer as it came (no float is read or copied);
+  // its first row's place in the blocks taken end to end.
+  std::vector<int32_t> base(num_shards(), 0);
+  int32_t rows = 0;
+  for (int k = 0; k < num_shards(); ++k) {
+    const int idx = s.part_index[k * num_parts + p];
+    if (idx < 0) continue;
+    const size_t count = plan.shard_pools ? bags : static_cast<size_t>(plan.count[k]);
+    TESSERA_RETURN_IF_ERROR(LookupAnswer(s, k, p, num_parts, count, config).status());
+    answer->add_shard_values()->swap(*s.lookup_responses[k].mutable_tables(idx)->mutable_values());
+    base[k] = rows;
+    rows += static_cast<int32_t>(count);
+  }
+  if (plan.shard_pools) return absl::OkStatus();
+  int32_t* row_of = wire::ResizePacked<int32_t>(answer->mutable_row_of_ids(), plan.inverse.size());
+  for (size_t i = 0; i < plan.inverse.size(); ++i) {
+    const int32_t u = plan.inverse[i];
+    row_of[i] = base[plan.shard_of[u]] + plan.slot[u];
   }
   return absl::OkStatus();
 }
@@ -473,18 +492,17 @@ void ShardRouter::FillIdPlan(const PartPlan& plan, const v1::TableConfig& config
   part.plan->valid = true;
 }
 
-absl::Status ShardRouter::LookupBatch(absl::Span<const v1::TableConfig> configs,
-                                      absl::Span<const embedding::TableBags> parts,
-                                      bool read_only) {
+absl::Status ShardRouter::PlanLookup(Scratch& s, absl::Span<const v1::TableConfig> configs,
+                                     absl::Span<const embedding::TableBags> parts, bool read_only,
+                                     std::vector<bool>* work) {
   const int shards = num_shards();
   const size_t num_parts = parts.size();
   for (size_t p = 0; p < num_parts; ++p) {
     TESSERA_RETURN_IF_ERROR(embedding::CheckVocabulary(configs[p], parts[p].ids));
   }
-  auto s = scratch_.Acquire();
-  s->parts.resize(std::max(s->parts.size(), num_parts));
-  s->part_index.assign(static_cast<size_t>(shards) * num_parts, -1);
-  auto& reqs = s->lookups;
+  s.parts.resize(std::max(s.parts.size(), num_parts));
+  s.part_index.assign(static_cast<size_t>(shards) * num_parts, -1);
+  auto& reqs = s.lookups;
   for (int k = 0; k < shards; ++k) {
     reqs[k].Clear();
     reqs[k].set_read_only(read_only);
@@ -493,42 +511,116 @@ absl::Status ShardRouter::LookupBatch(absl::Span<const v1::TableConfig> configs,
   for (const embedding::TableBags& part : parts) {
     if (part.plan != nullptr) part.plan->valid = false;
   }
-  std::vector<bool> work(shards, false);
+  work->assign(shards, false);
   // Each table's ids deduplicated and placed on their shards, a table to a thread; then
   // into the shards' requests one table after another.
-  s->ids_out.assign(static_cast<size_t>(shards) * num_parts, nullptr);
-  Pool().ParallelFor(static_cast<int>(num_parts), [&](int p) {
+  s.ids_out.assign(static_cast<size_t>(shards) * num_parts, nullptr);
+  Pool(TotalIds(parts)).ParallelFor(static_cast<int>(num_parts), [&](int p) {
     const embedding::TableBags& part = parts[p];
-    PartPlan& plan = s->parts[p];
+    PartPlan& plan = s.parts[p];
     Place(configs[p], part.ids, /*distinct=*/false, &plan);
     // Bags of many ids: each shard pools its share, so only pooled vectors travel.
     plan.shard_pools = !part.offsets.empty() && plan.unique.size() > part.offsets.size() - 1;
   });
   for (size_t p = 0; p < num_parts; ++p) {
     const embedding::TableBags& part = parts[p];
-    const PartPlan& plan = s->parts[p];
+    const PartPlan& plan = s.parts[p];
     if (plan.shard_pools) {
-      AddShardBags(*s, p, configs[p], part, work);
+      AddShardBags(s, p, configs[p], part, *work);
     } else {
-      AddUniqueIds(*s, p, configs[p], work);
+      AddUniqueIds(s, p, configs[p], *work);
     }
   }
-  const std::vector<grpc::Status> statuses = CallShardsWithRetries(
+  return absl::OkStatus();
+}
+
+absl::Status ShardRouter::MergeLookup(Scratch& s, absl::Span<const v1::TableConfig> configs,
+                                      absl::Span<const embedding::TableBags> parts,
+                                      v1::BatchLookupResponse* forward) {
+  const size_t num_parts = parts.size();
+  if (forward != nullptr && forward->tables_size() != static_cast<int>(num_parts)) {
+    return absl::InternalError(absl::StrCat("an answer of ", forward->tables_size(),
+                                            " tables to forward ", num_parts, " parts into"));
+  }
+  return Pool(TotalIds(parts))
+      .ParallelForStatus(static_cast<int>(num_parts), [&](int p) -> absl::Status {
+        if (forward != nullptr) {
+          TESSERA_RETURN_IF_ERROR(
+              ForwardAnswers(s, p, num_parts, configs[p], parts[p], forward->mutable_tables(p)));
+        } else {
+          TESSERA_RETURN_IF_ERROR(s.parts[p].shard_pools
+                                      ? MergeShardBags(s, p, num_parts, configs[p], parts[p])
+                                      : MergeUniqueRows(s, p, num_parts, configs[p], parts[p]));
+        }
+        FillIdPlan(s.parts[p], configs[p], parts[p]);
+        return absl::OkStatus();
+      });
+}
+
+std::vector<grpc::Status> ShardRouter::SendLookups(Scratch& s, const std::vector<bool>& work) {
+  return CallShardsWithRetries(
       work,
       [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
-        return stubs_[k]->Get()->PrepareAsyncBatchLookup(ctx, reqs[k], queue);
+        return stubs_[k]->Get()->PrepareAsyncBatchLookup(ctx, s.lookups[k], queue);
       },
-      &s->lookup_responses, options_.deadline, /*reprovision=*/true);
+      &s.lookup_responses, options_.deadline, /*reprovision=*/true);
+}
+
+absl::Status ShardRouter::LookupBatch(absl::Span<const v1::TableConfig> configs,
+                                      absl::Span<const embedding::TableBags> parts, bool read_only,
+                                      v1::BatchLookupResponse* forward) {
+  auto s = scratch_.Acquire();
+  std::vector<bool> work;
+  TESSERA_RETURN_IF_ERROR(PlanLookup(*s, configs, parts, read_only, &work));
+  const std::vector<grpc::Status> statuses = SendLookups(*s, work);
+  for (int k = 0; k < num_shards(); ++k) {
+    if (work[k] && !statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
+  }
+  return MergeLookup(*s, configs, parts, forward);
+}
+
+absl::StatusOr<std::vector<int64_t>> ShardRouter::PushThenLookup(
+    const embedding::CheckedPush& push, int64_t step, const embedding::RequestId& request_id,
+    bool after_lookup, absl::Span<const v1::TableConfig> configs,
+    absl::Span<const embedding::TableBags> parts, bool read_only,
+    v1::BatchLookupResponse* forward) {
+  const int shards = num_shards();
+  const embedding::RequestId id = request_id.empty() ? NextRequestId() : request_id;
+  auto pushed = scratch_.Acquire();
+  std::vector<bool> push_work;
+  TESSERA_RETURN_IF_ERROR(PlanPush(*pushed, push, step, id, {}, &push_work));
+  if (!after_lookup && std::count(push_work.begin(), push_work.end(), true) > 1) {
+    // Its check round cannot ride on a lookup: the push goes alone, then the lookup.
+    TESSERA_ASSIGN_OR_RETURN(std::vector<int64_t> updated,
+                             SendPush(*pushed, push, id, {}, after_lookup, &push_work));
+    TESSERA_RETURN_IF_ERROR(LookupBatch(configs, parts, read_only, forward));
+    return updated;
+  }
+  auto looked = scratch_.Acquire();
+  std::vector<bool> work;
+  TESSERA_RETURN_IF_ERROR(PlanLookup(*looked, configs, parts, read_only, &work));
+  // Each shard's part of the push rides in its lookup request, and comes back in its answer.
+  auto swap_pushes = [&](const std::vector<grpc::Status>* statuses) {
+    for (int k = 0; k < shards; ++k) {
+      if (!push_work[k]) continue;
+      looked->lookups[k].mutable_push()->Swap(&pushed->pushes[k]);
+      if (statuses != nullptr && (*statuses)[k].ok()) {
+        looked->lookup_responses[k].mutable_push()->Swap(&pushed->push_responses[k]);
+      }
+    }
+  };
+  swap_pushes(nullptr);
+  for (int k = 0; k < shards; ++k) work[k] = work[k] || push_work[k];
+  const std::vector<grpc::Status> statuses = SendLookups(*looked, work);
+  swap_pushes(&statuses);
+  // A failure names the shards that applied the push (a repeat under its id applies the rest).
+  TESSERA_RETURN_IF_ERROR(PushOutcome(statuses, push_work, id));
   for (int k = 0; k < shards; ++k) {
     if (work[k] && !statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
   }
-  return Pool().ParallelForStatus(static_cast<int>(num_parts), [&](int p) -> absl::Status {
-    TESSERA_RETURN_IF_ERROR(s->parts[p].shard_pools
-                                ? MergeShardBags(*s, p, num_parts, configs[p], parts[p])
-                                : MergeUniqueRows(*s, p, num_parts, configs[p], parts[p]));
-    FillIdPlan(s->parts[p], configs[p], parts[p]);
-    return absl::OkStatus();
-  });
+  TESSERA_ASSIGN_OR_RETURN(std::vector<int64_t> updated, RowsUpdated(*pushed, push.configs()));
+  TESSERA_RETURN_IF_ERROR(MergeLookup(*looked, configs, parts, forward));
+  return updated;
 }
 
 namespace {

@@ -133,9 +133,13 @@ class ShardRouter {
 
   // Looks up every part of `parts` (part i of table configs[i]) as
   // EmbeddingCollection::LookupBatch would. Offsets and weights must have been validated
-  // and each part's `out` sized for its answer.
+  // and each part's `out` sized for its answer. With `forward` (one TableValues per part,
+  // dim and rows set: a coordinator's answer), the shards' answers are moved into it as
+  // they came (TableValues.shard_values, row_of_ids) for the caller's client to merge,
+  // and no part's `out` is written.
   absl::Status LookupBatch(absl::Span<const v1::TableConfig> configs,
-                           absl::Span<const embedding::TableBags> parts, bool read_only);
+                           absl::Span<const embedding::TableBags> parts, bool read_only,
+                           v1::BatchLookupResponse* forward = nullptr);
 
   // Sums repeated ids of each part of `push` (checked where it entered this process), checks
   // those sums finite and ids in a fixed vocabulary's range (the whole batch is refused
@@ -152,6 +156,20 @@ class ShardRouter {
                                                  const embedding::RequestId& id,
                                                  const embedding::PushSync& sync = {},
                                                  bool after_lookup = false);
+
+  // PushBatch of `push` (after_lookup, no sync group) and then LookupBatch of `parts`, in
+  // one request per shard: each shard applies its part of the push, then answers its part
+  // of the lookup (BatchLookupRequest.push), so the lookup reads the push applied. A push
+  // spanning shards that is not `after_lookup` needs its check round first: it is sent
+  // alone, then the lookup. Failures as PushBatch's (naming the shards that applied the
+  // push); then LookupBatch's. Returns the distinct rows updated per push part.
+  absl::StatusOr<std::vector<int64_t>> PushThenLookup(const embedding::CheckedPush& push,
+                                                      int64_t step, const embedding::RequestId& id,
+                                                      bool after_lookup,
+                                                      absl::Span<const v1::TableConfig> configs,
+                                                      absl::Span<const embedding::TableBags> parts,
+                                                      bool read_only,
+                                                      v1::BatchLookupResponse* forward = nullptr);
 
   // Registers `sync`'s group (its job and worker count) with the shards of `shards` (every
   // shard when empty) that this router has not registered it with, or with each of them
@@ -216,6 +234,24 @@ class ShardRouter {
   void FillIdPlan(const PartPlan& plan, const v1::TableConfig& config,
                   const embedding::TableBags& part) const;
 
+  // A lookup's requests in s.lookups (*work: the shards that have a part), its answers
+  // sent and merged into the parts' `out`.
+  absl::Status PlanLookup(Scratch& s, absl::Span<const v1::TableConfig> configs,
+                          absl::Span<const embedding::TableBags> parts, bool read_only,
+                          std::vector<bool>* work);
+  std::vector<grpc::Status> SendLookups(Scratch& s, const std::vector<bool>& work);
+  absl::Status MergeLookup(Scratch& s, absl::Span<const v1::TableConfig> configs,
+                           absl::Span<const embedding::TableBags> parts,
+                           v1::BatchLookupResponse* forward);
+  // A push's requests in s.pushes (*work: the shards that take part), checked; then sent
+  // (with a check round where PushBatch says), the rows updated per part.
+  absl::Status PlanPush(Scratch& s, const embedding::CheckedPush& push, int64_t step,
+                        const embedding::RequestId& id, const embedding::PushSync& sync,
+                        std::vector<bool>* work);
+  absl::StatusOr<std::vector<int64_t>> SendPush(Scratch& s, const embedding::CheckedPush& push,
+                                                const embedding::RequestId& id,
+                                                const embedding::PushSync& sync, bool after_lookup,
+                                                std::vector<bool>* work);
   // LookupBatch's stages. Part p of a batch goes into the shards' requests either as its
   // unique ids (each shard answers rows) or, for bags of many ids, as each shard's share
   // of every bag (each shard answers pooled partial sums); `work[k]`: shard k has a part.
@@ -242,8 +278,12 @@ class ShardRouter {
   // Rows updated per part, summed over the shards' answers in `s`.
   absl::StatusOr<std::vector<int64_t>> RowsUpdated(const Scratch& s,
                                                    absl::Span<const v1::TableConfig> configs) const;
-  // The pool of options_, or the calling thread alone.
-  base::ThreadPool& Pool() const;
+  // The pool of options_ for a batch of `ids` ids in all, or the calling thread alone
+  // (no pool, or a batch below kParallelIds).
+  base::ThreadPool& Pool(size_t ids) const;
+  // Below this many ids a batch's tables take less time than waking threads for them (a
+  // batch of 256 samples of 26 features: 6,656): its tables stay on the calling thread.
+  static constexpr size_t kParallelIds = 16384;
   void AddShardBags(Scratch& s, size_t p, const v1::TableConfig& config,
                     const embedding::TableBags& part, std::vector<bool>& work);
   // Shard k's answer for part p, checked to hold `rows` rows of `dim`.
@@ -255,6 +295,9 @@ class ShardRouter {
                               const v1::TableConfig& config, const embedding::TableBags& part);
   absl::Status MergeUniqueRows(Scratch& s, size_t p, size_t num_parts,
                                const v1::TableConfig& config, const embedding::TableBags& part);
+  // Part p's answers moved into `answer` as they came (LookupBatch's `forward`).
+  absl::Status ForwardAnswers(Scratch& s, size_t p, size_t num_parts, const v1::TableConfig& config,
+                              const embedding::TableBags& part, v1::TableValues* answer);
 
   std::unique_ptr<grpc::ClientContext> NewContext(std::chrono::milliseconds deadline) const;
   std::unique_ptr<grpc::ClientContext> NewContext() const { return NewContext(options_.deadline); }

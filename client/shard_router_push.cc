@@ -107,22 +107,17 @@ absl::Status ShardRouter::CheckPushIds(const embedding::CheckedPush& push) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(const embedding::CheckedPush& push,
-                                                            int64_t step,
-                                                            const embedding::RequestId& request_id,
-                                                            const embedding::PushSync& sync,
-                                                            bool after_lookup) {
+absl::Status ShardRouter::PlanPush(Scratch& s, const embedding::CheckedPush& push, int64_t step,
+                                   const embedding::RequestId& id, const embedding::PushSync& sync,
+                                   std::vector<bool>* work) {
   const absl::Span<const v1::TableConfig> configs = push.configs();
   const absl::Span<const embedding::TableGradients> parts = push.parts();
   const int shards = num_shards();
   const size_t num_parts = parts.size();
   TESSERA_RETURN_IF_ERROR(CheckPushIds(push));
-  const embedding::RequestId id = request_id.empty() ? NextRequestId() : request_id;
-  auto s = scratch_.Acquire();
-  s->parts.resize(std::max(s->parts.size(), num_parts));
-  s->part_index.assign(static_cast<size_t>(shards) * num_parts, -1);
-  auto& reqs = s->pushes;
-  auto& resps = s->push_responses;
+  s.parts.resize(std::max(s.parts.size(), num_parts));
+  s.part_index.assign(static_cast<size_t>(shards) * num_parts, -1);
+  auto& reqs = s.pushes;
   for (int k = 0; k < shards; ++k) {
     reqs[k].Clear();
     reqs[k].set_step(step);
@@ -131,36 +126,58 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(const embedding::Che
     if (sync.active()) wire::ToProto(sync, reqs[k].mutable_sync());
   }
   // In a sync group every shard takes part in every step.
-  std::vector<bool> work(shards, sync.active());
+  work->assign(shards, sync.active());
   // Each table placed, a table to a thread; its rows in the requests, one table after
   // another; then filled and checked, a table to a thread.
-  Pool().ParallelFor(static_cast<int>(num_parts), [&](int p) {
-    Place(configs[p], parts[p].ids, PlannedIds(configs[p], parts[p]), &s->parts[p]);
+  size_t ids = 0;
+  for (const embedding::TableGradients& part : parts) ids += part.ids.size();
+  base::ThreadPool& pool = Pool(ids);
+  pool.ParallelFor(static_cast<int>(num_parts), [&](int p) {
+    Place(configs[p], parts[p].ids, PlannedIds(configs[p], parts[p]), &s.parts[p]);
   });
-  s->ids_out.assign(static_cast<size_t>(shards) * num_parts, nullptr);
-  s->grads_out.assign(static_cast<size_t>(shards) * num_parts, nullptr);
-  for (size_t p = 0; p < num_parts; ++p) AddPushPart(*s, p, configs[p], work);
-  TESSERA_RETURN_IF_ERROR(Pool().ParallelForStatus(static_cast<int>(num_parts), [&](int p) {
-    return FillPushPart(*s, p, configs[p], parts[p]);
-  }));
+  s.ids_out.assign(static_cast<size_t>(shards) * num_parts, nullptr);
+  s.grads_out.assign(static_cast<size_t>(shards) * num_parts, nullptr);
+  for (size_t p = 0; p < num_parts; ++p) AddPushPart(s, p, configs[p], *work);
+  return pool.ParallelForStatus(static_cast<int>(num_parts),
+                                [&](int p) { return FillPushPart(s, p, configs[p], parts[p]); });
+}
+
+absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(const embedding::CheckedPush& push,
+                                                            int64_t step,
+                                                            const embedding::RequestId& request_id,
+                                                            const embedding::PushSync& sync,
+                                                            bool after_lookup) {
+  const embedding::RequestId id = request_id.empty() ? NextRequestId() : request_id;
+  auto s = scratch_.Acquire();
+  std::vector<bool> work;
+  TESSERA_RETURN_IF_ERROR(PlanPush(*s, push, step, id, sync, &work));
+  return SendPush(*s, push, id, sync, after_lookup, &work);
+}
+
+absl::StatusOr<std::vector<int64_t>> ShardRouter::SendPush(
+    Scratch& s, const embedding::CheckedPush& push, const embedding::RequestId& id,
+    const embedding::PushSync& sync, bool after_lookup, std::vector<bool>* work) {
+  const int shards = num_shards();
+  auto& reqs = s.pushes;
   auto send = [&] {
     return CallShardsWithRetries(
-        work,
+        *work,
         [&](int k, grpc::ClientContext* ctx, grpc::CompletionQueue* queue) {
           return stubs_[k]->Get()->PrepareAsyncBatchPush(ctx, reqs[k], queue);
         },
-        &resps, sync.active() ? wire::SyncDeadline(sync, options_.deadline) : options_.deadline,
+        &s.push_responses,
+        sync.active() ? wire::SyncDeadline(sync, options_.deadline) : options_.deadline,
         /*reprovision=*/true);
   };
   // A push spanning shards is one unit: each shard checks its part (room included)
   // before any applies, unless a lookup of the same ids already did (every shard passed
   // the same checks and holds the rows), or the shards of a sync group apply it together.
-  if (!sync.active() && !after_lookup && std::count(work.begin(), work.end(), true) > 1) {
+  if (!sync.active() && !after_lookup && std::count(work->begin(), work->end(), true) > 1) {
     for (int k = 0; k < shards; ++k) reqs[k].set_check_only(true);
     const std::vector<grpc::Status> checked = send();
     for (int k = 0; k < shards; ++k) reqs[k].set_check_only(false);
     for (int k = 0; k < shards; ++k) {
-      if (work[k] && !checked[k].ok()) {
+      if ((*work)[k] && !checked[k].ok()) {
         return Annotate(FromShardStatus(checked[k], k, addresses_[k]),
                         "push refused; no shard applied it");
       }
@@ -168,12 +185,12 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushBatch(const embedding::Che
   }
   std::vector<grpc::Status> statuses;
   if (sync.active()) {
-    TESSERA_ASSIGN_OR_RETURN(statuses, SendInSyncGroup(sync, &work, send));
+    TESSERA_ASSIGN_OR_RETURN(statuses, SendInSyncGroup(sync, work, send));
   } else {
     statuses = send();
   }
-  TESSERA_RETURN_IF_ERROR(PushOutcome(statuses, work, id));
-  return RowsUpdated(*s, configs);
+  TESSERA_RETURN_IF_ERROR(PushOutcome(statuses, *work, id));
+  return RowsUpdated(s, push.configs());
 }
 
 absl::StatusOr<std::vector<int64_t>> ShardRouter::RowsUpdated(

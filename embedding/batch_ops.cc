@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/check.h"
@@ -265,6 +267,44 @@ void PoolBags(const float* rows, int dim, absl::Span<const int32_t> inverse,
     const float scale = BagScale(pooling, begin, end);
     if (scale != 1.0f) {
       for (int j = 0; j < dim; ++j) dst[j] *= scale;
+    }
+  }
+}
+
+void RowsToAnswer(const float* rows, int dim, absl::Span<const int32_t> row_of_ids,
+                  absl::Span<const int32_t> offsets, absl::Span<const float> weights,
+                  v1::Pooling pooling, float* out) {
+  if (!offsets.empty()) {
+    PoolBags(rows, dim, row_of_ids, offsets, weights, pooling, out);
+    return;
+  }
+  for (size_t i = 0; i < row_of_ids.size(); ++i) {
+    std::copy_n(rows + static_cast<size_t>(row_of_ids[i]) * dim, dim, out + i * dim);
+  }
+}
+
+void AddPartialBags(absl::Span<const char* const> partials, int dim,
+                    absl::Span<const int32_t> offsets, v1::Pooling pooling, float* out) {
+  const size_t bags = offsets.size() - 1;
+  const size_t n = bags * dim;
+  std::fill(out, out + n, 0.0f);
+  std::vector<float> partial(n);
+  for (const char* values : partials) {
+    std::memcpy(partial.data(), values, n * sizeof(float));
+    for (size_t j = 0; j < n; ++j) out[j] += partial[j];
+  }
+  if (pooling == v1::MEAN) {
+    for (size_t b = 0; b < bags; ++b) {
+      const int count = offsets[b + 1] - offsets[b];
+      if (count == 0) continue;
+      for (int j = 0; j < dim; ++j) out[b * dim + j] /= static_cast<float>(count);
+    }
+  } else if (pooling == v1::SQRTN) {
+    // As the in-process pooling scales: by row_math::BagScale.
+    for (size_t b = 0; b < bags; ++b) {
+      const float scale =
+          row_math::BagScale(row_math::PoolingKind::kSqrtN, offsets[b + 1] - offsets[b]);
+      for (int j = 0; j < dim; ++j) out[b * dim + j] *= scale;
     }
   }
 }

@@ -127,6 +127,20 @@ void PoolBags(const float* rows, int dim, absl::Span<const int32_t> inverse,
               absl::Span<const int32_t> offsets, absl::Span<const float> weights,
               v1::Pooling pooling, float* out);
 
+// A lookup answered as distinct rows `rows` (n, dim) and each id's row in them
+// (`row_of_ids`): copied into `out` (no offsets: one row per id) or pooled (PoolBags).
+void RowsToAnswer(const float* rows, int dim, absl::Span<const int32_t> row_of_ids,
+                  absl::Span<const int32_t> offsets, absl::Span<const float> weights,
+                  v1::Pooling pooling, float* out);
+
+// A lookup of bags whose shards each pooled (SUM) their share of every bag: the partial
+// sums (`partials`, each (bags, dim) fp32, in any alignment) added into `out` in the order
+// given, then each bag scaled over its whole size as `pooling` says. The router and a
+// client merging a coordinator's forwarded answer both merge this way: the same floats
+// added in the same order.
+void AddPartialBags(absl::Span<const char* const> partials, int dim,
+                    absl::Span<const int32_t> offsets, v1::Pooling pooling, float* out);
+
 // The backward of PoolBags: given the gradient of each pooled bag (bags, dim), writes
 // the gradient of each distinct row, summed over every place it was pooled, into
 // `unique_grads` (num_unique, dim), which this function zeroes first.

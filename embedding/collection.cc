@@ -49,6 +49,14 @@ absl::Status RefuseSync(const PushOptions& options) {
       "coordinator); these are in this process");
 }
 
+absl::Status EmbeddingCollection::PushThenLookup(absl::Span<const TableGradients> push,
+                                                 int64_t step, const PushOptions& push_options,
+                                                 absl::Span<const TableBags> lookups,
+                                                 const LookupOptions& options) {
+  TESSERA_RETURN_IF_ERROR(PushBatch(push, step, push_options));
+  return LookupBatch(lookups, options);
+}
+
 absl::Status EmbeddingCollection::PushBatch(absl::Span<const TableGradients> tables, int64_t step,
                                             const PushOptions& options) {
   TESSERA_RETURN_IF_ERROR(RefuseSync(options));

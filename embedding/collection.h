@@ -291,6 +291,16 @@ class EmbeddingCollection {
   // applying any part twice (where the collection deduplicates: remote ones do).
   virtual absl::Status PushBatch(absl::Span<const TableGradients> tables, int64_t step,
                                  const PushOptions& options = {});
+  // PushBatch(push, step, push_options), then LookupBatch(lookups, options): the lookup
+  // reads the push applied, and a push refused is returned before anything is looked up.
+  // A remote collection sends both in one round trip (FusesPushAndLookup); the rest make
+  // the two calls.
+  virtual absl::Status PushThenLookup(absl::Span<const TableGradients> push, int64_t step,
+                                      const PushOptions& push_options,
+                                      absl::Span<const TableBags> lookups,
+                                      const LookupOptions& options = {});
+  // True when PushThenLookup takes one round trip where the two calls take two.
+  virtual bool FusesPushAndLookup() const { return false; }
   // Rows and memory of `table`; NotFound for an unknown table.
   virtual absl::StatusOr<TableUsage> Usage(absl::string_view table) const = 0;
 

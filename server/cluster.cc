@@ -207,8 +207,9 @@ void Cluster::Reprovision(int k) {
 }
 
 absl::Status Cluster::LookupBatch(absl::Span<const v1::TableConfig> configs,
-                                  absl::Span<const embedding::TableBags> parts, bool read_only) {
-  return live()->LookupBatch(configs, parts, read_only);
+                                  absl::Span<const embedding::TableBags> parts, bool read_only,
+                                  v1::BatchLookupResponse* forward) {
+  return live()->LookupBatch(configs, parts, read_only, forward);
 }
 
 absl::Status Cluster::RegisterSyncGroup(const embedding::PushSync& sync) {
@@ -223,6 +224,15 @@ absl::StatusOr<std::vector<int64_t>> Cluster::PushBatch(const embedding::Checked
                                                         bool after_lookup) {
   absl::ReaderMutexLock barrier(&barrier_mu_);
   return live()->PushBatch(push, step, id, sync, after_lookup);
+}
+
+absl::StatusOr<std::vector<int64_t>> Cluster::PushThenLookup(
+    const embedding::CheckedPush& push, int64_t step, const embedding::RequestId& id,
+    bool after_lookup, absl::Span<const v1::TableConfig> configs,
+    absl::Span<const embedding::TableBags> parts, bool read_only,
+    v1::BatchLookupResponse* forward) {
+  absl::ReaderMutexLock barrier(&barrier_mu_);
+  return live()->PushThenLookup(push, step, id, after_lookup, configs, parts, read_only, forward);
 }
 
 absl::StatusOr<std::vector<v1::TableStats>> Cluster::Stats(const std::string& table) {

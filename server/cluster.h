@@ -107,9 +107,10 @@ class Cluster {
   // now are not checked (their health checks see to them).
   absl::Status CheckShardPlaces();
 
-  // Routes a lookup (see ShardRouter::LookupBatch).
+  // Routes a lookup (see ShardRouter::LookupBatch, and its `forward`).
   absl::Status LookupBatch(absl::Span<const v1::TableConfig> configs,
-                           absl::Span<const embedding::TableBags> parts, bool read_only);
+                           absl::Span<const embedding::TableBags> parts, bool read_only,
+                           v1::BatchLookupResponse* forward = nullptr);
   // Registers `sync`'s group with every shard (ShardRouter::RegisterSyncGroup).
   absl::Status RegisterSyncGroup(const embedding::PushSync& sync);
   // Routes a push under request `id` (a new one when empty), waiting while a checkpoint
@@ -118,6 +119,16 @@ class Cluster {
                                                  const embedding::RequestId& id,
                                                  const embedding::PushSync& sync = {},
                                                  bool after_lookup = false);
+
+  // Routes a push and then a lookup in one round trip (ShardRouter::PushThenLookup),
+  // waiting while a checkpoint or restore runs, as PushBatch does.
+  absl::StatusOr<std::vector<int64_t>> PushThenLookup(const embedding::CheckedPush& push,
+                                                      int64_t step, const embedding::RequestId& id,
+                                                      bool after_lookup,
+                                                      absl::Span<const v1::TableConfig> configs,
+                                                      absl::Span<const embedding::TableBags> parts,
+                                                      bool read_only,
+                                                      v1::BatchLookupResponse* forward = nullptr);
 
   // Every serving shard's stats of `table` (empty: every table); NotFound for an unknown
   // table.

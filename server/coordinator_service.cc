@@ -149,18 +149,51 @@ grpc::Status CoordinatorService::Lookup(grpc::ServerContext* context,
 grpc::Status CoordinatorService::BatchLookup(grpc::ServerContext* context,
                                              const v1::BatchLookupRequest* request,
                                              v1::BatchLookupResponse* response) {
-  return Serve(context, Access::kRead, [&]() -> absl::Status {
+  // A push riding on the lookup needs write access, as a BatchPush does.
+  const Access access = request->has_push() ? Access::kWrite : Access::kRead;
+  return Serve(context, access, [&]() -> absl::Status {
     thread_local DecodedBatch batch;
-    TESSERA_RETURN_IF_ERROR(PrepareBatchLookup(*request, Configs(), Limit(), response, &batch));
+    // With shard_rows the shards' answers are forwarded as they come, for the caller to
+    // merge: no answer is allocated here, and no row is read.
+    const bool forward = request->shard_rows();
+    TESSERA_RETURN_IF_ERROR(
+        PrepareBatchLookup(*request, Configs(), Limit(), response, &batch, !forward));
     TESSERA_RETURN_IF_ERROR(
         CheckBatch("batched lookup", batch.total_ids, request->shard_map_version()));
-    absl::Status s = cluster_.LookupBatch(batch.configs, batch.lookups, request->read_only());
+    v1::BatchLookupResponse* forward_into = forward ? response : nullptr;
+    absl::Status s;
+    if (request->has_push()) {
+      s = PushThenLookup(request->push(), batch, request->read_only(), forward_into,
+                         response->mutable_push());
+    } else {
+      s = cluster_.LookupBatch(batch.configs, batch.lookups, request->read_only(), forward_into);
+    }
     if (!s.ok()) response->Clear();
     const client::ShardRouter& router = cluster_.router();
     response->set_incarnation(router.IncarnationDigest());
     response->set_shard_map_version(router.shard_map_version());
     return s;
   });
+}
+
+absl::Status CoordinatorService::PushThenLookup(const v1::BatchPushRequest& push,
+                                                const DecodedBatch& lookup, bool read_only,
+                                                v1::BatchLookupResponse* forward,
+                                                v1::BatchPushResponse* answer) {
+  TESSERA_RETURN_IF_ERROR(CheckPushBeforeLookup(push));
+  thread_local DecodedBatch batch;
+  TESSERA_RETURN_IF_ERROR(PrepareBatchPush(push, Configs(), &batch));
+  TESSERA_RETURN_IF_ERROR(CheckBatch("batched push", batch.total_ids, push.shard_map_version()));
+  TESSERA_ASSIGN_OR_RETURN(
+      std::vector<int64_t> updated,
+      cluster_.PushThenLookup(batch.checked, push.step(), wire::RequestIdOf(push.request_id()),
+                              push.after_lookup(), lookup.configs, lookup.lookups, read_only,
+                              forward));
+  for (const int64_t u : updated) answer->add_rows_updated(u);
+  const client::ShardRouter& router = cluster_.router();
+  answer->set_incarnation(router.IncarnationDigest());
+  answer->set_shard_map_version(router.shard_map_version());
+  return absl::OkStatus();
 }
 
 grpc::Status CoordinatorService::PushGradients(grpc::ServerContext* context,

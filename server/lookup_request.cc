@@ -22,6 +22,18 @@ absl::Status CheckAnswerRows(const std::string& what, int64_t rows, const Answer
 
 }  // namespace
 
+absl::Status CheckPushBeforeLookup(const v1::BatchPushRequest& push) {
+  if (push.check_only()) {
+    return absl::InvalidArgumentError(
+        "a push carried by a lookup cannot be check_only: send the check round as a BatchPush");
+  }
+  if (push.has_sync() && push.sync().workers() > 1) {
+    return absl::InvalidArgumentError(
+        "a sync group's push cannot be carried by a lookup: send it as a BatchPush");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckRequest(const std::string& what, int64_t ids, const AnswerLimit& limit,
                           uint64_t version, const std::string& server, uint64_t serving) {
   if (ids > limit.max_rows) {
@@ -75,7 +87,7 @@ std::string TablePart(const std::string& table, size_t index) {
 
 absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const ConfigLookup& config,
                                 const AnswerLimit& limit, v1::BatchLookupResponse* response,
-                                DecodedBatch* batch) {
+                                DecodedBatch* batch, bool size_answers) {
   const size_t n = request.tables_size();
   batch->configs.clear();
   batch->counters.assign(n, nullptr);
@@ -117,6 +129,7 @@ absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const Con
     v1::TableValues* values = response->add_tables();
     values->set_dim(dim);
     values->set_rows(static_cast<int32_t>(rows));
+    if (!size_answers) continue;  // forwarded: the shards' answers go in as they are
     batch->lookups[i].out =
         absl::MakeSpan(wire::ResizePacked<float>(values->mutable_values(), rows * dim), rows * dim);
   }

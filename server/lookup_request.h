@@ -83,10 +83,17 @@ struct DecodedBatch {
 // weights with offsets and finite), adds one TableValues per table to `response`, sized
 // for its answer, and points each part's `out` there. NotFound or InvalidArgument names
 // the table; ResourceExhausted, before any answer is allocated, when the answers would
-// hold more rows in all than `limit` allows.
+// hold more rows in all than `limit` allows. Without `size_answers` the TableValues are
+// added (dim, rows) but no values are allocated, and each part's `out` stays empty (a
+// coordinator forwarding its shards' answers).
 absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const ConfigLookup& config,
                                 const AnswerLimit& limit, v1::BatchLookupResponse* response,
-                                DecodedBatch* batch);
+                                DecodedBatch* batch, bool size_answers = true);
+
+// The push a BatchLookupRequest carries (BatchLookupRequest.push), before anything of it
+// runs: InvalidArgument for a check round or a sync group's push, neither of which rides
+// on a lookup.
+absl::Status CheckPushBeforeLookup(const v1::BatchPushRequest& push);
 
 // Decodes and checks every table of `request` (known table, gradients of ids x dim floats,
 // all finite: the one scan of its values in this process), so that the push can be refused

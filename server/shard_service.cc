@@ -438,6 +438,15 @@ grpc::Status ShardService::Lookup(grpc::ServerContext* context, const v1::Lookup
 grpc::Status ShardService::BatchLookup(grpc::ServerContext* context,
                                        const v1::BatchLookupRequest* request,
                                        v1::BatchLookupResponse* response) {
+  if (request->has_push()) {
+    // The push first, as a BatchPush (its own access, map version and request id): the
+    // lookup reads what it applied, and a repeat of the call applies it once.
+    if (absl::Status s = CheckPushBeforeLookup(request->push()); !s.ok()) {
+      return wire::ToGrpcStatus(s);
+    }
+    grpc::Status pushed = BatchPushNow(context, request->push(), response->mutable_push());
+    if (!pushed.ok()) return pushed;
+  }
   return Serve(context, Access::kRead, [&]() -> absl::Status {
     TESSERA_RETURN_IF_ERROR(Enter(Traffic::kRead, request->shard_map_version(), *context));
     Admitted admitted(&reshard_, Traffic::kRead);

@@ -7,7 +7,8 @@ namespace tessera::trainer {
 
 absl::Status SparseStep::Lookup(embedding::EmbeddingCollection& tables,
                                 absl::Span<const std::string> names, const Batch& batch, int dim,
-                                bool insert_missing, absl::Span<float> emb) {
+                                bool insert_missing, absl::Span<float> emb,
+                                const PushFirst* push_first) {
   const int nf = static_cast<int>(names.size());
   if (static_cast<int>(batch.ids.size()) != nf) {
     return absl::InvalidArgumentError(
@@ -29,7 +30,10 @@ absl::Status SparseStep::Lookup(embedding::EmbeddingCollection& tables,
   embedding::LookupOptions lookup;
   lookup.insert_missing = insert_missing;
   // One call for every table: a remote collection sends one request per shard.
-  absl::Status s = tables.LookupBatch(lookups_, lookup);
+  absl::Status s = push_first == nullptr
+                       ? tables.LookupBatch(lookups_, lookup)
+                       : tables.PushThenLookup(push_first->parts, push_first->step,
+                                               push_first->options, lookups_, lookup);
   looked_up_ = s.ok() ? &batch : nullptr;
   inserted_ = insert_missing;
   return s;

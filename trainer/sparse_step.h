@@ -19,10 +19,18 @@ namespace tessera::trainer {
 // benchmark runs it alone. Buffers are reused from step to step.
 class SparseStep {
  public:
+  // A push sent with a lookup, applied before it (EmbeddingCollection::PushThenLookup).
+  struct PushFirst {
+    absl::Span<const embedding::TableGradients> parts;
+    int64_t step = 0;
+    embedding::PushOptions options;
+  };
   // Looks up `batch`'s pooled (SUM) embeddings of feature f from table names[f] into
-  // emb[f * size * dim ...], (features, size, dim), in one call for every table.
+  // emb[f * size * dim ...], (features, size, dim), in one call for every table; with
+  // `push_first`, that push is applied first, in the same call.
   absl::Status Lookup(embedding::EmbeddingCollection& tables, absl::Span<const std::string> names,
-                      const Batch& batch, int dim, bool insert_missing, absl::Span<float> emb);
+                      const Batch& batch, int dim, bool insert_missing, absl::Span<float> emb,
+                      const PushFirst* push_first = nullptr);
 
   // From the gradients of the pooled embeddings (laid out as emb), each feature's distinct
   // ids and their summed gradient rows, a feature to a thread of `pool`; pushes() then

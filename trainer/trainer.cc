@@ -352,10 +352,27 @@ std::unique_ptr<Trainer::Step> Trainer::NewStep() const {
 }
 
 absl::Status Trainer::LookupInto(const Batch& batch, bool insert_missing, HostFloats* emb,
-                                 SparseStep* sparse) {
+                                 SparseStep* sparse, const SparseStep::PushFirst* push_first) {
   const int d = dense_->config().emb_dim;
   emb->resize(static_cast<size_t>(batch.size) * d * names_.size());
-  return sparse->Lookup(*tables_, names_, batch, d, insert_missing, absl::MakeSpan(*emb));
+  return sparse->Lookup(*tables_, names_, batch, d, insert_missing, absl::MakeSpan(*emb),
+                        push_first);
+}
+
+bool Trainer::HoldsPushes() const {
+  const DataParallel* dp = options_.data_parallel;
+  return tables_->FusesPushAndLookup() && (dp == nullptr || dp->size() <= 1);
+}
+
+absl::Status Trainer::PushHeld() {
+  if (held_ == nullptr) return absl::OkStatus();
+  Stopwatch clock;
+  std::unique_ptr<Step> held = std::move(held_);
+  absl::Status s =
+      tables_->PushBatch(held->sparse.pushes(), held_step_, StepPushOptions(held->sparse));
+  clock.Lap(&times_.push);
+  spare_ = std::move(held);
+  return s;
 }
 
 absl::StatusOr<double> Trainer::ForwardBackward(const Batch& batch, const float* emb, Step* step) {
@@ -398,15 +415,34 @@ absl::StatusOr<double> Trainer::TrainStep(const Batch& batch, int64_t step) {
   if (sync_step_ == nullptr) sync_step_ = NewStep();
   const StepTimes before = times_;
   Stopwatch clock;
-  // Through the step's own SparseStep, whose plans its gradients and push then reuse.
-  TESSERA_RETURN_IF_ERROR(LookupInto(batch, /*insert_missing=*/true, &emb_, &sync_step_->sparse));
+  // Through the step's own SparseStep, whose plans its gradients and push then reuse; the
+  // step before's push, when held, rides on it (applied first: the same values as apart).
+  if (held_ != nullptr) {
+    std::unique_ptr<Step> held = std::move(held_);
+    const SparseStep::PushFirst first{held->sparse.pushes(), held_step_,
+                                      StepPushOptions(held->sparse)};
+    absl::Status looked =
+        LookupInto(batch, /*insert_missing=*/true, &emb_, &sync_step_->sparse, &first);
+    spare_ = std::move(held);
+    TESSERA_RETURN_IF_ERROR(looked);
+  } else {
+    TESSERA_RETURN_IF_ERROR(LookupInto(batch, /*insert_missing=*/true, &emb_, &sync_step_->sparse));
+  }
   clock.Lap(&times_.lookup);
   const double apart = times_.allreduce + times_.grads;
   TESSERA_ASSIGN_OR_RETURN(double loss, ForwardBackward(batch, emb_.data(), sync_step_.get()));
   clock.Lap(&times_.dense);
   times_.dense -= times_.allreduce + times_.grads - apart;  // counted apart
-  TESSERA_RETURN_IF_ERROR(
-      tables_->PushBatch(sync_step_->sparse.pushes(), step, StepPushOptions(sync_step_->sparse)));
+  if (HoldsPushes()) {
+    // Sent with the next step's lookup (one round trip for both), or by PushHeld before
+    // anything else reads the tables; the next batch goes into other buffers.
+    held_ = std::move(sync_step_);
+    held_step_ = step;
+    sync_step_ = spare_ != nullptr ? std::move(spare_) : NewStep();
+  } else {
+    TESSERA_RETURN_IF_ERROR(
+        tables_->PushBatch(sync_step_->sparse.pushes(), step, StepPushOptions(sync_step_->sparse)));
+  }
   clock.Lap(&times_.push);
   dense_->ApplyGradients();
   clock.Lap(&times_.optimizer);
@@ -503,6 +539,7 @@ absl::Status Trainer::Timed(absl::FunctionRef<absl::Status()> call) {
 }
 
 void Trainer::ResetPipeline() {
+  held_.reset();  // of a step the restore undid (Drain pushed it before)
   ahead_.clear();
   pushing_.clear();
   worker_.reset();
@@ -565,6 +602,7 @@ absl::StatusOr<int64_t> Trainer::HandleShardRestart(int64_t step) {
 }
 
 absl::Status Trainer::Drain() {
+  TESSERA_RETURN_IF_ERROR(PushHeld());
   if (worker_ == nullptr) return absl::OkStatus();
   absl::Status s;
   for (auto* queue : {&pushing_, &ahead_}) {
@@ -604,6 +642,8 @@ absl::Status Trainer::PublishDense(int64_t done) {
     return absl::FailedPreconditionError(
         "publish_dense_every is set but nothing to publish through (a cluster's coordinator)");
   }
+  // The rows of the steps done are on the shards before the network of those steps.
+  TESSERA_RETURN_IF_ERROR(PushHeld());
   TESSERA_RETURN_IF_ERROR(Annotate(options_.dense_publisher->Publish(done, *dense_),
                                    absl::StrCat("publishing the dense network of step ", done)));
   last_published_ = done;
@@ -676,6 +716,7 @@ absl::StatusOr<TrainResult> Trainer::Train(BatchSource* source, int64_t max_step
 }
 
 absl::StatusOr<EvalResult> Trainer::Evaluate(const Batch& held_out) {
+  TESSERA_RETURN_IF_ERROR(PushHeld());  // the last step's rows, as trained
   EvalResult r;
   r.samples = held_out.size;
   if (held_out.size == 0) return r;

@@ -166,8 +166,9 @@ class Trainer {
   };
   // Trains the next step from `source` (step number `step`), synchronously or pipelined as
   // options.max_staleness says; nullopt when the source has ended, or when `max_steps`
-  // (0 = no limit) steps have been taken. Pipelined, its push may still be in flight:
-  // Drain() before reading the tables as of this step.
+  // (0 = no limit) steps have been taken. Its push may still be in flight (pipelined) or
+  // held for the next lookup to carry (HoldsPushes): Drain() before reading the tables as
+  // of this step.
   absl::StatusOr<std::optional<StepOutcome>> NextStep(BatchSource* source, int64_t step,
                                                       int64_t max_steps = 0);
   // Waits until every lookup and push sent has finished; returns the first failure.
@@ -217,9 +218,15 @@ class Trainer {
   absl::Status LookupAll(const Batch& batch, bool insert_missing);
   // A step's buffers, its embeddings in the dense backend's host memory.
   std::unique_ptr<Step> NewStep() const;
-  // Looks up `batch`'s pooled embeddings into *emb (features, size, dim) through `sparse`.
+  // Looks up `batch`'s pooled embeddings into *emb (features, size, dim) through `sparse`,
+  // the push `push_first` applied first when given.
   absl::Status LookupInto(const Batch& batch, bool insert_missing, HostFloats* emb,
-                          SparseStep* sparse);
+                          SparseStep* sparse, const SparseStep::PushFirst* push_first = nullptr);
+  // Whether synchronous steps hold their push for the next step's lookup to carry
+  // (EmbeddingCollection::FusesPushAndLookup, and no sync group: it pushes alone).
+  bool HoldsPushes() const;
+  // Pushes the step whose push is held, if one is (before anything reads the tables).
+  absl::Status PushHeld();
   // Dense forward and backward on `batch` with embeddings `emb`, then the gradients of
   // each feature's distinct rows into `step`'s buffers (unique ids, grads, pushes).
   absl::StatusOr<double> ForwardBackward(const Batch& batch, const float* emb, Step* step);
@@ -261,6 +268,10 @@ class Trainer {
   std::vector<float> logits_;
   SparseStep lookup_;  // LookupAll's: evaluation
   std::unique_ptr<Step> sync_step_;  // the synchronous path's buffers and batch
+  // The synchronous step whose push waits for the next lookup (HoldsPushes), its number,
+  // and the buffers of the step before it, free again.
+  std::unique_ptr<Step> held_, spare_;
+  int64_t held_step_ = 0;
   // Pipelined runs: steps looked up (or being), oldest first; steps whose push is in flight.
   std::deque<std::unique_ptr<Step>> ahead_, pushing_;
   std::unique_ptr<SparseWorker> worker_;  // destroyed first: it finishes the calls queued
