@@ -609,8 +609,13 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushThenLookup(
       }
     }
   };
+  for (int k = 0; k < shards; ++k) {
+    // One map for both: were the version read apart to change in between, a shard could
+    // apply the push and refuse the lookup.
+    looked->lookups[k].set_shard_map_version(pushed->pushes[k].shard_map_version());
+    work[k] = work[k] || push_work[k];
+  }
   swap_pushes(nullptr);
-  for (int k = 0; k < shards; ++k) work[k] = work[k] || push_work[k];
   const std::vector<grpc::Status> statuses = SendLookups(*looked, work);
   swap_pushes(&statuses);
   // A failure names the shards that applied the push (a repeat under its id applies the rest).

@@ -163,8 +163,7 @@ grpc::Status CoordinatorService::BatchLookup(grpc::ServerContext* context,
     v1::BatchLookupResponse* forward_into = forward ? response : nullptr;
     absl::Status s;
     if (request->has_push()) {
-      s = PushThenLookup(request->push(), batch, request->read_only(), forward_into,
-                         response->mutable_push());
+      s = PushThenLookup(*request, batch, forward_into, response->mutable_push());
     } else {
       s = cluster_.LookupBatch(batch.configs, batch.lookups, request->read_only(), forward_into);
     }
@@ -176,11 +175,13 @@ grpc::Status CoordinatorService::BatchLookup(grpc::ServerContext* context,
   });
 }
 
-absl::Status CoordinatorService::PushThenLookup(const v1::BatchPushRequest& push,
-                                                const DecodedBatch& lookup, bool read_only,
+absl::Status CoordinatorService::PushThenLookup(const v1::BatchLookupRequest& request,
+                                                const DecodedBatch& lookup,
                                                 v1::BatchLookupResponse* forward,
                                                 v1::BatchPushResponse* answer) {
-  TESSERA_RETURN_IF_ERROR(CheckPushBeforeLookup(push));
+  TESSERA_RETURN_IF_ERROR(CheckPushBeforeLookup(request));
+  const v1::BatchPushRequest& push = request.push();
+  const bool read_only = request.read_only();
   thread_local DecodedBatch batch;
   TESSERA_RETURN_IF_ERROR(PrepareBatchPush(push, Configs(), &batch));
   TESSERA_RETURN_IF_ERROR(CheckBatch("batched push", batch.total_ids, push.shard_map_version()));

@@ -85,12 +85,11 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status Serve(grpc::ServerContext* context, Access access, const Handler& handler) const {
     return ServeCall(options_.auth, *context, access, handler);
   }
-  // BatchLookup's push (BatchLookupRequest.push): checked here as BatchPush checks one,
-  // then routed with the lookup `lookup` in one round trip (its answers forwarded into
-  // `forward` when given); the push's answer in *answer.
-  absl::Status PushThenLookup(const v1::BatchPushRequest& push, const DecodedBatch& lookup,
-                              bool read_only, v1::BatchLookupResponse* forward,
-                              v1::BatchPushResponse* answer);
+  // The push `request` carries (BatchLookupRequest.push): checked here as BatchPush
+  // checks one, then routed with its lookup (decoded in `lookup`) in one round trip (the
+  // answers forwarded into `forward` when given); the push's answer in *answer.
+  absl::Status PushThenLookup(const v1::BatchLookupRequest& request, const DecodedBatch& lookup,
+                              v1::BatchLookupResponse* forward, v1::BatchPushResponse* answer);
   // ResourceExhausted for a batch over the limit, FailedPrecondition for a request built on
   // another shard map version than the one served (`version` 0: not checked).
   absl::Status CheckBatch(const std::string& what, int64_t ids, uint64_t version) const;

@@ -22,7 +22,13 @@ absl::Status CheckAnswerRows(const std::string& what, int64_t rows, const Answer
 
 }  // namespace
 
-absl::Status CheckPushBeforeLookup(const v1::BatchPushRequest& push) {
+absl::Status CheckPushBeforeLookup(const v1::BatchLookupRequest& request) {
+  const v1::BatchPushRequest& push = request.push();
+  if (push.shard_map_version() != request.shard_map_version()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a push carried by a lookup must be built on the lookup's shard map: version ",
+                     push.shard_map_version(), " against ", request.shard_map_version()));
+  }
   if (push.check_only()) {
     return absl::InvalidArgumentError(
         "a push carried by a lookup cannot be check_only: send the check round as a BatchPush");

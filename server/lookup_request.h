@@ -90,10 +90,11 @@ absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const Con
                                 const AnswerLimit& limit, v1::BatchLookupResponse* response,
                                 DecodedBatch* batch, bool size_answers = true);
 
-// The push a BatchLookupRequest carries (BatchLookupRequest.push), before anything of it
-// runs: InvalidArgument for a check round or a sync group's push, neither of which rides
-// on a lookup.
-absl::Status CheckPushBeforeLookup(const v1::BatchPushRequest& push);
+// The push `request` carries (BatchLookupRequest.push), before anything of it runs:
+// InvalidArgument for a check round or a sync group's push, neither of which rides on a
+// lookup, and for a push built on another shard map than its lookup (one could be applied
+// and the other refused).
+absl::Status CheckPushBeforeLookup(const v1::BatchLookupRequest& request);
 
 // Decodes and checks every table of `request` (known table, gradients of ids x dim floats,
 // all finite: the one scan of its values in this process), so that the push can be refused

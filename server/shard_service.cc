@@ -441,7 +441,7 @@ grpc::Status ShardService::BatchLookup(grpc::ServerContext* context,
   if (request->has_push()) {
     // The push first, as a BatchPush (its own access, map version and request id): the
     // lookup reads what it applied, and a repeat of the call applies it once.
-    if (absl::Status s = CheckPushBeforeLookup(request->push()); !s.ok()) {
+    if (absl::Status s = CheckPushBeforeLookup(*request); !s.ok()) {
       return wire::ToGrpcStatus(s);
     }
     grpc::Status pushed = BatchPushNow(context, request->push(), response->mutable_push());

@@ -296,10 +296,13 @@ absl::Status ReportTraining(const TrainFlags& f, const Trainer& trainer, const T
               r.seconds > 0 ? r.samples / r.seconds : 0.0);
   if (const StepTimes& s = trainer.step_times(); s.steps > 0) {
     const double ms = 1e3 / static_cast<double>(s.steps);
-    std::printf("per step: lookup %.2f ms, dense %.2f ms, embedding grads %.2f ms, "
-                "allreduce %.2f ms, push %.2f ms, optimizer %.2f ms\n",
-                s.lookup * ms, s.dense * ms, s.grads * ms, s.allreduce * ms, s.push * ms,
-                s.optimizer * ms);
+    // Held pushes ride on the next step's lookup: its time is theirs too.
+    const bool carried = trainer.HoldsPushes();
+    std::printf(
+        "per step: lookup%s %.2f ms, dense %.2f ms, embedding grads %.2f ms, "
+        "allreduce %.2f ms, push %.2f ms%s, optimizer %.2f ms\n",
+        carried ? " (carrying the step before's push)" : "", s.lookup * ms, s.dense * ms,
+        s.grads * ms, s.allreduce * ms, s.push * ms, carried ? " (alone)" : "", s.optimizer * ms);
     // Pipelined, the tables' work runs while the dense step does: a step nears the larger.
     std::printf("per step: sparse work %.2f ms, dense %.2f ms, step %.2f ms\n",
                 s.sparse_work * ms, (s.dense + s.optimizer) * ms, s.wall * ms);

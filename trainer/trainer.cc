@@ -361,7 +361,8 @@ absl::Status Trainer::LookupInto(const Batch& batch, bool insert_missing, HostFl
 
 bool Trainer::HoldsPushes() const {
   const DataParallel* dp = options_.data_parallel;
-  return tables_->FusesPushAndLookup() && (dp == nullptr || dp->size() <= 1);
+  return options_.max_staleness == 0 && tables_->FusesPushAndLookup() &&
+         (dp == nullptr || dp->size() <= 1);
 }
 
 absl::Status Trainer::PushHeld() {

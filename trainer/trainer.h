@@ -199,6 +199,10 @@ class Trainer {
   absl::StatusOr<EvalResult> Evaluate(const Batch& held_out);
 
   const StepTimes& step_times() const { return times_; }
+  // Whether steps hold their push for the next step's lookup to carry: synchronous ones
+  // (max_staleness 0), on a collection that FusesPushAndLookup, in no sync group (a
+  // group's push goes alone).
+  bool HoldsPushes() const;
   // The steps' times when the first kFirstSteps of this trainer's were done (steps 0 before
   // then): a run's first steps create most of its rows, apart from its steady state.
   static constexpr int64_t kFirstSteps = 100;
@@ -222,9 +226,6 @@ class Trainer {
   // the push `push_first` applied first when given.
   absl::Status LookupInto(const Batch& batch, bool insert_missing, HostFloats* emb,
                           SparseStep* sparse, const SparseStep::PushFirst* push_first = nullptr);
-  // Whether synchronous steps hold their push for the next step's lookup to carry
-  // (EmbeddingCollection::FusesPushAndLookup, and no sync group: it pushes alone).
-  bool HoldsPushes() const;
   // Pushes the step whose push is held, if one is (before anything reads the tables).
   absl::Status PushHeld();
   // Dense forward and backward on `batch` with embeddings `emb`, then the gradients of

@@ -14,11 +14,76 @@ struct TrainedRun {
   std::vector<double> losses;
   EvalResult eval;
   StepTimes times;
-  StepTimes first;  // after the first Trainer::kFirstSteps steps
+  StepTimes first;       // after the first Trainer::kFirstSteps steps
+  int carried = 0;       // pushes sent with a lookup (PushThenLookup)
+  int alone = 0;         // pushes sent on their own (PushBatch)
+  int lookups_read = 0;  // lookups that created no row (evaluation)
+};
+
+// An in-process collection that says it carries a push with the next lookup (as a remote
+// one does), and counts how each push went.
+class CarryingCollection final : public embedding::EmbeddingCollection {
+ public:
+  explicit CarryingCollection(embedding::EmbeddingCollection* tables) : t_(tables) {}
+  bool FusesPushAndLookup() const override { return true; }
+  absl::Status PushThenLookup(absl::Span<const embedding::TableGradients> push, int64_t step,
+                              const embedding::PushOptions& push_options,
+                              absl::Span<const embedding::TableBags> lookups,
+                              const embedding::LookupOptions& options) override {
+    ++carried;
+    pushing_ = true;
+    absl::Status s =
+        EmbeddingCollection::PushThenLookup(push, step, push_options, lookups, options);
+    pushing_ = false;
+    return s;
+  }
+  absl::Status PushBatch(absl::Span<const embedding::TableGradients> tables, int64_t step,
+                         const embedding::PushOptions& options) override {
+    if (pushing_) return t_->PushBatch(tables, step, options);  // PushThenLookup's own
+    ++alone;
+    return t_->PushBatch(tables, step, options);
+  }
+  absl::Status LookupBatch(absl::Span<const embedding::TableBags> tables,
+                           const embedding::LookupOptions& options) override {
+    if (!options.insert_missing) ++lookups_read;
+    return t_->LookupBatch(tables, options);
+  }
+  absl::Status CreateTable(const v1::TableConfig& config) override {
+    return t_->CreateTable(config);
+  }
+  absl::StatusOr<std::vector<v1::TableConfig>> ListTables() const override {
+    return t_->ListTables();
+  }
+  absl::Status Lookup(absl::string_view table, absl::Span<const int64_t> ids, absl::Span<float> out,
+                      const embedding::LookupOptions& options) override {
+    return t_->Lookup(table, ids, out, options);
+  }
+  absl::Status PooledLookup(absl::string_view table, absl::Span<const int64_t> ids,
+                            absl::Span<const int32_t> offsets, absl::Span<const float> weights,
+                            v1::Pooling pooling, absl::Span<float> out,
+                            const embedding::LookupOptions& options) override {
+    return t_->PooledLookup(table, ids, offsets, weights, pooling, out, options);
+  }
+  absl::Status PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
+                             absl::Span<const float> gradients, int64_t step) override {
+    return t_->PushGradients(table, ids, gradients, step);
+  }
+  absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override {
+    return t_->Usage(table);
+  }
+  int num_shards() const override { return t_->num_shards(); }
+  absl::Status DropTable(absl::string_view table) override { return t_->DropTable(table); }
+
+  int carried = 0, alone = 0, lookups_read = 0;
+
+ private:
+  embedding::EmbeddingCollection* const t_;
+  bool pushing_ = false;
 };
 
 TrainedRun TrainSynthetic(int shards, uint64_t seed, int reader_threads = 1, int steps = 150,
-                          int max_staleness = 0, int sparse_threads = 1, int batch_size = 128) {
+                          int max_staleness = 0, int sparse_threads = 1, int batch_size = 128,
+                          bool carry_pushes = false) {
   DlrmConfig model;
   model.num_sparse = 4;
   model.emb_dim = 8;
@@ -37,7 +102,10 @@ TrainedRun TrainSynthetic(int shards, uint64_t seed, int reader_threads = 1, int
   in_process.pool = options.sparse_pool;
   auto tables = embedding::NewInProcessCollection(in_process);
   EXPECT_TRUE(tables.ok());
-  Trainer trainer(tables->get(), dense->get(), options);
+  CarryingCollection carrying(tables->get());
+  embedding::EmbeddingCollection* trained =
+      carry_pushes ? static_cast<embedding::EmbeddingCollection*>(&carrying) : tables->get();
+  Trainer trainer(trained, dense->get(), options);
   v1::TableConfig proto;
   proto.set_dim(8);
   proto.set_seed(seed);
@@ -60,9 +128,13 @@ TrainedRun TrainSynthetic(int shards, uint64_t seed, int reader_threads = 1, int
       steps, reader_threads, 4);
   auto result = trainer.Train(&source, steps);
   EXPECT_TRUE(result.ok()) << result.status();
+  const int alone_before_eval = carrying.alone;
   auto eval = trainer.Evaluate(g->MakeHeldOut(5000));
   EXPECT_TRUE(eval.ok());
-  return TrainedRun{result->losses, *eval, trainer.step_times(), trainer.first_step_times()};
+  EXPECT_EQ(carrying.alone, alone_before_eval) << "Train pushed every step it held";
+  return TrainedRun{
+      result->losses,   *eval,          trainer.step_times(), trainer.first_step_times(),
+      carrying.carried, carrying.alone, carrying.lookups_read};
 }
 
 // Steps [from, to) of a small model on durable tables in `dir`; with `resume` the dense
@@ -154,6 +226,24 @@ TEST(Trainer, ResultDoesNotDependOnSparseThreadCount) {
       EXPECT_EQ(one.eval.logloss, many.eval.logloss);
     }
   }
+}
+
+// On a collection that carries a push with the next lookup, each synchronous step's push
+// rides on the next step's lookup and the last goes alone when training ends: the same
+// losses and held-out results as pushing each step at once (the lookup reads the push
+// either way). Pipelined steps push as before.
+TEST(Trainer, APushCarriedByTheNextLookupTrainsTheSameAsAPushAtOnce) {
+  const TrainedRun at_once = TrainSynthetic(2, 5, 1, 60);
+  const TrainedRun carried = TrainSynthetic(2, 5, 1, 60, 0, 1, 128, /*carry_pushes=*/true);
+  EXPECT_EQ(carried.losses, at_once.losses);
+  EXPECT_EQ(carried.eval.logloss, at_once.eval.logloss);
+  EXPECT_EQ(carried.eval.auc, at_once.eval.auc);
+  EXPECT_EQ(carried.carried, 59);
+  EXPECT_EQ(carried.alone, 1);
+  EXPECT_GT(carried.lookups_read, 0);
+  const TrainedRun piped = TrainSynthetic(2, 5, 1, 60, 1, 1, 128, /*carry_pushes=*/true);
+  EXPECT_EQ(piped.carried, 0);
+  EXPECT_EQ(piped.alone, 60);
 }
 
 TEST(Trainer, StepTimesSayWhatTheTablesTookAndWhatAStepTook) {
