@@ -77,6 +77,14 @@ class TimedCollection final : public embedding::EmbeddingCollection {
                          const embedding::PushOptions& o) override {
     return Time([&] { return inner_->PushBatch(tables, step, o); });
   }
+  // A step's push riding on the next lookup, as the trainer sends it to a remote collection.
+  absl::Status PushThenLookup(absl::Span<const embedding::TableGradients> push, int64_t step,
+                              const embedding::PushOptions& push_options,
+                              absl::Span<const embedding::TableBags> lookups,
+                              const embedding::LookupOptions& o) override {
+    return Time([&] { return inner_->PushThenLookup(push, step, push_options, lookups, o); });
+  }
+  bool FusesPushAndLookup() const override { return inner_->FusesPushAndLookup(); }
   absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override {
     return inner_->Usage(table);
   }
