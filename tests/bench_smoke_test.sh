@@ -18,6 +18,16 @@ PYTHONPATH="$BIN/python" /usr/bin/python3 "$ROOT/benchmarks/gather_vs_torch.py" 
 assert len(r) == 8 and all(x['vs_torch'] > 0 and x['torch_sum_rows_per_s'] > 0 for x in r), r" \
   "$OUT/gather.json" || fail "gather.json without 8 positive ratios"
 
+# Training through a local cluster against in process (benchmarks/cluster_vs_inprocess.sh),
+# one short round: a ratio for each client mode, and no server left behind.
+TESSERA_BIN="$BIN" TESSERA_BASE_PORT=27680 "$ROOT/benchmarks/cluster_vs_inprocess.sh" --rounds=1 -- --steps=20 \
+  > "$OUT/cluster.log" 2>&1 || { cat "$OUT/cluster.log"; fail "cluster_vs_inprocess.sh failed"; }
+for mode in coordinator smart; do
+  grep -Eq "^median $mode 0\.[0-9]*[1-9][0-9]*x|^median $mode [1-9]" "$OUT/cluster.log" \
+    || { cat "$OUT/cluster.log"; fail "no ratio for $mode"; }
+done
+pgrep -f "tessera-(shard|coordinator) --port=2768" > /dev/null && fail "a cluster server left running"
+
 "$BIN/tessera-bench" --scenarios="$ROOT/benchmarks/scenarios/smoke.json" --out="$OUT" > "$OUT/log" \
   || { cat "$OUT/log"; fail "tessera-bench failed"; }
 grep -q "smoke-smart: starting 2 shard(s) and a coordinator" "$OUT/log" || fail "no progress lines"
