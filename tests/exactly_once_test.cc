@@ -16,6 +16,7 @@
 #include "server/shard_service.h"
 #include "tests/support/answer_loser.h"
 #include "tests/support/local_server.h"
+#include "tests/support/memory_shards.h"
 #include "tests/support/push_requests.h"
 #include "tests/support/reference_cluster.h"
 #include "tests/support/table_configs.h"
@@ -41,23 +42,7 @@ class ExactlyOnceTest : public testing::ReferenceClusterTest {
   static constexpr int kShards = 2;
 
   void SetUp() override {
-    servers_.clear();
-    losing_.clear();
-    shards_.clear();
-    tables_.clear();
-    ports_.clear();
-    std::vector<std::string> addresses;
-    for (int k = 0; k < kShards; ++k) {
-      tables_.push_back(std::move(embedding::NewInProcessCollection(1)).value());
-      server::ShardOptions o;
-      o.shard_index = k;
-      o.num_shards = kShards;
-      shards_.push_back(std::make_unique<server::ShardService>(tables_[k].get(), o));
-      losing_.push_back(std::make_unique<testing::AnswerLoser>(kShardLosable));
-      ports_.push_back(0);
-      servers_.push_back(StartLocalServer(shards_[k].get(), &ports_[k], losing_[k].get()));
-      addresses.push_back("127.0.0.1:" + std::to_string(ports_[k]));
-    }
+    const std::vector<std::string> addresses = shards_.Start(kShards, kShardLosable);
     client::RouterOptions ro;
     ro.deadline = std::chrono::milliseconds(2000);
     ro.retry.max_retries = 4;
@@ -69,9 +54,7 @@ class ExactlyOnceTest : public testing::ReferenceClusterTest {
   }
   void TearDown() override {
     ReferenceClusterTest::TearDown();
-    for (auto& s : servers_) {
-      if (s) s->Shutdown();
-    }
+    shards_.Shutdown();
   }
 
   // Every row of `ids` in `table` as the cluster and as the reference see it.
@@ -84,25 +67,9 @@ class ExactlyOnceTest : public testing::ReferenceClusterTest {
   }
 
   // Shard k restarts on its port, empty (memory-only), without a health check failing.
-  void RestartShard(int k) {
-    servers_[k]->Shutdown();
-    servers_[k].reset();
-    tables_.push_back(std::move(embedding::NewInProcessCollection(1)).value());
-    server::ShardOptions o;
-    o.shard_index = k;
-    o.num_shards = kShards;
-    retired_.push_back(std::move(shards_[k]));
-    shards_[k] = std::make_unique<server::ShardService>(tables_.back().get(), o);
-    servers_[k] = StartLocalServer(shards_[k].get(), &ports_[k], losing_[k].get());
-    ASSERT_NE(servers_[k], nullptr);
-  }
+  void RestartShard(int k) { shards_.Restart(k); }
 
-  std::vector<std::unique_ptr<embedding::ShardTables>> tables_;
-  std::vector<std::unique_ptr<server::ShardService>> retired_;  // restarted away
-  std::vector<std::unique_ptr<server::ShardService>> shards_;
-  std::vector<std::unique_ptr<testing::AnswerLoser>> losing_;  // one per shard
-  std::vector<int> ports_;
-  std::vector<std::unique_ptr<grpc::Server>> servers_;
+  testing::MemoryShards shards_;
   std::unique_ptr<testing::AnswerLoser> losing_coordinator_;
 };
 
@@ -133,12 +100,12 @@ TEST_P(ExactlyOnceInEachMode, ShardsThatApplyAndLoseTheirAnswerApplyEachPushOnce
   for (int step = 0; step < 3; ++step) {
     // After the check round (each shard checks its part first: one call), shard 1
     // applies the push, and twice in a row its answer is lost.
-    losing_[1]->LoseAnswers(2, /*after=*/1);
-    const int seen0 = losing_[0]->calls(), seen1 = losing_[1]->calls();
+    shards_.losing[1]->LoseAnswers(2, /*after=*/1);
+    const int seen0 = shards_.losing[0]->calls(), seen1 = shards_.losing[1]->calls();
     ASSERT_TRUE(PushOnes(*c, a, b, step).ok());
     ASSERT_TRUE(PushOnes(*reference_, a, b, step).ok());
-    EXPECT_EQ(losing_[0]->calls() - seen0, 2) << "the healthy shard was sent it again";
-    EXPECT_EQ(losing_[1]->calls() - seen1, 4);  // the check, the push and two retries
+    EXPECT_EQ(shards_.losing[0]->calls() - seen0, 2) << "the healthy shard was sent it again";
+    EXPECT_EQ(shards_.losing[1]->calls() - seen1, 4);  // the check, the push and two retries
   }
   ExpectRowsEqualReference(*c, "a", a);
   ExpectRowsEqualReference(*c, "b", b);
@@ -150,7 +117,7 @@ TEST_F(ExactlyOnceTest, ACoordinatorThatAppliesAndLosesItsAnswerAppliesThePushOn
   CreateBoth(*c, Sgd("b", 12));
   const std::vector<int64_t> a = Ids(400, 1), b = Ids(300, 5);
   losing_coordinator_->LoseAnswers(2);
-  losing_[0]->LoseAnswers(1);  // and one shard behind it loses one too
+  shards_.losing[0]->LoseAnswers(1);  // and one shard behind it loses one too
   ASSERT_TRUE(PushOnes(*c, a, b, 1).ok());
   ASSERT_TRUE(PushOnes(*reference_, a, b, 1).ok());
   ExpectRowsEqualReference(*c, "a", a);
@@ -166,14 +133,14 @@ TEST_P(ExactlyOnceInEachMode, CallsCancelledByAServerShuttingDownAreRetriedAndAp
   auto c = Connect(mode);
   CreateBoth(*c, Sgd("a", 11));
   CreateBoth(*c, Sgd("b", 12));
-  for (auto& loser : losing_) loser->set_code(grpc::StatusCode::CANCELLED);
+  for (auto& loser : shards_.losing) loser->set_code(grpc::StatusCode::CANCELLED);
   losing_coordinator_->set_code(grpc::StatusCode::CANCELLED);
   const std::vector<int64_t> a = Ids(400, 1), b = Ids(300, 5);
   for (int step = 0; step < 2; ++step) {
-    losing_[1]->LoseAnswers(1, /*after=*/1);  // applied, then cut short
-    losing_coordinator_->LoseAnswers(1);      // through it: applied, then cut short
+    shards_.losing[1]->LoseAnswers(1, /*after=*/1);  // applied, then cut short
+    losing_coordinator_->LoseAnswers(1);             // through it: applied, then cut short
     losing_coordinator_->RefuseNext("/ListTables", 1);
-    losing_[0]->RefuseNext("/Lookup", 1);  // not begun
+    shards_.losing[0]->RefuseNext("/Lookup", 1);  // not begun
     ASSERT_TRUE(PushOnes(*c, a, b, step).ok());
     ASSERT_TRUE(PushOnes(*reference_, a, b, step).ok());
     auto tables = c->ListTables();
@@ -192,7 +159,7 @@ TEST_F(ExactlyOnceTest, AFailedPushRepeatedWithItsRequestIdCompletesWithoutApply
   const embedding::RequestId id = c->NextRequestId();
   std::vector<float> ga(a.size() * 4, 1.0f), gb(b.size() * 4, 2.0f);
   const std::vector<embedding::TableGradients> parts = {{"a", a, ga}, {"b", b, gb}};
-  losing_[1]->LoseAnswers(1);
+  shards_.losing[1]->LoseAnswers(1);
   embedding::PushOptions options;
   options.request_id = id;
   const absl::Status failed = c->PushBatch(parts, 1, options);
@@ -219,9 +186,9 @@ TEST_F(ExactlyOnceTest, AShardGoneInTheMiddleOfAFanOutIsRetriedAloneOnceItIsBack
     CreateBoth(*c, Sgd(ta, 11));
     CreateBoth(*c, Sgd(tb, 12));
     const std::vector<int64_t> a = Ids(400, 1), b = Ids(300, 5);
-    servers_[1]->Shutdown();
-    servers_[1].reset();
-    const int seen0 = losing_[0]->calls();
+    shards_.servers[1]->Shutdown();
+    shards_.servers[1].reset();
+    const int seen0 = shards_.losing[0]->calls();
     std::vector<float> ga(a.size() * 4, 1.0f), gb(b.size() * 4, 2.0f);
     const std::vector<embedding::TableGradients> parts = {{ta, a, ga}, {tb, b, gb}};
     absl::Status pushed;
@@ -232,15 +199,16 @@ TEST_F(ExactlyOnceTest, AShardGoneInTheMiddleOfAFanOutIsRetriedAloneOnceItIsBack
     std::thread push([&] { pushed = c->PushBatch(parts, 1, after_lookup); });
     std::this_thread::sleep_for(std::chrono::milliseconds(150));
     // Back on its port, rows kept.
-    servers_[1] = StartLocalServer(shards_[1].get(), &ports_[1], losing_[1].get());
-    ASSERT_NE(servers_[1], nullptr);
+    shards_.servers[1] =
+        StartLocalServer(shards_.services[1].get(), &shards_.ports[1], shards_.losing[1].get());
+    ASSERT_NE(shards_.servers[1], nullptr);
     push.join();
     ASSERT_TRUE(pushed.ok()) << pushed;
     ASSERT_TRUE(reference_->PushBatch(parts, 1).ok());
     ExpectRowsEqualReference(*c, ta, a);
     ExpectRowsEqualReference(*c, tb, b);
     if (mode == client::ClientOptions::Mode::kSmart) {
-      EXPECT_EQ(losing_[0]->calls() - seen0, 1) << "the healthy shard was sent it again";
+      EXPECT_EQ(shards_.losing[0]->calls() - seen0, 1) << "the healthy shard was sent it again";
     }
   }
 }
@@ -252,12 +220,12 @@ TEST_F(ExactlyOnceTest, DropsAndImportsThatApplyAndLoseTheirAnswerEndAsOneCall) 
   auto c = Connect(client::ClientOptions::Mode::kCoordinator);
   CreateBoth(*c, Sgd("gone", 7));
   losing_coordinator_->LoseAnswers(1);
-  losing_[0]->LoseAnswers(1);
+  shards_.losing[0]->LoseAnswers(1);
   ASSERT_TRUE(c->DropTable("gone").ok());
   auto tables = c->ListTables();
   ASSERT_TRUE(tables.ok());
   EXPECT_TRUE(tables->empty());
-  for (auto& t : tables_) EXPECT_TRUE(t->ListTables()->empty());
+  for (auto& t : shards_.tables) EXPECT_TRUE(t->ListTables()->empty());
 
   CreateBoth(*c, Sgd("rows", 8));
   embedding::RowBlock rows;
@@ -265,7 +233,7 @@ TEST_F(ExactlyOnceTest, DropsAndImportsThatApplyAndLoseTheirAnswerEndAsOneCall) 
   rows.ids = Ids(300, 2);
   for (size_t i = 0; i < rows.ids.size() * 4; ++i) rows.weights.push_back(0.001f * i);
   losing_coordinator_->LoseAnswers(1);
-  losing_[1]->LoseAnswers(1);
+  shards_.losing[1]->LoseAnswers(1);
   ASSERT_TRUE(c->ImportRows("rows", rows).ok());
   ASSERT_TRUE(reference_->ImportRows("rows", rows).ok());
   ExpectRowsEqualReference(*c, "rows", rows.ids);
@@ -282,14 +250,14 @@ TEST_F(ExactlyOnceTest, AnAlterThatAppliesAndLosesItsAnswerEndsAsOneCall) {
   auto c = Connect(client::ClientOptions::Mode::kCoordinator);
   CreateBoth(*c, Sgd("alt", 9));
   losing_coordinator_->LoseAnswers(1);
-  losing_[1]->LoseAnswers(1);
+  shards_.losing[1]->LoseAnswers(1);
   v1::OptimizerConfig slower;
   slower.set_learning_rate(0.125f);
   auto altered = c->AlterTable("alt", slower);
   ASSERT_TRUE(altered.ok()) << altered.status();
   EXPECT_EQ(altered->optimizer().learning_rate(), 0.125f);
   ASSERT_TRUE(reference_->AlterTable("alt", slower).ok());
-  for (auto& t : tables_) {
+  for (auto& t : shards_.tables) {
     auto held = t->ListTables();
     ASSERT_TRUE(held.ok());
     for (const auto& config : *held) {
@@ -307,10 +275,10 @@ TEST_F(ExactlyOnceTest, AnAlterThatAppliesAndLosesItsAnswerEndsAsOneCall) {
 
 TEST_F(ExactlyOnceTest, AHalfFailedCreateTableRetriedSucceeds) {
   auto c = Connect(client::ClientOptions::Mode::kCoordinator, /*max_retries=*/0);
-  losing_[1]->RefuseNext("/CreateTable", 10);  // more than the coordinator's own retries
+  shards_.losing[1]->RefuseNext("/CreateTable", 10);  // more than the coordinator's own retries
   const absl::Status failed = c->CreateTable(Sgd("half", 3));
   EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable) << failed;
-  losing_[1]->RefuseNext("/CreateTable", 0);
+  shards_.losing[1]->RefuseNext("/CreateTable", 0);
   ASSERT_TRUE(c->CreateTable(Sgd("half", 3)).ok());  // shard 0 has it already: still OK
   ASSERT_TRUE(reference_->CreateTable(Sgd("half", 3)).ok());
   const std::vector<int64_t> ids = Ids(100, 3);
@@ -338,8 +306,8 @@ TEST_F(ExactlyOnceTest, AShardMarkedDownFailsThroughTheCoordinatorWithoutRetries
   CreateBoth(*c, Sgd("a", 11));
   const std::vector<int64_t> ids = Ids(200, 1);
   std::vector<float> g(ids.size() * 4, 1.0f);
-  servers_[1]->Shutdown();
-  servers_[1].reset();
+  shards_.servers[1]->Shutdown();
+  shards_.servers[1].reset();
   ASSERT_TRUE(Eventually([&] { return !router_->serving(1); }));
   const int64_t retries = router_->retries();
   const absl::Status s = c->PushGradients("a", ids, g, 1);
@@ -353,7 +321,7 @@ TEST_F(ExactlyOnceTest, AShardMarkedDownFailsThroughTheCoordinatorWithoutRetries
   }
   ASSERT_FALSE(mine.empty());
   std::vector<float> got(mine.size() * 4), want(mine.size() * 4);
-  ASSERT_TRUE(tables_[0]->Lookup("a", mine, absl::MakeSpan(got), {}).ok());
+  ASSERT_TRUE(shards_.tables[0]->Lookup("a", mine, absl::MakeSpan(got), {}).ok());
   ASSERT_TRUE(reference_->Lookup("a", mine, absl::MakeSpan(want), {}).ok());
   EXPECT_EQ(got, want);
 }
@@ -367,16 +335,16 @@ TEST_F(ExactlyOnceTest, AMemoryOnlyShardThatRestartsServesItsTablesAgain) {
   ASSERT_TRUE(reference_->PushGradients("a", ids, g, 1).ok());
 
   // Shard 1 goes away and comes back empty (no data directory).
-  servers_[1]->Shutdown();
-  servers_[1].reset();
+  shards_.servers[1]->Shutdown();
+  shards_.servers[1].reset();
   ASSERT_TRUE(Eventually([&] { return !router_->serving(1); }));
-  tables_[1] = std::move(embedding::NewInProcessCollection(1)).value();
+  shards_.tables[1] = std::move(embedding::NewInProcessCollection(1)).value();
   server::ShardOptions o;
   o.shard_index = 1;
   o.num_shards = kShards;
-  auto fresh = std::make_unique<server::ShardService>(tables_[1].get(), o);
-  servers_[1] = StartLocalServer(fresh.get(), &ports_[1], losing_[1].get());
-  ASSERT_NE(servers_[1], nullptr);
+  auto fresh = std::make_unique<server::ShardService>(shards_.tables[1].get(), o);
+  shards_.servers[1] = StartLocalServer(fresh.get(), &shards_.ports[1], shards_.losing[1].get());
+  ASSERT_NE(shards_.servers[1], nullptr);
 
   // Re-admitted, it is given the table again: lookups find it; its rows start over from
   // their initial weights, the other shard's keep their update.
@@ -405,9 +373,9 @@ TEST_F(ExactlyOnceTest, AMemoryOnlyShardThatRestartsServesItsTablesAgain) {
   EXPECT_GT(on_shard_1, 50);
   // And it trains again.
   ASSERT_TRUE(c->PushGradients("a", ids, g, 2).ok());
-  servers_[1]->Shutdown();
-  servers_[1].reset();
-  shards_[1] = std::move(fresh);
+  shards_.servers[1]->Shutdown();
+  shards_.servers[1].reset();
+  shards_.services[1] = std::move(fresh);
 }
 
 // Issue 25, item 5: a memory-only shard that restarts faster than the health checks can
@@ -435,8 +403,8 @@ TEST_F(ExactlyOnceTest, AShardBackBeforeTheHealthChecksNoticedIsGivenItsTablesAg
       EXPECT_TRUE(c->PushGradients("q", ids, g, 1).ok());
     }
   }
-  servers_[1]->Shutdown();
-  servers_[1].reset();
+  shards_.servers[1]->Shutdown();
+  shards_.servers[1].reset();
 }
 
 // Issue 41, item 13: a data-parallel job's group is registered by the client before its

@@ -20,6 +20,7 @@
 #include "server/shard_service.h"
 #include "tests/support/answer_loser.h"
 #include "tests/support/local_server.h"
+#include "tests/support/memory_shards.h"
 #include "tests/support/reference_cluster.h"
 #include "tests/support/table_configs.h"
 #include "tests/support/test_client.h"
@@ -42,19 +43,7 @@ class ForwardingTest : public testing::ReferenceClusterTest {
   static constexpr int kShards = 3;  // three: the order of a sum of partial sums shows
 
   void SetUp() override {
-    std::vector<std::string> addresses;
-    for (int k = 0; k < kShards; ++k) {
-      tables_.push_back(std::move(embedding::NewInProcessCollection(1)).value());
-      server::ShardOptions o;
-      o.shard_index = k;
-      o.num_shards = kShards;
-      shards_.push_back(std::make_unique<server::ShardService>(tables_[k].get(), o));
-      losing_.push_back(std::make_unique<testing::AnswerLoser>(kLosable));
-      int port = 0;
-      servers_.push_back(StartLocalServer(shards_[k].get(), &port, losing_[k].get()));
-      ASSERT_NE(servers_.back(), nullptr);
-      addresses.push_back(testing::LocalAddress(port));
-    }
+    const std::vector<std::string> addresses = shards_.Start(kShards, kLosable);
     losing_coordinator_ = std::make_unique<testing::AnswerLoser>(kLosable);
     ASSERT_NO_FATAL_FAILURE(StartCoordinator(
         addresses, RetryingRouter(std::chrono::milliseconds(2000)), losing_coordinator_.get()));
@@ -64,7 +53,7 @@ class ForwardingTest : public testing::ReferenceClusterTest {
   }
   void TearDown() override {
     ReferenceClusterTest::TearDown();
-    for (auto& s : servers_) s->Shutdown();
+    shards_.Shutdown();
   }
 
   // Tables of three dims and optimizers, on the cluster and the reference.
@@ -75,10 +64,7 @@ class ForwardingTest : public testing::ReferenceClusterTest {
   }
 
   const std::vector<std::string> kLosable = {"/BatchLookup"};
-  std::vector<std::unique_ptr<embedding::ShardTables>> tables_;
-  std::vector<std::unique_ptr<server::ShardService>> shards_;
-  std::vector<std::unique_ptr<testing::AnswerLoser>> losing_;
-  std::vector<std::unique_ptr<grpc::Server>> servers_;
+  testing::MemoryShards shards_;
   std::unique_ptr<testing::AnswerLoser> losing_coordinator_;
   std::unique_ptr<v1::Coordinator::Stub> coordinator_stub_;
 };
@@ -215,7 +201,7 @@ TEST_P(CarriedPushes, ALookupReadsThePushItCarriesAsTheTablesDoAfterIt) {
   CreateTables(*c);
   EXPECT_TRUE(c->FusesPushAndLookup());
   Shapes shapes;
-  const int calls0 = losing_[0]->calls(), calls1 = losing_[1]->calls();
+  const int calls0 = shards_.losing[0]->calls(), calls1 = shards_.losing[1]->calls();
   for (int step = 0; step < 4; ++step) {
     const Grads grads(0.5f + step);
     std::vector<int64_t> updated, want_updated;
@@ -233,8 +219,8 @@ TEST_P(CarriedPushes, ALookupReadsThePushItCarriesAsTheTablesDoAfterIt) {
     for (size_t p = 0; p < 3; ++p) ExpectSameBits(got[p], want[p], absl::StrCat("part ", p));
   }
   // Steps 1 to 3 took one call per shard each: the push rode on the lookup.
-  EXPECT_EQ(losing_[0]->calls() - calls0, 1 + 3);
-  EXPECT_EQ(losing_[1]->calls() - calls1, 1 + 3);
+  EXPECT_EQ(shards_.losing[0]->calls() - calls0, 1 + 3);
+  EXPECT_EQ(shards_.losing[1]->calls() - calls1, 1 + 3);
 }
 
 // Each shard applies its part of the carried push and loses the answer, twice; the
@@ -246,8 +232,8 @@ TEST_P(CarriedPushes, ACarriedPushWhoseAnswersAreLostIsAppliedOnce) {
   CreateTables(*c);
   Shapes shapes;
   for (int step = 0; step < 3; ++step) {
-    losing_[0]->LoseAnswers(1);
-    losing_[1]->LoseAnswers(2);
+    shards_.losing[0]->LoseAnswers(1);
+    shards_.losing[1]->LoseAnswers(2);
     losing_coordinator_->LoseAnswers(GetParam() == client::ClientOptions::Mode::kCoordinator);
     const Grads grads(1.0f);
     embedding::PushOptions push;
@@ -257,8 +243,8 @@ TEST_P(CarriedPushes, ACarriedPushWhoseAnswersAreLostIsAppliedOnce) {
     ASSERT_TRUE(reference_->PushThenLookup(grads.Parts(), step, {}, shapes.Parts()).ok());
     const auto want = shapes.Outputs();
     for (size_t p = 0; p < 3; ++p) ExpectSameBits(got[p], want[p], absl::StrCat("part ", p));
-    EXPECT_LE(losing_[0]->answers_left_to_lose(), 0);  // every loss took place
-    EXPECT_LE(losing_[1]->answers_left_to_lose(), 0);
+    EXPECT_LE(shards_.losing[0]->answers_left_to_lose(), 0);  // every loss took place
+    EXPECT_LE(shards_.losing[1]->answers_left_to_lose(), 0);
     EXPECT_LE(losing_coordinator_->answers_left_to_lose(), 0);
   }
   // The rows themselves, read apart from any push.
