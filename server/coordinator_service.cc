@@ -190,11 +190,16 @@ absl::Status CoordinatorService::PushThenLookup(const v1::BatchLookupRequest& re
       cluster_.PushThenLookup(batch.checked, push.step(), wire::RequestIdOf(push.request_id()),
                               push.after_lookup(), lookup.configs, lookup.lookups, read_only,
                               forward));
-  for (const int64_t u : updated) answer->add_rows_updated(u);
-  const client::ShardRouter& router = cluster_.router();
-  answer->set_incarnation(router.IncarnationDigest());
-  answer->set_shard_map_version(router.shard_map_version());
+  AnswerPush(updated, answer);
   return absl::OkStatus();
+}
+
+void CoordinatorService::AnswerPush(const std::vector<int64_t>& updated,
+                                    v1::BatchPushResponse* response) const {
+  for (const int64_t u : updated) response->add_rows_updated(u);
+  const client::ShardRouter& router = cluster_.router();
+  response->set_incarnation(router.IncarnationDigest());
+  response->set_shard_map_version(router.shard_map_version());
 }
 
 grpc::Status CoordinatorService::PushGradients(grpc::ServerContext* context,
@@ -234,10 +239,7 @@ grpc::Status CoordinatorService::BatchPush(grpc::ServerContext* context,
         std::vector<int64_t> updated,
         cluster_.PushBatch(batch.checked, request->step(), wire::RequestIdOf(request->request_id()),
                            sync, request->after_lookup()));
-    for (const int64_t u : updated) response->add_rows_updated(u);
-    const client::ShardRouter& router = cluster_.router();
-    response->set_incarnation(router.IncarnationDigest());
-    response->set_shard_map_version(router.shard_map_version());
+    AnswerPush(updated, response);
     return absl::OkStatus();
   });
 }

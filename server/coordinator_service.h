@@ -2,6 +2,7 @@
 #define TESSERA_SERVER_COORDINATOR_SERVICE_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "client/shard_router.h"
 #include "embedding/storage/coordinator_store.h"
@@ -90,6 +91,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
   // answers forwarded into `forward` when given); the push's answer in *answer.
   absl::Status PushThenLookup(const v1::BatchLookupRequest& request, const DecodedBatch& lookup,
                               v1::BatchLookupResponse* forward, v1::BatchPushResponse* answer);
+  // A routed push's answer: the rows updated per table, and the incarnation digest and map
+  // version it was routed under.
+  void AnswerPush(const std::vector<int64_t>& updated, v1::BatchPushResponse* response) const;
   // ResourceExhausted for a batch over the limit, FailedPrecondition for a request built on
   // another shard map version than the one served (`version` 0: not checked).
   absl::Status CheckBatch(const std::string& what, int64_t ids, uint64_t version) const;

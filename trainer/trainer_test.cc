@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "embedding/forwarding_collection.h"
 #include "embedding/storage/durable_collection.h"
 #include "gtest/gtest.h"
 #include "trainer/input_pipeline.h"
@@ -22,9 +23,9 @@ struct TrainedRun {
 
 // An in-process collection that says it carries a push with the next lookup (as a remote
 // one does), and counts how each push went.
-class CarryingCollection final : public embedding::EmbeddingCollection {
+class CarryingCollection final : public embedding::ForwardingCollection {
  public:
-  explicit CarryingCollection(embedding::EmbeddingCollection* tables) : t_(tables) {}
+  using ForwardingCollection::ForwardingCollection;
   bool FusesPushAndLookup() const override { return true; }
   absl::Status PushThenLookup(absl::Span<const embedding::TableGradients> push, int64_t step,
                               const embedding::PushOptions& push_options,
@@ -39,45 +40,18 @@ class CarryingCollection final : public embedding::EmbeddingCollection {
   }
   absl::Status PushBatch(absl::Span<const embedding::TableGradients> tables, int64_t step,
                          const embedding::PushOptions& options) override {
-    if (pushing_) return t_->PushBatch(tables, step, options);  // PushThenLookup's own
-    ++alone;
-    return t_->PushBatch(tables, step, options);
+    if (!pushing_) ++alone;  // not PushThenLookup's own
+    return ForwardingCollection::PushBatch(tables, step, options);
   }
   absl::Status LookupBatch(absl::Span<const embedding::TableBags> tables,
                            const embedding::LookupOptions& options) override {
     if (!options.insert_missing) ++lookups_read;
-    return t_->LookupBatch(tables, options);
+    return ForwardingCollection::LookupBatch(tables, options);
   }
-  absl::Status CreateTable(const v1::TableConfig& config) override {
-    return t_->CreateTable(config);
-  }
-  absl::StatusOr<std::vector<v1::TableConfig>> ListTables() const override {
-    return t_->ListTables();
-  }
-  absl::Status Lookup(absl::string_view table, absl::Span<const int64_t> ids, absl::Span<float> out,
-                      const embedding::LookupOptions& options) override {
-    return t_->Lookup(table, ids, out, options);
-  }
-  absl::Status PooledLookup(absl::string_view table, absl::Span<const int64_t> ids,
-                            absl::Span<const int32_t> offsets, absl::Span<const float> weights,
-                            v1::Pooling pooling, absl::Span<float> out,
-                            const embedding::LookupOptions& options) override {
-    return t_->PooledLookup(table, ids, offsets, weights, pooling, out, options);
-  }
-  absl::Status PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
-                             absl::Span<const float> gradients, int64_t step) override {
-    return t_->PushGradients(table, ids, gradients, step);
-  }
-  absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override {
-    return t_->Usage(table);
-  }
-  int num_shards() const override { return t_->num_shards(); }
-  absl::Status DropTable(absl::string_view table) override { return t_->DropTable(table); }
 
   int carried = 0, alone = 0, lookups_read = 0;
 
  private:
-  embedding::EmbeddingCollection* const t_;
   bool pushing_ = false;
 };
 

@@ -29,6 +29,7 @@
 #include "embedding/collection.h"
 #include "embedding/device/device_collection.h"
 #include "embedding/dtype.h"
+#include "embedding/forwarding_collection.h"
 #include "embedding/inprocess_collection.h"
 #include "embedding/optimizer.h"
 #include "trainer/coordinator_rendezvous.h"
@@ -45,51 +46,42 @@ using Clock = std::chrono::steady_clock;
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 // Forwards to a collection and records how long each call took.
-class TimedCollection final : public embedding::EmbeddingCollection {
+class TimedCollection final : public embedding::ForwardingCollection {
  public:
-  explicit TimedCollection(embedding::EmbeddingCollection* inner) : inner_(inner) {}
+  explicit TimedCollection(embedding::EmbeddingCollection* inner) : ForwardingCollection(inner) {}
 
-  absl::Status CreateTable(const v1::TableConfig& c) override { return inner_->CreateTable(c); }
-  absl::StatusOr<std::vector<v1::TableConfig>> ListTables() const override {
-    return inner_->ListTables();
-  }
   absl::Status Lookup(absl::string_view table, absl::Span<const int64_t> ids, absl::Span<float> out,
                       const embedding::LookupOptions& o) override {
-    return Time([&] { return inner_->Lookup(table, ids, out, o); });
+    return Time([&] { return ForwardingCollection::Lookup(table, ids, out, o); });
   }
   absl::Status PooledLookup(absl::string_view table, absl::Span<const int64_t> ids,
                             absl::Span<const int32_t> offsets, absl::Span<const float> weights,
                             v1::Pooling pooling, absl::Span<float> out,
                             const embedding::LookupOptions& o) override {
-    return Time(
-        [&] { return inner_->PooledLookup(table, ids, offsets, weights, pooling, out, o); });
+    return Time([&] {
+      return ForwardingCollection::PooledLookup(table, ids, offsets, weights, pooling, out, o);
+    });
   }
   absl::Status PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
                              absl::Span<const float> gradients, int64_t step) override {
-    return Time([&] { return inner_->PushGradients(table, ids, gradients, step); });
+    return Time([&] { return ForwardingCollection::PushGradients(table, ids, gradients, step); });
   }
-  // Passed through whole: the base class would split them into per-table calls.
   absl::Status LookupBatch(absl::Span<const embedding::TableBags> tables,
                            const embedding::LookupOptions& o) override {
-    return Time([&] { return inner_->LookupBatch(tables, o); });
+    return Time([&] { return ForwardingCollection::LookupBatch(tables, o); });
   }
   absl::Status PushBatch(absl::Span<const embedding::TableGradients> tables, int64_t step,
                          const embedding::PushOptions& o) override {
-    return Time([&] { return inner_->PushBatch(tables, step, o); });
+    return Time([&] { return ForwardingCollection::PushBatch(tables, step, o); });
   }
   // A step's push riding on the next lookup, as the trainer sends it to a remote collection.
   absl::Status PushThenLookup(absl::Span<const embedding::TableGradients> push, int64_t step,
                               const embedding::PushOptions& push_options,
                               absl::Span<const embedding::TableBags> lookups,
                               const embedding::LookupOptions& o) override {
-    return Time([&] { return inner_->PushThenLookup(push, step, push_options, lookups, o); });
+    return Time([&] { return inner()->PushThenLookup(push, step, push_options, lookups, o); });
   }
-  bool FusesPushAndLookup() const override { return inner_->FusesPushAndLookup(); }
-  absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override {
-    return inner_->Usage(table);
-  }
-  int num_shards() const override { return inner_->num_shards(); }
-  absl::Status DropTable(absl::string_view table) override { return inner_->DropTable(table); }
+  bool FusesPushAndLookup() const override { return inner()->FusesPushAndLookup(); }
 
   void set_recording(bool on) { recording_.store(on); }
   std::vector<double> TakeCallMs() {
@@ -110,7 +102,6 @@ class TimedCollection final : public embedding::EmbeddingCollection {
     return s;
   }
 
-  embedding::EmbeddingCollection* inner_;
   std::atomic<bool> recording_{false};
   absl::Mutex mu_;
   std::vector<double> call_ms_ ABSL_GUARDED_BY(mu_);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
+#include "embedding/forwarding_collection.h"
 #include "embedding/table_config.h"
 
 namespace tessera::storage {
@@ -20,44 +21,16 @@ v1::TableConfig OnHost(v1::TableConfig config) {
   return config;
 }
 
-class HostCheckpointed final : public EmbeddingCollection, public embedding::Checkpointing {
+class HostCheckpointed final : public embedding::ForwardingCollection,
+                               public embedding::Checkpointing {
  public:
   HostCheckpointed(std::unique_ptr<EmbeddingCollection> live,
                    std::unique_ptr<DurableCollection> store)
-      : live_(std::move(live)), store_(std::move(store)) {}
+      : ForwardingCollection(live.get()), live_(std::move(live)), store_(std::move(store)) {}
 
   // A table the store already holds (a run before this one) must have the same config;
   // the live table starts empty either way, and a Restore fills it.
   absl::Status CreateTable(const v1::TableConfig& config) override;
-  absl::StatusOr<std::vector<v1::TableConfig>> ListTables() const override {
-    return live_->ListTables();
-  }
-  absl::Status Lookup(absl::string_view table, absl::Span<const int64_t> ids,
-                      absl::Span<float> out, const embedding::LookupOptions& options) override {
-    return live_->Lookup(table, ids, out, options);
-  }
-  absl::Status PooledLookup(absl::string_view table, absl::Span<const int64_t> ids,
-                            absl::Span<const int32_t> offsets, absl::Span<const float> weights,
-                            v1::Pooling pooling, absl::Span<float> out,
-                            const embedding::LookupOptions& options) override {
-    return live_->PooledLookup(table, ids, offsets, weights, pooling, out, options);
-  }
-  absl::Status LookupBatch(absl::Span<const embedding::TableBags> tables,
-                           const embedding::LookupOptions& options) override {
-    return live_->LookupBatch(tables, options);
-  }
-  absl::Status PushGradients(absl::string_view table, absl::Span<const int64_t> ids,
-                             absl::Span<const float> gradients, int64_t step) override {
-    return live_->PushGradients(table, ids, gradients, step);
-  }
-  absl::Status PushBatch(absl::Span<const embedding::TableGradients> tables, int64_t step,
-                         const embedding::PushOptions& options) override {
-    return live_->PushBatch(tables, step, options);
-  }
-  absl::StatusOr<embedding::TableUsage> Usage(absl::string_view table) const override {
-    return live_->Usage(table);
-  }
-  int num_shards() const override { return live_->num_shards(); }
   absl::Status ExportRows(absl::string_view table, const embedding::ExportOptions& options,
                           const std::function<absl::Status(const embedding::RowBlock&)>& sink)
       override {
