@@ -267,10 +267,7 @@ absl::Status ShardRouter::ImportRows(const v1::TableConfig& config,
         return stubs_[k]->Get()->PrepareAsyncImportRows(ctx, reqs[k], queue);
       },
       &resps, options_.deadline);
-  for (int k = 0; k < shards; ++k) {
-    if (work[k] && !statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
-  }
-  return absl::OkStatus();
+  return FirstFailure(statuses, work);
 }
 
 absl::StatusOr<std::vector<v1::TableConfig>> ShardRouter::ListTablesOn(int k) {
@@ -557,6 +554,14 @@ absl::Status ShardRouter::MergeLookup(Scratch& s, absl::Span<const v1::TableConf
       });
 }
 
+absl::Status ShardRouter::FirstFailure(const std::vector<grpc::Status>& statuses,
+                                       const std::vector<bool>& work) const {
+  for (int k = 0; k < num_shards(); ++k) {
+    if (work[k] && !statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
+  }
+  return absl::OkStatus();
+}
+
 std::vector<grpc::Status> ShardRouter::SendLookups(Scratch& s, const std::vector<bool>& work) {
   return CallShardsWithRetries(
       work,
@@ -573,9 +578,7 @@ absl::Status ShardRouter::LookupBatch(absl::Span<const v1::TableConfig> configs,
   std::vector<bool> work;
   TESSERA_RETURN_IF_ERROR(PlanLookup(*s, configs, parts, read_only, &work));
   const std::vector<grpc::Status> statuses = SendLookups(*s, work);
-  for (int k = 0; k < num_shards(); ++k) {
-    if (work[k] && !statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
-  }
+  TESSERA_RETURN_IF_ERROR(FirstFailure(statuses, work));
   return MergeLookup(*s, configs, parts, forward);
 }
 
@@ -620,9 +623,7 @@ absl::StatusOr<std::vector<int64_t>> ShardRouter::PushThenLookup(
   swap_pushes(&statuses);
   // A failure names the shards that applied the push (a repeat under its id applies the rest).
   TESSERA_RETURN_IF_ERROR(PushOutcome(statuses, push_work, id));
-  for (int k = 0; k < shards; ++k) {
-    if (work[k] && !statuses[k].ok()) return FromShardStatus(statuses[k], k, addresses_[k]);
-  }
+  TESSERA_RETURN_IF_ERROR(FirstFailure(statuses, work));
   TESSERA_ASSIGN_OR_RETURN(std::vector<int64_t> updated, RowsUpdated(*pushed, push.configs()));
   TESSERA_RETURN_IF_ERROR(MergeLookup(*looked, configs, parts, forward));
   return updated;

@@ -268,6 +268,9 @@ class ShardRouter {
   absl::StatusOr<std::vector<grpc::Status>> SendInSyncGroup(
       const embedding::PushSync& sync, std::vector<bool>* work,
       const std::function<std::vector<grpc::Status>()>& send);
+  // OK when every shard of `work` answered OK; else the first failure, naming its shard.
+  absl::Status FirstFailure(const std::vector<grpc::Status>& statuses,
+                            const std::vector<bool>& work) const;
   // OK when every shard of `work` applied push `id`; else the first failure, naming the
   // shards that applied it (when any) and how to complete it.
   absl::Status PushOutcome(const std::vector<grpc::Status>& statuses, const std::vector<bool>& work,
