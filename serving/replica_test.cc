@@ -19,6 +19,7 @@
 #include "serving/serving_service.h"
 #include "tests/support/local_server.h"
 #include "tests/support/reference_cluster.h"
+#include "tests/support/served_shard.h"
 #include "tests/support/table_configs.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/test_client.h"
@@ -38,49 +39,7 @@ using ::testing::HasSubstr;
 constexpr int kDim = 4;
 constexpr int64_t kVocabulary = 5000;
 
-// One shard: an in-process collection served on 127.0.0.1, durable in `dir` when set.
-struct Shard {
-  int index = 0;
-  int num_shards = 2;
-  uint64_t version = 1;
-  size_t change_log_bytes = size_t{64} << 20;
-  std::string dir;  // a data directory (checkpoints); empty: rows in memory only
-  std::unique_ptr<embedding::ShardTables> tables;
-  std::unique_ptr<server::ShardService> service;
-  std::unique_ptr<grpc::Server> server;
-  int port = 0;  // kept across a restart
-
-  void Start() {
-    if (dir.empty()) {
-      tables = std::move(embedding::NewInProcessCollection(1)).value();
-    } else {
-      storage::DurableOptions d;
-      d.data_dir = dir;
-      d.cluster_shard_index = index;
-      d.cluster_num_shards = num_shards;
-      d.threads = 1;
-      auto opened = storage::DurableCollection::Open(d);
-      ASSERT_TRUE(opened.ok()) << opened.status();
-      tables = *std::move(opened);
-    }
-    server::ShardOptions o;
-    o.shard_index = index;
-    o.num_shards = num_shards;
-    o.shard_map_version = version;
-    o.change_log_bytes = change_log_bytes;
-    o.data_dir = !dir.empty();
-    service = std::make_unique<server::ShardService>(tables.get(), o);
-    server = testing::StartLocalServer(service.get(), &port);
-    ASSERT_NE(server, nullptr);
-  }
-  void Stop() {
-    if (server) server->Shutdown();
-    server.reset();
-    service.reset();
-    tables.reset();
-  }
-  std::string address() const { return testing::LocalAddress(port); }
-};
+using Shard = testing::ServedShard;
 
 class ReplicaTest : public testing::ReferenceClusterTest {
  protected:

@@ -29,6 +29,7 @@
 #include "tests/support/answer_loser.h"
 #include "tests/support/local_server.h"
 #include "tests/support/reference_cluster.h"
+#include "tests/support/served_shard.h"
 #include "tests/support/stored_rows.h"
 #include "tests/support/table_configs.h"
 #include "tests/support/test_client.h"
@@ -36,55 +37,13 @@
 namespace tessera {
 namespace {
 
-using testing::StartLocalServer;
-
 constexpr int kDim = 4;
 
 v1::TableConfig Table(const std::string& name, v1::OptimizerType type, uint64_t seed) {
   return testing::TestTable(name, kDim, seed, type, 0.5f, v1::WRITE_THROUGH);
 }
 
-// One shard: a durable collection in its own directory, served with an answer loser.
-struct Shard {
-  std::string dir;
-  int index = 0;
-  int num_shards = 1;
-  uint64_t version = 1;
-  std::unique_ptr<storage::DurableCollection> tables;
-  std::unique_ptr<server::ShardService> service;
-  std::unique_ptr<testing::AnswerLoser> loser;
-  std::unique_ptr<grpc::Server> server;
-  int port = 0;
-
-  void Start() {
-    storage::DurableOptions o;
-    o.data_dir = dir;
-    o.cluster_shard_index = index;
-    o.cluster_num_shards = num_shards;
-    o.threads = 1;
-    auto opened = storage::DurableCollection::Open(o);
-    ASSERT_TRUE(opened.ok()) << opened.status();
-    tables = *std::move(opened);
-    server::ShardOptions so;
-    so.shard_index = index;
-    so.num_shards = num_shards;
-    so.shard_map_version = version;
-    so.data_dir = true;
-    service = std::make_unique<server::ShardService>(tables.get(), so);
-    // What the tests make each shard lose: shard 0 its reshard answers, shard 1 its
-    // pushes', shard 2 (the new one) its imports'.
-    const char* losable[] = {"/Reshard", "/BatchPush", "/ImportRows"};
-    loser = std::make_unique<testing::AnswerLoser>(std::vector<std::string>{losable[index]});
-    server = StartLocalServer(service.get(), &port, loser.get());
-  }
-  void Stop() {
-    if (server) server->Shutdown();
-    server.reset();
-    service.reset();
-    tables.reset();
-  }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port); }
-};
+using Shard = testing::ServedShard;
 
 // One push of the pusher: ids drawn from a pool (rows updated many times) and new ones.
 struct Push {
@@ -163,6 +122,10 @@ class ReshardTest : public testing::ReferenceClusterTest {
       // Shards 0 and 1 serve map version 1; shard 2 starts empty with its place in 2.
       shards_[k].num_shards = k < 2 ? 2 : 3;
       shards_[k].version = k < 2 ? 1 : 2;
+      // What the tests make each shard lose: shard 0 its reshard answers, shard 1 its
+      // pushes', shard 2 (the new one) its imports'.
+      const char* losable[] = {"/Reshard", "/BatchPush", "/ImportRows"};
+      shards_[k].losable = {losable[k]};
       ASSERT_NO_FATAL_FAILURE(shards_[k].Start());
     }
     ASSERT_NO_FATAL_FAILURE(StartCoordinator({shards_[0].address(), shards_[1].address()},
