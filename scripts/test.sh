@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The tests: installs what they need besides the build's packages (PyTorch, clang-format
-# for the format check, Redis and gnuplot for the benchmark harness, iproute2 for the
-# network tests), builds everything into build/, then runs ctest. Run scripts/setup.sh
+# The tests: installs what they need besides the build's packages (PyTorch with OpenBLAS,
+# clang-format for the format check, Redis and gnuplot for the benchmark harness, iproute2
+# for the network tests), builds everything into build/, then runs ctest. Run scripts/setup.sh
 # first. Extra arguments go to ctest (-R NAME, -L gpu, ...).
 #
 # With TESSERA_SANITIZED=1 (CI sets it) it also installs clang and builds the sanitized
@@ -12,7 +12,10 @@ cd "$(dirname "$0")/.."
 source scripts/packages.sh
 
 echo -n "test: "
-packages=(python3-torch gnuplot-nox redis-server iproute2 clang-format-14)
+# Debian's PyTorch does its matrix products through the libblas.so.3 alternative, which
+# without OpenBLAS is the reference BLAS: 4x slower dense steps (BENCHMARKS.md, "Tables
+# in the PyTorch process").
+packages=(python3-torch libopenblas0 gnuplot-nox redis-server iproute2 clang-format-14)
 if [ "${TESSERA_SANITIZED:-0}" = 1 ]; then packages+=(clang libclang-rt-14-dev); fi
 install_packages "${packages[@]}"
 
