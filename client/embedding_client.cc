@@ -136,7 +136,7 @@ absl::Status EmbeddingClient::CreateTable(const v1::TableConfig& config) {
   v1::CreateTableResponse resp;
   TESSERA_RETURN_IF_ERROR(CallCoordinator(&v1::Coordinator::Stub::CreateTable, req, &resp));
   absl::MutexLock lock(&mu_);
-  configs_[config.name()] = config;
+  configs_[config.name()] = std::make_shared<const v1::TableConfig>(config);
   return absl::OkStatus();
 }
 
@@ -146,11 +146,12 @@ absl::StatusOr<std::vector<v1::TableConfig>> EmbeddingClient::ListTables() const
       CallCoordinator(&v1::Coordinator::Stub::ListTables, v1::ListTablesRequest(), &resp));
   std::vector<v1::TableConfig> out(resp.tables().begin(), resp.tables().end());
   absl::MutexLock lock(&mu_);
-  for (const auto& t : out) configs_[t.name()] = t;
+  for (const auto& t : out) configs_[t.name()] = std::make_shared<const v1::TableConfig>(t);
   return out;
 }
 
-absl::StatusOr<v1::TableConfig> EmbeddingClient::Config(absl::string_view table) const {
+absl::StatusOr<std::shared_ptr<const v1::TableConfig>> EmbeddingClient::ConfigOf(
+    absl::string_view table) const {
   {
     absl::ReaderMutexLock lock(&mu_);
     auto it = configs_.find(table);
@@ -165,16 +166,25 @@ absl::StatusOr<v1::TableConfig> EmbeddingClient::Config(absl::string_view table)
   return it->second;
 }
 
+absl::StatusOr<v1::TableConfig> EmbeddingClient::Config(absl::string_view table) const {
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const v1::TableConfig> config, ConfigOf(table));
+  return *config;
+}
+
 template <typename Part>
-absl::StatusOr<std::vector<v1::TableConfig>> EmbeddingClient::Configs(
-    absl::Span<const Part> tables) const {
-  std::vector<v1::TableConfig> configs;
-  configs.reserve(tables.size());
-  for (const Part& t : tables) {
-    TESSERA_ASSIGN_OR_RETURN(v1::TableConfig c, Config(t.table));
-    configs.push_back(std::move(c));
+absl::StatusOr<absl::Span<const v1::TableConfig>> EmbeddingClient::Configs(
+    absl::Span<const Part> tables, ConfigSlots* slots) const {
+  const size_t n = tables.size();
+  slots->held.resize(std::min(slots->held.size(), slots->configs.size()));
+  slots->configs.resize(n);
+  slots->held.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const v1::TableConfig> c, ConfigOf(tables[i].table));
+    if (slots->held[i] == c) continue;
+    slots->configs[i] = *c;
+    slots->held[i] = std::move(c);
   }
-  return configs;
+  return absl::MakeConstSpan(slots->configs);
 }
 
 embedding::RequestId EmbeddingClient::NextRequestId() {
@@ -204,9 +214,9 @@ absl::Status EmbeddingClient::PooledLookup(absl::string_view table, absl::Span<c
   return LookupBatch({&part, 1}, options);
 }
 
-absl::StatusOr<std::vector<v1::TableConfig>> EmbeddingClient::CheckedLookups(
-    absl::Span<const embedding::TableBags> tables) const {
-  TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> configs, Configs(tables));
+absl::StatusOr<absl::Span<const v1::TableConfig>> EmbeddingClient::CheckedLookups(
+    absl::Span<const embedding::TableBags> tables, ConfigSlots* slots) const {
+  TESSERA_ASSIGN_OR_RETURN(absl::Span<const v1::TableConfig> configs, Configs(tables, slots));
   for (size_t i = 0; i < tables.size(); ++i) {
     const embedding::TableBags& t = tables[i];
     TESSERA_ASSIGN_OR_RETURN(const size_t rows,
@@ -337,7 +347,9 @@ void SetRowsUpdated(const v1::BatchPushResponse& resp, const embedding::PushOpti
 
 absl::Status EmbeddingClient::LookupBatch(absl::Span<const embedding::TableBags> tables,
                                           const embedding::LookupOptions& options) {
-  TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> configs, CheckedLookups(tables));
+  thread_local ConfigSlots slots;
+  TESSERA_ASSIGN_OR_RETURN(absl::Span<const v1::TableConfig> configs,
+                           CheckedLookups(tables, &slots));
   if (options_.mode == ClientOptions::Mode::kSmart) {
     return OnShards([&](ShardRouter& router) {
       return router.LookupBatch(configs, tables, !options.insert_missing);
@@ -364,8 +376,12 @@ absl::Status EmbeddingClient::PushThenLookup(absl::Span<const embedding::TableGr
     // A check round or a sync group's push does not ride on a lookup: two calls.
     return EmbeddingCollection::PushThenLookup(push, step, pushing, lookups, options);
   }
-  TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> configs, CheckedLookups(lookups));
-  TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> push_configs, Configs(push));
+  thread_local ConfigSlots lookup_slots;
+  thread_local ConfigSlots push_slots;
+  TESSERA_ASSIGN_OR_RETURN(absl::Span<const v1::TableConfig> configs,
+                           CheckedLookups(lookups, &lookup_slots));
+  TESSERA_ASSIGN_OR_RETURN(absl::Span<const v1::TableConfig> push_configs,
+                           Configs(push, &push_slots));
   TESSERA_ASSIGN_OR_RETURN(const embedding::CheckedPush checked,
                            embedding::CheckPush(push_configs, push));
   const embedding::RequestId id = pushing.request_id.empty() ? NextRequestId() : pushing.request_id;
@@ -412,7 +428,8 @@ absl::Status EmbeddingClient::PushBatch(absl::Span<const embedding::TableGradien
         "a remote collection does not check a push apart: its pushes check every shard's "
         "part before any applies");
   }
-  TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> configs, Configs(tables));
+  thread_local ConfigSlots slots;
+  TESSERA_ASSIGN_OR_RETURN(absl::Span<const v1::TableConfig> configs, Configs(tables, &slots));
   // The one check of the push's values in this process (the servers check it again in theirs).
   TESSERA_ASSIGN_OR_RETURN(const embedding::CheckedPush checked,
                            embedding::CheckPush(configs, tables));

@@ -129,9 +129,17 @@ class EmbeddingClient final : public embedding::EmbeddingCollection,
 
   std::unique_ptr<grpc::ClientContext> NewContext() const { return NewContext(options_.deadline); }
   std::unique_ptr<grpc::ClientContext> NewContext(std::chrono::milliseconds deadline) const;
-  // The configs of `tables`, each checked to be looked up as it is shaped.
-  absl::StatusOr<std::vector<v1::TableConfig>> CheckedLookups(
-      absl::Span<const embedding::TableBags> tables) const;
+  // A call's configs, one per table it names, kept from the calling thread's last call
+  // where they are the same: `held[i]` is the cache's config that configs[i] copies, and a
+  // slot is copied again only when the cache holds another (a new object: cached configs
+  // are never changed in place). A config's copy allocates each of its parts.
+  struct ConfigSlots {
+    std::vector<v1::TableConfig> configs;
+    std::vector<std::shared_ptr<const v1::TableConfig>> held;
+  };
+  // The configs of `tables` (in `slots`), each checked to be looked up as it is shaped.
+  absl::StatusOr<absl::Span<const v1::TableConfig>> CheckedLookups(
+      absl::Span<const embedding::TableBags> tables, ConfigSlots* slots) const;
   // Runs `call` until it succeeds, fails with a code retrying cannot fix, or retries run out.
   absl::Status WithRetries(const std::function<absl::Status()>& call) const;
   // One unary call of the coordinator's service, through WithRetries (`resp` cleared before
@@ -166,9 +174,12 @@ class EmbeddingClient final : public embedding::EmbeddingCollection,
   // Smart mode: runs `call` on the current router (which retries failed shards itself),
   // again once on a fresh router after a stale shard map.
   absl::Status OnShards(const std::function<absl::Status(ShardRouter&)>& call);
-  // The configs of `tables`' tables, in order.
+  // The configs of `tables`' tables, in order, in `slots`.
   template <typename Part>
-  absl::StatusOr<std::vector<v1::TableConfig>> Configs(absl::Span<const Part> tables) const;
+  absl::StatusOr<absl::Span<const v1::TableConfig>> Configs(absl::Span<const Part> tables,
+                                                            ConfigSlots* slots) const;
+  // Config() as the cache holds it.
+  absl::StatusOr<std::shared_ptr<const v1::TableConfig>> ConfigOf(absl::string_view table) const;
   // Coordinator-mode lookup messages, reused between calls (see ObjectPool).
   struct LookupMessages {
     v1::BatchLookupRequest request;
@@ -178,7 +189,8 @@ class EmbeddingClient final : public embedding::EmbeddingCollection,
   ClientOptions options_;
   mutable ReconnectingStub<v1::Coordinator> coordinator_;
   mutable absl::Mutex mu_;
-  mutable std::map<std::string, v1::TableConfig, std::less<>> configs_ ABSL_GUARDED_BY(mu_);
+  mutable std::map<std::string, std::shared_ptr<const v1::TableConfig>, std::less<>> configs_
+      ABSL_GUARDED_BY(mu_);
   std::shared_ptr<ShardRouter> router_ ABSL_GUARDED_BY(mu_);  // smart mode
   int num_shards_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t retired_router_restarts_ ABSL_GUARDED_BY(mu_) = 0;  // of routers replaced

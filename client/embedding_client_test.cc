@@ -151,6 +151,44 @@ TEST_F(EmbeddingClientTest, ASmartLookupsPlanCarriesItsDistinctIdsToThePush) {
   EXPECT_EQ(got, want);
 }
 
+// Every hop keeps a thread's last configs and copies a table's again only when the table
+// changed: a table dropped and made again under its name with another dim is looked up
+// and pushed at its new dim by the same client, in the same thread, in both modes.
+TEST_F(EmbeddingClientTest, ATableMadeAgainWithAnotherDimIsServedAtItsNewDim) {
+  for (const auto mode : {ClientOptions::Mode::kSmart, ClientOptions::Mode::kCoordinator}) {
+    SCOPED_TRACE(mode == ClientOptions::Mode::kSmart ? "smart" : "coordinator");
+    auto client = Connect(mode);
+    auto reference = std::move(embedding::NewInProcessCollection(2)).value();
+    const std::vector<int64_t> ids = {5, 9, 14, 77};
+    for (const int dim : {8, 4}) {
+      v1::TableConfig config = Config();
+      config.set_name(mode == ClientOptions::Mode::kSmart ? "remade_smart" : "remade_via");
+      config.set_dim(dim);
+      if (dim == 4) {
+        ASSERT_TRUE(client->DropTable(config.name()).ok());
+        ASSERT_TRUE(reference->DropTable(config.name()).ok());
+      }
+      ASSERT_TRUE(client->CreateTable(config).ok());
+      ASSERT_TRUE(reference->CreateTable(config).ok());
+      std::vector<float> got(ids.size() * dim), want(ids.size() * dim);
+      const embedding::TableBags bags{config.name(), ids, {}, {}, v1::SUM, absl::MakeSpan(got)};
+      const embedding::TableBags expected{config.name(),       ids, {}, {}, v1::SUM,
+                                          absl::MakeSpan(want)};
+      for (int64_t step = 1; step <= 3; ++step) {
+        std::vector<float> grads(ids.size() * dim);
+        for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.01f * static_cast<float>(i + step);
+        const embedding::TableGradients push{config.name(), ids, grads};
+        ASSERT_TRUE(client->PushThenLookup({&push, 1}, step, {}, {&bags, 1}).ok()) << dim;
+        ASSERT_TRUE(reference->PushThenLookup({&push, 1}, step, {}, {&expected, 1}).ok());
+        EXPECT_EQ(got, want) << "dim " << dim << ", step " << step;
+      }
+      ASSERT_TRUE(client->LookupBatch({&bags, 1}).ok()) << dim;
+      ASSERT_TRUE(reference->LookupBatch({&expected, 1}).ok());
+      EXPECT_EQ(got, want) << "dim " << dim;
+    }
+  }
+}
+
 TEST_F(EmbeddingClientTest, PoolingsAgreeWithTheInProcessCollectionInBothModes) {
   auto smart = Connect(ClientOptions::Mode::kSmart);
   auto via = Connect(ClientOptions::Mode::kCoordinator);

@@ -32,7 +32,9 @@ Cluster::Cluster(client::ShardRouter* router, uint64_t shard_map_version,
   if (store_ == nullptr) return;
   const v1::CoordinatorState state = store_->state();
   absl::MutexLock lock(&mu_);
-  for (const auto& t : state.tables()) configs_[t.name()] = t;
+  for (const auto& t : state.tables()) {
+    configs_[t.name()] = std::make_shared<const v1::TableConfig>(t);
+  }
 }
 
 void Cluster::WatchShards(client::ShardRouter* router) {
@@ -61,7 +63,7 @@ absl::Status Cluster::NeedStore() const {
 
 v1::CoordinatorState Cluster::StateLocked() const {
   v1::CoordinatorState state;
-  for (const auto& [name, config] : configs_) *state.add_tables() = config;
+  for (const auto& [name, config] : configs_) *state.add_tables() = *config;
   state.set_shard_map_version(version_.load());
   for (const auto& a : live()->addresses()) state.add_shards(a);
   return state;
@@ -72,7 +74,8 @@ void Cluster::SetShardMapVersion(uint64_t version) {
   live()->set_shard_map_version(version);
 }
 
-absl::StatusOr<v1::TableConfig> Cluster::Config(const std::string& table) const {
+absl::StatusOr<std::shared_ptr<const v1::TableConfig>> Cluster::ConfigOf(
+    const std::string& table) const {
   absl::ReaderMutexLock lock(&mu_);
   auto it = configs_.find(table);
   if (it == configs_.end()) {
@@ -81,10 +84,15 @@ absl::StatusOr<v1::TableConfig> Cluster::Config(const std::string& table) const 
   return it->second;
 }
 
+absl::StatusOr<v1::TableConfig> Cluster::Config(const std::string& table) const {
+  TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const v1::TableConfig> config, ConfigOf(table));
+  return *config;
+}
+
 std::vector<v1::TableConfig> Cluster::Tables() const {
   absl::ReaderMutexLock lock(&mu_);
   std::vector<v1::TableConfig> out;
-  for (const auto& [name, config] : configs_) out.push_back(config);
+  for (const auto& [name, config] : configs_) out.push_back(*config);
   return out;
 }
 
@@ -135,7 +143,7 @@ absl::Status Cluster::CreateTable(const v1::TableConfig& config) {
     return s;
   }
   absl::MutexLock lock(&mu_);
-  configs_[config.name()] = config;
+  configs_[config.name()] = std::make_shared<const v1::TableConfig>(config);
   return absl::OkStatus();
 }
 
@@ -148,7 +156,7 @@ absl::StatusOr<v1::TableConfig> Cluster::AlterTable(const std::string& table,
       Annotate(live()->AlterTable(table, changes),
                absl::StrCat("alter of table '", table, "' not finished; retry")));
   absl::MutexLock lock(&mu_);
-  configs_[table] = altered;
+  configs_[table] = std::make_shared<const v1::TableConfig>(altered);
   if (store_ != nullptr) {
     TESSERA_RETURN_IF_ERROR(Annotate(store_->Save(StateLocked()), "cannot record the alter"));
   }
@@ -436,7 +444,7 @@ std::string Cluster::OlderCheckpoint(const storage::CheckpointManifest& m) const
 absl::Status Cluster::AdoptRestoredTables(const storage::CheckpointManifest& m) {
   TESSERA_ASSIGN_OR_RETURN(std::vector<v1::TableConfig> held, live()->ListTablesOn(0));
   absl::MutexLock lock(&mu_);
-  std::map<std::string, v1::TableConfig> before;
+  std::map<std::string, std::shared_ptr<const v1::TableConfig>> before;
   before.swap(configs_);
   for (auto& [name, config] : before) {
     if (!embedding::TableOfModel(name, m.model)) configs_[name] = std::move(config);
@@ -447,11 +455,12 @@ absl::Status Cluster::AdoptRestoredTables(const storage::CheckpointManifest& m) 
     // A shard holds its part of the row budget; the registry keeps the whole table's.
     auto registered = before.find(config.name());
     if (registered != before.end()) {
-      config.set_max_rows(registered->second.max_rows());
+      config.set_max_rows(registered->second->max_rows());
     } else {
       config.set_max_rows(config.max_rows() * static_cast<int64_t>(live()->addresses().size()));
     }
-    configs_[config.name()] = std::move(config);
+    const std::string name = config.name();  // before the move below
+    configs_[name] = std::make_shared<const v1::TableConfig>(std::move(config));
   }
   return store_->Save(StateLocked());
 }

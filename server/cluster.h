@@ -82,6 +82,9 @@ class Cluster {
   std::vector<v1::TableConfig> Tables() const;
   // The config of `table`, or NotFound.
   absl::StatusOr<v1::TableConfig> Config(const std::string& table) const;
+  // The same, as held: never changed in place (a change registers a new one), so that a
+  // request's decoder copies it only when it changed (server::ConfigRef).
+  absl::StatusOr<std::shared_ptr<const v1::TableConfig>> ConfigOf(const std::string& table) const;
 
   uint64_t shard_map_version() const { return version_.load(); }
   // Advertise (and route with) another shard-map version from now on.
@@ -256,7 +259,7 @@ class Cluster {
                                                              // re-provisioning) at a time
   absl::Mutex barrier_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // shared: routed pushes; exclusive:
                                                      // checkpoint and restore
-  std::map<std::string, v1::TableConfig> configs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<const v1::TableConfig>> configs_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<ReadmitTarget> readmit_target_;
 };
 

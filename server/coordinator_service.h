@@ -102,7 +102,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
   }
   ConfigLookup Configs() const {
     return [this](const std::string& t, std::shared_ptr<TableCounters>*) {
-      return cluster_.Config(t);
+      return cluster_.ConfigOf(t);
     };
   }
 

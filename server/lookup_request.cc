@@ -1,5 +1,6 @@
 #include "server/lookup_request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -89,13 +90,28 @@ std::string TablePart(const std::string& table, size_t index) {
   return absl::StrCat("table '", table, "' (part ", index, " of the batch)");
 }
 
+// Slot i of batch->configs (sized already) becomes `config`'s: copied only when the slot
+// holds another.
+void SetConfig(ConfigRef config, size_t i, DecodedBatch* batch) {
+  if (batch->config_refs[i] == config) return;
+  batch->configs[i] = *config;
+  batch->config_refs[i] = std::move(config);
+}
+
+// Sizes the per-table config slots of `batch` for `n` tables, keeping those in place.
+void SizeConfigs(size_t n, DecodedBatch* batch) {
+  batch->config_refs.resize(std::min(batch->config_refs.size(), batch->configs.size()));
+  batch->configs.resize(n);
+  batch->config_refs.resize(n);
+}
+
 }  // namespace
 
 absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const ConfigLookup& config,
                                 const AnswerLimit& limit, v1::BatchLookupResponse* response,
                                 DecodedBatch* batch, bool size_answers) {
   const size_t n = request.tables_size();
-  batch->configs.clear();
+  SizeConfigs(n, batch);
   batch->counters.assign(n, nullptr);
   batch->lookups.assign(n, {});
   batch->total_ids = 0;
@@ -107,7 +123,8 @@ absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const Con
   int64_t total_rows = 0;
   for (size_t i = 0; i < n; ++i) {
     const v1::TableLookup& t = request.tables(i);
-    TESSERA_ASSIGN_OR_RETURN(v1::TableConfig c, config(t.table(), &batch->counters[i]));
+    TESSERA_ASSIGN_OR_RETURN(ConfigRef c, config(t.table(), &batch->counters[i]));
+    SetConfig(std::move(c), i, batch);
     const std::string where = TablePart(t.table(), i);
     embedding::TableBags& part = batch->lookups[i];
     part.table = t.table();
@@ -125,7 +142,6 @@ absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const Con
     batch->total_ids += static_cast<int64_t>(part.ids.size());
     answer_rows.push_back(rows);
     total_rows += static_cast<int64_t>(rows);
-    batch->configs.push_back(std::move(c));
   }
   // The whole answer is bounded before any of it is allocated.
   TESSERA_RETURN_IF_ERROR(CheckAnswerRows("batched lookup", total_rows, limit));
@@ -145,7 +161,7 @@ absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const Con
 absl::Status PrepareBatchPush(const v1::BatchPushRequest& request, const ConfigLookup& config,
                               DecodedBatch* batch) {
   const size_t n = request.tables_size();
-  batch->configs.clear();
+  SizeConfigs(n, batch);
   batch->counters.assign(n, nullptr);
   batch->pushes.assign(n, {});
   batch->total_ids = 0;
@@ -153,7 +169,8 @@ absl::Status PrepareBatchPush(const v1::BatchPushRequest& request, const ConfigL
   batch->float_copies.resize(n);
   for (size_t i = 0; i < n; ++i) {
     const v1::TableGradients& t = request.tables(i);
-    TESSERA_ASSIGN_OR_RETURN(v1::TableConfig c, config(t.table(), &batch->counters[i]));
+    TESSERA_ASSIGN_OR_RETURN(ConfigRef c, config(t.table(), &batch->counters[i]));
+    SetConfig(std::move(c), i, batch);
     const std::string where = TablePart(t.table(), i);
     embedding::TableGradients& part = batch->pushes[i];
     part.table = t.table();
@@ -163,7 +180,6 @@ absl::Status PrepareBatchPush(const v1::BatchPushRequest& request, const ConfigL
         part.gradients,
         wire::PackedSpan<float>(t.gradients(), where + " gradients", &batch->float_copies[i]));
     batch->total_ids += static_cast<int64_t>(part.ids.size());
-    batch->configs.push_back(std::move(c));
   }
   batch->checked = {};
   TESSERA_ASSIGN_OR_RETURN(batch->checked, embedding::CheckPush(batch->configs, batch->pushes));

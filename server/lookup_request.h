@@ -52,9 +52,13 @@ struct TableCounters {
   std::atomic<int64_t> updates{0};  // distinct ids updated
 };
 
+// A table's config as a server holds it: never changed in place (a change makes a new one),
+// so that two requests that find the same pointer find the same config.
+using ConfigRef = std::shared_ptr<const v1::TableConfig>;
+
 // The config of a table a batched request names, looked up by the server that serves it,
 // and that table's counters (left null by a server that keeps none).
-using ConfigLookup = std::function<absl::StatusOr<v1::TableConfig>(
+using ConfigLookup = std::function<absl::StatusOr<ConfigRef>(
     const std::string& table, std::shared_ptr<TableCounters>* counters)>;
 
 // A batched request decoded into spans over its packed fields, with each table's config.
@@ -62,6 +66,10 @@ using ConfigLookup = std::function<absl::StatusOr<v1::TableConfig>(
 // message), so it must outlive the spans.
 struct DecodedBatch {
   std::vector<v1::TableConfig> configs;                  // per table of the request
+  // What configs[i] was copied from, when PrepareBatch* set it: a batch kept for the next
+  // request (a thread's own) copies only the configs that are not already in place, as a
+  // config's copy allocates each of its parts.
+  std::vector<ConfigRef> config_refs;
   std::vector<std::shared_ptr<TableCounters>> counters;  // per table (null: none kept)
   std::vector<embedding::TableBags> lookups;             // BatchLookup
   std::vector<embedding::TableGradients> pushes;         // BatchPush

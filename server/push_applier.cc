@@ -151,7 +151,8 @@ absl::Status PushApplier::ApplyWhole(const DecodedBatch& batch, int64_t step,
 
 absl::StatusOr<v1::TableConfig> PushApplier::ConfigOf(const DecodedBatch& batch, size_t i) const {
   if (i < batch.configs.size()) return batch.configs[i];
-  return configs_(batch.pushes[i].table, nullptr);
+  TESSERA_ASSIGN_OR_RETURN(ConfigRef config, configs_(batch.pushes[i].table, nullptr));
+  return *config;
 }
 
 bool PushApplier::WithoutMovedPushes(const DecodedBatch& batch, const embedding::RequestId& id,
@@ -161,6 +162,7 @@ bool PushApplier::WithoutMovedPushes(const DecodedBatch& batch, const embedding:
   if (applied.empty()) return false;
   const size_t n = batch.pushes.size();
   kept->configs = batch.configs;
+  kept->config_refs = batch.config_refs;
   kept->counters = batch.counters;
   kept->id_copies.assign(n, {});
   kept->float_copies.assign(n, {});

@@ -21,12 +21,13 @@ class Shard {
   Shard()
       : tables_(std::move(embedding::NewInProcessCollection(1)).value()),
         reshard_(tables_.get(), &pushes_, {}),
-        pushes_(tables_.get(), &reshard_,
-                [](const std::string& t,
-                   std::shared_ptr<TableCounters>*) -> absl::StatusOr<v1::TableConfig> {
-                  return testing::TestTable(t, 2, 7, v1::SGD, 1.0f);
-                },
-                {}) {
+        pushes_(
+            tables_.get(), &reshard_,
+            [](const std::string& t, std::shared_ptr<TableCounters>*) -> absl::StatusOr<ConfigRef> {
+              return std::make_shared<const v1::TableConfig>(
+                  testing::TestTable(t, 2, 7, v1::SGD, 1.0f));
+            },
+            {}) {
     for (const char* t : {"t1", "t2"}) {
       EXPECT_TRUE(tables_->CreateTable(testing::TestTable(t, 2, 7, v1::SGD, 1.0f)).ok());
     }

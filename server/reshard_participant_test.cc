@@ -48,9 +48,9 @@ class Shard {
                   }}),
         pushes_(tables_.get(), &reshard_,
                 [this](const std::string& t,
-                       std::shared_ptr<TableCounters>*) -> absl::StatusOr<v1::TableConfig> {
+                       std::shared_ptr<TableCounters>*) -> absl::StatusOr<ConfigRef> {
                   if (t != "user") return absl::NotFoundError(t);
-                  return Sgd(t);
+                  return std::make_shared<const v1::TableConfig>(Sgd(t));
                 },
                 {}) {
     EXPECT_TRUE(tables_->CreateTable(Sgd("user")).ok());

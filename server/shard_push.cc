@@ -31,6 +31,7 @@ grpc::Status ShardService::PushGradients(grpc::ServerContext* context,
     TESSERA_RETURN_IF_ERROR(CheckOwnership(config, ids));
     thread_local DecodedBatch batch;  // every field this push reads is set afresh
     batch.configs.assign(1, std::move(config));
+    batch.config_refs.clear();
     batch.counters.assign(1, std::move(counters));
     batch.pushes.assign(
         1, {request->table(), ids,
@@ -101,7 +102,11 @@ grpc::Status ShardService::BatchPushNow(grpc::ServerContextBase* context,
     grpc::Status status;
   };
   auto answered = std::make_shared<Answered>();
+  // The thread's last decoded push, whose configs are kept where they are the same
+  // (ConfigRef): a step's push names the same tables as the one before.
+  thread_local DecodedBatch reused;
   PushCall call;
+  call.batch = std::move(reused);
   call.context = context;
   call.request = &request;
   call.response = response;
@@ -112,6 +117,7 @@ grpc::Status ShardService::BatchPushNow(grpc::ServerContextBase* context,
   };
   RunBatchPush(&call);
   answered->done.WaitForNotification();
+  reused = std::move(call.batch);
   return answered->status;
 }
 

@@ -57,7 +57,7 @@ absl::Status ShardService::ReloadConfigs() {
   configs_.clear();
   std::map<std::string, std::shared_ptr<TableCounters>> counters;
   for (const auto& c : *tables) {
-    configs_[c.name()] = c;
+    configs_[c.name()] = std::make_shared<const v1::TableConfig>(c);
     // Tables no longer held leave the stats; those still held keep their counts.
     std::shared_ptr<TableCounters>& kept = counters_[c.name()];
     counters[c.name()] = kept != nullptr ? kept : std::make_shared<TableCounters>();
@@ -138,8 +138,13 @@ grpc::Status ShardService::AlterTable(grpc::ServerContext* context,
     TESSERA_RETURN_IF_ERROR(altered.status());
     absl::MutexLock lock(&mu_);
     auto it = configs_.find(request->table());
-    if (it != configs_.end()) *it->second.mutable_optimizer() = altered->optimizer();
-    *response->mutable_config() = it != configs_.end() ? it->second : *altered;
+    if (it != configs_.end()) {
+      // A new config, not a change of the one requests may hold (ConfigRef).
+      auto changed = std::make_shared<v1::TableConfig>(*it->second);
+      *changed->mutable_optimizer() = altered->optimizer();
+      it->second = std::move(changed);
+    }
+    *response->mutable_config() = it != configs_.end() ? *it->second : *altered;
     return absl::OkStatus();
   });
 }
@@ -302,8 +307,8 @@ grpc::Status ShardService::ListCheckpoints(grpc::ServerContext* context,
   });
 }
 
-absl::StatusOr<v1::TableConfig> ShardService::Config(
-    const std::string& table, std::shared_ptr<TableCounters>* counters) const {
+absl::StatusOr<ConfigRef> ShardService::ConfigOf(const std::string& table,
+                                                 std::shared_ptr<TableCounters>* counters) const {
   absl::ReaderMutexLock lock(&mu_);
   auto it = configs_.find(table);
   if (it == configs_.end()) {
@@ -315,6 +320,12 @@ absl::StatusOr<v1::TableConfig> ShardService::Config(
     *counters = c != counters_.end() ? c->second : nullptr;
   }
   return it->second;
+}
+
+absl::StatusOr<v1::TableConfig> ShardService::Config(
+    const std::string& table, std::shared_ptr<TableCounters>* counters) const {
+  TESSERA_ASSIGN_OR_RETURN(ConfigRef config, ConfigOf(table, counters));
+  return *config;
 }
 
 absl::Status ShardService::CheckBatch(const std::string& table, int64_t ids,
@@ -360,14 +371,14 @@ grpc::Status ShardService::CreateTable(grpc::ServerContext* context,
       auto it = configs_.find(config.name());
       if (it == configs_.end()) return false;
       using google::protobuf::util::MessageDifferencer;
-      if (MessageDifferencer::Equals(it->second, config) ||
-          MessageDifferencer::Equals(it->second, local)) {
+      if (MessageDifferencer::Equals(*it->second, config) ||
+          MessageDifferencer::Equals(*it->second, local)) {
         return true;
       }
       return absl::AlreadyExistsError(
           absl::StrCat("table '", config.name(), "' already exists on shard ", reshard_.index(),
                        " with another config: ",
-                       absl::StrJoin(embedding::TableConfigDifferences(it->second, local), "; ")));
+                       absl::StrJoin(embedding::TableConfigDifferences(*it->second, local), "; ")));
     };
     TESSERA_ASSIGN_OR_RETURN(bool exists, held());
     if (!exists) {
@@ -388,7 +399,7 @@ grpc::Status ShardService::CreateTable(grpc::ServerContext* context,
         return s;
       }
       absl::MutexLock lock(&mu_);
-      configs_.try_emplace(config.name(), config);
+      configs_.try_emplace(config.name(), std::make_shared<const v1::TableConfig>(config));
       if (counters_[config.name()] == nullptr) {
         counters_[config.name()] = std::make_shared<TableCounters>();
       }
@@ -402,7 +413,7 @@ grpc::Status ShardService::ListTables(grpc::ServerContext* context, const v1::Li
                                       v1::ListTablesResponse* response) {
   return Serve(context, Access::kRead, [&]() -> absl::Status {
     absl::ReaderMutexLock lock(&mu_);
-    for (const auto& [name, config] : configs_) *response->add_tables() = config;
+    for (const auto& [name, config] : configs_) *response->add_tables() = *config;
     return absl::OkStatus();
   });
 }

@@ -159,12 +159,15 @@ class ShardService final
 
   // The table's config, or NotFound.
   // `*counters` (when given): the table's counters.
+  absl::StatusOr<ConfigRef> ConfigOf(const std::string& table,
+                                     std::shared_ptr<TableCounters>* counters = nullptr) const;
+  // ConfigOf(), copied.
   absl::StatusOr<v1::TableConfig> Config(const std::string& table,
                                          std::shared_ptr<TableCounters>* counters = nullptr) const;
-  // Config(), as a batched request's decoder asks for it.
+  // ConfigOf(), as a batched request's decoder asks for it.
   ConfigLookup Configs() const {
     return [this](const std::string& t, std::shared_ptr<TableCounters>* counters) {
-      return Config(t, counters);
+      return ConfigOf(t, counters);
     };
   }
   // Checks the ids of a request: their count against the limit, the map version.
@@ -184,7 +187,7 @@ class ShardService final
   const ShardOptions options_;
   const uint64_t incarnation_;  // random at each start: answers carry it
   mutable absl::Mutex mu_;
-  std::map<std::string, v1::TableConfig> configs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, ConfigRef> configs_ ABSL_GUARDED_BY(mu_);
   // Per table held; the map changes under the lock, the counts move without it.
   std::map<std::string, std::shared_ptr<TableCounters>> counters_ ABSL_GUARDED_BY(mu_);
   // Its place in the map and the reshard gate; before the pushes, whose waiting calls

@@ -44,10 +44,11 @@ grpc::Status ServingService::BatchLookup(grpc::ServerContext* context,
                                          const v1::BatchLookupRequest* request,
                                          v1::BatchLookupResponse* response) {
   return server::ServeCall(options_.auth, *context, server::Access::kRead, [&]() -> absl::Status {
-    auto config = [&](const std::string& name,
-                      std::shared_ptr<server::TableCounters>*) -> absl::StatusOr<v1::TableConfig> {
+    auto config =
+        [&](const std::string& name,
+            std::shared_ptr<server::TableCounters>*) -> absl::StatusOr<server::ConfigRef> {
       TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const embedding::ServingTable> table, Table(name));
-      return table->config();
+      return server::ConfigRef(table, &table->config());  // the table's own, kept with it
     };
     server::DecodedBatch batch;
     TESSERA_RETURN_IF_ERROR(
