@@ -68,7 +68,8 @@ struct DecodedBatch {
   std::vector<v1::TableConfig> configs;                  // per table of the request
   // What configs[i] was copied from, when PrepareBatch* set it: a batch kept for the next
   // request (a thread's own) copies only the configs that are not already in place, as a
-  // config's copy allocates each of its parts.
+  // config's copy allocates each of its parts. Code that sets `configs` otherwise clears
+  // this (or copies it with them).
   std::vector<ConfigRef> config_refs;
   std::vector<std::shared_ptr<TableCounters>> counters;  // per table (null: none kept)
   std::vector<embedding::TableBags> lookups;             // BatchLookup
