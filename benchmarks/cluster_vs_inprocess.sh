@@ -3,7 +3,9 @@
 # against the same run in process (--shards=inproc:2), in rounds that take turns: in
 # process, then through the coordinator, then with the smart client, each cluster run on a
 # fresh cluster. Prints each round's samples/s with its ratios to the round's in-process
-# run, then each mode's median ratio.
+# run, and the CPU time the cluster's servers spent per step (both shards together, and
+# the coordinator, read from /proc: less noisy than samples/s on a shared machine), then
+# each mode's medians.
 #
 #   benchmarks/cluster_vs_inprocess.sh [--rounds=N] [--against=TREE] [-- TRAIN_FLAGS...]
 #
@@ -53,6 +55,22 @@ rate() {
   sed -n 's/^trained .*(\([0-9]*\) samples\/s)$/\1/p' "$DIR/train.log"
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
+HZ="$(getconf CLK_TCK)"
+# CPU time (user + system, in clock ticks) the processes of the given pid files have used
+ticks() {
+  local t=0 f pid
+  for f in "$@"; do
+    pid="$(cat "$f")"
+    t=$((t + $(sed 's/.*) //' "/proc/$pid/stat" | awk '{ print $12 + $13 }')))
+  done
+  echo "$t"
+}
+# µs per step of `ticks` ticks over the steps of the last run's log
+per_step() {
+  local steps
+  steps="$(sed -n 's/^trained \([0-9]*\) steps.*/\1/p' "$DIR/train.log")"
+  awk -v t="$1" -v n="$steps" -v hz="$HZ" 'BEGIN { printf "%.0f", t * 1e6 / hz / n }'
+}
 
 TREES=("$ROOT")
 [ -n "$AGAINST" ] && TREES+=("$AGAINST")
@@ -62,22 +80,31 @@ for round in $(seq 1 "$ROUNDS"); do
   for mode in coordinator smart; do
     for tree in "${TREES[@]}"; do
       fresh_cluster "$tree"
+      shards=("$DIR"/cluster/pids/shard-*.pid)
+      coordinator="$DIR/cluster/pids/coordinator.pid"
+      s0=$(ticks "${shards[@]}")
+      c0=$(ticks "$coordinator")
       got=$(rate "$tree" --coordinator="127.0.0.1:$PORT" --client_mode="$mode" --model=bench)
+      s=$(per_step $(($(ticks "${shards[@]}") - s0)))
+      c=$(per_step $(($(ticks "$coordinator") - c0)))
       name="$mode"
       [ "$tree" != "$ROOT" ] && name="$mode($(basename "$tree"))"
-      line="$line | $name $got $(ratio "$got" "$base")x"
-      echo "$name $(ratio "$got" "$base")" >> "$DIR/ratios"
+      line="$line | $name $got $(ratio "$got" "$base")x (servers' CPU per step: shards $s us, coordinator $c us)"
+      echo "$name $(ratio "$got" "$base") $s $c" >> "$DIR/ratios"
     done
   done
   echo "$line"
 done
 /usr/bin/python3 - "$DIR/ratios" <<'PY'
 import statistics, sys
-ratios = {}
+runs = {}
 for line in open(sys.argv[1]):
-    mode, r = line.split()
-    ratios.setdefault(mode, []).append(float(r))
-for mode, rs in sorted(ratios.items()):
-    print(f"median {mode} {statistics.median(rs):.3f}x of in process "
-          f"({len(rs)} rounds: {min(rs):.3f} to {max(rs):.3f})")
+    mode, r, shards, coordinator = line.split()
+    runs.setdefault(mode, []).append((float(r), float(shards), float(coordinator)))
+for mode, rs in sorted(runs.items()):
+    ratios = [r for r, _, _ in rs]
+    print(f"median {mode} {statistics.median(ratios):.3f}x of in process "
+          f"({len(rs)} rounds: {min(ratios):.3f} to {max(ratios):.3f}); servers' CPU per step: "
+          f"shards {statistics.median(s for _, s, _ in rs):.0f} us, "
+          f"coordinator {statistics.median(c for _, _, c in rs):.0f} us")
 PY
