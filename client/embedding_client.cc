@@ -174,15 +174,10 @@ absl::StatusOr<v1::TableConfig> EmbeddingClient::Config(absl::string_view table)
 template <typename Part>
 absl::StatusOr<absl::Span<const v1::TableConfig>> EmbeddingClient::Configs(
     absl::Span<const Part> tables, ConfigSlots* slots) const {
-  const size_t n = tables.size();
-  slots->held.resize(std::min(slots->held.size(), slots->configs.size()));
-  slots->configs.resize(n);
-  slots->held.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    TESSERA_ASSIGN_OR_RETURN(std::shared_ptr<const v1::TableConfig> c, ConfigOf(tables[i].table));
-    if (slots->held[i] == c) continue;
-    slots->configs[i] = *c;
-    slots->held[i] = std::move(c);
+  embedding::ResizeConfigSlots(tables.size(), &slots->configs, &slots->held);
+  for (size_t i = 0; i < tables.size(); ++i) {
+    TESSERA_ASSIGN_OR_RETURN(embedding::ConfigRef c, ConfigOf(tables[i].table));
+    embedding::SetConfigSlot(i, std::move(c), &slots->configs, &slots->held);
   }
   return absl::MakeConstSpan(slots->configs);
 }

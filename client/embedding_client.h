@@ -14,6 +14,7 @@
 #include "client/reconnecting_stub.h"
 #include "client/shard_router.h"
 #include "embedding/collection.h"
+#include "embedding/table_config.h"
 #include "tessera/v1/embedding_service.grpc.pb.h"
 #include "wire/grpc_status.h"
 
@@ -130,12 +131,11 @@ class EmbeddingClient final : public embedding::EmbeddingCollection,
   std::unique_ptr<grpc::ClientContext> NewContext() const { return NewContext(options_.deadline); }
   std::unique_ptr<grpc::ClientContext> NewContext(std::chrono::milliseconds deadline) const;
   // A call's configs, one per table it names, kept from the calling thread's last call
-  // where they are the same: `held[i]` is the cache's config that configs[i] copies, and a
-  // slot is copied again only when the cache holds another (a new object: cached configs
-  // are never changed in place). A config's copy allocates each of its parts.
+  // where they are the same: `held[i]` is the cache's config that configs[i] copies
+  // (embedding::SetConfigSlot; cached configs are never changed in place).
   struct ConfigSlots {
     std::vector<v1::TableConfig> configs;
-    std::vector<std::shared_ptr<const v1::TableConfig>> held;
+    std::vector<embedding::ConfigRef> held;
   };
   // The configs of `tables` (in `slots`), each checked to be looked up as it is shaped.
   absl::StatusOr<absl::Span<const v1::TableConfig>> CheckedLookups(

@@ -187,4 +187,18 @@ absl::Status RequireHostPlacement(const v1::TableConfig& config) {
       "HOST tables"));
 }
 
+void ResizeConfigSlots(size_t n, std::vector<v1::TableConfig>* configs,
+                       std::vector<ConfigRef>* held) {
+  held->resize(std::min(held->size(), configs->size()));
+  configs->resize(n);
+  held->resize(n);
+}
+
+void SetConfigSlot(size_t i, ConfigRef config, std::vector<v1::TableConfig>* configs,
+                   std::vector<ConfigRef>* held) {
+  if ((*held)[i] == config) return;
+  (*configs)[i] = *config;
+  (*held)[i] = std::move(config);
+}
+
 }  // namespace tessera::embedding

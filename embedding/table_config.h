@@ -1,7 +1,9 @@
 #ifndef TESSERA_EMBEDDING_TABLE_CONFIG_H_
 #define TESSERA_EMBEDDING_TABLE_CONFIG_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -37,6 +39,20 @@ std::vector<std::string> TableConfigDifferences(const v1::TableConfig& have,
 // another type or a value the optimizer refuses.
 absl::StatusOr<v1::TableConfig> AlterOptimizer(const v1::TableConfig& config,
                                                const v1::OptimizerConfig& changes);
+
+// A table's config as a server or a client holds it: never changed in place (a change
+// makes a new one), so that two calls that find the same pointer find the same config.
+using ConfigRef = std::shared_ptr<const v1::TableConfig>;
+
+// A call's per-table configs kept by a thread for its next call: (*configs)[i] is a copy of
+// (*held)[i], and a slot is copied again only when given another ConfigRef, as a config's
+// copy allocates each of its parts. Code that sets `configs` otherwise clears `held`.
+// Sizes both for `n` tables, keeping the slots in place.
+void ResizeConfigSlots(size_t n, std::vector<v1::TableConfig>* configs,
+                       std::vector<ConfigRef>* held);
+// Slot i (of those sized) becomes `config`'s: copied only when it holds another.
+void SetConfigSlot(size_t i, ConfigRef config, std::vector<v1::TableConfig>* configs,
+                   std::vector<ConfigRef>* held);
 
 }  // namespace tessera::embedding
 

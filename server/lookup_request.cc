@@ -1,6 +1,5 @@
 #include "server/lookup_request.h"
 
-#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -90,28 +89,13 @@ std::string TablePart(const std::string& table, size_t index) {
   return absl::StrCat("table '", table, "' (part ", index, " of the batch)");
 }
 
-// Slot i of batch->configs (sized already) becomes `config`'s: copied only when the slot
-// holds another.
-void SetConfig(ConfigRef config, size_t i, DecodedBatch* batch) {
-  if (batch->config_refs[i] == config) return;
-  batch->configs[i] = *config;
-  batch->config_refs[i] = std::move(config);
-}
-
-// Sizes the per-table config slots of `batch` for `n` tables, keeping those in place.
-void SizeConfigs(size_t n, DecodedBatch* batch) {
-  batch->config_refs.resize(std::min(batch->config_refs.size(), batch->configs.size()));
-  batch->configs.resize(n);
-  batch->config_refs.resize(n);
-}
-
 }  // namespace
 
 absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const ConfigLookup& config,
                                 const AnswerLimit& limit, v1::BatchLookupResponse* response,
                                 DecodedBatch* batch, bool size_answers) {
   const size_t n = request.tables_size();
-  SizeConfigs(n, batch);
+  embedding::ResizeConfigSlots(n, &batch->configs, &batch->config_refs);
   batch->counters.assign(n, nullptr);
   batch->lookups.assign(n, {});
   batch->total_ids = 0;
@@ -124,7 +108,7 @@ absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const Con
   for (size_t i = 0; i < n; ++i) {
     const v1::TableLookup& t = request.tables(i);
     TESSERA_ASSIGN_OR_RETURN(ConfigRef c, config(t.table(), &batch->counters[i]));
-    SetConfig(std::move(c), i, batch);
+    embedding::SetConfigSlot(i, std::move(c), &batch->configs, &batch->config_refs);
     const std::string where = TablePart(t.table(), i);
     embedding::TableBags& part = batch->lookups[i];
     part.table = t.table();
@@ -161,7 +145,7 @@ absl::Status PrepareBatchLookup(const v1::BatchLookupRequest& request, const Con
 absl::Status PrepareBatchPush(const v1::BatchPushRequest& request, const ConfigLookup& config,
                               DecodedBatch* batch) {
   const size_t n = request.tables_size();
-  SizeConfigs(n, batch);
+  embedding::ResizeConfigSlots(n, &batch->configs, &batch->config_refs);
   batch->counters.assign(n, nullptr);
   batch->pushes.assign(n, {});
   batch->total_ids = 0;
@@ -170,7 +154,7 @@ absl::Status PrepareBatchPush(const v1::BatchPushRequest& request, const ConfigL
   for (size_t i = 0; i < n; ++i) {
     const v1::TableGradients& t = request.tables(i);
     TESSERA_ASSIGN_OR_RETURN(ConfigRef c, config(t.table(), &batch->counters[i]));
-    SetConfig(std::move(c), i, batch);
+    embedding::SetConfigSlot(i, std::move(c), &batch->configs, &batch->config_refs);
     const std::string where = TablePart(t.table(), i);
     embedding::TableGradients& part = batch->pushes[i];
     part.table = t.table();

@@ -11,6 +11,7 @@
 #include "absl/types/span.h"
 #include "embedding/batch_ops.h"
 #include "embedding/collection.h"
+#include "embedding/table_config.h"
 #include "tessera/v1/embedding_service.pb.h"
 
 namespace tessera::server {
@@ -52,9 +53,7 @@ struct TableCounters {
   std::atomic<int64_t> updates{0};  // distinct ids updated
 };
 
-// A table's config as a server holds it: never changed in place (a change makes a new one),
-// so that two requests that find the same pointer find the same config.
-using ConfigRef = std::shared_ptr<const v1::TableConfig>;
+using embedding::ConfigRef;
 
 // The config of a table a batched request names, looked up by the server that serves it,
 // and that table's counters (left null by a server that keeps none).
@@ -66,10 +65,9 @@ using ConfigLookup = std::function<absl::StatusOr<ConfigRef>(
 // message), so it must outlive the spans.
 struct DecodedBatch {
   std::vector<v1::TableConfig> configs;                  // per table of the request
-  // What configs[i] was copied from, when PrepareBatch* set it: a batch kept for the next
-  // request (a thread's own) copies only the configs that are not already in place, as a
-  // config's copy allocates each of its parts. Code that sets `configs` otherwise clears
-  // this (or copies it with them).
+  // What configs[i] was copied from, when PrepareBatch* set it (embedding::SetConfigSlot): a
+  // batch kept for the next request (a thread's own) copies only the configs not already in
+  // place. Code that sets `configs` otherwise clears this (or copies it with them).
   std::vector<ConfigRef> config_refs;
   std::vector<std::shared_ptr<TableCounters>> counters;  // per table (null: none kept)
   std::vector<embedding::TableBags> lookups;             // BatchLookup
