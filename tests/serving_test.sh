@@ -16,9 +16,11 @@ PY=(env PYTHONPATH="$BIN/python" /usr/bin/python3)
 "$CLUSTER" start 2
 export TESSERA_SERVE_FLAGS="--save_every_s=1"  # the restarted replica reads on from its state
 "$CLUSTER" serve ads
+# --max_retries=16 (about 12 s): one call of the trainer's can meet the shard's restart and
+# then the coordinator's, back to back; the default (about 4.5 s) covers one restart.
 "$BIN/tessera-train" --coordinator="127.0.0.1:$base" --model=ads --data="$DIR/clicks.tsv" \
   --epochs=3 --batch_size=64 --checkpoint_every=40 --publish_dense_every=20 \
-  --log_every=10 --metrics_out="$DIR/train.jsonl" > "$DIR/train.log" 2>&1 &
+  --log_every=10 --max_retries=16 --metrics_out="$DIR/train.jsonl" > "$DIR/train.log" 2>&1 &
 trainer=$!
 # Waits (up to 120 s) for the run to pass step $1.
 wait_step() {
@@ -36,7 +38,7 @@ kill_and_wait() {  # pid file
   local pid
   pid="$(cat "$1")"
   kill -KILL "$pid"
-  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  for _ in $(seq 1 100); do running "$pid" || break; sleep 0.1; done
 }
 # Its first save of its state (every second), before it is killed.
 for _ in $(seq 1 300); do [ -f "$DIR/data/serve-0/replica.state" ] && break; sleep 0.1; done
@@ -51,7 +53,7 @@ wait_step 400
 pid="$(cat "$DIR/pids/coordinator.pid")"
 mapfile -d '' command < "/proc/$pid/cmdline"
 kill -TERM "$pid"
-for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+for _ in $(seq 1 100); do running "$pid" || break; sleep 0.1; done
 "${command[@]}" >> "$DIR/logs/coordinator.log" 2>&1 &
 echo $! > "$DIR/pids/coordinator.pid"
 wait_step 600

@@ -35,14 +35,16 @@ read -r -a SERVE_FLAGS <<< "${TESSERA_SERVE_FLAGS:-}"
 
 die() { echo "cluster: $*" >&2; exit 1; }
 
-# The process of pid file $1 runs (a killed one not yet reaped, a zombie, does not).
+# Whether process $1 runs. An exited server is a zombie until init reaps it, which can take
+# seconds; it does not run (its port is free from its exit on).
+running() {
+  kill -0 "$1" 2>/dev/null || return 1
+  [ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)" != "Z" ]
+}
+
+# Whether the process of pid file $1 runs.
 alive() {
-  [ -f "$1" ] || return 1
-  local pid state
-  pid="$(cat "$1")"
-  kill -0 "$pid" 2>/dev/null || return 1
-  state="$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -c1)"
-  [ "$state" != "Z" ]
+  [ -f "$1" ] && running "$(cat "$1")"
 }
 
 wait_healthy() {  # address, log, pid file: 1, saying why, when it exits or stays unhealthy
@@ -75,7 +77,7 @@ stop_shard() {  # index: SIGTERM, up to 5 s to exit, then SIGKILL
     local pid
     pid="$(cat "$DIR/pids/shard-$1.pid")"
     kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    for _ in $(seq 1 50); do running "$pid" || break; sleep 0.1; done
     kill -KILL "$pid" 2>/dev/null || true
   fi
   rm -f "$DIR/pids/shard-$1.pid"
@@ -284,7 +286,7 @@ stop() {
   done
   for _ in $(seq 1 50); do
     local left=0
-    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && left=1; done
+    for p in "${pids[@]}"; do running "$p" && left=1; done
     [ "$left" = 0 ] && break
     sleep 0.1
   done
