@@ -20,11 +20,24 @@ import numpy as np
 import tessera
 
 
-def restart_shard(cluster_dir: str, bin_dir: str, k: int) -> None:
+def kill_shard(cluster_dir: str, k: int) -> None:
+    """SIGKILLs shard k and waits (up to 10 s) until it has exited, so that its port is
+    free for the shard started next: a loaded machine can take a while to tear a process
+    down, and an exited one may stay a zombie for seconds (init reaps it late), which
+    holds no port."""
     pid_file = os.path.join(cluster_dir, "pids", f"shard-{k}.pid")
     with open(pid_file) as f:
-        os.kill(int(f.read()), signal.SIGKILL)
-    time.sleep(0.3)
+        pid = int(f.read())
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(100):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"shard {k} (pid {pid}) still runs 10 s after SIGKILL")
 
 
 def start_shard(cluster_dir: str, bin_dir: str, k: int) -> None:
@@ -53,14 +66,14 @@ def start_memory_only_shard(cluster_dir: str, bin_dir: str, k: int) -> subproces
 
 
 def check_quick_restart_empty(address: str, cluster_dir: str, bin_dir: str) -> None:
-    """A shard that restarts empty in 0.3 s (faster than the health checks fail it twice):
+    """A shard that restarts empty at once (faster than the health checks fail it twice):
     the smart client's first calls after it succeed, the tables made again."""
     client = tessera.connect(address, retries=12, timeout=5.0)
     table = "restart_empty"
     client.create_table(table, dim=4, optimizer="sgd", learning_rate=1.0, seed=5)
     ids = np.arange(1, 401, dtype=np.int64) * 7919
     client.lookup(table, ids)  # every shard's incarnation heard
-    restart_shard(cluster_dir, bin_dir, 1)
+    kill_shard(cluster_dir, 1)
     empty = start_memory_only_shard(cluster_dir, bin_dir, 1)
     try:
         for _ in range(50):  # until it listens
@@ -89,7 +102,7 @@ def main(address: str, cluster_dir: str, bin_dir: str) -> int:
         ids = np.arange(1, 401, dtype=np.int64) * 7919
         before = client.lookup(table, ids)
         client.push(table, ids, np.zeros((len(ids), 4), np.float32), step=0)  # rows stored
-        restart_shard(cluster_dir, bin_dir, 1)
+        kill_shard(cluster_dir, 1)
         result = {}
 
         def push():
