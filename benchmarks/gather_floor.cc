@@ -105,6 +105,7 @@ struct Table {
       maps.push_back(reinterpret_cast<Bucket*>(Memory(buckets * sizeof(Bucket), true)));
       for (uint64_t b = 0; b < buckets; ++b) {
         for (Entry& e : maps[s][b].slot) e = Entry{0, static_cast<uint32_t>(rng() % rows)};
+        maps[s][b].overflow = 0;
       }
     }
     hashes.resize(static_cast<size_t>(batches) * kBatch);
