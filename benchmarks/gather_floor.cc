@@ -82,8 +82,9 @@ void Prefetch(const void* p, int hint_l2) {
 
 uint64_t BucketOf(uint64_t h, uint64_t buckets) { return ((h & 0xffffffffu) * buckets) >> 32; }
 
-uint32_t Find(const Bucket& b, uint64_t h) {
-  uint32_t row = 0;
+// The row of hash `h` in bucket `b`, or `absent`.
+uint32_t Find(const Bucket& b, uint64_t h, uint32_t absent = 0) {
+  uint32_t row = absent;
   for (const Entry& e : b.slot) row = e.hash == h ? e.row : row;
   return row;
 }
@@ -125,8 +126,7 @@ struct Table {
   // overflow bit sends it to its second.
   bool InFirst(uint64_t h, uint32_t* row) const {
     const Bucket& b = BucketFor(h);
-    *row = kNone;
-    for (const Entry& e : b.slot) *row = e.hash == h ? e.row : *row;
+    *row = Find(b, h, kNone);
     if (*row != kNone) return true;
     *row = 0;  // an id whose slot a later one took (rare): row 0 stands in
     return (b.overflow & (1u << ((h >> 40) & 31))) == 0;

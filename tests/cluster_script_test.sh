@@ -77,7 +77,7 @@ pid="$(cat "$TESSERA_CLUSTER_DIR/pids/shard-1.pid")"
 kill -9 "$pid"
 # SIGKILL is not instant: a loaded machine may still be tearing the process down, and
 # start-shard rightly refuses a shard whose process lives. Wait (up to 10 s) for it to go.
-for _ in $(seq 100); do running "$pid" || break; sleep 0.1; done
+wait_exited "$pid"
 if "$CLUSTER" status >/dev/null; then fail "status must fail with a shard down"; fi
 { "$CLUSTER" status || true; } | grep -q "shard 1 .*DOWN" || fail "shard 1 not reported down"
 # One dead shard comes back alone, with its place and data.

@@ -3,9 +3,10 @@
 #   source "$(dirname "$0")/local_cluster_kit.sh" "$1" "$2" PORTS
 # Sets ROOT and BIN, CLUSTER (the script), base (the first of PORTS free ports on
 # 127.0.0.1, the cluster's TESSERA_BASE_PORT) and a TESSERA_CLUSTER_DIR of the test's own,
-# removed with the cluster stopped on exit; `fail MESSAGE` ends the test; `running PID` says
-# whether a process runs (a cluster's server that exited is a zombie until init reaps it,
-# seconds later on some machines: `kill -0` alone would wait for that).
+# removed with the cluster stopped on exit; `fail MESSAGE` ends the test. `running PID` and
+# `wait_exited PID` come from deploy/local/processes.sh: a cluster's server that exited is
+# a zombie until init reaps it, seconds later on some machines, which `kill -0` counts as
+# running.
 ROOT="$1"
 BIN="$2"
 export TESSERA_BIN="$BIN"
@@ -30,7 +31,4 @@ CLUSTER="$ROOT/deploy/local/cluster.sh"
 cleanup() { "$CLUSTER" stop >/dev/null 2>&1 || true; rm -rf "$TESSERA_CLUSTER_DIR"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
-running() {
-  kill -0 "$1" 2>/dev/null || return 1
-  [ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)" != "Z" ]
-}
+source "$ROOT/deploy/local/processes.sh"

@@ -38,7 +38,7 @@ kill_and_wait() {  # pid file
   local pid
   pid="$(cat "$1")"
   kill -KILL "$pid"
-  for _ in $(seq 1 100); do running "$pid" || break; sleep 0.1; done
+  wait_exited "$pid"
 }
 # Its first save of its state (every second), before it is killed.
 for _ in $(seq 1 300); do [ -f "$DIR/data/serve-0/replica.state" ] && break; sleep 0.1; done
@@ -53,7 +53,7 @@ wait_step 400
 pid="$(cat "$DIR/pids/coordinator.pid")"
 mapfile -d '' command < "/proc/$pid/cmdline"
 kill -TERM "$pid"
-for _ in $(seq 1 100); do running "$pid" || break; sleep 0.1; done
+wait_exited "$pid"
 "${command[@]}" >> "$DIR/logs/coordinator.log" 2>&1 &
 echo $! > "$DIR/pids/coordinator.pid"
 wait_step 600

@@ -23,6 +23,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+source "$ROOT/deploy/local/processes.sh"  # running, wait_exited
 DIR="${TESSERA_CLUSTER_DIR:-$ROOT/.tessera-cluster}"
 BASE="${TESSERA_BASE_PORT:-7000}"
 BIN="${TESSERA_BIN:-$ROOT/build}"
@@ -34,13 +35,6 @@ read -r -a CLIENT_FLAGS <<< "${TESSERA_CLIENT_FLAGS:-}"
 read -r -a SERVE_FLAGS <<< "${TESSERA_SERVE_FLAGS:-}"
 
 die() { echo "cluster: $*" >&2; exit 1; }
-
-# Whether process $1 runs. An exited server is a zombie until init reaps it, which can take
-# seconds; it does not run (its port is free from its exit on).
-running() {
-  kill -0 "$1" 2>/dev/null || return 1
-  [ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)" != "Z" ]
-}
 
 # Whether the process of pid file $1 runs.
 alive() {
@@ -77,7 +71,7 @@ stop_shard() {  # index: SIGTERM, up to 5 s to exit, then SIGKILL
     local pid
     pid="$(cat "$DIR/pids/shard-$1.pid")"
     kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do running "$pid" || break; sleep 0.1; done
+    wait_exited "$pid" 50
     kill -KILL "$pid" 2>/dev/null || true
   fi
   rm -f "$DIR/pids/shard-$1.pid"
