@@ -85,6 +85,10 @@ def measure(tables, weight, batches, seconds: float):
             tensors[i], weight, offsets, mode="sum"),
         "torch_none": lambda i: torch.nn.functional.embedding(tensors[i], weight),
     }
+    # Each op reads its own batch of a round, a third of the batches away from the others':
+    # two ops reading the same ids one after the other would find the second's rows (the
+    # two torch ops share a tensor) still in the cache.
+    shift = {name: k * len(batches) // len(ops) for k, name in enumerate(ops)}
     spent = dict.fromkeys(ops, 0.0)
     done = 0
     with torch.no_grad():
@@ -97,7 +101,7 @@ def measure(tables, weight, batches, seconds: float):
             order = list(ops) if done % 2 == 0 else list(reversed(ops))
             for name in order:
                 t0 = time.perf_counter()
-                ops[name](i)
+                ops[name]((i + shift[name]) % len(batches))
                 spent[name] += time.perf_counter() - t0
             done += 1
             i = (i + 1) % len(batches)

@@ -38,12 +38,12 @@ void EmbeddingTable::WarmRows(const StripePlan& plan, bool for_write) const {
   const int n = static_cast<int>(plan.order.size());
   for (int j = 0; j < n + kProbeAhead; ++j) {
     if (j < n) {
-      const uint64_t h = plan.hash[plan.order[j]];
+      const uint64_t h = plan.sorted[j];
       if (const IdMap* map = stripes_[h >> kStripeShift].map()) map->Prefetch(h);
     }
     const int k = j - kProbeAhead;
     if (k < 0) continue;
-    const uint64_t h = plan.hash[plan.order[k]];
+    const uint64_t h = plan.sorted[k];
     const IdMap* map = stripes_[h >> kStripeShift].map();
     const uint32_t row = map != nullptr ? map->Find(h) : kNoRow;
     if (row != kNoRow && rows_->Valid(row)) PrefetchRow(*rows_, row, for_write);
@@ -53,21 +53,27 @@ void EmbeddingTable::WarmRows(const StripePlan& plan, bool for_write) const {
 void EmbeddingTable::PrefetchNextBuckets(const StripePlan& plan, int from) const {
   const int end = std::min(from + kProbeAhead, static_cast<int>(plan.order.size()));
   for (int j = from; j < end; ++j) {
-    const uint64_t h = plan.hash[plan.order[j]];
+    const uint64_t h = plan.sorted[j];
     if (const IdMap* map = stripes_[h >> kStripeShift].map()) map->Prefetch(h);
   }
 }
 
 void EmbeddingTable::CopyGroup(const StripePlan& plan, int b, int e, float* out) const {
-  const RowStore& rows = *rows_;
-  for (int k = b; k < e; ++k) {
-    if (plan.rows[k] == kNoRow) continue;
-    float* dst = out + static_cast<size_t>(plan.order[k]) * dim_;
-    if (dtype_ == v1::FP32) {
-      CopyFloats(dst, rows.Weights(plan.rows[k]), dim_);
-    } else {
-      DecodeWeights(dtype_, rows.Weights(plan.rows[k]), dim_, dst);
+  // Locals, as in FindGroup: the copies' stores would make the compiler reload fields.
+  const RowStore::Addresses at = rows_->addresses();
+  const uint32_t* const rows = plan.rows.data();
+  const int32_t* const order = plan.order.data();
+  const int dim = dim_;
+  if (dtype_ != v1::FP32) {
+    for (int k = b; k < e; ++k) {
+      if (rows[k] == kNoRow) continue;
+      DecodeWeights(dtype_, at.Weights(rows[k]), dim, out + static_cast<size_t>(order[k]) * dim);
     }
+    return;
+  }
+  for (int k = b; k < e; ++k) {
+    if (rows[k] == kNoRow) continue;
+    CopyFloats(out + static_cast<size_t>(order[k]) * dim, at.Weights(rows[k]), dim);
   }
 }
 

@@ -131,7 +131,9 @@ void FillsNearItsLimit(Stripe& stripe, double limit) {
       static_cast<double>(stripe.size()) / static_cast<double>(stripe.current()->capacity()),
       lowest, limit, 100.0 * in_second);
   // What the lower limit of wide rows is for (IdMap::LoadFor).
-  if (limit <= IdMap::kWideLoad) EXPECT_LT(in_second, 0.08);
+  if (limit <= IdMap::kWideLoad) {
+    EXPECT_LT(in_second, 0.08);
+  }
 }
 
 // A stripe's map stays near its load limit as it grows (past its first sizes): 0.94 over

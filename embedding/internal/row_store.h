@@ -50,6 +50,12 @@ struct PackedMeta {
 };
 
 class RowStore {
+  struct Chunk {
+    char* weights = nullptr;
+    char* cold = nullptr;
+    uint64_t* dirty = nullptr;
+  };
+
  public:
   static constexpr int kMinChunkShift = 16;
   static constexpr uint32_t kMaxChunks = uint32_t{1} << (32 - kMinChunkShift);
@@ -70,10 +76,7 @@ class RowStore {
   // Bytes a row takes in the arrays (its dirty bit aside).
   int row_bytes() const { return together_ ? weight_stride_ : weight_stride_ + cold_stride_; }
 
-  float* Weights(uint32_t r) const {
-    return reinterpret_cast<float*>(chunks_[r >> chunk_shift_].weights +
-                                    static_cast<size_t>(r & chunk_mask_) * weight_stride_);
-  }
+  float* Weights(uint32_t r) const { return addresses().Weights(r); }
   float* State(uint32_t r) const {
     return reinterpret_cast<float*>(chunks_[r >> chunk_shift_].cold +
                                     static_cast<size_t>(r & chunk_mask_) * cold_stride_);
@@ -92,6 +95,25 @@ class RowStore {
   // than kBlockRows come out of a whole one shared by their takers (their dirty bits may
   // share a word: they are set and cleared atomically).
   bool TakeBlock(uint32_t* first, uint32_t rows = kBlockRows);
+
+  // Where rows' weights are, as values that a hot loop keeps in registers (through the
+  // store, the compiler reloads them after every store the loop makes: a row number
+  // stored may alias its int fields).
+  class Addresses {
+   public:
+    Addresses(const Chunk* chunks, int shift, uint32_t mask, int stride)
+        : chunks_(chunks), shift_(shift), mask_(mask), stride_(stride) {}
+    float* Weights(uint32_t r) const;
+
+   private:
+    const Chunk* chunks_;
+    int shift_;
+    uint32_t mask_;
+    int stride_;
+  };
+  Addresses addresses() const {
+    return Addresses(chunks_, chunk_shift_, chunk_mask_, weight_stride_);
+  }
 
   // Dirty bits. Callers hold the row's stripe lock; rows of other stripes share the
   // words, so the bits change atomically.
@@ -119,11 +141,6 @@ class RowStore {
   int64_t Bytes() const;
 
  private:
-  struct Chunk {
-    char* weights = nullptr;
-    char* cold = nullptr;
-    uint64_t* dirty = nullptr;
-  };
   uint64_t* DirtyWord(uint32_t r) const {
     return chunks_[r >> chunk_shift_].dirty + ((r & chunk_mask_) >> 6);
   }
@@ -149,6 +166,11 @@ class RowStore {
   // A whole block of kBlockRows rows from *first on (mapping a new chunk at its start).
   bool TakeWholeBlockLocked(uint32_t* first) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
+
+inline float* RowStore::Addresses::Weights(uint32_t r) const {
+  return reinterpret_cast<float*>(chunks_[r >> shift_].weights +
+                                  static_cast<size_t>(r & mask_) * stride_);
+}
 
 }  // namespace tessera::embedding_internal
 

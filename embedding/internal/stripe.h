@@ -101,32 +101,49 @@ class IdMap {
   size_t bytes() const { return block_.bytes(); }
   const MapEntry& Slot(uint64_t pos) const { return buckets_of_[pos / kSlots].slot[pos % kSlots]; }
 
-  // The two buckets of hash `h` (the stripe's top bits aside; the same one twice when the
-  // map has a single bucket).
-  uint64_t FirstBucket(uint64_t h) const { return ((h & 0xffffffffu) * buckets_) >> 32; }
-  uint64_t SecondBucket(uint64_t h) const {
-    const uint64_t b = (((h >> 26) & 0xffffffffu) * buckets_) >> 32;
-    return b != FirstBucket(h) ? b : (b + 1 == buckets_ ? 0 : b + 1);
-  }
-  static uint32_t TagBit(uint64_t h) { return uint32_t{1} << ((h >> 40) & 31); }
-  void Prefetch(uint64_t h) const { __builtin_prefetch(buckets_of_ + FirstBucket(h), 0, 3); }
+  // The probes of the map's buckets, over two values that a hot loop keeps in registers
+  // (through the map, the compiler reloads them after every store the loop makes).
+  class Probe {
+   public:
+    Probe(const Bucket* buckets, uint64_t count) : buckets_(buckets), count_(count) {}
+    // The two buckets of hash `h` (the stripe's top bits aside; the same one twice when
+    // the map has a single bucket).
+    uint64_t FirstBucket(uint64_t h) const { return ((h & 0xffffffffu) * count_) >> 32; }
+    uint64_t SecondBucket(uint64_t h) const {
+      const uint64_t b = (((h >> 26) & 0xffffffffu) * count_) >> 32;
+      return b != FirstBucket(h) ? b : (b + 1 == count_ ? 0 : b + 1);
+    }
+    void Prefetch(uint64_t h) const { __builtin_prefetch(buckets_ + FirstBucket(h), 0, 3); }
+    // The row of the id of hash `h`, or kNoRow. Also safe without the stripe's lock (the
+    // lock-free lookup), which validates what it read afterwards. Hashes are unique, so a
+    // matching slot is the id's (an empty slot's row is kNoRow).
+    uint32_t Find(uint64_t h) const {
+      uint32_t row;
+      return FindInFirst(h, &row) ? row : FindInSecond(h);
+    }
+    // Find in two steps, for a pipeline that prefetches the second bucket when the first
+    // does not settle it: true with *row (kNoRow: absent) when the first bucket does.
+    bool FindInFirst(uint64_t h, uint32_t* row) const {
+      const Bucket& first = buckets_[FirstBucket(h)];
+      *row = InBucket(first, h);
+      return *row != kNoRow || (first.overflow & TagBit(h)) == 0;
+    }
+    void PrefetchSecond(uint64_t h) const { __builtin_prefetch(buckets_ + SecondBucket(h), 0, 3); }
+    uint32_t FindInSecond(uint64_t h) const { return InBucket(buckets_[SecondBucket(h)], h); }
 
-  // The row of the id of hash `h`, or kNoRow. Also safe without the stripe's lock (the
-  // lock-free lookup), which validates what it read afterwards. Hashes are unique, so a
-  // matching slot is the id's (an empty slot's row is kNoRow).
-  uint32_t Find(uint64_t h) const {
-    uint32_t row;
-    return FindInFirst(h, &row) ? row : FindInSecond(h);
-  }
-  // Find in two steps, for a pipeline that prefetches the second bucket when the first
-  // does not settle it: true with *row (kNoRow: absent) when the first bucket does.
-  bool FindInFirst(uint64_t h, uint32_t* row) const {
-    const Bucket& first = buckets_of_[FirstBucket(h)];
-    *row = InBucket(first, h);
-    return *row != kNoRow || (first.overflow & TagBit(h)) == 0;
-  }
-  void PrefetchSecond(uint64_t h) const { __builtin_prefetch(buckets_of_ + SecondBucket(h), 0, 3); }
-  uint32_t FindInSecond(uint64_t h) const { return InBucket(buckets_of_[SecondBucket(h)], h); }
+   private:
+    const Bucket* buckets_;
+    uint64_t count_;
+  };
+  Probe probe() const { return Probe(buckets_of_, buckets_); }
+
+  // The map's own probes (Probe's), for code outside hot loops.
+  uint64_t FirstBucket(uint64_t h) const { return probe().FirstBucket(h); }
+  uint64_t SecondBucket(uint64_t h) const { return probe().SecondBucket(h); }
+  static uint32_t TagBit(uint64_t h) { return uint32_t{1} << ((h >> 40) & 31); }
+  void Prefetch(uint64_t h) const { probe().Prefetch(h); }
+  uint32_t Find(uint64_t h) const { return probe().Find(h); }
+  bool FindInFirst(uint64_t h, uint32_t* row) const { return probe().FindInFirst(h, row); }
   // The slot of hash `h`, or -1.
   int64_t FindSlot(uint64_t h) const;
   // Puts `h` -> `row` in (not present; the map has a free slot). False, with the map

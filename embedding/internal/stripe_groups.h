@@ -5,6 +5,7 @@
 // (StripePlan): how far ahead it prefetches, and the group walk its lookups, updates and
 // row reads share. Inline: it is the inner loop of each.
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -54,38 +55,50 @@ inline void PrefetchRow(const RowStore& rows, uint32_t row, bool for_write) {
 // that is not the store's (read torn beside a writer) counts as none.
 inline void FindGroup(const IdMap* map, const RowStore& rows, StripePlan& plan, int b, int e,
                       bool prefetch, bool for_write) {
+  uint32_t* const found_rows = plan.rows.data();
+  if (map == nullptr) {
+    std::fill(found_rows + b, found_rows + e, kNoRow);
+    return;
+  }
   constexpr int kMaxDeferred = 64;
   int deferred[kMaxDeferred];
   int num_deferred = 0;
+  // What the loop reads, in locals: its stores of row numbers would otherwise make the
+  // compiler reload the map's and the store's fields after each (a uint32_t may alias
+  // their ints).
+  const IdMap::Probe probe = map->probe();
+  const RowStore::Addresses at = rows.addresses();
+  const int weight_bytes = rows.weight_bytes();
+  const uint64_t* const hash = plan.sorted.data();
   // Rows handed out later than this are counted as not found (the caller's locked path
   // finds them): every row number read stays below it unless read torn.
   const uint32_t handed_out = rows.HandedOut();
   auto found = [&](int k, uint32_t row) {
     if (row >= handed_out) row = kNoRow;
-    plan.rows[k] = row;
-    if (row != kNoRow && prefetch) PrefetchRow(rows, row, for_write);
+    found_rows[k] = row;
+    if (row == kNoRow || !prefetch) return;
+    if (for_write) {
+      PrefetchRow(rows, row, true);
+    } else {
+      embedding::PrefetchBytes(at.Weights(row), weight_bytes, false);
+    }
   };
   for (int j = b; j < e + kProbeAhead; ++j) {
-    if (j < e && map != nullptr) map->Prefetch(plan.hash[plan.order[j]]);
+    if (j < e) probe.Prefetch(hash[j]);
     const int k = j - kProbeAhead;
     if (k < b) continue;
-    if (map == nullptr) {
-      plan.rows[k] = kNoRow;
-      continue;
-    }
-    const uint64_t h = plan.hash[plan.order[k]];
     uint32_t row;
-    if (map->FindInFirst(h, &row)) {
+    if (probe.FindInFirst(hash[k], &row)) {
       found(k, row);
     } else if (num_deferred < kMaxDeferred) {
-      map->PrefetchSecond(h);
+      probe.PrefetchSecond(hash[k]);
       deferred[num_deferred++] = k;
     } else {
-      found(k, map->FindInSecond(h));
+      found(k, probe.FindInSecond(hash[k]));
     }
   }
   for (int d = 0; d < num_deferred; ++d) {
-    found(deferred[d], map->FindInSecond(plan.hash[plan.order[deferred[d]]]));
+    found(deferred[d], probe.FindInSecond(hash[deferred[d]]));
   }
 }
 

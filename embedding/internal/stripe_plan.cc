@@ -9,6 +9,7 @@ StripePlan& PlanByStripe(absl::Span<const int64_t> ids) {
   const size_t n = ids.size();
   plan.hash.resize(n);
   plan.order.resize(n);
+  plan.sorted.resize(n);
   plan.rows.resize(n);
   plan.missing.clear();
   // Hashing alone, so the loop vectorises (64-bit multiplies over the batch).
@@ -21,7 +22,9 @@ StripePlan& PlanByStripe(absl::Span<const int64_t> ids) {
   for (size_t i = 0; i < n; ++i) ++plan.begin[(hash[i] >> kStripeShift) + 1];
   for (int s = 0; s < kNumStripes; ++s) plan.begin[s + 1] += plan.begin[s];
   for (size_t i = 0; i < n; ++i) {
-    plan.order[plan.begin[hash[i] >> kStripeShift]++] = static_cast<int32_t>(i);
+    const int32_t k = plan.begin[hash[i] >> kStripeShift]++;
+    plan.order[k] = static_cast<int32_t>(i);
+    plan.sorted[k] = hash[i];
   }
   for (int s = kNumStripes; s > 0; --s) plan.begin[s] = plan.begin[s - 1];
   plan.begin[0] = 0;
