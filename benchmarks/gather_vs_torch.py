@@ -11,7 +11,8 @@ Rows span eight times the last-level cache (at least 1 GiB; TESSERA_BENCH_LLC_BY
 overrides the cache size, as for tessera-embedding-benchmark), batches of 4,096 ids
 uniform or Zipf(1.05) over them (popular ranks spread over the id space), enough batches
 that their rows span the same. The table and torch take turns batch by batch, so that a
-shared machine's drifts fall on both. Prints one line per case and, with --json, writes
+shared machine's drifts fall on both, each op on a batch of its own (the two torch ops read
+one tensor: on the same ids, the second would find its rows in the cache). Prints one line per case and, with --json, writes
 them: rows/s of the table, of torch's sum and none, and table / best torch.
 """
 import argparse
