@@ -34,16 +34,19 @@ inline bool ThinGroups(size_t ids) {
   return ids < 8 * static_cast<size_t>(embedding_internal::kNumStripes);
 }
 
+// Brings what a write of row `row` of `rows` reads besides its weights towards the cache:
+// its state and meta, and its dirty bit's word (one row in 64 shares it, so nearly every
+// update's test of the bit would otherwise wait for memory).
+inline void PrefetchRowForWrite(const RowStore& rows, uint32_t row) {
+  embedding::PrefetchBytes(rows.State(row), rows.cold_bytes(), true);
+  embedding::PrefetchLine(rows.DirtyWordOf(row), true);
+}
+
 // Brings row `row` of `rows` towards the cache: its weights, and for a write its state
 // and meta too.
 inline void PrefetchRow(const RowStore& rows, uint32_t row, bool for_write) {
   embedding::PrefetchBytes(rows.Weights(row), rows.weight_bytes(), for_write);
-  if (for_write) {
-    embedding::PrefetchBytes(rows.State(row), rows.cold_bytes(), true);
-    // Its dirty bit's word too: one row in 64 shares it, so nearly every update's test of
-    // the bit would otherwise wait for memory.
-    embedding::PrefetchLine(rows.DirtyWordOf(row), true);
-  }
+  if (for_write) PrefetchRowForWrite(rows, row);
 }
 
 // Finds the rows of group [b, e) of `plan` in `map` (under its stripe's lock, or validated
@@ -77,11 +80,8 @@ inline void FindGroup(const IdMap* map, const RowStore& rows, StripePlan& plan, 
     if (row >= handed_out) row = kNoRow;
     found_rows[k] = row;
     if (row == kNoRow || !prefetch) return;
-    if (for_write) {
-      PrefetchRow(rows, row, true);
-    } else {
-      embedding::PrefetchBytes(at.Weights(row), weight_bytes, false);
-    }
+    embedding::PrefetchBytes(at.Weights(row), weight_bytes, for_write);  // PrefetchRow's
+    if (for_write) PrefetchRowForWrite(rows, row);
   };
   for (int j = b; j < e + kProbeAhead; ++j) {
     if (j < e) probe.Prefetch(hash[j]);
