@@ -144,7 +144,7 @@ absl::Status EmbeddingTable::PutRows(absl::Span<const int64_t> ids, const float*
     StripeWriter lock(stripe);
     for (int k = b; k < e; ++k) {
       const size_t pos = static_cast<size_t>(plan.order[k]);
-      TESSERA_RETURN_IF_ERROR(PutRowLocked(stripe, plan.hash[pos], weights + pos * dim_,
+      TESSERA_RETURN_IF_ERROR(PutRowLocked(stripe, plan.sorted[k], weights + pos * dim_,
                                            state + pos * state_floats_, metas[pos],
                                            /*mark_dirty=*/false));
     }

@@ -81,7 +81,7 @@ absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const flo
       for (int k = b; k < e; ++k) {
         const int32_t pos = plan.order[k];
         reserved += plan.rows[k] == kNoRow &&
-                    (admission_ == nullptr || admission_->WouldAdmit(ids[pos], plan.hash[pos]));
+                    (admission_ == nullptr || admission_->WouldAdmit(ids[pos], plan.sorted[k]));
       }
       return absl::OkStatus();
     });
@@ -109,12 +109,12 @@ absl::Status EmbeddingTable::ApplyBatch(absl::Span<const int64_t> ids, const flo
         const int32_t pos = plan.order[k];
         Row row = plan.rows[k];
         if (row == kNoRow && admission_ != nullptr &&
-            !admission_->Count(ids[pos], plan.hash[pos])) {
+            !admission_->Count(ids[pos], plan.sorted[k])) {
           ++not_admitted;  // no row yet: the gradient is dropped
           continue;
         }
         if (row == kNoRow) {
-          row = InsertLocked(stripe, ids[pos], plan.hash[pos]);
+          row = InsertLocked(stripe, ids[pos], plan.sorted[k]);
           if (row == kNoRow) {
             AdjustRows(created - reserved);
             return OutOfMemoryError();

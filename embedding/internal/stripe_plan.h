@@ -15,9 +15,9 @@ namespace tessera::embedding_internal {
 constexpr int kNumStripes = 64;
 
 struct StripePlan {
-  std::vector<uint64_t> hash;    // (ids) map hash of each id
+  std::vector<uint64_t> hash;    // (ids) map hash of each id: PlanByStripe's own scratch
   std::vector<int32_t> order;    // positions of the ids, grouped by stripe
-  std::vector<uint64_t> sorted;  // (ids) hash[order[k]]: the probe loops read it in order
+  std::vector<uint64_t> sorted;  // (ids) map hash of the id at order[k]: what callers read
   std::vector<int32_t> begin;    // (stripes + 1) group bounds in `order`
   std::vector<uint32_t> rows;    // (ids) row number found for order[k], or kNoRow
   std::vector<int32_t> missing;  // positions whose row does not exist
