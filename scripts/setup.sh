@@ -19,7 +19,7 @@ install_packages \
   libabsl-dev libeigen3-dev librocksdb-dev zlib1g-dev libgloo-dev \
   libgtest-dev libgmock-dev googletest libbenchmark-dev libhiredis-dev \
   python3 python3-dev pybind11-dev python3-grpcio python3-protobuf python3-numpy python3-yaml \
-  prometheus-cpp-dev libspdlog-dev openssl
+  prometheus-cpp-dev libspdlog-dev openssl libtcmalloc-minimal4
 
 JOBS="${JOBS:-2}"
 cmake -S . -B build -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-Release}" ${TESSERA_CMAKE_ARGS:-}
