@@ -184,7 +184,7 @@ void Stripe::EraseSlot(uint64_t pos) {
   --size_;
 }
 
-void Stripe::FreeRetiredIfIdle() {
+void Stripe::FreeRetired() {
   // Twice: a map replaced in the current epoch is freed once the epoch has moved on, which
   // the first call does when no reader of the previous epoch is left (with no reader at
   // all, both calls succeed and every replaced map goes at once).

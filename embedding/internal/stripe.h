@@ -239,14 +239,17 @@ class alignas(64) Stripe {
   // Removes the entry in slot `pos` of the current map and keeps its row for reuse.
   void EraseSlot(uint64_t pos);
 
-  uint64_t sample_state = 0x9e3779b97f4a7c15ULL;  // eviction sampling
-
-  // Frees the replaced maps no lock-free reader can still hold (ReaderEpochs).
-  void FreeRetiredIfIdle();
+  // Frees the replaced maps no lock-free reader can still hold (ReaderEpochs). Inline: a
+  // writer calls it on every release, and there is seldom a map to free.
+  void FreeRetiredIfIdle() {
+    if (!retired_.empty()) FreeRetired();
+  }
   // Replaced maps not freed yet (for tests).
   size_t retired_maps() const { return retired_.size(); }
 
  private:
+  // FreeRetiredIfIdle, with maps to free.
+  void FreeRetired();
   // Reserve(size + 1).
   bool ReserveOne() { return Reserve(size_ + 1); }
   // Replaces the map by one that holds `rows` rows at its load limit, more when a walk
@@ -254,17 +257,24 @@ class alignas(64) Stripe {
   bool Grow(uint64_t rows, const MapEntry* extra);
   uint32_t AllocateRow();
 
-  // What lock-free readers touch sits in one cache line with the mutex.
+  // What lock-free readers touch sits in one cache line with the mutex, and so does what
+  // every writer touches on its way out (changing_, retired_): a push that updates rows
+  // which are there already reads no other line of the stripe.
   std::atomic<uint32_t> seq_{0};
+  bool changing_ = false;
   std::atomic<const IdMap*> published_{nullptr};  // == current_.get()
   ReaderEpochs* readers_ = nullptr;
-  bool changing_ = false;
   std::unique_ptr<IdMap> current_;
   struct Retired {
     uint64_t epoch;  // when it was replaced (ReaderEpochs)
     std::unique_ptr<IdMap> map;
   };
   std::vector<Retired> retired_;  // replaced maps readers may still probe
+
+ public:
+  uint64_t sample_state = 0x9e3779b97f4a7c15ULL;  // eviction sampling
+
+ private:
   int64_t size_ = 0;
   RowStore* rows_ = nullptr;
   uint32_t block_next_ = 0;  // rows taken from the store and not used yet
