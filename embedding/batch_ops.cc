@@ -178,9 +178,17 @@ absl::Status SumGradients(absl::string_view table, absl::Span<const int64_t> ids
   TESSERA_DCHECK(gradients.size() == ids.size() * dim);
   out->dim_ = dim;
   Unique(ids, &out->ids_, &out->inverse_);
-  out->rows_.assign(out->ids_.size() * dim, 0.0f);
-  SumRowsByInverse(gradients.data(), dim, out->inverse_, out->rows_.data());
   const bool repeated = out->ids_.size() < ids.size();
+  if (repeated) {
+    out->rows_.assign(out->ids_.size() * dim, 0.0f);
+    SumRowsByInverse(gradients.data(), dim, out->inverse_, out->rows_.data());
+  } else {
+    // Distinct ids (a client's deduplicated push): each sum is its one gradient, added to
+    // 0 as the sum above adds it (a -0 comes out +0), in one pass instead of two.
+    out->rows_.resize(gradients.size());
+    float* const rows = out->rows_.data();
+    for (size_t i = 0; i < gradients.size(); ++i) rows[i] = 0.0f + gradients[i];
+  }
   // Checked gradients of distinct ids are their own sums, already found finite.
   if (given == Gradients::kChecked && !repeated) return absl::OkStatus();
   absl::Status finite = CheckFiniteGradients(table, out->ids_, out->rows_.data(), dim);

@@ -1,5 +1,6 @@
 #include "embedding/batch_ops.h"
 
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -171,6 +172,35 @@ TEST(SumRowsByInverse, AddsRepeatedRows) {
   std::vector<float> out(4, 0.0f);
   SumRowsByInverse(rows.data(), 2, inverse, out.data());
   EXPECT_EQ(out, (std::vector<float>{3, 4, 6, 8}));
+}
+
+// Distinct ids take a pass of their own: each sum is its gradient added to 0, bit for bit
+// what summing gives (a -0 gradient comes out +0), in batch order, also after a call with
+// repeated ids left the same object with more rows.
+TEST(SumGradients, DistinctIdsSumAsRepeatedOnesDo) {
+  SummedGradients summed;
+  const std::vector<int64_t> repeated = {3, 8, 3, 5, 8};
+  const std::vector<float> g5 = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  ASSERT_TRUE(SumGradients("t", repeated, g5, 2, &summed).ok());
+  EXPECT_EQ(std::vector<float>(summed.rows(), summed.rows() + 6),
+            (std::vector<float>{6, 8, 12, 14, 7, 8}));
+  const std::vector<int64_t> distinct = {9, 2, 6};
+  const std::vector<float> g3 = {-0.0f, 1.5f, -2.0f, -0.0f, 1e-40f, 7.0f};
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_TRUE(SumGradients("t", distinct, g3, 2, &summed).ok());
+    EXPECT_EQ(std::vector<int64_t>(summed.ids().begin(), summed.ids().end()), distinct);
+    ASSERT_EQ(summed.size(), 3u);
+    for (size_t i = 0; i < g3.size(); ++i) {
+      const float expected = 0.0f + g3[i];
+      EXPECT_EQ(std::bit_cast<uint32_t>(summed.rows()[i]), std::bit_cast<uint32_t>(expected))
+          << "value " << i;
+    }
+    EXPECT_FALSE(std::signbit(summed.rows()[0]));  // -0 summed is +0
+  }
+  const std::vector<float> bad = {1, 2, 3, std::nanf(""), 5, 6};
+  const absl::Status s = SumGradients("t", distinct, bad, 2, &summed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("id 2"));
 }
 
 // The culprit of a bad sum is the gradient sent, when one was bad: not the sum it spoiled.
