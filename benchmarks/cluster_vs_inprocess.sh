@@ -3,9 +3,10 @@
 # against the same run in process (--shards=inproc:2), in rounds that take turns: in
 # process, then through the coordinator, then with the smart client, each cluster run on a
 # fresh cluster. Prints each round's samples/s with its ratios to the round's in-process
-# run, and the CPU time the cluster's servers spent per step (both shards together, and
-# the coordinator, read from /proc: less noisy than samples/s on a shared machine), then
-# each mode's medians.
+# run, and the CPU time spent per step by the cluster's servers (both shards together, and
+# the coordinator, read from /proc: less noisy than samples/s on a shared machine) and by
+# the trainer (its whole run, start-up and held-out evaluation included, over its steps),
+# then each mode's medians.
 #
 #   benchmarks/cluster_vs_inprocess.sh [--rounds=N] [--against=TREE] [-- TRAIN_FLAGS...]
 #
@@ -47,11 +48,16 @@ fresh_cluster() {
   rm -rf "$DIR/cluster"
   cluster "$1" start 2 > "$DIR/cluster.log" 2>&1 || { cat "$DIR/cluster.log" >&2; exit 1; }
 }
-# samples/s of one run of TREE's tessera-train with the given flags
+# samples/s of one run of TREE's tessera-train with the given flags; the trainer's CPU time
+# (user + system, in clock ticks) goes to $DIR/trainer.ticks. Called as $(rate ...): `times`
+# then counts this run's trainer, the subshell's only child.
 rate() {
   local tree="$1"; shift
   "$(bin_of "$tree")/tessera-train" "$@" "${FLAGS[@]}" > "$DIR/train.log" 2>&1 \
     || { cat "$DIR/train.log" >&2; exit 1; }
+  times > "$DIR/times"  # not in a pipe: its subshell would have no children
+  awk -v hz="$HZ" 'function s(t) { split(t, a, "m"); return a[1] * 60 + a[2] }
+    NR == 2 { printf "%.0f\n", (s($1) + s($2)) * hz }' "$DIR/times" > "$DIR/trainer.ticks"
   sed -n 's/^trained .*(\([0-9]*\) samples\/s)$/\1/p' "$DIR/train.log"
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
@@ -76,7 +82,7 @@ TREES=("$ROOT")
 [ -n "$AGAINST" ] && TREES+=("$AGAINST")
 for round in $(seq 1 "$ROUNDS"); do
   base=$(rate "$ROOT" --shards=inproc:2)
-  line="round $round: in process $base samples/s"
+  line="round $round: in process $base samples/s (trainer's CPU per step $(per_step "$(cat "$DIR/trainer.ticks")") us)"
   for mode in coordinator smart; do
     for tree in "${TREES[@]}"; do
       fresh_cluster "$tree"
@@ -87,10 +93,11 @@ for round in $(seq 1 "$ROUNDS"); do
       got=$(rate "$tree" --coordinator="127.0.0.1:$PORT" --client_mode="$mode" --model=bench)
       s=$(per_step $(($(ticks "${shards[@]}") - s0)))
       c=$(per_step $(($(ticks "$coordinator") - c0)))
+      t=$(per_step "$(cat "$DIR/trainer.ticks")")
       name="$mode"
       [ "$tree" != "$ROOT" ] && name="$mode($(basename "$tree"))"
-      line="$line | $name $got $(ratio "$got" "$base")x (servers' CPU per step: shards $s us, coordinator $c us)"
-      echo "$name $(ratio "$got" "$base") $s $c" >> "$DIR/ratios"
+      line="$line | $name $got $(ratio "$got" "$base")x (CPU per step: shards $s us, coordinator $c us, trainer $t us)"
+      echo "$name $(ratio "$got" "$base") $s $c $t" >> "$DIR/ratios"
     done
   done
   echo "$line"
@@ -99,12 +106,12 @@ done
 import statistics, sys
 runs = {}
 for line in open(sys.argv[1]):
-    mode, r, shards, coordinator = line.split()
-    runs.setdefault(mode, []).append((float(r), float(shards), float(coordinator)))
+    mode, r, shards, coordinator, trainer = line.split()
+    runs.setdefault(mode, []).append((float(r), float(shards), float(coordinator), float(trainer)))
 for mode, rs in sorted(runs.items()):
-    ratios = [r for r, _, _ in rs]
+    ratios = [r[0] for r in rs]
+    shards, coordinator, trainer = (statistics.median(r[i] for r in rs) for i in (1, 2, 3))
     print(f"median {mode} {statistics.median(ratios):.3f}x of in process "
-          f"({len(rs)} rounds: {min(ratios):.3f} to {max(ratios):.3f}); servers' CPU per step: "
-          f"shards {statistics.median(s for _, s, _ in rs):.0f} us, "
-          f"coordinator {statistics.median(c for _, _, c in rs):.0f} us")
+          f"({len(rs)} rounds: {min(ratios):.3f} to {max(ratios):.3f}); CPU per step: "
+          f"shards {shards:.0f} us, coordinator {coordinator:.0f} us, trainer {trainer:.0f} us")
 PY

@@ -19,15 +19,15 @@ assert len(r) == 8 and all(x['vs_torch'] > 0 and x['torch_sum_rows_per_s'] > 0 f
   "$OUT/gather.json" || fail "gather.json without 8 positive ratios"
 
 # Training through a local cluster against in process (benchmarks/cluster_vs_inprocess.sh),
-# one short round: a ratio and the servers' CPU per step for each client mode, and no
-# server left behind.
+# one short round: a ratio and the servers' and the trainer's CPU per step for each client
+# mode, and no server left behind.
 TESSERA_BIN="$BIN" TESSERA_BASE_PORT=27680 "$ROOT/benchmarks/cluster_vs_inprocess.sh" --rounds=1 -- --steps=20 \
   > "$OUT/cluster.log" 2>&1 || { cat "$OUT/cluster.log"; fail "cluster_vs_inprocess.sh failed"; }
 for mode in coordinator smart; do
   grep -Eq "^median $mode 0\.[0-9]*[1-9][0-9]*x|^median $mode [1-9]" "$OUT/cluster.log" \
     || { cat "$OUT/cluster.log"; fail "no ratio for $mode"; }
-  grep -Eq "^median $mode .*CPU per step: shards [0-9]+ us, coordinator [0-9]+ us$" "$OUT/cluster.log" \
-    || { cat "$OUT/cluster.log"; fail "no CPU per step for $mode"; }
+  grep -Eq "^median $mode .*CPU per step: shards [0-9]+ us, coordinator [0-9]+ us, trainer [1-9][0-9]* us$" \
+    "$OUT/cluster.log" || { cat "$OUT/cluster.log"; fail "no CPU per step for $mode"; }
 done
 pgrep -f "tessera-(shard|coordinator) --port=2768" > /dev/null && fail "a cluster server left running"
 
