@@ -272,6 +272,7 @@ class alignas(64) Stripe {
   std::vector<Retired> retired_;  // replaced maps readers may still probe
 
  public:
+  // Past the first line: only eviction uses it (embedding_table_eviction.cc).
   uint64_t sample_state = 0x9e3779b97f4a7c15ULL;  // eviction sampling
 
  private:
