@@ -182,6 +182,53 @@ void Args(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_SmartClientLookup)->Apply(Args);
 BENCHMARK(BM_CoordinatorLookup)->Apply(Args);
 
+// One echo round trip of `sent` bytes out and `received` back: a unary call each time
+// (what every shard call is), or one message each way on a stream held open (the floor
+// without a call's setup). Time per round trip; compare the two at one size.
+void BM_EchoUnary(benchmark::State& state) {
+  Cluster& c = GetCluster();
+  bench::EchoRequest req;
+  req.mutable_payload()->resize(state.range(0));
+  req.set_response_bytes(static_cast<int32_t>(state.range(1)));
+  for (auto _ : state) {
+    grpc::ClientContext ctx;
+    bench::EchoResponse resp;
+    const grpc::Status s = c.echo_stub->Echo(&ctx, req, &resp);
+    if (!s.ok()) {
+      state.SkipWithError(s.error_message().c_str());
+      break;
+    }
+  }
+}
+
+void BM_EchoStream(benchmark::State& state) {
+  Cluster& c = GetCluster();
+  bench::EchoRequest req;
+  req.mutable_payload()->resize(state.range(0));
+  req.set_response_bytes(static_cast<int32_t>(state.range(1)));
+  grpc::ClientContext ctx;
+  auto stream = c.echo_stub->EchoStream(&ctx);
+  bench::EchoResponse resp;
+  for (auto _ : state) {
+    if (!stream->Write(req) || !stream->Read(&resp)) {
+      state.SkipWithError("the echo stream broke");
+      break;
+    }
+  }
+  stream->WritesDone();
+  (void)stream->Finish();
+}
+
+// A few bytes, and a shard's share of a batch-256 step of the default run (its push and
+// lookup ids out, its rows back: about 110 kB and 100 kB).
+void EchoArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"sent", "received"});
+  b->Args({100, 100})->Args({110000, 100000})->MinTime(0.5)->UseRealTime();
+}
+
+BENCHMARK(BM_EchoUnary)->Apply(EchoArgs);
+BENCHMARK(BM_EchoStream)->Apply(EchoArgs);
+
 }  // namespace
 }  // namespace tessera
 
