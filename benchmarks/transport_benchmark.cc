@@ -123,12 +123,18 @@ Cluster& GetCluster() {
   return *c;
 }
 
-// Echo bytes/s for a request of `sent` and a response of `received` bytes, over ~0.3 s.
-double EchoBytesPerSecond(int64_t sent, int64_t received) {
-  Cluster& c = GetCluster();
+// An echo request of `sent` bytes that asks for `received` bytes back.
+bench::EchoRequest EchoRequestOf(int64_t sent, int64_t received) {
   bench::EchoRequest req;
   req.mutable_payload()->resize(sent);
   req.set_response_bytes(static_cast<int32_t>(received));
+  return req;
+}
+
+// Echo bytes/s for a request of `sent` and a response of `received` bytes, over ~0.3 s.
+double EchoBytesPerSecond(int64_t sent, int64_t received) {
+  Cluster& c = GetCluster();
+  const bench::EchoRequest req = EchoRequestOf(sent, received);
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   int64_t calls = 0;
@@ -187,9 +193,7 @@ BENCHMARK(BM_CoordinatorLookup)->Apply(Args);
 // without a call's setup). Time per round trip; compare the two at one size.
 void BM_EchoUnary(benchmark::State& state) {
   Cluster& c = GetCluster();
-  bench::EchoRequest req;
-  req.mutable_payload()->resize(state.range(0));
-  req.set_response_bytes(static_cast<int32_t>(state.range(1)));
+  const bench::EchoRequest req = EchoRequestOf(state.range(0), state.range(1));
   for (auto _ : state) {
     grpc::ClientContext ctx;
     bench::EchoResponse resp;
@@ -203,9 +207,7 @@ void BM_EchoUnary(benchmark::State& state) {
 
 void BM_EchoStream(benchmark::State& state) {
   Cluster& c = GetCluster();
-  bench::EchoRequest req;
-  req.mutable_payload()->resize(state.range(0));
-  req.set_response_bytes(static_cast<int32_t>(state.range(1)));
+  const bench::EchoRequest req = EchoRequestOf(state.range(0), state.range(1));
   grpc::ClientContext ctx;
   auto stream = c.echo_stub->EchoStream(&ctx);
   bench::EchoResponse resp;
