@@ -50,6 +50,8 @@ ShardRouter::ShardRouter(std::vector<std::string> addresses, const RouterOptions
   serving_ = std::make_unique<std::atomic<bool>[]>(addresses_.size());
   incarnations_ = std::make_unique<std::atomic<uint64_t>[]>(addresses_.size());
   for (size_t k = 0; k < addresses_.size(); ++k) incarnations_[k].store(0);
+  provisioned_ = std::make_unique<std::atomic<uint64_t>[]>(addresses_.size());
+  for (size_t k = 0; k < addresses_.size(); ++k) provisioned_[k].store(0);
   for (size_t k = 0; k < addresses_.size(); ++k) serving_[k] = true;
   if (options_.health_check_interval.count() > 0)
     monitor_ = std::thread([this] { MonitorHealth(); });
@@ -185,6 +187,8 @@ absl::Status ShardRouter::CreateTable(const v1::TableConfig& config) {
 bool ShardRouter::NoteIncarnation(int k, uint64_t incarnation, absl::string_view storage) const {
   if (incarnation == 0) return false;
   const uint64_t before = incarnations_[k].exchange(incarnation);
+  uint64_t none = 0;  // the first one heard holds the tables this router made
+  provisioned_[k].compare_exchange_strong(none, incarnation);
   const bool restarted = before != 0 && before != incarnation;
   if (restarted) {
     restarts_.fetch_add(1);

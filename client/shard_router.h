@@ -308,13 +308,14 @@ class ShardRouter {
   // flight together, and returns each shard's status once all have answered, with its
   // answer in (*responses)[k]. The calling thread drives the completion queue itself, so
   // no other thread has to wake it.
-  // Marks in *restarted (when given, num_shards() long) the shards whose answer carried a
-  // new incarnation.
+  // Sets in *restarted (when given, num_shards() long) the incarnation of each shard whose
+  // answer came from a new one, or from one whose tables were not made again yet (another
+  // call may have heard of the restart first); 0 for the others.
   template <typename Response, typename Prepare>
   std::vector<grpc::Status> CallShards(const std::function<bool(int)>& has_work,
                                        const Prepare& prepare, std::vector<Response>* responses,
                                        std::chrono::milliseconds deadline,
-                                       std::vector<bool>* restarted = nullptr) const;
+                                       std::vector<uint64_t>* restarted = nullptr) const;
   template <typename Response, typename Prepare>
   std::vector<grpc::Status> CallShards(const std::function<bool(int)>& has_work,
                                        const Prepare& prepare,
@@ -336,9 +337,10 @@ class ShardRouter {
   // code (up to max_retries, with backoff), the others' answers kept. A shard already
   // marked down by the health checks when the call starts fails at once, unretried (one
   // that goes down during the retries is retried on: it may be a restart). With
-  // `reprovision`, a shard that answers NOT_FOUND with a new incarnation gets the restart
-  // callback and is called again once (only the data path asks: the callback creates
-  // tables, and must not run under a caller that holds the coordinator's create lock).
+  // `reprovision`, a shard that answers NOT_FOUND from a new incarnation, or from one whose
+  // tables were not made again yet, gets the restart callback and is called again once (only the
+  // data path asks: the callback creates tables, and must not run under a caller that holds the
+  // coordinator's create lock).
   template <typename Response, typename Prepare>
   std::vector<grpc::Status> CallShardsWithRetries(std::vector<bool> work, const Prepare& prepare,
                                                   std::vector<Response>* responses,
@@ -359,6 +361,9 @@ class ShardRouter {
   // Runs the restart callback for shard k, if one is set.
   void ShardRestarted(int k) const;
   std::unique_ptr<std::atomic<uint64_t>[]> incarnations_;  // per shard, 0 = not heard yet
+  // Per shard: the incarnation that holds this router's tables (the first heard, or one
+  // whose tables the restart callback made again); 0 = not heard yet.
+  std::unique_ptr<std::atomic<uint64_t>[]> provisioned_;
   mutable std::atomic<int64_t> restarts_{0};
   mutable std::atomic<int64_t> retries_{0};
   // Health checking (options_.health_check_interval > 0).

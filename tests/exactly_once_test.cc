@@ -407,6 +407,35 @@ TEST_F(ExactlyOnceTest, AShardBackBeforeTheHealthChecksNoticedIsGivenItsTablesAg
   shards_.servers[1].reset();
 }
 
+// Two calls meet a shard that came back empty: the second hears of the restart after the
+// first did and before the first has the tables made again. It does not take the shard's
+// NOT_FOUND for an answer either: it has the tables made, and its call goes through.
+TEST_F(ExactlyOnceTest, ACallThatHearsOfARestartSecondStillHasTheTablesMadeAgain) {
+  const v1::TableConfig config = Sgd("late", 17);
+  ASSERT_TRUE(router_->CreateTable(config).ok());
+  const std::vector<int64_t> ids = Ids(60, 4);
+  std::vector<float> first(ids.size() * 4), second(ids.size() * 4);
+  auto lookup = [&](std::vector<float>& out) {
+    const embedding::TableBags bags{"late", ids, {}, {}, v1::SUM, absl::MakeSpan(out)};
+    return router_->LookupBatch({&config, 1}, {&bags, 1}, /*read_only=*/false);
+  };
+  ASSERT_TRUE(lookup(first).ok());  // incarnations heard
+  RestartShard(1);
+  int callbacks = 0;
+  absl::Status inner = absl::UnknownError("the second call never ran");
+  router_->SetRestartCallback([&](int) {
+    // The first call heard of the restart; before it makes the table, a second call.
+    if (callbacks++ == 0) inner = lookup(second);
+    EXPECT_TRUE(router_->CreateTable(config).ok());
+  });
+  const absl::Status outer = lookup(first);
+  router_->SetRestartCallback(nullptr);
+  EXPECT_TRUE(outer.ok()) << outer;
+  EXPECT_TRUE(inner.ok()) << inner;
+  EXPECT_EQ(callbacks, 2);  // the second call had the table made too
+  EXPECT_EQ(first, second);
+}
+
 // Issue 41, item 13: a data-parallel job's group is registered by the client before its
 // first push. A shard that restarts forgets it (and, memory-only, its tables): the next sync
 // push there is refused, the client (or the coordinator) makes the table and registers the

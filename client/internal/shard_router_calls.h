@@ -19,7 +19,7 @@ std::vector<grpc::Status> ShardRouter::CallShards(const std::function<bool(int)>
                                                   const Prepare& prepare,
                                                   std::vector<Response>* responses,
                                                   std::chrono::milliseconds deadline,
-                                                  std::vector<bool>* restarted) const {
+                                                  std::vector<uint64_t>* restarted) const {
   std::vector<grpc::Status> statuses(num_shards());
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts(num_shards());
   std::vector<std::unique_ptr<grpc::ClientAsyncResponseReader<Response>>> calls(num_shards());
@@ -66,8 +66,9 @@ std::vector<grpc::Status> ShardRouter::CallShards(const std::function<bool(int)>
                         storage == trailing.end()
                             ? absl::string_view()
                             : absl::string_view(storage->second.data(), storage->second.size()));
-    if (restarted != nullptr && (noted || (known[k] != 0 && incarnation != known[k]))) {
-      (*restarted)[k] = true;
+    if (restarted != nullptr && (noted || (known[k] != 0 && incarnation != known[k]) ||
+                                 incarnation != provisioned_[k].load())) {
+      (*restarted)[k] = incarnation;
     }
   }
   return statuses;
@@ -85,7 +86,7 @@ std::vector<grpc::Status> ShardRouter::CallShardsWithRetries(std::vector<bool> w
   for (int k = 0; k < num_shards(); ++k) down[k] = work[k] && !serving(k);
   int waits = 0;  // backoffs slept so far
   for (int attempt = 0;; ++attempt) {
-    std::vector<bool> restarted(num_shards(), false);
+    std::vector<uint64_t> restarted(num_shards(), 0);
     const std::vector<grpc::Status> statuses =
         CallShards([&](int k) { return static_cast<bool>(work[k]); }, prepare, responses, deadline,
                    &restarted);
@@ -95,12 +96,16 @@ std::vector<grpc::Status> ShardRouter::CallShardsWithRetries(std::vector<bool> w
       result[k] = statuses[k];
       const auto code = statuses[k].error_code();
       work[k] = !down[k] && (RetryCanFix(code) || code == grpc::StatusCode::DEADLINE_EXCEEDED);
-      if (reprovision && restarted[k] && code == grpc::StatusCode::NOT_FOUND && !reprovisioned[k]) {
+      if (reprovision && restarted[k] != 0 && code == grpc::StatusCode::NOT_FOUND &&
+          !reprovisioned[k]) {
         // Back empty: its tables are made again, then its part is sent again.
         reprovisioned[k] = true;
         ShardRestarted(k);
+        provisioned_[k].store(restarted[k]);
         work[k] = true;
         at_once = true;
+      } else if (reprovision && restarted[k] != 0 && code == grpc::StatusCode::OK) {
+        provisioned_[k].store(restarted[k]);  // it served this call's tables: they are there
       }
       again = again || work[k];
     }
