@@ -6,12 +6,6 @@
 
 namespace tessera::embedding {
 
-int32_t ShardOfRow(const v1::TableConfig& config, int64_t id, int32_t num_shards, int32_t outer) {
-  if (config.vocabulary_size() == 0) return ShardOf(id, config.seed(), num_shards);
-  return static_cast<int32_t>(static_cast<uint64_t>(id) / static_cast<uint64_t>(outer) %
-                              static_cast<uint64_t>(num_shards));
-}
-
 bool OwnsAll(const v1::TableConfig& config, absl::Span<const int64_t> ids, int32_t shard_index,
              int32_t num_shards) {
   return std::all_of(ids.begin(), ids.end(),

@@ -19,6 +19,12 @@ constexpr uint64_t Mix64(uint64_t x) { return row_math::Mix(x); }
 // such that growing num_buckets from n to n+1 moves only about 1/(n+1) of the keys.
 // num_buckets must be >= 1.
 constexpr int32_t JumpConsistentHash(uint64_t key, int32_t num_buckets) {
+  // The loop below, without its divisions where the answer is one bit: with one bucket it
+  // ends in 0; with two, its first step leaves it in 0 exactly when the step's key has its
+  // top bit clear (j = 2^31 / ((key >> 33) + 1) >= 2 iff (key >> 33) < 2^30), and
+  // otherwise its second step ends it in 1.
+  if (num_buckets == 1) return 0;
+  if (num_buckets == 2) return static_cast<int32_t>((key * 2862933555777941757ULL + 1) >> 63);
   int64_t b = -1;
   int64_t j = 0;
   while (j < num_buckets) {
@@ -43,8 +49,13 @@ constexpr int32_t ShardOf(int64_t id, uint64_t table_seed, int32_t num_shards) {
 // cluster's shard k of M holds ids k + M i and splits them by i), so a shard's rows sit
 // densely at id / (outer * num_shards). Any id maps somewhere; its table refuses ids
 // outside the vocabulary.
-int32_t ShardOfRow(const v1::TableConfig& config, int64_t id, int32_t num_shards,
-                   int32_t outer = 1);
+// Inline: routers and shards call it for every id of every request.
+inline int32_t ShardOfRow(const v1::TableConfig& config, int64_t id, int32_t num_shards,
+                          int32_t outer = 1) {
+  if (config.vocabulary_size() == 0) return ShardOf(id, config.seed(), num_shards);
+  return static_cast<int32_t>(static_cast<uint64_t>(id) / static_cast<uint64_t>(outer) %
+                              static_cast<uint64_t>(num_shards));
+}
 // True when shard `shard_index` of `num_shards` (ShardOfRow) holds every id of `ids`.
 bool OwnsAll(const v1::TableConfig& config, absl::Span<const int64_t> ids, int32_t shard_index,
              int32_t num_shards);

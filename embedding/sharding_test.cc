@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -31,6 +32,47 @@ TEST(JumpConsistentHash, MatchesPublishedReferenceBuckets) {
   EXPECT_EQ(JumpConsistentHash(10863919174838991ULL, 11), 6);
   EXPECT_EQ(JumpConsistentHash(2016238256797177309ULL, 11), 3);
   EXPECT_EQ(JumpConsistentHash(1673758223894951030ULL, 11), 5);
+}
+
+// The published loop, step by step: what JumpConsistentHash's answers for one and two
+// buckets (taken without the loop) must equal.
+int32_t JumpLoop(uint64_t key, int32_t num_buckets) {
+  int64_t b = -1, j = 0;
+  while (j < num_buckets) {
+    b = j;
+    key = key * 2862933555777941757ULL + 1;
+    j = static_cast<int64_t>(static_cast<double>(b + 1) * (static_cast<double>(1LL << 31) /
+                                                           static_cast<double>((key >> 33) + 1)));
+  }
+  return static_cast<int32_t>(b);
+}
+
+TEST(JumpConsistentHash, OneAndTwoBucketsAnswerAsTheLoopDoes) {
+  std::mt19937_64 rng(7);
+  std::vector<uint64_t> keys(1000000);
+  for (auto& k : keys) k = rng();
+  // Keys whose first step lands on the edge between the buckets: (key >> 33) of the
+  // stepped key at 2^30 - 1, 2^30 and 2^30 + 1 (stepped keys inverted through the
+  // multiplier's inverse mod 2^64).
+  uint64_t inverse = 2862933555777941757ULL;  // Newton's iteration for the inverse mod 2^64
+  for (int i = 0; i < 6; ++i) inverse *= 2 - 2862933555777941757ULL * inverse;
+  ASSERT_EQ(inverse * 2862933555777941757ULL, 1u);
+  for (uint64_t top : {(1ULL << 30) - 1, 1ULL << 30, (1ULL << 30) + 1, 0ULL, (1ULL << 31) - 1}) {
+    for (uint64_t low : {0ULL, 1ULL, (1ULL << 33) - 1}) {
+      keys.push_back(((top << 33 | low) - 1) * inverse);
+    }
+  }
+  int ones = 0;
+  for (const uint64_t k : keys) {
+    ASSERT_EQ(JumpConsistentHash(k, 1), 0) << k;
+    ASSERT_EQ(JumpConsistentHash(k, 2), JumpLoop(k, 2)) << k;
+    ones += JumpConsistentHash(k, 2);
+  }
+  EXPECT_NEAR(ones, static_cast<int>(keys.size()) / 2, 5000);  // both buckets in use
+  for (const int32_t n : {3, 4, 7, 64}) {
+    for (size_t i = 0; i < 1000; ++i)
+      ASSERT_EQ(JumpConsistentHash(keys[i], n), JumpLoop(keys[i], n));
+  }
 }
 
 TEST(ShardOf, MatchesTheGoldenValuesThePythonClientChecksToo) {
