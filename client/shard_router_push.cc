@@ -57,12 +57,23 @@ absl::Status ShardRouter::FillPushPart(Scratch& s, size_t p, const v1::TableConf
   const PartPlan& plan = s.parts[p];
   auto ids_of = [&](int k) { return s.ids_out[k * num_parts + p]; };
   auto grads_of = [&](int k) { return s.grads_out[k * num_parts + p]; };
+  for (size_t u = 0; u < plan.unique.size(); ++u) {
+    ids_of(plan.shard_of[u])[plan.slot[u]] = plan.unique[u];
+  }
+  if (plan.unique.size() == part.ids.size()) {
+    // Distinct ids: each row goes as it came (as the in-process path applies it).
+    for (size_t i = 0; i < part.ids.size(); ++i) {
+      const int32_t u = plan.inverse[i];
+      std::memcpy(grads_of(plan.shard_of[u]) + static_cast<size_t>(plan.slot[u]) * dim,
+                  part.gradients.data() + i * dim, dim * sizeof(float));
+    }
+    // Without repeats the rows are the gradients, checked where the push entered this
+    // process.
+    return absl::OkStatus();
+  }
   for (int k = 0; k < shards; ++k) {
     if (plan.count[k] == 0) continue;
     std::fill_n(grads_of(k), static_cast<size_t>(plan.count[k]) * dim, 0.0f);
-  }
-  for (size_t u = 0; u < plan.unique.size(); ++u) {
-    ids_of(plan.shard_of[u])[plan.slot[u]] = plan.unique[u];
   }
   // Repeated ids are summed straight into their row of the shard's request, in the
   // caller's order (the same additions, in the same order, as the in-process path).
@@ -73,9 +84,7 @@ absl::Status ShardRouter::FillPushPart(Scratch& s, size_t p, const v1::TableConf
     for (int j = 0; j < dim; ++j) dst[j] += src[j];
   }
   // Finite gradients of a repeated id can sum to Inf: refused here, before any shard
-  // applies its part (the one shard holding the id would refuse only its own). Without
-  // repeats the rows are the gradients, checked where the push entered this process.
-  if (plan.unique.size() == part.ids.size()) return absl::OkStatus();
+  // applies its part (the one shard holding the id would refuse only its own).
   for (int k = 0; k < shards; ++k) {
     if (plan.count[k] == 0) continue;
     TESSERA_RETURN_IF_ERROR(Annotate(
