@@ -115,6 +115,17 @@ void Unique(absl::Span<const int64_t> ids, std::vector<int64_t>* unique_ids,
   }
 }
 
+uint64_t IdsFingerprint(absl::Span<const int64_t> ids) {
+  // Each id mixed with its position, the results summed: the terms do not wait on each
+  // other, and a change in any id or its place changes the sum.
+  uint64_t sum = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    sum +=
+        Mix64(static_cast<uint64_t>(ids[i]) ^ (static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ULL));
+  }
+  return Mix64(sum ^ ids.size());
+}
+
 void SumRowsByInverse(const float* rows, int dim, absl::Span<const int32_t> inverse, float* out) {
   for (size_t i = 0; i < inverse.size(); ++i) {
     float* dst = out + static_cast<size_t>(inverse[i]) * dim;

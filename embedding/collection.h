@@ -63,6 +63,9 @@ struct IdPlan {
   std::vector<int32_t> shard_begin;  // (shards + 1) each shard's range of unique_ids
   uint64_t seed = 0;                 // the table seed and shard count they were grouped by
   int num_shards = 0;
+  // IdsFingerprint of unique_ids as the collection left them: a push whose plan's ids were
+  // changed since is routed afresh, not by the plan's ranges.
+  uint64_t fingerprint = 0;
 };
 
 // One table's part of a multi-table lookup (a key of a KeyedJaggedTensor).

@@ -214,6 +214,35 @@ TEST(InProcessCollection, ALookupsPlanServesItsPushAndGivesTheSameRows) {
   EXPECT_EQ(x, y);
 }
 
+// A plan whose ids the caller changed after the lookup is not applied by its ranges: the
+// changed id is routed to its own shard, as a push without a plan would route it.
+TEST(InProcessCollection, APushWhosePlansIdsWereChangedIsRoutedAgain) {
+  auto planned = Make(3);
+  auto plain = Make(3);
+  for (auto* c : {planned.get(), plain.get()}) ASSERT_TRUE(c->CreateTable(Config("t", 4)).ok());
+  const std::vector<int64_t> ids = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<float> out(ids.size() * 4);
+  IdPlan plan;
+  TableBags bags{"t", ids, {}, {}, v1::SUM, absl::MakeSpan(out), &plan};
+  ASSERT_TRUE(planned->LookupBatch({&bags, 1}, {}).ok());
+  ASSERT_TRUE(plain->Lookup("t", ids, absl::MakeSpan(out)).ok());
+  ASSERT_TRUE(plan.valid);
+  // An id none of the lookup's, held by another shard than the one whose range it takes.
+  int64_t moved = 100;
+  while (ShardOf(moved, 1234, 3) == ShardOf(plan.unique_ids[0], 1234, 3)) ++moved;
+  plan.unique_ids[0] = moved;
+  std::vector<float> grads(plan.unique_ids.size() * 4);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.25f + 0.125f * static_cast<float>(i % 5);
+  const TableGradients push_planned{"t", plan.unique_ids, grads, &plan};
+  const TableGradients push_plain{"t", plan.unique_ids, grads};
+  ASSERT_TRUE(planned->PushBatch({&push_planned, 1}, 1).ok());
+  ASSERT_TRUE(plain->PushBatch({&push_plain, 1}, 1).ok());
+  std::vector<float> x(plan.unique_ids.size() * 4), y(plan.unique_ids.size() * 4);
+  ASSERT_TRUE(planned->Lookup("t", plan.unique_ids, absl::MakeSpan(x)).ok());
+  ASSERT_TRUE(plain->Lookup("t", plan.unique_ids, absl::MakeSpan(y)).ok());
+  EXPECT_EQ(x, y);
+  EXPECT_EQ(planned->Usage("t")->rows, plain->Usage("t")->rows);
+}
 TEST(InProcessCollection, APlannedPushIsCheckedAndAStalePlanIsNotTrusted) {
   auto c = Make(2);
   ASSERT_TRUE(c->CreateTable(Config("t", 2)).ok());

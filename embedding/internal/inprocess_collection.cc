@@ -542,6 +542,7 @@ absl::Status InProcessCollectionImpl::LookupChecked(ShardedTable& t,
                   part.out.data() + i * dim);
     }
   }
+  if (part.plan != nullptr) plan.fingerprint = embedding::IdsFingerprint(plan.unique_ids);
   plan.valid = true;
   return absl::OkStatus();
 }
@@ -707,7 +708,8 @@ bool InProcessCollectionImpl::PlannedHere(const ShardedTable& t,
   return plan != nullptr && plan->valid && plan->seed == t.config.seed() &&
          plan->num_shards == num_shards_ && part.ids.data() == plan->unique_ids.data() &&
          part.ids.size() == plan->unique_ids.size() &&
-         plan->shard_begin.size() == static_cast<size_t>(num_shards_) + 1;
+         plan->shard_begin.size() == static_cast<size_t>(num_shards_) + 1 &&
+         embedding::IdsFingerprint(part.ids) == plan->fingerprint;
 }
 
 absl::Status InProcessCollectionImpl::CheckPlanned(const ShardedTable& t,

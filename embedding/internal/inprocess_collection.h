@@ -104,7 +104,7 @@ class InProcessCollectionImpl final : public embedding::InProcessCollection {
     RoutedPush routed;
   };
   // True when `part` carries a plan this collection made for its table's seed and shards,
-  // its ids the plan's own.
+  // its ids the plan's own and as the lookup left them.
   bool PlannedHere(const ShardedTable& t, const embedding::TableGradients& part) const;
   // With a memory budget shared by the shards, the rows a whole checked batch would create
   // must fit in it together (each shard checked only its own).
