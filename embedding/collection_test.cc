@@ -243,6 +243,7 @@ TEST(InProcessCollection, APushWhosePlansIdsWereChangedIsRoutedAgain) {
   EXPECT_EQ(x, y);
   EXPECT_EQ(planned->Usage("t")->rows, plain->Usage("t")->rows);
 }
+
 TEST(InProcessCollection, APlannedPushIsCheckedAndAStalePlanIsNotTrusted) {
   auto c = Make(2);
   ASSERT_TRUE(c->CreateTable(Config("t", 2)).ok());
